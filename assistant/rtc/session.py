@@ -1,0 +1,161 @@
+"""One browser session: an aiortc peer, its reply track, its events channel and its conversation.
+
+Every task a session starts is owned by it and cancelled by :meth:`Session.close`; nothing a session
+does can reach another session's state.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import secrets
+import time
+from collections.abc import Callable
+from typing import Any
+
+from aiortc import RTCConfiguration, RTCIceServer, RTCPeerConnection, RTCSessionDescription
+from aiortc.mediastreams import MediaStreamError
+
+from assistant.pipeline.conversation import Conversation, TurnDeps
+from assistant.pipeline.events import EventChannel
+from assistant.rtc.inbound import InboundAudio
+from assistant.rtc.outbound import ReplyTrack
+from assistant.server.services import Services
+
+log = logging.getLogger(__name__)
+
+
+def new_session_id() -> str:
+    return secrets.token_urlsafe(12)
+
+
+class Session:
+    def __init__(self, services: Services, on_closed: Callable[[Session], None] | None = None) -> None:
+        cfg = services.cfg
+        self.id = new_session_id()
+        self.services = services
+        self.created = time.monotonic()
+        self.closed = False
+        self.close_reason = ""
+        self._on_closed = on_closed
+        self._tasks: set[asyncio.Task[Any]] = set()
+        ice = [RTCIceServer(urls=u) for u in cfg.server.ice_servers]
+        self.pc = RTCPeerConnection(RTCConfiguration(iceServers=ice))
+        self.track = ReplyTrack(queue_ms=cfg.audio.reply_queue_ms)
+        self.events = EventChannel()
+        metrics = services.metrics
+        deps = TurnDeps(
+            asr=services.asr,
+            tts=services.tts,  # type: ignore[arg-type]
+            responder=services.responder,  # type: ignore[arg-type]
+            on_turn_done=lambda trace: metrics.observe_turn(trace.durations_ms()),
+            on_error=lambda stage: metrics.errors_total.labels(stage=stage).inc(),
+        )
+        self.conversation = Conversation(
+            cfg, services.make_endpointer(), deps, self.track, self.events, session_id=self.id
+        )
+        self.audio_started = False
+        self._wire_peer()
+
+    # --- lifecycle ---------------------------------------------------------------------------------
+    def spawn(self, coro: Any, name: str) -> asyncio.Task[Any]:
+        task = asyncio.get_running_loop().create_task(coro, name=f"{name}-{self.id}")
+        self._tasks.add(task)
+        task.add_done_callback(self._task_done)
+        return task
+
+    def _task_done(self, task: asyncio.Task[Any]) -> None:
+        self._tasks.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            log.error("session_task_failed session=%s task=%s error=%r", self.id, task.get_name(), task.exception())
+
+    @property
+    def task_count(self) -> int:
+        return sum(1 for t in self._tasks if not t.done())
+
+    async def accept(self, sdp: str, type_: str) -> RTCSessionDescription:
+        """Apply the browser's offer and return our answer (ICE candidates gathered into it)."""
+        await self.pc.setRemoteDescription(RTCSessionDescription(sdp=sdp, type=type_))
+        # After the remote description, so the reply rides on the offered (sendrecv) audio transceiver.
+        self.pc.addTrack(self.track)
+        answer = await self.pc.createAnswer()
+        await self.pc.setLocalDescription(answer)
+        self.spawn(self._watchdog(), "watchdog")
+        return self.pc.localDescription
+
+    async def close(self, reason: str = "closed") -> None:
+        if self.closed:
+            return
+        self.closed = True
+        self.close_reason = reason
+        log.info("session_close session=%s reason=%s turns=%d", self.id, reason, self.conversation.turns)
+        with contextlib.suppress(Exception):
+            self.events.emit("close", reason=reason)
+        await self.conversation.close()
+        current = asyncio.current_task()
+        tasks = [t for t in self._tasks if t is not current]
+        for t in tasks:
+            t.cancel()
+        for t in tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await t
+        self.track.stop()
+        with contextlib.suppress(Exception):
+            await self.pc.close()
+        if self._on_closed is not None:
+            self._on_closed(self)
+
+    # --- peer events -------------------------------------------------------------------------------
+    def _wire_peer(self) -> None:
+        pc = self.pc
+
+        @pc.on("datachannel")
+        def _on_datachannel(channel: Any) -> None:
+            if channel.label == "events":
+                self.events.attach(channel)
+                self.events.emit("session", session_id=self.id)
+
+        @pc.on("track")
+        def _on_track(track: Any) -> None:
+            if track.kind == "audio" and not self.audio_started:
+                self.audio_started = True
+                self.spawn(self._read_audio(track), "inbound")
+
+        @pc.on("connectionstatechange")
+        async def _on_state() -> None:
+            state = pc.connectionState
+            log.info("peer_state session=%s state=%s", self.id, state)
+            if state in ("failed", "closed"):
+                self.spawn(self.close(f"peer_{state}"), "close")
+
+    async def _read_audio(self, track: Any) -> None:
+        inbound = InboundAudio()
+        conv = self.conversation
+        while True:
+            try:
+                frame = await track.recv()
+            except MediaStreamError:
+                break
+            chunk = inbound.push(frame)
+            if chunk.size:
+                conv.feed(chunk)
+        if not self.closed:
+            self.spawn(self.close("audio_ended"), "close")
+
+    async def _watchdog(self) -> None:
+        """Close a peer that never connects, or that has sent no audio for ``idle_timeout_s``."""
+        cfg = self.services.cfg.server
+        while not self.closed:
+            await asyncio.sleep(min(1.0, cfg.idle_timeout_s / 4))
+            age = time.monotonic() - self.created
+            if self.pc.connectionState != "connected" and age > cfg.connect_timeout_s:
+                if not self.audio_started:
+                    await self.close("connect_timeout")
+                    return
+            if self.audio_started and time.time() - self.conversation.last_audio_wall > cfg.idle_timeout_s:
+                await self.close("idle_timeout")
+                return
+            if not self.audio_started and age > cfg.idle_timeout_s:
+                await self.close("idle_timeout")
+                return

@@ -1,0 +1,272 @@
+"""The aiohttp app: the page, WebRTC signaling, health, metrics; the TTS API plugs in from ``tts_api``.
+
+Errors reach clients as JSON ``{"error": ..., "detail": ...}`` with a 4xx/5xx status, never a stack trace.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hmac
+import json
+import logging
+from pathlib import Path
+from typing import Any
+
+from aiohttp import web
+
+from assistant.config import PROJECT_ROOT, Config
+from assistant.rtc.session import Session
+from assistant.server.services import Services
+
+log = logging.getLogger(__name__)
+
+SERVICES: web.AppKey[Services] = web.AppKey("services", Services)
+SESSIONS: web.AppKey[dict[str, Session]] = web.AppKey("sessions", dict)
+CONFIG: web.AppKey[Config] = web.AppKey("config", Config)
+WEB_DIR = PROJECT_ROOT / "web"
+
+
+def json_error(status: int, error: str, detail: str = "", **extra: Any) -> web.Response:
+    body = {"error": error, "detail": detail, **extra}
+    return web.json_response(body, status=status)
+
+
+class HTTPJSONError(web.HTTPException):
+    """Raise from a handler to answer ``status`` with a JSON error body."""
+
+    def __init__(self, status: int, error: str, detail: str = "", headers: dict[str, str] | None = None) -> None:
+        self.status_code = status
+        super().__init__(
+            text=json.dumps({"error": error, "detail": detail}),
+            content_type="application/json",
+            headers=headers,
+        )
+
+
+def _protected(path: str) -> bool:
+    return path.startswith("/api/") or path.startswith("/ws/")
+
+
+@web.middleware
+async def error_middleware(request: web.Request, handler: Any) -> web.StreamResponse:
+    try:
+        return await handler(request)
+    except HTTPJSONError:
+        raise
+    except web.HTTPRequestEntityTooLarge as exc:
+        return json_error(413, "too_large", f"request body over {exc.max_size} bytes")
+    except web.HTTPException as exc:
+        if exc.status >= 400 and exc.content_type != "application/json":
+            return json_error(exc.status, exc.reason.lower().replace(" ", "_"), exc.text or "")
+        raise
+    except asyncio.CancelledError:
+        raise
+    except Exception:
+        log.exception("request_failed method=%s path=%s", request.method, request.path)
+        return json_error(500, "internal_error", "the server could not handle this request")
+
+
+def _auth_middleware(token: str) -> Any:
+    expected = f"Bearer {token}".encode()
+
+    @web.middleware
+    async def auth(request: web.Request, handler: Any) -> web.StreamResponse:
+        if token and _protected(request.path) and request.method != "OPTIONS":
+            got = request.headers.get("Authorization", "")
+            if not got and request.path.startswith("/ws/"):
+                # Browsers cannot set headers on WebSocket upgrades: accept ?token= there.
+                got = f"Bearer {request.query.get('token', '')}"
+            if not hmac.compare_digest(got.encode(), expected):
+                return json_error(401, "unauthorized", "missing or wrong bearer token",)
+        return await handler(request)
+
+    return auth
+
+
+def _cors_middleware(origins: list[str]) -> Any:
+    allowed = set(origins)
+
+    @web.middleware
+    async def cors(request: web.Request, handler: Any) -> web.StreamResponse:
+        origin = request.headers.get("Origin", "")
+        if request.method == "OPTIONS" and origin in allowed:
+            resp: web.StreamResponse = web.Response(status=204)
+        else:
+            resp = await handler(request)
+        if origin and origin in allowed and not resp.prepared:
+            resp.headers["Access-Control-Allow-Origin"] = origin
+            resp.headers["Access-Control-Allow-Headers"] = "Authorization, Content-Type"
+            resp.headers["Access-Control-Allow-Methods"] = "GET, POST, DELETE, OPTIONS"
+            resp.headers["Vary"] = "Origin"
+        return resp
+
+    return cors
+
+
+# --- handlers ------------------------------------------------------------------------------------------
+async def healthz(request: web.Request) -> web.Response:
+    return web.json_response({"status": "ok"})
+
+
+async def readyz(request: web.Request) -> web.Response:
+    services = request.app[SERVICES]
+    if not services.ready:
+        return web.json_response({"status": "loading"}, status=503)
+    return web.json_response({"status": "ready", "load_seconds": services.load_seconds})
+
+
+async def metrics(request: web.Request) -> web.Response:
+    body, content_type = request.app[SERVICES].metrics.render()
+    return web.Response(body=body, headers={"Content-Type": content_type})
+
+
+async def index(request: web.Request) -> web.FileResponse:
+    return web.FileResponse(Path(request.app[CONFIG].server.web_dir or WEB_DIR) / "index.html")
+
+
+async def read_json(request: web.Request, max_bytes: int) -> dict[str, Any]:
+    """Read a JSON object body, with a size cap and clear 4xx errors."""
+    if request.content_length is not None and request.content_length > max_bytes:
+        raise HTTPJSONError(413, "too_large", f"request body over {max_bytes} bytes")
+    raw = await request.content.read(max_bytes + 1)
+    if len(raw) > max_bytes:
+        raise HTTPJSONError(413, "too_large", f"request body over {max_bytes} bytes")
+    try:
+        data = json.loads(raw)
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise HTTPJSONError(400, "bad_json", f"body is not valid JSON: {exc}") from None
+    if not isinstance(data, dict):
+        raise HTTPJSONError(400, "bad_json", "body must be a JSON object")
+    return data
+
+
+async def offer(request: web.Request) -> web.Response:
+    app = request.app
+    cfg = app[CONFIG]
+    services = app[SERVICES]
+    if not services.ready:
+        raise HTTPJSONError(503, "not_ready", "models are still loading; retry shortly", headers={"Retry-After": "2"})
+    data = await read_json(request, cfg.server.max_body_bytes)
+    sdp, type_ = data.get("sdp"), data.get("type")
+    if not isinstance(sdp, str) or not sdp.strip():
+        raise HTTPJSONError(400, "bad_offer", "field 'sdp' must be a non-empty string")
+    if type_ != "offer":
+        raise HTTPJSONError(400, "bad_offer", "field 'type' must be \"offer\"")
+    if len(sdp.encode()) > cfg.server.max_sdp_bytes:
+        raise HTTPJSONError(413, "too_large", f"sdp over {cfg.server.max_sdp_bytes} bytes")
+    if not sdp.lstrip().startswith("v=0"):
+        raise HTTPJSONError(400, "bad_offer", "sdp must start with v=0")
+    sessions = app[SESSIONS]
+    if len(sessions) >= cfg.server.max_sessions:
+        services.metrics.errors_total.labels(stage="capacity").inc()
+        raise HTTPJSONError(503, "busy", f"all {cfg.server.max_sessions} session slots are in use",
+                            headers={"Retry-After": "5"})
+    session = Session(services, on_closed=lambda s: _forget(app, s))
+    sessions[session.id] = session
+    services.metrics.sessions_total.inc()
+    services.metrics.sessions_active.set(len(sessions))
+    try:
+        answer = await asyncio.wait_for(session.accept(sdp, type_), timeout=cfg.server.connect_timeout_s)
+    except Exception as exc:
+        await session.close("bad_offer")
+        if isinstance(exc, TimeoutError):
+            raise HTTPJSONError(504, "offer_timeout", "could not gather ICE candidates in time") from None
+        log.info("offer_rejected error=%s", type(exc).__name__)
+        raise HTTPJSONError(400, "bad_offer", f"the offer could not be applied: {type(exc).__name__}") from None
+    log.info("session_open session=%s active=%d", session.id, len(sessions))
+    return web.json_response({"sdp": answer.sdp, "type": answer.type, "session_id": session.id})
+
+
+def _forget(app: web.Application, session: Session) -> None:
+    sessions = app[SESSIONS]
+    sessions.pop(session.id, None)
+    app[SERVICES].metrics.sessions_active.set(len(sessions))
+
+
+async def delete_session(request: web.Request) -> web.Response:
+    session = request.app[SESSIONS].get(request.match_info["session_id"])
+    if session is None:
+        raise HTTPJSONError(404, "unknown_session", "no such session")
+    await session.close("hangup")
+    return web.json_response({"status": "closed", "session_id": session.id})
+
+
+async def list_sessions(request: web.Request) -> web.Response:
+    sessions = request.app[SESSIONS]
+    return web.json_response(
+        {"sessions": [{"session_id": s.id, "turns": s.conversation.turns, "tasks": s.task_count}
+                      for s in sessions.values()]}
+    )
+
+
+# --- app -----------------------------------------------------------------------------------------------
+def create_app(cfg: Config, services: Services | None = None) -> web.Application:
+    """Build the app; models load in the background at startup (``/readyz`` says when they are done)."""
+    middlewares = [error_middleware]
+    if cfg.server.cors_origins:
+        middlewares.insert(0, _cors_middleware(cfg.server.cors_origins))
+    if cfg.server.auth_token:
+        middlewares.append(_auth_middleware(cfg.server.auth_token))
+    # Uploads (reference clips) are bounded by the TTS API's own cap; everything else by max_body_bytes.
+    client_max = max(cfg.server.max_body_bytes, cfg.tts_api.max_upload_bytes + 65_536)
+    app = web.Application(middlewares=middlewares, client_max_size=client_max)
+    app[CONFIG] = cfg
+    app[SERVICES] = services or Services(cfg)
+    app[SESSIONS] = {}
+    web_dir = Path(cfg.server.web_dir or WEB_DIR)
+    app.router.add_get("/", index)
+    app.router.add_static("/static/", web_dir, show_index=False, follow_symlinks=False)
+    app.router.add_get("/healthz", healthz)
+    app.router.add_get("/readyz", readyz)
+    app.router.add_get("/metrics", metrics)
+    app.router.add_post("/api/offer", offer)
+    app.router.add_get("/api/sessions", list_sessions)
+    app.router.add_delete("/api/sessions/{session_id}", delete_session)
+    with contextlib.suppress(ImportError):
+        from assistant.server.tts_api import setup_tts_routes
+
+        setup_tts_routes(app)
+    app.on_startup.append(_start_loading)
+    app.on_shutdown.append(_close_sessions)
+    app.on_cleanup.append(_close_services)
+    return app
+
+
+LOADER: web.AppKey[asyncio.Task[None]] = web.AppKey("loader", asyncio.Task)
+
+
+async def _start_loading(app: web.Application) -> None:
+    async def load() -> None:
+        try:
+            await app[SERVICES].load()
+            log.info("Service Ready")
+        except Exception:
+            log.exception("service_load_failed")
+            raise
+
+    app[LOADER] = asyncio.get_running_loop().create_task(load(), name="load-services")
+
+
+async def _close_sessions(app: web.Application) -> None:
+    sessions = list(app[SESSIONS].values())
+    if sessions:
+        log.info("shutdown_closing_sessions count=%d", len(sessions))
+        timeout = app[CONFIG].server.shutdown_timeout_s
+        await asyncio.wait_for(
+            asyncio.gather(*(s.close("server_shutdown") for s in sessions), return_exceptions=True), timeout
+        )
+
+
+async def _close_services(app: web.Application) -> None:
+    loader = app.get(LOADER)
+    if loader is not None and not loader.done():
+        loader.cancel()
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await loader
+    await app[SERVICES].close()
+
+
+async def wait_ready(app: web.Application) -> None:
+    """Wait until every model is loaded (raises what loading raised)."""
+    await app[LOADER]

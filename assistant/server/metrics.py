@@ -1,0 +1,48 @@
+"""Prometheus metrics: one registry per app (so several apps in one test process do not collide)."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
+from assistant.pipeline.trace import DURATIONS
+
+# Buckets in seconds, dense where conversational latency lives (50 ms … 2 s).
+LATENCY_BUCKETS = (0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0, 10.0)
+
+
+class Metrics:
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        self.sessions_active = Gauge("assistant_sessions_active", "open voice chat sessions", registry=self.registry)
+        self.sessions_total = Counter("assistant_sessions_total", "voice chat sessions opened", registry=self.registry)
+        self.turns_total = Counter("assistant_turns_total", "user turns answered", registry=self.registry)
+        self.interruptions_total = Counter(
+            "assistant_interruptions_total", "replies cut by barge-in", registry=self.registry
+        )
+        self.errors_total = Counter(
+            "assistant_errors_total", "errors by where they happened", ["stage"], registry=self.registry
+        )
+        self.stage_seconds = Histogram(
+            "assistant_stage_seconds",
+            "duration of each turn stage (names as in turn_metrics)",
+            ["stage"],
+            buckets=LATENCY_BUCKETS,
+            registry=self.registry,
+        )
+        self.tts_requests_total = Counter(
+            "assistant_tts_requests_total", "TTS API requests by outcome", ["outcome"], registry=self.registry
+        )
+        self.tts_first_chunk_seconds = Histogram(
+            "assistant_tts_first_chunk_seconds", "TTS API time to first audio chunk",
+            buckets=LATENCY_BUCKETS, registry=self.registry,
+        )
+
+    def observe_turn(self, durations_ms: dict[str, float]) -> None:
+        self.turns_total.inc()
+        for name, value in durations_ms.items():
+            if name in DURATIONS:
+                self.stage_seconds.labels(stage=name.removesuffix("_ms")).observe(max(value, 0.0) / 1000.0)
+
+    def render(self) -> tuple[bytes, str]:
+        return generate_latest(self.registry), CONTENT_TYPE_LATEST

@@ -1,0 +1,75 @@
+"""The process-wide engines every session shares: VAD model, ASR runner, TTS engine, responder, metrics.
+
+They are loaded and warmed once at start (off the event loop); ``/readyz`` turns ready only after that.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from assistant.config import Config
+from assistant.respond.base import Responder
+from assistant.server.metrics import Metrics
+from assistant.tts.base import TTSEngine
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Services:
+    cfg: Config
+    metrics: Metrics = field(default_factory=Metrics)
+    vad_model: Any = None
+    asr: Any = None  # ASRRunner
+    tts: TTSEngine | None = None
+    responder: Responder | None = None
+    ready: bool = False
+    load_seconds: dict[str, float] = field(default_factory=dict)
+
+    def make_endpointer(self) -> Any:
+        from assistant.vad.endpoint import Endpointer
+
+        return Endpointer(self.vad_model, self.cfg.vad)
+
+    async def load(self) -> None:
+        """Load every model, then warm each up, so the first user sees warm numbers."""
+        from assistant.asr import create_asr
+        from assistant.asr.runner import ASRRunner
+        from assistant.respond import create_responder
+        from assistant.tts import create_tts
+        from assistant.vad.silero import SileroModel
+
+        cfg = self.cfg
+
+        async def timed(name: str, coro: Any) -> Any:
+            t0 = time.perf_counter()
+            result = await coro
+            self.load_seconds[name] = round(time.perf_counter() - t0, 3)
+            return result
+
+        if self.vad_model is None:
+            self.vad_model = await timed("vad", asyncio.to_thread(SileroModel))
+        if self.asr is None:
+            engine = await timed("asr", asyncio.to_thread(create_asr, cfg.asr))
+            self.asr = ASRRunner(engine, cfg.asr)
+            await timed("asr_warmup", asyncio.to_thread(engine.warmup))
+        if self.tts is None:
+            self.tts = await timed("tts", asyncio.to_thread(create_tts, cfg.tts))
+            await timed("tts_warmup", self.tts.warmup())
+        if self.responder is None:
+            self.responder = create_responder(cfg.respond)
+        self.ready = True
+        log.info("services_loaded %s", " ".join(f"{k}_s={v}" for k, v in self.load_seconds.items()))
+
+    async def close(self) -> None:
+        if self.tts is not None:
+            await self.tts.close()
+        aclose = getattr(self.responder, "aclose", None)
+        if aclose is not None:
+            await aclose()
+        if self.asr is not None and hasattr(self.asr, "close"):
+            self.asr.close()

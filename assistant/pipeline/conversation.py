@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 import soxr
 
+from assistant.audio import float_to_s16
 from assistant.config import Config
 from assistant.pipeline.events import EventChannel
 from assistant.pipeline.trace import TurnTrace
@@ -89,18 +90,18 @@ class Conversation:
         self._samples_in += len(chunk)
         self._clock = (now, self._samples_in)
         self.last_audio_wall = now
-        for event in self.endpointer.process(chunk):
+        for event in self.endpointer.feed(chunk):
             if isinstance(event, SpeechStart):
                 self._on_speech_start(event)
             elif isinstance(event, SpeechEnd):
                 self._on_speech_end(event)
         if self._barge_in_at is not None and self._samples_in >= self._barge_in_at:
             self._barge_in_at = None
-            if self.endpointer.in_speech:
+            if self.endpointer.speaking:
                 self._interrupt("barge_in")
 
     def _on_speech_start(self, ev: SpeechStart) -> None:
-        self.events.emit("speech_start", turn=self.turns + 1, at_ms=round(self.wall_time(ev.sample) * 1000, 1))
+        self.events.emit("speech_start", turn=self.turns + 1, at_ms=round(self.wall_time(ev.sample_index) * 1000, 1))
         if self._turn_task is None or self._turn_task.done():
             return
         if not self._speaking:
@@ -109,7 +110,7 @@ class Conversation:
             return
         if not self.cfg.turn.barge_in:
             return
-        confirmed_ms = (self._samples_in - ev.sample) * 1000 / IN_SAMPLE_RATE
+        confirmed_ms = (self._samples_in - ev.sample_index) * 1000 / IN_SAMPLE_RATE
         wait_ms = self.cfg.turn.barge_in_min_speech_ms - confirmed_ms
         if wait_ms <= 0:
             self._interrupt("barge_in")
@@ -117,7 +118,7 @@ class Conversation:
             self._barge_in_at = self._samples_in + int(wait_ms * IN_SAMPLE_RATE / 1000)
 
     def _on_speech_end(self, ev: SpeechEnd) -> None:
-        speech_end = self.wall_time(ev.end_sample)
+        speech_end = self.wall_time(round(ev.time_s * IN_SAMPLE_RATE))
         self.events.emit(
             "speech_end",
             turn=self.turns + 1,
@@ -185,7 +186,7 @@ class Conversation:
                 log.debug("turn_text session=%s turn=%d text=%r", self.session_id, turn, text)
             self._pending_audio = None  # heard and understood: from here on an interruption is a barge-in
             reply = await self._reply(trace, text)
-            self.history.add(text, reply)
+            self.history.add_turn(text, reply)
         except asyncio.CancelledError:
             raise
         except Exception as exc:
@@ -207,7 +208,7 @@ class Conversation:
         async def produce_text() -> None:
             chunker = TextChunker(self.cfg.chunker)
             try:
-                async for delta in self.deps.responder.respond(text, self.history.messages()):
+                async for delta in self.deps.responder.respond(text, self.history.messages):
                     if not delta:
                         continue
                     trace.mark("first_text")
@@ -241,10 +242,10 @@ class Conversation:
                     continue
                 trace.mark("first_audio")
                 out = resampler.resample_chunk(np.asarray(pcm, dtype=np.float32))
-                if not await self.track.write(_to_s16(out), gen):
+                if not await self.track.write(float_to_s16(out), gen):
                     return
             tail = resampler.resample_chunk(np.zeros(0, dtype=np.float32), last=True)
-            if tail.size and not await self.track.write(_to_s16(tail), gen):
+            if tail.size and not await self.track.write(float_to_s16(tail), gen):
                 return
         await self.track.flush(gen)
 
@@ -262,8 +263,14 @@ class Conversation:
         message = str(exc) if isinstance(exc, ResponderError) else "the reply failed"
         if isinstance(exc, TimeoutError):
             message = "the reply took too long"
-        log.warning("turn_failed session=%s turn=%d stage=%s error=%s", self.session_id, trace.turn, stage,
-                    type(exc).__name__)
+        log.warning(
+            "turn_failed session=%s turn=%d stage=%s error=%s",
+            self.session_id,
+            trace.turn,
+            stage,
+            type(exc).__name__,
+            exc_info=not isinstance(exc, ResponderError | TimeoutError),
+        )
         self.events.emit("error", turn=trace.turn, stage=stage, message=message)
         if self.deps.on_error is not None:
             self.deps.on_error(stage)
@@ -275,7 +282,3 @@ class Conversation:
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
-
-
-def _to_s16(x: np.ndarray) -> np.ndarray:
-    return (np.clip(x, -1.0, 1.0) * 32767.0).astype(np.int16)

@@ -11,14 +11,14 @@ from dataclasses import dataclass, field
 
 # The stages of a turn, in the order they happen. The page, the bench and /metrics use these names.
 STAGES: tuple[str, ...] = (
-    "speech_end",        # the user's speech really ended (VAD end minus its silence hangover)
-    "vad_end",           # the endpointer decided the turn is over
-    "asr_done",          # final transcript ready
-    "first_text",        # first reply text delta from the responder
-    "first_tts_text",    # first text chunk handed to TTS
-    "first_audio",       # first PCM chunk out of TTS
+    "speech_end",  # the user's speech really ended (VAD end minus its silence hangover)
+    "vad_end",  # the endpointer decided the turn is over
+    "asr_done",  # final transcript ready
+    "first_text",  # first reply text delta from the responder
+    "first_tts_text",  # first text chunk handed to TTS
+    "first_audio",  # first PCM chunk out of TTS
     "first_frame_sent",  # first non-silent reply frame handed to the peer's outgoing track
-    "reply_done",        # last reply frame sent (or the turn ended)
+    "reply_done",  # last reply frame sent (or the turn ended)
 )
 
 # Durations reported per turn: name -> (from mark, to mark).

@@ -149,10 +149,9 @@ class Session:
         while not self.closed:
             await asyncio.sleep(min(1.0, cfg.idle_timeout_s / 4))
             age = time.monotonic() - self.created
-            if self.pc.connectionState != "connected" and age > cfg.connect_timeout_s:
-                if not self.audio_started:
-                    await self.close("connect_timeout")
-                    return
+            if self.pc.connectionState != "connected" and age > cfg.connect_timeout_s and not self.audio_started:
+                await self.close("connect_timeout")
+                return
             if self.audio_started and time.time() - self.conversation.last_audio_wall > cfg.idle_timeout_s:
                 await self.close("idle_timeout")
                 return

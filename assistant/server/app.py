@@ -24,6 +24,7 @@ log = logging.getLogger(__name__)
 SERVICES: web.AppKey[Services] = web.AppKey("services", Services)
 SESSIONS: web.AppKey[dict[str, Session]] = web.AppKey("sessions", dict)
 CONFIG: web.AppKey[Config] = web.AppKey("config", Config)
+OWNS_SERVICES: web.AppKey[bool] = web.AppKey("owns_services", bool)
 WEB_DIR = PROJECT_ROOT / "web"
 
 
@@ -78,7 +79,11 @@ def _auth_middleware(token: str) -> Any:
                 # Browsers cannot set headers on WebSocket upgrades: accept ?token= there.
                 got = f"Bearer {request.query.get('token', '')}"
             if not hmac.compare_digest(got.encode(), expected):
-                return json_error(401, "unauthorized", "missing or wrong bearer token",)
+                return json_error(
+                    401,
+                    "unauthorized",
+                    "missing or wrong bearer token",
+                )
         return await handler(request)
 
     return auth
@@ -160,8 +165,9 @@ async def offer(request: web.Request) -> web.Response:
     sessions = app[SESSIONS]
     if len(sessions) >= cfg.server.max_sessions:
         services.metrics.errors_total.labels(stage="capacity").inc()
-        raise HTTPJSONError(503, "busy", f"all {cfg.server.max_sessions} session slots are in use",
-                            headers={"Retry-After": "5"})
+        raise HTTPJSONError(
+            503, "busy", f"all {cfg.server.max_sessions} session slots are in use", headers={"Retry-After": "5"}
+        )
     session = Session(services, on_closed=lambda s: _forget(app, s))
     sessions[session.id] = session
     services.metrics.sessions_total.inc()
@@ -195,8 +201,11 @@ async def delete_session(request: web.Request) -> web.Response:
 async def list_sessions(request: web.Request) -> web.Response:
     sessions = request.app[SESSIONS]
     return web.json_response(
-        {"sessions": [{"session_id": s.id, "turns": s.conversation.turns, "tasks": s.task_count}
-                      for s in sessions.values()]}
+        {
+            "sessions": [
+                {"session_id": s.id, "turns": s.conversation.turns, "tasks": s.task_count} for s in sessions.values()
+            ]
+        }
     )
 
 
@@ -213,6 +222,8 @@ def create_app(cfg: Config, services: Services | None = None) -> web.Application
     app = web.Application(middlewares=middlewares, client_max_size=client_max)
     app[CONFIG] = cfg
     app[SERVICES] = services or Services(cfg)
+    # Services passed in belong to the caller (tests share one set across apps); ours we close.
+    app[OWNS_SERVICES] = services is None
     app[SESSIONS] = {}
     web_dir = Path(cfg.server.web_dir or WEB_DIR)
     app.router.add_get("/", index)
@@ -264,7 +275,8 @@ async def _close_services(app: web.Application) -> None:
         loader.cancel()
         with contextlib.suppress(asyncio.CancelledError, Exception):
             await loader
-    await app[SERVICES].close()
+    if app[OWNS_SERVICES]:
+        await app[SERVICES].close()
 
 
 async def wait_ready(app: web.Application) -> None:

@@ -34,8 +34,10 @@ class Metrics:
             "assistant_tts_requests_total", "TTS API requests by outcome", ["outcome"], registry=self.registry
         )
         self.tts_first_chunk_seconds = Histogram(
-            "assistant_tts_first_chunk_seconds", "TTS API time to first audio chunk",
-            buckets=LATENCY_BUCKETS, registry=self.registry,
+            "assistant_tts_first_chunk_seconds",
+            "TTS API time to first audio chunk",
+            buckets=LATENCY_BUCKETS,
+            registry=self.registry,
         )
 
     def observe_turn(self, durations_ms: dict[str, float]) -> None:

@@ -33,7 +33,7 @@ class Services:
     def make_endpointer(self) -> Any:
         from assistant.vad.endpoint import Endpointer
 
-        return Endpointer(self.vad_model, self.cfg.vad)
+        return Endpointer(self.cfg.vad, self.vad_model)
 
     async def load(self) -> None:
         """Load every model, then warm each up, so the first user sees warm numbers."""

@@ -1,0 +1,86 @@
+"""Shared fixtures: paths to the shared data, loopback ICE, a real app served on a free port."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+SHARED = REPO.parent / "shared"
+AUDIO = SHARED / "audio"
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption("--soak", action="store_true", default=False, help="run the long soak tests")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if config.getoption("--soak"):
+        return
+    skip = pytest.mark.skip(reason="long soak run: pass --soak")
+    for item in items:
+        if "soak" in item.keywords:
+            item.add_marker(skip)
+
+
+@pytest.fixture(scope="session")
+def shared_audio() -> Path:
+    if not AUDIO.is_dir():
+        pytest.skip(f"shared audio not found at {AUDIO}")
+    return AUDIO
+
+
+@pytest.fixture(scope="session", autouse=True)
+def loopback_ice() -> None:
+    """aioice leaves 127.0.0.1 out of its host candidates; peers in tests talk over loopback."""
+    import aioice.ice
+
+    original = aioice.ice.get_host_addresses
+
+    def with_loopback(use_ipv4: bool, use_ipv6: bool) -> list[str]:
+        found = original(use_ipv4=use_ipv4, use_ipv6=use_ipv6)
+        return (["127.0.0.1"] if use_ipv4 else []) + found
+
+    aioice.ice.get_host_addresses = with_loopback
+    yield
+    aioice.ice.get_host_addresses = original
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _quiet_threads() -> None:
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+
+def test_config(**sections: dict) -> object:
+    """The default config with test-friendly overrides (short timeouts, a temp data dir)."""
+    from assistant.config import load_config
+
+    return load_config(overrides=sections or None, environ={})
+
+
+@contextlib.asynccontextmanager
+async def serve(cfg: object, services: object | None = None) -> AsyncIterator[tuple[str, object]]:
+    """Run the real app on 127.0.0.1 with a free port until the block ends; yields (base URL, app)."""
+    from aiohttp import web
+
+    from assistant.server.app import create_app, wait_ready
+
+    app = create_app(cfg, services)  # type: ignore[arg-type]
+    runner = web.AppRunner(app, shutdown_timeout=2.0)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    try:
+        await asyncio.wait_for(wait_ready(app), 120)
+        yield f"http://127.0.0.1:{port}", app
+    finally:
+        await runner.cleanup()
+
+
+test_config.__test__ = False  # type: ignore[attr-defined]

@@ -1,0 +1,337 @@
+"""CosyVoice2 flow: speech tokens + speaker + prompt mel -> mel spectrogram (conditional flow matching).
+
+    tokens (25 Hz) ──embed──▶ UpsampleConformerEncoder ──proj──▶ mu [80, T] (50 Hz)
+    speaker x-vector ──normalize, Linear──▶ spks [80]
+    noise z (fixed) ──10 Euler steps of v = estimator(x, mu, t, spks, prompt mel)──▶ mel
+
+Classifier-free guidance runs the conditional and an unconditional row (mu, spks and prompt zeroed)
+as one batch of 2 and mixes v = (1 + rate) * v_cond - rate * v_uncond. The starting noise is not
+drawn per call: it is a fixed table (seed 0), sliced to the utterance length, so the same tokens
+always give the same mel, also chunk after chunk in streaming.
+
+`CausalFlow.state_dict()` has exactly the keys of the official `flow.pt`.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from assistant.tts.cosyvoice.flow_decoder import CausalUNetEstimator
+from assistant.tts.cosyvoice.flow_encoder import Cache, UpsampleConformerEncoder
+
+log = logging.getLogger(__name__)
+
+NOISE_SEED = 0
+NOISE_FRAMES = 15000  # 300 s of mel frames at 50 Hz: the longest utterance the fixed noise covers
+
+
+@dataclass
+class FlowConfig:
+    """Sizes of the flow (defaults: CosyVoice2-0.5B)."""
+
+    input_size: int = 512  # token embedding width
+    output_size: int = 80  # mel bins
+    spk_embed_dim: int = 192
+    vocab_size: int = 6561
+    token_mel_ratio: int = 2  # mel frames per token
+    pre_lookahead_len: int = 3  # future tokens the encoder looks at
+    # encoder
+    encoder_output_size: int = 512
+    encoder_heads: int = 8
+    encoder_linear_units: int = 2048
+    encoder_blocks: int = 6
+    encoder_up_blocks: int = 4
+    encoder_chunk_size: int = 25  # tokens per attention chunk in streaming mode
+    # estimator
+    estimator_in_channels: int = 320  # x, mu, spks, cond: 4 x 80
+    estimator_channels: list[int] = field(default_factory=lambda: [256])
+    attention_head_dim: int = 64
+    n_blocks: int = 4
+    num_mid_blocks: int = 12
+    num_heads: int = 8
+    estimator_chunk_size: int = 50  # frames per attention chunk in streaming mode
+    # sampler
+    n_timesteps: int = 10
+    inference_cfg_rate: float = 0.7
+    t_scheduler: str = "cosine"
+
+    @classmethod
+    def from_yaml(cls, section: dict[str, Any]) -> FlowConfig:
+        """Build from the `flow` entry of the official yaml as plain dicts (see the yaml reader)."""
+        enc = section.get("encoder", {})
+        dec = section.get("decoder", {})
+        est = dec.get("estimator", {})
+        cfm = dec.get("cfm_params", {})
+        cfm = cfm.get("content", cfm)  # an unwrapped omegaconf.DictConfig
+        d = cls()
+        channels = list(est.get("channels", d.estimator_channels))
+        if len(channels) != 1:
+            raise ValueError(f"only a one-level estimator is supported (CosyVoice2), got channels={channels}")
+        return cls(
+            input_size=section.get("input_size", d.input_size),
+            output_size=section.get("output_size", d.output_size),
+            spk_embed_dim=section.get("spk_embed_dim", d.spk_embed_dim),
+            vocab_size=section.get("vocab_size", d.vocab_size),
+            token_mel_ratio=section.get("token_mel_ratio", d.token_mel_ratio),
+            pre_lookahead_len=section.get("pre_lookahead_len", d.pre_lookahead_len),
+            encoder_output_size=enc.get("output_size", d.encoder_output_size),
+            encoder_heads=enc.get("attention_heads", d.encoder_heads),
+            encoder_linear_units=enc.get("linear_units", d.encoder_linear_units),
+            encoder_blocks=enc.get("num_blocks", d.encoder_blocks),
+            encoder_chunk_size=enc.get("static_chunk_size", d.encoder_chunk_size),
+            estimator_in_channels=est.get("in_channels", d.estimator_in_channels),
+            estimator_channels=channels,
+            attention_head_dim=est.get("attention_head_dim", d.attention_head_dim),
+            n_blocks=est.get("n_blocks", d.n_blocks),
+            num_mid_blocks=est.get("num_mid_blocks", d.num_mid_blocks),
+            num_heads=est.get("num_heads", d.num_heads),
+            estimator_chunk_size=int(est.get("static_chunk_size", d.estimator_chunk_size)),
+            inference_cfg_rate=cfm.get("inference_cfg_rate", d.inference_cfg_rate),
+            t_scheduler=cfm.get("t_scheduler", d.t_scheduler),
+        )
+
+
+def fixed_noise(frames: int = NOISE_FRAMES, mel_bins: int = 80) -> torch.Tensor:
+    """The reference's starting noise: seed 0, randn [1, 80, frames] on CPU (global RNG state kept)."""
+    gen = torch.Generator(device="cpu").manual_seed(NOISE_SEED)
+    return torch.randn([1, mel_bins, frames], generator=gen, device="cpu")
+
+
+def time_schedule(n_steps: int, scheduler: str, device=None, dtype=torch.float32) -> torch.Tensor:
+    """t_0 = 0 ... t_n = 1 [n+1]; 'cosine' spends more steps near t=0 (the noisy end)."""
+    t = torch.linspace(0, 1, n_steps + 1, device=device, dtype=dtype)
+    if scheduler == "cosine":
+        t = 1 - torch.cos(t * 0.5 * torch.pi)
+    return t
+
+
+class FlowMatchingDecoder(nn.Module):
+    """Euler solver with classifier-free guidance around the velocity estimator (checkpoint: `decoder.`)."""
+
+    def __init__(self, cfg: FlowConfig):
+        super().__init__()
+        self.cfg = cfg
+        self.estimator = CausalUNetEstimator(
+            in_channels=cfg.estimator_in_channels,
+            out_channels=cfg.output_size,
+            channels=cfg.estimator_channels[0],
+            attention_head_dim=cfg.attention_head_dim,
+            n_blocks=cfg.n_blocks,
+            num_mid_blocks=cfg.num_mid_blocks,
+            num_heads=cfg.num_heads,
+            static_chunk_size=cfg.estimator_chunk_size,
+        )
+
+    def forward(
+        self,
+        z: torch.Tensor,
+        mu: torch.Tensor,
+        mask: torch.Tensor,
+        spks: torch.Tensor,
+        cond: torch.Tensor,
+        streaming: bool = False,
+        trace: dict[str, torch.Tensor] | None = None,
+        caches: list[Cache] | None = None,
+    ) -> torch.Tensor:
+        """z, mu, cond [1, 80, T]; mask [1, 1, T]; spks [1, 80] -> mel [1, 80, T].
+
+        `trace`, when given, receives the estimator inputs/output of step 0 and every t (for tests).
+        `caches` (streaming): one estimator cache per Euler step, so T frames continue earlier calls'.
+        """
+        rate = self.cfg.inference_cfg_rate
+        t_span = time_schedule(self.cfg.n_timesteps, self.cfg.t_scheduler, mu.device, mu.dtype)
+        # Batch row 0 is conditional, row 1 unconditional (mu, spks, cond zero); x, mask, t are shared.
+        mu_in = torch.cat([mu, torch.zeros_like(mu)])
+        spks_in = torch.cat([spks, torch.zeros_like(spks)])
+        cond_in = torch.cat([cond, torch.zeros_like(cond)])
+        mask_in = mask.expand(2, -1, -1)
+        x = z
+        t, dt = t_span[0], t_span[1] - t_span[0]
+        ts = []
+        for step in range(1, len(t_span)):
+            x_in = x.expand(2, -1, -1)
+            t_in = t.expand(2)
+            cache = caches[step - 1] if caches is not None else None
+            v = self.estimator(x_in, mask_in, mu_in, t_in, spks_in, cond_in, streaming, cache)
+            if trace is not None and step == 1:
+                trace.update(
+                    est_step0_in_x=x_in,
+                    est_step0_in_mask=mask_in,
+                    est_step0_in_mu=mu_in,
+                    est_step0_in_t=t_in,
+                    est_step0_in_spks=spks_in,
+                    est_step0_in_cond=cond_in,
+                    est_step0_out=v,
+                )
+            ts.append(t)
+            v_cond, v_uncond = v.chunk(2)
+            x = x + dt * ((1.0 + rate) * v_cond - rate * v_uncond)
+            # Accumulate t and take dt from the schedule, in the reference's order of float operations.
+            t = t + dt
+            if step < len(t_span) - 1:
+                dt = t_span[step + 1] - t
+        if trace is not None:
+            trace["est_t_all"] = torch.stack(ts)
+        return x
+
+
+class CausalFlow(nn.Module):
+    """Token-to-mel flow of CosyVoice2 (the official `CausalMaskedDiffWithXvec`, inference only)."""
+
+    def __init__(self, cfg: FlowConfig | None = None):
+        super().__init__()
+        self.cfg = cfg = cfg or FlowConfig()
+        self.input_embedding = nn.Embedding(cfg.vocab_size, cfg.input_size)
+        self.spk_embed_affine_layer = nn.Linear(cfg.spk_embed_dim, cfg.output_size)
+        self.encoder = UpsampleConformerEncoder(
+            input_size=cfg.input_size,
+            output_size=cfg.encoder_output_size,
+            attention_heads=cfg.encoder_heads,
+            linear_units=cfg.encoder_linear_units,
+            num_blocks=cfg.encoder_blocks,
+            num_up_blocks=cfg.encoder_up_blocks,
+            lookahead=cfg.pre_lookahead_len,
+            static_chunk_size=cfg.encoder_chunk_size,
+            upsample=cfg.token_mel_ratio,
+        )
+        self.encoder_proj = nn.Linear(cfg.encoder_output_size, cfg.output_size)
+        self.decoder = FlowMatchingDecoder(cfg)
+        # Always on the CPU generator so every device starts from the same noise; not a checkpoint key.
+        self.register_buffer("noise", fixed_noise(mel_bins=cfg.output_size), persistent=False)
+
+    @torch.inference_mode()
+    def inference(
+        self,
+        token: torch.Tensor,
+        token_len: torch.Tensor,
+        prompt_token: torch.Tensor,
+        prompt_token_len: torch.Tensor,
+        prompt_feat: torch.Tensor,
+        prompt_feat_len: torch.Tensor,
+        embedding: torch.Tensor,
+        streaming: bool,
+        finalize: bool,
+        trace: dict[str, torch.Tensor] | None = None,
+    ) -> torch.Tensor:
+        """Mel of the new tokens [1, 80, 2*(T_new - lookahead if not finalize)]; prompt frames removed.
+
+        token [1, T_new], prompt_token [1, P] (int); prompt_feat [1, 2P, 80]; embedding [1, 192].
+        finalize=False: the last `pre_lookahead_len` tokens are only look-ahead context (their frames
+        come with the next call). streaming=True: chunked attention, so the result is a prefix of
+        what a longer call would give. Lengths are accepted for interface parity; batch size is 1.
+        """
+        assert token.size(0) == 1, "batch size 1 only"
+        del token_len, prompt_token_len, prompt_feat_len
+        dtype = self.spk_embed_affine_layer.weight.dtype
+        spks = self.spk_embed_affine_layer(F.normalize(embedding.to(dtype), dim=1))  # [1, 80]
+
+        tokens = torch.cat([prompt_token, token], dim=1).long().clamp(min=0)
+        emb = self.input_embedding(tokens)  # [1, P+T, D]
+        context = None
+        if not finalize:
+            n = self.cfg.pre_lookahead_len
+            emb, context = emb[:, :-n], emb[:, -n:]
+        h = self.encoder(emb, context, streaming=streaming)  # [1, frames, D]
+        n_prompt = prompt_feat.size(1)
+        n_frames = h.size(1)
+        mu = self.encoder_proj(h)  # [1, frames, 80]
+
+        cond = torch.zeros(1, n_frames, self.cfg.output_size, device=mu.device, dtype=mu.dtype)
+        cond[:, :n_prompt] = prompt_feat.to(mu.dtype)
+        mask = torch.ones(1, 1, n_frames, device=mu.device, dtype=mu.dtype)
+        if n_frames > self.noise.size(2):
+            raise ValueError(f"utterance too long for the fixed noise: {n_frames} > {self.noise.size(2)} frames")
+        z = self.noise[:, :, :n_frames].to(mu.dtype)
+        if trace is not None:
+            trace.update(encoder_out=h, mu=mu, spk_proj=spks)
+        mel = self.decoder(z, mu.transpose(1, 2), mask, spks, cond.transpose(1, 2), streaming, trace)
+        return mel[:, :, n_prompt:].float()
+
+
+class StreamingFlow:
+    """Per-utterance streaming state of a `CausalFlow`: each call computes only the new tokens' frames.
+
+    The encoder keeps its attention keys/values and conv tails, the estimator one cache per Euler step
+    (keys/values of every transformer block, tails of every causal conv). Tokens are encoded only up to
+    a chunk boundary (`encoder_chunk_size` tokens, counted from the first prompt token) that still has
+    `pre_lookahead_len` known tokens after it; the rest waits for the next call. That makes the
+    concatenated output equal to one `inference(..., streaming=True, finalize=True)` over the whole
+    utterance (up to float summation order), while each call costs only its new frames.
+
+    Memory grows with the utterance: for every frame, K and V of every attention layer, per Euler step,
+    for the 2 CFG rows. Never share one between requests.
+    """
+
+    def __init__(
+        self,
+        flow: CausalFlow,
+        prompt_token: torch.Tensor,
+        prompt_feat: torch.Tensor,
+        embedding: torch.Tensor,
+    ):
+        """prompt_token [1, P]; prompt_feat [1, 2P, 80] (prompt mel); embedding [1, 192] speaker x-vector."""
+        self.flow = flow
+        cfg = flow.cfg
+        dtype = flow.spk_embed_affine_layer.weight.dtype
+        with torch.inference_mode():
+            self.spks = flow.spk_embed_affine_layer(F.normalize(embedding.to(dtype), dim=1))  # [1, 80]
+        self.prompt_feat = prompt_feat.to(dtype)  # [1, 2P, 80]
+        self.pending = prompt_token.long().clamp(min=0)  # tokens received, not yet encoded [1, n]
+        self.encoded = 0  # tokens encoded so far (prompt included)
+        self.frames = 0  # mel frames computed so far (prompt included)
+        self.encoder_cache: Cache = {}
+        self.step_caches: list[Cache] = [{} for _ in range(cfg.n_timesteps)]
+        self.finished = False
+
+    def ready_tokens(self, finalize: bool) -> int:
+        """How many pending tokens the next call would encode."""
+        if finalize:
+            return self.pending.size(1)
+        cfg = self.flow.cfg
+        known = self.encoded + self.pending.size(1) - cfg.pre_lookahead_len
+        boundary = known // cfg.encoder_chunk_size * cfg.encoder_chunk_size
+        return max(boundary - self.encoded, 0)
+
+    @torch.inference_mode()
+    def push(self, token: torch.Tensor, finalize: bool = False) -> torch.Tensor:
+        """Append speech tokens [1, n]; return the mel frames that became final [1, 80, 2k] (k >= 0).
+
+        finalize=True encodes every remaining token (the end of the utterance has zeros as look-ahead).
+        Prompt frames are never returned.
+        """
+        if self.finished:
+            raise RuntimeError("this StreamingFlow was finalized")
+        flow, cfg = self.flow, self.flow.cfg
+        self.pending = torch.cat([self.pending, token.long().clamp(min=0).to(self.pending.device)], dim=1)
+        n = self.ready_tokens(finalize)
+        self.finished = finalize
+        if n == 0:
+            return self.prompt_feat.new_zeros(1, cfg.output_size, 0).float()
+        new, context = self.pending[:, :n], None
+        if not finalize:
+            context = flow.input_embedding(self.pending[:, n : n + cfg.pre_lookahead_len])
+        h = flow.encoder(flow.input_embedding(new), context, streaming=True, cache=self.encoder_cache)
+        mu = flow.encoder_proj(h).transpose(1, 2)  # [1, 80, 2n]
+        start, n_frames = self.frames, mu.size(2)
+        end = start + n_frames
+        if end > flow.noise.size(2):
+            raise ValueError(f"utterance too long for the fixed noise: {end} > {flow.noise.size(2)} frames")
+
+        cond = torch.zeros_like(mu)
+        n_prompt = self.prompt_feat.size(1)
+        if start < n_prompt:
+            cond[:, :, : n_prompt - start] = self.prompt_feat[:, start:end].transpose(1, 2)
+        z = flow.noise[:, :, start:end].to(mu.dtype)
+        mask = torch.ones(1, 1, n_frames, device=mu.device, dtype=mu.dtype)
+        mel = flow.decoder(z, mu, mask, self.spks, cond, streaming=True, caches=self.step_caches)
+
+        self.pending = self.pending[:, n:]
+        self.encoded += n
+        self.frames = end
+        return mel[:, :, max(n_prompt - start, 0) :].float()

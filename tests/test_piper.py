@@ -1,0 +1,122 @@
+"""PiperEngine with the real joe voice: streaming per sentence, cancellation, refusals, factory."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from assistant.config import TTSConfig
+from assistant.tts import create_tts
+from assistant.tts.base import ReferenceClip, TTSEngine, TTSRequest, TTSUnsupported
+from assistant.tts.piper_engine import PiperEngine
+
+
+@pytest.fixture(scope="module")
+def engine() -> Iterator[PiperEngine]:
+    eng = create_tts(TTSConfig(engine="piper", max_concurrent=2))
+    assert isinstance(eng, PiperEngine)
+    yield eng
+    asyncio.run(eng.close())
+
+
+async def test_protocol_and_capabilities(engine: PiperEngine) -> None:
+    assert isinstance(engine, TTSEngine)
+    assert engine.sample_rate == 22050
+    caps = engine.capabilities
+    assert caps.native_speed and not caps.voice_cloning and not caps.instruct and caps.languages == ("en",)
+    await engine.warmup()
+
+
+async def test_two_sentences_stream_as_two_chunks(engine: PiperEngine) -> None:
+    chunks = [c async for c in engine.synthesize(TTSRequest(text="Hello world. How are you?"))]
+    assert len(chunks) >= 2
+    for c in chunks:
+        assert c.dtype == np.float32 and c.ndim == 1
+        assert np.sqrt(np.mean(c**2)) > 0.02 and np.abs(c).max() <= 1.0
+    seconds = sum(len(c) for c in chunks) / engine.sample_rate
+    assert 0.8 < seconds < 4.0
+
+
+async def test_speed_is_native(engine: PiperEngine) -> None:
+    async def dur(speed: float) -> float:
+        req = TTSRequest(text="This sentence is spoken at two different speeds.", speed=speed)
+        return sum([len(c) async for c in engine.synthesize(req)]) / engine.sample_rate
+
+    normal, fast = await dur(1.0), await dur(2.0)
+    assert 0.4 < fast / normal < 0.65
+
+
+async def test_cancel_after_first_chunk_stops_worker(engine: PiperEngine) -> None:
+    text = " ".join(f"This is sentence number {i} of a long answer." for i in range(12))
+    before = engine.sentences_made
+    gen = engine.synthesize(TTSRequest(text=text))
+    first = await gen.__anext__()
+    assert len(first) > 0
+    await gen.aclose()
+    t0 = time.monotonic()
+    while engine.active and time.monotonic() - t0 < 3.0:
+        await asyncio.sleep(0.02)
+    assert engine.active == 0  # the slot is free
+    made = engine.sentences_made - before
+    await asyncio.sleep(0.3)
+    assert engine.sentences_made - before == made  # nothing more happens after the stop
+    assert made <= 1 + 3 + 1  # first + the bounded queue + the one in progress, not all 12
+
+
+async def test_task_cancel_stops_worker(engine: PiperEngine) -> None:
+    text = " ".join(f"Sentence {i} goes on for a little while." for i in range(12))
+    got = asyncio.Event()
+
+    async def consume() -> None:
+        async for _ in engine.synthesize(TTSRequest(text=text)):
+            got.set()
+            await asyncio.sleep(10)  # a slow listener, then barge-in
+
+    task = asyncio.create_task(consume())
+    await asyncio.wait_for(got.wait(), 5)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    t0 = time.monotonic()
+    while engine.active and time.monotonic() - t0 < 3.0:
+        await asyncio.sleep(0.02)
+    assert engine.active == 0
+
+
+@pytest.mark.parametrize(("request_", "needle"), [
+    (TTSRequest(text="hi", reference=ReferenceClip(np.zeros(16000, np.float32), 16000)), "reference"),
+    (TTSRequest(text="hi", instruct="sound happy"), "instruct"),
+    (TTSRequest(text="你好", language="zh"), "language 'zh'"),
+    (TTSRequest(text="hi", voice="someone-else"), "someone-else"),
+])
+async def test_unsupported_options(engine: PiperEngine, request_: TTSRequest, needle: str) -> None:
+    with pytest.raises(TTSUnsupported, match=needle):
+        _ = [c async for c in engine.synthesize(request_)]
+
+
+async def test_bad_values(engine: PiperEngine) -> None:
+    with pytest.raises(ValueError, match="speed"):
+        _ = [c async for c in engine.synthesize(TTSRequest(text="hi", speed=5.0))]
+    with pytest.raises(ValueError, match="too long"):
+        _ = [c async for c in engine.synthesize(TTSRequest(text="a" * 5000))]
+    assert [c async for c in engine.synthesize(TTSRequest(text="   "))] == []
+    assert [c async for c in engine.synthesize(TTSRequest(text="ok", language="en", voice="default"))]
+
+
+def test_missing_voice_file_is_named(tmp_path: Path) -> None:
+    missing = tmp_path / "nobody.onnx"
+    with pytest.raises(FileNotFoundError, match=r"nobody\.onnx"):
+        PiperEngine(TTSConfig(voice=str(missing)))
+    missing.write_bytes(b"")
+    with pytest.raises(FileNotFoundError, match=r"nobody\.onnx\.json"):
+        PiperEngine(TTSConfig(voice=str(missing)))
+
+
+def test_unknown_engine_name() -> None:
+    with pytest.raises(ValueError, match="unknown TTS engine 'nope'"):
+        create_tts(TTSConfig(engine="nope"))

@@ -46,6 +46,7 @@ class TurnDeps:
     asr: Any  # ASRRunner: ``await transcribe(audio) -> Transcript``
     tts: TTSEngine
     responder: Responder
+    voice: str | None = None  # TTS voice id for this session (None: the engine's default)
     on_turn_done: Callable[[TurnTrace], None] | None = None
     on_error: Callable[[str], None] | None = None
 
@@ -75,7 +76,8 @@ class Conversation:
         self._samples_in = 0  # stream position, in 16 kHz samples
         self._clock: tuple[float, int] = (time.time(), 0)  # (wall time, stream sample) of the last chunk
         self._barge_in_at: int | None = None  # stream sample at which pending speech may interrupt
-        self.last_audio_wall = time.time()
+        self.last_audio_wall = time.time()  # the latest audio packet (any level)
+        self.last_activity_wall = time.time()  # the latest speech start or reply
         track.on_first_audible = self._on_first_audible
 
     # --- audio in ----------------------------------------------------------------------------------
@@ -101,6 +103,7 @@ class Conversation:
                 self._interrupt("barge_in")
 
     def _on_speech_start(self, ev: SpeechStart) -> None:
+        self.last_activity_wall = time.time()
         self.events.emit("speech_start", turn=self.turns + 1, at_ms=round(self.wall_time(ev.sample_index) * 1000, 1))
         if self._turn_task is None or self._turn_task.done():
             return
@@ -192,6 +195,7 @@ class Conversation:
         except Exception as exc:
             self._turn_failed(trace, exc)
         finally:
+            self.last_activity_wall = time.time()
             if self._trace is trace and trace.has("first_frame_sent"):
                 trace.mark("reply_done")
                 self.events.emit("reply_done", turn=turn, durations_ms=trace.durations_ms())
@@ -237,7 +241,7 @@ class Conversation:
         while (piece := await chunks.get()) is not None:
             trace.mark("first_tts_text")
             resampler = soxr.ResampleStream(tts.sample_rate, OUT_SAMPLE_RATE, 1, dtype="float32", quality="HQ")
-            async for pcm in tts.synthesize(TTSRequest(text=piece, language=self.cfg.tts.language or None)):
+            async for pcm in tts.synthesize(TTSRequest(text=piece, voice=self.deps.voice, language=self.cfg.tts.language or None)):
                 if pcm.size == 0:
                     continue
                 trace.mark("first_audio")

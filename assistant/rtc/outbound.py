@@ -47,6 +47,7 @@ class ReplyTrack(MediaStreamTrack):
         self._await_audible = False
         self.frames_sent = 0
         self.audible_frames_sent = 0
+        self.last_audible_sent_at = 0.0  # wall time the latest audible frame was handed to the peer
 
     # --- writer side -------------------------------------------------------------------------------
     @property
@@ -128,10 +129,12 @@ class ReplyTrack(MediaStreamTrack):
         if self._frames:
             samples = self._frames.popleft()
             self._space.set()
-            if self._await_audible and int(np.abs(samples).max()) > SILENCE_PEAK_S16:
-                self._await_audible = False
-                if self.on_first_audible is not None:
-                    self.on_first_audible(time.time())
+            if int(np.abs(samples).max()) > SILENCE_PEAK_S16:
+                self.last_audible_sent_at = time.time()
+                if self._await_audible:
+                    self._await_audible = False
+                    if self.on_first_audible is not None:
+                        self.on_first_audible(self.last_audible_sent_at)
             if samples is not self._silence:
                 self.audible_frames_sent += 1
         else:

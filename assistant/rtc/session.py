@@ -17,6 +17,7 @@ from typing import Any
 from aiortc import RTCConfiguration, RTCIceServer, RTCPeerConnection, RTCSessionDescription
 from aiortc.mediastreams import MediaStreamError
 
+from assistant.config import Config
 from assistant.pipeline.conversation import Conversation, TurnDeps
 from assistant.pipeline.events import EventChannel
 from assistant.rtc.inbound import InboundAudio
@@ -31,8 +32,17 @@ def new_session_id() -> str:
 
 
 class Session:
-    def __init__(self, services: Services, on_closed: Callable[[Session], None] | None = None) -> None:
-        cfg = services.cfg
+    def __init__(
+        self,
+        services: Services,
+        cfg: Config | None = None,
+        on_closed: Callable[[Session], None] | None = None,
+        *,
+        responder: str | None = None,
+        voice: str | None = None,
+    ) -> None:
+        cfg = cfg or services.cfg
+        self.cfg = cfg
         self.id = new_session_id()
         self.services = services
         self.created = time.monotonic()
@@ -48,7 +58,8 @@ class Session:
         deps = TurnDeps(
             asr=services.asr,
             tts=services.tts,  # type: ignore[arg-type]
-            responder=services.responder,  # type: ignore[arg-type]
+            responder=services.responder_for(responder),
+            voice=voice,
             on_turn_done=lambda trace: metrics.observe_turn(trace.durations_ms()),
             on_error=lambda stage: metrics.errors_total.labels(stage=stage).inc(),
         )
@@ -144,17 +155,23 @@ class Session:
             self.spawn(self.close("audio_ended"), "close")
 
     async def _watchdog(self) -> None:
-        """Close a peer that never connects, or that has sent no audio for ``idle_timeout_s``."""
-        cfg = self.services.cfg.server
+        """Close a peer that never connects, that stopped sending audio, or in which nobody spoke for long."""
+        cfg = self.cfg.server
+        conv = self.conversation
         while not self.closed:
             await asyncio.sleep(min(1.0, cfg.idle_timeout_s / 4))
+            now = time.time()
             age = time.monotonic() - self.created
-            if self.pc.connectionState != "connected" and age > cfg.connect_timeout_s and not self.audio_started:
-                await self.close("connect_timeout")
-                return
-            if self.audio_started and time.time() - self.conversation.last_audio_wall > cfg.idle_timeout_s:
-                await self.close("idle_timeout")
-                return
-            if not self.audio_started and age > cfg.idle_timeout_s:
-                await self.close("idle_timeout")
+            reason = ""
+            if not self.audio_started:
+                if self.pc.connectionState != "connected" and age > cfg.connect_timeout_s:
+                    reason = "connect_timeout"
+                elif age > cfg.idle_timeout_s:
+                    reason = "idle_timeout"
+            elif now - conv.last_audio_wall > cfg.idle_timeout_s:
+                reason = "idle_timeout"
+            elif now - conv.last_activity_wall > cfg.max_silence_s:
+                reason = "silence_timeout"
+            if reason:
+                await self.close(reason)
                 return

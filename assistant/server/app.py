@@ -9,6 +9,7 @@ import asyncio
 import contextlib
 import hmac
 import json
+import re
 import logging
 from pathlib import Path
 from typing import Any
@@ -26,6 +27,7 @@ SESSIONS: web.AppKey[dict[str, Session]] = web.AppKey("sessions", dict)
 CONFIG: web.AppKey[Config] = web.AppKey("config", Config)
 OWNS_SERVICES: web.AppKey[bool] = web.AppKey("owns_services", bool)
 WEB_DIR = PROJECT_ROOT / "web"
+VOICE_ID = re.compile(r"[A-Za-z0-9_-]{1,64}")
 
 
 def json_error(status: int, error: str, detail: str = "", **extra: Any) -> web.Response:
@@ -162,13 +164,18 @@ async def offer(request: web.Request) -> web.Response:
         raise HTTPJSONError(413, "too_large", f"sdp over {cfg.server.max_sdp_bytes} bytes")
     if not sdp.lstrip().startswith("v=0"):
         raise HTTPJSONError(400, "bad_offer", "sdp must start with v=0")
+    responder, voice = data.get("responder"), data.get("voice")
+    if responder is not None and responder not in services.allowed_responders():
+        raise HTTPJSONError(400, "bad_offer", f"field 'responder' must be one of {services.allowed_responders()}")
+    if voice is not None and (not isinstance(voice, str) or not VOICE_ID.fullmatch(voice)):
+        raise HTTPJSONError(400, "bad_offer", "field 'voice' must be a voice id (letters, digits, - and _)")
     sessions = app[SESSIONS]
     if len(sessions) >= cfg.server.max_sessions:
         services.metrics.errors_total.labels(stage="capacity").inc()
         raise HTTPJSONError(
             503, "busy", f"all {cfg.server.max_sessions} session slots are in use", headers={"Retry-After": "5"}
         )
-    session = Session(services, on_closed=lambda s: _forget(app, s))
+    session = Session(services, cfg, on_closed=lambda s: _forget(app, s), responder=responder, voice=voice)
     sessions[session.id] = session
     services.metrics.sessions_total.inc()
     services.metrics.sessions_active.set(len(sessions))

@@ -6,6 +6,7 @@ They are loaded and warmed once at start (off the event loop); ``/readyz`` turns
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import time
 from dataclasses import dataclass, field
@@ -29,6 +30,29 @@ class Services:
     responder: Responder | None = None
     ready: bool = False
     load_seconds: dict[str, float] = field(default_factory=dict)
+
+    _responders: dict[str, Responder] = field(default_factory=dict)
+
+    def allowed_responders(self) -> list[str]:
+        """Responders a client may pick per session: the built-in ones and the configured one.
+
+        Never a ``module:Class`` from a client: that would let a request import any module.
+        """
+        return sorted({"echo", "rules", self.cfg.respond.engine})
+
+    def responder_for(self, name: str | None) -> Responder:
+        """The shared responder of that name (created once), or the configured one."""
+        from assistant.respond import create_responder
+
+        if not name or name == self.cfg.respond.engine:
+            assert self.responder is not None
+            return self.responder
+        if name not in self.allowed_responders():
+            raise ValueError(f"responder must be one of {self.allowed_responders()}")
+        if name not in self._responders:
+            cfg = dataclasses.replace(self.cfg.respond, engine=name)
+            self._responders[name] = create_responder(cfg, debug_content=self.cfg.log.debug_content)
+        return self._responders[name]
 
     def make_endpointer(self) -> Any:
         from assistant.vad.endpoint import Endpointer
@@ -61,15 +85,17 @@ class Services:
             self.tts = await timed("tts", asyncio.to_thread(create_tts, cfg.tts))
             await timed("tts_warmup", self.tts.warmup())
         if self.responder is None:
-            self.responder = create_responder(cfg.respond)
+            self.responder = create_responder(cfg.respond, debug_content=cfg.log.debug_content)
+        self._responders[cfg.respond.engine] = self.responder
         self.ready = True
         log.info("services_loaded %s", " ".join(f"{k}_s={v}" for k, v in self.load_seconds.items()))
 
     async def close(self) -> None:
         if self.tts is not None:
             await self.tts.close()
-        aclose = getattr(self.responder, "aclose", None)
-        if aclose is not None:
-            await aclose()
+        for responder in {id(r): r for r in [self.responder, *self._responders.values()] if r}.values():
+            aclose = getattr(responder, "aclose", None)
+            if aclose is not None:
+                await aclose()
         if self.asr is not None and hasattr(self.asr, "close"):
             self.asr.close()

@@ -1,0 +1,187 @@
+"""Voice chat end to end: real aiortc peers on loopback against the real app and the default CPU stack."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import aiohttp
+import pytest
+import pytest_asyncio
+
+from assistant.bench.audio_source import load_utterance
+from assistant.bench.v2v import BenchSession, TurnSettings
+from assistant.pipeline.trace import STAGES
+from assistant.server.app import SESSIONS
+from assistant.server.services import Services
+from tests.conftest import serve, test_config
+
+pytestmark = [pytest.mark.asyncio(loop_scope="module"), pytest.mark.slow]
+
+SETTINGS = TurnSettings(timeout_s=40.0, silence_ms=1200, settle_ms=300)
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def services() -> Services:
+    """The default stack, loaded and warmed once for the whole module."""
+    svc = Services(test_config())  # type: ignore[arg-type]
+    await svc.load()
+    yield svc
+    await svc.close()
+
+
+def cfg_with(**server: object) -> object:
+    return test_config(server={"idle_timeout_s": 30.0, **server})
+
+
+def _own_tasks() -> list[asyncio.Task]:
+    """Tasks of the app and its sessions (not aiohttp's per-connection request handlers)."""
+    return [t for t in asyncio.all_tasks() if "RequestHandler" not in repr(t.get_coro())]
+
+
+async def _session(url: str, http: aiohttp.ClientSession, index: int = 0) -> BenchSession:
+    client = BenchSession(index=index, url=url, http=http)
+    await client.connect()
+    return client
+
+
+async def test_one_turn_transcript_reply_and_metrics(services: Services, shared_audio) -> None:
+    async with serve(cfg_with(), services) as (url, _app), aiohttp.ClientSession() as http:
+        client = await _session(url, http)
+        try:
+            result = await client.run_turn(load_utterance(shared_audio / "en_weather.wav"), 0, SETTINGS)
+        finally:
+            await client.close()
+    assert result.status == "ok", result.reason
+    assert "weather" in result.transcript.lower()
+    assert "weather" in result.reply_text.lower()  # the echo responder repeats it
+    assert result.columns["v2v_ms"] > 0  # a non-silent reply sample was heard
+    marks = result.server_marks_ms
+    ordered = [marks[s] for s in STAGES if s in marks and s != "reply_done"]
+    assert len(ordered) == len(STAGES) - 1, f"missing stage marks: {set(STAGES) - set(marks)}"
+    assert ordered == sorted(ordered), marks
+    for name in ("endpoint_ms", "asr_ms", "tts_first_audio_ms", "server_v2v_ms"):
+        assert result.columns[name] is not None and result.columns[name] > 0, name
+    # The client hears the reply after the server sent it.
+    assert result.columns["v2v_ms"] >= result.columns["server_v2v_ms"]
+
+
+async def test_barge_in_stops_reply_within_100ms(services: Services, shared_audio) -> None:
+    story = load_utterance(shared_audio / "en_story.wav")  # a long echo reply (~4 s of speech)
+    timer = load_utterance(shared_audio / "en_timer.wav")
+    async with serve(cfg_with(), services) as (url, app), aiohttp.ClientSession() as http:
+        client = await _session(url, http)
+        try:
+            client.source.play(story, on_speech_end=client.listener.arm)
+            deadline = time.monotonic() + 40
+            while not any(e.body.get("type") == "reply_audio_start" for e in client.events):
+                assert time.monotonic() < deadline, "no reply started"
+                await asyncio.sleep(0.02)
+            await asyncio.sleep(0.5)  # let the reply play for a while, then talk over it
+            session = next(iter(app[SESSIONS].values()))
+            track = session.track
+            client.source.play(timer)
+            while not any(e.body.get("type") == "interrupted" for e in client.events):
+                assert time.monotonic() < deadline, "the reply was not interrupted"
+                await asyncio.sleep(0.01)
+            interrupted = next(e.body for e in client.events if e.body.get("type") == "interrupted")
+            detected_at = interrupted["t_ms"] / 1000.0
+            await asyncio.sleep(0.4)
+            last_sent = track.last_audible_sent_at
+        finally:
+            await client.close()
+    # No audible reply frame left the server more than 100 ms after the speech start was detected.
+    assert last_sent - detected_at <= 0.100, f"reply went on {1000 * (last_sent - detected_at):.0f} ms"
+
+
+async def test_three_sessions_stay_independent(services: Services, shared_audio) -> None:
+    files = {"en_weather.wav": "weather", "en_timer.wav": "timer", "en_story.wav": "piano"}
+    async with serve(cfg_with(), services) as (url, app), aiohttp.ClientSession() as http:
+        clients = [await _session(url, http, i) for i in range(3)]
+        assert len(app[SESSIONS]) == 3
+        try:
+            results = await asyncio.gather(
+                *(
+                    c.run_turn(load_utterance(shared_audio / name), 0, SETTINGS)
+                    for c, name in zip(clients, files, strict=True)
+                )
+            )
+        finally:
+            for c in clients:
+                await c.close()
+    for result, word in zip(results, files.values(), strict=True):
+        assert result.status == "ok", result.reason
+        assert word in result.transcript.lower(), (word, result.transcript)
+        # Each session heard its own reply, not another session's.
+        assert word in result.reply_text.lower()
+
+
+async def test_hangup_frees_session_and_tasks(services: Services, shared_audio) -> None:
+    async with serve(cfg_with(), services) as (url, app), aiohttp.ClientSession() as http:
+        await asyncio.sleep(0.2)
+        baseline = len(_own_tasks())
+        client = await _session(url, http)
+        session = next(iter(app[SESSIONS].values()))
+        assert session.task_count >= 1
+        async with http.delete(f"{url}/api/sessions/{client.session_id}") as resp:
+            assert resp.status == 200
+        client.session_id = ""  # already hung up
+        await client.close()
+        assert session.closed and session.task_count == 0
+        assert client.session_id not in app[SESSIONS]
+        for _ in range(100):
+            if len(_own_tasks()) <= baseline:
+                break
+            await asyncio.sleep(0.05)
+        assert len(_own_tasks()) <= baseline, [t.get_name() for t in _own_tasks()]
+        async with http.delete(f"{url}/api/sessions/{session.id}") as resp:
+            assert resp.status == 404
+
+
+async def test_bad_offers_are_refused_and_others_unaffected(services: Services) -> None:
+    async with serve(cfg_with(max_sessions=1, max_body_bytes=4096), services) as (url, app), \
+            aiohttp.ClientSession() as http:
+        async def post(body: bytes | str, ctype: str = "application/json") -> tuple[int, dict]:
+            async with http.post(f"{url}/api/offer", data=body, headers={"Content-Type": ctype}) as r:
+                return r.status, await r.json(content_type=None)
+
+        assert (await post("{not json"))[0] == 400
+        assert (await post("[1, 2]"))[0] == 400
+        assert (await post('{"type": "offer"}'))[0] == 400
+        assert (await post('{"sdp": "v=0", "type": "answer"}'))[0] == 400
+        status, body = await post('{"sdp": "hello", "type": "offer"}')
+        assert status == 400 and body["error"] == "bad_offer"
+        status, body = await post('{"sdp": "v=0\\r\\no=- 0 0 IN IP4 0.0.0.0\\r\\n", "type": "offer"}')
+        assert status == 400 and "Traceback" not in str(body)
+        status, body = await post(b'{"sdp": "' + b"x" * 10_000 + b'", "type": "offer"}')
+        assert status == 413, body
+        async with http.delete(f"{url}/api/sessions/nope") as r:
+            assert r.status == 404
+        assert not app[SESSIONS], "refused offers left sessions behind"
+        # A good session still works, and the one-session cap answers 503 to the next.
+        client = await _session(url, http)
+        try:
+            with pytest.raises(RuntimeError, match="503"):
+                await _session(url, http, 1)
+        finally:
+            await client.close()
+
+
+async def test_silent_peer_is_reaped_and_metrics_exported(services: Services) -> None:
+    async with serve(cfg_with(max_silence_s=2.0), services) as (url, app), aiohttp.ClientSession() as http:
+        client = await _session(url, http)  # sends only digital silence: no turn, no error, then reaped
+        session = next(iter(app[SESSIONS].values()))
+        for _ in range(100):
+            if session.closed:
+                break
+            await asyncio.sleep(0.1)
+        assert session.closed and session.close_reason == "silence_timeout"
+        assert session.conversation.turns == 0
+        assert not [e for e in client.events if e.body.get("type") in ("speech_start", "error")]
+        assert any(e.body.get("type") == "close" for e in client.events)
+        assert not app[SESSIONS]
+        client.session_id = ""
+        await client.close()
+        async with http.get(f"{url}/metrics") as r:
+            text = await r.text()
+        assert "assistant_sessions_total" in text and "assistant_sessions_active 0.0" in text

@@ -241,7 +241,9 @@ class Conversation:
         while (piece := await chunks.get()) is not None:
             trace.mark("first_tts_text")
             resampler = soxr.ResampleStream(tts.sample_rate, OUT_SAMPLE_RATE, 1, dtype="float32", quality="HQ")
-            async for pcm in tts.synthesize(TTSRequest(text=piece, voice=self.deps.voice, language=self.cfg.tts.language or None)):
+            async for pcm in tts.synthesize(
+                TTSRequest(text=piece, voice=self.deps.voice, language=self.cfg.tts.language or None)
+            ):
                 if pcm.size == 0:
                     continue
                 trace.mark("first_audio")

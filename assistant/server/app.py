@@ -9,8 +9,8 @@ import asyncio
 import contextlib
 import hmac
 import json
-import re
 import logging
+import re
 from pathlib import Path
 from typing import Any
 

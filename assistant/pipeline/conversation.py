@@ -14,7 +14,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -37,6 +37,33 @@ log = logging.getLogger(__name__)
 IN_SAMPLE_RATE = 16_000
 # Text chunks waiting for TTS inside one turn; the responder waits when TTS is this far behind.
 TTS_TEXT_QUEUE = 16
+# PCM chunks synthesized ahead of playout (a Piper sentence or a CosyVoice hop each): enough that the
+# next sentence is ready before the current one ends, bounded so a cancelled turn wastes little work.
+PCM_AHEAD_CHUNKS = 8
+# The spoken apology after a failed turn must not itself hang the session.
+APOLOGY_TIMEOUT_S = 10.0
+
+
+class StageError(RuntimeError):
+    """A turn failed in one stage; ``message`` is safe to show (and say) to the user."""
+
+    def __init__(self, stage: str, message: str, cause: BaseException | None = None) -> None:
+        super().__init__(f"{stage}: {message}")
+        self.stage = stage
+        self.message = message
+        self.cause = cause
+
+
+async def _stage(stage: str, message: str, coro: Any) -> Any:
+    """Await one stage's work, turning any failure into a :class:`StageError` for that stage."""
+    try:
+        return await coro
+    except asyncio.CancelledError:
+        raise
+    except TimeoutError as exc:
+        raise StageError(stage, "that took too long", exc) from exc
+    except Exception as exc:
+        raise StageError(stage, message, exc) from exc
 
 
 @dataclass
@@ -177,8 +204,9 @@ class Conversation:
     async def _run_turn(self, trace: TurnTrace, audio: np.ndarray) -> None:
         self._pending_audio = audio
         turn = trace.turn
+        gen = self.track.generation
         try:
-            transcript = await self.deps.asr.transcribe(audio)
+            transcript = await _stage("asr", "I could not make that out", self.deps.asr.transcribe(audio))
             trace.mark("asr_done")
             text = transcript.text.strip()
             self.events.emit("transcript", turn=turn, final=True, text=text)
@@ -188,12 +216,15 @@ class Conversation:
             if self.cfg.log.debug_content:
                 log.debug("turn_text session=%s turn=%d text=%r", self.session_id, turn, text)
             self._pending_audio = None  # heard and understood: from here on an interruption is a barge-in
-            reply = await self._reply(trace, text)
+            reply = await self._reply(trace, text, gen)
             self.history.add_turn(text, reply)
         except asyncio.CancelledError:
             raise
         except Exception as exc:
-            self._turn_failed(trace, exc)
+            error = exc if isinstance(exc, StageError) else StageError("turn", "the reply failed", exc)
+            self._turn_failed(trace, error)
+            if error.stage != "tts":
+                await self._apologize(gen)
         finally:
             self.last_activity_wall = time.time()
             if self._trace is trace and trace.has("first_frame_sent"):
@@ -202,58 +233,119 @@ class Conversation:
                 if self.deps.on_turn_done is not None:
                     self.deps.on_turn_done(trace)
 
-    async def _reply(self, trace: TurnTrace, text: str) -> str:
-        """Responder → chunker → TTS → track, with the responder and TTS running side by side."""
-        gen = self.track.generation
-        chunks: asyncio.Queue[str | None] = asyncio.Queue(maxsize=TTS_TEXT_QUEUE)
+    async def _reply(self, trace: TurnTrace, text: str, gen: int) -> str:
+        """Responder → chunker → TTS → track: the three run side by side, joined by bounded queues."""
+        pieces: asyncio.Queue[str | None] = asyncio.Queue(maxsize=TTS_TEXT_QUEUE)
         reply_parts: list[str] = []
         self.track.expect_reply()
 
         async def produce_text() -> None:
             chunker = TextChunker(self.cfg.chunker)
             try:
-                async for delta in self.deps.responder.respond(text, self.history.messages):
-                    if not delta:
-                        continue
-                    trace.mark("first_text")
-                    reply_parts.append(delta)
-                    self.events.emit("reply_text", turn=trace.turn, delta=delta, text="".join(reply_parts))
-                    for piece in chunker.push(delta):
-                        await chunks.put(piece)
+                async with asyncio.timeout(self.cfg.respond.total_timeout_s):
+                    async for delta in self.deps.responder.respond(text, self.history.messages):
+                        if not delta:
+                            continue
+                        trace.mark("first_text")
+                        reply_parts.append(delta)
+                        self.events.emit("reply_text", turn=trace.turn, delta=delta, text="".join(reply_parts))
+                        for piece in chunker.push(delta):
+                            await pieces.put(piece)
                 for piece in chunker.flush():
-                    await chunks.put(piece)
+                    await pieces.put(piece)
+            except ResponderError as exc:
+                raise StageError("responder", str(exc), exc) from exc
+            except TimeoutError as exc:
+                raise StageError("responder", "the reply took too long", exc) from exc
+            except Exception as exc:
+                raise StageError("responder", "the reply failed", exc) from exc
             finally:
-                await chunks.put(None)
+                await pieces.put(None)
 
-        producer = asyncio.create_task(produce_text(), name=f"responder-{self.session_id}")
-        try:
-            await self._speak(trace, chunks, gen)
-            await producer  # re-raises a responder error after what was said so far
-        finally:
-            if not producer.done():
-                producer.cancel()
-                with contextlib.suppress(asyncio.CancelledError, Exception):
-                    await producer
+        await self._run_side_by_side(produce_text(), self._speak(trace, pieces, gen))
         return "".join(reply_parts)
 
-    async def _speak(self, trace: TurnTrace, chunks: asyncio.Queue[str | None], gen: int) -> None:
-        tts = self.deps.tts
-        while (piece := await chunks.get()) is not None:
-            trace.mark("first_tts_text")
-            resampler = soxr.ResampleStream(tts.sample_rate, OUT_SAMPLE_RATE, 1, dtype="float32", quality="HQ")
-            async for pcm in tts.synthesize(
-                TTSRequest(text=piece, voice=self.deps.voice, language=self.cfg.tts.language or None)
-            ):
-                if pcm.size == 0:
-                    continue
-                trace.mark("first_audio")
-                out = resampler.resample_chunk(np.asarray(pcm, dtype=np.float32))
+    async def _speak(self, trace: TurnTrace, pieces: asyncio.Queue[str | None], gen: int) -> None:
+        """TTS each text piece into a PCM queue while a writer feeds the track at its own pace.
+
+        Synthesis runs ahead of playout (bounded by ``PCM_AHEAD_CHUNKS``), so the next sentence is
+        ready before the current one ends and there is no gap between them.
+        """
+        pcm_q: asyncio.Queue[np.ndarray | None] = asyncio.Queue(maxsize=PCM_AHEAD_CHUNKS)
+
+        async def synthesize() -> None:
+            try:
+                while (piece := await pieces.get()) is not None:
+                    trace.mark("first_tts_text")
+                    async for out in self._synthesize_48k(piece):
+                        trace.mark("first_audio")
+                        await pcm_q.put(out)
+            finally:
+                await pcm_q.put(None)
+
+        async def write() -> None:
+            while (out := await pcm_q.get()) is not None:
                 if not await self.track.write(float_to_s16(out), gen):
                     return
+            await self.track.flush(gen)
+
+        await self._run_side_by_side(synthesize(), write())
+
+    async def _synthesize_48k(self, text: str) -> AsyncIterator[np.ndarray]:
+        """One TTS request, resampled to the track's 48 kHz, checked for garbage, with a time limit."""
+        tts = self.deps.tts
+        resampler = soxr.ResampleStream(tts.sample_rate, OUT_SAMPLE_RATE, 1, dtype="float32", quality="HQ")
+        request = TTSRequest(text=text, voice=self.deps.voice, language=self.cfg.tts.language or None)
+        try:
+            async with asyncio.timeout(self.cfg.tts.timeout_s):
+                async for pcm in tts.synthesize(request):
+                    x = np.asarray(pcm, dtype=np.float32).reshape(-1)
+                    if x.size == 0:
+                        continue
+                    if not np.isfinite(x).all():
+                        raise StageError("tts", "the voice failed", ValueError("non-finite audio from TTS"))
+                    yield resampler.resample_chunk(x)
             tail = resampler.resample_chunk(np.zeros(0, dtype=np.float32), last=True)
-            if tail.size and not await self.track.write(float_to_s16(tail), gen):
-                return
-        await self.track.flush(gen)
+            if tail.size:
+                yield tail
+        except StageError:
+            raise
+        except TimeoutError as exc:
+            raise StageError("tts", "the voice took too long", exc) from exc
+        except Exception as exc:
+            raise StageError("tts", "the voice failed", exc) from exc
+
+    @staticmethod
+    async def _run_side_by_side(first: Any, second: Any) -> None:
+        """Run two coroutines together; the first failure cancels the other and is raised."""
+        tasks = [asyncio.ensure_future(first), asyncio.ensure_future(second)]
+        try:
+            done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
+            for t in done:
+                if t.exception() is not None:
+                    raise t.exception()  # type: ignore[misc]
+            await asyncio.gather(*tasks)
+        finally:
+            for t in tasks:
+                if not t.done():
+                    t.cancel()
+            for t in tasks:
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await t
+
+    async def _apologize(self, gen: int) -> None:
+        """Say the configured error message (best effort, short time limit): a failed turn is not silent."""
+        message = self.cfg.turn.error_message.strip()
+        if not message or gen != self.track.generation:
+            return
+        try:
+            async with asyncio.timeout(APOLOGY_TIMEOUT_S):
+                async for out in self._synthesize_48k(message):
+                    if not await self.track.write(float_to_s16(out), gen):
+                        return
+                await self.track.flush(gen)
+        except Exception as exc:  # the apology itself failed: the error event already told the page
+            log.info("apology_failed session=%s error=%s", self.session_id, type(exc).__name__)
 
     def _on_first_audible(self, at: float) -> None:
         trace = self._trace
@@ -264,22 +356,19 @@ class Conversation:
         self.events.emit("reply_audio_start", turn=trace.turn)
         self.events.emit("turn_metrics", **trace.as_event())
 
-    def _turn_failed(self, trace: TurnTrace, exc: BaseException) -> None:
-        stage = "responder" if isinstance(exc, ResponderError) else "turn"
-        message = str(exc) if isinstance(exc, ResponderError) else "the reply failed"
-        if isinstance(exc, TimeoutError):
-            message = "the reply took too long"
+    def _turn_failed(self, trace: TurnTrace, error: StageError) -> None:
+        cause = error.__cause__ or error.cause
         log.warning(
             "turn_failed session=%s turn=%d stage=%s error=%s",
             self.session_id,
             trace.turn,
-            stage,
-            type(exc).__name__,
-            exc_info=not isinstance(exc, ResponderError | TimeoutError),
+            error.stage,
+            type(cause).__name__ if cause else "StageError",
+            exc_info=cause if cause is not None and not isinstance(cause, ResponderError | TimeoutError) else None,
         )
-        self.events.emit("error", turn=trace.turn, stage=stage, message=message)
+        self.events.emit("error", turn=trace.turn, stage=error.stage, message=error.message)
         if self.deps.on_error is not None:
-            self.deps.on_error(stage)
+            self.deps.on_error(error.stage)
 
     async def close(self) -> None:
         task = self._turn_task

@@ -1,0 +1,472 @@
+"""The TTS API end to end: real HTTP and WebSocket clients against the app on 127.0.0.1, with the real Piper
+engine (and a small fake cloning engine for what Piper cannot do: cloning, URLs, DSP speed, busy slots)."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import io
+import json
+import time
+import wave
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import numpy as np
+import pytest
+from aiohttp import web
+
+from assistant.audio import s16_to_float, write_wav_bytes
+from assistant.config import Config
+from assistant.server.app import SERVICES, create_app, wait_ready
+from assistant.server.services import Services
+from assistant.tts import create_tts
+from assistant.tts import service as tts_service
+from assistant.tts.base import LANGUAGES, ReferenceClip, TTSCapabilities, TTSRequest
+from assistant.tts.effects import estimate_f0
+
+pytestmark = pytest.mark.timeout(120)
+
+SHORT = "Hello there."
+THREE = "The weather is sunny today. Tomorrow brings light rain. Remember your umbrella."
+
+
+class Shared:
+    """The module's Piper engine, shared by every app in this file (closing an app must not close it)."""
+
+    def __init__(self, engine: Any) -> None:
+        self._engine = engine
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._engine, name)
+
+    def synthesize(self, request: TTSRequest) -> AsyncIterator[np.ndarray]:
+        return self._engine.synthesize(request)
+
+    async def close(self) -> None:
+        pass
+
+
+class FakePrompt:
+    def save(self, path: Path) -> None:
+        Path(path).write_bytes(b"prompt")
+
+
+class FakeCloner:
+    """A cloning engine that says a 200 Hz tone: three 0.2 s chunks, ``delay`` seconds apart."""
+
+    name = "fake"
+    sample_rate = 16000
+    capabilities = TTSCapabilities(voice_cloning=True, instruct=True, native_speed=False, native_pitch=False,
+                                   languages=LANGUAGES)
+
+    def __init__(self, delay: float = 0.0) -> None:
+        self.delay = delay
+        self.requests: list[TTSRequest] = []
+        self.prepared: dict[str, ReferenceClip] = {}
+
+    async def add_voice(self, voice_id: str, clip: ReferenceClip) -> FakePrompt:
+        self.prepared[voice_id] = clip
+        return FakePrompt()
+
+    async def synthesize(self, request: TTSRequest) -> AsyncIterator[np.ndarray]:
+        self.requests.append(request)
+        t = np.arange(int(0.2 * self.sample_rate)) / self.sample_rate
+        for _ in range(3):
+            await asyncio.sleep(self.delay)
+            yield (0.3 * np.sin(2 * np.pi * 200 * t)).astype(np.float32)
+
+    async def warmup(self) -> None:
+        pass
+
+    async def close(self) -> None:
+        pass
+
+
+@pytest.fixture(scope="module")
+def piper() -> Shared:
+    cfg = Config()
+    engine = create_tts(cfg.tts)
+    asyncio.run(engine.warmup())
+    yield Shared(engine)
+    asyncio.run(engine.close())
+
+
+def make_cfg(tmp_path: Path, **sections: dict[str, Any]) -> Config:
+    cfg = Config()
+    cfg.server.data_dir = str(tmp_path / "data")
+    cfg.tts_api.max_upload_bytes = 400_000
+    cfg.tts_api.max_upload_seconds = 5.0
+    for section, values in sections.items():
+        for key, value in values.items():
+            setattr(getattr(cfg, section), key, value)
+    return cfg
+
+
+@contextlib.asynccontextmanager
+async def serve(cfg: Config, engine: Any) -> AsyncIterator[tuple[str, web.Application]]:
+    """The real app with stand-ins for the models this file does not need, on a free port."""
+    services = Services(cfg)
+    services.tts = engine
+    services.vad_model, services.asr, services.responder = object(), object(), object()
+    app = create_app(cfg, services)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    await wait_ready(app)
+    port = runner.addresses[0][1]
+    try:
+        yield f"http://127.0.0.1:{port}", app
+    finally:
+        await runner.cleanup()
+
+
+def wav_info(body: bytes) -> tuple[int, int, int, np.ndarray]:
+    with wave.open(io.BytesIO(body)) as w:
+        frames = w.readframes(w.getnframes())
+        return w.getnchannels(), w.getsampwidth(), w.getframerate(), s16_to_float(frames)
+
+
+def tone_wav(seconds: float, sr: int = 16000) -> bytes:
+    t = np.arange(int(seconds * sr)) / sr
+    return write_wav_bytes((0.3 * np.sin(2 * np.pi * 180 * t)).astype(np.float32), sr)
+
+
+async def say(http: aiohttp.ClientSession, base: str, **body: Any) -> np.ndarray:
+    async with http.post(f"{base}/api/tts", json={"text": SHORT, **body}) as r:
+        assert r.status == 200, await r.text()
+        return wav_info(await r.read())[3]
+
+
+async def ws_say(ws: aiohttp.ClientWebSocketResponse, body: dict[str, Any]) -> tuple[dict[str, Any], bytes]:
+    """One request on a socket: the start message and all PCM up to END."""
+    await ws.send_json(body)
+    start = await ws.receive_json(timeout=30)
+    assert start.get("type") == "start", start
+    pcm = bytearray()
+    while True:
+        msg = await ws.receive(timeout=30)
+        assert msg.type == aiohttp.WSMsgType.BINARY, msg
+        if msg.data == b"END":
+            return start, bytes(pcm)
+        pcm += msg.data
+
+
+# --- audio out ---------------------------------------------------------------------------------------------
+async def test_wav_pcm_and_resampled_output(tmp_path, piper):
+    async with serve(make_cfg(tmp_path), piper) as (base, _), aiohttp.ClientSession() as http:
+        async with http.post(f"{base}/api/tts", json={"text": SHORT}) as r:
+            assert r.status == 200 and r.content_type == "audio/wav"
+            body = await r.read()
+            channels, width, sr, audio = wav_info(body)
+            assert (channels, width, sr) == (1, 2, 22050)
+            assert len(body) == 44 + 2 * len(audio)
+            assert float(r.headers["X-Audio-Seconds"]) == pytest.approx(len(audio) / sr, abs=1e-3)
+            assert 0.4 < len(audio) / sr < 2.5
+        async with http.post(f"{base}/api/tts", json={"text": SHORT, "sample_rate": 16000}) as r:
+            _, _, sr16, audio16 = wav_info(await r.read())
+            assert sr16 == 16000 and r.headers["X-Sample-Rate"] == "16000"
+            assert len(audio16) / 16000 == pytest.approx(len(audio) / 22050, abs=0.15)
+        async with http.post(f"{base}/api/tts", json={"text": SHORT, "format": "pcm"}) as r:
+            assert r.content_type == "application/octet-stream"
+            assert r.headers["X-Sample-Rate"] == "22050" and r.headers["X-Channels"] == "1"
+            assert len(await r.read()) % 2 == 0
+
+
+async def test_http_streaming_sends_chunks_before_the_end(tmp_path, piper):
+    async with serve(make_cfg(tmp_path), piper) as (base, _), aiohttp.ClientSession() as http:
+        t0 = time.perf_counter()
+        async with http.post(f"{base}/api/tts", json={"text": THREE, "streaming": True}) as r:
+            assert r.status == 200 and r.headers["X-Sample-Rate"] == "22050"
+            assert r.headers.get("Transfer-Encoding") == "chunked"
+            first, pcm = None, bytearray()
+            async for chunk in r.content.iter_any():
+                first = first or time.perf_counter() - t0
+                pcm += chunk
+        total = time.perf_counter() - t0
+        assert first is not None and first < 0.9 * total, (first, total)
+        assert len(pcm) / 2 / 22050 > 2.0
+
+
+# --- WebSocket -------------------------------------------------------------------------------------------
+async def test_ws_end_errors_and_reuse(tmp_path, piper):
+    async with (
+        serve(make_cfg(tmp_path), piper) as (base, _),
+        aiohttp.ClientSession() as http,
+        http.ws_connect(f"{base}/ws/tts") as ws,
+    ):
+        start, pcm = await ws_say(ws, {"text": SHORT})
+        assert start == {"type": "start", "sample_rate": 22050, "channels": 1, "format": "s16le"}
+        assert len(pcm) > 22050  # > 0.5 s
+        for bad, needle in [("{nope", "bad_json"), (json.dumps({"text": "hi", "speed": 7}), "'speed'"),
+                            (json.dumps({"text": "hi", "colour": "red"}), "'colour'")]:
+            await ws.send_str(bad)
+            err = await ws.receive_json(timeout=10)
+            assert needle in json.dumps(err) and set(err) == {"error", "detail"}
+        await ws.send_bytes(b"\x00\x01")
+        assert (await ws.receive_json(timeout=10))["error"] == "bad_request"
+        start, pcm2 = await ws_say(ws, {"text": SHORT, "sample_rate": 16000})
+        assert start["sample_rate"] == 16000 and len(pcm2) > 16000
+
+
+async def test_ws_many_sockets_at_once(tmp_path, piper):
+    async with serve(make_cfg(tmp_path), piper) as (base, _), aiohttp.ClientSession() as http:
+        async def one(i: int) -> int:
+            async with http.ws_connect(f"{base}/ws/tts") as ws:
+                _, pcm = await ws_say(ws, {"text": f"Socket number {i}."})
+                return len(pcm)
+
+        sizes = await asyncio.gather(*(one(i) for i in range(4)))
+        assert all(s > 11025 for s in sizes)
+
+
+# --- effects ---------------------------------------------------------------------------------------------
+async def test_pitch_energy_speed(tmp_path, piper):
+    text = "Hello, how are you doing today?"
+    async with serve(make_cfg(tmp_path), piper) as (base, _), aiohttp.ClientSession() as http:
+        plain = await say(http, base, text=text)
+        up = await say(http, base, text=text, pitch=12)
+        f0, f0_up = estimate_f0(plain, 22050), estimate_f0(up, 22050)
+        assert 1.75 < f0_up / f0 < 2.25, (f0, f0_up)
+        assert len(up) == pytest.approx(len(plain), rel=0.15)
+
+        loud = await say(http, base, text=text, energy=2.0)
+        rms = lambda x: float(np.sqrt(np.mean(x**2)))  # noqa: E731
+        assert rms(loud) > 1.3 * rms(plain)
+        assert np.max(np.abs(loud)) < 32767 / 32768  # limited, not clipped
+
+        fast = await say(http, base, text=text, speed=1.5)
+        assert 0.55 < len(fast) / len(plain) < 0.8
+
+
+async def test_dsp_speed_on_an_engine_without_native_speed(tmp_path):
+    engine = FakeCloner()
+    async with serve(make_cfg(tmp_path), engine) as (base, _), aiohttp.ClientSession() as http:
+        plain = await say(http, base)
+        fast = await say(http, base, speed=1.5)
+        assert len(fast) / len(plain) == pytest.approx(1 / 1.5, rel=0.08)
+        assert engine.requests[-1].speed == 1.0  # done by the service, not asked of the engine
+
+
+# --- bad input --------------------------------------------------------------------------------------------
+BAD_TTS = [
+    (b"{not json", 400, "bad_json", "not valid JSON"),
+    ({"text": "hi", "speed": 9}, 400, "bad_request", "'speed': 9 is out of range; allowed 0.5 to 2"),
+    ({"text": "hi", "pitch": 20}, 400, "bad_request", "'pitch'"),
+    ({"text": "hi", "colour": 1}, 400, "bad_request", "'colour': unknown field"),
+    ({"text": "x" * 2001}, 413, "text_too_long", "limit is 2000"),
+    ({"text": "hi", "language": "ja"}, 400, "unsupported", "language 'ja'"),
+    ({"text": "hi", "instruct": "whisper"}, 400, "unsupported", "instruct"),
+    ({"text": "hi", "speaker_wav": "http://example.com/a.wav"}, 400, "url_not_allowed", "url_allowlist"),
+    ({"text": "hi", "speaker_wav": "file:///etc/passwd"}, 400, "url_not_allowed", "http or https"),
+    ({"text": "hi", "speaker_wav": base64.b64encode(tone_wav(3)).decode()}, 400, "unsupported", "clone"),
+    ({"text": "hi", "voice": "0123456789abcdef"}, 404, "unknown_voice", "/api/voices"),
+]
+
+
+async def test_bad_requests_get_clear_errors_and_the_server_goes_on(tmp_path, piper):
+    async with serve(make_cfg(tmp_path), piper) as (base, app), aiohttp.ClientSession() as http:
+        for body, status, error, needle in BAD_TTS:
+            kw = {"data": body} if isinstance(body, bytes) else {"json": body}
+            async with http.post(f"{base}/api/tts", **kw) as r:
+                got = await r.json()
+                assert (r.status, got["error"]) == (status, error), got
+                assert needle in got["detail"], got
+            await say(http, base)  # a good request right after each bad one
+
+        form = aiohttp.FormData()
+        form.add_field("request", json.dumps({"text": "hi"}))
+        form.add_field("speaker_wav", b"\x00" * 400_001, filename="big.wav")
+        async with http.post(f"{base}/api/tts", data=form) as r:
+            assert r.status == 413 and (await r.json())["error"] == "too_large"
+        await say(http, base)
+
+        voice_cases = [
+            ({"clip": (b"this is not audio at all" * 50, "x.wav"), "transcript": "hi"}, 400, "bad_audio"),
+            ({"clip": (b"\x00" * 400_001, "x.wav"), "transcript": "hi"}, 413, "too_large"),
+            ({"clip": (tone_wav(6.0), "x.wav"), "transcript": "hi"}, 413, "clip_too_long"),
+            ({"clip": (tone_wav(0.3), "x.wav"), "transcript": "hi"}, 400, "clip_too_short"),
+            ({"clip": (tone_wav(3.0), "x.wav")}, 400, "bad_request"),
+            ({"clip": (tone_wav(3.0), "x.wav"), "transcript": "hi", "path": "../x"}, 400, "bad_request"),
+        ]
+        for parts, status, error in voice_cases:
+            form = aiohttp.FormData()
+            for name, value in parts.items():
+                if isinstance(value, tuple):
+                    form.add_field(name, value[0], filename=value[1], content_type="audio/wav")
+                else:
+                    form.add_field(name, value)
+            async with http.post(f"{base}/api/voices", data=form) as r:
+                got = await r.json()
+                assert (r.status, got["error"]) == (status, error), got
+            await say(http, base)
+
+        async with http.delete(f"{base}/api/voices/..%2F..%2Fetc") as r:
+            assert r.status == 404
+        metrics = app[SERVICES].metrics.render()[0].decode()
+        assert 'assistant_tts_requests_total{outcome="ok"}' in metrics
+        assert 'assistant_tts_requests_total{outcome="bad_request"}' in metrics
+        assert "assistant_tts_first_chunk_seconds_count" in metrics
+
+
+async def test_auth_token_covers_http_and_ws(tmp_path, piper):
+    cfg = make_cfg(tmp_path, server={"auth_token": "s3cret"})
+    async with serve(cfg, piper) as (base, _), aiohttp.ClientSession() as http:
+        async with http.post(f"{base}/api/tts", json={"text": SHORT}) as r:
+            assert r.status == 401 and (await r.json())["error"] == "unauthorized"
+        with pytest.raises(aiohttp.WSServerHandshakeError) as err:
+            await http.ws_connect(f"{base}/ws/tts")
+        assert err.value.status == 401
+        async with http.post(f"{base}/api/tts", json={"text": SHORT},
+                             headers={"Authorization": "Bearer s3cret"}) as r:
+            assert r.status == 200
+        async with http.ws_connect(f"{base}/ws/tts?token=s3cret") as ws:
+            await ws_say(ws, {"text": SHORT})
+        async with http.get(f"{base}/healthz") as r:
+            assert r.status == 200
+
+
+async def test_rate_limit_and_busy(tmp_path, monkeypatch):
+    engine = FakeCloner(delay=0.3)
+    cfg = make_cfg(tmp_path, tts_api={"rate_per_minute": 3}, tts={"max_concurrent": 1})
+    monkeypatch.setattr(tts_service, "BUSY_WAIT_S", 0.05)
+    async with serve(cfg, engine) as (base, _), aiohttp.ClientSession() as http:
+        async with http.ws_connect(f"{base}/ws/tts") as ws:
+            await ws.send_json({"text": "long"})
+            assert (await ws.receive_json(timeout=5))["type"] == "start"
+            async with http.post(f"{base}/api/tts", json={"text": "hi"}) as r:
+                assert r.status == 429 and (await r.json())["error"] == "busy"
+            while (await ws.receive(timeout=5)).data != b"END":
+                pass
+        answers = []
+        for _ in range(2):  # 3 per minute: the WS request and the busy one took two tokens
+            async with http.post(f"{base}/api/tts", json={"text": "hi"}) as r:
+                answers.append((r.status, r.headers.get("Retry-After"), await r.read()))
+        assert [a[0] for a in answers] == [200, 429]
+        assert json.loads(answers[1][2])["error"] == "rate_limited" and int(answers[1][1]) >= 1
+
+
+# --- cloning: uploads, base64, URLs, voices ------------------------------------------------------------
+async def test_cloning_paths_with_a_cloning_engine(tmp_path):
+    engine = FakeCloner()
+    clip = tone_wav(3.0)
+    clip_server = web.Application()
+
+    async def clip_handler(request: web.Request) -> web.StreamResponse:
+        return web.Response(body=clip, content_type="audio/wav")
+
+    async def away(request: web.Request) -> web.StreamResponse:
+        raise web.HTTPFound("http://localhost:1/clip.wav")
+
+    clip_server.router.add_get("/clip.wav", clip_handler)
+    clip_server.router.add_get("/away.wav", away)
+    runner = web.AppRunner(clip_server)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    clip_base = f"http://127.0.0.1:{runner.addresses[0][1]}"
+    cfg = make_cfg(tmp_path, tts_api={"url_allowlist": ["127.0.0.1"]})
+    try:
+        async with serve(cfg, engine) as (base, _), aiohttp.ClientSession() as http:
+            await say(http, base, speaker_wav=base64.b64encode(clip).decode(), prompt_text="a tone")
+            assert engine.requests[-1].reference.text == "a tone"
+            await say(http, base, speaker_wav=f"{clip_base}/clip.wav")
+            assert engine.requests[-1].reference.sample_rate == 16000
+            async with http.post(f"{base}/api/tts", json={"text": "hi", "speaker_wav": f"{clip_base}/away.wav"}) as r:
+                assert r.status == 400 and "another host" in (await r.json())["detail"]
+            form = aiohttp.FormData()
+            form.add_field("request", json.dumps({"text": "hi", "instruct": "Speak slowly."}))
+            form.add_field("speaker_wav", clip, filename="me.wav", content_type="audio/wav")
+            async with http.post(f"{base}/api/tts", data=form) as r:
+                assert r.status == 200
+            assert engine.requests[-1].reference is not None and engine.requests[-1].instruct == "Speak slowly."
+            await say(http, base, text="[cheerful] Hi!")
+            assert engine.requests[-1].text == "[cheerful] Hi!"  # instruct engines resolve the tag themselves
+
+            form = aiohttp.FormData()
+            form.add_field("clip", clip, filename="me.wav", content_type="audio/wav")
+            form.add_field("transcript", "a tone")
+            form.add_field("name", "Tone")
+            async with http.post(f"{base}/api/voices", data=form) as r:
+                assert r.status == 201
+                voice = await r.json()
+            assert voice["cloning"] is True and voice["name"] == "Tone"
+            vid = voice["voice_id"]
+            assert engine.prepared[vid].text == "a tone"
+            assert (Path(cfg.server.data_dir) / "voices" / vid / "cache-fake.npz").read_bytes() == b"prompt"
+            await say(http, base, voice=vid)
+            assert engine.requests[-1].voice == vid
+    finally:
+        await runner.cleanup()
+
+    fresh = FakeCloner()  # a restart: the engine has not seen the voice; the service prepares it again
+    async with serve(cfg, fresh) as (base, _), aiohttp.ClientSession() as http:
+        await say(http, base, voice=vid)
+        assert vid in fresh.prepared and fresh.requests[-1].voice == vid
+
+
+async def test_voices_survive_a_restart(tmp_path, piper):
+    cfg = make_cfg(tmp_path)
+    async with serve(cfg, piper) as (base, _), aiohttp.ClientSession() as http:
+        form = aiohttp.FormData()
+        form.add_field("clip", tone_wav(3.0), filename="me.wav", content_type="audio/wav")
+        form.add_field("transcript", "a tone")
+        async with http.post(f"{base}/api/voices", data=form) as r:
+            assert r.status == 201
+            voice = await r.json()
+        assert voice["cloning"] is False  # stored; Piper cannot speak with it
+        async with http.post(f"{base}/api/tts", json={"text": "hi", "voice": voice["voice_id"]}) as r:
+            assert r.status == 400 and (await r.json())["error"] == "unsupported"
+
+    async with serve(cfg, piper) as (base, _), aiohttp.ClientSession() as http:
+        async with http.get(f"{base}/api/voices") as r:
+            listed = await r.json()
+        assert [v["voice_id"] for v in listed["voices"]] == [voice["voice_id"]]
+        assert listed["voices"][0]["transcript"] == "a tone" and listed["cloning"] is False
+        async with http.delete(f"{base}/api/voices/{voice['voice_id']}") as r:
+            assert r.status == 200
+        async with http.delete(f"{base}/api/voices/{voice['voice_id']}") as r:
+            assert r.status == 404
+        async with http.get(f"{base}/api/voices") as r:
+            assert (await r.json())["voices"] == []
+
+
+async def test_openapi_document(tmp_path, piper):
+    async with (
+        serve(make_cfg(tmp_path), piper) as (base, _),
+        aiohttp.ClientSession() as http,
+        http.get(f"{base}/api/openapi.json") as r,
+    ):
+        doc = await r.json()
+    assert doc["openapi"].startswith("3.1")
+    for path in ("/api/tts", "/ws/tts", "/api/voices", "/api/voices/{voice_id}", "/api/offer",
+                 "/api/sessions/{session_id}", "/healthz", "/readyz"):
+        assert path in doc["paths"], path
+    assert doc["components"]["schemas"]["TTSRequest"]["properties"]["speed"]["maximum"] == 2.0
+
+
+async def test_ws_cancel_ends_the_request_and_the_socket_stays_usable(tmp_path):
+    engine = FakeCloner(delay=0.5)
+    async with (
+        serve(make_cfg(tmp_path), engine) as (base, _),
+        aiohttp.ClientSession() as http,
+        http.ws_connect(f"{base}/ws/tts") as ws,
+    ):
+        await ws.send_json({"text": "a long one"})
+        assert (await ws.receive_json(timeout=5))["type"] == "start"
+        await ws.send_json({"text": "too soon"})
+        while (msg := await ws.receive(timeout=5)).type == aiohttp.WSMsgType.BINARY:
+            pass  # audio of the running request may come first
+        assert json.loads(msg.data)["error"] == "busy"
+        t0 = time.perf_counter()
+        await ws.send_json({"type": "cancel"})
+        while (msg := await ws.receive(timeout=5)).data != b"END":
+            assert msg.type == aiohttp.WSMsgType.BINARY
+        assert time.perf_counter() - t0 < 0.5
+        engine.delay = 0.0
+        _, pcm = await ws_say(ws, {"text": "again"})
+        assert len(pcm) == 2 * 3 * 3200

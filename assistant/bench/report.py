@@ -1,0 +1,245 @@
+"""Voice-to-voice bench results: the data model, percentiles, the terminal tables and the JSON file.
+
+Every column is named and explained once, here (:data:`COLUMNS`); docs/benchmarks.md, the JSON file and
+the tables all use these names.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+from collections.abc import Iterable, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+JSON_VERSION = 1
+
+# name -> what it measures. Server columns are the server's own ``turn_metrics`` durations.
+COLUMNS: dict[str, str] = {
+    "v2v_ms": "client clock: the user's speech end (frame holding the manifest's last speech sample handed "
+    "to the client's WebRTC stack) → first reply sample at or above the audible threshold, as played out",
+    "server_v2v_ms": "server clock: its speech_end mark → first non-silent reply frame handed to its track",
+    "endpoint_ms": "server: speech end (VAD end minus hangover) → the endpointer closed the turn",
+    "asr_ms": "server: turn closed → final transcript",
+    "llm_first_text_ms": "server: final transcript → first reply text from the responder",
+    "chunker_ms": "server: first reply text → first text chunk handed to TTS",
+    "tts_first_audio_ms": "server: first TTS text → first PCM chunk out of TTS",
+    "playout_ms": "server: first PCM chunk → first non-silent frame handed to the outgoing track",
+    "downlink_ms": "server's first_frame_sent mark → client received that frame (encode, network, client "
+    "jitter buffer, decode); one clock only when client and server share a host",
+    "onset_ms": "client received the first reply frame → first sample at or above the audible threshold "
+    "(position inside the frame, quiet first frames, client playout queue)",
+    "unaccounted_ms": "v2v_ms minus every stage column it contains (endpoint … onset): the uplink (encode, "
+    "network, server jitter buffer, decode) plus where the server's VAD put the speech end against the "
+    "manifest; negative when the VAD put the end earlier than the uplink took",
+}
+# Stage columns whose sum, with unaccounted_ms, makes v2v_ms; in the order they happen.
+STAGE_COLUMNS: tuple[str, ...] = (
+    "endpoint_ms",
+    "asr_ms",
+    "llm_first_text_ms",
+    "chunker_ms",
+    "tts_first_audio_ms",
+    "playout_ms",
+    "downlink_ms",
+    "onset_ms",
+)
+SERVER_COLUMNS: tuple[str, ...] = (
+    "server_v2v_ms",
+    "endpoint_ms",
+    "asr_ms",
+    "llm_first_text_ms",
+    "chunker_ms",
+    "tts_first_audio_ms",
+    "playout_ms",
+)
+TURN_STATUSES = ("ok", "dropped", "error")
+
+
+@dataclass
+class TurnResult:
+    """One turn of one bench session."""
+
+    session: int
+    index: int  # turn number within the session, from 0
+    file: str
+    status: str = "ok"  # ok | dropped (no reply heard in time) | error (an error event, or no metrics)
+    reason: str = ""
+    server_turn: int | None = None
+    columns: dict[str, float | None] = field(default_factory=dict)
+    client_marks_ms: dict[str, float] = field(default_factory=dict)  # epoch ms on the client's clock
+    server_marks_ms: dict[str, float] = field(default_factory=dict)  # epoch ms, from turn_metrics
+    transcript: str = ""
+    reply_text: str = ""
+
+
+@dataclass
+class LevelResult:
+    """All turns run with ``sessions`` concurrent sessions."""
+
+    sessions: int
+    turns: list[TurnResult] = field(default_factory=list)
+    wall_s: float = 0.0
+    connect_failures: int = 0
+    errors: list[str] = field(default_factory=list)  # session-level problems (could not connect, …)
+
+    def summary(self) -> dict[str, Any]:
+        return summarize_level(self)
+
+
+@dataclass
+class BenchResult:
+    url: str
+    same_host: bool
+    threshold_dbfs: float
+    window_ms: int
+    settings: dict[str, Any] = field(default_factory=dict)
+    levels: list[LevelResult] = field(default_factory=list)
+    json_path: Path | None = None
+    png_path: Path | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "bench": "v2v",
+            "version": JSON_VERSION,
+            "url": self.url,
+            "same_host": self.same_host,
+            "clock": "epoch ms; the client's clock is time.time() at start advanced by perf_counter",
+            "audible_threshold": {
+                "level_dbfs": self.threshold_dbfs,
+                "window_ms": self.window_ms,
+                "measure": "peak (largest absolute sample) in the window; the onset is located to the sample",
+            },
+            "downlink_valid": self.same_host,
+            "settings": self.settings,
+            "columns": COLUMNS,
+            "stage_columns": list(STAGE_COLUMNS),
+            "levels": [
+                {
+                    "sessions": lv.sessions,
+                    "wall_s": round(lv.wall_s, 3),
+                    "connect_failures": lv.connect_failures,
+                    "errors": lv.errors,
+                    "summary": summarize_level(lv),
+                    "turns": [asdict(t) for t in lv.turns],
+                }
+                for lv in self.levels
+            ],
+        }
+
+
+# --- statistics -----------------------------------------------------------------------------------------
+def percentile(values: Sequence[float], q: float) -> float:
+    """The ``q``-th percentile (0–100) with linear interpolation between ranks (numpy's default)."""
+    if not values:
+        raise ValueError("percentile of no values")
+    if not 0.0 <= q <= 100.0:
+        raise ValueError(f"q must be within 0..100, got {q}")
+    xs = sorted(values)
+    pos = (len(xs) - 1) * q / 100.0
+    lo = math.floor(pos)
+    hi = min(lo + 1, len(xs) - 1)
+    return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
+
+
+def summarize(values: Iterable[float | None]) -> dict[str, float | int | None]:
+    """n, p50, p90, max and mean of the values that exist (None for the statistics when none do)."""
+    xs = [float(v) for v in values if v is not None and math.isfinite(v)]
+    if not xs:
+        return {"n": 0, "p50": None, "p90": None, "max": None, "mean": None}
+    return {
+        "n": len(xs),
+        "p50": round(percentile(xs, 50), 1),
+        "p90": round(percentile(xs, 90), 1),
+        "max": round(max(xs), 1),
+        "mean": round(sum(xs) / len(xs), 1),
+    }
+
+
+def summarize_level(level: LevelResult) -> dict[str, Any]:
+    """Turn counts by status and the statistics of every column over the turns that were heard."""
+    counts = {s: sum(1 for t in level.turns if t.status == s) for s in TURN_STATUSES}
+    heard = [t for t in level.turns if t.columns.get("v2v_ms") is not None]
+    return {
+        "turns": len(level.turns),
+        **counts,
+        "columns": {name: summarize(t.columns.get(name) for t in heard) for name in COLUMNS},
+    }
+
+
+def stage_sum(columns: dict[str, float | None]) -> float:
+    """Sum of the stage columns a turn has (what v2v_ms contains besides unaccounted_ms)."""
+    return sum(v for k in STAGE_COLUMNS if (v := columns.get(k)) is not None)
+
+
+# --- tables ---------------------------------------------------------------------------------------------
+def _fmt(v: float | int | None, width: int = 8) -> str:
+    if v is None:
+        return "—".rjust(width)
+    return f"{v:.0f}".rjust(width) if isinstance(v, float) else str(v).rjust(width)
+
+
+def format_summary(result: BenchResult) -> str:
+    """One block per concurrency level: p50 / p90 / max of every column, then the turn counts."""
+    lines: list[str] = []
+    for lv in result.levels:
+        s = summarize_level(lv)
+        lines.append(
+            f"sessions={lv.sessions}  turns={s['turns']}  ok={s['ok']}  dropped={s['dropped']}  "
+            f"errors={s['error']}  connect_failures={lv.connect_failures}  wall={lv.wall_s:.1f}s"
+        )
+        lines.append(f"  {'column':<20}{'n':>5}{'p50':>8}{'p90':>8}{'max':>8}{'mean':>8}")
+        for name in COLUMNS:
+            st = s["columns"][name]
+            lines.append(
+                f"  {name:<20}{st['n']:>5}{_fmt(st['p50'])}{_fmt(st['p90'])}{_fmt(st['max'])}{_fmt(st['mean'])}"
+            )
+        lines.append("")
+    lines.append(
+        f"audible = peak ≥ {result.threshold_dbfs:g} dBFS in a {result.window_ms} ms window; "
+        + ("client and server on one host: downlink_ms is on one clock"
+           if result.same_host else "REMOTE server: downlink_ms / unaccounted_ms mix two clocks")
+    )
+    return "\n".join(lines)
+
+
+TURN_TABLE_COLUMNS: tuple[str, ...] = ("v2v_ms", "server_v2v_ms", *STAGE_COLUMNS, "unaccounted_ms")
+_SHORT = {
+    "v2v_ms": "v2v",
+    "server_v2v_ms": "srv_v2v",
+    "endpoint_ms": "endpt",
+    "asr_ms": "asr",
+    "llm_first_text_ms": "llm",
+    "chunker_ms": "chunk",
+    "tts_first_audio_ms": "tts",
+    "playout_ms": "play",
+    "downlink_ms": "down",
+    "onset_ms": "onset",
+    "unaccounted_ms": "unacc",
+}
+
+
+def format_turns(level: LevelResult) -> str:
+    """One line per turn (ms), in the order the turns ran."""
+    head = f"  {'s':>2} {'t':>2} {'file':<26}{'status':<8}" + "".join(f"{_SHORT[c]:>8}" for c in TURN_TABLE_COLUMNS)
+    lines = [f"sessions={level.sessions}: per turn (ms)", head]
+    for t in sorted(level.turns, key=lambda t: (t.client_marks_ms.get("speech_end", math.inf), t.session)):
+        row = f"  {t.session:>2} {t.index:>2} {t.file[:25]:<26}{t.status:<8}"
+        row += "".join(_fmt(t.columns.get(c)) for c in TURN_TABLE_COLUMNS)
+        if t.reason:
+            row += f"  ({t.reason})"
+        lines.append(row)
+    return "\n".join(lines)
+
+
+def write_json(result: BenchResult, path: Path) -> Path:
+    """Write the whole result (settings, per-turn rows, per-level statistics) as JSON."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(result.to_dict(), indent=1, ensure_ascii=False), encoding="utf-8")
+    log.info("bench.v2v json=%s", path)
+    return path

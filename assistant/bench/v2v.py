@@ -1,0 +1,582 @@
+"""``assistant bench v2v``: voice-to-voice latency as the listener hears it.
+
+A WebRTC client of its own (aiortc) connects like the page does: it opens the ``events`` data channel
+before the offer, sends a microphone track (:class:`~assistant.bench.audio_source.UtteranceSource`, real
+speech files played in real time) and receives the reply track. For every turn it measures, on its own
+clock, the end of the user's speech (the manifest's ``speech_ends_s``: when the frame holding that sample
+was handed to aiortc) → the first reply sample at or above the audible threshold, and puts the server's
+``turn_metrics`` for the same turn next to it, plus the downlink (server's first_frame_sent → frame
+received) as a column of its own. Nothing is subtracted: whatever no column explains stays visible in
+``unaccounted_ms``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import ipaddress
+import json
+import logging
+import socket
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+import aiohttp
+import av
+import numpy as np
+from aiortc import RTCConfiguration, RTCPeerConnection, RTCSessionDescription
+from aiortc.mediastreams import MediaStreamError
+
+import assistant
+from assistant.bench.audio_source import Utterance, UtteranceSource, load_utterance, now, read_manifest
+from assistant.bench.report import (
+    BenchResult,
+    LevelResult,
+    TurnResult,
+    format_summary,
+    format_turns,
+    stage_sum,
+    write_json,
+)
+from assistant.rtc.outbound import SILENCE_PEAK_S16
+
+log = logging.getLogger(__name__)
+
+SHARED_AUDIO = Path(assistant.__file__).resolve().parents[2] / "shared" / "audio"
+# Files of SHARED_AUDIO that are not turns: the voice-cloning clip is a monologue, not a question.
+EXCLUDED_DEFAULT_FILES = frozenset({"en_reference_voice.wav"})
+
+AUDIBLE_DBFS = -40.0  # a reply sample at or above this peak level is "heard"
+WINDOW_MS = 10  # the level is a peak over 10 ms windows; the onset is then located to the sample
+# The server's own "first non-silent frame" rule (ReplyTrack), used to find the frame its
+# first_frame_sent mark stamped, for downlink_ms.
+SERVER_AUDIBLE_PEAK = SILENCE_PEAK_S16 / 32768.0
+
+DEFAULT_TIMEOUT_S = 30.0  # a turn with no reply heard this long after the speech end is dropped
+DEFAULT_SILENCE_MS = 1200  # the reply is over after this much silence (when no reply_done event came)
+DEFAULT_SETTLE_MS = 300  # quiet wanted before the next utterance starts
+DEFAULT_STAGGER_MS = 400  # session i starts i × this later, so K sessions do not speak in lockstep
+POLL_S = 0.02  # how often a turn checks its state; measurements never depend on it (stamped on arrival)
+CONNECT_TIMEOUT_S = 20.0
+
+
+def default_audio_files() -> list[Path]:
+    """``../shared/audio/en_*.wav`` minus the voice-cloning clip, sorted by name."""
+    return sorted(p for p in SHARED_AUDIO.glob("en_*.wav") if p.name not in EXCLUDED_DEFAULT_FILES)
+
+
+def allow_loopback_ice() -> None:
+    """Let aioice offer 127.0.0.1 as a host candidate (it leaves loopback out).
+
+    Needed when the machine has no other interface; it patches this process only, so a server in
+    another process must do the same for the two to meet on loopback.
+    """
+    import aioice.ice
+
+    original = aioice.ice.get_host_addresses
+    if getattr(original, "_bench_loopback", False):
+        return
+
+    def get_host_addresses(use_ipv4: bool, use_ipv6: bool) -> list[str]:
+        addrs = original(use_ipv4, use_ipv6)
+        if use_ipv4 and "127.0.0.1" not in addrs:
+            addrs.append("127.0.0.1")
+        return addrs
+
+    get_host_addresses._bench_loopback = True  # type: ignore[attr-defined]
+    aioice.ice.get_host_addresses = get_host_addresses
+
+
+def is_same_host(url: str) -> bool:
+    """True when ``url`` names this machine, so server epoch marks share the client's clock."""
+    host = urlsplit(url).hostname or ""
+    try:
+        addrs = {info[4][0] for info in socket.getaddrinfo(host, None)}
+    except OSError:
+        return False
+    if all(ipaddress.ip_address(a.split("%")[0]).is_loopback for a in addrs):
+        return True
+    try:
+        import ifaddr
+
+        local = {ip.ip if isinstance(ip.ip, str) else ip.ip[0] for a in ifaddr.get_adapters() for ip in a.ips}
+    except Exception:  # ifaddr comes with aioice; without it, only loopback counts as local
+        return False
+    return bool(addrs) and addrs <= local
+
+
+# --- the reply side -------------------------------------------------------------------------------------
+def frame_to_mono(frame: av.AudioFrame) -> np.ndarray:
+    """An aiortc audio frame (s16/flt, packed or planar, any channels) → float32 mono −1…1."""
+    a = frame.to_ndarray()
+    channels = len(frame.layout.channels)
+    if frame.format.is_planar:
+        x = a.reshape(channels, -1).astype(np.float32).mean(axis=0)
+    else:
+        x = a.reshape(-1, channels).astype(np.float32).mean(axis=1)
+    if np.issubdtype(a.dtype, np.integer):
+        x /= float(np.iinfo(a.dtype).max + 1)
+    return x
+
+
+class ReplyListener:
+    """Reads the reply track and stamps, on the bench clock, when the reply is received and heard.
+
+    Frames are stamped the moment aiortc hands them over (after its jitter buffer and Opus decoder).
+    A playout model places each frame at ``max(received, end of the previous frame)``, as a speaker
+    that never drops audio would; it restarts at every :meth:`arm` (silence lets a player drain).
+    """
+
+    def __init__(self, threshold_dbfs: float = AUDIBLE_DBFS) -> None:
+        self.threshold = 10.0 ** (threshold_dbfs / 20.0)
+        self.frames = 0
+        self.armed_at: float | None = None
+        self.first_frame_at: float | None = None  # first frame (since arm) the server calls non-silent
+        self.heard_frame_at: float | None = None  # receive time of the frame holding the onset
+        self.heard_at: float | None = None  # playout time of the first audible sample
+        self.last_audible_at = 0.0  # playout time just after the latest audible sample
+        self.ended = False
+        self._play_end: float | None = None
+
+    def arm(self, at: float) -> None:
+        """Start looking for a reply in frames received from ``at`` on (the user's speech end)."""
+        self.armed_at = at
+        self.first_frame_at = self.heard_frame_at = self.heard_at = None
+        self._play_end = None
+
+    def on_frame(self, frame: av.AudioFrame, received_at: float) -> None:
+        self.frames += 1
+        x = frame_to_mono(frame)
+        if x.size == 0:
+            return
+        sr = frame.sample_rate or 48_000
+        play_at = received_at if self._play_end is None else max(received_at, self._play_end)
+        self._play_end = play_at + x.size / sr
+        mag = np.abs(x)
+        loud = mag >= self.threshold
+        if loud.any():
+            self.last_audible_at = play_at + (int(np.flatnonzero(loud)[-1]) + 1) / sr
+        if self.armed_at is None or received_at < self.armed_at:
+            return
+        if self.first_frame_at is None and float(mag.max()) > SERVER_AUDIBLE_PEAK:
+            self.first_frame_at = received_at
+        if self.heard_at is None and loud.any():
+            # The first 10 ms window whose peak reaches the threshold starts at or before the first
+            # loud sample; locating the onset to that sample is the window rule made precise.
+            self.heard_at = play_at + int(np.argmax(loud)) / sr
+            self.heard_frame_at = received_at
+            if self.first_frame_at is None:
+                self.first_frame_at = received_at
+
+    async def run(self, track: Any) -> None:
+        while True:
+            try:
+                frame = await track.recv()
+            except MediaStreamError:
+                break
+            self.on_frame(frame, now())
+        self.ended = True
+
+
+# --- one session ----------------------------------------------------------------------------------------
+@dataclass
+class TurnSettings:
+    timeout_s: float = DEFAULT_TIMEOUT_S
+    silence_ms: float = DEFAULT_SILENCE_MS
+    settle_ms: float = DEFAULT_SETTLE_MS
+
+
+@dataclass
+class _Event:
+    at: float
+    body: dict[str, Any]
+
+
+@dataclass
+class BenchSession:
+    """One bench peer: connect, play turns one by one, measure each, hang up."""
+
+    index: int
+    url: str
+    http: aiohttp.ClientSession
+    threshold_dbfs: float = AUDIBLE_DBFS
+    token: str = ""
+    session_id: str = ""
+    events: list[_Event] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.pc = RTCPeerConnection(RTCConfiguration(iceServers=[]))
+        self.source = UtteranceSource()
+        self.listener = ReplyListener(self.threshold_dbfs)
+        self._tasks: list[asyncio.Task[Any]] = []
+        self._open = asyncio.Event()
+        self.failed = ""
+
+    def _headers(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.token}"} if self.token else {}
+
+    async def connect(self, timeout_s: float = CONNECT_TIMEOUT_S) -> None:
+        """Offer (data channel first, then audio), post it, apply the answer, wait until both flow."""
+        pc = self.pc
+        channel = pc.createDataChannel("events")
+
+        @channel.on("open")
+        def _on_open() -> None:
+            self._open.set()
+
+        @channel.on("message")
+        def _on_message(message: Any) -> None:
+            at = now()
+            try:
+                body = json.loads(message)
+            except (TypeError, ValueError):
+                log.warning("bench.v2v bad_event session=%d", self.index)
+                return
+            if isinstance(body, dict):
+                self.events.append(_Event(at, body))
+
+        @pc.on("track")
+        def _on_track(track: Any) -> None:
+            if track.kind == "audio":
+                self._tasks.append(asyncio.create_task(self.listener.run(track), name=f"bench-rx-{self.index}"))
+
+        @pc.on("connectionstatechange")
+        def _on_state() -> None:
+            if pc.connectionState in ("failed", "closed") and not self.failed:
+                self.failed = f"peer {pc.connectionState}"
+
+        pc.addTransceiver(self.source, direction="sendrecv")
+        await pc.setLocalDescription(await pc.createOffer())  # gathers host candidates into the SDP
+        body = {"sdp": pc.localDescription.sdp, "type": pc.localDescription.type}
+        async with self.http.post(f"{self.url}/api/offer", json=body, headers=self._headers()) as resp:
+            data = await resp.json(content_type=None)
+            if resp.status != 200:
+                raise RuntimeError(f"offer refused: HTTP {resp.status} {data}")
+        self.session_id = data.get("session_id", "")
+        await pc.setRemoteDescription(RTCSessionDescription(sdp=data["sdp"], type=data["type"]))
+        await asyncio.wait_for(self._open.wait(), timeout_s)
+        log.info("bench.v2v connected session=%d id=%s", self.index, self.session_id)
+
+    def _events_since(self, start: int, kind: str) -> list[_Event]:
+        return [e for e in self.events[start:] if e.body.get("type") == kind]
+
+    async def _settle(self, settings: TurnSettings) -> None:
+        """Wait until the reply track has been quiet for ``settle_ms`` (bounded by the turn timeout)."""
+        deadline = time.monotonic() + settings.timeout_s
+        while now() - self.listener.last_audible_at < settings.settle_ms / 1000 and time.monotonic() < deadline:
+            await asyncio.sleep(POLL_S)
+
+    async def run_turn(self, utt: Utterance, index: int, settings: TurnSettings) -> TurnResult:
+        """Play one utterance and measure its reply; never raises for a missing reply (it is dropped)."""
+        result = TurnResult(session=self.index, index=index, file=utt.name)
+        if self.failed:
+            result.status, result.reason = "error", self.failed
+            return result
+        await self._settle(settings)
+        start = len(self.events)
+        listener = self.listener
+        pb = self.source.play(utt, on_speech_end=listener.arm)
+        try:
+            speech_end = await asyncio.wait_for(asyncio.shield(pb.speech_end_at), utt.seconds + 10.0)
+        except TimeoutError:
+            result.status, result.reason = "error", "the audio track is not being read (peer not sending)"
+            return result
+        result.client_marks_ms["playback_start"] = round((pb.started_at or speech_end) * 1000, 1)
+        result.client_marks_ms["speech_end"] = round(speech_end * 1000, 1)
+
+        deadline = speech_end + settings.timeout_s
+        give_up_at: float | None = None  # set when the server said no reply will come
+        metrics: dict[str, Any] | None = None
+        while True:
+            await asyncio.sleep(POLL_S)
+            t = now()
+            tm = self._events_since(start, "turn_metrics")
+            if tm:
+                metrics = tm[-1].body
+            if listener.heard_at is not None:
+                turn = metrics.get("turn") if metrics else None
+                done = [e for e in self._events_since(start, "reply_done")
+                        if turn is None or e.body.get("turn") == turn]
+                if done and metrics is not None:
+                    break
+                if t - listener.last_audible_at >= settings.silence_ms / 1000:
+                    break
+            elif give_up_at is None:
+                errors = self._events_since(start, "error")
+                empty = [e for e in self._events_since(start, "transcript")
+                         if e.body.get("final") and not str(e.body.get("text", "")).strip()]
+                if errors or empty:
+                    give_up_at = t + 2.0  # a spoken error message may still come
+            if t >= deadline or (give_up_at is not None and t >= give_up_at) or self.failed:
+                break
+        if listener.heard_at is not None and metrics is None:
+            # turn_metrics travels on SCTP, the audio on RTP: give the data channel a moment.
+            for _ in range(50):
+                await asyncio.sleep(POLL_S)
+                if tm := self._events_since(start, "turn_metrics"):
+                    metrics = tm[-1].body
+                    break
+        self._fill(result, start, speech_end, metrics)
+        listener.armed_at = None
+        return result
+
+    def _fill(self, result: TurnResult, start: int, speech_end: float, metrics: dict[str, Any] | None) -> None:
+        listener = self.listener
+        finals = [e.body for e in self._events_since(start, "transcript") if e.body.get("final")]
+        if finals:
+            result.transcript = str(finals[-1].get("text", ""))
+        texts = self._events_since(start, "reply_text")
+        if texts:
+            result.reply_text = str(texts[-1].body.get("text", ""))
+        errors = self._events_since(start, "error")
+        if listener.heard_at is None:
+            result.status = "dropped"
+            if errors:
+                result.reason = f"error: {errors[-1].body.get('stage')}: {errors[-1].body.get('message')}"
+            elif finals and not result.transcript.strip():
+                result.reason = "empty transcript"
+            else:
+                result.reason = self.failed or "no reply heard before the timeout"
+            return
+        heard = listener.heard_at
+        first_rx = listener.first_frame_at or listener.heard_frame_at or heard
+        result.client_marks_ms.update(
+            first_frame_received=round(first_rx * 1000, 1),
+            heard=round(heard * 1000, 1),
+            reply_end=round(listener.last_audible_at * 1000, 1),
+        )
+        cols: dict[str, float | None] = {"v2v_ms": round((heard - speech_end) * 1000, 1)}
+        if errors:
+            result.status = "error"
+            result.reason = f"error: {errors[-1].body.get('stage')}: {errors[-1].body.get('message')}"
+        if metrics is None:
+            result.status, result.reason = "error", result.reason or "no turn_metrics event"
+            result.columns = cols
+            return
+        result.server_turn = metrics.get("turn")
+        durations = metrics.get("durations_ms", {}) or {}
+        marks = metrics.get("timestamps_ms", {}) or {}
+        result.server_marks_ms = {k: float(v) for k, v in marks.items()}
+        for name in ("server_v2v_ms", "endpoint_ms", "asr_ms", "llm_first_text_ms", "chunker_ms",
+                     "tts_first_audio_ms", "playout_ms"):
+            v = durations.get(name)
+            cols[name] = float(v) if v is not None else None
+        sent = marks.get("first_frame_sent")
+        cols["downlink_ms"] = round(first_rx * 1000 - float(sent), 1) if sent is not None else None
+        cols["onset_ms"] = round((heard - first_rx) * 1000, 1)
+        cols["unaccounted_ms"] = round(cols["v2v_ms"] - stage_sum(cols), 1)  # type: ignore[operator]
+        result.columns = cols
+
+    async def close(self) -> None:
+        if self.session_id and not self.failed:
+            with contextlib.suppress(Exception):
+                async with self.http.delete(f"{self.url}/api/sessions/{self.session_id}",
+                                            headers=self._headers()) as resp:
+                    await resp.read()
+        self.source.stop()
+        with contextlib.suppress(Exception):
+            await self.pc.close()
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+
+
+# --- levels and the whole bench -------------------------------------------------------------------------
+async def wait_server_ready(http: aiohttp.ClientSession, url: str, timeout_s: float) -> None:
+    """Poll ``/readyz`` until the server's models are loaded (raises TimeoutError)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        with contextlib.suppress(aiohttp.ClientError, OSError):
+            async with http.get(f"{url}/readyz") as resp:
+                if resp.status == 200:
+                    return
+        if time.monotonic() >= deadline:
+            raise TimeoutError(f"{url}/readyz not ready after {timeout_s:.0f} s")
+        await asyncio.sleep(0.5)
+
+
+async def run_level(
+    url: str,
+    utterances: Sequence[Utterance],
+    turns: int,
+    sessions: int,
+    *,
+    settings: TurnSettings,
+    threshold_dbfs: float = AUDIBLE_DBFS,
+    token: str = "",
+    stagger_ms: float = DEFAULT_STAGGER_MS,
+) -> LevelResult:
+    """Run ``sessions`` peers at once, each playing ``turns`` utterances in its own order."""
+    level = LevelResult(sessions=sessions)
+    t0 = time.monotonic()
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=CONNECT_TIMEOUT_S + 10)) as http:
+        clients = [BenchSession(i, url, http, threshold_dbfs, token) for i in range(sessions)]
+        connected = await asyncio.gather(*(c.connect() for c in clients), return_exceptions=True)
+
+        async def play(client: BenchSession, ok: BaseException | None) -> list[TurnResult]:
+            n = len(utterances)
+            order = [utterances[(client.index + k) % n] for k in range(n)]  # each session its own order
+            if isinstance(ok, BaseException):
+                level.connect_failures += 1
+                level.errors.append(f"session {client.index}: {type(ok).__name__}: {ok}")
+                return [TurnResult(client.index, k, order[k % n].name, "error", "could not connect")
+                        for k in range(turns)]
+            await asyncio.sleep(client.index * stagger_ms / 1000)
+            out = []
+            for k in range(turns):
+                out.append(await client.run_turn(order[k % n], k, settings))
+                log.info("bench.v2v turn session=%d turn=%d status=%s v2v_ms=%s", client.index, k,
+                         out[-1].status, out[-1].columns.get("v2v_ms"))
+            return out
+
+        try:
+            per_session = await asyncio.gather(*(play(c, r) for c, r in zip(clients, connected, strict=True)))
+        finally:
+            await asyncio.gather(*(c.close() for c in clients), return_exceptions=True)
+    level.turns = [t for ts in per_session for t in ts]
+    level.wall_s = time.monotonic() - t0
+    return level
+
+
+async def bench_v2v(
+    url: str,
+    audio_files: Sequence[Path] | None = None,
+    turns: int | None = None,
+    sessions: int | Sequence[int] = 1,
+    out_dir: Path | str | None = "bench-out",
+    *,
+    threshold_dbfs: float = AUDIBLE_DBFS,
+    timeout_s: float = DEFAULT_TIMEOUT_S,
+    silence_ms: float = DEFAULT_SILENCE_MS,
+    settle_ms: float = DEFAULT_SETTLE_MS,
+    stagger_ms: float = DEFAULT_STAGGER_MS,
+    token: str = "",
+    ready_timeout_s: float = 120.0,
+    plot: bool = True,
+) -> BenchResult:
+    """Run the bench at each concurrency level in turn; write ``v2v.json`` (and ``v2v.png``) to ``out_dir``.
+
+    ``turns`` is per session (default: one per audio file); ``sessions`` an int or a list of levels.
+    """
+    url = url.rstrip("/")
+    files = [Path(f) for f in (audio_files or default_audio_files())]
+    if not files:
+        raise ValueError(f"no audio files (looked in {SHARED_AUDIO})")
+    manifests: dict[Path, dict[str, dict]] = {}
+    utterances = []
+    for f in files:
+        manifest = manifests.setdefault(f.parent, read_manifest(f.parent))
+        utterances.append(load_utterance(f, manifest))
+    turns = len(utterances) if turns is None else int(turns)
+    levels = [sessions] if isinstance(sessions, int) else list(sessions)
+    settings = TurnSettings(timeout_s=timeout_s, silence_ms=silence_ms, settle_ms=settle_ms)
+    result = BenchResult(
+        url=url,
+        same_host=is_same_host(url),
+        threshold_dbfs=threshold_dbfs,
+        window_ms=WINDOW_MS,
+        settings={
+            "files": [u.name for u in utterances],
+            "turns_per_session": turns,
+            "sessions": levels,
+            "timeout_s": timeout_s,
+            "silence_ms": silence_ms,
+            "settle_ms": settle_ms,
+            "stagger_ms": stagger_ms,
+        },
+    )
+    async with aiohttp.ClientSession() as http:
+        await wait_server_ready(http, url, ready_timeout_s)
+    for k in levels:
+        log.info("bench.v2v level sessions=%d turns=%d", k, turns)
+        level = await run_level(url, utterances, turns, k, settings=settings, threshold_dbfs=threshold_dbfs,
+                                token=token, stagger_ms=stagger_ms)
+        result.levels.append(level)
+    if out_dir is not None:
+        out = Path(out_dir)
+        result.json_path = write_json(result, out / "v2v.json")
+        if plot:
+            from assistant.bench.plots import plot_result
+
+            result.png_path = plot_result(result, out / "v2v.png")
+    return result
+
+
+# --- CLI ------------------------------------------------------------------------------------------------
+def _levels(text: str) -> list[int]:
+    try:
+        levels = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a comma-separated list of integers, got {text!r}") from None
+    if not levels or any(k < 1 for k in levels):
+        raise argparse.ArgumentTypeError("session counts must be ≥ 1")
+    return levels
+
+
+def add_v2v_arguments(parser: argparse.ArgumentParser) -> None:
+    """The ``assistant bench v2v`` flags."""
+    parser.add_argument("--url", default="http://127.0.0.1:8080", help="server base URL (default: %(default)s)")
+    parser.add_argument("--audio", nargs="+", type=Path, default=None, metavar="WAV",
+                        help=f"speech files to play (default: {SHARED_AUDIO}/en_*.wav without the cloning clip); "
+                        "speech ends come from manifest.json next to them")
+    parser.add_argument("--turns", type=int, default=None,
+                        help="turns per session (default: one per audio file)")
+    parser.add_argument("--sessions", type=_levels, default=[1],
+                        help="concurrent sessions, or a list run one level after another, e.g. 1,4 (default: 1)")
+    parser.add_argument("--out", type=Path, default=Path("bench-out"),
+                        help="folder for v2v.json and v2v.png (default: %(default)s)")
+    parser.add_argument("--threshold-dbfs", type=float, default=AUDIBLE_DBFS,
+                        help=f"reply audible at this peak level over {WINDOW_MS} ms (default: %(default)s)")
+    parser.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT_S,
+                        help="seconds after the speech end before a turn with no reply is dropped "
+                        "(default: %(default)s)")
+    parser.add_argument("--silence-ms", type=float, default=DEFAULT_SILENCE_MS,
+                        help="reply over after this much silence if no reply_done came (default: %(default)s)")
+    parser.add_argument("--stagger-ms", type=float, default=DEFAULT_STAGGER_MS,
+                        help="session i starts i × this later (default: %(default)s)")
+    parser.add_argument("--token", default="", help="bearer token, if the server requires one")
+    parser.add_argument("--ready-timeout", type=float, default=120.0,
+                        help="seconds to wait for /readyz (default: %(default)s)")
+    parser.add_argument("--loopback-ice", action="store_true",
+                        help="offer 127.0.0.1 as an ICE candidate (machines with only loopback; the server "
+                        "must do the same)")
+    parser.add_argument("--no-plot", action="store_true", help="skip the PNG")
+
+
+async def run_v2v(args: argparse.Namespace) -> int:
+    """CLI entry: run the bench, print the tables, return 0 if every turn was heard, 1 otherwise."""
+    if args.loopback_ice:
+        allow_loopback_ice()
+    try:
+        result = await bench_v2v(
+            args.url,
+            args.audio,
+            args.turns,
+            args.sessions,
+            args.out,
+            threshold_dbfs=args.threshold_dbfs,
+            timeout_s=args.timeout,
+            silence_ms=args.silence_ms,
+            stagger_ms=args.stagger_ms,
+            token=args.token,
+            ready_timeout_s=args.ready_timeout,
+            plot=not args.no_plot,
+        )
+    except (TimeoutError, OSError, ValueError, aiohttp.ClientError) as exc:
+        print(f"bench v2v: {exc}")
+        return 2
+    for level in result.levels:
+        if len(level.turns) <= 40:
+            print(format_turns(level))
+            print()
+    print(format_summary(result))
+    print(f"\nwrote {result.json_path}" + (f" and {result.png_path}" if result.png_path else ""))
+    bad = sum(1 for lv in result.levels for t in lv.turns if t.status != "ok")
+    return 0 if bad == 0 else 1

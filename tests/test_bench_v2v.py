@@ -1,0 +1,312 @@
+"""assistant.bench v2v: statistics and tables, the microphone track, the reply listener, and the bench
+run end to end against the real app on loopback (default CPU stack), including a deliberately slowed stage.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import math
+import statistics
+from fractions import Fraction
+from pathlib import Path
+
+import av
+import numpy as np
+import pytest
+import pytest_asyncio
+
+from assistant.bench.audio_source import FRAME_SAMPLES, SAMPLE_RATE, Utterance, UtteranceSource, load_utterance
+from assistant.bench.plots import plot_result
+from assistant.bench.report import (
+    COLUMNS,
+    STAGE_COLUMNS,
+    BenchResult,
+    LevelResult,
+    TurnResult,
+    format_summary,
+    format_turns,
+    percentile,
+    stage_sum,
+    summarize,
+    summarize_level,
+    write_json,
+)
+from assistant.bench.v2v import (
+    ReplyListener,
+    add_v2v_arguments,
+    bench_v2v,
+    default_audio_files,
+    frame_to_mono,
+    is_same_host,
+)
+from assistant.server.services import Services
+from tests.conftest import serve, test_config
+
+log = logging.getLogger(__name__)
+
+# --- statistics and report -------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("q", [0, 10, 50, 90, 99, 100])
+def test_percentile_matches_numpy(q: float) -> None:
+    rng = np.random.default_rng(1)
+    xs = list(rng.normal(500, 80, size=37))
+    assert percentile(xs, q) == pytest.approx(float(np.percentile(xs, q)))
+
+
+def test_percentile_edges() -> None:
+    assert percentile([7.0], 90) == 7.0
+    assert percentile([1.0, 2.0], 50) == 1.5
+    with pytest.raises(ValueError):
+        percentile([], 50)
+    with pytest.raises(ValueError):
+        percentile([1.0], 101)
+
+
+def test_summarize_skips_missing_values() -> None:
+    s = summarize([100.0, None, 300.0, float("nan"), 200.0])
+    assert s == {"n": 3, "p50": 200.0, "p90": 280.0, "max": 300.0, "mean": 200.0}
+    assert summarize([None]) == {"n": 0, "p50": None, "p90": None, "max": None, "mean": None}
+
+
+def _turn(session: int, index: int, v2v: float | None, status: str = "ok", **stages: float) -> TurnResult:
+    cols: dict[str, float | None] = {}
+    if v2v is not None:
+        cols = {"v2v_ms": v2v, "server_v2v_ms": v2v - 150, **stages}
+        cols["unaccounted_ms"] = v2v - stage_sum(cols)
+    return TurnResult(session=session, index=index, file=f"f{index}.wav", status=status, columns=cols,
+                      client_marks_ms={"speech_end": 1000.0 * (index + 1)})
+
+
+def _synthetic_result() -> BenchResult:
+    stages = {"endpoint_ms": 530.0, "asr_ms": 500.0, "llm_first_text_ms": 1.0, "chunker_ms": 1.0,
+              "tts_first_audio_ms": 300.0, "playout_ms": 50.0, "downlink_ms": 90.0, "onset_ms": 20.0}
+    one = LevelResult(sessions=1, turns=[_turn(0, i, 1700.0 + 10 * i, **stages) for i in range(3)], wall_s=30)
+    four = LevelResult(
+        sessions=4,
+        turns=[_turn(s, i, 2500.0 + 100 * s, **stages) for s in range(4) for i in range(2)]
+        + [_turn(3, 2, None, "dropped")],
+        wall_s=40,
+    )
+    return BenchResult(url="http://127.0.0.1:8080", same_host=True, threshold_dbfs=-40.0, window_ms=10,
+                       levels=[one, four])
+
+
+def test_stage_sum_and_unaccounted() -> None:
+    t = _turn(0, 0, 1700.0, endpoint_ms=500.0, asr_ms=400.0, downlink_ms=100.0)
+    assert stage_sum(t.columns) == 1000.0
+    assert t.columns["unaccounted_ms"] == 700.0
+    assert set(STAGE_COLUMNS) < set(COLUMNS)
+
+
+def test_summarize_level_counts_and_stats() -> None:
+    four = _synthetic_result().levels[1]
+    s = summarize_level(four)
+    assert (s["turns"], s["ok"], s["dropped"], s["error"]) == (9, 8, 1, 0)
+    v2v = s["columns"]["v2v_ms"]
+    assert v2v["n"] == 8 and v2v["max"] == 2800.0 and v2v["p50"] == 2650.0
+    assert set(s["columns"]) == set(COLUMNS)
+
+
+def test_tables_json_and_plot(tmp_path: Path) -> None:
+    result = _synthetic_result()
+    table = format_summary(result)
+    for name in COLUMNS:
+        assert name in table
+    assert "sessions=4" in table and "dropped=1" in table and "-40 dBFS" in table
+    assert "dropped" in format_turns(result.levels[1])
+    path = write_json(result, tmp_path / "out" / "v2v.json")
+    data = json.loads(path.read_text())
+    assert data["audible_threshold"] == {
+        "level_dbfs": -40.0, "window_ms": 10,
+        "measure": "peak (largest absolute sample) in the window; the onset is located to the sample"}
+    assert [lv["sessions"] for lv in data["levels"]] == [1, 4]
+    assert data["levels"][1]["summary"]["dropped"] == 1
+    png = plot_result(result, tmp_path / "out" / "v2v.png")
+    from PIL import Image
+
+    with Image.open(png) as im:
+        assert im.size[0] > 500 and im.size[1] > 500  # two rows: bars and the concurrency curve
+
+
+def test_cli_arguments() -> None:
+    parser = argparse.ArgumentParser()
+    add_v2v_arguments(parser)
+    args = parser.parse_args(["--sessions", "1,4", "--turns", "3", "--out", "x"])
+    assert args.sessions == [1, 4] and args.turns == 3 and args.out == Path("x")
+    assert args.threshold_dbfs == -40.0
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--sessions", "0"])
+
+
+def test_same_host() -> None:
+    assert is_same_host("http://127.0.0.1:8080")
+    assert is_same_host("http://localhost:8080")
+    assert not is_same_host("http://192.0.2.200:8080")  # TEST-NET, not ours
+
+
+# --- audio in and out ------------------------------------------------------------------------------------
+
+
+def test_default_files_and_manifest_speech_end(shared_audio: Path) -> None:
+    files = default_audio_files()
+    names = [f.name for f in files]
+    assert "en_weather.wav" in names and "en_reference_voice.wav" not in names
+    assert all(n.startswith("en_") for n in names)
+    utt = load_utterance(shared_audio / "en_weather.wav")
+    assert utt.pcm.dtype == np.int16
+    assert utt.speech_end_sample == round(2.54 * SAMPLE_RATE)
+    assert utt.seconds == pytest.approx(4.276, abs=0.01)
+
+
+async def test_source_paces_frames_and_stamps_speech_end() -> None:
+    pcm = np.full(int(0.1 * SAMPLE_RATE), 1000, dtype=np.int16)  # 100 ms: 5 frames
+    utt = Utterance(name="t", text="", pcm=pcm, speech_end_sample=2 * FRAME_SAMPLES + 10)  # in frame 2
+    src = UtteranceSource()
+    frames = [await src.recv()]  # silence before anything is queued
+    stamps: list[float] = []
+    pb = src.play(utt, on_speech_end=stamps.append)
+    loop = asyncio.get_running_loop()
+    t0 = loop.time()
+    for _ in range(7):
+        frames.append(await src.recv())
+    elapsed = loop.time() - t0
+    assert [f.pts for f in frames] == [k * FRAME_SAMPLES for k in range(8)]  # continuous
+    assert all(f.samples == FRAME_SAMPLES and f.sample_rate == SAMPLE_RATE for f in frames)
+    levels = [int(np.abs(f.to_ndarray()).max()) for f in frames]
+    assert levels == [0, 1000, 1000, 1000, 1000, 1000, 0, 0]
+    assert elapsed == pytest.approx(7 * 0.02, abs=0.03)  # real time, not as fast as possible
+    assert pb.speech_end_at.done() and stamps == [pb.speech_end_at.result()]
+    assert pb.finished_at.result() > pb.speech_end_at.result()
+    src.stop()
+
+
+def _frame(samples: np.ndarray, stereo: bool = True) -> av.AudioFrame:
+    s = samples.astype(np.int16)
+    data = np.repeat(s, 2)[None, :] if stereo else s[None, :]
+    frame = av.AudioFrame.from_ndarray(data, format="s16", layout="stereo" if stereo else "mono")
+    frame.sample_rate = SAMPLE_RATE
+    frame.time_base = Fraction(1, SAMPLE_RATE)
+    return frame
+
+
+def test_frame_to_mono_scales_and_mixes() -> None:
+    x = frame_to_mono(_frame(np.full(FRAME_SAMPLES, 16384)))
+    assert x.shape == (FRAME_SAMPLES,) and np.allclose(x, 0.5)
+
+
+def test_listener_onset_to_the_sample_and_server_frame_rule() -> None:
+    listener = ReplyListener(threshold_dbfs=-40.0)
+    quiet = np.zeros(FRAME_SAMPLES)
+    listener.on_frame(_frame(quiet), 10.0)
+    listener.on_frame(_frame(np.full(FRAME_SAMPLES, 5000)), 10.02)  # loud, but before arming: ignored
+    listener.arm(10.03)
+    listener.on_frame(_frame(quiet), 10.04)
+    faint = np.zeros(FRAME_SAMPLES)
+    faint[100:] = 100  # −50 dBFS: above the server's −60 dBFS frame rule, below the −40 dBFS threshold
+    listener.on_frame(_frame(faint), 10.06)
+    assert listener.first_frame_at == 10.06 and listener.heard_at is None
+    loud = np.zeros(FRAME_SAMPLES)
+    loud[300:] = 400  # −38 dBFS from sample 300
+    listener.on_frame(_frame(loud), 10.08)
+    assert listener.heard_frame_at == 10.08
+    assert listener.heard_at == pytest.approx(10.08 + 300 / SAMPLE_RATE)
+    assert listener.last_audible_at == pytest.approx(10.08 + FRAME_SAMPLES / SAMPLE_RATE)
+
+
+def test_listener_playout_queue_delays_a_burst() -> None:
+    """Frames delivered back to back are played one after another, not at once."""
+    listener = ReplyListener()
+    listener.arm(0.0)
+    listener.on_frame(_frame(np.zeros(FRAME_SAMPLES)), 1.0)
+    listener.on_frame(_frame(np.full(FRAME_SAMPLES, 3000)), 1.001)  # arrived 19 ms early
+    assert listener.heard_at == pytest.approx(1.0 + FRAME_SAMPLES / SAMPLE_RATE)
+
+
+# --- end to end against the real app ---------------------------------------------------------------------
+
+E2E_FILES = ("en_weather.wav", "en_timer.wav")  # the two shortest questions: keeps the run short
+E2E_TURNS = 2
+SLOW_MS = 300.0  # tests/slow_responder.py's delay before the first word
+STAGE_TOLERANCE_MS = 40.0
+# v2v also carries ASR / TTS / scheduling noise of a loaded 2-core machine; compared more loosely.
+V2V_TOLERANCE_MS = 120.0
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def services() -> Services:
+    svc = Services(test_config())  # type: ignore[arg-type]
+    await svc.load()
+    yield svc
+    await svc.close()
+
+
+async def _run_bench(services: Services, out: Path, engine: str | None, shared_audio: Path) -> BenchResult:
+    cfg = test_config(**({"respond": {"engine": engine}} if engine else {}))
+    # Share the loaded models; the responder comes from this config (a plug-in for the slow run).
+    svc = Services(cfg, vad_model=services.vad_model, asr=services.asr, tts=services.tts)  # type: ignore[arg-type]
+
+    async def close_responder_only() -> None:  # the shared engines outlive this app
+        aclose = getattr(svc.responder, "aclose", None)
+        if aclose is not None:
+            await aclose()
+
+    svc.close = close_responder_only  # type: ignore[method-assign]
+    async with serve(cfg, svc) as (url, _app):
+        return await bench_v2v(url, [shared_audio / f for f in E2E_FILES], turns=E2E_TURNS, sessions=1,
+                               out_dir=out, timeout_s=40.0)
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def baseline(services: Services, shared_audio: Path, tmp_path_factory: pytest.TempPathFactory) -> BenchResult:
+    return await _run_bench(services, tmp_path_factory.mktemp("v2v-base"), None, shared_audio)
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def slowed(services: Services, shared_audio: Path, tmp_path_factory: pytest.TempPathFactory) -> BenchResult:
+    return await _run_bench(services, tmp_path_factory.mktemp("v2v-slow"), "tests.slow_responder:SlowEcho",
+                            shared_audio)
+
+
+# Sub-millisecond with the echo responder (first text, first chunk): present, and ≥ 0 rather than > 0.
+MAY_BE_ZERO = {"llm_first_text_ms", "chunker_ms"}
+
+
+@pytest.mark.slow
+@pytest.mark.asyncio(loop_scope="module")
+async def test_e2e_json_columns_and_png(baseline: BenchResult) -> None:
+    data = json.loads(baseline.json_path.read_text())  # type: ignore[union-attr]
+    (level,) = data["levels"]
+    assert level["summary"]["ok"] == E2E_TURNS, [(t["status"], t["reason"]) for t in level["turns"]]
+    for turn in level["turns"]:
+        cols = turn["columns"]
+        assert set(cols) == set(COLUMNS), set(COLUMNS) ^ set(cols)
+        for name, value in cols.items():
+            assert value is not None and math.isfinite(value), name
+            assert value >= 0 if name in MAY_BE_ZERO else value > 0, (name, value)
+        contained = sum(cols[c] for c in STAGE_COLUMNS)
+        assert cols["v2v_ms"] >= contained, cols  # nothing hidden: what is left is the uplink
+        assert cols["v2v_ms"] >= cols["server_v2v_ms"] + cols["downlink_ms"]
+        assert "weather" in turn["transcript"].lower() or "timer" in turn["transcript"].lower()
+    from PIL import Image
+
+    with Image.open(baseline.png_path) as im:  # type: ignore[arg-type]
+        im.verify()
+
+
+@pytest.mark.slow
+@pytest.mark.asyncio(loop_scope="module")
+async def test_e2e_slow_responder_shows_in_its_stage_and_v2v(baseline: BenchResult, slowed: BenchResult) -> None:
+    def median(result: BenchResult, col: str) -> float:
+        turns = result.levels[0].turns
+        assert all(t.status == "ok" for t in turns), [(t.status, t.reason) for t in turns]
+        return statistics.median(t.columns[col] for t in turns)  # type: ignore[type-var]
+
+    stage = median(slowed, "llm_first_text_ms") - median(baseline, "llm_first_text_ms")
+    v2v = median(slowed, "v2v_ms") - median(baseline, "v2v_ms")
+    log.info("slowed responder: llm_first_text_ms +%.1f ms, v2v_ms +%.1f ms (expected +%.0f)", stage, v2v, SLOW_MS)
+    assert stage == pytest.approx(SLOW_MS, abs=STAGE_TOLERANCE_MS)
+    assert v2v == pytest.approx(SLOW_MS, abs=V2V_TOLERANCE_MS)

@@ -75,6 +75,8 @@ class ASRConfig:
     compute_type: str = _f("int8", "CTranslate2 compute type: int8, int8_float16, float16, float32")
     beam_size: int = _f(1, "beam size (1 = greedy, fastest)")
     language: str = _f("en", "language code, or empty to detect")
+    partials: bool = _f(True, "transcribe while the user speaks and send partial transcripts")
+    partial_interval_ms: int = _f(700, "time between partial transcriptions of the growing utterance")
     cpu_threads: int = _f(2, "CPU threads used by one transcription")
     workers: int = _f(1, "transcriptions run at once (shared by every session)")
     timeout_s: float = _f(20.0, "longest a transcription may take before the turn is dropped with an error")
@@ -111,6 +113,11 @@ class TTSConfig:
     language: str = _f("en", "default language: zh, en, ja, yue, ko")
     max_text_chars: int = _f(2000, "longest text one synthesis request may carry")
     max_concurrent: int = _f(4, "syntheses running at once across the process")
+    max_waiting: int = _f(4, "cosyvoice2: requests that may wait for a slot before EngineBusy")
+    stream_schedule: str = _f("fast", "cosyvoice2 streaming: fast (cached flow, small first hop) or official")
+    first_chunk_steps: int = _f(0, "cosyvoice2: Euler steps of the first chunk's flow (0: the model's 10)")
+    max_positions: int = _f(2048, "cosyvoice2: LLM positions per slot (prompt + speech tokens)")
+    cuda_graphs: bool = _f(True, "cosyvoice2 on CUDA: capture the batched decode step as a CUDA graph")
     timeout_s: float = _f(60.0, "longest one synthesis may take")
 
 
@@ -125,6 +132,15 @@ class TurnConfig:
     barge_in: bool = _f(True, "user speech while the bot talks interrupts the reply")
     barge_in_min_speech_ms: int = _f(160, "speech needed before it interrupts the bot")
     error_message: str = _f("Sorry, something went wrong.", "spoken when a turn fails")
+    speculative: bool = _f(
+        True, "on a short pause, start ASR, responder and TTS; heard only if the pause becomes the turn's end"
+    )
+    speculative_pause_ms: int = _f(200, "pause that starts a speculative turn")
+    smart_endpoint: bool = _f(
+        True, "use the speculative transcript: end sooner after a complete sentence, wait longer mid-sentence"
+    )
+    complete_endpoint_ms: int = _f(300, "end-of-speech silence after a transcript that looks complete")
+    incomplete_endpoint_ms: int = _f(1000, "end-of-speech silence after a transcript that looks unfinished")
 
 
 @dataclass

@@ -6,6 +6,12 @@ Barge-in: speech that starts while the bot is talking cancels the turn (responde
 and the conversation listens again. Speech that starts while a turn is still being prepared (no reply
 audio yet) means the user was not done: that turn is dropped silently and its audio is carried into the
 next utterance, so nothing the user said is lost.
+
+Speculation (``turn.speculative``): on a short pause the whole turn starts on the audio so far, but its
+events are held back and its audio waits behind a gate. If the pause becomes the end of the utterance, the
+turn is committed and its (already prepared) reply is heard at once; if the user goes on, it is dropped
+without a trace. The speculative transcript also moves the endpoint (``turn.smart_endpoint``): sooner
+after a sentence that looks complete, later after one that trails off.
 """
 
 from __future__ import annotations
@@ -25,6 +31,7 @@ from assistant.audio import float_to_s16
 from assistant.config import Config
 from assistant.pipeline.events import EventChannel
 from assistant.pipeline.trace import TurnTrace
+from assistant.pipeline.turn_end import TurnEnd, judge
 from assistant.respond.base import Responder, ResponderError
 from assistant.respond.history import ConversationHistory
 from assistant.rtc.outbound import OUT_SAMPLE_RATE, ReplyTrack
@@ -78,6 +85,35 @@ class TurnDeps:
     on_error: Callable[[str], None] | None = None
 
 
+class Turn:
+    """One user utterance and its reply: its trace, task, audio, and (while speculative) its gate.
+
+    Until :meth:`commit`, events are held back and reply audio waits; a turn that is never committed
+    leaves no trace the user can see or hear.
+    """
+
+    def __init__(self, number: int, audio: np.ndarray, audio_end: int, gen: int, speculative: bool) -> None:
+        self.number = number
+        self.trace = TurnTrace(number)
+        self.audio = audio
+        self.audio_end = audio_end  # stream sample where this turn's speech ends
+        self.gen = gen  # the reply track generation this turn writes in
+        self.speculative = speculative
+        self.committed = asyncio.Event()
+        self.held_events: list[tuple[str, dict[str, Any]]] = []
+        self.task: asyncio.Task[None] | None = None
+        self.transcript: str | None = None
+        self.speaking = False  # its reply audio has started
+
+    @property
+    def active(self) -> bool:
+        return self.task is not None and not self.task.done()
+
+    def cancel(self) -> None:
+        if self.task is not None and not self.task.done():
+            self.task.cancel()
+
+
 class Conversation:
     def __init__(
         self,
@@ -96,15 +132,18 @@ class Conversation:
         self.session_id = session_id
         self.history = ConversationHistory(cfg.respond.history_turns)
         self.turns = 0
-        self._turn_task: asyncio.Task[None] | None = None
-        self._trace: TurnTrace | None = None
-        self._speaking = False  # reply audio has started for the current turn
+        self._turn: Turn | None = None  # the committed turn (preparing or speaking)
+        self._spec: Turn | None = None  # a speculative turn started on the current pause
+        self._partial: asyncio.Task[None] | None = None
+        self._last_partial_at = 0
+        self._partial_text = ""
         self._carry_audio = np.zeros(0, dtype=np.float32)
         self._samples_in = 0  # stream position, in 16 kHz samples
         self._clock: tuple[float, int] = (time.time(), 0)  # (wall time, stream sample) of the last chunk
         self._barge_in_at: int | None = None  # stream sample at which pending speech may interrupt
         self.last_audio_wall = time.time()  # the latest audio packet (any level)
         self.last_activity_wall = time.time()  # the latest speech start or reply
+        self.speculations = {"started": 0, "committed": 0, "dropped": 0}
         track.on_first_audible = self._on_first_audible
 
     # --- audio in ----------------------------------------------------------------------------------
@@ -128,15 +167,47 @@ class Conversation:
             self._barge_in_at = None
             if self.endpointer.speaking:
                 self._interrupt("barge_in")
+        if self.endpointer.speaking:
+            self._while_speaking()
+
+    def _while_speaking(self) -> None:
+        """Per chunk while the user talks: partial transcripts, speculation, the adaptive endpoint."""
+        cfg = self.cfg
+        pause_ms = self.endpointer.silence_samples * 1000 // IN_SAMPLE_RATE
+        spec = self._spec
+        if pause_ms == 0:
+            if spec is not None:  # the user went on: the pause was not the end
+                self._drop_speculation("resumed")
+            self.endpointer.set_end_silence(None)
+            self._maybe_partial()
+            return
+        if spec is None:
+            if cfg.turn.speculative and pause_ms >= cfg.turn.speculative_pause_ms and not self._busy_replying():
+                self._start_speculation()
+            return
+        if cfg.turn.smart_endpoint and spec.transcript is not None:
+            verdict = judge(spec.transcript)
+            if verdict is TurnEnd.INCOMPLETE:
+                self.endpointer.set_end_silence(cfg.turn.incomplete_endpoint_ms)
+            elif verdict is TurnEnd.COMPLETE and pause_ms >= cfg.turn.complete_endpoint_ms:
+                ev = self.endpointer.force_end("complete_sentence")
+                if ev is not None:
+                    self._on_speech_end(ev)
+
+    def _busy_replying(self) -> bool:
+        return self._turn is not None and self._turn.active
 
     def _on_speech_start(self, ev: SpeechStart) -> None:
         self.last_activity_wall = time.time()
         self.events.emit("speech_start", turn=self.turns + 1, at_ms=round(self.wall_time(ev.sample_index) * 1000, 1))
-        if self._turn_task is None or self._turn_task.done():
+        self._partial_text = ""
+        self._last_partial_at = ev.sample_index
+        turn = self._turn
+        if turn is None or not turn.active:
             return
-        if not self._speaking:
+        if not turn.speaking:
             # The user was not done: drop the turn in preparation, keep its audio for the next one.
-            self._cancel_turn(carry=True)
+            self._drop_turn(carry=True)
             return
         if not self.cfg.turn.barge_in:
             return
@@ -148,96 +219,176 @@ class Conversation:
             self._barge_in_at = self._samples_in + int(wait_ms * IN_SAMPLE_RATE / 1000)
 
     def _on_speech_end(self, ev: SpeechEnd) -> None:
-        speech_end = self.wall_time(round(ev.time_s * IN_SAMPLE_RATE))
+        speech_end = self.wall_time(ev.sample_index)
         self.events.emit(
             "speech_end",
             turn=self.turns + 1,
             at_ms=round(speech_end * 1000, 1),
             duration_ms=round(len(ev.audio) * 1000 / IN_SAMPLE_RATE, 1),
+            reason=ev.reason,
         )
-        audio = ev.audio
-        if self._carry_audio.size:
-            audio = np.concatenate([self._carry_audio, audio])
-            self._carry_audio = np.zeros(0, dtype=np.float32)
-        if self._turn_task is not None and not self._turn_task.done():
+        self._cancel_partial()
+        if self._busy_replying():
             if not self.cfg.turn.barge_in:
                 # Half-duplex: what the user says over the bot is not a turn.
                 log.info("utterance_ignored session=%s reason=bot_speaking", self.session_id)
+                self._drop_speculation("bot_speaking")
                 return
             self._interrupt("new_turn")
-        self.turns += 1
-        trace = TurnTrace(self.turns)
-        trace.mark("speech_end", speech_end)
-        trace.mark("vad_end")
-        self._trace = trace
-        self._speaking = False
-        self._turn_task = asyncio.get_running_loop().create_task(
-            self._run_turn(trace, audio), name=f"turn-{self.session_id}-{self.turns}"
-        )
+        spec, self._spec = self._spec, None
+        if spec is not None and spec.audio_end == ev.sample_index and not self._carry_audio.size:
+            turn = spec  # the pause was the end: the speculative turn becomes the turn
+            self.speculations["committed"] += 1
+        else:
+            if spec is not None:
+                self._drop_speculation("changed", spec)
+            audio = ev.audio
+            if self._carry_audio.size:
+                audio = np.concatenate([self._carry_audio, audio])
+                self._carry_audio = np.zeros(0, dtype=np.float32)
+            turn = self._new_turn(audio, ev.sample_index, speculative=False)
+        turn.trace.mark("speech_end", speech_end)
+        turn.trace.mark("vad_end")
+        self._turn = turn
+        self._commit(turn)
 
-    # --- interruption ------------------------------------------------------------------------------
-    def _cancel_turn(self, carry: bool) -> None:
-        task = self._turn_task
-        if task is None or task.done():
+    # --- turns -------------------------------------------------------------------------------------
+    def _new_turn(self, audio: np.ndarray, audio_end: int, speculative: bool) -> Turn:
+        number = self.turns + 1 if speculative else self._next_number()
+        turn = Turn(number, audio, audio_end, self.track.generation, speculative)
+        turn.task = asyncio.get_running_loop().create_task(
+            self._run_turn(turn), name=f"turn-{self.session_id}-{number}{'-spec' if speculative else ''}"
+        )
+        return turn
+
+    def _next_number(self) -> int:
+        self.turns += 1
+        return self.turns
+
+    def _commit(self, turn: Turn) -> None:
+        if turn.speculative:
+            turn.number = turn.trace.turn = self._next_number()
+        turn.committed.set()
+        self.track.expect_reply()
+        for kind, fields in turn.held_events:
+            self.events.emit(kind, **{**fields, "turn": turn.number})
+        turn.held_events.clear()
+
+    def _emit(self, turn: Turn, kind: str, **fields: Any) -> None:
+        if turn.committed.is_set():
+            self.events.emit(kind, turn=turn.number, **fields)
+        else:
+            turn.held_events.append((kind, fields))
+
+    def _start_speculation(self) -> None:
+        utterance = self.endpointer.utterance()
+        if utterance is None or not utterance.size:
             return
-        task.cancel()
-        self._turn_task = None
+        audio = np.concatenate([self._carry_audio, utterance]) if self._carry_audio.size else utterance
+        self._spec = self._new_turn(audio, self.endpointer.utterance_end, speculative=True)
+        self.speculations["started"] += 1
+
+    def _drop_speculation(self, reason: str, spec: Turn | None = None) -> None:
+        spec = spec or self._spec
+        if spec is self._spec:
+            self._spec = None
+        if spec is not None:
+            spec.cancel()
+            self.speculations["dropped"] += 1
+            log.debug("speculation_dropped session=%s reason=%s", self.session_id, reason)
+
+    def _drop_turn(self, carry: bool) -> None:
+        turn = self._turn
+        if turn is None or not turn.active:
+            return
+        turn.cancel()
+        self._turn = None
         self.track.interrupt()
-        if carry and self._pending_audio is not None:
-            self._carry_audio = self._pending_audio
-        log.info("turn_dropped session=%s turn=%d carry=%s", self.session_id, self.turns, carry)
+        if carry:
+            self._carry_audio = turn.audio
+        log.info("turn_dropped session=%s turn=%d carry=%s", self.session_id, turn.number, carry)
 
     def _interrupt(self, reason: str) -> None:
-        task = self._turn_task
-        if task is None or task.done():
+        turn = self._turn
+        if turn is None or not turn.active:
             return
-        task.cancel()
-        self._turn_task = None
+        turn.cancel()
+        self._turn = None
         dropped = self.track.interrupt()
-        self._speaking = False
-        self.events.emit("interrupted", turn=self.turns, reason=reason, dropped_ms=dropped * 20)
-        log.info("turn_interrupted session=%s turn=%d reason=%s", self.session_id, self.turns, reason)
+        self.events.emit("interrupted", turn=turn.number, reason=reason, dropped_ms=dropped * 20)
+        log.info("turn_interrupted session=%s turn=%d reason=%s", self.session_id, turn.number, reason)
 
-    _pending_audio: np.ndarray | None = None
+    # --- partial transcripts -----------------------------------------------------------------------
+    def _maybe_partial(self) -> None:
+        cfg = self.cfg.asr
+        if not cfg.partials or (self._partial is not None and not self._partial.done()):
+            return
+        if (self._samples_in - self._last_partial_at) * 1000 < cfg.partial_interval_ms * IN_SAMPLE_RATE:
+            return
+        audio = self.endpointer.utterance()
+        if audio is None or len(audio) < IN_SAMPLE_RATE // 2:
+            return
+        self._last_partial_at = self._samples_in
+        self._partial = asyncio.get_running_loop().create_task(
+            self._run_partial(audio), name=f"partial-{self.session_id}"
+        )
+
+    async def _run_partial(self, audio: np.ndarray) -> None:
+        try:
+            result = await self.deps.asr.transcribe_partial(audio)
+        except Exception as exc:  # a partial is a nicety: never let it hurt the turn
+            log.debug("partial_failed session=%s error=%s", self.session_id, type(exc).__name__)
+            return
+        if result is None or not self.endpointer.speaking:
+            return
+        text = result.text.strip()
+        stable = _common_prefix(self._partial_text, text)
+        self._partial_text = text
+        self.events.emit("transcript", turn=self.turns + 1, final=False, text=text, stable=stable)
+
+    def _cancel_partial(self) -> None:
+        if self._partial is not None and not self._partial.done():
+            self._partial.cancel()
+        self._partial = None
 
     # --- one turn ----------------------------------------------------------------------------------
-    async def _run_turn(self, trace: TurnTrace, audio: np.ndarray) -> None:
-        self._pending_audio = audio
-        turn = trace.turn
-        gen = self.track.generation
+    async def _run_turn(self, turn: Turn) -> None:
+        trace = turn.trace
         try:
-            transcript = await _stage("asr", "I could not make that out", self.deps.asr.transcribe(audio))
+            transcript = await _stage("asr", "I could not make that out", self.deps.asr.transcribe(turn.audio))
             trace.mark("asr_done")
-            text = transcript.text.strip()
-            self.events.emit("transcript", turn=turn, final=True, text=text)
+            text = turn.transcript = transcript.text.strip()
+            self._emit(turn, "transcript", final=True, text=text)
             if not text:
-                log.info("turn_empty session=%s turn=%d", self.session_id, turn)
+                log.info("turn_empty session=%s turn=%d", self.session_id, turn.number)
                 return
             if self.cfg.log.debug_content:
-                log.debug("turn_text session=%s turn=%d text=%r", self.session_id, turn, text)
-            self._pending_audio = None  # heard and understood: from here on an interruption is a barge-in
-            reply = await self._reply(trace, text, gen)
+                log.debug("turn_text session=%s turn=%d text=%r", self.session_id, turn.number, text)
+            reply = await self._reply(turn, text)
+            await turn.committed.wait()
             self.history.add_turn(text, reply)
         except asyncio.CancelledError:
             raise
         except Exception as exc:
             error = exc if isinstance(exc, StageError) else StageError("turn", "the reply failed", exc)
-            self._turn_failed(trace, error)
+            await turn.committed.wait()
+            self._turn_failed(turn, error)
             if error.stage != "tts":
-                await self._apologize(gen)
+                await self._apologize(turn.gen)
         finally:
-            self.last_activity_wall = time.time()
-            if self._trace is trace and trace.has("first_frame_sent"):
+            if turn.committed.is_set():
+                self.last_activity_wall = time.time()
+            if trace.has("first_frame_sent"):
                 trace.mark("reply_done")
-                self.events.emit("reply_done", turn=turn, durations_ms=trace.durations_ms())
+                self.events.emit("reply_done", turn=turn.number, durations_ms=trace.durations_ms())
                 if self.deps.on_turn_done is not None:
                     self.deps.on_turn_done(trace)
 
-    async def _reply(self, trace: TurnTrace, text: str, gen: int) -> str:
+    async def _reply(self, turn: Turn, text: str) -> str:
         """Responder → chunker → TTS → track: the three run side by side, joined by bounded queues."""
+        trace = turn.trace
         pieces: asyncio.Queue[str | None] = asyncio.Queue(maxsize=TTS_TEXT_QUEUE)
         reply_parts: list[str] = []
-        self.track.expect_reply()
 
         async def produce_text() -> None:
             chunker = TextChunker(self.cfg.chunker)
@@ -248,7 +399,7 @@ class Conversation:
                             continue
                         trace.mark("first_text")
                         reply_parts.append(delta)
-                        self.events.emit("reply_text", turn=trace.turn, delta=delta, text="".join(reply_parts))
+                        self._emit(turn, "reply_text", delta=delta, text="".join(reply_parts))
                         for piece in chunker.push(delta):
                             await pieces.put(piece)
                 for piece in chunker.flush():
@@ -262,15 +413,17 @@ class Conversation:
             finally:
                 await pieces.put(None)
 
-        await self._run_side_by_side(produce_text(), self._speak(trace, pieces, gen))
+        await self._run_side_by_side(produce_text(), self._speak(turn, pieces))
         return "".join(reply_parts)
 
-    async def _speak(self, trace: TurnTrace, pieces: asyncio.Queue[str | None], gen: int) -> None:
+    async def _speak(self, turn: Turn, pieces: asyncio.Queue[str | None]) -> None:
         """TTS each text piece into a PCM queue while a writer feeds the track at its own pace.
 
         Synthesis runs ahead of playout (bounded by ``PCM_AHEAD_CHUNKS``), so the next sentence is
-        ready before the current one ends and there is no gap between them.
+        ready before the current one ends and there is no gap between them. The writer starts only
+        once the turn is committed: nothing speculative is ever heard.
         """
+        trace = turn.trace
         pcm_q: asyncio.Queue[np.ndarray | None] = asyncio.Queue(maxsize=PCM_AHEAD_CHUNKS)
 
         async def synthesize() -> None:
@@ -284,10 +437,11 @@ class Conversation:
                 await pcm_q.put(None)
 
         async def write() -> None:
+            await turn.committed.wait()
             while (out := await pcm_q.get()) is not None:
-                if not await self.track.write(float_to_s16(out), gen):
+                if not await self.track.write(float_to_s16(out), turn.gen):
                     return
-            await self.track.flush(gen)
+            await self.track.flush(turn.gen)
 
         await self._run_side_by_side(synthesize(), write())
 
@@ -348,32 +502,45 @@ class Conversation:
             log.info("apology_failed session=%s error=%s", self.session_id, type(exc).__name__)
 
     def _on_first_audible(self, at: float) -> None:
-        trace = self._trace
-        if trace is None or trace.has("first_frame_sent"):
+        turn = self._turn
+        if turn is None or turn.trace.has("first_frame_sent"):
             return
-        trace.mark("first_frame_sent", at)
-        self._speaking = True
-        self.events.emit("reply_audio_start", turn=trace.turn)
-        self.events.emit("turn_metrics", **trace.as_event())
+        turn.trace.mark("first_frame_sent", at)
+        turn.speaking = True
+        self.events.emit("reply_audio_start", turn=turn.number)
+        self.events.emit("turn_metrics", speculative=turn.speculative, **turn.trace.as_event())
 
-    def _turn_failed(self, trace: TurnTrace, error: StageError) -> None:
+    def _turn_failed(self, turn: Turn, error: StageError) -> None:
         cause = error.__cause__ or error.cause
         log.warning(
             "turn_failed session=%s turn=%d stage=%s error=%s",
             self.session_id,
-            trace.turn,
+            turn.number,
             error.stage,
             type(cause).__name__ if cause else "StageError",
             exc_info=cause if cause is not None and not isinstance(cause, ResponderError | TimeoutError) else None,
         )
-        self.events.emit("error", turn=trace.turn, stage=error.stage, message=error.message)
+        self.events.emit("error", turn=turn.number, stage=error.stage, message=error.message)
         if self.deps.on_error is not None:
             self.deps.on_error(error.stage)
 
     async def close(self) -> None:
-        task = self._turn_task
-        self._turn_task = None
-        if task is not None and not task.done():
-            task.cancel()
+        tasks = [t.task for t in (self._turn, self._spec) if t is not None and t.task is not None]
+        tasks += [self._partial] if self._partial is not None else []
+        self._turn = self._spec = self._partial = None
+        for task in tasks:
+            if not task.done():
+                task.cancel()
+        for task in tasks:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
+
+
+def _common_prefix(a: str, b: str) -> str:
+    """The words two consecutive hypotheses agree on (local agreement: what later passes will keep)."""
+    out: list[str] = []
+    for x, y in zip(a.split(), b.split(), strict=False):
+        if x != y:
+            break
+        out.append(x)
+    return " ".join(out)

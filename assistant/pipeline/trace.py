@@ -50,17 +50,30 @@ class TurnTrace:
     def has(self, stage: str) -> bool:
         return stage in self.marks
 
+    def effective_marks(self) -> dict[str, float]:
+        """Marks as the turn experienced them: a stage done before the one it follows (a speculative
+        turn's ASR, finished before the endpoint) counts as done when its predecessor was."""
+        out: dict[str, float] = {}
+        latest = float("-inf")
+        for stage in STAGES:
+            if stage in self.marks:
+                latest = max(latest, self.marks[stage])
+                out[stage] = latest
+        return out
+
     def durations_ms(self) -> dict[str, float]:
+        marks = self.effective_marks()
         out: dict[str, float] = {}
         for name, (a, b) in DURATIONS.items():
-            if a in self.marks and b in self.marks:
-                out[name] = round((self.marks[b] - self.marks[a]) * 1000.0, 1)
+            if a in marks and b in marks:
+                out[name] = round((marks[b] - marks[a]) * 1000.0, 1)
         return out
 
     def as_event(self) -> dict:
         """The ``turn_metrics`` event body: absolute marks (epoch ms) and durations (ms)."""
         return {
             "turn": self.turn,
-            "timestamps_ms": {k: round(v * 1000.0, 1) for k, v in self.marks.items()},
+            "timestamps_ms": {k: round(v * 1000.0, 1) for k, v in self.effective_marks().items()},
+            "raw_timestamps_ms": {k: round(v * 1000.0, 1) for k, v in self.marks.items()},
             "durations_ms": self.durations_ms(),
         }

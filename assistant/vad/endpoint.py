@@ -107,6 +107,7 @@ class Endpointer:
         self._idle()
 
     def _idle(self) -> None:
+        self._end_silence = self.cfg.end_silence_ms * (SAMPLE_RATE // 1000)
         self.speaking = False
         self._candidate: int | None = None  # start of a not-yet-confirmed speech run
         self._utt_start = 0
@@ -116,6 +117,32 @@ class Endpointer:
     @property
     def samples_fed(self) -> int:
         return self._buf.end
+
+    @property
+    def silence_samples(self) -> int:
+        """Length of the pause at the end of the utterance in progress (0 while voiced or idle)."""
+        if not self.speaking or self._silence_start is None:
+            return 0
+        return self._pos - self._silence_start
+
+    @property
+    def utterance_end(self) -> int:
+        """Stream index where the utterance in progress last had speech (its end if it ends now)."""
+        return self._silence_start if self._silence_start is not None else self._pos
+
+    def set_end_silence(self, ms: int | None) -> None:
+        """Override the end-of-speech silence for the utterance in progress (None: back to config).
+
+        Lets the conversation wait longer mid-sentence, or less after a complete one.
+        """
+        ms = self.cfg.end_silence_ms if ms is None else ms
+        self._end_silence = int(ms) * (SAMPLE_RATE // 1000)
+
+    def force_end(self, reason: str = "endpoint") -> SpeechEnd | None:
+        """End the utterance in progress now, during its pause (the caller decided the turn is over)."""
+        if not self.speaking or self._silence_start is None:
+            return None
+        return self._end(self._silence_start, self._pos, reason)
 
     def reset(self) -> None:
         """Forget the model state and any utterance in progress; the sample clock keeps running."""

@@ -52,7 +52,11 @@ class ServerConfig:
 
 @dataclass
 class AudioConfig:
-    jitter_buffer_packets: int = _f(4, "aiortc receive jitter buffer length in 20 ms packets (aiortc default: 4)")
+    jitter_buffer_packets: int = _f(
+        1, "receive buffer for the user's audio, in 20 ms packets (aiortc's own default is 4: 80 ms more latency)"
+    )
+    jitter_buffer_max_packets: int = _f(6, "the most the receive buffer grows to under measured jitter")
+    jitter_adaptive: bool = _f(True, "size the receive buffer to the measured interarrival jitter")
     reply_queue_ms: int = _f(60, "most reply audio queued in the outgoing track; bounds barge-in delay")
     inbound_queue_ms: int = _f(2000, "most inbound 16 kHz audio buffered before the oldest is dropped")
 

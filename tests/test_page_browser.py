@@ -16,7 +16,9 @@ CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 pytestmark = [
     pytest.mark.browser,
     pytest.mark.slow,
-    pytest.mark.skipif(not Path(CHROMIUM).exists(), reason="Debian chromium is not installed (scripts/test.sh installs it)"),
+    pytest.mark.skipif(
+        not Path(CHROMIUM).exists(), reason="Debian chromium is not installed (scripts/test.sh installs it)"
+    ),
 ]
 
 

@@ -139,8 +139,11 @@ async def test_hangup_frees_session_and_tasks(services: Services, shared_audio) 
 
 
 async def test_bad_offers_are_refused_and_others_unaffected(services: Services) -> None:
-    async with serve(cfg_with(max_sessions=1, max_body_bytes=4096), services) as (url, app), \
-            aiohttp.ClientSession() as http:
+    async with (
+        serve(cfg_with(max_sessions=1, max_body_bytes=4096), services) as (url, app),
+        aiohttp.ClientSession() as http,
+    ):
+
         async def post(body: bytes | str, ctype: str = "application/json") -> tuple[int, dict]:
             async with http.post(f"{url}/api/offer", data=body, headers={"Content-Type": ctype}) as r:
                 return r.status, await r.json(content_type=None)

@@ -21,6 +21,7 @@ from assistant.config import Config
 from assistant.pipeline.conversation import Conversation, TurnDeps
 from assistant.pipeline.events import EventChannel
 from assistant.rtc.inbound import InboundAudio
+from assistant.rtc.jitter import AdaptiveReceiveBuffer
 from assistant.rtc.outbound import ReplyTrack
 from assistant.server.services import Services
 
@@ -67,6 +68,7 @@ class Session:
             cfg, services.make_endpointer(), deps, self.track, self.events, session_id=self.id
         )
         self.audio_started = False
+        self.receive_buffer: AdaptiveReceiveBuffer | None = None
         self._wire_peer()
 
     # --- lifecycle ---------------------------------------------------------------------------------
@@ -131,6 +133,12 @@ class Session:
         def _on_track(track: Any) -> None:
             if track.kind == "audio" and not self.audio_started:
                 self.audio_started = True
+                receiver = next((t.receiver for t in pc.getTransceivers() if t.receiver.track is track), None)
+                if receiver is not None:
+                    audio = self.cfg.audio
+                    self.receive_buffer = AdaptiveReceiveBuffer(
+                        receiver, audio.jitter_buffer_packets, audio.jitter_buffer_max_packets, audio.jitter_adaptive
+                    )
                 self.spawn(self._read_audio(track), "inbound")
 
         @pc.on("connectionstatechange")
@@ -160,6 +168,8 @@ class Session:
         conv = self.conversation
         while not self.closed:
             await asyncio.sleep(min(1.0, cfg.idle_timeout_s / 4))
+            if self.receive_buffer is not None:
+                self.receive_buffer.adapt()
             now = time.time()
             age = time.monotonic() - self.created
             reason = ""

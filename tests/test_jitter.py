@@ -26,8 +26,8 @@ def _packet(seq: int) -> RtpPacket:
 
 def _receiver(jitter_ts: int = 0) -> SimpleNamespace:
     r = SimpleNamespace()
-    setattr(r, "_RTCRtpReceiver__jitter_buffer", None)
-    setattr(r, "_RTCRtpReceiver__remote_streams", {1: SimpleNamespace(jitter=jitter_ts)})
+    r._RTCRtpReceiver__jitter_buffer = None
+    r._RTCRtpReceiver__remote_streams = {1: SimpleNamespace(jitter=jitter_ts)}
     return r
 
 

@@ -9,9 +9,13 @@
 `HiFTVocoder.state_dict()` has exactly the keys of the official `hift.pt` (torch weight-norm
 parametrizations; files written with the legacy `weight_g` / `weight_v` names load too).
 
-Streaming glue: a chunk is vocoded together with the last mel frames of the previous one, and its
-source is overwritten by the previous chunk's source there (`cache_source`) so the phase continues;
-`fade_in_out` then cross-fades the overlapping audio with a Hamming window.
+Streaming glue of the reference (kept for parity tests): a chunk is vocoded together with the last mel
+frames of the previous one, and its source is overwritten by the previous chunk's source there
+(`cache_source`); `fade_in_out` then cross-fades the overlapping audio with a Hamming window.
+Ours, `StreamingHiFT`, is exact instead: every stage is a finite convolution (`HiFTVocoder.receptive_field`),
+so a chunk is vocoded with enough left context and its right edge is held back until its future context
+has arrived; the harmonic phase is carried across chunks. Streamed audio then equals `inference` on the
+whole mel (same draws), with no seams to hide.
 """
 
 from __future__ import annotations
@@ -107,6 +111,28 @@ class ResBlock(nn.Module):
         for c1, c2, a1, a2 in zip(self.convs1, self.convs2, self.activations1, self.activations2, strict=True):
             x = x + c2(a2(c1(a1(x))))
         return x
+
+
+def _pad(conv: nn.Module) -> int:
+    """One-sided reach of a 'same'-padded Conv1d: its padding."""
+    return int(conv.padding[0])
+
+
+def _resblock_reach(block: ResBlock) -> int:
+    """One-sided reach of a ResBlock in samples of its rate (its convolutions run in series)."""
+    return sum(_pad(c) for c in [*block.convs1, *block.convs2])
+
+
+@dataclass(frozen=True)
+class HiFTReach:
+    """Receptive field in mel frames, each side: output frame j depends on mel frames j-mel_left ..
+    j+mel_right and source frames j-source_left .. j+source_right; F0 frame j on mel j-f0 .. j+f0."""
+
+    mel_left: int
+    mel_right: int
+    source_left: int
+    source_right: int
+    f0: int
 
 
 class HiFTVocoder(nn.Module):
@@ -214,6 +240,47 @@ class HiFTVocoder(nn.Module):
         audio = self.istft(x[:, :half], x[:, half:])
         return audio.clamp(-cfg.audio_limit, cfg.audio_limit)
 
+    def receptive_field(self) -> HiFTReach:
+        """How far (in mel frames, each side) one output frame depends on the mel, the source and F0.
+
+        Derived from the layers' kernel sizes, strides, paddings and dilations by propagating the index
+        interval of one output frame backwards through iSTFT, conv_post, the resblocks, the source branch
+        (source resblock, strided conv, STFT) and the transposed convolutions, to conv_pre. Edges ignored.
+        """
+        cfg = self.cfg
+        spf, n_fft, hop = cfg.samples_per_frame, cfg.n_fft, cfg.hop_len
+        frame = 1000  # any frame far from both ends
+        lo, hi = frame * spf, frame * spf + spf - 1  # output samples
+        # iSTFT (center=True): STFT frame k covers samples [hop*k - n_fft/2, hop*k + n_fft/2 - 1]
+        lo, hi = -((-(lo - n_fft // 2 + 1)) // hop), (hi + n_fft // 2) // hop
+        lo, hi = lo - _pad(self.conv_post), hi + _pad(self.conv_post)
+        n_kernels = len(cfg.resblock_kernel_sizes)
+        src_lo, src_hi = lo * hop, hi * hop
+        for i in reversed(range(len(self.ups))):
+            blocks = self.resblocks[i * n_kernels : (i + 1) * n_kernels]
+            reach = max(_resblock_reach(b) for b in blocks)
+            lo, hi = lo - reach, hi + reach
+            # source branch at this stage: resblock, then a (strided) conv over STFT frames, then the STFT
+            s_reach = _resblock_reach(self.source_resblocks[i])
+            down = self.source_downs[i]
+            k, u, p = down.kernel_size[0], down.stride[0], down.padding[0]
+            f_lo, f_hi = (lo - s_reach) * u - p, (hi + s_reach) * u - p + k - 1
+            src_lo, src_hi = min(src_lo, f_lo * hop - n_fft // 2), max(src_hi, f_hi * hop + n_fft // 2 - 1)
+            if i == len(self.ups) - 1:
+                lo, hi = lo - 1, hi - 1  # reflection pad (1, 0): index k is the upsampler's k - 1
+            up = self.ups[i]
+            k, u, p = up.kernel_size[0], up.stride[0], up.padding[0]
+            lo, hi = -((-(lo + p - k + 1)) // u), (hi + p) // u  # transposed conv: o = i*u - p + tap
+        lo, hi = lo - _pad(self.conv_pre), hi + _pad(self.conv_pre)
+        f0 = sum(_pad(m) for m in self.f0_predictor.condnet if isinstance(m, nn.Conv1d))
+        return HiFTReach(
+            mel_left=frame - lo,
+            mel_right=hi - frame,
+            source_left=frame - src_lo // spf,
+            source_right=src_hi // spf - frame,
+            f0=f0,
+        )
+
     # --- entry point --------------------------------------------------------------------------------
 
     @torch.inference_mode()
@@ -261,45 +328,164 @@ def fade_in_out(fade_in: torch.Tensor, fade_out: torch.Tensor, window: torch.Ten
 
 
 class StreamingHiFT:
-    """Per-utterance streaming state of a `HiFTVocoder`: mel chunks in, audio chunks out.
+    """Per-utterance streaming state of a `HiFTVocoder`: mel chunks in, audio out, equal to `inference`.
 
-    Each chunk is vocoded with the last `overlap_frames` mel frames of the previous one in front; the
-    source there is the previous chunk's (so it is continuous), the harmonic phase after it continues
-    from the frames already emitted (`phase_offset`, unlike the reference, which restarts it), and the
-    overlapping audio is cross-faded with a Hamming window. The last overlap of every chunk is held back
-    until the next chunk (or returned by `finalize`). Never share one between requests.
+    Every stage of the vocoder is a finite convolution (`HiFTVocoder.receptive_field`: F0 ±5 frames,
+    decoder ±14 frames of mel and ±15 of source), except the harmonic phase, a running sum over all frames.
+    So each push
+      1. computes F0 for the frames whose ±5-frame mel context is complete and keeps it (exact);
+      2. computes the source of the frames whose F0 neighbours are exact, continuing the phase summed over
+         all earlier frames (`phase_offset`), and keeps it (exact); the random draws of a sample are used
+         once, for that sample, so the noise of each push covers its new frames only;
+      3. runs the decoder over [emitted - context, received) and returns only the frames whose whole
+         receptive field lies inside (exact), holding back the last `lookahead_frames` until the next push.
+    Per push this costs the new frames plus a fixed overlap (~context + lookahead frames in the decoder,
+    2x5 in the F0 predictor, 2 in the source); nothing is recomputed from the start.
+
+    With the default (exact) look-ahead the concatenated audio equals whole-utterance `inference` on the
+    same mel and draws to float32 rounding (1e-5 on the tiny model) everywhere: there are no seams, so no
+    cross-fade. `final=True` returns everything left. A smaller `lookahead_frames` lowers latency; the held-
+    back edge is then vocoded from provisional F0/source/mel context and is no longer exact.
+
+    API changes from the first (unfinished, cross-fading) version: `push(mel, final)` returns a 1-D tensor
+    [N] (was [1, N]); its `noise` covers the new frames only (was: the mel tail plus the new frames); the
+    keyword `finalize` is still accepted; options are keyword-only (`overlap_frames` is gone, `mel_tail`
+    too: see `held_frames`). Never share one between requests.
     """
 
-    def __init__(self, vocoder: HiFTVocoder, overlap_frames: int = 8):
+    def __init__(self, vocoder: HiFTVocoder, *, lookahead_frames: int | None = None, context_frames: int | None = None):
         self.vocoder = vocoder
-        self.overlap = overlap_frames
-        self.overlap_samples = overlap_frames * vocoder.cfg.samples_per_frame
-        self.window = crossfade_window(self.overlap_samples)
-        self.mel_tail: torch.Tensor | None = None  # [1, 80, overlap]
-        self.source_tail: torch.Tensor | None = None  # [1, 1, overlap_samples]
-        self.speech_tail: torch.Tensor | None = None  # [1, overlap_samples]
-        self.cycles = torch.zeros(1, vocoder.m_source.n_harmonics, dtype=torch.float64)  # phase so far
+        reach = vocoder.receptive_field()
+        self.f0_reach = reach.f0
+        #: frames held back at the right edge; exact needs the source of frame j + source_right, whose
+        #: F0 neighbour needs mel up to j + source_right + 1 + f0
+        self.exact_lookahead = max(reach.mel_right, reach.source_right + 1 + reach.f0)
+        self.lookahead = self.exact_lookahead if lookahead_frames is None else max(int(lookahead_frames), 0)
+        self.context = max(reach.mel_left, reach.source_left) if context_frames is None else int(context_frames)
+        self.spf = vocoder.cfg.samples_per_frame
+        self.n_harmonics = vocoder.m_source.n_harmonics
+        self.received = 0  # mel frames pushed so far
+        self.emitted = 0  # frames whose audio has been returned
+        self.closed = False
+        self.mel: torch.Tensor | None = None  # [1, 80, received - mel_start]
+        self.mel_start = 0
+        self.f0 = torch.zeros(1, 0)  # exact F0 of frames [f0_start, f0_end) (Hz)
+        self.f0_start = 0  # also where the next source window starts
+        self.f0_end = 0
+        self.source = torch.zeros(1, 1, 0)  # exact source of frames [src_start, src_end)
+        self.src_start = 0
+        self.src_end = 0
+        self.noise = torch.zeros(1, 0, self.n_harmonics)  # draws of frames [src_end, received) [1, n*spf, H]
+        self.rand_ini: torch.Tensor | None = None  # [1, H], of the utterance's first push
+        # harmonic phase summed over frames [0, f0_start), in cycles per sample, modulo 1 (float64)
+        self.cycles = torch.zeros(1, self.n_harmonics, dtype=torch.float64)
+
+    @property
+    def held_frames(self) -> int:
+        """Mel frames received whose audio has not been returned yet."""
+        return self.received - self.emitted
 
     @torch.inference_mode()
-    def push(self, mel: torch.Tensor, finalize: bool = False, noise: SourceNoise | None = None) -> torch.Tensor:
-        """mel [1, 80, n] new frames -> audio [1, samples] ready to play (float32).
+    def push(
+        self,
+        mel: torch.Tensor,
+        final: bool = False,
+        noise: SourceNoise | None = None,
+        *,
+        finalize: bool | None = None,
+    ) -> torch.Tensor:
+        """mel [1, 80, n] new frames -> audio [N] ready now (float32, 24 kHz); all the rest if `final`.
 
-        noise: draws for the whole vocoded span (tail + new frames); default the global generator.
+        noise: the draws of the new frames (sine_noise [1, n*480, H]); default: the global generator.
         """
-        if self.mel_tail is not None:
-            mel = torch.cat([self.mel_tail.to(mel), mel], dim=2)
-        trace: dict[str, torch.Tensor] = {}
-        speech, source = self.vocoder.inference(
-            mel, cache_source=self.source_tail, noise=noise, trace=trace, phase_offset=self.cycles.float()
-        )
-        if self.speech_tail is not None:
-            speech = fade_in_out(speech, self.speech_tail, self.window)
-        if finalize:
-            return speech
-        done = mel.size(2) - self.overlap  # frames never vocoded again
-        cycles = self.vocoder.m_source.frame_cycles(trace["f0"][:, :done]).double().sum(dim=1).cpu()
-        self.cycles = (self.cycles + cycles) % 1
-        self.mel_tail = mel[:, :, done:]
-        self.source_tail = source[:, :, -self.overlap_samples :]
-        self.speech_tail = speech[:, -self.overlap_samples :]
-        return speech[:, : -self.overlap_samples]
+        if finalize is not None:
+            final = final or finalize
+        if self.closed:
+            raise RuntimeError("StreamingHiFT: push after the final chunk")
+        spf, n_new = self.spf, mel.size(2)
+        device = mel.device
+        if n_new:
+            if noise is None:
+                noise = SourceNoise.draw(n_new * spf, self.n_harmonics, device)
+            if noise.sine_noise.size(1) != n_new * spf:
+                raise ValueError(f"noise covers {noise.sine_noise.size(1)} samples, the chunk {n_new * spf}")
+            if self.rand_ini is None:
+                self.rand_ini = noise.rand_ini
+            self.mel = mel if self.mel is None else torch.cat([self.mel.to(mel), mel], dim=2)
+            self.noise = torch.cat([self.noise.to(device), noise.sine_noise.to(device, torch.float32)], dim=1)
+            self.received += n_new
+        self.closed = final
+        if self.mel is None or self.received == 0:
+            return torch.zeros(0, device=device)
+        f0_more = self._f0(final)  # [1, received - f0_start]: exact, then provisional
+        source_more = self._source(f0_more, final)  # [1, 1, (received - src_end) * spf] provisional
+        audio = self._decode(source_more, final)
+        self._trim()
+        return audio
+
+    # --- steps of one push ----------------------------------------------------------------------------
+
+    def _f0(self, final: bool) -> torch.Tensor:
+        """Extend the exact F0; return F0 of frames [f0_start, received) (exact, then provisional) [1, n]."""
+        assert self.mel is not None
+        reach, received = self.f0_reach, self.received
+        start = max(self.f0_end - reach, 0)  # mel context of the first new frame
+        mel = self.mel[:, :, start - self.mel_start :]
+        predictor = self.vocoder.f0_predictor
+        f0 = predictor(mel.to(predictor.classifier.weight.dtype)).float()  # [1, received - start]
+        exact_end = received if final else max(received - reach, self.f0_end)
+        self.f0 = torch.cat([self.f0.to(f0), f0[:, self.f0_end - start : exact_end - start]], dim=1)
+        self.f0_end = exact_end
+        return torch.cat([self.f0, f0[:, exact_end - start :]], dim=1)
+
+    def _source(self, f0: torch.Tensor, final: bool) -> torch.Tensor:
+        """Extend the exact source; return the provisional source of frames [src_end, received)."""
+        spf, received, ws = self.spf, self.received, self.f0_start
+        vocoder = self.vocoder
+        if received == self.src_end:
+            return self.source.new_zeros(1, 1, 0)
+        # The window starts one frame early: the phase is interpolated between frame centres.
+        skip = (self.src_end - ws) * spf
+        sine_noise = torch.cat([self.noise.new_zeros(1, skip, self.n_harmonics), self.noise], dim=1)
+        rand_ini = self.rand_ini if ws == 0 and self.rand_ini is not None else torch.zeros(1, self.n_harmonics)
+        noise = SourceNoise(rand_ini.to(f0), sine_noise)
+        source = vocoder.source(f0, noise, self.cycles.float().to(f0.device))[:, :, skip:]  # [1, 1, n * spf]
+        # frame j's samples lie between the centres of j-1, j and j+1: exact once F0 of j+1 is
+        exact_end = received if final else max(self.f0_end - 1, self.src_end)
+        n_exact = (exact_end - self.src_end) * spf
+        self.source = torch.cat([self.source.to(source), source[:, :, :n_exact]], dim=2)
+        self.noise = self.noise[:, n_exact:]
+        self.src_end = exact_end
+        # the next window starts at exact_end - 1: fold the phase of the frames before it into `cycles`
+        new_ws = max(exact_end - 1, 0)
+        steps = vocoder.m_source.frame_cycles(self.f0[:, : new_ws - ws]).double().sum(dim=1)  # [1, H]
+        self.cycles = (self.cycles.to(steps) + steps) % 1
+        self.f0, self.f0_start = self.f0[:, new_ws - ws :], new_ws
+        return source[:, :, n_exact:]
+
+    def _decode(self, source_more: torch.Tensor, final: bool) -> torch.Tensor:
+        """Vocode [emitted - context, received); return the audio of the frames now complete [N]."""
+        assert self.mel is not None
+        spf, received = self.spf, self.received
+        end = received if final else max(received - self.lookahead, self.emitted)
+        if end <= self.emitted:
+            return self.source.new_zeros(0)
+        w0 = min(max(self.emitted - self.context, self.mel_start, self.src_start), self.src_end)
+        mel = self.mel[:, :, w0 - self.mel_start :]  # [1, 80, received - w0]
+        source = torch.cat([self.source[:, :, (w0 - self.src_start) * spf :], source_more], dim=2)
+        audio = self.vocoder.decode(mel, source)[0]  # [(received - w0) * spf]
+        out = audio[(self.emitted - w0) * spf : (end - w0) * spf]
+        log.debug("hift stream: frames %d-%d of %d (window from %d)", self.emitted, end, received, w0)
+        self.emitted = end
+        return out.float()
+
+    def _trim(self) -> None:
+        """Drop what no later push reads: mel before the decoder's and F0's context, old source."""
+        assert self.mel is not None
+        keep_mel = max(min(self.emitted - self.context, self.f0_end - self.f0_reach), 0)
+        if keep_mel > self.mel_start:
+            self.mel, self.mel_start = self.mel[:, :, keep_mel - self.mel_start :], keep_mel
+        keep_src = max(min(self.emitted - self.context, self.src_end), 0)
+        if keep_src > self.src_start:
+            self.source = self.source[:, :, (keep_src - self.src_start) * self.spf :]
+            self.src_start = keep_src

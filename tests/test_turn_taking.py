@@ -1,0 +1,153 @@
+"""Turn-taking: speculation is never heard unless committed, pauses mid-sentence do not cut the user off,
+partial transcripts come before the final one, and the transcript moves the endpoint."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from typing import Any
+
+import aiohttp
+import numpy as np
+import pytest
+
+from assistant.asr.base import Transcript
+from assistant.audio import read_audio
+from assistant.bench.audio_source import load_utterance
+from assistant.bench.v2v import BenchSession, TurnSettings
+from assistant.pipeline.conversation import Conversation, TurnDeps
+from assistant.pipeline.events import EventChannel
+from assistant.pipeline.turn_end import TurnEnd, judge
+from assistant.respond.echo import EchoResponder
+from assistant.rtc.outbound import ReplyTrack
+from assistant.tts.base import TTSCapabilities, TTSRequest
+from assistant.vad.endpoint import Endpointer
+from assistant.vad.silero import SileroModel
+from tests.conftest import serve, test_config
+
+CHUNK = 320  # 20 ms at 16 kHz, as the inbound reader delivers
+
+
+class InstantASR:
+    """Answers at once, so a speculative reply is fully prepared long before the pause ends."""
+
+    def __init__(self) -> None:
+        self.calls: list[float] = []
+
+    async def transcribe(self, audio: np.ndarray, **_: Any) -> Transcript:
+        seconds = len(audio) / 16_000
+        self.calls.append(seconds)
+        text = "I would like to order." if seconds < 2.2 else "I would like to order a large pizza."
+        return Transcript(text=text)
+
+    async def transcribe_partial(self, audio: np.ndarray, **kw: Any) -> Transcript:
+        return await self.transcribe(audio, **kw)
+
+
+class ToneTTS:
+    name = "tone"
+    sample_rate = 16_000
+    capabilities = TTSCapabilities()
+
+    async def synthesize(self, request: TTSRequest) -> AsyncIterator[np.ndarray]:
+        t = np.arange(8000) / 16_000
+        yield (0.3 * np.sin(2 * np.pi * 220 * t)).astype(np.float32)
+
+    async def warmup(self) -> None: ...
+
+    async def close(self) -> None: ...
+
+
+async def _run_conversation(cfg: Any, audio: np.ndarray) -> tuple[Conversation, list[dict], list[tuple[int, float]]]:
+    events = EventChannel()
+    seen: list[dict] = []
+    events.subscribe(seen.append)
+    track = ReplyTrack(queue_ms=1000)
+    writes: list[tuple[int, float]] = []  # (number of committed turns when written, peak)
+    original_write = track.write
+
+    async def spy(pcm: np.ndarray, generation: int | None = None) -> bool:
+        writes.append((conv.turns, float(np.abs(pcm).max()) if len(pcm) else 0.0))
+        return await original_write(pcm, generation)
+
+    track.write = spy  # type: ignore[method-assign]
+    deps = TurnDeps(asr=InstantASR(), tts=ToneTTS(), responder=EchoResponder())
+    conv = Conversation(cfg, Endpointer(cfg.vad, SileroModel.shared()), deps, track, events, "t")
+    for i in range(0, len(audio), CHUNK):
+        conv.feed(audio[i : i + CHUNK])
+        await asyncio.sleep(0.002)  # let turn tasks run between chunks, as they would in real time
+    await asyncio.sleep(0.3)
+    await conv.close()
+    return conv, seen, writes
+
+
+@pytest.mark.asyncio
+async def test_speculative_reply_is_never_heard_when_the_user_goes_on(shared_audio) -> None:
+    x, _ = read_audio(shared_audio / "en_pause_midsentence.wav")
+    cfg = test_config(turn={"speculative": True, "speculative_pause_ms": 150, "smart_endpoint": False})
+    conv, seen, writes = await _run_conversation(cfg, x)
+    assert conv.speculations["dropped"] >= 1, conv.speculations  # a reply was prepared in the pause...
+    finals = [e["text"] for e in seen if e["type"] == "transcript" and e["final"]]
+    assert finals == ["I would like to order a large pizza."]  # ...and never shown
+    replies = [e["text"] for e in seen if e["type"] == "reply_text"]
+    assert replies and all(replies[-1].startswith(r) for r in replies)  # one reply, to the whole sentence
+    assert replies[-1] == "You said: I would like to order a large pizza."
+    # Every write to the reply track happened after the (single) turn was committed.
+    assert writes and all(turns == 1 for turns, _ in writes)
+
+
+@pytest.mark.asyncio
+async def test_speculation_committed_when_the_pause_is_the_end(shared_audio) -> None:
+    x, _ = read_audio(shared_audio / "en_weather.wav")
+    cfg = test_config(turn={"speculative": True, "smart_endpoint": False})
+    conv, seen, writes = await _run_conversation(cfg, x)
+    assert conv.speculations["committed"] == 1, conv.speculations
+    assert [e["turn"] for e in seen if e["type"] == "transcript" and e["final"]] == [1]
+    assert writes and all(turns == 1 for turns, _ in writes)
+
+
+@pytest.mark.asyncio
+async def test_complete_sentence_ends_the_turn_sooner(shared_audio) -> None:
+    x, _ = read_audio(shared_audio / "en_weather.wav")
+    ends = {}
+    for smart in (False, True):
+        cfg = test_config(turn={"speculative": True, "smart_endpoint": smart, "complete_endpoint_ms": 250})
+        _, seen, _ = await _run_conversation(cfg, x)
+        (end,) = [e for e in seen if e["type"] == "speech_end"]
+        ends[smart] = end
+    assert ends[True]["reason"] == "complete_sentence"
+    assert ends[False]["reason"] == "silence"
+    # Same real speech end, decided about 250 ms sooner (500 ms hangover → 250 ms).
+    assert ends[True]["t_ms"] - ends[True]["at_ms"] < ends[False]["t_ms"] - ends[False]["at_ms"] - 150
+
+
+def test_judge_turn_end() -> None:
+    assert judge("What is the weather like today?") is TurnEnd.COMPLETE
+    assert judge("Thanks.") is TurnEnd.COMPLETE
+    assert judge("I would like to order.") is TurnEnd.INCOMPLETE
+    assert judge("Can I get a pizza with") is TurnEnd.INCOMPLETE
+    assert judge("so um...") is TurnEnd.INCOMPLETE
+    assert judge("hello there") is TurnEnd.UNKNOWN
+    assert judge("") is TurnEnd.UNKNOWN
+
+
+@pytest.mark.asyncio
+@pytest.mark.slow
+async def test_pause_mid_sentence_does_not_cut_and_partials_come_first(shared_audio) -> None:
+    """Real peers, real ASR: one turn for the sentence with a 400 ms pause, partials before the final."""
+    async with serve(test_config()) as (url, _app), aiohttp.ClientSession() as http:
+        client = BenchSession(index=0, url=url, http=http)
+        await client.connect()
+        try:
+            result = await client.run_turn(
+                load_utterance(shared_audio / "en_pause_midsentence.wav"), 0, TurnSettings(timeout_s=40.0)
+            )
+        finally:
+            await client.close()
+    assert result.status == "ok", result.reason
+    kinds = [(e.body["type"], e.body.get("final")) for e in client.events if e.body["type"] == "transcript"]
+    finals = [e.body["text"] for e in client.events if e.body["type"] == "transcript" and e.body.get("final")]
+    assert len(finals) == 1, finals
+    assert "order" in finals[0].lower() and "pizza" in finals[0].lower()
+    assert ("transcript", False) in kinds and kinds.index(("transcript", False)) < kinds.index(("transcript", True))
+    assert len([e for e in client.events if e.body["type"] == "speech_end"]) == 1

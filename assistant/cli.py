@@ -96,6 +96,10 @@ def cmd_bench(args: argparse.Namespace) -> int:
         from assistant.bench.v2v import run_v2v
 
         return asyncio.run(run_v2v(args))
+    if args.bench_cmd == "features":
+        from assistant.bench.features import run_features
+
+        return asyncio.run(run_features(args))
     if args.bench_cmd == "tts":
         from assistant.bench.tts import run_tts_bench
 
@@ -124,11 +128,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="assistant", description=__doc__)
     sub = parser.add_subparsers(dest="cmd", required=True)
 
-    p = sub.add_parser(
-        "serve",
-        help="start the voice chat server (page at http://HOST:PORT/)",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
-    )
+    p = sub.add_parser("serve", help="start the voice chat server (page at http://HOST:PORT/)")
     _config_args(p)
     p.set_defaults(func=cmd_serve)
 
@@ -157,6 +157,10 @@ def build_parser() -> argparse.ArgumentParser:
         add_v2v_arguments(bp)
     except ImportError as exc:  # pragma: no cover - reported when run
         bp.set_defaults(import_error=str(exc))
+    bp = bsub.add_parser("features", help="voice-to-voice with each latency feature on and off, vs a baseline")
+    from assistant.bench.features import add_features_arguments
+
+    add_features_arguments(bp)
     bp = bsub.add_parser("tts", help="TTS first packet / total time tables and concurrency sweep")
     try:
         from assistant.bench.tts import add_tts_bench_arguments

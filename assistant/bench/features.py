@@ -1,0 +1,137 @@
+"""``assistant bench features``: each latency feature on and off, in one run, as ratios to a baseline.
+
+Every variant is the same in-process server (models loaded once and shared) with a few settings changed,
+measured by the same voice-to-voice client on the same utterances, one after another. Ratios are to the
+first variant (the baseline) measured in the same run, so a busy or slow machine shifts every row alike.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from aiohttp import web
+
+from assistant.bench.report import summarize_level
+from assistant.bench.v2v import allow_loopback_ice, bench_v2v, default_audio_files
+from assistant.config import Config, apply_overrides, load_config
+from assistant.server.app import create_app, wait_ready
+from assistant.server.services import Services
+
+log = logging.getLogger(__name__)
+
+OFF = {
+    "audio": {"jitter_buffer_packets": 4, "jitter_adaptive": False},
+    "turn": {"speculative": False, "smart_endpoint": False},
+    "asr": {"partials": False},
+}
+
+# name -> settings applied on top of the config (the first is the baseline the others are compared to).
+VARIANTS: dict[str, dict[str, dict[str, Any]]] = {
+    "baseline (all off)": OFF,
+    "+ receive buffer 1 packet": {**OFF, "audio": {"jitter_buffer_packets": 1, "jitter_adaptive": True}},
+    "+ speculative turn end": {**OFF, "turn": {"speculative": True, "smart_endpoint": False}},
+    "+ speculative + smart endpoint": {**OFF, "turn": {"speculative": True, "smart_endpoint": True}},
+    "all on (default)": {},
+}
+COLUMNS = ("v2v_ms", "server_v2v_ms", "endpoint_ms", "asr_ms", "tts_first_audio_ms", "unaccounted_ms")
+
+
+@dataclass
+class VariantResult:
+    name: str
+    settings: dict[str, Any]
+    summary: dict[str, Any] = field(default_factory=dict)
+
+
+def _variant_config(base: Config, settings: dict[str, dict[str, Any]]) -> Config:
+    cfg = _copy(base)
+    apply_overrides(cfg, settings, "bench variant")
+    return cfg
+
+
+def _copy(cfg: Config) -> Config:
+    fresh = Config()
+    apply_overrides(fresh, cfg.to_dict(), "copy")
+    return fresh
+
+
+async def run_variants(
+    base: Config, variants: dict[str, dict[str, dict[str, Any]]], files: list[Path], repeats: int, out: Path
+) -> list[VariantResult]:
+    services = Services(base)
+    await services.load()
+    results: list[VariantResult] = []
+    try:
+        for name, settings in variants.items():
+            cfg = _variant_config(base, settings)
+            app = create_app(cfg, services)
+            runner = web.AppRunner(app)
+            await runner.setup()
+            site = web.TCPSite(runner, "127.0.0.1", 0)
+            await site.start()
+            port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+            try:
+                await wait_ready(app)
+                result = await bench_v2v(
+                    f"http://127.0.0.1:{port}", files * repeats, None, 1, out / _slug(name), plot=False
+                )
+                summary = summarize_level(result.levels[0])
+            finally:
+                await runner.cleanup()
+            results.append(VariantResult(name, settings, summary))
+            log.info("bench.features variant=%r v2v_p50=%s", name, summary["columns"]["v2v_ms"]["p50"])
+    finally:
+        await services.close()
+    return results
+
+
+def _slug(name: str) -> str:
+    return "".join(c if c.isalnum() else "-" for c in name).strip("-").lower()
+
+
+def format_table(results: list[VariantResult]) -> str:
+    """Markdown: p50 / p90 per column, and the ratio of each variant's p50 to the baseline's."""
+    base = results[0].summary["columns"]
+    head = "| variant | turns ok | " + " | ".join(f"{c} p50 / p90" for c in COLUMNS) + " | v2v p50 ÷ baseline |"
+    rows = [head, "|" + "---|" * (len(COLUMNS) + 3)]
+    for r in results:
+        cols = r.summary["columns"]
+        cells = []
+        for c in COLUMNS:
+            s = cols[c]
+            cells.append("–" if s["p50"] is None else f"{s['p50']:.0f} / {s['p90']:.0f}")
+        b, v = base["v2v_ms"]["p50"], cols["v2v_ms"]["p50"]
+        ratio = f"{v / b:.2f}" if b and v is not None else "–"
+        rows.append(f"| {r.name} | {r.summary['ok']}/{r.summary['turns']} | " + " | ".join(cells) + f" | {ratio} |")
+    return "\n".join(rows)
+
+
+def add_features_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--config", "-c", help="TOML config the variants start from (default: configs/default.toml)")
+    parser.add_argument("--audio", nargs="*", type=Path, help="speech files (default: ../shared/audio/en_*.wav)")
+    parser.add_argument("--repeats", type=int, default=2, help="times each file is played per variant")
+    parser.add_argument("--out", type=Path, default=Path("bench-out/features"), help="output folder")
+
+
+async def run_features(args: argparse.Namespace) -> int:
+    allow_loopback_ice()
+    base = load_config(args.config)
+    files = [Path(f) for f in (args.audio or default_audio_files())]
+    out = Path(args.out)
+    results = await run_variants(base, VARIANTS, files, args.repeats, out)
+    table = format_table(results)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "features.json").write_text(
+        json.dumps([r.__dict__ for r in results], indent=2, ensure_ascii=False), encoding="utf-8"
+    )
+    with contextlib.suppress(OSError):
+        (out / "features.md").write_text(table + "\n", encoding="utf-8")
+    print(table)
+    print(f"\nwrote {out / 'features.json'}")
+    return 0

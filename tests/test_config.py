@@ -1,0 +1,73 @@
+"""Config: defaults < TOML < environment < flags, with clear errors for unknown names and bad values."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import pytest
+
+from assistant.cli import build_parser, main
+from assistant.config import Config, ConfigError, add_config_flags, flag_overrides, load_config
+
+
+def test_precedence_file_env_flags(tmp_path: Path) -> None:
+    toml = tmp_path / "c.toml"
+    toml.write_text('[vad]\nthreshold = 0.6\nend_silence_ms = 400\n[server]\ncors_origins = ["https://a"]\n')
+    env = {"ASSISTANT_VAD__END_SILENCE_MS": "300", "ASSISTANT_TURN__BARGE_IN": "false", "OTHER": "x"}
+    cfg = load_config(toml, environ=env, overrides={"vad": {"end_silence_ms": "250"}})
+    assert cfg.vad.threshold == 0.6  # file
+    assert cfg.turn.barge_in is False  # environment
+    assert cfg.vad.end_silence_ms == 250  # flag beats environment beats file
+    assert cfg.server.cors_origins == ["https://a"]
+
+
+def test_default_file_is_the_cpu_stack() -> None:
+    cfg = load_config(environ={})
+    assert (cfg.asr.model, cfg.tts.engine, cfg.respond.engine) == ("tiny.en", "piper", "echo")
+    gpu = load_config(Path(__file__).resolve().parents[1] / "configs/gpu.toml", environ={})
+    assert (gpu.tts.engine, gpu.tts.device, gpu.tts.dtype) == ("cosyvoice2", "cuda", "bfloat16")
+
+
+@pytest.mark.parametrize(
+    ("env", "message"),
+    [
+        ({"ASSISTANT_VAD__NOPE": "1"}, "unknown setting vad.nope"),
+        ({"ASSISTANT_NOPE__X": "1"}, "unknown section"),
+        ({"ASSISTANT_VAD__MIN_SPEECH_MS": "soon"}, "expected an integer"),
+        ({"ASSISTANT_TURN__BARGE_IN": "maybe"}, "expected true/false"),
+    ],
+)
+def test_bad_settings_are_named(env: dict[str, str], message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        load_config(environ=env)
+
+
+def test_missing_or_broken_file(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="not found"):
+        load_config(tmp_path / "none.toml", environ={})
+    bad = tmp_path / "bad.toml"
+    bad.write_text("[vad\n")
+    with pytest.raises(ConfigError, match="bad.toml"):
+        load_config(bad, environ={})
+
+
+def test_every_setting_has_a_flag_with_help() -> None:
+    parser = argparse.ArgumentParser()
+    add_config_flags(parser)
+    flags = {a.dest: a for a in parser._actions if a.dest.startswith("cfg__")}
+    cfg = Config()
+    expected = {f"cfg__{sec}__{key}" for sec, values in cfg.to_dict().items() for key in values}
+    assert set(flags) == expected
+    assert all(a.help and "default" in a.help and len(a.help) > 20 for a in flags.values())
+    args = parser.parse_args(["--vad.threshold", "0.7", "--server.port", "9000"])
+    assert flag_overrides(args) == {"vad": {"threshold": "0.7"}, "server": {"port": "9000"}}
+
+
+def test_cli_help_and_bad_flag_value(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["serve", "--help"])
+    out = capsys.readouterr().out
+    assert "--vad.end_silence_ms" in out and "--respond.engine" in out and "--turn.barge_in" in out
+    assert main(["doctor", "--vad.min_speech_ms", "soon"]) == 2
+    assert "expected an integer" in capsys.readouterr().err

@@ -48,7 +48,7 @@ def test_missing_or_broken_file(tmp_path: Path) -> None:
         load_config(tmp_path / "none.toml", environ={})
     bad = tmp_path / "bad.toml"
     bad.write_text("[vad\n")
-    with pytest.raises(ConfigError, match="bad.toml"):
+    with pytest.raises(ConfigError, match=r"bad\.toml"):
         load_config(bad, environ={})
 
 

@@ -135,7 +135,7 @@ def test_judge_turn_end() -> None:
 @pytest.mark.slow
 async def test_pause_mid_sentence_does_not_cut_and_partials_come_first(shared_audio) -> None:
     """Real peers, real ASR: one turn for the sentence with a 400 ms pause, partials before the final."""
-    async with serve(test_config()) as (url, _app), aiohttp.ClientSession() as http:
+    async with serve(test_config(asr={"partials": True})) as (url, _app), aiohttp.ClientSession() as http:
         client = BenchSession(index=0, url=url, http=http)
         await client.connect()
         try:

@@ -23,6 +23,7 @@ import numpy as np
 from aiortc.mediastreams import MediaStreamError, MediaStreamTrack
 
 from assistant.audio import float_to_s16, read_audio, resample
+from assistant.rtc.pacing import FramePacer
 
 log = logging.getLogger(__name__)
 
@@ -123,7 +124,7 @@ class UtteranceSource(MediaStreamTrack):
     def __init__(self) -> None:
         super().__init__()
         self._queue: deque[Playback] = deque()
-        self._start: float | None = None
+        self._pacer = FramePacer(SAMPLE_RATE)
         self._pts = 0
         self._silence = np.zeros(FRAME_SAMPLES, dtype=np.int16)
         self.frames_sent = 0
@@ -158,15 +159,8 @@ class UtteranceSource(MediaStreamTrack):
     async def recv(self) -> av.AudioFrame:
         if self.readyState != "live":
             raise MediaStreamError
-        if self._start is None:
-            self._start = time.monotonic()
-        else:
-            due = self._start + self._pts / SAMPLE_RATE
-            delay = due - time.monotonic()
-            if delay > 0:
-                await asyncio.sleep(delay)
-            elif delay < -FRAME_MS / 1000:
-                self.late_frames += 1
+        if await self._pacer.wait(self._pts) > FRAME_MS / 1000:
+            self.late_frames += 1
         samples, pb, start = self._next_samples()
         frame = av.AudioFrame.from_ndarray(samples.reshape(1, -1), format="s16", layout="mono")
         frame.sample_rate = SAMPLE_RATE

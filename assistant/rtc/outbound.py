@@ -19,6 +19,8 @@ import av
 import numpy as np
 from aiortc.mediastreams import MediaStreamError, MediaStreamTrack
 
+from assistant.rtc.pacing import FramePacer
+
 log = logging.getLogger(__name__)
 
 OUT_SAMPLE_RATE = 48_000
@@ -27,6 +29,8 @@ FRAME_SAMPLES = OUT_SAMPLE_RATE * FRAME_MS // 1000  # 960
 TIME_BASE = fractions.Fraction(1, OUT_SAMPLE_RATE)
 # A frame whose peak is below this (s16) counts as silence for "first audible frame" marks (≈ −60 dBFS).
 SILENCE_PEAK_S16 = 32
+# A reply track this far behind its clock jumps ahead instead of sending the backlog in a burst.
+RESYNC_AFTER_S = 0.2
 
 
 class ReplyTrack(MediaStreamTrack):
@@ -39,7 +43,7 @@ class ReplyTrack(MediaStreamTrack):
         self._partial = np.zeros(0, dtype=np.int16)
         self._space = asyncio.Event()
         self._space.set()
-        self._start: float | None = None
+        self._pacer = FramePacer(OUT_SAMPLE_RATE)
         self._pts = 0
         self._generation = 0  # bumped by interrupt(); writers of an older generation stop
         self._silence = np.zeros(FRAME_SAMPLES, dtype=np.int16)
@@ -113,19 +117,12 @@ class ReplyTrack(MediaStreamTrack):
     async def recv(self) -> av.AudioFrame:
         if self.readyState != "live":
             raise MediaStreamError
-        if self._start is None:
-            self._start = time.monotonic()
-        else:
-            # Pace on the wall clock: frame k is due at start + k * 20 ms.
-            due = self._start + self._pts / OUT_SAMPLE_RATE
-            delay = due - time.monotonic()
-            if delay > 0:
-                await asyncio.sleep(delay)
-            elif delay < -0.2:
-                # The loop stalled (GC, a slow callback): skip ahead rather than bursting frames.
-                skipped = int(-delay * OUT_SAMPLE_RATE) // FRAME_SAMPLES * FRAME_SAMPLES
-                self._pts += skipped
-                log.debug("reply_track_resync skipped_ms=%d", skipped * 1000 // OUT_SAMPLE_RATE)
+        late = await self._pacer.wait(self._pts)
+        if late > RESYNC_AFTER_S:
+            # The loop stalled (GC, a slow callback): skip ahead rather than bursting frames.
+            skipped = int(late * OUT_SAMPLE_RATE) // FRAME_SAMPLES * FRAME_SAMPLES
+            self._pts += skipped
+            log.debug("reply_track_resync skipped_ms=%d", skipped * 1000 // OUT_SAMPLE_RATE)
         if self._frames:
             samples = self._frames.popleft()
             self._space.set()

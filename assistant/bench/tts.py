@@ -1,0 +1,343 @@
+"""``assistant bench tts``: CosyVoice2 streaming latency — first packet and total time per text, and a
+concurrency sweep — for the official schedule and ours, measured in the same run on the same engine.
+
+Timing does not depend on the weights' values, so the bench runs on the tiny fixture model, on a real
+model directory, or on full-size modules with random weights (``--random-full-size``). The number of speech
+tokens is forced (``--tokens-per-char`` x characters, eos ignored) so every run speaks the same length.
+Without a text tokenizer (tiny fixture, random model) the text ids are random ids, one per character; without
+the ONNX front end the 10 s reference voice is replaced by fixed random prompt tokens/features of the same
+length (250 tokens, 500 mel frames). The report says which.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import platform
+import statistics
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+log = logging.getLogger(__name__)
+
+TEXTS_FILE = Path(__file__).resolve().parents[2].parent / "shared/texts/bench_texts.json"
+REFERENCE_WAV = Path(__file__).resolve().parents[2].parent / "shared/audio/en_reference_voice.wav"
+TINY_MODEL = Path(__file__).resolve().parents[2].parent / "shared/fixtures/cosyvoice2/tiny"
+TEXT_NAMES = ("seed_benchmark_zh", "zh_20", "zh_50", "zh_100", "zh_200")
+TOKEN_RATE = 25          # speech tokens per second of audio
+PROMPT_SECONDS = 10.0    # the reference voice's length
+FALLBACK_TEXTS = {       # used when the shared texts file is absent (same lengths)
+    "seed_benchmark_zh": "欢" * 40, "zh_20": "今" * 20, "zh_50": "今" * 50, "zh_100": "今" * 100, "zh_200": "今" * 200,
+}
+
+
+def add_tts_bench_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--model-dir", default=None, help="CosyVoice2 model directory (default: the tiny fixture)")
+    parser.add_argument("--random-full-size", action="store_true",
+                        help="full-size CosyVoice2-0.5B modules with random weights (no download; slow on CPU)")
+    parser.add_argument("--device", default="cpu", help="cpu or cuda")
+    parser.add_argument("--dtype", default="float32", help="float32, bfloat16 or float16 (LLM and flow)")
+    parser.add_argument("--streams", default=None,
+                        help="concurrency sweep, comma separated (default 1,2,4,8,16 on CUDA, 1,2,4 on CPU)")
+    parser.add_argument("--texts", default=None,
+                        help="bench_texts.json names to time (default all; on CPU all but zh_200, to stay short)")
+    parser.add_argument("--sweep-text", default="seed_benchmark_zh", help="text of the concurrency sweep")
+    parser.add_argument("--schedules", default="official,fast", help="streaming schedules to compare")
+    parser.add_argument("--tokens-per-char", type=float, default=4.0, help="forced speech tokens per character")
+    parser.add_argument("--first-chunk-tokens", type=int, default=10, help="fast schedule: first hop")
+    parser.add_argument("--first-chunk-steps", type=int, default=0, help="fast: Euler steps of chunk 1 (0: 10)")
+    parser.add_argument("--repeats", type=int, default=1, help="runs per text (median reported)")
+    parser.add_argument("--no-cuda-graphs", action="store_true", help="eager decode step on CUDA")
+    parser.add_argument("--out", default="bench-results/tts", help="directory for tts_bench.json and tts_bench.png")
+    parser.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: leave as is)")
+
+
+# --- model and inputs ------------------------------------------------------------------------------------
+
+
+def _random_full_size(device: str, dtype: str) -> Any:
+    """CosyVoice2 with the official 0.5B shapes and random weights (timing only)."""
+    from assistant.tts.cosyvoice.flow import CausalFlow, FlowConfig
+    from assistant.tts.cosyvoice.hift import HiFTConfig, HiFTVocoder
+    from assistant.tts.cosyvoice.llm import QWEN2_05B_CONFIG, SpeechLM, SpeechLMConfig, qwen_config_from_dict
+    from assistant.tts.cosyvoice.loader import LoadedModel, ModelSpec, parse_dtype
+    from assistant.tts.cosyvoice.model import CosyVoice2
+
+    dev, dt = torch.device(device), parse_dtype(dtype)
+    torch.manual_seed(0)
+    qwen = qwen_config_from_dict(QWEN2_05B_CONFIG)
+    with torch.device(dev):
+        llm = SpeechLM(SpeechLMConfig(), qwen)
+        flow = CausalFlow(FlowConfig())
+        hift = HiFTVocoder(HiFTConfig())
+    llm = llm.to(dtype=dt).eval()
+    llm.llm.rebuild_rotary(dev)
+    flow = flow.to(dtype=dt).eval()
+    spec = ModelSpec({}, SpeechLMConfig(), qwen, FlowConfig(), HiFTConfig())
+    return CosyVoice2(LoadedModel(Path("random-full-size"), spec, llm, flow, hift.eval(), dev, dt))
+
+
+def _voice(model: Any, notes: list[str]) -> Any:
+    """The 10 s reference voice, or fixed random prompt tokens/features of its length."""
+    from assistant.tts.cosyvoice.voice import CosyVoicePrompt
+
+    if model.voice_encoder.available and REFERENCE_WAV.is_file():
+        from assistant.audio import read_wav  # type: ignore[attr-defined]
+
+        audio, sr = read_wav(REFERENCE_WAV)
+        notes.append(f"voice: {REFERENCE_WAV.name} encoded by the ONNX front end")
+        return model.voice_encoder.encode("bench", audio, sr, "")
+    n = int(PROMPT_SECONDS * TOKEN_RATE)
+    gen = torch.Generator().manual_seed(0)
+    notes.append(f"voice: fixed random prompt ({n} tokens, {2 * n} mel frames, random x-vector) — no ONNX front end")
+    return CosyVoicePrompt(
+        "bench-random",
+        "",
+        torch.randint(0, 6561, (1, n), generator=gen, dtype=torch.int32),
+        torch.randn(1, 2 * n, 80, generator=gen),
+        torch.randn(1, 192, generator=gen),
+        prompt_text_tokens=torch.randint(0, 1000, (1, 40), generator=gen),
+    )
+
+
+def _text_ids(model: Any, text: str, seed: int) -> torch.Tensor:
+    if model.frontend.has_tokenizer:
+        return torch.tensor([model.frontend.encode(text)], dtype=torch.long)
+    vocab = int(model.llm.llm.model.config.vocab_size)
+    gen = torch.Generator().manual_seed(seed)
+    return torch.randint(0, min(vocab, 150000), (1, len(text)), generator=gen)
+
+
+def _load_texts() -> dict[str, str]:
+    if TEXTS_FILE.is_file():
+        return json.loads(TEXTS_FILE.read_text(encoding="utf-8"))["texts"]
+    return dict(FALLBACK_TEXTS)
+
+
+# --- measuring -------------------------------------------------------------------------------------------
+
+
+async def _one(engine: Any, text_ids: torch.Tensor, voice: Any, schedule: Any, tokens: int, seed: int) -> dict:
+    """One streamed request: first packet, total time, audio length."""
+    t0 = time.perf_counter()
+    first = None
+    samples = 0
+    first_tokens = 0
+    async for chunk in engine.stream_ids(text_ids, voice, schedule=schedule, seed=seed, tokens=tokens):
+        if first is None and chunk.audio.size:
+            first, first_tokens = time.perf_counter() - t0, chunk.tokens_seen
+        samples += chunk.audio.size
+    total = time.perf_counter() - t0
+    audio_s = samples / engine.sample_rate
+    return {"first_packet_ms": 1000 * (first or total), "total_ms": 1000 * total, "audio_s": audio_s,
+            "rtf": total / max(audio_s, 1e-9), "tokens_at_first_packet": first_tokens}
+
+
+def _pct(values: list[float], q: float) -> float:
+    return float(np.percentile(np.asarray(values), q)) if values else float("nan")
+
+
+def _sync(device: str) -> None:
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+
+
+async def _bench(args: argparse.Namespace, model: Any, notes: list[str]) -> dict:
+    from assistant.config import TTSConfig
+    from assistant.tts.cosyvoice.engine import CosyVoiceEngine
+    from assistant.tts.cosyvoice.streaming import FlowPrefix, StreamSchedule, first_chunk_mel
+
+    streams = [int(s) for s in str(args.streams).split(",") if s.strip()]
+    names = [n.strip() for n in str(args.texts).split(",") if n.strip()]
+    texts = _load_texts()
+    voice = _voice(model, notes)
+    schedules = {
+        name: StreamSchedule.named(name, args.first_chunk_tokens, args.first_chunk_steps or None)
+        for name in str(args.schedules).split(",")
+    }
+    cuda = args.device.startswith("cuda")
+    cfg = TTSConfig(engine="cosyvoice2", device=args.device, dtype=args.dtype, max_concurrent=max(streams),
+                    max_waiting=0, cuda_graphs=cuda and not args.no_cuda_graphs)
+    engine = CosyVoiceEngine(cfg)
+    engine.attach(model)
+
+    def tokens_for(text: str) -> int:
+        return max(1, round(args.tokens_per_char * len(text)))
+
+    # Warm-up: every schedule, and every slot at once (graph capture, allocator, prefix caches).
+    t0 = time.perf_counter()
+    warm_ids = _text_ids(model, "warm up text", 0)
+    for sched in schedules.values():
+        await asyncio.gather(*(_one(engine, warm_ids, voice, sched, 60, i) for i in range(max(streams))))
+    _sync(args.device)
+    warm_s = time.perf_counter() - t0
+
+    per_text: list[dict] = []
+    for name in names:
+        text = texts.get(name, FALLBACK_TEXTS.get(name, name))
+        ids = _text_ids(model, text, 1)
+        row: dict[str, Any] = {"text": name, "chars": len(text), "speech_tokens": tokens_for(text)}
+        for sname, sched in schedules.items():
+            runs = [await _one(engine, ids, voice, sched, tokens_for(text), r) for r in range(args.repeats)]
+            row[sname] = {k: statistics.median(r[k] for r in runs) for k in runs[0]}
+        per_text.append(row)
+        print(f"  {name}: " + ", ".join(f"{s} {row[s]['first_packet_ms']:.0f} ms" for s in schedules), flush=True)
+
+    sweep: list[dict] = []
+    sweep_text = texts.get(args.sweep_text, FALLBACK_TEXTS.get(args.sweep_text, args.sweep_text))
+    ids = _text_ids(model, sweep_text, 2)
+    for sname, sched in schedules.items():
+        for n in streams:
+            if cuda:
+                torch.cuda.reset_peak_memory_stats()
+            t0 = time.perf_counter()
+            runs = await asyncio.gather(*(_one(engine, ids, voice, sched, tokens_for(sweep_text), 100 + i)
+                                          for i in range(n)))
+            wall = time.perf_counter() - t0
+            fp = [r["first_packet_ms"] for r in runs]
+            sweep.append({
+                "schedule": sname, "streams": n,
+                "first_packet_p50_ms": _pct(fp, 50), "first_packet_p90_ms": _pct(fp, 90),
+                "rtf_mean": statistics.mean(r["rtf"] for r in runs),
+                "aggregate_rtf": wall / sum(r["audio_s"] for r in runs),
+                "wall_s": wall,
+                "gpu_peak_mb": torch.cuda.max_memory_allocated() / 2**20 if cuda else None,
+            })
+            print(f"  sweep {sname} x{n}: first packet p50 {sweep[-1]['first_packet_p50_ms']:.0f} ms", flush=True)
+
+    # Quality of fewer Euler steps for the first chunk (mel difference vs 10 steps, same tokens).
+    steps_quality = []
+    gen = torch.Generator().manual_seed(3)
+    toks = torch.randint(0, 6561, (64,), generator=gen).tolist()
+    prefix = FlowPrefix(model.flow, voice)
+    ref = first_chunk_mel(model.flow, model.hift, voice, toks, args.first_chunk_tokens, None, prefix).float()
+    for k in (10, 8, 6, 5, 4, 3, 2):
+        first_chunk_mel(model.flow, model.hift, voice, toks, args.first_chunk_tokens, k, prefix)  # builds caches
+        _sync(args.device)
+        t0 = time.perf_counter()
+        mel = first_chunk_mel(model.flow, model.hift, voice, toks, args.first_chunk_tokens, k, prefix).float()
+        _sync(args.device)
+        dt = time.perf_counter() - t0
+        d = (mel - ref).abs()
+        steps_quality.append({"steps": k, "mean_abs": float(d.mean()), "max_abs": float(d.max()),
+                              "ref_std": float(ref.std()), "first_chunk_flow_ms": 1000 * dt})
+    await engine.close()
+    return {"per_text": per_text, "sweep": sweep, "steps_quality": steps_quality, "warmup_s": warm_s}
+
+
+# --- reporting -------------------------------------------------------------------------------------------
+
+
+def _tables(result: dict, schedules: list[str]) -> str:
+    lines = ["First packet / total time per text (ms; one stream)", ""]
+    head = "| text | chars | tokens | " + " | ".join(f"{s} first | {s} total" for s in schedules)
+    ratio = "official/fast" if {"official", "fast"} <= set(schedules) else ""
+    lines += [head + (f" | {ratio} first |" if ratio else " |"),
+              "|" + "---|" * (3 + 2 * len(schedules) + (1 if ratio else 0))]
+    for row in result["per_text"]:
+        cells = [row["text"], str(row["chars"]), str(row["speech_tokens"])]
+        for s in schedules:
+            cells += [f"{row[s]['first_packet_ms']:.0f}", f"{row[s]['total_ms']:.0f}"]
+        if ratio:
+            cells.append(f"{row['official']['first_packet_ms'] / row['fast']['first_packet_ms']:.2f}x")
+        lines.append("| " + " | ".join(cells) + " |")
+    lines += ["", "Concurrency sweep (first packet p50 / p90 ms, mean per-stream RTF, GPU peak MB)", "",
+              "| schedule | streams | p50 | p90 | RTF | aggregate RTF | GPU MB |", "|---|---|---|---|---|---|---|"]
+    for r in result["sweep"]:
+        gpu = f"{r['gpu_peak_mb']:.0f}" if r["gpu_peak_mb"] is not None else "-"
+        lines.append(f"| {r['schedule']} | {r['streams']} | {r['first_packet_p50_ms']:.0f} | "
+                     f"{r['first_packet_p90_ms']:.0f} | {r['rtf_mean']:.2f} | {r['aggregate_rtf']:.3f} | {gpu} |")
+    if ratio:
+        by = {(r["schedule"], r["streams"]): r for r in result["sweep"]}
+        ns = sorted({r["streams"] for r in result["sweep"]})
+        lines += ["", "official/fast first packet p50: " + ", ".join(
+            f"x{n} {by[('official', n)]['first_packet_p50_ms'] / by[('fast', n)]['first_packet_p50_ms']:.2f}"
+            for n in ns if ("official", n) in by and ("fast", n) in by)]
+    lines += ["", "First chunk with fewer Euler steps (mel vs 10 steps)", "",
+              "| steps | mean abs | max abs | mel std | flow ms |", "|---|---|---|---|---|"]
+    for q in result["steps_quality"]:
+        lines.append(f"| {q['steps']} | {q['mean_abs']:.3f} | {q['max_abs']:.3f} | {q['ref_std']:.3f} | "
+                     f"{q['first_chunk_flow_ms']:.1f} |")
+    return "\n".join(lines)
+
+
+def _plot(result: dict, schedules: list[str], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4))
+    for s in schedules:
+        xs = [r["chars"] for r in result["per_text"]]
+        order = np.argsort(xs)
+        a.plot(np.asarray(xs)[order], np.asarray([r[s]["first_packet_ms"] for r in result["per_text"]])[order],
+               "o-", label=f"{s} first packet")
+        rows = [r for r in result["sweep"] if r["schedule"] == s]
+        b.plot([r["streams"] for r in rows], [r["first_packet_p50_ms"] for r in rows], "o-", label=f"{s} p50")
+        b.plot([r["streams"] for r in rows], [r["first_packet_p90_ms"] for r in rows], "x--", label=f"{s} p90")
+    a.set(xlabel="characters", ylabel="ms", title="first packet vs text length")
+    b.set(xlabel="concurrent streams", ylabel="ms", title="first packet vs concurrency", xscale="log", yscale="log")
+    for ax in (a, b):
+        ax.grid(True, alpha=0.3)
+        ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def run_tts_bench(args: argparse.Namespace) -> int:
+    if getattr(args, "import_error", None):
+        print(f"bench tts unavailable: {args.import_error}")
+        return 2
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    cuda = str(args.device).startswith("cuda")
+    if args.streams is None:
+        args.streams = "1,2,4,8,16" if cuda else "1,2,4"
+    if args.texts is None:
+        args.texts = ",".join(TEXT_NAMES if cuda else TEXT_NAMES[:-1])
+    notes: list[str] = []
+    t0 = time.perf_counter()
+    if args.random_full_size:
+        model = _random_full_size(args.device, args.dtype)
+        notes.append("model: full-size CosyVoice2-0.5B shapes, random weights")
+    else:
+        from assistant.tts.cosyvoice.model import CosyVoice2
+
+        model_dir = Path(args.model_dir) if args.model_dir else TINY_MODEL
+        model = CosyVoice2.from_dir(model_dir, args.device, args.dtype)
+        notes.append(f"model: {model_dir}")
+    if not model.frontend.has_tokenizer:
+        notes.append("text: no tokenizer, random text ids (one per character)")
+    notes.append(f"speech tokens forced: {args.tokens_per_char} per character, eos ignored")
+    load_s = time.perf_counter() - t0
+    print(f"bench tts: {'; '.join(notes)}; loaded in {load_s:.1f} s", flush=True)
+    schedules = [s.strip() for s in str(args.schedules).split(",")]
+    result = asyncio.run(_bench(args, model, notes))
+    result.update({
+        "notes": notes, "device": args.device, "dtype": args.dtype, "schedules": schedules,
+        "first_chunk_tokens": args.first_chunk_tokens, "first_chunk_steps": args.first_chunk_steps,
+        "tokens_per_char": args.tokens_per_char, "torch": torch.__version__, "host": platform.node(),
+        "cpu_threads": torch.get_num_threads(),
+        "gpu": torch.cuda.get_device_name() if args.device.startswith("cuda") else None,
+    })
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "tts_bench.json").write_text(json.dumps(result, indent=2, ensure_ascii=False), encoding="utf-8")
+    _plot(result, schedules, out / "tts_bench.png")
+    table = _tables(result, schedules)
+    (out / "tts_bench.md").write_text(table + "\n", encoding="utf-8")
+    print()
+    print(table)
+    print(f"\nwrote {out / 'tts_bench.json'}, {out / 'tts_bench.png'}, {out / 'tts_bench.md'}")
+    return 0
+
+
+__all__ = ["add_tts_bench_arguments", "run_tts_bench"]

@@ -1,0 +1,175 @@
+"""The engine-wide batcher on the tiny model: batched decode == alone, isolation, cancel, busy, text streaming."""
+
+from __future__ import annotations
+
+import asyncio
+
+import numpy as np
+import pytest
+import torch
+from cv_fixtures import need_fixtures, need_part_b
+
+from assistant.config import TTSConfig
+from assistant.tts.base import TTSRequest
+from assistant.tts.cosyvoice.batching import EngineBusy, SlotDecoder
+from assistant.tts.cosyvoice.streaming import StreamSchedule
+from assistant.tts.cosyvoice.voice import CosyVoicePrompt
+
+
+@pytest.fixture(scope="module")
+def setup():
+    need_part_b()
+    torch.set_num_threads(1)
+    from assistant.tts.cosyvoice.model import CosyVoice2
+
+    model = CosyVoice2.from_dir(need_fixtures(), "cpu", "float32")
+    g = torch.load(need_fixtures() / "golden.pt", weights_only=True)
+    voice = CosyVoicePrompt("p", "", g["in.prompt_speech_token"], g["in.prompt_feat"], g["in.embedding"])
+    return model, voice, g
+
+
+def _engine(model, **kw):
+    from assistant.tts.cosyvoice.engine import CosyVoiceEngine
+
+    engine = CosyVoiceEngine(TTSConfig(engine="cosyvoice2", model_dir=str(need_fixtures()), **kw))
+    engine.attach(model)
+    return engine
+
+
+@torch.inference_mode()
+def _greedy_slot_tokens(model, dec: SlotDecoder, inputs: list[torch.Tensor], n: int) -> list[list[int]]:
+    """Decode n greedy tokens for each prompt, all slots stepped together."""
+    lm = model.llm
+    out: list[list[int]] = [[] for _ in inputs]
+    nxt, pos = [], []
+    for slot, x in enumerate(inputs):
+        h = dec.prefill(slot, x[0])
+        out[slot].append(int(lm.logp_from_hidden(h).argmax()))
+        nxt.append(lm.speech_embedding.weight[out[slot][-1]])
+        pos.append(x.size(1))
+    for _ in range(n - 1):
+        h = dec.decode(torch.stack(nxt), torch.tensor(pos))
+        logp = lm.logp_from_hidden(h)
+        for s in range(len(inputs)):
+            out[s].append(int(logp[s].argmax()))
+            nxt[s] = lm.speech_embedding.weight[out[s][-1]]
+            pos[s] += 1
+    return out
+
+
+def test_slot_decoder_matches_reference_and_is_batch_invariant(setup):
+    model, _, g = setup
+    lm = model.llm
+    ref_input = lm.build_lm_input(g["in.text_token"], g["in.prompt_text_token"], g["in.prompt_speech_token"])
+    others = [lm.build_lm_input(g["in.e2e_text_token"], None, None),
+              lm.build_lm_input(g["in.text_token"][:, :5], g["in.prompt_text_token"], None)]
+    alone = [_greedy_slot_tokens(model, SlotDecoder(lm, 1, 256), [x], 30)[0] for x in [ref_input, *others]]
+    assert alone[0] == g["llm.greedy_tokens"].reshape(-1).tolist()[:30]  # the reference's greedy tokens
+    hf = list(lm.generate(g["in.text_token"], g["in.prompt_text_token"], g["in.prompt_speech_token"],
+                          sampler=lm.make_sampler(greedy=True), min_len=30, max_len=30))
+    assert alone[0] == hf
+    together = _greedy_slot_tokens(model, SlotDecoder(lm, 3, 256), [ref_input, *others], 30)
+    assert together == alone
+
+
+async def _collect(engine, voice, g, seed=0, tokens=None, schedule=None):
+    chunks = []
+    async for c in engine.stream_ids(g["in.e2e_text_token"], voice, prompt_text_ids=g["in.prompt_text_token"],
+                                     greedy=True, seed=seed, tokens=tokens, schedule=schedule):
+        chunks.append(c)
+    return chunks
+
+
+def test_concurrent_requests_equal_each_alone(setup):
+    model, voice, g = setup
+    engine = _engine(model, max_concurrent=2)
+
+    async def run():
+        alone = await _collect(engine, voice, g)
+        both = await asyncio.gather(_collect(engine, voice, g), _collect(engine, voice, g, tokens=60))
+        alone60 = await _collect(engine, voice, g, tokens=60)
+        await engine.close()
+        return alone, both, alone60
+
+    alone, (a, b), alone60 = asyncio.run(run())
+    assert alone[0].tokens_seen == 13  # first chunk after 10 tokens + 3 look-ahead, counted in the worker
+    audio = np.concatenate([c.audio for c in alone])
+    assert audio.size == 100 * 960  # the golden e2e: 100 greedy tokens, eos never sampled
+    np.testing.assert_allclose(np.concatenate([c.audio for c in a]), audio, atol=1e-5)
+    np.testing.assert_allclose(np.concatenate([c.audio for c in b]), np.concatenate([c.audio for c in alone60]),
+                               atol=1e-5)
+    assert engine.batcher.batch_rows > engine.batcher.steps  # some steps really were batched
+
+
+def test_cancel_frees_slot_and_busy_when_full(setup):
+    model, voice, g = setup
+    engine = _engine(model, max_concurrent=1, max_waiting=1)
+
+    async def run():
+        b = engine.batcher
+        first = engine.stream_ids(g["in.e2e_text_token"], voice, greedy=True, tokens=400)
+        await first.__anext__()                  # running, holds the slot
+        second = engine.stream_ids(g["in.e2e_text_token"], voice, greedy=True, tokens=20)
+        task = asyncio.create_task(second.__anext__())  # waits for the slot
+        await asyncio.sleep(0.05)
+        assert b.tickets == 2
+        with pytest.raises(EngineBusy):
+            await engine.stream_ids(g["in.e2e_text_token"], voice, tokens=20).__anext__()
+        await first.aclose()                     # barge-in: released at once
+        assert b.tickets == 1
+        await asyncio.wait_for(task, 10)         # the waiting one now runs
+        async for _ in second:
+            pass
+        for _ in range(100):
+            if b.running() == 0:
+                break
+            await asyncio.sleep(0.01)
+        assert b.running() == 0 and b.tickets == 0
+        await engine.close()
+
+    asyncio.run(run())
+
+
+def test_official_schedule_through_engine(setup):
+    model, voice, g = setup
+    engine = _engine(model, max_concurrent=1)
+
+    async def run():
+        out = await _collect(engine, voice, g, schedule=StreamSchedule.official())
+        await engine.close()
+        return out
+
+    chunks = asyncio.run(run())
+    assert [c.tokens_seen for c in chunks] == [28, 78, 100]
+
+
+def test_synthesize_stream_speaks_clauses_as_text_arrives(setup, monkeypatch):
+    """Text deltas in (no tokenizer in the tiny fixture: characters become ids), audio per clause out."""
+    model, _, _ = setup
+    engine = _engine(model, max_concurrent=1)
+    monkeypatch.setattr(model.frontend, "encode", lambda s: [ord(c) % 1000 for c in s])
+    monkeypatch.setattr(model, "plan", lambda text, instruct=None, language=None: ([text], None))
+    spoken: list[str] = []
+    orig = engine._speak
+
+    def spy(m, text, *a):
+        spoken.append(text)
+        return orig(m, text, *a)
+
+    monkeypatch.setattr(engine, "_speak", spy)
+
+    async def deltas():
+        for piece in ["Hello there, my", " friend. How are", " you today?"]:
+            yield piece
+            await asyncio.sleep(0)
+
+    async def run():
+        n = 0
+        async for audio in engine.synthesize_stream(deltas(), TTSRequest(text="", seed=1)):
+            n += audio.size
+        await engine.close()
+        return n
+
+    total = asyncio.run(run())
+    assert total > 0 and len(spoken) >= 2
+    assert "".join(spoken).replace(" ", "") == "Hellothere,myfriend.Howareyoutoday?"

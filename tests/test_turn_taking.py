@@ -151,3 +151,45 @@ async def test_pause_mid_sentence_does_not_cut_and_partials_come_first(shared_au
     assert "order" in finals[0].lower() and "pizza" in finals[0].lower()
     assert ("transcript", False) in kinds and kinds.index(("transcript", False)) < kinds.index(("transcript", True))
     assert len([e for e in client.events if e.body["type"] == "speech_end"]) == 1
+
+
+class StreamingToneTTS(ToneTTS):
+    """An engine that takes the reply's text as it arrives (as CosyVoice2 does)."""
+
+    def __init__(self) -> None:
+        self.streamed: list[str] = []
+
+    async def synthesize(self, request: TTSRequest) -> AsyncIterator[np.ndarray]:
+        raise AssertionError("a streaming engine gets the text through synthesize_stream")
+        yield np.zeros(0, np.float32)  # pragma: no cover
+
+    async def synthesize_stream(self, texts: AsyncIterator[str], request: TTSRequest) -> AsyncIterator[np.ndarray]:
+        async for piece in texts:
+            self.streamed.append(piece)
+            async for chunk in ToneTTS.synthesize(self, request):
+                yield chunk
+
+
+@pytest.mark.asyncio
+async def test_streaming_engine_gets_the_reply_text_as_it_arrives(shared_audio) -> None:
+    x, _ = read_audio(shared_audio / "en_weather.wav")
+    cfg = test_config(turn={"speculative": False})
+    events = EventChannel()
+    seen: list[dict] = []
+    events.subscribe(seen.append)
+    tts = StreamingToneTTS()
+    conv = Conversation(
+        cfg,
+        Endpointer(cfg.vad, SileroModel.shared()),
+        TurnDeps(asr=InstantASR(), tts=tts, responder=EchoResponder()),
+        ReplyTrack(queue_ms=1000),
+        events,
+        "s",
+    )
+    for i in range(0, len(x), CHUNK):
+        conv.feed(x[i : i + CHUNK])
+        await asyncio.sleep(0.002)
+    await asyncio.sleep(0.3)
+    await conv.close()
+    assert "".join(tts.streamed).strip() == "You said: I would like to order a large pizza."
+    assert not [e for e in seen if e["type"] == "error"]

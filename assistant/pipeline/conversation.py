@@ -410,8 +410,9 @@ class Conversation:
                 raise StageError("responder", "the reply took too long", exc) from exc
             except Exception as exc:
                 raise StageError("responder", "the reply failed", exc) from exc
-            finally:
-                await pieces.put(None)
+            # The end mark only on success: on failure or cancel the consumer is cancelled too, and an
+            # awaited put into a full queue nobody reads would hang the turn (and Session.close) for ever.
+            await pieces.put(None)
 
         await self._run_side_by_side(produce_text(), self._speak(turn, pieces))
         return "".join(reply_parts)
@@ -426,15 +427,23 @@ class Conversation:
         trace = turn.trace
         pcm_q: asyncio.Queue[np.ndarray | None] = asyncio.Queue(maxsize=PCM_AHEAD_CHUNKS)
 
+        async def text_pieces() -> AsyncIterator[str]:
+            while (piece := await pieces.get()) is not None:
+                trace.mark("first_tts_text")
+                yield piece
+
         async def synthesize() -> None:
-            try:
-                while (piece := await pieces.get()) is not None:
-                    trace.mark("first_tts_text")
+            if hasattr(self.deps.tts, "synthesize_stream"):
+                # The engine takes the text as it arrives (CosyVoice2): one request for the whole reply.
+                async for out in self._synthesize_48k(text_pieces()):
+                    trace.mark("first_audio")
+                    await pcm_q.put(out)
+            else:
+                async for piece in text_pieces():
                     async for out in self._synthesize_48k(piece):
                         trace.mark("first_audio")
                         await pcm_q.put(out)
-            finally:
-                await pcm_q.put(None)
+            await pcm_q.put(None)  # only on success (see produce_text)
 
         async def write() -> None:
             await turn.committed.wait()
@@ -445,20 +454,40 @@ class Conversation:
 
         await self._run_side_by_side(synthesize(), write())
 
-    async def _synthesize_48k(self, text: str) -> AsyncIterator[np.ndarray]:
-        """One TTS request, resampled to the track's 48 kHz, checked for garbage, with a time limit."""
+    async def _synthesize_48k(self, text: str | AsyncIterator[str]) -> AsyncIterator[np.ndarray]:
+        """One TTS request, resampled to the track's 48 kHz, checked for garbage, with a time limit.
+
+        ``text`` is the whole text, or (engines with ``synthesize_stream``) the reply's text as it arrives.
+
+        ``tts.timeout_s`` bounds the engine's own time: each wait for a chunk has its own deadline and no
+        timeout spans a ``yield``, so the time the reply track's back-pressure holds this generator (a
+        long reply playing out) neither counts nor lets a timeout cancel the caller's code.
+        """
         tts = self.deps.tts
         resampler = soxr.ResampleStream(tts.sample_rate, OUT_SAMPLE_RATE, 1, dtype="float32", quality="HQ")
-        request = TTSRequest(text=text, voice=self.deps.voice, language=self.cfg.tts.language or None)
+        request = TTSRequest(
+            text=text if isinstance(text, str) else "", voice=self.deps.voice, language=self.cfg.tts.language or None
+        )
+        if isinstance(text, str):
+            chunks = tts.synthesize(request)
+        else:
+            chunks = tts.synthesize_stream(text, request)  # type: ignore[attr-defined]
+        budget = self.cfg.tts.timeout_s
         try:
-            async with asyncio.timeout(self.cfg.tts.timeout_s):
-                async for pcm in tts.synthesize(request):
-                    x = np.asarray(pcm, dtype=np.float32).reshape(-1)
-                    if x.size == 0:
-                        continue
-                    if not np.isfinite(x).all():
-                        raise StageError("tts", "the voice failed", ValueError("non-finite audio from TTS"))
-                    yield resampler.resample_chunk(x)
+            while True:
+                t0 = time.monotonic()
+                try:
+                    async with asyncio.timeout(max(0.0, budget)):
+                        pcm = await anext(chunks)
+                except StopAsyncIteration:
+                    break
+                budget -= time.monotonic() - t0
+                x = np.asarray(pcm, dtype=np.float32).reshape(-1)
+                if x.size == 0:
+                    continue
+                if not np.isfinite(x).all():
+                    raise StageError("tts", "the voice failed", ValueError("non-finite audio from TTS"))
+                yield resampler.resample_chunk(x)
             tail = resampler.resample_chunk(np.zeros(0, dtype=np.float32), last=True)
             if tail.size:
                 yield tail
@@ -468,6 +497,11 @@ class Conversation:
             raise StageError("tts", "the voice took too long", exc) from exc
         except Exception as exc:
             raise StageError("tts", "the voice failed", exc) from exc
+        finally:
+            aclose = getattr(chunks, "aclose", None)
+            if aclose is not None:
+                with contextlib.suppress(Exception):
+                    await aclose()
 
     @staticmethod
     async def _run_side_by_side(first: Any, second: Any) -> None:

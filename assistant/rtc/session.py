@@ -68,6 +68,7 @@ class Session:
             cfg, services.make_endpointer(), deps, self.track, self.events, session_id=self.id
         )
         self.audio_started = False
+        self.connected = False  # the peer reached "connected" at least once
         self.receive_buffer: AdaptiveReceiveBuffer | None = None
         self._wire_peer()
 
@@ -145,6 +146,8 @@ class Session:
         async def _on_state() -> None:
             state = pc.connectionState
             log.info("peer_state session=%s state=%s", self.id, state)
+            if state == "connected":
+                self.connected = True
             if state in ("failed", "closed"):
                 self.spawn(self.close(f"peer_{state}"), "close")
 
@@ -173,11 +176,11 @@ class Session:
             now = time.time()
             age = time.monotonic() - self.created
             reason = ""
-            if not self.audio_started:
-                if self.pc.connectionState != "connected" and age > cfg.connect_timeout_s:
+            # Not audio_started: aiortc announces the remote track as soon as the offer is applied, before
+            # any packet or connection exists; only the connection state tells a peer that never came.
+            if not self.connected:
+                if age > cfg.connect_timeout_s:
                     reason = "connect_timeout"
-                elif age > cfg.idle_timeout_s:
-                    reason = "idle_timeout"
             elif now - conv.last_audio_wall > cfg.idle_timeout_s:
                 reason = "idle_timeout"
             elif now - conv.last_activity_wall > cfg.max_silence_s:

@@ -97,15 +97,24 @@ def _cors_middleware(origins: list[str]) -> Any:
     @web.middleware
     async def cors(request: web.Request, handler: Any) -> web.StreamResponse:
         origin = request.headers.get("Origin", "")
+
+        def allow(resp: web.StreamResponse) -> None:
+            if origin and origin in allowed and not resp.prepared:
+                resp.headers["Access-Control-Allow-Origin"] = origin
+                resp.headers["Access-Control-Allow-Headers"] = "Authorization, Content-Type"
+                resp.headers["Access-Control-Allow-Methods"] = "GET, POST, DELETE, OPTIONS"
+                resp.headers["Vary"] = "Origin"
+
         if request.method == "OPTIONS" and origin in allowed:
             resp: web.StreamResponse = web.Response(status=204)
         else:
-            resp = await handler(request)
-        if origin and origin in allowed and not resp.prepared:
-            resp.headers["Access-Control-Allow-Origin"] = origin
-            resp.headers["Access-Control-Allow-Headers"] = "Authorization, Content-Type"
-            resp.headers["Access-Control-Allow-Methods"] = "GET, POST, DELETE, OPTIONS"
-            resp.headers["Vary"] = "Origin"
+            try:
+                resp = await handler(request)
+            except web.HTTPException as exc:
+                # Raised errors (HTTPJSONError) too: else the page sees a CORS failure, not the reason.
+                allow(exc)
+                raise
+        allow(resp)
         return resp
 
     return cors

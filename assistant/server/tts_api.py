@@ -25,6 +25,7 @@ from typing import Any
 
 import numpy as np
 from aiohttp import BodyPartReader, WSMsgType, web
+from aiohttp.http_exceptions import HttpProcessingError
 
 from assistant.audio import write_wav_bytes
 from assistant.config import Config
@@ -106,7 +107,8 @@ async def _read_multipart(request: web.Request, limits: dict[str, int]) -> dict[
         return out
     except HTTPJSONError:
         raise
-    except (ValueError, AssertionError, KeyError) as exc:
+    except (ValueError, AssertionError, KeyError, HttpProcessingError) as exc:
+        # HttpProcessingError: a part's headers are malformed (aiohttp raises InvalidHeader / LineTooLong).
         raise HTTPJSONError(400, "bad_multipart", f"malformed multipart body ({type(exc).__name__})") from None
 
 

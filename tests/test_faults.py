@@ -1,0 +1,302 @@
+"""Fault isolation through real aiortc peers: a stage that raises, hangs, returns NaN audio or closes
+mid-stream ends that turn with an ``error`` event; the session goes on and other sessions never notice.
+
+The faults come from ``tests/fault_engines.py``, switched per turn by keyword (the words the user says);
+the ASR, VAD, Piper voice and aiortc peers are the real ones. Also here: an OpenAI-compatible responder
+that cannot be reached, that never answers, or that closes mid-stream; an ASR that raises; a peer that
+vanishes mid-reply; and a server shutdown with sessions in flight.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import socket
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+import aiohttp
+import pytest
+import pytest_asyncio
+from aiohttp import web
+
+from assistant.bench.audio_source import load_utterance
+from assistant.bench.v2v import BenchSession, TurnSettings
+from assistant.respond import openai as openai_mod
+from assistant.respond.openai import OpenAIResponder
+from assistant.server.app import SESSIONS, create_app, wait_ready
+from assistant.server.services import Services
+from tests.conftest import serve, test_config
+from tests.fault_engines import FaultyASR, FaultyResponder, FaultyTTS
+from tests.test_limits import events, own_tasks, vanish, wait_for
+
+pytestmark = [pytest.mark.asyncio(loop_scope="module"), pytest.mark.timeout(180), pytest.mark.slow]
+
+SETTINGS = TurnSettings(timeout_s=20.0, silence_ms=900, settle_ms=300)
+LIMITS = {
+    "tts": {"timeout_s": 1.5},
+    "asr": {"timeout_s": 3.0},
+    "respond": {
+        "engine": "tests.fault_engines:FaultyResponder",
+        "total_timeout_s": 2.0,
+        "first_token_timeout_s": 1.0,
+        "connect_timeout_s": 0.5,
+    },
+}
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def services() -> Services:
+    """The real stack with the fault stand-ins wrapped around it, loaded once for the module."""
+    svc = Services(test_config(**LIMITS))  # type: ignore[arg-type]
+    await svc.load()
+    piper = svc.tts
+    svc.tts = FaultyTTS(piper)
+    svc.asr = FaultyASR(svc.asr)
+    yield svc
+    await svc.close()
+    await piper.close()  # type: ignore[union-attr]
+
+
+def cfg(tmp_path: Any, **server: Any) -> Any:
+    return test_config(server={"data_dir": str(tmp_path / "data"), "idle_timeout_s": 30.0, **server}, **LIMITS)
+
+
+@contextlib.asynccontextmanager
+async def peers(url: str, http: aiohttp.ClientSession, n: int) -> AsyncIterator[list[BenchSession]]:
+    clients = [BenchSession(i, url, http) for i in range(n)]
+    try:
+        for c in clients:
+            await c.connect()
+        yield clients
+    finally:
+        for c in clients:
+            await c.close()
+
+
+async def turn(client: BenchSession, utt: Any, k: int) -> tuple[str, list[dict]]:
+    """Play one utterance; returns the turn's status and the error events it brought."""
+    before = len(client.events)
+    result = await client.run_turn(utt, k, SETTINGS)
+    errors = [e.body for e in client.events[before:] if e.body.get("type") == "error"]
+    return result.status, errors
+
+
+# --- engines that fail -----------------------------------------------------------------------------------
+async def test_a_failing_stage_ends_one_turn_and_spares_the_other_session(services, tmp_path, shared_audio):
+    responder: FaultyResponder = services.responder
+    tts: FaultyTTS = services.tts
+    faulty_words = load_utterance(shared_audio / "en_weather.wav")  # "weather" switches the faults on
+    clean_words = load_utterance(shared_audio / "en_timer.wav")
+    plan = [  # (stage whose stand-in fails, mode, expected error stage); None: a normal turn
+        ("responder", "raise", "responder"),
+        ("tts", "nan", "tts"),
+        ("responder", "hang", "responder"),
+        ("tts", "hang", "tts"),
+        ("tts", "close", "tts"),
+    ]
+    async with serve(cfg(tmp_path), services) as (url, app), aiohttp.ClientSession() as http, \
+            peers(url, http, 2) as (a, b):
+        done = asyncio.Event()
+
+        async def bystander() -> list[tuple[str, list[dict]]]:
+            out = []
+            while not done.is_set():
+                out.append(await turn(b, clean_words, len(out)))
+            return out
+
+        b_task = asyncio.create_task(bystander())
+        outcomes = []
+        try:
+            for k, step in enumerate(plan):
+                responder.faults, tts.faults = {}, {}
+                if step is not None:
+                    (responder.faults if step[0] == "responder" else tts.faults)["weather"] = step[1]
+                t0 = time.monotonic()
+                status, errors = await turn(a, faulty_words if step else clean_words, k)
+                outcomes.append((step, status, errors, time.monotonic() - t0))
+        finally:
+            responder.faults, tts.faults = {}, {}
+            done.set()
+            b_results = await b_task
+        for step, status, errors, took in outcomes:
+            if step is None:
+                assert status == "ok" and not errors, (step, status, errors)
+            else:
+                assert [e["stage"] for e in errors] == [step[2]], (step, errors)
+                assert "Traceback" not in str(errors) and took < 15, (step, took)
+        assert len(b_results) >= 3, b_results
+        assert all(status == "ok" and not errors for status, errors in b_results), b_results
+        assert not events(b, "error")
+        assert len(app[SESSIONS]) == 2  # both sessions lived through it all
+        metrics = services.metrics.render()[0].decode()
+        assert 'assistant_errors_total{stage="tts"}' in metrics and 'stage="responder"' in metrics
+
+
+# --- an OpenAI-compatible server that misbehaves -----------------------------------------------------------
+class FakeLLM:
+    """An OpenAI-compatible server whose ``mode`` says how it misbehaves: ok, hang, cut."""
+
+    def __init__(self) -> None:
+        self.mode = "ok"
+        self.app = web.Application()
+        self.app.router.add_post("/v1/chat/completions", self.chat)
+
+    async def chat(self, request: web.Request) -> web.StreamResponse:
+        await request.read()
+        if self.mode == "hang":
+            await asyncio.sleep(3600)
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(request)
+        await resp.write(b'data: {"choices": [{"delta": {"content": "Sure, here is "}}]}\n\n')
+        if self.mode == "cut":
+            await asyncio.sleep(0.05)
+            assert request.transport is not None
+            request.transport.abort()  # closes mid-stream: no [DONE], no finish_reason
+            return resp
+        await resp.write(b'data: {"choices": [{"delta": {"content": "the answer."}, "finish_reason": "stop"}]}\n\n')
+        await resp.write(b"data: [DONE]\n\n")
+        return resp
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@contextlib.contextmanager
+def black_hole() -> Any:
+    """A local port whose TCP handshake never completes: a listener that never accepts, its queue full.
+
+    Linux then drops further SYNs, so a connect hangs as it would to a host that went away.
+    """
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(0)
+    fillers = []
+    for _ in range(3):
+        filler = socket.socket()
+        filler.setblocking(False)
+        filler.connect_ex(listener.getsockname())
+        fillers.append(filler)
+    try:
+        yield listener.getsockname()[1]
+    finally:
+        for sock in [*fillers, listener]:
+            sock.close()
+
+
+async def test_openai_responder_failures_time_out_per_config(services, tmp_path, shared_audio):
+    llm = FakeLLM()
+    runner = web.AppRunner(llm.app, shutdown_timeout=0.5)  # its "hang" handler is cut off at cleanup
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    llm_url = f"http://127.0.0.1:{runner.addresses[0][1]}/v1"
+    c = cfg(tmp_path)
+    openai = OpenAIResponder(c.respond)
+    saved = services.responder
+    services.responder = openai
+    words = load_utterance(shared_audio / "en_weather.wav")
+    rcfg = c.respond
+    asr: FaultyASR = services.asr
+    plan = [  # (base URL, server mode, expected message, the limit that must end it in time)
+        (llm_url, "asr", None, None),  # the ASR engine raises first: an asr error, the session goes on
+        (f"http://127.0.0.1:{free_port()}/v1", "refused", openai_mod.MSG_UNREACHABLE, rcfg.connect_timeout_s),
+        (llm_url, "hang", openai_mod.MSG_TIMEOUT_FIRST, rcfg.first_token_timeout_s),
+        (llm_url, "cut", openai_mod.MSG_CUT, 1.0),
+        (llm_url, "ok", None, None),
+    ]
+    stack = contextlib.ExitStack()
+    hole = stack.enter_context(black_hole())  # connects hang: only connect_timeout_s ends them
+    plan.insert(2, (f"http://127.0.0.1:{hole}/v1", "connect", openai_mod.MSG_UNREACHABLE, rcfg.connect_timeout_s))
+    try:
+        async with serve(c, services) as (url, app), aiohttp.ClientSession() as http, \
+                peers(url, http, 1) as (client,):
+            for k, (base, mode, message, limit) in enumerate(plan):
+                openai.url = base.rstrip("/") + "/chat/completions"
+                llm.mode = mode
+                before = len(client.events)
+                if mode == "asr":
+                    # Every final transcription of this turn fails (a pause may split it into two, the first
+                    # then being dropped unheard when the user goes on speaking).
+                    asr.fail_next = ["raise"] * 3
+                status, errors = await turn(client, words, k)
+                asr.fail_next = []
+                if mode == "asr":
+                    assert [e["stage"] for e in errors] == ["asr"], errors
+                    continue
+                if message is None:
+                    assert status == "ok" and not errors, (status, errors)
+                    assert "the answer" in events(client, "reply_text")[-1]["text"]
+                    continue
+                assert [(e["stage"], e["message"]) for e in errors] == [("responder", message)], errors
+                # The limit of the stage ended it: counted from the request (the transcript event), not
+                # before the limit, and not much after it (slack for a 2-core machine under other load).
+                asked = next(e for e in client.events[before:] if e.body.get("type") == "transcript").body
+                waited = (errors[0]["t_ms"] - asked["t_ms"]) / 1000
+                assert waited <= limit + 2.5, (mode, waited)
+                if mode in ("hang", "connect"):
+                    assert waited >= 0.9 * limit, (mode, waited)
+            assert len(app[SESSIONS]) == 1
+    finally:
+        stack.close()
+        services.responder = saved
+        await openai.aclose()
+        await runner.cleanup()
+
+
+# --- peers that go away, a server that goes away ------------------------------------------------------------
+async def test_a_peer_vanishing_mid_reply_is_cleaned_up_and_others_go_on(services, tmp_path, shared_audio):
+    story = load_utterance(shared_audio / "en_story.wav")
+    timer = load_utterance(shared_audio / "en_timer.wav")
+    c = cfg(tmp_path, idle_timeout_s=2.0)
+    async with serve(c, services) as (url, app), aiohttp.ClientSession() as http:
+        await asyncio.sleep(0.2)
+        baseline = len(own_tasks())
+        async with peers(url, http, 2) as (gone, stays):
+            ghost = app[SESSIONS][gone.session_id]
+            gone.source.play(story)
+            other = asyncio.create_task(stays.run_turn(timer, 0, SETTINGS))
+            assert await wait_for(lambda: events(gone, "reply_audio_start"), 30), gone.events
+            vanish(gone)
+            gone.session_id = ""  # it never says goodbye
+            assert await wait_for(lambda: ghost.closed and ghost.task_count == 0, c.server.idle_timeout_s + 3)
+            assert ghost.close_reason == "idle_timeout" and ghost.task_count == 0
+            result = await other
+            assert result.status == "ok", result.reason
+            assert not events(stays, "error")
+            assert list(app[SESSIONS]) == [stays.session_id]
+        assert await wait_for(lambda: not app[SESSIONS], 5)
+        assert await wait_for(lambda: len(own_tasks()) <= baseline, 5), [t.get_name() for t in own_tasks()]
+
+
+async def test_server_shutdown_closes_sessions_in_flight_with_a_close_event(services, tmp_path, shared_audio):
+    app = create_app(cfg(tmp_path), services)
+    runner = web.AppRunner(app, shutdown_timeout=2.0)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    await wait_ready(app)
+    url = f"http://127.0.0.1:{runner.addresses[0][1]}"
+    async with aiohttp.ClientSession() as http:
+        clients = [BenchSession(i, url, http) for i in range(2)]
+        for c in clients:
+            await c.connect()
+        clients[0].source.play(load_utterance(shared_audio / "en_story.wav"))
+        assert await wait_for(lambda: events(clients[0], "reply_audio_start"), 30)
+        sessions = list(app[SESSIONS].values())
+        t0 = time.monotonic()
+        await runner.cleanup()
+        took = time.monotonic() - t0
+        assert took < 6.0, took  # within shutdown_timeout_s (5 s) and a little
+        assert all(s.closed and s.close_reason == "server_shutdown" and s.task_count == 0 for s in sessions)
+        assert not app[SESSIONS]
+        for c in clients:
+            assert await wait_for(lambda c=c: events(c, "close"), 3), c.events[-3:]
+            assert events(c, "close")[-1]["reason"] == "server_shutdown"
+            assert await wait_for(lambda c=c: c.pc.connectionState == "closed", 5), c.pc.connectionState
+            c.session_id = ""
+            await c.close()

@@ -120,3 +120,32 @@ async def test_runner_timeout_and_partial_skip() -> None:
         assert not runner.busy
     finally:
         runner.close()
+
+
+async def test_a_stuck_transcription_does_not_block_the_next_one() -> None:
+    """An engine call that never returns times out, and the next caller gets a fresh worker at once."""
+    import threading
+
+    release = threading.Event()
+
+    class Stuck:
+        name = "stuck"
+        calls = 0
+
+        def transcribe(self, audio, **_):
+            Stuck.calls += 1
+            if Stuck.calls == 1:
+                release.wait(10)
+            return Transcript(text="ok")
+
+        def warmup(self) -> None: ...
+
+    runner = ASRRunner(Stuck(), ASRConfig(workers=1, timeout_s=0.3))
+    try:
+        with pytest.raises(TimeoutError):
+            await runner.transcribe(np.zeros(1600, np.float32))
+        result = await runner.transcribe(np.zeros(1600, np.float32))  # not queued behind the stuck call
+        assert result.text == "ok"
+    finally:
+        release.set()
+        runner.close()

@@ -19,6 +19,11 @@ from assistant.config import ASRConfig
 log = logging.getLogger(__name__)
 
 
+# A stuck engine call strands one worker pool; past this many the runner stops replacing them (each holds
+# a thread and the memory of its call) and the timeout error is all that is left.
+MAX_ABANDONED_POOLS = 4
+
+
 class ASRRunner:
     """Runs ``engine.transcribe`` on a shared worker pool with a timeout (``asr.timeout_s``)."""
 
@@ -28,6 +33,7 @@ class ASRRunner:
         self.workers = max(1, self.cfg.workers)
         self._pool = ThreadPoolExecutor(max_workers=self.workers, thread_name_prefix="asr")
         self._in_flight = 0
+        self._abandoned = 0  # pools left behind a stuck transcription
 
     @property
     def busy(self) -> bool:
@@ -36,7 +42,8 @@ class ASRRunner:
 
     async def _run(self, fn: functools.partial[object]) -> object:
         loop = asyncio.get_running_loop()
-        fut = loop.run_in_executor(self._pool, fn)
+        pool = self._pool
+        fut = loop.run_in_executor(pool, fn)
         self._in_flight += 1
         fut.add_done_callback(lambda _: self._release())
         try:
@@ -45,10 +52,22 @@ class ASRRunner:
             return await asyncio.wait_for(asyncio.shield(fut), self.cfg.timeout_s)
         except TimeoutError:
             log.error("asr.timeout timeout_s=%.1f", self.cfg.timeout_s)
+            self._replace_stuck_pool(pool)
             raise
 
+    def _replace_stuck_pool(self, pool: ThreadPoolExecutor) -> None:
+        """A transcription that overran its time limit may never return: give the other sessions a fresh
+        worker pool instead of queueing them behind it (at most ``MAX_ABANDONED_POOLS`` left behind)."""
+        if pool is not self._pool or self._abandoned >= MAX_ABANDONED_POOLS:
+            return
+        self._abandoned += 1
+        self._pool = ThreadPoolExecutor(max_workers=self.workers, thread_name_prefix="asr")
+        self._in_flight = 0
+        pool.shutdown(wait=False, cancel_futures=True)
+        log.warning("asr.pool_replaced abandoned=%d", self._abandoned)
+
     def _release(self) -> None:
-        self._in_flight -= 1
+        self._in_flight = max(0, self._in_flight - 1)
 
     async def transcribe(
         self, audio: np.ndarray, *, language: str | None = None, prompt: str | None = None

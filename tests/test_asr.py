@@ -114,9 +114,7 @@ async def test_runner_timeout_and_partial_skip() -> None:
     try:
         with pytest.raises(TimeoutError):
             await runner.transcribe(np.zeros(160, np.float32))
-        assert runner.busy  # the thread still runs; partials are skipped meanwhile
-        assert await runner.transcribe_partial(np.zeros(160, np.float32)) is None
-        await asyncio.sleep(0.4)
+        # The overrunning thread still runs, but in a pool left behind: the next call gets a fresh one.
         assert not runner.busy
     finally:
         runner.close()

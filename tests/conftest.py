@@ -9,6 +9,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
+import pytest_asyncio
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED = REPO.parent / "shared"
@@ -61,6 +62,20 @@ def test_config(**sections: dict) -> object:
     from assistant.config import load_config
 
     return load_config(overrides=sections or None, environ={})
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def services() -> AsyncIterator[object]:
+    """The default stack loaded and warmed once per test module; pass it to :func:`serve` to share it.
+
+    Tests that swap an engine (``services.tts = ...``) put the original back.
+    """
+    from assistant.server.services import Services
+
+    svc = Services(test_config())  # type: ignore[arg-type]
+    await svc.load()
+    yield svc
+    await svc.close()
 
 
 @contextlib.asynccontextmanager

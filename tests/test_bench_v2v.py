@@ -236,14 +236,6 @@ STAGE_TOLERANCE_MS = 40.0
 V2V_TOLERANCE_MS = 120.0
 
 
-@pytest_asyncio.fixture(scope="module", loop_scope="module")
-async def services() -> Services:
-    svc = Services(test_config())  # type: ignore[arg-type]
-    await svc.load()
-    yield svc
-    await svc.close()
-
-
 async def _run_bench(services: Services, out: Path, engine: str | None, shared_audio: Path) -> BenchResult:
     cfg = test_config(**({"respond": {"engine": engine}} if engine else {}))
     # Share the loaded models; the responder comes from this config (a plug-in for the slow run).

@@ -16,7 +16,6 @@ from typing import Any
 import aiohttp
 import numpy as np
 import pytest
-import pytest_asyncio
 from aiortc import RTCPeerConnection
 
 from assistant.audio import write_wav_bytes
@@ -31,15 +30,6 @@ from tests.fault_engines import FaultyTTS, FloodResponder, ToneTTS
 pytestmark = [pytest.mark.asyncio(loop_scope="module"), pytest.mark.timeout(120)]
 
 TRACE_MARKERS = ("Traceback", 'File "', "site-packages")
-
-
-@pytest_asyncio.fixture(scope="module", loop_scope="module")
-async def services() -> Services:
-    """The default stack, loaded once for the module; tests swap ``tts``/``responder`` and put them back."""
-    svc = Services(test_config())  # type: ignore[arg-type]
-    await svc.load()
-    yield svc
-    await svc.close()
 
 
 def cfg(tmp_path: Any, **sections: dict[str, Any]) -> Any:

@@ -27,7 +27,6 @@ from typing import Any
 
 import aiohttp
 import pytest
-import pytest_asyncio
 
 from assistant.bench.audio_source import load_utterance
 from assistant.bench.v2v import BenchSession, TurnSettings
@@ -45,14 +44,6 @@ FILES = ("en_weather.wav", "en_timer.wav", "en_story.wav")
 SETTINGS = TurnSettings(timeout_s=40.0, silence_ms=1200, settle_ms=300)
 
 pytestmark = [pytest.mark.asyncio(loop_scope="module")]
-
-
-@pytest_asyncio.fixture(scope="module", loop_scope="module")
-async def services() -> Services:
-    svc = Services(test_config())  # type: ignore[arg-type]
-    await svc.load()
-    yield svc
-    await svc.close()
 
 
 def _trim() -> None:

@@ -7,7 +7,6 @@ import time
 
 import aiohttp
 import pytest
-import pytest_asyncio
 
 from assistant.bench.audio_source import load_utterance
 from assistant.bench.v2v import BenchSession, TurnSettings
@@ -19,15 +18,6 @@ from tests.conftest import serve, test_config
 pytestmark = [pytest.mark.asyncio(loop_scope="module"), pytest.mark.slow]
 
 SETTINGS = TurnSettings(timeout_s=40.0, silence_ms=1200, settle_ms=300)
-
-
-@pytest_asyncio.fixture(scope="module", loop_scope="module")
-async def services() -> Services:
-    """The default stack, loaded and warmed once for the whole module."""
-    svc = Services(test_config())  # type: ignore[arg-type]
-    await svc.load()
-    yield svc
-    await svc.close()
 
 
 def cfg_with(**server: object) -> object:

@@ -7,24 +7,17 @@ import asyncio
 import numpy as np
 import pytest
 import torch
-from cv_fixtures import need_fixtures, need_part_b
+from cv_fixtures import need_fixtures, tiny_model_and_voice
 
 from assistant.config import TTSConfig
 from assistant.tts.base import TTSRequest
 from assistant.tts.cosyvoice.batching import EngineBusy, SlotDecoder
 from assistant.tts.cosyvoice.streaming import StreamSchedule
-from assistant.tts.cosyvoice.voice import CosyVoicePrompt
 
 
 @pytest.fixture(scope="module")
 def setup():
-    need_part_b()
-    torch.set_num_threads(1)
-    from assistant.tts.cosyvoice.model import CosyVoice2
-
-    model = CosyVoice2.from_dir(need_fixtures(), "cpu", "float32")
-    g = torch.load(need_fixtures() / "golden.pt", weights_only=True)
-    voice = CosyVoicePrompt("p", "", g["in.prompt_speech_token"], g["in.prompt_feat"], g["in.embedding"])
+    model, voice, g = tiny_model_and_voice()
     return model, voice, g
 
 

@@ -14,11 +14,10 @@ from typing import Any
 import pytest
 import torch
 import yaml
+from cv_fixtures import FIXTURES, TINY, report
 
 from assistant.tts.cosyvoice.flow import CausalFlow, FlowConfig, StreamingFlow, fixed_noise
 
-FIXTURES = Path(__file__).resolve().parents[3] / "shared/fixtures/cosyvoice2"
-TINY = FIXTURES / "tiny"
 pytestmark = pytest.mark.skipif(not (TINY / "flow.pt").exists(), reason=f"CosyVoice2 fixtures absent: {TINY}")
 
 MEL_ATOL = 1e-4
@@ -91,13 +90,6 @@ def flow() -> CausalFlow:
     return model
 
 
-def _report(name: str, got: torch.Tensor, want: torch.Tensor) -> float:
-    err = (got.float() - want.float()).abs().max().item()
-    rel = err / max(want.abs().max().item(), 1e-12)
-    print(f"{name:40s} max abs {err:.3e}  max rel {rel:.3e}")
-    return err
-
-
 def test_full_size_keys_and_shapes():
     want = json.loads((FIXTURES / "full_size_keys/flow.json").read_text())["keys"]
     with torch.device("meta"):
@@ -167,7 +159,7 @@ def test_flow_parity(flow, golden, prefix, n_new, streaming, finalize):
         want = golden[f"{prefix}.{name}"]
         got = trace[name]
         assert got.shape == want.shape, name
-        worst[name] = _report(f"{prefix}.{name}", got, want)
+        worst[name] = report(f"{prefix}.{name}", got, want)
     assert max(worst.values()) < MEL_ATOL, worst
 
 
@@ -177,7 +169,7 @@ def test_estimator_alone(flow, golden):
         args = [golden[f"{prefix}.est_step0_in_{k}"] for k in ("x", "mask", "mu", "t", "spks", "cond")]
         with torch.inference_mode():
             out = flow.decoder.estimator(*args, streaming=streaming)
-        assert _report(f"{prefix}.estimator_alone", out, golden[f"{prefix}.est_step0_out"]) < MEL_ATOL
+        assert report(f"{prefix}.estimator_alone", out, golden[f"{prefix}.est_step0_out"]) < MEL_ATOL
 
 
 def test_bf16_difference(flow, golden):
@@ -206,7 +198,7 @@ def test_streaming_first_chunk_matches_reference(flow, golden):
     """25 prompt + 28 new tokens: the cached path emits the reference's first streaming chunk."""
     state = StreamingFlow(flow, golden["in.prompt_speech_token"], golden["in.prompt_feat"], golden["in.embedding"])
     mel = state.push(golden["in.flow_token"][:, :28])
-    assert _report("streaming_flow.chunk1 vs reference", mel, golden["flow_stream_chunk1.mel"]) < MEL_ATOL
+    assert report("streaming_flow.chunk1 vs reference", mel, golden["flow_stream_chunk1.mel"]) < MEL_ATOL
 
 
 @pytest.mark.parametrize("pieces", [[10, 20, 10], [28, 12], [3, 30, 4, 3]])
@@ -217,4 +209,4 @@ def test_streaming_matches_whole_utterance(flow, golden, pieces):
     assert all(c.size(2) % 2 == 0 for c in chunks)
     mel = torch.cat(chunks, dim=2)
     assert mel.shape == whole.shape
-    assert _report(f"streaming_flow {pieces} vs whole", mel, whole) < MEL_ATOL
+    assert report(f"streaming_flow {pieces} vs whole", mel, whole) < MEL_ATOL

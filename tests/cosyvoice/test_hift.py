@@ -8,17 +8,15 @@ as the reference did reproduces the same draws.
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
+from cv_fixtures import FIXTURES, TINY, report
 
 from assistant.tts.cosyvoice.hift import HiFTConfig, HiFTVocoder, crossfade_window, fade_in_out
 from assistant.tts.cosyvoice.hift_source import SourceNoise
 
-FIXTURES = Path(__file__).resolve().parents[3] / "shared/fixtures/cosyvoice2"
-TINY = FIXTURES / "tiny"
 pytestmark = pytest.mark.skipif(not (TINY / "hift.pt").exists(), reason=f"CosyVoice2 fixtures absent: {TINY}")
 
 AUDIO_ATOL = 1e-3
@@ -77,13 +75,6 @@ def hift() -> HiFTVocoder:
     return model
 
 
-def _report(name: str, got: torch.Tensor, want: torch.Tensor) -> float:
-    err = (got.float() - want.float()).abs().max().item()
-    rel = err / max(want.abs().max().item(), 1e-12)
-    print(f"{name:36s} max abs {err:.3e}  max rel {rel:.3e}")
-    return err
-
-
 def test_full_size_keys_and_shapes():
     want = json.loads((FIXTURES / "full_size_keys/hift.json").read_text())["keys"]
     with torch.device("meta"):
@@ -122,7 +113,7 @@ def test_seeded_draws_match_recorded(golden):
 
 def _check(name: str, got: torch.Tensor, want: torch.Tensor, atol: float) -> None:
     assert got.shape == want.shape, name
-    assert _report(name, got, want) < atol, name
+    assert report(name, got, want) < atol, name
 
 
 @pytest.mark.parametrize("replay", [True, False], ids=["injected", "seeded"])
@@ -137,7 +128,7 @@ def test_full_utterance(hift, golden, replay):
         speech, source = hift.inference(mel, trace=trace)
     f0_want = golden["hift_full.f0"]
     rel = ((trace["f0"] - f0_want).abs() / f0_want.abs().clamp(min=1.0)).max().item()
-    _report("hift_full.f0", trace["f0"], f0_want)
+    report("hift_full.f0", trace["f0"], f0_want)
     assert rel < F0_RTOL
     _check("hift_full.source", source, golden["hift_full.source"], AUDIO_ATOL)
     _check("hift_full.speech", speech, golden["hift_full.speech"], AUDIO_ATOL)

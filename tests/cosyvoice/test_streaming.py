@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from cv_fixtures import need_fixtures, need_part_b
+from cv_fixtures import tiny_model_and_voice
 
 from assistant.tts.cosyvoice.streaming import (
     NoiseTape,
@@ -22,7 +22,6 @@ from assistant.tts.cosyvoice.streaming import (
     run_stream,
     seam_steps,
 )
-from assistant.tts.cosyvoice.voice import CosyVoicePrompt
 
 AUDIO_ATOL = 1e-4   # streamed vs whole audio, float32 summation order only
 MEL_ATOL = 1e-4
@@ -31,13 +30,7 @@ SEAM_K = 3.0        # a seam's sample step may be at most 3x the 99th percentile
 
 @pytest.fixture(scope="module")
 def setup():
-    need_part_b()
-    torch.set_num_threads(1)
-    from assistant.tts.cosyvoice.model import CosyVoice2
-
-    model = CosyVoice2.from_dir(need_fixtures(), "cpu", "float32")
-    g = torch.load(need_fixtures() / "golden.pt", weights_only=True)
-    voice = CosyVoicePrompt("p", "", g["in.prompt_speech_token"], g["in.prompt_feat"], g["in.embedding"])
+    model, voice, g = tiny_model_and_voice()
     return model, voice, g["e2e.speech_tokens"].tolist()
 
 

@@ -52,11 +52,16 @@ class ServerConfig:
 
 @dataclass
 class AudioConfig:
-    jitter_buffer_packets: int = _f(
-        1, "receive buffer for the user's audio, in 20 ms packets (aiortc's own default is 4: 80 ms more latency)"
+    own_receive_buffer: bool = _f(
+        True, "replace aiortc's receive jitter buffer (80 ms prefetch; 280 ms behind after any lost packet) with ours"
     )
-    jitter_buffer_max_packets: int = _f(6, "the most the receive buffer grows to under measured jitter")
-    jitter_adaptive: bool = _f(True, "size the receive buffer to the measured interarrival jitter")
+    jitter_buffer_packets: int = _f(
+        1,
+        "later packets that may overtake a missing one before it is given up as lost (the user's audio is "
+        "released in order with no prefetch; aiortc's own buffer adds 80 ms, and 280 ms after any loss)",
+    )
+    jitter_buffer_max_packets: int = _f(6, "the most that wait grows to under measured jitter")
+    jitter_adaptive: bool = _f(True, "size that wait to the measured interarrival jitter")
     reply_queue_ms: int = _f(60, "most reply audio queued in the outgoing track; bounds barge-in delay")
     inbound_queue_ms: int = _f(2000, "most inbound 16 kHz audio buffered before the oldest is dropped")
 

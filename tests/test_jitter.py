@@ -1,5 +1,5 @@
-"""The server's receive buffer: one packet by default, grown to the measured jitter, and a turn that still
-works when the network reorders and loses packets."""
+"""The server's receive buffer: in order with no prefetch, brief waits for holes, no lasting lag after a
+loss (aiortc's own buffer stays 280 ms behind after one), and a turn that works through reordering and loss."""
 
 from __future__ import annotations
 
@@ -9,55 +9,80 @@ from types import SimpleNamespace
 
 import aiohttp
 import pytest
+from aiortc.jitterbuffer import JitterBuffer
 from aiortc.rtcrtpreceiver import RTCRtpReceiver
 from aiortc.rtp import RtpPacket
 
 from assistant.bench.audio_source import load_utterance
 from assistant.bench.v2v import BenchSession, TurnSettings
-from assistant.rtc.jitter import AdaptiveReceiveBuffer
+from assistant.rtc.jitter import AdaptiveReceiveBuffer, AudioReceiveBuffer
+from assistant.server.app import SESSIONS
 from tests.conftest import serve, test_config
 
 
 def _packet(seq: int) -> RtpPacket:
-    p = RtpPacket(payload_type=111, sequence_number=seq, timestamp=seq * 960)
+    p = RtpPacket(payload_type=111, sequence_number=seq % 65536, timestamp=seq * 960 % 2**32)
     p._data = bytes([seq % 256])  # type: ignore[attr-defined]
     return p
+
+
+def _play(buffer: object, order: list[int]) -> list[tuple[int, int]]:
+    """Feed packets in ``order``; returns (seq of the packet that released it, released seq) pairs."""
+    out: list[tuple[int, int]] = []
+    extra: list[int] = []
+    if isinstance(buffer, AudioReceiveBuffer):
+        buffer._emit_extra = lambda frame, _packet: extra.append(frame.timestamp // 960)
+    for s in order:
+        frame = buffer.add(_packet(s))[1]  # type: ignore[attr-defined]
+        released = ([frame.timestamp // 960] if frame is not None else []) + extra
+        extra.clear()
+        out += [(s, r) for r in released]
+    return out
+
+
+def test_in_order_packets_are_released_at_once() -> None:
+    assert _play(AudioReceiveBuffer(1), list(range(6))) == [(s, s) for s in range(6)]
+
+
+def test_reordered_packets_come_out_in_order_and_none_is_lost() -> None:
+    buf = AudioReceiveBuffer(1)
+    got = [r for _, r in _play(buf, [0, 1, 3, 2, 4, 6, 5, 7, 8])]
+    assert got == list(range(9)) and buf.lost == 0
+
+
+def test_a_lost_packet_costs_a_hole_not_a_lasting_delay() -> None:
+    order = [s for s in range(200) if s != 50]
+    ours = _play(AudioReceiveBuffer(1), order)
+    assert [r for _, r in ours] == [s for s in range(200) if s != 50]
+    lag = [arrived - released for arrived, released in ours]
+    assert max(lag) <= 2 and all(x == 0 for x in lag[60:])  # caught up right after the hole
+    # aiortc's own buffer (prefetch 1) stays 14 packets = 280 ms behind after that single loss.
+    stock = _play(JitterBuffer(capacity=16, prefetch=1), order)
+    assert [a - r for a, r in stock][-1] == 14
+
+
+def test_sequence_numbers_wrap() -> None:
+    got = [r for _, r in _play(AudioReceiveBuffer(1), list(range(65530, 65542)))]
+    assert got == list(range(65530, 65542))
 
 
 def _receiver(jitter_ts: int = 0) -> SimpleNamespace:
     r = SimpleNamespace()
     r._RTCRtpReceiver__jitter_buffer = None
+    r._RTCRtpReceiver__decoder_queue = None
+    r._RTCRtpReceiver__codecs = {}
     r._RTCRtpReceiver__remote_streams = {1: SimpleNamespace(jitter=jitter_ts)}
     return r
 
 
-def test_one_packet_prefetch_releases_each_packet_on_the_next() -> None:
-    buf = AdaptiveReceiveBuffer(_receiver(), initial_packets=1, max_packets=6, adaptive=True).buffer
-    assert buf is not None
-    out = [buf.add(_packet(s))[1] for s in range(5)]
-    # Packet k is released when k+1 arrives: 20 ms of buffering instead of aiortc's 80.
-    assert out[0] is None and [f.timestamp // 960 for f in out[1:]] == [0, 1, 2, 3]
-
-
-def test_reordered_packets_come_out_in_order() -> None:
-    buf = AdaptiveReceiveBuffer(_receiver(), initial_packets=1, max_packets=6, adaptive=True).buffer
-    assert buf is not None
-    released = []
-    for s in [0, 1, 3, 2, 4, 6, 5, 7, 8]:
-        frame = buf.add(_packet(s))[1]
-        if frame is not None:
-            released.append(frame.timestamp // 960)
-    assert released == sorted(released) == list(range(len(released)))
-    assert released[-1] >= 6
-
-
-def test_buffer_grows_with_jitter_and_shrinks_slowly() -> None:
+def test_hole_wait_grows_with_jitter_and_shrinks_slowly() -> None:
     receiver = _receiver(jitter_ts=0)
     rb = AdaptiveReceiveBuffer(receiver, initial_packets=1, max_packets=6, adaptive=True)
+    assert isinstance(receiver._RTCRtpReceiver__jitter_buffer, AudioReceiveBuffer)
     assert rb.adapt() == 1
-    streams = receiver._RTCRtpReceiver__remote_streams  # type: ignore[attr-defined]
+    streams = receiver._RTCRtpReceiver__remote_streams
     streams[1].jitter = 48 * 30  # 30 ms of jitter → 2 × 30 / 20 = 3 packets
-    assert rb.adapt() == 3 and rb.buffer._prefetch == 3  # type: ignore[union-attr]
+    assert rb.adapt() == 3 and rb.buffer.hole_packets == 3  # type: ignore[union-attr]
     streams[1].jitter = 48 * 500
     assert rb.adapt() == 6  # capped
     streams[1].jitter = 0
@@ -91,9 +116,10 @@ async def test_turn_survives_reordering_and_loss(shared_audio, monkeypatch: pyte
         await original(self, packet, arrival_time_ms)
 
     monkeypatch.setattr(RTCRtpReceiver, "_handle_rtp_packet", unreliable)
-    async with serve(test_config()) as (url, _app), aiohttp.ClientSession() as http:
+    async with serve(test_config()) as (url, app), aiohttp.ClientSession() as http:
         client = BenchSession(index=0, url=url, http=http)
         await client.connect()
+        buffer = next(iter(app[SESSIONS].values())).receive_buffer.buffer
         try:
             result = await client.run_turn(
                 load_utterance(shared_audio / "en_weather.wav"), 0, TurnSettings(timeout_s=40.0)
@@ -103,3 +129,4 @@ async def test_turn_survives_reordering_and_loss(shared_audio, monkeypatch: pyte
             await asyncio.sleep(0)
     assert result.status == "ok", result.reason
     assert "weather" in result.transcript.lower()
+    assert buffer.lost > 0  # holes were given up, and the frames behind them went to the decoder at once

@@ -26,7 +26,7 @@ from assistant.server.services import Services
 log = logging.getLogger(__name__)
 
 OFF = {
-    "audio": {"jitter_buffer_packets": 4, "jitter_adaptive": False},
+    "audio": {"own_receive_buffer": False},
     "turn": {"speculative": False, "smart_endpoint": False},
     "asr": {"partials": False},
 }
@@ -34,7 +34,7 @@ OFF = {
 # name -> settings applied on top of the config (the first is the baseline the others are compared to).
 VARIANTS: dict[str, dict[str, dict[str, Any]]] = {
     "baseline (all off)": OFF,
-    "+ receive buffer 1 packet": {**OFF, "audio": {"jitter_buffer_packets": 1, "jitter_adaptive": True}},
+    "+ own receive buffer": {**OFF, "audio": {"own_receive_buffer": True}},
     "+ speculative turn end": {**OFF, "turn": {"speculative": True, "smart_endpoint": False}},
     "+ speculative + smart endpoint": {**OFF, "turn": {"speculative": True, "smart_endpoint": True}},
     "all on (default)": {},

@@ -104,6 +104,7 @@ class Turn:
         self.task: asyncio.Task[None] | None = None
         self.transcript: str | None = None
         self.speaking = False  # its reply audio has started
+        self.carried = 0  # samples of an earlier dropped turn's audio at the start of ``audio``
 
     @property
     def active(self) -> bool:
@@ -236,8 +237,9 @@ class Conversation:
                 return
             self._interrupt("new_turn")
         spec, self._spec = self._spec, None
-        if spec is not None and spec.audio_end == ev.sample_index and not self._carry_audio.size:
+        if spec is not None and spec.audio_end == ev.sample_index and spec.carried == self._carry_audio.size:
             turn = spec  # the pause was the end: the speculative turn becomes the turn
+            self._carry_audio = np.zeros(0, dtype=np.float32)
             self.speculations["committed"] += 1
         else:
             if spec is not None:
@@ -286,6 +288,7 @@ class Conversation:
             return
         audio = np.concatenate([self._carry_audio, utterance]) if self._carry_audio.size else utterance
         self._spec = self._new_turn(audio, self.endpointer.utterance_end, speculative=True)
+        self._spec.carried = self._carry_audio.size
         self.speculations["started"] += 1
 
     def _drop_speculation(self, reason: str, spec: Turn | None = None) -> None:

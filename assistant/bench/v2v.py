@@ -43,6 +43,7 @@ from assistant.bench.report import (
     stage_sum,
     write_json,
 )
+from assistant.rtc.jitter import AdaptiveReceiveBuffer
 from assistant.rtc.outbound import SILENCE_PEAK_S16
 
 log = logging.getLogger(__name__)
@@ -207,6 +208,7 @@ class BenchSession:
     threshold_dbfs: float = AUDIBLE_DBFS
     token: str = ""
     session_id: str = ""
+    low_latency_receive: bool = True  # False: aiortc's own 4-packet receive buffer
     events: list[_Event] = field(default_factory=list)
 
     def __post_init__(self) -> None:
@@ -243,6 +245,11 @@ class BenchSession:
         @pc.on("track")
         def _on_track(track: Any) -> None:
             if track.kind == "audio":
+                # Receive like a good client (a browser's NetEq on loopback holds a packet or two), not with
+                # aiortc's fixed 4-packet prefetch, which would add 80 ms that no listener hears.
+                receiver = next((t.receiver for t in pc.getTransceivers() if t.receiver.track is track), None)
+                if receiver is not None and self.low_latency_receive:
+                    self.receive_buffer = AdaptiveReceiveBuffer(receiver, 1, 6, adaptive=False)
                 self._tasks.append(asyncio.create_task(self.listener.run(track), name=f"bench-rx-{self.index}"))
 
         @pc.on("connectionstatechange")

@@ -77,16 +77,25 @@ def cmd_say(args: argparse.Namespace) -> int:
 
 
 def cmd_models(args: argparse.Namespace) -> int:
-    if args.models_cmd == "pull":
-        from assistant.tts.cosyvoice.pull import pull_cosyvoice2
+    from assistant.tts.cosyvoice.loader import ModelDirError, verify_model_dir
+    from assistant.tts.cosyvoice.pull import PullError, pull_cosyvoice2
 
-        if args.name != "cosyvoice2":
-            print(f"unknown model {args.name!r}; known: cosyvoice2", file=sys.stderr)
-            return 2
-        _setup_logging("INFO")
-        dest = pull_cosyvoice2(Path(args.dest), source=args.source)
-        print(f"CosyVoice2 ready in {dest}")
-        return 0
+    _setup_logging("INFO")
+    try:
+        if args.models_cmd == "pull":
+            if args.name != "cosyvoice2":
+                print(f"unknown model {args.name!r}; known: cosyvoice2", file=sys.stderr)
+                return 2
+            dest = pull_cosyvoice2(Path(args.dest), source=args.source)
+            print(f"CosyVoice2 ready in {dest}")
+            return 0
+        if args.models_cmd == "verify":
+            verify_model_dir(Path(args.dir))
+            print(f"{args.dir}: the layout and the keys and shapes of llm/flow/hift match our modules")
+            return 0
+    except (PullError, ModelDirError) as exc:
+        print(f"models {args.models_cmd}: {exc}", file=sys.stderr)
+        return 1
     return 2
 
 
@@ -145,6 +154,8 @@ def build_parser() -> argparse.ArgumentParser:
     mp.add_argument("name", help="model to fetch: cosyvoice2")
     mp.add_argument("--dest", default="models/CosyVoice2-0.5B", help="target directory")
     mp.add_argument("--source", default="huggingface", choices=["huggingface", "modelscope"], help="where from")
+    mp = msub.add_parser("verify", help="check a CosyVoice2 model directory without loading it for inference")
+    mp.add_argument("dir", nargs="?", default="models/CosyVoice2-0.5B", help="the model directory")
     p.set_defaults(func=cmd_models)
 
     p = sub.add_parser("bench", help="latency benchmarks (voice-to-voice, TTS)")

@@ -127,3 +127,11 @@ def test_full_load_and_verify(tmp_path: Path) -> None:
     torch.save(sd, bad / "hift.pt")
     with pytest.raises(ModelDirError, match=r"hift\.pt: .*missing keys"):
         verify_model_dir(bad)
+
+
+def test_models_verify_command(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from assistant.cli import main
+
+    assert main(["models", "verify", str(need_fixtures())]) == 0
+    assert main(["models", "verify", str(tmp_path)]) == 1
+    assert "missing cosyvoice2.yaml" in capsys.readouterr().err

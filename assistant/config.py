@@ -156,7 +156,7 @@ class TurnConfig:
 class TTSAPIConfig:
     max_upload_bytes: int = _f(5_000_000, "largest reference clip upload")
     max_upload_seconds: float = _f(30.0, "longest reference clip")
-    min_upload_seconds: float = _f(1.0, "shortest reference clip")
+    min_upload_seconds: float = _f(3.0, "shortest reference clip (3 s: less is too little voice to clone)")
     rate_per_minute: int = _f(120, "TTS requests per client per minute (0: unlimited)")
     url_allowlist: list[str] = _f([], "hosts a speaker_wav URL may be fetched from (empty: URLs refused)")
     url_timeout_s: float = _f(10.0, "time limit for fetching an allowed speaker_wav URL")

@@ -147,7 +147,7 @@ async def test_tts_text_and_upload_caps(services: Services, tmp_path) -> None:
             ({"clip": b"\x00" * 200_001, "transcript": "hi"}, 413, "too_large"),
             ({"clip": clip(6.0), "transcript": "hi"}, 413, "clip_too_long"),
             ({"clip": clip(0.2), "transcript": "hi"}, 400, "clip_too_short"),
-            ({"clip": clip(2.0), "transcript": "t" * 41}, 413, "too_large"),
+            ({"clip": clip(3.0), "transcript": "t" * 41}, 413, "too_large"),
         ]
         for parts, status, error in cases:
             form = aiohttp.FormData()

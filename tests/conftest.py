@@ -78,6 +78,16 @@ async def services() -> AsyncIterator[object]:
     await svc.close()
 
 
+def tts_only_services(cfg: object, engine: object) -> object:
+    """Services for an app that only speaks (TTS API tests): ``engine``, and stand-ins for the rest."""
+    from assistant.server.services import Services
+
+    services = Services(cfg)  # type: ignore[arg-type]
+    services.tts = engine  # type: ignore[assignment]
+    services.vad_model, services.asr, services.responder = object(), object(), object()  # type: ignore[assignment]
+    return services
+
+
 @contextlib.asynccontextmanager
 async def serve(cfg: object, services: object | None = None) -> AsyncIterator[tuple[str, object]]:
     """Run the real app on 127.0.0.1 with a free port until the block ends; yields (base URL, app)."""

@@ -21,12 +21,13 @@ from aiohttp import web
 
 from assistant.audio import s16_to_float, write_wav_bytes
 from assistant.config import Config
-from assistant.server.app import SERVICES, create_app, wait_ready
-from assistant.server.services import Services
+from assistant.server.app import SERVICES
 from assistant.tts import create_tts
 from assistant.tts import service as tts_service
 from assistant.tts.base import LANGUAGES, ReferenceClip, TTSCapabilities, TTSRequest
 from assistant.tts.effects import estimate_f0
+from tests.conftest import serve as serve_app
+from tests.conftest import tts_only_services
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -109,20 +110,8 @@ def make_cfg(tmp_path: Path, **sections: dict[str, Any]) -> Config:
 @contextlib.asynccontextmanager
 async def serve(cfg: Config, engine: Any) -> AsyncIterator[tuple[str, web.Application]]:
     """The real app with stand-ins for the models this file does not need, on a free port."""
-    services = Services(cfg)
-    services.tts = engine
-    services.vad_model, services.asr, services.responder = object(), object(), object()
-    app = create_app(cfg, services)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    await wait_ready(app)
-    port = runner.addresses[0][1]
-    try:
-        yield f"http://127.0.0.1:{port}", app
-    finally:
-        await runner.cleanup()
+    async with serve_app(cfg, tts_only_services(cfg, engine)) as (url, app):
+        yield url, app  # type: ignore[misc]
 
 
 def wav_info(body: bytes) -> tuple[int, int, int, np.ndarray]:

@@ -2,27 +2,32 @@
 
 from __future__ import annotations
 
-import asyncio
 import shutil
 from pathlib import Path
 
 import pytest
-from aiohttp import web
 
 from assistant.config import Config
-from assistant.server.app import create_app, wait_ready
-from assistant.server.services import Services
 from assistant.tts import create_tts
+from tests.conftest import serve, tts_only_services
 
 CHROMIUM = "/usr/bin/chromium"
-ARGS = ["--no-sandbox", "--disable-background-networking", "--disable-gpu", "--use-fake-ui-for-media-stream",
-        "--use-fake-device-for-media-stream", "--autoplay-policy=no-user-gesture-required"]
+ARGS = [
+    "--no-sandbox",
+    "--disable-background-networking",
+    "--disable-gpu",
+    "--use-fake-ui-for-media-stream",
+    "--use-fake-device-for-media-stream",
+    "--autoplay-policy=no-user-gesture-required",
+]
 
 pytestmark = [
     pytest.mark.browser,
     pytest.mark.timeout(120),
-    pytest.mark.skipif(not Path(CHROMIUM).exists() and not shutil.which("chromium"),
-                       reason="chromium not installed (apt-get install -y chromium)"),
+    pytest.mark.skipif(
+        not Path(CHROMIUM).exists() and not shutil.which("chromium"),
+        reason="chromium not installed (apt-get install -y chromium)",
+    ),
 ]
 
 
@@ -30,51 +35,37 @@ async def test_tts_panel_streams_and_shows_timings(tmp_path):
     playwright = pytest.importorskip("playwright.async_api")
     cfg = Config()
     cfg.server.data_dir = str(tmp_path / "data")
-    services = Services(cfg)
-    services.tts = create_tts(cfg.tts)
-    await services.tts.warmup()
-    services.vad_model, services.asr, services.responder = object(), object(), object()
-    app = create_app(cfg, services)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    await wait_ready(app)
-    base = f"http://127.0.0.1:{runner.addresses[0][1]}"
-    try:
-        async with playwright.async_playwright() as pw:
-            browser = await pw.chromium.launch(executable_path=CHROMIUM, args=ARGS)
-            page = await browser.new_page()
-            errors: list[str] = []
-            page.on("pageerror", lambda e: errors.append(str(e)))
-            await page.goto(base + "/")
-            await page.wait_for_selector("#tts-speak")
-            await page.fill("#tts-text", "Hello from the panel. This is a second sentence.")
-            await page.fill("#tts-speed", "1.2")
-            await page.click("#tts-speak")
-            await page.wait_for_function("window.ttsState && window.ttsState.lastResult", timeout=30_000)
-            result = await page.evaluate("window.ttsState.lastResult")
-            assert result["error"] is None, result
-            assert result["sampleRate"] == 22050
-            assert 0 < result["firstPacketMs"] < result["totalMs"]
-            assert result["audioSeconds"] > 1.0
-            assert (await page.text_content("#tts-first-packet")).endswith("ms")
-            assert (await page.text_content("#tts-total")).endswith("ms")
-            assert await page.text_content("#tts-status") == "done"
+    engine = create_tts(cfg.tts)
+    async with serve(cfg, tts_only_services(cfg, engine)) as (base, _app), playwright.async_playwright() as pw:
+        browser = await pw.chromium.launch(executable_path=CHROMIUM, args=ARGS)
+        page = await browser.new_page()
+        errors: list[str] = []
+        page.on("pageerror", lambda e: errors.append(str(e)))
+        await page.goto(base + "/")
+        await page.wait_for_selector("#tts-speak")
+        await page.fill("#tts-text", "Hello from the panel. This is a second sentence.")
+        await page.fill("#tts-speed", "1.2")
+        await page.click("#tts-speak")
+        await page.wait_for_function("window.ttsState && window.ttsState.lastResult", timeout=30_000)
+        result = await page.evaluate("window.ttsState.lastResult")
+        assert result["error"] is None, result
+        assert result["sampleRate"] == 22050
+        assert 0 < result["firstPacketMs"] < result["totalMs"]
+        assert result["audioSeconds"] > 1.0
+        assert (await page.text_content("#tts-first-packet")).endswith("ms")
+        assert (await page.text_content("#tts-total")).endswith("ms")
+        assert await page.text_content("#tts-status") == "done"
 
-            # A second request on the same socket, then a refused one shows its reason.
-            await page.evaluate("window.ttsState.lastResult = null")
-            await page.click("#tts-speak")
-            await page.wait_for_function("window.ttsState.lastResult", timeout=30_000)
-            assert (await page.evaluate("window.ttsState.lastResult"))["error"] is None
-            await page.evaluate("window.ttsState.lastResult = null")
-            await page.fill("#tts-instruct", "whisper")
-            await page.click("#tts-speak")
-            await page.wait_for_function("window.ttsState.lastResult", timeout=30_000)
-            assert "unsupported" in (await page.evaluate("window.ttsState.lastResult"))["error"]
-            assert await page.is_visible("#tts-error")
-            assert not errors, errors
-            await browser.close()
-    finally:
-        await runner.cleanup()
-        await asyncio.sleep(0)
+        # A second request on the same socket, then a refused one shows its reason.
+        await page.evaluate("window.ttsState.lastResult = null")
+        await page.click("#tts-speak")
+        await page.wait_for_function("window.ttsState.lastResult", timeout=30_000)
+        assert (await page.evaluate("window.ttsState.lastResult"))["error"] is None
+        await page.evaluate("window.ttsState.lastResult = null")
+        await page.fill("#tts-instruct", "whisper")
+        await page.click("#tts-speak")
+        await page.wait_for_function("window.ttsState.lastResult", timeout=30_000)
+        assert "unsupported" in (await page.evaluate("window.ttsState.lastResult"))["error"]
+        assert await page.is_visible("#tts-error")
+        assert not errors, errors
+        await browser.close()

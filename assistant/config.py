@@ -63,7 +63,6 @@ class AudioConfig:
     jitter_buffer_max_packets: int = _f(6, "the most that wait grows to under measured jitter")
     jitter_adaptive: bool = _f(True, "size that wait to the measured interarrival jitter")
     reply_queue_ms: int = _f(60, "most reply audio queued in the outgoing track; bounds barge-in delay")
-    inbound_queue_ms: int = _f(2000, "most inbound 16 kHz audio buffered before the oldest is dropped")
 
 
 @dataclass

@@ -11,7 +11,6 @@ import numpy as np
 import pytest
 from aiortc.mediastreams import MediaStreamError
 
-from assistant.config import AudioConfig
 from assistant.rtc.inbound import (
     AudioChunk,
     AudioQueue,
@@ -120,7 +119,7 @@ def test_rate_change_keeps_every_sample() -> None:
 
 
 def test_audio_queue_drops_oldest_and_counts() -> None:
-    q = AudioQueue.from_config(AudioConfig(inbound_queue_ms=100))  # 1600 samples
+    q = AudioQueue(1600)  # 1600 samples
     assert q.max_samples == 1600
     for i in range(10):
         q.put_nowait(AudioChunk(i * 320, np.zeros(320, np.float32)))
@@ -146,7 +145,7 @@ class FakeTrack:
 async def test_read_track_into_queue_with_slow_consumer() -> None:
     """The receive loop never waits on the consumer: a full queue drops the oldest audio."""
     track = FakeTrack([make_frame(i * FRAME) for i in range(150)])
-    q = AudioQueue.from_config(AudioConfig(inbound_queue_ms=500))
+    q = AudioQueue(8000)
     inbound = await read_track(track, q)  # nobody reads while the track runs
     assert inbound.position == 48_000 and q.closed
     got = []
@@ -163,7 +162,7 @@ async def test_read_track_with_callback_and_concurrent_consumer() -> None:
     assert sum(len(c.samples) for c in chunks) == 16_000 == inbound.position
     assert all(a.end == b.start for a, b in itertools.pairwise(chunks))
 
-    q = AudioQueue.from_config(AudioConfig())
+    q = AudioQueue(32000)
     received: list[AudioChunk] = []
 
     async def consume() -> None:

@@ -26,7 +26,6 @@ from aiortc.mediastreams import MediaStreamError
 
 from assistant.asr.base import ASR_SAMPLE_RATE
 from assistant.audio import S16_SCALE
-from assistant.config import AudioConfig
 
 log = logging.getLogger(__name__)
 
@@ -187,10 +186,6 @@ class AudioQueue:
         self._queued = 0
         self._closed = False
         self._ready = asyncio.Event()
-
-    @classmethod
-    def from_config(cls, cfg: AudioConfig, rate: int = PIPELINE_SAMPLE_RATE) -> AudioQueue:
-        return cls(max(1, cfg.inbound_queue_ms * rate // 1000))
 
     @property
     def queued_samples(self) -> int:

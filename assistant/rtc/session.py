@@ -15,12 +15,11 @@ from collections.abc import Callable
 from typing import Any
 
 from aiortc import RTCConfiguration, RTCIceServer, RTCPeerConnection, RTCSessionDescription
-from aiortc.mediastreams import MediaStreamError
 
 from assistant.config import Config
 from assistant.pipeline.conversation import Conversation, TurnDeps
 from assistant.pipeline.events import EventChannel
-from assistant.rtc.inbound import InboundAudio
+from assistant.rtc.inbound import read_track
 from assistant.rtc.jitter import AdaptiveReceiveBuffer
 from assistant.rtc.outbound import ReplyTrack
 from assistant.server.services import Services
@@ -152,16 +151,9 @@ class Session:
                 self.spawn(self.close(f"peer_{state}"), "close")
 
     async def _read_audio(self, track: Any) -> None:
-        inbound = InboundAudio()
+        """Each decoded frame goes straight to the conversation (VAD inline: no queue, no added delay)."""
         conv = self.conversation
-        while True:
-            try:
-                frame = await track.recv()
-            except MediaStreamError:
-                break
-            chunk = inbound.push(frame)
-            if chunk.size:
-                conv.feed(chunk)
+        await read_track(track, lambda chunk: conv.feed(chunk.samples))
         if not self.closed:
             self.spawn(self.close("audio_ended"), "close")
 

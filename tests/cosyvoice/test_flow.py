@@ -69,19 +69,6 @@ def read_tiny_yaml(path: Path) -> dict[str, Any]:
     return resolve(raw)
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
-@pytest.fixture(scope="module")
-def golden() -> dict[str, torch.Tensor]:
-    return torch.load(TINY / "golden.pt", weights_only=True)
-
-
 @pytest.fixture(scope="module")
 def flow() -> CausalFlow:
     cfg = FlowConfig.from_yaml(read_tiny_yaml(TINY / "cosyvoice2.yaml")["flow"])

@@ -55,19 +55,6 @@ def _tiny_config() -> HiFTConfig:
     )
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
-@pytest.fixture(scope="module")
-def golden() -> dict[str, torch.Tensor]:
-    return torch.load(TINY / "golden.pt", weights_only=True)
-
-
 @pytest.fixture(scope="module")
 def hift() -> HiFTVocoder:
     model = HiFTVocoder(_tiny_config()).eval()

@@ -37,6 +37,7 @@ from assistant.audio import AudioFormatError, float_to_s16, read_audio
 from assistant.config import Config
 from assistant.server.metrics import Metrics
 from assistant.tts.base import LANGUAGES, ReferenceClip, TTSEngine, TTSRequest, TTSUnsupported
+from assistant.tts.tags import split_leading_tag
 from assistant.tts.voices import VoiceStore, valid_voice_id
 
 log = logging.getLogger(__name__)
@@ -61,7 +62,6 @@ FIELDS = frozenset({
 })
 
 # A leading tag like "[cheerful] " or "【关心】": an emotion/style instruction, not words to speak.
-_LEADING_TAG = re.compile(r"^\s*[\[【]\s*([^\]】\n]{1,24}?)\s*[\]】]\s*")
 # Sentence ends for per-sentence DSP: latin marks followed by a space, CJK marks anywhere.
 _SENTENCE_SPLIT = re.compile(r"(?<=[.!?…])\s+|(?<=[。！？；])")
 MIN_SENTENCE_CHARS = 12               # shorter pieces are glued to the next one
@@ -181,14 +181,6 @@ def parse_params(data: dict[str, Any], cfg: Config, upload: bytes | None = None)
         sample_rate=sample_rate,
         seed=seed,
     )
-
-
-def split_leading_tag(text: str) -> tuple[str | None, str]:
-    """``"[cheerful] Hi"`` → ``("cheerful", "Hi")``; no tag → ``(None, text)``."""
-    m = _LEADING_TAG.match(text)
-    if not m:
-        return None, text
-    return m.group(1), text[m.end():]
 
 
 def split_sentences(text: str) -> list[str]:

@@ -19,6 +19,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from assistant.tts.tags import split_leading_tag
+
 log = logging.getLogger(__name__)
 
 END_OF_PROMPT = "<|endofprompt|>"
@@ -54,7 +56,6 @@ EMOTIONS_EN = {
     "serious": "Speak in a serious tone.", "whisper": "Speak in a whisper.",
 }
 
-_EMOTION_TAG = re.compile(r"^\s*[\[【]\s*([^\]】\n]{1,24}?)\s*[\]】]\s*")
 _CJK = re.compile(r"[\u4e00-\u9fff]")
 _LANG_TAG = re.compile(r"^\s*<\|(zh|en|jp|yue|ko)\|>")
 
@@ -103,10 +104,10 @@ def split_emotion_tag(text: str) -> tuple[str | None, str]:
 
     CosyVoice2's own bracket tokens (``[breath]``, ``[laughter]``, ...) are sounds, not emotions: kept.
     """
-    m = _EMOTION_TAG.match(text)
-    if not m or m.group(1).lower() in _PARALINGUISTIC:
+    tag, rest = split_leading_tag(text)
+    if tag is None or tag.lower() in _PARALINGUISTIC:
         return None, text
-    return emotion_instruction(m.group(1)), text[m.end() :]
+    return emotion_instruction(tag), rest
 
 
 # --- normalisation -------------------------------------------------------------------------------------------

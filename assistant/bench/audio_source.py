@@ -9,7 +9,6 @@ holding that sample is handed to aiortc, on the bench's clock (:func:`now`).
 from __future__ import annotations
 
 import asyncio
-import fractions
 import json
 import logging
 import time
@@ -23,14 +22,13 @@ import numpy as np
 from aiortc.mediastreams import MediaStreamError, MediaStreamTrack
 
 from assistant.audio import float_to_s16, read_audio, resample
-from assistant.rtc.pacing import FramePacer
+from assistant.rtc.pacing import FramePacer, s16_mono_frame
 
 log = logging.getLogger(__name__)
 
 SAMPLE_RATE = 48_000  # what aiortc's Opus encoder takes without resampling
 FRAME_MS = 20  # one Opus packet
 FRAME_SAMPLES = SAMPLE_RATE * FRAME_MS // 1000  # 960
-TIME_BASE = fractions.Fraction(1, SAMPLE_RATE)
 
 # The bench's clock: epoch seconds (comparable with the server's ``time.time()`` marks on one host) that
 # advance with ``perf_counter`` so an NTP step during a run cannot bend a measured interval.
@@ -162,10 +160,7 @@ class UtteranceSource(MediaStreamTrack):
         if await self._pacer.wait(self._pts) > FRAME_MS / 1000:
             self.late_frames += 1
         samples, pb, start = self._next_samples()
-        frame = av.AudioFrame.from_ndarray(samples.reshape(1, -1), format="s16", layout="mono")
-        frame.sample_rate = SAMPLE_RATE
-        frame.pts = self._pts
-        frame.time_base = TIME_BASE
+        frame = s16_mono_frame(samples, SAMPLE_RATE, self._pts)
         self._pts += FRAME_SAMPLES
         self.frames_sent += 1
         if pb is not None:

@@ -14,6 +14,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from assistant.pipeline.trace import DURATIONS
+
 log = logging.getLogger(__name__)
 
 JSON_VERSION = 1
@@ -37,26 +39,11 @@ COLUMNS: dict[str, str] = {
     "network, server jitter buffer, decode) plus where the server's VAD put the speech end against the "
     "manifest; negative when the VAD put the end earlier than the uplink took",
 }
+# The server's stage durations, named and ordered as the server's turn trace defines them.
+SERVER_STAGES: tuple[str, ...] = tuple(k for k in DURATIONS if k not in ("server_v2v_ms", "reply_ms"))
 # Stage columns whose sum, with unaccounted_ms, makes v2v_ms; in the order they happen.
-STAGE_COLUMNS: tuple[str, ...] = (
-    "endpoint_ms",
-    "asr_ms",
-    "llm_first_text_ms",
-    "chunker_ms",
-    "tts_first_audio_ms",
-    "playout_ms",
-    "downlink_ms",
-    "onset_ms",
-)
-SERVER_COLUMNS: tuple[str, ...] = (
-    "server_v2v_ms",
-    "endpoint_ms",
-    "asr_ms",
-    "llm_first_text_ms",
-    "chunker_ms",
-    "tts_first_audio_ms",
-    "playout_ms",
-)
+STAGE_COLUMNS: tuple[str, ...] = (*SERVER_STAGES, "downlink_ms", "onset_ms")
+SERVER_COLUMNS: tuple[str, ...] = ("server_v2v_ms", *SERVER_STAGES)
 TURN_STATUSES = ("ok", "dropped", "error")
 
 
@@ -201,8 +188,11 @@ def format_summary(result: BenchResult) -> str:
         lines.append("")
     lines.append(
         f"audible = peak ≥ {result.threshold_dbfs:g} dBFS in a {result.window_ms} ms window; "
-        + ("client and server on one host: downlink_ms is on one clock"
-           if result.same_host else "REMOTE server: downlink_ms / unaccounted_ms mix two clocks")
+        + (
+            "client and server on one host: downlink_ms is on one clock"
+            if result.same_host
+            else "REMOTE server: downlink_ms / unaccounted_ms mix two clocks"
+        )
     )
     return "\n".join(lines)
 

@@ -35,6 +35,7 @@ from aiortc.mediastreams import MediaStreamError
 import assistant
 from assistant.bench.audio_source import Utterance, UtteranceSource, load_utterance, now, read_manifest
 from assistant.bench.report import (
+    SERVER_COLUMNS,
     BenchResult,
     LevelResult,
     TurnResult,
@@ -369,8 +370,7 @@ class BenchSession:
         durations = metrics.get("durations_ms", {}) or {}
         marks = metrics.get("timestamps_ms", {}) or {}
         result.server_marks_ms = {k: float(v) for k, v in marks.items()}
-        for name in ("server_v2v_ms", "endpoint_ms", "asr_ms", "llm_first_text_ms", "chunker_ms",
-                     "tts_first_audio_ms", "playout_ms"):
+        for name in SERVER_COLUMNS:
             v = durations.get(name)
             cols[name] = float(v) if v is not None else None
         sent = marks.get("first_frame_sent")

@@ -9,7 +9,6 @@ and an interruption (:meth:`ReplyTrack.interrupt`) is heard within a frame or tw
 from __future__ import annotations
 
 import asyncio
-import fractions
 import logging
 import time
 from collections import deque
@@ -19,14 +18,13 @@ import av
 import numpy as np
 from aiortc.mediastreams import MediaStreamError, MediaStreamTrack
 
-from assistant.rtc.pacing import FramePacer
+from assistant.rtc.pacing import FramePacer, s16_mono_frame
 
 log = logging.getLogger(__name__)
 
 OUT_SAMPLE_RATE = 48_000
 FRAME_MS = 20
 FRAME_SAMPLES = OUT_SAMPLE_RATE * FRAME_MS // 1000  # 960
-TIME_BASE = fractions.Fraction(1, OUT_SAMPLE_RATE)
 # A frame whose peak is below this (s16) counts as silence for "first audible frame" marks (≈ −60 dBFS).
 SILENCE_PEAK_S16 = 32
 # A reply track this far behind its clock jumps ahead instead of sending the backlog in a burst.
@@ -50,7 +48,7 @@ class ReplyTrack(MediaStreamTrack):
         self.on_first_audible = on_first_audible
         self._await_audible = False
         self.frames_sent = 0
-        self.audible_frames_sent = 0
+        self.audible_frames_sent = 0  # reply frames (queued audio, not idle silence) handed to the peer
         self.last_audible_sent_at = 0.0  # wall time the latest audible frame was handed to the peer
 
     # --- writer side -------------------------------------------------------------------------------
@@ -109,10 +107,6 @@ class ReplyTrack(MediaStreamTrack):
     def queued_ms(self) -> int:
         return len(self._frames) * FRAME_MS
 
-    @property
-    def busy(self) -> bool:
-        return bool(self._frames) or bool(self._partial.size)
-
     # --- aiortc side -------------------------------------------------------------------------------
     async def recv(self) -> av.AudioFrame:
         if self.readyState != "live":
@@ -132,14 +126,10 @@ class ReplyTrack(MediaStreamTrack):
                     self._await_audible = False
                     if self.on_first_audible is not None:
                         self.on_first_audible(self.last_audible_sent_at)
-            if samples is not self._silence:
-                self.audible_frames_sent += 1
+            self.audible_frames_sent += 1
         else:
             samples = self._silence
-        frame = av.AudioFrame.from_ndarray(samples.reshape(1, -1), format="s16", layout="mono")
-        frame.sample_rate = OUT_SAMPLE_RATE
-        frame.pts = self._pts
-        frame.time_base = TIME_BASE
+        frame = s16_mono_frame(samples, OUT_SAMPLE_RATE, self._pts)
         self._pts += FRAME_SAMPLES
         self.frames_sent += 1
         return frame

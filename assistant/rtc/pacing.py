@@ -1,9 +1,14 @@
-"""Wall-clock pacing for audio tracks that generate their own frames (the reply, the bench's microphone)."""
+"""For audio tracks that make their own frames (the reply, the bench's microphone): wall-clock pacing and
+the frame itself."""
 
 from __future__ import annotations
 
 import asyncio
+import fractions
 import time
+
+import av
+import numpy as np
 
 
 class FramePacer:
@@ -26,3 +31,12 @@ class FramePacer:
             await asyncio.sleep(delay)
             return 0.0
         return -delay
+
+
+def s16_mono_frame(samples: np.ndarray, sample_rate: int, pts: int) -> av.AudioFrame:
+    """A mono s16 ``AudioFrame`` of ``samples`` at stream position ``pts`` (time base 1/sample_rate)."""
+    frame = av.AudioFrame.from_ndarray(samples.reshape(1, -1), format="s16", layout="mono")
+    frame.sample_rate = sample_rate
+    frame.pts = pts
+    frame.time_base = fractions.Fraction(1, sample_rate)
+    return frame

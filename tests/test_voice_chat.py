@@ -78,10 +78,20 @@ async def test_barge_in_stops_reply_within_100ms(services: Services, shared_audi
             detected_at = interrupted["t_ms"] / 1000.0
             await asyncio.sleep(0.4)
             last_sent = track.last_audible_sent_at
+            async with http.get(f"{url}/metrics") as r:
+                metrics_text = await r.text()
         finally:
             await client.close()
-    # No audible reply frame left the server more than 100 ms after the speech start was detected.
+    # The reply was playing until the interruption (so the check below cannot pass on a silent track)...
+    assert last_sent > detected_at - 0.2, "no reply audio was playing when the user spoke over it"
+    # ...and no audible reply frame left the server more than 100 ms after the speech start was detected.
     assert last_sent - detected_at <= 0.100, f"reply went on {1000 * (last_sent - detected_at):.0f} ms"
+    counted = [
+        float(line.split()[1])
+        for line in metrics_text.splitlines()
+        if line.startswith("assistant_interruptions_total ")
+    ]
+    assert counted and counted[0] >= 1  # the barge-in is counted on /metrics
 
 
 async def test_three_sessions_stay_independent(services: Services, shared_audio) -> None:

@@ -83,6 +83,7 @@ class TurnDeps:
     voice: str | None = None  # TTS voice id for this session (None: the engine's default)
     on_turn_done: Callable[[TurnTrace], None] | None = None
     on_error: Callable[[str], None] | None = None
+    on_interrupted: Callable[[], None] | None = None
 
 
 class Turn:
@@ -103,6 +104,7 @@ class Turn:
         self.held_events: list[tuple[str, dict[str, Any]]] = []
         self.task: asyncio.Task[None] | None = None
         self.transcript: str | None = None
+        self.verdict: TurnEnd | None = None  # is the transcript a finished sentence? (smart endpoint)
         self.speaking = False  # its reply audio has started
         self.carried = 0  # samples of an earlier dropped turn's audio at the start of ``audio``
 
@@ -187,7 +189,9 @@ class Conversation:
                 self._start_speculation()
             return
         if cfg.turn.smart_endpoint and spec.transcript is not None:
-            verdict = judge(spec.transcript)
+            if spec.verdict is None:  # judged once per speculation, not on every chunk of the pause
+                spec.verdict = judge(spec.transcript)
+            verdict = spec.verdict
             if verdict is TurnEnd.INCOMPLETE:
                 self.endpointer.set_end_silence(cfg.turn.incomplete_endpoint_ms)
             elif verdict is TurnEnd.COMPLETE and pause_ms >= cfg.turn.complete_endpoint_ms:
@@ -319,6 +323,8 @@ class Conversation:
         self._turn = None
         dropped = self.track.interrupt()
         self.events.emit("interrupted", turn=turn.number, reason=reason, dropped_ms=dropped * 20)
+        if self.deps.on_interrupted is not None:
+            self.deps.on_interrupted()
         log.info("turn_interrupted session=%s turn=%d reason=%s", self.session_id, turn.number, reason)
 
     # --- partial transcripts -----------------------------------------------------------------------

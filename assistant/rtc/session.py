@@ -62,6 +62,7 @@ class Session:
             voice=voice,
             on_turn_done=lambda trace: metrics.observe_turn(trace.durations_ms()),
             on_error=lambda stage: metrics.errors_total.labels(stage=stage).inc(),
+            on_interrupted=metrics.interruptions_total.inc,
         )
         self.conversation = Conversation(
             cfg, services.make_endpointer(), deps, self.track, self.events, session_id=self.id

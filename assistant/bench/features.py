@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import copy
 import json
 import logging
 from dataclasses import dataclass, field
@@ -50,15 +51,9 @@ class VariantResult:
 
 
 def _variant_config(base: Config, settings: dict[str, dict[str, Any]]) -> Config:
-    cfg = _copy(base)
+    cfg = copy.deepcopy(base)
     apply_overrides(cfg, settings, "bench variant")
     return cfg
-
-
-def _copy(cfg: Config) -> Config:
-    fresh = Config()
-    apply_overrides(fresh, cfg.to_dict(), "copy")
-    return fresh
 
 
 async def run_variants(

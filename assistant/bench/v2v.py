@@ -248,9 +248,8 @@ class BenchSession:
             if track.kind == "audio":
                 # Receive like a good client (a browser's NetEq on loopback holds a packet or two), not with
                 # aiortc's fixed 4-packet prefetch, which would add 80 ms that no listener hears.
-                receiver = next((t.receiver for t in pc.getTransceivers() if t.receiver.track is track), None)
-                if receiver is not None and self.low_latency_receive:
-                    self.receive_buffer = AdaptiveReceiveBuffer(receiver, 1, 6, adaptive=False)
+                if self.low_latency_receive:
+                    self.receive_buffer = AdaptiveReceiveBuffer.for_track(pc, track, 1, 6, adaptive=False)
                 self._tasks.append(asyncio.create_task(self.listener.run(track), name=f"bench-rx-{self.index}"))
 
         @pc.on("connectionstatechange")

@@ -104,6 +104,14 @@ class AdaptiveReceiveBuffer:
         else:  # pragma: no cover - depends on aiortc internals
             log.warning("receive_buffer_unavailable aiortc internals changed; using aiortc's own buffer")
 
+    @classmethod
+    def for_track(
+        cls, pc: Any, track: Any, initial_packets: int, max_packets: int, adaptive: bool
+    ) -> AdaptiveReceiveBuffer | None:
+        """Install on the receiver of ``track`` (a remote audio track of ``pc``); None if it has none."""
+        receiver = next((t.receiver for t in pc.getTransceivers() if t.receiver.track is track), None)
+        return None if receiver is None else cls(receiver, initial_packets, max_packets, adaptive)
+
     def _to_decoder(self, frame: JitterFrame, packet: RtpPacket) -> None:
         """Queue a frame for decoding the way aiortc queues the one ``add`` returns."""
         r = self.receiver

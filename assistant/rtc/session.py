@@ -134,11 +134,10 @@ class Session:
         def _on_track(track: Any) -> None:
             if track.kind == "audio" and not self.audio_started:
                 self.audio_started = True
-                receiver = next((t.receiver for t in pc.getTransceivers() if t.receiver.track is track), None)
-                if receiver is not None and self.cfg.audio.own_receive_buffer:
-                    audio = self.cfg.audio
-                    self.receive_buffer = AdaptiveReceiveBuffer(
-                        receiver, audio.jitter_buffer_packets, audio.jitter_buffer_max_packets, audio.jitter_adaptive
+                audio = self.cfg.audio
+                if audio.own_receive_buffer:
+                    self.receive_buffer = AdaptiveReceiveBuffer.for_track(
+                        pc, track, audio.jitter_buffer_packets, audio.jitter_buffer_max_packets, audio.jitter_adaptive
                     )
                 self.spawn(self._read_audio(track), "inbound")
 

@@ -1,0 +1,70 @@
+#!/usr/bin/env python3
+"""First packet and total time of the TTS API (WebSocket and streamed HTTP) against a running server.
+
+    python scripts/tts_api_latency.py --url http://127.0.0.1:8080 --text en_medium --runs 6
+
+The first run of each transport is a warm-up and is not counted; medians of the rest are printed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import statistics
+import time
+from pathlib import Path
+
+import aiohttp
+
+TEXTS = Path(__file__).resolve().parents[2] / "shared/texts/bench_texts.json"
+
+
+async def measure(url: str, text: str, runs: int) -> dict[str, float]:
+    ws_first, ws_total, http_first, http_total = [], [], [], []
+    async with aiohttp.ClientSession() as http:
+        async with http.ws_connect(f"{url}/ws/tts") as ws:
+            for i in range(runs):
+                t0, first = time.perf_counter(), None
+                await ws.send_json({"text": text})
+                async for msg in ws:
+                    if msg.type == aiohttp.WSMsgType.TEXT and "error" in json.loads(msg.data):
+                        raise RuntimeError(msg.data)
+                    if msg.type == aiohttp.WSMsgType.BINARY:
+                        if msg.data == b"END":
+                            break
+                        first = first or time.perf_counter()
+                if i and first:
+                    ws_first.append((first - t0) * 1000)
+                    ws_total.append((time.perf_counter() - t0) * 1000)
+        for i in range(runs):
+            t0, first = time.perf_counter(), None
+            async with http.post(f"{url}/api/tts", json={"text": text, "streaming": True}) as resp:
+                resp.raise_for_status()
+                async for _ in resp.content.iter_any():
+                    first = first or time.perf_counter()
+            if i and first:
+                http_first.append((first - t0) * 1000)
+                http_total.append((time.perf_counter() - t0) * 1000)
+    md = statistics.median
+    return {
+        "ws_first_ms": md(ws_first),
+        "ws_total_ms": md(ws_total),
+        "http_first_ms": md(http_first),
+        "http_total_ms": md(http_total),
+    }
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--url", default="http://127.0.0.1:8080")
+    p.add_argument("--text", default="en_medium", help="a name in shared/texts/bench_texts.json, or the text")
+    p.add_argument("--runs", type=int, default=6)
+    args = p.parse_args()
+    texts = json.loads(TEXTS.read_text(encoding="utf-8"))["texts"] if TEXTS.exists() else {}
+    result = asyncio.run(measure(args.url.rstrip("/"), texts.get(args.text, args.text), max(2, args.runs)))
+    print(" ".join(f"{k}={v:.0f}" for k, v in result.items()), f"(median of {max(2, args.runs) - 1})")
+
+
+if __name__ == "__main__":
+    main()

@@ -41,13 +41,20 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from aiohttp import web
 
     from assistant.server.app import create_app
+    from assistant.server.tls import ssl_context
 
     cfg = _load(args)
     _setup_logging(cfg.log.level)
+    tls = ssl_context(cfg.server)
     app = create_app(cfg)
-    log.info("serving url=http://%s:%d", cfg.server.host, cfg.server.port)
+    log.info("serving url=%s://%s:%d", "https" if tls else "http", cfg.server.host, cfg.server.port)
     web.run_app(
-        app, host=cfg.server.host, port=cfg.server.port, print=None, shutdown_timeout=cfg.server.shutdown_timeout_s
+        app,
+        host=cfg.server.host,
+        port=cfg.server.port,
+        ssl_context=tls,
+        print=None,
+        shutdown_timeout=cfg.server.shutdown_timeout_s,
     )
     return 0
 

@@ -46,8 +46,33 @@ class ServerConfig:
     max_sdp_bytes: int = _f(65_536, "largest SDP accepted in an offer")
     auth_token: str = _f("", "bearer token required on /api/* and /ws/* (empty: no auth)")
     cors_origins: list[str] = _f([], "origins allowed to call the API cross-site (empty: CORS off)")
-    ice_servers: list[str] = _f([], "STUN/TURN URLs for ICE (empty: host candidates only, fine on a LAN)")
+    tls_cert: str = _f("", "PEM certificate chain file: serve HTTPS and WSS directly (with server.tls_key)")
+    tls_key: str = _f("", "PEM private key file for server.tls_cert")
     shutdown_timeout_s: float = _f(5.0, "time given to sessions to close at shutdown")
+
+
+@dataclass
+class ICEConfig:
+    """How both peers find a path: STUN/TURN servers, TURN credentials, transport policy, trickle."""
+
+    stun_urls: list[str] = _f([], "STUN URLs (stun:host:port) for both peers (none and no TURN: host candidates)")
+    turn_urls: list[str] = _f(
+        [],
+        "TURN URLs (turn:host:port?transport=udp|tcp, turns:host:port?transport=tcp) for both peers; the "
+        "server's own peer uses the first one it supports",
+    )
+    turn_username: str = _f("", "static TURN username (used when turn_secret is empty)")
+    turn_credential: str = _f("", "static TURN password (used when turn_secret is empty)")
+    turn_secret: str = _f(
+        "",
+        "TURN REST shared secret (coturn static-auth-secret with use-auth-secret): each session gets its own "
+        "username and HMAC credential that expire; the secret never leaves the server",
+    )
+    turn_ttl_s: int = _f(3600, "lifetime of a TURN REST credential (a call cannot start after it expires)")
+    transport_policy: str = _f("all", "ICE transport policy for both peers: all, or relay (only TURN paths)")
+    trickle: bool = _f(True, "the page sends its offer at once and its candidates as they come (off: gathered first)")
+    max_fragment_bytes: int = _f(16_384, "largest trickle ICE fragment (PATCH body) accepted")
+    max_remote_candidates: int = _f(64, "most trickled candidates one session may add")
 
 
 @dataclass
@@ -171,6 +196,7 @@ class LogConfig:
 @dataclass
 class Config:
     server: ServerConfig = field(default_factory=ServerConfig)
+    ice: ICEConfig = field(default_factory=ICEConfig)
     audio: AudioConfig = field(default_factory=AudioConfig)
     vad: VADConfig = field(default_factory=VADConfig)
     asr: ASRConfig = field(default_factory=ASRConfig)

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Set up everything the tests need on a fresh machine, then run them.
 #   - a virtual environment in .venv with the package and its test extras
-#   - Debian's chromium for the browser tests (when apt-get is available and we are root)
+#   - Debian's chromium for the browser tests and coturn (turnserver) for the TURN relay tests
+#     (when apt-get is available and we are root)
 # Extra arguments go to pytest (e.g. scripts/test.sh -k vad, scripts/test.sh --soak).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -13,12 +14,16 @@ fi
 python -m pip install -q --disable-pip-version-check --upgrade pip >/dev/null
 python -m pip install -q --disable-pip-version-check -e ".[test]"
 
-if ! command -v chromium >/dev/null 2>&1; then
+missing=()
+command -v chromium >/dev/null 2>&1 || missing+=(chromium)
+command -v turnserver >/dev/null 2>&1 || missing+=(coturn)
+if [ "${#missing[@]}" -gt 0 ]; then
   if [ "$(id -u)" = "0" ] && command -v apt-get >/dev/null 2>&1; then
-    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null) \
-      || echo "warning: could not install chromium; browser tests will be skipped" >&2
+    # The TURN tests start their own turnserver on a free loopback port; no system daemon is needed.
+    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null) \
+      || echo "warning: could not install ${missing[*]}; browser tests skip, TURN tests fail in CI" >&2
   else
-    echo "warning: chromium not found; browser tests will be skipped" >&2
+    echo "warning: ${missing[*]} not found; browser tests skip, TURN tests fail in CI" >&2
   fi
 fi
 

@@ -5,11 +5,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
 import pytest_asyncio
+
+from assistant.bench.turnserver import TURNSERVER, TurnServer, run_turnserver
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED = REPO.parent / "shared"
@@ -94,18 +96,72 @@ async def serve(cfg: object, services: object | None = None) -> AsyncIterator[tu
     from aiohttp import web
 
     from assistant.server.app import create_app, wait_ready
+    from assistant.server.tls import ssl_context
 
+    tls = ssl_context(cfg.server)  # type: ignore[attr-defined]
     app = create_app(cfg, services)  # type: ignore[arg-type]
     runner = web.AppRunner(app, shutdown_timeout=2.0)
     await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
+    site = web.TCPSite(runner, "127.0.0.1", 0, ssl_context=tls)
     await site.start()
     port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
     try:
         await asyncio.wait_for(wait_ready(app), 120)
-        yield f"http://127.0.0.1:{port}", app
+        yield f"{'https' if tls else 'http'}://127.0.0.1:{port}", app
     finally:
         await runner.cleanup()
+
+
+@pytest.fixture(scope="session")
+def turn_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TurnServer]:
+    """Debian's coturn on loopback with TURN REST auth (use-auth-secret); scripts/test.sh installs it."""
+    if not Path(TURNSERVER).exists():
+        message = "coturn (turnserver) is not installed: scripts/test.sh installs it (apt-get install coturn)"
+        if os.environ.get("CI"):
+            pytest.fail(message)
+        pytest.skip(message)
+    with run_turnserver(tmp_path_factory.mktemp("coturn")) as server:
+        yield server
+
+
+def self_signed_cert(folder: Path) -> tuple[Path, Path]:
+    """A throw-away certificate for 127.0.0.1 and localhost (cert.pem, key.pem) made with ``cryptography``."""
+    import datetime
+    import ipaddress
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "localhost")])
+    now = datetime.datetime.now(datetime.UTC)
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(name)
+        .issuer_name(name)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=5))
+        .not_valid_after(now + datetime.timedelta(days=1))
+        .add_extension(
+            x509.SubjectAlternativeName(
+                [x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]
+            ),
+            critical=False,
+        )
+        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+        .sign(key, hashes.SHA256())
+    )
+    cert_path, key_path = folder / "cert.pem", folder / "key.pem"
+    cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    key_path.write_bytes(
+        key.private_bytes(
+            serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+        )
+    )
+    return cert_path, key_path
 
 
 test_config.__test__ = False  # type: ignore[attr-defined]

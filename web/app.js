@@ -110,11 +110,73 @@ function onProbe(msg) {
   }
 }
 
+const params = new URLSearchParams(location.search);
+const token = params.get('token');
+function authHeaders(extra = {}) { return token ? { ...extra, Authorization: `Bearer ${token}` } : extra; }
+
+async function apiError(res, what) {
+  const body = await res.json().catch(() => ({}));
+  return new Error(`${what}: ${body.detail || body.error || `HTTP ${res.status}`}`);
+}
+
+// Trickle ICE: candidates go to the session resource (PATCH, RFC 8840 fragment) as they come. Those found
+// before the answer names the session wait in `pending`; one PATCH at a time keeps them in order.
+function iceCredentials(sdp) {
+  return { ufrag: /a=ice-ufrag:(\S+)/.exec(sdp)?.[1], pwd: /a=ice-pwd:(\S+)/.exec(sdp)?.[1] };
+}
+
+function sdpFragment(pc, candidates, end) {
+  const { ufrag, pwd } = iceCredentials(pc.localDescription.sdp);
+  const lines = [`a=ice-ufrag:${ufrag}`, `a=ice-pwd:${pwd}`];
+  const byMid = new Map();
+  for (const c of candidates) {
+    const mid = c.sdpMid ?? String(c.sdpMLineIndex ?? 0);
+    if (!byMid.has(mid)) byMid.set(mid, []);
+    byMid.get(mid).push(c.candidate);
+  }
+  if (!byMid.size) byMid.set(pc.getTransceivers()[0]?.mid ?? '0', []);
+  for (const [mid, cands] of byMid) {
+    lines.push('m=audio 9 UDP/TLS/RTP/SAVPF 0', `a=mid:${mid}`, ...cands.map((c) => `a=${c}`));
+  }
+  if (end) lines.push('a=end-of-candidates');
+  return lines.join('\r\n') + '\r\n';
+}
+
+function flushCandidates() {
+  const t = state.trickle;
+  if (!t || !t.url || !t.pending.length || !state.pc) return;
+  const batch = t.pending.splice(0);
+  const end = batch.includes(null);
+  const cands = batch.filter((c) => c && c.candidate);
+  const body = sdpFragment(state.pc, cands, end);
+  t.chain = t.chain.then(async () => {
+    const res = await fetch(t.url, { method: 'PATCH', body,
+      headers: authHeaders({ 'Content-Type': 'application/trickle-ice-sdpfrag', 'If-Match': t.etag || '*' }) });
+    if (!res.ok && res.status !== 404) console.warn('trickle refused', res.status, await res.text());
+  }).catch((err) => console.warn('trickle failed', err));
+}
+
+function relayFailure() {
+  if (state.iceAuthError) return state.iceAuthError;
+  const why = state.iceErrors.length ? state.iceErrors.join('; ') : 'no TURN server answered';
+  return `no relay path: the TURN server gave no relay address (${why}). Check ice.turn_urls and that the ` +
+    'TURN server is reachable.';
+}
+
 async function connect() {
   showError('');
   $('connect').disabled = true;
   setStatus('connecting…');
+  state.iceErrors = [];
+  state.iceAuthError = '';
+  state.connectTimes = {};
   try {
+    const iceRes = await fetch('/api/ice', { headers: authHeaders() });
+    if (!iceRes.ok) throw await apiError(iceRes, 'ICE configuration');
+    const ice = await iceRes.json();
+    const trickle = params.has('trickle') ? params.get('trickle') !== '0' : ice.trickle !== false;
+    const relayOnly = ice.iceTransportPolicy === 'relay';
+
     const stream = await navigator.mediaDevices.getUserMedia({
       audio: { echoCancellation: true, noiseSuppression: true, autoGainControl: true, channelCount: 1 } });
     state.stream = stream;
@@ -126,8 +188,24 @@ async function connect() {
     state.probe = probe;
     ctx.createMediaStreamSource(stream).connect(probe, 0, 0);
 
-    const pc = new RTCPeerConnection({ iceServers: [] });
+    const pc = new RTCPeerConnection({ iceServers: ice.iceServers || [], iceTransportPolicy: ice.iceTransportPolicy || 'all' });
     state.pc = pc;
+    state.trickle = trickle ? { url: null, etag: null, pending: [], chain: Promise.resolve() } : null;
+    let relayCandidates = 0;
+    pc.onicecandidate = (e) => {
+      if (e.candidate && / typ relay /.test(e.candidate.candidate)) relayCandidates += 1;
+      if (!e.candidate && relayOnly && !relayCandidates) { showError(relayFailure()); hangup(); return; }
+      if (state.trickle) { state.trickle.pending.push(e.candidate); flushCandidates(); }
+    };
+    pc.onicecandidateerror = (e) => {
+      state.iceErrors.push(`${e.url || e.address || 'ICE server'}: ${e.errorCode} ${e.errorText}`.trim());
+      if (e.errorCode === 401) {
+        state.iceAuthError = `the TURN server ${e.url} refused the credentials (401 ${e.errorText || 'Unauthorized'}):` +
+          ' wrong or expired TURN credential. Check that ice.turn_secret equals the TURN server\'s' +
+          ' static-auth-secret (or the static username/credential) and that both clocks are right.';
+        showError(state.iceAuthError);
+      }
+    };
     const channel = pc.createDataChannel('events');
     state.channel = channel;
     channel.onmessage = (e) => { try { onEvent(JSON.parse(e.data)); } catch (err) { console.error(err); } };
@@ -136,27 +214,45 @@ async function connect() {
       const remote = e.streams[0] || new MediaStream([e.track]);
       $('reply-audio').srcObject = remote;  // Chrome only feeds remote audio to Web Audio if it is also played
       ctx.createMediaStreamSource(remote).connect(probe, 0, 1);
+      // unmute = the first RTP packet arrived: the connect time this page reports (offer → first audio packet).
+      e.track.addEventListener('unmute', () => {
+        if (state.connectTimes.firstPacket != null) return;
+        state.connectTimes.firstPacket = performance.now();
+        state.connectMs = state.connectTimes.firstPacket - state.connectTimes.offer;
+      }, { once: true });
     };
     pc.onconnectionstatechange = () => {
       if (pc.connectionState === 'connected') setStatus('connected', true);
       if (['failed', 'closed', 'disconnected'].includes(pc.connectionState)) setStatus(pc.connectionState);
-      if (pc.connectionState === 'failed') showError('the connection failed');
+      if (pc.connectionState === 'failed') {
+        showError(relayOnly && !relayCandidates ? relayFailure() : 'the connection failed (no ICE path to the server)');
+      }
     };
+    state.connectTimes.offer = performance.now();
     await pc.setLocalDescription(await pc.createOffer());
-    await new Promise((resolve) => {  // gather host candidates into the offer (no trickle)
-      if (pc.iceGatheringState === 'complete') return resolve();
-      pc.addEventListener('icegatheringstatechange', () => pc.iceGatheringState === 'complete' && resolve());
-      setTimeout(resolve, 2000);
-    });
-    const headers = { 'Content-Type': 'application/json' };
-    const token = new URLSearchParams(location.search).get('token');
-    if (token) headers.Authorization = `Bearer ${token}`;
-    const res = await fetch('/api/offer', { method: 'POST', headers,
+    if (!trickle) {
+      await new Promise((resolve) => {  // gather candidates into the offer (no trickle), 2 s at most
+        if (pc.iceGatheringState === 'complete') return resolve();
+        pc.addEventListener('icegatheringstatechange', () => pc.iceGatheringState === 'complete' && resolve());
+        setTimeout(resolve, 2000);
+      });
+      if (!state.pc) return;  // the relay check above already gave up
+    }
+    const res = await fetch('/api/offer', { method: 'POST', headers: authHeaders({ 'Content-Type': 'application/json' }),
       body: JSON.stringify({ sdp: pc.localDescription.sdp, type: pc.localDescription.type }) });
+    if (!res.ok) throw await apiError(res, 'offer refused');
     const body = await res.json();
-    if (!res.ok) throw new Error(body.detail || body.error || `offer failed (${res.status})`);
+    if (state.pc !== pc) {  // hung up meanwhile (ICE error): end the session the server just opened
+      await fetch(`/api/sessions/${body.session_id}`, { method: 'DELETE', headers: authHeaders() }).catch(() => {});
+      return;
+    }
     state.sessionId = body.session_id;
     await pc.setRemoteDescription({ sdp: body.sdp, type: body.type });
+    if (state.trickle) {
+      state.trickle.url = `/api/sessions/${body.session_id}`;
+      state.trickle.etag = body.etag || null;
+      flushCandidates();
+    }
     $('hangup').disabled = false;
   } catch (err) {
     showError(String(err.message || err));
@@ -167,9 +263,18 @@ async function connect() {
 
 async function hangup() {
   $('hangup').disabled = true;
-  if (state.sessionId) {
-    fetch(`/api/sessions/${state.sessionId}`, { method: 'DELETE' }).catch(() => {});
-    state.sessionId = null;
+  const id = state.sessionId;
+  state.sessionId = null;
+  state.trickle = null;
+  if (id) {
+    // keepalive: the DELETE still goes out when the page is being closed.
+    try {
+      const res = await fetch(`/api/sessions/${id}`, { method: 'DELETE', headers: authHeaders(), keepalive: true });
+      state.hangupStatus = res.status;
+      if (!res.ok && res.status !== 404) showError((await apiError(res, 'hang-up refused')).message);
+    } catch (err) {
+      state.hangupStatus = 0;
+    }
   }
   state.pc?.close(); state.pc = null;
   state.stream?.getTracks().forEach((t) => t.stop()); state.stream = null;

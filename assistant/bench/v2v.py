@@ -210,10 +210,11 @@ class BenchSession:
     token: str = ""
     session_id: str = ""
     low_latency_receive: bool = True  # False: aiortc's own 4-packet receive buffer
+    rtc_config: RTCConfiguration | None = None  # e.g. the server's GET /api/ice (TURN); None: host candidates
     events: list[_Event] = field(default_factory=list)
 
     def __post_init__(self) -> None:
-        self.pc = RTCPeerConnection(RTCConfiguration(iceServers=[]))
+        self.pc = RTCPeerConnection(self.rtc_config or RTCConfiguration(iceServers=[]))
         self.source = UtteranceSource()
         self.listener = ReplyListener(self.threshold_dbfs)
         self._tasks: list[asyncio.Task[Any]] = []

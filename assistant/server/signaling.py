@@ -1,0 +1,129 @@
+"""What both signaling routes share (the JSON ``/api/offer`` and WHIP): the session table, opening a session from
+an offer, and trickled candidates for an open session (``PATCH /api/sessions/{id}``).
+
+Every failure answers a JSON 4xx/5xx and closes only the session it concerns.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import logging
+import re
+
+from aiohttp import web
+
+from assistant.server.http import CONFIG, SERVICES, HTTPJSONError
+from assistant.server.sdpfrag import CONTENT_TYPE as SDPFRAG
+from assistant.server.sdpfrag import FragmentError, parse_sdpfrag
+from assistant.server.session import Session
+
+log = logging.getLogger(__name__)
+
+SESSIONS: web.AppKey[dict[str, Session]] = web.AppKey("sessions", dict)
+VOICE_ID = re.compile(r"[A-Za-z0-9_-]{1,64}")
+
+
+def check_sdp(sdp: object, max_bytes: int) -> str:
+    """The offer's SDP, or a 400/413 that says what is wrong with it."""
+    if not isinstance(sdp, str) or not sdp.strip():
+        raise HTTPJSONError(400, "bad_offer", "the offer's sdp must be a non-empty string")
+    if len(sdp.encode()) > max_bytes:
+        raise HTTPJSONError(413, "too_large", f"sdp over {max_bytes} bytes")
+    if not sdp.lstrip().startswith("v=0"):
+        raise HTTPJSONError(400, "bad_offer", "sdp must start with v=0")
+    return sdp
+
+
+def check_choices(app: web.Application, responder: object, voice: object) -> None:
+    services = app[SERVICES]
+    if responder is not None and responder not in services.allowed_responders():
+        raise HTTPJSONError(400, "bad_offer", f"field 'responder' must be one of {services.allowed_responders()}")
+    if voice is not None and (not isinstance(voice, str) or not VOICE_ID.fullmatch(voice)):
+        raise HTTPJSONError(400, "bad_offer", "field 'voice' must be a voice id (letters, digits, - and _)")
+
+
+def check_ready(app: web.Application) -> None:
+    if not app[SERVICES].ready:
+        raise HTTPJSONError(503, "not_ready", "models are still loading; retry shortly", headers={"Retry-After": "2"})
+
+
+async def open_session(
+    app: web.Application, sdp: str, *, responder: str | None = None, voice: str | None = None
+) -> Session:
+    """Start a session for this offer and apply it; the answer is ``session.pc.localDescription``."""
+    cfg = app[CONFIG]
+    services = app[SERVICES]
+    sessions = app[SESSIONS]
+    if len(sessions) >= cfg.server.max_sessions:
+        services.metrics.errors_total.labels(stage="capacity").inc()
+        raise HTTPJSONError(
+            503, "busy", f"all {cfg.server.max_sessions} session slots are in use", headers={"Retry-After": "5"}
+        )
+    session = Session(services, cfg, on_closed=lambda s: forget(app, s), responder=responder, voice=voice)
+    sessions[session.id] = session
+    services.metrics.sessions_total.inc()
+    services.metrics.sessions_active.set(len(sessions))
+    try:
+        await asyncio.wait_for(session.accept(sdp, "offer"), timeout=cfg.server.connect_timeout_s)
+    except Exception as exc:
+        await session.close("bad_offer")
+        if isinstance(exc, TimeoutError):
+            raise HTTPJSONError(504, "offer_timeout", "could not gather ICE candidates in time") from None
+        log.info("offer_rejected error=%s", type(exc).__name__)
+        raise HTTPJSONError(400, "bad_offer", f"the offer could not be applied: {type(exc).__name__}") from None
+    log.info("session_open session=%s active=%d", session.id, len(sessions))
+    return session
+
+
+def forget(app: web.Application, session: Session) -> None:
+    sessions = app[SESSIONS]
+    sessions.pop(session.id, None)
+    app[SERVICES].metrics.sessions_active.set(len(sessions))
+
+
+def session_or_404(request: web.Request) -> Session:
+    session = request.app[SESSIONS].get(request.match_info["session_id"])
+    if session is None or session.closed:
+        raise HTTPJSONError(404, "unknown_session", "no such session")
+    return session
+
+
+async def read_text(request: web.Request, content_type: str, max_bytes: int) -> str:
+    """A bounded UTF-8 body of exactly this media type (415 for another, 413 when too big)."""
+    if request.content_type != content_type:
+        raise HTTPJSONError(
+            415, "unsupported_media_type", f"Content-Type must be {content_type}, got {request.content_type!r}"
+        )
+    if request.content_length is not None and request.content_length > max_bytes:
+        raise HTTPJSONError(413, "too_large", f"body over {max_bytes} bytes")
+    raw = await request.content.read(max_bytes + 1)
+    if len(raw) > max_bytes:
+        raise HTTPJSONError(413, "too_large", f"body over {max_bytes} bytes")
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError:
+        raise HTTPJSONError(400, "bad_encoding", "body must be UTF-8 text") from None
+
+
+async def trickle(request: web.Request) -> web.Response:
+    """``PATCH /api/sessions/{id}``: the client's trickled candidates (RFC 8840 fragment, RFC 9725 rules)."""
+    ice = request.app[CONFIG].ice
+    session = session_or_404(request)
+    if_match = request.headers.get("If-Match")
+    if if_match is not None and if_match.strip() != "*" and not hmac.compare_digest(if_match.strip(), session.etag):
+        raise HTTPJSONError(412, "precondition_failed", "If-Match does not name this session's ICE session (ETag)")
+    text = await read_text(request, SDPFRAG, ice.max_fragment_bytes)
+    try:
+        frag = parse_sdpfrag(text, ice.max_remote_candidates)
+    except FragmentError as exc:
+        raise HTTPJSONError(400, "bad_fragment", str(exc)) from None
+    ufrag, pwd = session.remote_ice
+    if (frag.ufrag is not None and frag.ufrag != ufrag) or (frag.pwd is not None and frag.pwd != pwd):
+        # New credentials mean an ICE restart, which aiortc cannot do (RFC 9725: 422 when unsupported).
+        raise HTTPJSONError(422, "ice_restart_unsupported", "ice-ufrag/ice-pwd differ from the offer's; no restarts")
+    try:
+        await session.add_remote_candidates(frag.candidates, frag.end_of_candidates)
+    except OverflowError as exc:
+        raise HTTPJSONError(422, "too_many_candidates", str(exc)) from None
+    return web.Response(status=204)

@@ -1,0 +1,48 @@
+"""WHIP-style signaling (RFC 9725), so standard WebRTC clients can talk to the assistant without our page.
+
+- ``POST /api/whip`` with ``Content-Type: application/sdp`` (the offer) → ``201 Created``, the answer as
+  ``application/sdp``, ``Location: /api/sessions/{id}`` (the session resource), an ``ETag`` naming the ICE
+  session, and one ``Link: <url>; rel="ice-server"`` per STUN/TURN URL (with this session's TURN credentials).
+  ``?voice=`` and ``?responder=`` choose like the JSON route's fields.
+- ``PATCH /api/sessions/{id}`` with ``application/trickle-ice-sdpfrag``: trickled candidates → ``204``.
+- ``DELETE /api/sessions/{id}``: hang up.
+
+The bearer token applies as on every ``/api/`` route. The ``events`` data channel is optional: a client that
+offers only audio gets the spoken replies all the same.
+"""
+
+from __future__ import annotations
+
+from aiohttp import web
+
+from assistant.server.http import CONFIG
+from assistant.server.ice import ice_servers, link_headers
+from assistant.server.sdpfrag import CONTENT_TYPE as SDPFRAG
+from assistant.server.signaling import check_choices, check_ready, check_sdp, open_session, read_text
+
+SDP = "application/sdp"
+
+
+async def whip_offer(request: web.Request) -> web.Response:
+    app = request.app
+    cfg = app[CONFIG]
+    check_ready(app)
+    sdp = check_sdp(await read_text(request, SDP, cfg.server.max_sdp_bytes), cfg.server.max_sdp_bytes)
+    responder, voice = request.query.get("responder"), request.query.get("voice")
+    check_choices(app, responder, voice)
+    session = await open_session(app, sdp, responder=responder, voice=voice)
+    location = f"/api/sessions/{session.id}"
+    headers = {
+        "Location": location,
+        "ETag": session.etag,
+        "Accept-Patch": SDPFRAG,
+        "Access-Control-Expose-Headers": "Location, ETag, Link, Accept-Patch",
+    }
+    resp = web.Response(status=201, text=session.pc.localDescription.sdp, content_type=SDP, headers=headers)
+    for value in link_headers(ice_servers(cfg.ice, session.id)):
+        resp.headers.add("Link", value)
+    return resp
+
+
+def setup_whip_routes(app: web.Application) -> None:
+    app.router.add_post("/api/whip", whip_offer)

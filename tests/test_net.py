@@ -197,6 +197,9 @@ async def test_https_and_wss_with_a_self_signed_certificate(services: Services, 
                 if msg.type == aiohttp.WSMsgType.BINARY and msg.data == b"END":
                     end = True
                     break
+                if msg.type == aiohttp.WSMsgType.TEXT:  # metadata; an error would say "error"
+                    assert "error" not in msg.json(), msg.data
+                    continue
                 assert msg.type == aiohttp.WSMsgType.BINARY, msg
                 pcm += len(msg.data)
         assert end and pcm > 8000  # real speech came back over WSS

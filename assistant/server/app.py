@@ -9,7 +9,6 @@ import asyncio
 import contextlib
 import hmac
 import logging
-import re
 from pathlib import Path
 from typing import Any
 
@@ -17,16 +16,16 @@ from aiohttp import web
 
 from assistant.config import PROJECT_ROOT, Config
 from assistant.server.http import CONFIG, SERVICES, HTTPJSONError, json_error, read_json
+from assistant.server.ice import setup_ice_routes
 from assistant.server.services import Services
-from assistant.server.session import Session
+from assistant.server.signaling import SESSIONS, check_choices, check_ready, check_sdp, open_session, trickle
 from assistant.server.tts_api import setup_tts_routes
+from assistant.server.whip import setup_whip_routes
 
 log = logging.getLogger(__name__)
 
-SESSIONS: web.AppKey[dict[str, Session]] = web.AppKey("sessions", dict)
 OWNS_SERVICES: web.AppKey[bool] = web.AppKey("owns_services", bool)
 WEB_DIR = PROJECT_ROOT / "web"
-VOICE_ID = re.compile(r"[A-Za-z0-9_-]{1,64}")
 
 
 def _protected(path: str) -> bool:
@@ -84,7 +83,7 @@ def _cors_middleware(origins: list[str]) -> Any:
             if origin and origin in allowed and not resp.prepared:
                 resp.headers["Access-Control-Allow-Origin"] = origin
                 resp.headers["Access-Control-Allow-Headers"] = "Authorization, Content-Type"
-                resp.headers["Access-Control-Allow-Methods"] = "GET, POST, DELETE, OPTIONS"
+                resp.headers["Access-Control-Allow-Methods"] = "GET, POST, PATCH, DELETE, OPTIONS"
                 resp.headers["Vary"] = "Origin"
 
         if request.method == "OPTIONS" and origin in allowed:
@@ -124,52 +123,30 @@ async def index(request: web.Request) -> web.FileResponse:
 
 
 async def offer(request: web.Request) -> web.Response:
+    """``POST /api/offer``: the page's JSON signaling; WHIP (``whip.py``) opens sessions the same way."""
     app = request.app
     cfg = app[CONFIG]
-    services = app[SERVICES]
-    if not services.ready:
-        raise HTTPJSONError(503, "not_ready", "models are still loading; retry shortly", headers={"Retry-After": "2"})
+    check_ready(app)
     data = await read_json(request, cfg.server.max_body_bytes)
     sdp, type_ = data.get("sdp"), data.get("type")
     if not isinstance(sdp, str) or not sdp.strip():
         raise HTTPJSONError(400, "bad_offer", "field 'sdp' must be a non-empty string")
     if type_ != "offer":
         raise HTTPJSONError(400, "bad_offer", "field 'type' must be \"offer\"")
-    if len(sdp.encode()) > cfg.server.max_sdp_bytes:
-        raise HTTPJSONError(413, "too_large", f"sdp over {cfg.server.max_sdp_bytes} bytes")
-    if not sdp.lstrip().startswith("v=0"):
-        raise HTTPJSONError(400, "bad_offer", "sdp must start with v=0")
+    check_sdp(sdp, cfg.server.max_sdp_bytes)
     responder, voice = data.get("responder"), data.get("voice")
-    if responder is not None and responder not in services.allowed_responders():
-        raise HTTPJSONError(400, "bad_offer", f"field 'responder' must be one of {services.allowed_responders()}")
-    if voice is not None and (not isinstance(voice, str) or not VOICE_ID.fullmatch(voice)):
-        raise HTTPJSONError(400, "bad_offer", "field 'voice' must be a voice id (letters, digits, - and _)")
-    sessions = app[SESSIONS]
-    if len(sessions) >= cfg.server.max_sessions:
-        services.metrics.errors_total.labels(stage="capacity").inc()
-        raise HTTPJSONError(
-            503, "busy", f"all {cfg.server.max_sessions} session slots are in use", headers={"Retry-After": "5"}
-        )
-    session = Session(services, cfg, on_closed=lambda s: _forget(app, s), responder=responder, voice=voice)
-    sessions[session.id] = session
-    services.metrics.sessions_total.inc()
-    services.metrics.sessions_active.set(len(sessions))
-    try:
-        answer = await asyncio.wait_for(session.accept(sdp, type_), timeout=cfg.server.connect_timeout_s)
-    except Exception as exc:
-        await session.close("bad_offer")
-        if isinstance(exc, TimeoutError):
-            raise HTTPJSONError(504, "offer_timeout", "could not gather ICE candidates in time") from None
-        log.info("offer_rejected error=%s", type(exc).__name__)
-        raise HTTPJSONError(400, "bad_offer", f"the offer could not be applied: {type(exc).__name__}") from None
-    log.info("session_open session=%s active=%d", session.id, len(sessions))
-    return web.json_response({"sdp": answer.sdp, "type": answer.type, "session_id": session.id})
-
-
-def _forget(app: web.Application, session: Session) -> None:
-    sessions = app[SESSIONS]
-    sessions.pop(session.id, None)
-    app[SERVICES].metrics.sessions_active.set(len(sessions))
+    check_choices(app, responder, voice)
+    session = await open_session(app, sdp, responder=responder, voice=voice)
+    answer = session.pc.localDescription
+    return web.json_response(
+        {
+            "sdp": answer.sdp,
+            "type": answer.type,
+            "session_id": session.id,
+            "location": f"/api/sessions/{session.id}",  # PATCH trickled candidates here, DELETE to hang up
+            "etag": session.etag,
+        }
+    )
 
 
 async def delete_session(request: web.Request) -> web.Response:
@@ -216,6 +193,9 @@ def create_app(cfg: Config, services: Services | None = None) -> web.Application
     app.router.add_post("/api/offer", offer)
     app.router.add_get("/api/sessions", list_sessions)
     app.router.add_delete("/api/sessions/{session_id}", delete_session)
+    app.router.add_patch("/api/sessions/{session_id}", trickle)
+    setup_ice_routes(app)
+    setup_whip_routes(app)
     setup_tts_routes(app)
     app.on_startup.append(_start_loading)
     app.on_shutdown.append(_close_sessions)

@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from aiortc import RTCConfiguration, RTCIceServer, RTCPeerConnection, RTCSessionDescription
+from aiortc import RTCIceCandidate, RTCPeerConnection, RTCSessionDescription
 
 from assistant.config import Config
 from assistant.pipeline.conversation import Conversation, TurnDeps
@@ -22,6 +22,8 @@ from assistant.pipeline.events import EventChannel
 from assistant.rtc.inbound import read_track
 from assistant.rtc.jitter import AdaptiveReceiveBuffer
 from assistant.rtc.outbound import ReplyTrack
+from assistant.server.ice import ice_servers, rtc_configuration
+from assistant.server.sdpfrag import ice_credentials
 from assistant.server.services import Services
 
 log = logging.getLogger(__name__)
@@ -50,8 +52,11 @@ class Session:
         self.close_reason = ""
         self._on_closed = on_closed
         self._tasks: set[asyncio.Task[Any]] = set()
-        ice = [RTCIceServer(urls=u) for u in cfg.server.ice_servers]
-        self.pc = RTCPeerConnection(RTCConfiguration(iceServers=ice))
+        # The server's peer gets TURN credentials of its own, minted for this session and expiring with it.
+        self.pc = RTCPeerConnection(rtc_configuration(ice_servers(cfg.ice, self.id), cfg.ice.transport_policy))
+        self.etag = f'"{secrets.token_urlsafe(9)}"'  # names this ICE session for trickle PATCHes (If-Match)
+        self.remote_ice: tuple[str | None, str | None] = (None, None)  # the offer's ice-ufrag, ice-pwd
+        self.remote_candidates = 0
         self.track = ReplyTrack(queue_ms=cfg.audio.reply_queue_ms)
         self.events = EventChannel()
         metrics = services.metrics
@@ -91,12 +96,29 @@ class Session:
     async def accept(self, sdp: str, type_: str) -> RTCSessionDescription:
         """Apply the browser's offer and return our answer (ICE candidates gathered into it)."""
         await self.pc.setRemoteDescription(RTCSessionDescription(sdp=sdp, type=type_))
+        self.remote_ice = ice_credentials(sdp)
         # After the remote description, so the reply rides on the offered (sendrecv) audio transceiver.
         self.pc.addTrack(self.track)
         answer = await self.pc.createAnswer()
         await self.pc.setLocalDescription(answer)
         self.spawn(self._watchdog(), "watchdog")
         return self.pc.localDescription
+
+    async def add_remote_candidates(self, candidates: list[RTCIceCandidate], end: bool) -> None:
+        """Trickled candidates of the remote peer (``end``: it has no more); bounded per session."""
+        limit = self.cfg.ice.max_remote_candidates
+        if self.remote_candidates + len(candidates) > limit:
+            raise OverflowError(f"a session takes at most {limit} trickled candidates")
+        self.remote_candidates += len(candidates)
+        for cand in candidates:
+            # aioice pairs UDP host, server-reflexive and relay candidates; others cannot be used.
+            if cand.protocol.lower() == "udp" and cand.type != "prflx":
+                await self.pc.addIceCandidate(cand)
+        if end:
+            await self.pc.addIceCandidate(None)
+        log.info(
+            "trickle session=%s candidates=%d end=%s total=%d", self.id, len(candidates), end, self.remote_candidates
+        )
 
     async def close(self, reason: str = "closed") -> None:
         if self.closed:

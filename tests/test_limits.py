@@ -261,6 +261,9 @@ async def test_bearer_token_guards_api_and_ws(services: Services, tmp_path) -> N
             ("POST", "/api/tts", {"text": "Hi."}),
             ("DELETE", "/api/sessions/abc", None),
             ("GET", "/api/openapi.json", None),
+            ("GET", "/api/ice", None),
+            ("POST", "/api/whip", None),
+            ("PATCH", "/api/sessions/abc", None),
         ]
         for method, path, body in calls:
             for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": "s3cret"}):

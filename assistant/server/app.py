@@ -82,7 +82,7 @@ def _cors_middleware(origins: list[str]) -> Any:
         def allow(resp: web.StreamResponse) -> None:
             if origin and origin in allowed and not resp.prepared:
                 resp.headers["Access-Control-Allow-Origin"] = origin
-                resp.headers["Access-Control-Allow-Headers"] = "Authorization, Content-Type"
+                resp.headers["Access-Control-Allow-Headers"] = "Authorization, Content-Type, If-Match"
                 resp.headers["Access-Control-Allow-Methods"] = "GET, POST, PATCH, DELETE, OPTIONS"
                 resp.headers["Vary"] = "Origin"
 

@@ -112,7 +112,9 @@ def build_openapi(cfg: Config) -> dict[str, Any]:
                         "error": {"type": "string", "description": "short code: bad_request, bad_json, "
                                   "too_large, text_too_long, clip_too_long, clip_too_short, bad_audio, "
                                   "unsupported, unknown_voice, url_not_allowed, url_fetch_failed, rate_limited, "
-                                  "busy, not_ready, timeout, voice_limit, unauthorized, synthesis_failed"},
+                                  "busy, not_ready, timeout, voice_limit, unauthorized, synthesis_failed, bad_offer, "
+                                  "bad_fragment, unknown_session, unsupported_media_type, precondition_failed, "
+                                  "ice_restart_unsupported, too_many_candidates"},
                         "detail": {"type": "string", "description": "what was wrong, naming the field"},
                     },
                 },
@@ -132,7 +134,10 @@ def build_openapi(cfg: Config) -> dict[str, Any]:
                 "Answer": {
                     "type": "object", "required": ["sdp", "type", "session_id"],
                     "properties": {"sdp": {"type": "string"}, "type": {"const": "answer"},
-                                   "session_id": {"type": "string"}},
+                                   "session_id": {"type": "string"},
+                                   "location": {"type": "string", "description": "the session resource: PATCH "
+                                                "trickled candidates there, DELETE to hang up"},
+                                   "etag": {"type": "string", "description": "If-Match value for PATCH"}},
                 },
             },
         },
@@ -224,11 +229,45 @@ def build_openapi(cfg: Config) -> dict[str, Any]:
                     "503": _error("not ready, or all session slots busy"), "504": _error("ICE gathering timeout"),
                 },
             }},
-            "/api/sessions/{session_id}": {"delete": {
-                "summary": "Hang up a session",
-                "parameters": [{"name": "session_id", "in": "path", "required": True, "schema": {"type": "string"}}],
-                "responses": {"200": _json({"type": "object"}, "closed"), "404": _error("unknown session")},
+            "/api/ice": {"get": {
+                "summary": "ICE configuration for a page: STUN/TURN servers (TURN REST credentials minted per "
+                           "call), iceTransportPolicy, trickle, expires_at",
+                "responses": {"200": _json({"type": "object"}, "what RTCPeerConnection takes, plus trickle")},
             }},
+            "/api/whip": {"post": {
+                "summary": "WHIP (RFC 9725): the offer as application/sdp → 201, the answer, Location (the session "
+                           "resource), ETag and Link rel=ice-server headers; ?voice= and ?responder= optional",
+                "requestBody": {"required": True, "content": {"application/sdp": {"schema": {
+                    "type": "string", "maxLength": cfg.server.max_sdp_bytes}}}},
+                "responses": {
+                    "201": {"description": "SDP answer",
+                            "content": {"application/sdp": {"schema": {"type": "string"}}}},
+                    "400": _error("bad offer"), "413": _error("SDP too large"),
+                    "415": _error("Content-Type is not application/sdp"),
+                    "503": _error("not ready, or all session slots busy"), "504": _error("ICE gathering timeout"),
+                },
+            }},
+            "/api/sessions/{session_id}": {
+                "delete": {
+                    "summary": "Hang up a session (WHIP DELETE too)",
+                    "parameters": [{"name": "session_id", "in": "path", "required": True,
+                                    "schema": {"type": "string"}}],
+                    "responses": {"200": _json({"type": "object"}, "closed"), "404": _error("unknown session")},
+                },
+                "patch": {
+                    "summary": "Trickle ICE: the client's candidates as an RFC 8840 fragment (If-Match: the ETag)",
+                    "parameters": [{"name": "session_id", "in": "path", "required": True,
+                                    "schema": {"type": "string"}}],
+                    "requestBody": {"required": True, "content": {"application/trickle-ice-sdpfrag": {"schema": {
+                        "type": "string", "maxLength": cfg.ice.max_fragment_bytes}}}},
+                    "responses": {
+                        "204": {"description": "candidates applied"}, "400": _error("bad fragment"),
+                        "404": _error("unknown session"), "412": _error("If-Match is not this session's ETag"),
+                        "413": _error("fragment too large"), "415": _error("wrong Content-Type"),
+                        "422": _error("ICE restart (new ufrag/pwd) or too many candidates"),
+                    },
+                },
+            },
             "/api/openapi.json": {"get": {"summary": "This document",
                                           "responses": {"200": {"description": "OpenAPI 3.1 JSON"}}}},
             "/healthz": {"get": {"summary": "Liveness", "security": [],

@@ -242,6 +242,7 @@ async function connect() {
       body: JSON.stringify({ sdp: pc.localDescription.sdp, type: pc.localDescription.type }) });
     if (!res.ok) throw await apiError(res, 'offer refused');
     const body = await res.json();
+    state.connectTimes.answer = performance.now();
     if (state.pc !== pc) {  // hung up meanwhile (ICE error): end the session the server just opened
       await fetch(`/api/sessions/${body.session_id}`, { method: 'DELETE', headers: authHeaders() }).catch(() => {});
       return;

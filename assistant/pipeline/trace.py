@@ -74,6 +74,5 @@ class TurnTrace:
         return {
             "turn": self.turn,
             "timestamps_ms": {k: round(v * 1000.0, 1) for k, v in self.effective_marks().items()},
-            "raw_timestamps_ms": {k: round(v * 1000.0, 1) for k, v in self.marks.items()},
             "durations_ms": self.durations_ms(),
         }

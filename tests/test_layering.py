@@ -104,7 +104,7 @@ def test_no_import_cycle_at_module_level() -> None:
         stack.append(node)
         for nxt in graph.get(node, []):
             if state.get(nxt) == 1:
-                return stack[stack.index(nxt):] + [nxt]
+                return [*stack[stack.index(nxt):], nxt]
             if nxt not in state and (cycle := visit(nxt)):
                 return cycle
         stack.pop()

@@ -279,7 +279,7 @@ async function hangup() {
 
 async function legend() {
   try {
-    const resp = await fetch('/api/stages');
+    const resp = await fetch('/api/stages', { headers: authHeaders() });
     if (!resp.ok) throw new Error(`HTTP ${resp.status}`);
     STAGES = (await resp.json()).stages.map((s) => [s.name, s.color, s.label]);
   } catch (err) {

@@ -128,3 +128,19 @@ async def test_coturn_grants_fresh_credentials_and_refuses_wrong_or_expired(turn
     assert await _relay_candidates(wrong, "wrong") == []
     expired = ICEConfig(turn_urls=[turn_server.url], turn_secret=turn_server.secret, turn_ttl_s=-60)
     assert await _relay_candidates(expired, "expired") == []
+
+
+def test_tls_settings_are_checked_before_serving(tmp_path) -> None:
+    from assistant.config import ServerConfig
+    from assistant.server.tls import ssl_context
+    from tests.conftest import self_signed_cert
+
+    assert ssl_context(ServerConfig()) is None  # TLS off by default
+    cert, key = self_signed_cert(tmp_path)
+    assert ssl_context(ServerConfig(tls_cert=str(cert), tls_key=str(key))) is not None
+    with pytest.raises(ConfigError, match="both"):
+        ssl_context(ServerConfig(tls_cert=str(cert)))
+    with pytest.raises(ConfigError, match="no such file"):
+        ssl_context(ServerConfig(tls_cert=str(cert), tls_key=str(tmp_path / "missing.pem")))
+    with pytest.raises(ConfigError, match="cannot load"):
+        ssl_context(ServerConfig(tls_cert=str(key), tls_key=str(cert)))  # swapped

@@ -171,6 +171,10 @@ async def test_bad_signaling_input_gets_4xx_and_spares_other_sessions(services: 
             many = "\r\n".join(f"a=candidate:1 1 udp 1 127.0.0.1 {9 + i} typ host" for i in range(5))
             status, body = await call("PATCH", resource, many, frag)
             assert status == 400 and "more than 4" in body["detail"]
+            few = "\r\n".join(f"a=candidate:1 1 udp 1 127.0.0.1 {9 + i} typ host" for i in range(3))
+            assert (await call("PATCH", resource, few, frag))[0] == 204
+            status, body = await call("PATCH", resource, few, frag)  # 6 in all: past the session's 4
+            assert status == 422 and body["error"] == "too_many_candidates"
             # The session all this was aimed at, or beside, is untouched and still the only one.
             assert list(app[SESSIONS]) == [other.session_id]
             assert not bystander.closed and bystander.pc.connectionState == "connected"

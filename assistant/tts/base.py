@@ -4,11 +4,15 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Protocol, runtime_checkable
 
 import numpy as np
 
 LANGUAGES = ("zh", "en", "ja", "yue", "ko")
+# The one speed range: what any route may ask for (OpenAI's speech API allows the same 0.25–4.0). Engines
+# with native speed take all of it; the service time-stretches for engines without.
+SPEED_RANGE = (0.25, 4.0)
 
 
 @dataclass(frozen=True)
@@ -27,7 +31,7 @@ class TTSRequest:
     reference: ReferenceClip | None = None  # an ad-hoc voice (cloning) instead of ``voice``
     language: str | None = None         # zh / en / ja / yue / ko
     instruct: str | None = None         # instruction / emotion prompt
-    speed: float = 1.0                  # 0.5–2.0, engine-native where the engine supports it
+    speed: float = 1.0                  # within SPEED_RANGE, engine-native where the engine supports it
     pitch: float = 0.0                  # semitones; only engines with ``native_pitch`` take it here
     seed: int | None = None
 
@@ -42,6 +46,8 @@ class TTSCapabilities:
     native_pitch: bool = False
     languages: tuple[str, ...] = ("en",)
     streaming: bool = True
+    # The names a request's ``vocoder`` may give for the vocoder this engine has (first: its own name).
+    vocoders: tuple[str, ...] = ()
 
 
 @dataclass
@@ -70,6 +76,24 @@ class TTSEngine(Protocol):
         ...
 
     async def close(self) -> None:
+        ...
+
+
+@runtime_checkable
+class VoiceCloner(Protocol):
+    """An engine that speaks in registered voices: it prepares a voice once and can keep, reload and drop it.
+
+    ``add_voice`` returns the prepared form; if that has ``save(path)``, the service stores it next to the
+    voice's clip and after a restart hands the file to ``load_voice`` instead of recomputing it.
+    """
+
+    async def add_voice(self, voice_id: str, clip: ReferenceClip) -> object:
+        ...
+
+    async def load_voice(self, voice_id: str, path: Path) -> object:
+        ...
+
+    def forget_voice(self, voice_id: str) -> None:
         ...
 
 

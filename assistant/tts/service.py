@@ -27,6 +27,7 @@ import time
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import Any
 from urllib.parse import urljoin, urlsplit
 
@@ -36,151 +37,26 @@ import soxr
 from assistant.audio import AudioFormatError, float_to_s16, read_audio
 from assistant.config import Config
 from assistant.server.metrics import Metrics
-from assistant.tts.base import LANGUAGES, ReferenceClip, TTSEngine, TTSRequest, TTSUnsupported
+from assistant.server.tts_request import MAX_NAME_CHARS, SynthesisParams, TTSError, bad_field
+from assistant.server.voice_names import NamedVoice, VoiceFolder, file_voice_key, resolve_name
+from assistant.tts.base import ReferenceClip, TTSEngine, TTSRequest, TTSUnsupported, VoiceCloner
 from assistant.tts.tags import split_leading_tag
-from assistant.tts.voices import VoiceStore, valid_voice_id
+from assistant.tts.voices import ReferenceClipStore
 
 log = logging.getLogger(__name__)
 
-SPEED_RANGE = (0.5, 2.0)
-PITCH_RANGE = (-12.0, 12.0)           # semitones: one octave either way
-ENERGY_RANGE = (0.5, 2.0)
-SAMPLE_RATE_RANGE = (8000, 48000)
-FORMATS = ("wav", "pcm")
-MAX_INSTRUCT_CHARS = 500
-MAX_VOICE_ID_CHARS = 64
-MAX_SEED = 2**31 - 1
 BUSY_WAIT_S = 1.0                     # how long a request waits for a synthesis slot before 429 busy
 MAX_RATE_CLIENTS = 10_000             # rate-limiter buckets kept; the least recently seen go first
 MAX_URL_REDIRECTS = 3                 # same-host redirects followed when fetching an allowed speaker_wav URL
+FILE_VOICES_KEPT = 32                 # clip files of the voices folder an engine keeps prepared (least recent go)
 # Stream resampling (sample_rate option): soxr "HQ" keeps the filter delay a few ms, fine for live audio.
 STREAM_RESAMPLE_QUALITY = "HQ"
-
-FIELDS = frozenset({
-    "text", "voice", "speaker_wav", "prompt_text", "language", "instruct", "speed", "pitch", "energy",
-    "streaming", "format", "sample_rate", "seed",
-})
 
 # A leading tag like "[cheerful] " or "【关心】": an emotion/style instruction, not words to speak.
 # Sentence ends for per-sentence DSP: latin marks followed by a space, CJK marks anywhere.
 _SENTENCE_SPLIT = re.compile(r"(?<=[.!?…])\s+|(?<=[。！？；])")
 MIN_SENTENCE_CHARS = 12               # shorter pieces are glued to the next one
 _URL = re.compile(r"^[a-zA-Z][a-zA-Z0-9+.-]*://")
-
-
-class TTSError(Exception):
-    """A request the service refuses: HTTP status, a short error code, and a human-readable detail."""
-
-    def __init__(self, status: int, error: str, detail: str, headers: dict[str, str] | None = None) -> None:
-        super().__init__(detail)
-        self.status = status
-        self.error = error
-        self.detail = detail
-        self.headers = headers or {}
-
-    def to_json(self) -> dict[str, str]:
-        return {"error": self.error, "detail": self.detail}
-
-
-def _bad(field: str, detail: str) -> TTSError:
-    return TTSError(400, "bad_request", f"field '{field}': {detail}")
-
-
-# --- parameters ------------------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class SynthesisParams:
-    """A validated request, before the engine is consulted."""
-
-    text: str
-    voice: str | None = None
-    speaker_wav: bytes | str | None = None   # uploaded bytes, base64 text or an http(s) URL
-    prompt_text: str = ""
-    language: str | None = None
-    instruct: str | None = None
-    speed: float = 1.0
-    pitch: float = 0.0
-    energy: float = 1.0
-    streaming: bool = False
-    format: str | None = None   # None: "wav" for a whole file, raw "pcm" when streaming
-    sample_rate: int | None = None
-    seed: int | None = None
-
-
-def _number(data: dict[str, Any], field: str, default: float, lo: float, hi: float) -> float:
-    value = data.get(field, default)
-    if value is None:
-        return default
-    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
-        raise _bad(field, f"must be a number from {lo:g} to {hi:g}")
-    if not lo <= value <= hi:
-        raise _bad(field, f"{value:g} is out of range; allowed {lo:g} to {hi:g}")
-    return float(value)
-
-
-def _string(data: dict[str, Any], field: str, max_chars: int) -> str | None:
-    value = data.get(field)
-    if value is None:
-        return None
-    if not isinstance(value, str):
-        raise _bad(field, "must be a string")
-    if len(value) > max_chars:
-        raise TTSError(413, "too_large", f"field '{field}' is {len(value)} characters; the limit is {max_chars}")
-    return value
-
-
-def parse_params(data: dict[str, Any], cfg: Config, upload: bytes | None = None) -> SynthesisParams:
-    """Check every field of a request body; raise ``TTSError`` naming the first bad one."""
-    unknown = sorted(set(data) - FIELDS)
-    if unknown:
-        raise _bad(unknown[0], f"unknown field; allowed fields: {', '.join(sorted(FIELDS))}")
-    max_chars = cfg.tts.max_text_chars
-    text = data.get("text")
-    if not isinstance(text, str) or not text.strip():
-        raise _bad("text", "must be a non-empty string")
-    if len(text) > max_chars:
-        raise TTSError(413, "text_too_long", f"field 'text' is {len(text)} characters; the limit is {max_chars}")
-    voice = _string(data, "voice", MAX_VOICE_ID_CHARS) or None
-    speaker_wav: bytes | str | None = _string(data, "speaker_wav", 8 * cfg.tts_api.max_upload_bytes) or None
-    if upload is not None:
-        if speaker_wav is not None:
-            raise _bad("speaker_wav", "give it either as a file part or in the JSON, not both")
-        speaker_wav = upload
-    if voice and speaker_wav is not None:
-        raise _bad("voice", "give either 'voice' or 'speaker_wav', not both")
-    language = data.get("language")
-    if language is not None and language not in LANGUAGES:
-        raise _bad("language", f"{language!r} is not supported; allowed: {', '.join(LANGUAGES)}")
-    fmt = data.get("format")
-    if fmt is not None and fmt not in FORMATS:
-        raise _bad("format", f"{fmt!r} is not supported; allowed: {', '.join(FORMATS)}")
-    streaming = data.get("streaming", False)
-    if not isinstance(streaming, bool):
-        raise _bad("streaming", "must be true or false")
-    sample_rate = data.get("sample_rate")
-    lo, hi = SAMPLE_RATE_RANGE
-    if sample_rate is not None and (
-        isinstance(sample_rate, bool) or not isinstance(sample_rate, int) or not lo <= sample_rate <= hi
-    ):
-        raise _bad("sample_rate", f"must be an integer from {lo} to {hi} (Hz)")
-    seed = data.get("seed")
-    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed <= MAX_SEED):
-        raise _bad("seed", f"must be an integer from 0 to {MAX_SEED}")
-    instruct = _string(data, "instruct", MAX_INSTRUCT_CHARS)
-    return SynthesisParams(
-        text=text,
-        voice=voice,
-        speaker_wav=speaker_wav,
-        prompt_text=_string(data, "prompt_text", max_chars) or "",
-        language=language,
-        instruct=instruct.strip() if instruct and instruct.strip() else None,
-        speed=_number(data, "speed", 1.0, *SPEED_RANGE),
-        pitch=_number(data, "pitch", 0.0, *PITCH_RANGE),
-        energy=_number(data, "energy", 1.0, *ENERGY_RANGE),
-        streaming=streaming,
-        format=fmt,
-        sample_rate=sample_rate,
-        seed=seed,
-    )
 
 
 def split_sentences(text: str) -> list[str]:
@@ -250,11 +126,13 @@ class Job:
 class TTSService:
     """Validation against the engine, the process-wide concurrency slots, rate limits, effects, streaming."""
 
-    def __init__(self, cfg: Config, metrics: Metrics, voices: VoiceStore,
+    def __init__(self, cfg: Config, metrics: Metrics, voices: ReferenceClipStore,
                  engine: Callable[[], TTSEngine | None]) -> None:
         self.cfg = cfg
         self.metrics = metrics
         self.voices = voices
+        self.folder = VoiceFolder(cfg.tts_api.voices_dir)
+        self._file_voices: OrderedDict[str, None] = OrderedDict()  # clip files the engine holds prepared
         self._engine = engine
         self._slots = asyncio.Semaphore(max(1, cfg.tts.max_concurrent))
         self.rate = RateLimiter(cfg.tts_api.rate_per_minute)
@@ -326,7 +204,8 @@ class TTSService:
         try:
             return base64.b64decode(b64, validate=True)
         except (binascii.Error, ValueError):
-            raise _bad("speaker_wav", "must be base64 audio, a data: URI, or an allowed http(s) URL") from None
+            raise bad_field("speaker_wav", "must be a voice or file name, base64 audio, a data: URI, or an allowed "
+                            "http(s) URL") from None
 
     def _check_url(self, url: str) -> str:
         """The URL's host if it may be fetched (http/https, host on the allowlist); else 400 url_not_allowed."""
@@ -374,35 +253,119 @@ class TTSService:
                            ) from None
 
     async def _ensure_engine_voice(self, engine: TTSEngine, voice_id: str) -> None:
-        """Make a stored voice known to a cloning engine (after a restart: from its clip, then cache it)."""
+        """Make a stored voice known to a cloning engine: after a restart from its cached prepared form (no
+        recomputation), else from its clip (and cache the result)."""
         if voice_id in self._engine_voices:
             return
         lock = self._voice_locks.setdefault(voice_id, asyncio.Lock())
         async with lock:
             if voice_id in self._engine_voices:
                 return
-            clip = await asyncio.to_thread(self.voices.load_clip, voice_id)
-            await self.prepare_voice(engine, voice_id, clip)
+            if not await self._load_cached_voice(engine, voice_id):
+                clip = await asyncio.to_thread(self.voices.load_clip, voice_id)
+                await self.prepare_voice(engine, voice_id, clip)
         self._voice_locks.pop(voice_id, None)
+
+    async def _load_cached_voice(self, engine: TTSEngine, voice_id: str) -> bool:
+        """Hand the engine the prepared form saved when the voice was made; False if there is none (or bad)."""
+        if not isinstance(engine, VoiceCloner):
+            return False
+        path = self.voices.cache_path(voice_id, engine.name)
+        if not await asyncio.to_thread(path.is_file):
+            return False
+        try:
+            await engine.load_voice(voice_id, path)
+        except Exception as exc:  # a stale or damaged cache: recompute from the clip instead
+            log.warning("voice_cache_unusable id=%s engine=%s kind=%s", voice_id, engine.name, type(exc).__name__)
+            return False
+        self._engine_voices.add(voice_id)
+        log.info("voice_cache_loaded id=%s engine=%s", voice_id, engine.name)
+        return True
 
     async def prepare_voice(self, engine: TTSEngine, voice_id: str, clip: ReferenceClip) -> bool:
         """Let a cloning engine compute its prompt for a voice and cache it on disk; False if it cannot."""
-        add_voice = getattr(engine, "add_voice", None)
-        if not engine.capabilities.voice_cloning or add_voice is None:
+        if not engine.capabilities.voice_cloning or not isinstance(engine, VoiceCloner):
             return False
         try:
-            prompt = await add_voice(voice_id, clip)
+            prompt = await engine.add_voice(voice_id, clip)
         except TTSUnsupported as exc:
             raise TTSError(400, "unsupported", str(exc)) from None
         self._engine_voices.add(voice_id)
         save = getattr(prompt, "save", None)
         if save is not None and self.voices.get(voice_id) is not None:
-            with contextlib.suppress(OSError, ValueError):
+            try:
                 await asyncio.to_thread(self.voices.write_cache_file, voice_id, engine.name, save)
+            except (OSError, ValueError) as exc:
+                log.warning("voice_cache_not_written id=%s kind=%s", voice_id, type(exc).__name__)
         return True
 
     def forget_voice(self, voice_id: str) -> None:
+        """A deleted voice: the engine drops its prepared form too."""
         self._engine_voices.discard(voice_id)
+        engine = self.current_engine()
+        if isinstance(engine, VoiceCloner):
+            engine.forget_voice(voice_id)
+
+    async def _file_voice(self, engine: TTSEngine, path: Path, prompt_text: str) -> tuple[str | None,
+                                                                                          ReferenceClip | None]:
+        """A clip file of the voices folder as the engine's voice (prepared once per file version), or as a
+        reference clip for cloning engines that cannot keep voices."""
+        text = prompt_text or await asyncio.to_thread(self.folder.transcript, path)
+        if not isinstance(engine, VoiceCloner):
+            data = await asyncio.to_thread(path.read_bytes)
+            return None, await self.decode_clip(data, text)
+        key = await asyncio.to_thread(file_voice_key, path, text)
+        if key in self._file_voices:
+            self._file_voices.move_to_end(key)
+            return key, None
+        lock = self._voice_locks.setdefault(key, asyncio.Lock())
+        async with lock:
+            if key not in self._file_voices:
+                data = await asyncio.to_thread(path.read_bytes)
+                clip = await self.decode_clip(data, text)
+                try:
+                    await engine.add_voice(key, clip)
+                except TTSUnsupported as exc:
+                    raise TTSError(400, "unsupported", str(exc)) from None
+                self._file_voices[key] = None
+                while len(self._file_voices) > FILE_VOICES_KEPT:
+                    old, _ = self._file_voices.popitem(last=False)
+                    engine.forget_voice(old)
+        self._voice_locks.pop(key, None)
+        return key, None
+
+    async def _named_voice(self, engine: TTSEngine, name: str, field: str,
+                           prompt_text: str) -> tuple[str | None, ReferenceClip | None]:
+        """``voice``/``speaker_wav`` given as a name → (the engine's voice id, or a reference clip)."""
+        found: NamedVoice = await asyncio.to_thread(
+            resolve_name, name, field, self.voices, engine, self.folder)
+        if found.kind == "engine":
+            return (None if found.voice_id == "default" else found.voice_id), None
+        if not engine.capabilities.voice_cloning:
+            what = "a registered voice" if found.kind == "stored" else "a reference clip in the voices folder"
+            raise TTSError(400, "unsupported", f"{name!r} is {what}; engine {engine.name} cannot clone voices",
+                           param=field)
+        if found.kind == "stored":
+            await self._ensure_engine_voice(engine, found.voice_id)
+            return found.voice_id, None
+        assert found.path is not None
+        return await self._file_voice(engine, found.path, prompt_text)
+
+    async def _voice_of(self, engine: TTSEngine, p: SynthesisParams) -> tuple[str | None, ReferenceClip | None]:
+        """The request's voice: (engine voice id, None), (None, a clip to clone) or (None, None): default."""
+        caps = engine.capabilities
+        value = p.speaker_wav if p.speaker_wav is not None else p.voice
+        field = "speaker_wav" if p.speaker_wav is not None else "voice"
+        if value is None:
+            return None, None
+        if isinstance(value, str) and field == "speaker_wav" and _URL.match(value):
+            self._check_url(value)  # refuse a disallowed URL whatever the engine
+        elif isinstance(value, str) and not (field == "speaker_wav" and _is_clip_data(value)):
+            return await self._named_voice(engine, value, field, p.prompt_text)
+        if not caps.voice_cloning:
+            raise TTSError(400, "unsupported", f"engine {engine.name} cannot clone voices (speaker_wav)",
+                           param="speaker_wav")
+        return None, await self.decode_clip(await self._speaker_bytes(value), p.prompt_text)
 
     # --- preparing a job -------------------------------------------------------------------------------
     async def prepare(self, p: SynthesisParams) -> Job:
@@ -411,34 +374,23 @@ class TTSService:
         caps = engine.capabilities
         text, instruct, tag_dropped = p.text, p.instruct, False
         if instruct and not caps.instruct:
-            raise TTSError(400, "unsupported", f"engine {engine.name} cannot follow 'instruct'")
+            raise TTSError(400, "unsupported", f"engine {engine.name} cannot follow 'instruct'", param="instruct")
         if not caps.instruct:
             tag, rest = split_leading_tag(text)
             if tag is not None:  # documented: engines without instruct mode drop a leading emotion tag
                 text, tag_dropped = rest, True
                 if not text.strip():
-                    raise _bad("text", "nothing to say after the leading tag")
+                    raise bad_field("text", "nothing to say after the leading tag")
         if p.language and p.language not in caps.languages:
             raise TTSError(400, "unsupported",
                            f"engine {engine.name} does not speak language {p.language!r}; it speaks "
-                           f"{', '.join(caps.languages)}")
-        reference: ReferenceClip | None = None
-        voice: str | None = None
-        if isinstance(p.speaker_wav, str) and _URL.match(p.speaker_wav):
-            self._check_url(p.speaker_wav)  # refuse a disallowed URL whatever the engine
-        if p.speaker_wav is not None:
-            if not caps.voice_cloning:
-                raise TTSError(400, "unsupported", f"engine {engine.name} cannot clone voices (speaker_wav)")
-            reference = await self.decode_clip(await self._speaker_bytes(p.speaker_wav), p.prompt_text)
-        elif p.voice:
-            voice = p.voice
-            if valid_voice_id(voice) and self.voices.get(voice) is not None:
-                if not caps.voice_cloning:
-                    raise TTSError(400, "unsupported",
-                                   f"voice {voice} is a cloned voice; engine {engine.name} cannot clone voices")
-                await self._ensure_engine_voice(engine, voice)
-            elif voice not in getattr(engine, "voices", ()):
-                raise TTSError(404, "unknown_voice", f"no voice {voice!r}; see GET /api/voices")
+                           f"{', '.join(caps.languages)}", param="language")
+        if p.vocoder is not None and p.vocoder not in caps.vocoders:
+            has = (f"has the vocoder {caps.vocoders[0]!r} (accepted names: {', '.join(caps.vocoders)})"
+                   if caps.vocoders else "does not name its vocoder; omit the field")
+            raise TTSError(400, "unsupported", f"field 'vocoder': {p.vocoder!r} is not this server's vocoder; "
+                           f"engine {engine.name} {has}", param="vocoder")
+        voice, reference = await self._voice_of(engine, p)
         speed_native = caps.native_speed or p.speed == 1.0
         pitch_native = caps.native_pitch or p.pitch == 0.0
         request = TTSRequest(
@@ -527,6 +479,11 @@ class TTSService:
             if job.pitch_dsp:
                 audio = await asyncio.to_thread(fx.pitch_shift, audio, job.engine_rate, job.pitch_dsp)
             yield np.asarray(audio, dtype=np.float32)
+
+
+def _is_clip_data(value: str) -> bool:
+    """A ``speaker_wav`` string that carries audio (a data: URI or base64), not a name: names are short."""
+    return value.startswith("data:") or len(value) > MAX_NAME_CHARS
 
 
 def _effects() -> Any:

@@ -9,7 +9,7 @@ import pytest
 
 from assistant.config import Config
 from assistant.server.tts_request import TTSError, parse_params
-from assistant.tts.service import RateLimiter, split_leading_tag, split_sentences
+from assistant.server.tts_service import RateLimiter, split_leading_tag, split_sentences
 from assistant.tts.voices import TMP_PREFIX, ReferenceClipStore, VoiceLimitError, valid_voice_id
 
 SR = 16000
@@ -138,7 +138,7 @@ def test_one_table_drives_parser_field_list_and_schema():
     from dataclasses import fields
 
     from assistant.server.openapi import build_openapi
-    from assistant.server.tts_request import SPEED_RANGE, SynthesisParams, specs
+    from assistant.server.tts_request import STRETCH_RANGE, SynthesisParams, specs
 
     cfg = Config()
     table = specs(SynthesisParams)
@@ -151,13 +151,13 @@ def test_one_table_drives_parser_field_list_and_schema():
     assert all(name in err.value.detail for name in table)
     for name in ("speed",):
         s = doc["TTSRequest"]["properties"][name]
-        assert (s["minimum"], s["maximum"]) == SPEED_RANGE == (0.25, 4.0)
-        assert doc["SpeechRequest"]["properties"][name]["maximum"] == SPEED_RANGE[1]
-        parse_params({"text": "hi", name: SPEED_RANGE[0]}, cfg)
-        parse_params({"text": "hi", name: SPEED_RANGE[1]}, cfg)
+        assert (s["minimum"], s["maximum"]) == STRETCH_RANGE == (0.25, 4.0)
+        assert doc["SpeechRequest"]["properties"][name]["maximum"] == STRETCH_RANGE[1]
+        parse_params({"text": "hi", name: STRETCH_RANGE[0]}, cfg)
+        parse_params({"text": "hi", name: STRETCH_RANGE[1]}, cfg)
     from assistant.tts import base, effects, piper_engine
 
-    assert effects.SPEED_RANGE is base.SPEED_RANGE is piper_engine.SPEED_RANGE
+    assert effects.STRETCH_RANGE is base.STRETCH_RANGE and piper_engine.SPEED_RANGE is base.SPEED_RANGE
 
 
 def test_voice_folder_stays_inside(tmp_path):

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from assistant.asr.base import ASR_SAMPLE_RATE, ASREngine, ASRModelMissing, Transcript
+from assistant.asr.base import ASREngine, ASRModelMissing, Transcript
 from assistant.config import ASRConfig
 
-__all__ = ["ASR_SAMPLE_RATE", "ENGINES", "ASREngine", "ASRModelMissing", "Transcript", "create_asr"]
+__all__ = ["ENGINES", "ASREngine", "ASRModelMissing", "Transcript", "create_asr"]
 
 
 def _faster_whisper(cfg: ASRConfig) -> ASREngine:

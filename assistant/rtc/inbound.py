@@ -24,13 +24,11 @@ import numpy as np
 import soxr
 from aiortc.mediastreams import MediaStreamError
 
-from assistant.asr.base import ASR_SAMPLE_RATE
-from assistant.audio import S16_SCALE
+from assistant.audio import S16_SCALE, SPEECH_RATE
 
 log = logging.getLogger(__name__)
 
 # The pipeline's audio clock: VAD and ASR both run at 16 kHz.
-PIPELINE_SAMPLE_RATE = ASR_SAMPLE_RATE
 # soxr "MQ" (16-bit precision, what s16 input carries) delays 48→16 kHz by ~12 ms; "HQ" by ~33 ms,
 # and that delay adds straight to endpointing latency.
 INBOUND_RESAMPLE_QUALITY = "MQ"
@@ -89,7 +87,7 @@ class InboundAudio:
     and starts a new one.
     """
 
-    def __init__(self, out_rate: int = PIPELINE_SAMPLE_RATE) -> None:
+    def __init__(self, out_rate: int = SPEECH_RATE) -> None:
         self.out_rate = out_rate
         self.position = 0  # samples emitted at out_rate: the stream clock
         self.frames = 0

@@ -26,8 +26,8 @@ from aiohttp import web
 from assistant.config import Config
 from assistant.server.audio_formats import EncoderUnavailable, StreamEncoder, available_formats
 from assistant.server.tts_request import SpeechParams, SynthesisParams, TTSError, bad_field, parse
+from assistant.server.tts_service import TTSService
 from assistant.server.voice_names import engine_voice_names
-from assistant.tts.service import TTSService
 
 log = logging.getLogger(__name__)
 

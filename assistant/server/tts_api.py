@@ -1,7 +1,7 @@
 """The TTS API: ``POST /api/tts``, ``GET /ws/tts``, ``/api/voices``, ``GET /api/openapi.json`` (and it mounts
 OpenAI's speech API under ``/v1``, see ``openai_speech``).
 
-Handlers only translate HTTP/WebSocket to :class:`~assistant.tts.service.TTSService` and back; validation,
+Handlers only translate HTTP/WebSocket to :class:`~assistant.server.tts_service.TTSService` and back; validation,
 limits, effects and streaming live in the service. Every refusal is JSON ``{"error", "detail"}``.
 
 WebSocket protocol (one request at a time per socket; many sockets at once). The handshake answer carries
@@ -34,11 +34,11 @@ from aiohttp.http_exceptions import HttpProcessingError
 
 from assistant.audio import write_wav_bytes
 from assistant.config import Config
-from assistant.server.app import CONFIG, SERVICES, HTTPJSONError, read_json
 from assistant.server.audio_formats import streaming_wav_header
+from assistant.server.http import CONFIG, SERVICES, HTTPJSONError, read_json
 from assistant.server.openapi import build_openapi
 from assistant.server.tts_request import SynthesisParams, TTSError, WSOptions, parse_params, ws_options
-from assistant.tts.service import TTSService, pcm_bytes
+from assistant.server.tts_service import TTSService, pcm_bytes
 from assistant.tts.voices import ReferenceClipStore, VoiceLimitError, valid_voice_id
 
 log = logging.getLogger(__name__)

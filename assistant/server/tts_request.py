@@ -20,7 +20,7 @@ from dataclasses import MISSING, dataclass, field, fields
 from typing import Any, TypeVar
 
 from assistant.config import Config
-from assistant.tts.base import LANGUAGES, SPEED_RANGE
+from assistant.tts.base import LANGUAGES, STRETCH_RANGE
 
 PITCH_RANGE = (-12.0, 12.0)           # semitones: one octave either way
 ENERGY_RANGE = (0.5, 2.0)
@@ -110,7 +110,7 @@ class SynthesisParams:
     language: str | None = spec(kind="string", choices=LANGUAGES, description="must also be one the engine speaks")
     instruct: str | None = spec(kind="string", max_chars=MAX_INSTRUCT_CHARS,
                                 description="style instruction; 400 unsupported on engines without instruct mode")
-    speed: float = spec(1.0, kind="number", lo=SPEED_RANGE[0], hi=SPEED_RANGE[1], docs_default=1.0,
+    speed: float = spec(1.0, kind="number", lo=STRETCH_RANGE[0], hi=STRETCH_RANGE[1], docs_default=1.0,
                         description="native on engines that support it, else time-stretched")
     pitch: float = spec(0.0, kind="number", lo=PITCH_RANGE[0], hi=PITCH_RANGE[1], docs_default=0,
                         description="semitones")
@@ -156,7 +156,7 @@ class SpeechParams:
                                   "(alloy, …), which speak with the default voice; see GET /v1/audio/voices")
     instructions: str | None = spec(kind="string", max_chars=MAX_INSTRUCT_CHARS,
                                     description="style instruction, as 'instruct' in /api/tts")
-    speed: float = spec(1.0, kind="number", lo=SPEED_RANGE[0], hi=SPEED_RANGE[1], docs_default=1.0,
+    speed: float = spec(1.0, kind="number", lo=STRETCH_RANGE[0], hi=STRETCH_RANGE[1], docs_default=1.0,
                         description="as in /api/tts")
     response_format: str = spec("mp3", kind="string", choices=SPEECH_FORMATS, docs_default="mp3",
                                 description="pcm is raw 24 kHz s16le mono; the others are files at 24 kHz")

@@ -10,7 +10,7 @@ import importlib
 import logging
 
 from assistant.config import TTSConfig
-from assistant.tts.base import TTSCapabilities, TTSEngine, TTSRequest, TTSUnsupported
+from assistant.tts.base import TTSCapabilities, TTSEngine, TTSRequest, TTSUnsupported, with_streaming
 
 log = logging.getLogger(__name__)
 
@@ -40,5 +40,5 @@ def create_tts(cfg: TTSConfig) -> TTSEngine:
         if not callable(getattr(engine, "synthesize", None)) or not hasattr(engine, "sample_rate"):
             raise ValueError(f"TTS plug-in {name!r} lacks synthesize() or sample_rate")
         log.info("tts.plugin_loaded spec=%s", name)
-        return engine
+        return with_streaming(engine)
     raise ValueError(f"unknown TTS engine {name!r}: use one of {', '.join(ENGINES)} or 'package.module:Class'")

@@ -3,16 +3,17 @@
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
 LANGUAGES = ("zh", "en", "ja", "yue", "ko")
-# The one speed range: what any route may ask for (OpenAI's speech API allows the same 0.25–4.0). Engines
-# with native speed take all of it; the service time-stretches for engines without.
-SPEED_RANGE = (0.25, 4.0)
+SPEED_RANGE = (0.5, 2.0)  # what an engine is asked for; the TTS service stretches beyond it with DSP
+# What a request may ask for on any route (OpenAI's speech API allows the same): within SPEED_RANGE the
+# engine speeds up natively where it can, beyond it the service time-stretches the rest.
+STRETCH_RANGE = (0.25, 4.0)
 
 
 @dataclass(frozen=True)
@@ -45,17 +46,8 @@ class TTSCapabilities:
     native_speed: bool = False
     native_pitch: bool = False
     languages: tuple[str, ...] = ("en",)
-    streaming: bool = True
     # The names a request's ``vocoder`` may give for the vocoder this engine has (first: its own name).
     vocoders: tuple[str, ...] = ()
-
-
-@dataclass
-class VoicePrompt:
-    """An engine's cached form of a voice (speaker embedding, prompt tokens, ...), opaque to callers."""
-
-    voice_id: str
-    data: dict = field(default_factory=dict)
 
 
 @runtime_checkable
@@ -68,6 +60,14 @@ class TTSEngine(Protocol):
         """Yield mono float32 chunks (−1…1) at ``sample_rate`` as soon as each exists.
 
         Cancelling the iteration (``aclose`` / task cancel) must stop the work promptly.
+        """
+        ...
+
+    def synthesize_stream(self, pieces: AsyncIterator[str], request: TTSRequest) -> AsyncIterator[np.ndarray]:
+        """Speak one utterance whose text arrives in pieces (already chunked: each piece is spoken as it is).
+
+        ``request`` carries everything but the text. The first piece is spoken as soon as it arrives; an
+        engine may prepare later pieces while earlier ones play. Same cancellation rule as ``synthesize``.
         """
         ...
 
@@ -99,3 +99,41 @@ class VoiceCloner(Protocol):
 
 class TTSUnsupported(ValueError):
     """The engine cannot honour an option (e.g. cloning on Piper); the message names it."""
+
+
+class PieceByPiece:
+    """``synthesize_stream`` for an engine that speaks one whole text per request (Piper, plug-ins).
+
+    Each piece is one ``synthesize`` call, made when the piece arrives.
+    """
+
+    async def synthesize_stream(self, pieces: AsyncIterator[str], request: TTSRequest) -> AsyncIterator[np.ndarray]:
+        async for piece in pieces:
+            chunks = self.synthesize(replace(request, text=piece))  # type: ignore[attr-defined]
+            try:
+                async for chunk in chunks:
+                    yield chunk
+            finally:
+                await chunks.aclose()
+
+
+class PieceByPieceAdapter(PieceByPiece):
+    """Wraps a plug-in engine that has only ``synthesize``, so it serves the speech path too."""
+
+    def __init__(self, engine: Any) -> None:
+        self._engine = engine
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._engine, name)
+
+    def synthesize(self, request: TTSRequest) -> AsyncIterator[np.ndarray]:
+        return self._engine.synthesize(request)
+
+
+def with_streaming(engine: Any) -> TTSEngine:
+    """``engine`` itself if its class has ``synthesize_stream``, else wrapped so that it has (piece by piece).
+
+    The class, not the instance: a proxy that forwards attributes to an inner engine (and changes
+    ``synthesize``) must not hand out the inner engine's ``synthesize_stream``.
+    """
+    return engine if callable(getattr(type(engine), "synthesize_stream", None)) else PieceByPieceAdapter(engine)

@@ -19,9 +19,10 @@ from typing import ClassVar
 import numpy as np
 import onnxruntime as ort
 
+from assistant.audio import SPEECH_RATE
+
 log = logging.getLogger(__name__)
 
-SAMPLE_RATE = 16_000
 WINDOW_SAMPLES = 512  # the only window size Silero v5+ accepts at 16 kHz (32 ms)
 CONTEXT_SAMPLES = 64  # samples of the previous window the model sees in front of each window at 16 kHz
 STATE_SHAPE = (2, 1, 128)  # recurrent state for batch 1
@@ -66,7 +67,7 @@ class SileroModel:
         names = {i.name for i in self.session.get_inputs()}
         if names != {"input", "state", "sr"}:
             raise RuntimeError(f"unexpected Silero ONNX inputs {sorted(names)} in {self.path}")
-        self._sr = np.array(SAMPLE_RATE, dtype=np.int64)
+        self._sr = np.array(SPEECH_RATE, dtype=np.int64)
         log.info("vad.model_loaded path=%s", self.path)
 
     @classmethod

@@ -299,7 +299,7 @@ async def tts_ws(request: web.Request) -> web.WebSocketResponse:
                         task.cancel()
                     continue
                 try:
-                    opts = ws_options(_ws_query(request), data, cfg)
+                    opts = ws_options({}, data, cfg, current=opts)
                     if kind != "synthesize":
                         raise TTSError(400, "bad_request", f"field 'type': {kind!r} is unknown; use synthesize or "
                                        "cancel", param="type")

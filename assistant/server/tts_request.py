@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import MISSING, dataclass, field, fields
+from dataclasses import dataclass, field, fields
 from typing import Any, TypeVar
 
 from assistant.config import Config
@@ -249,16 +249,21 @@ def parse_params(data: dict[str, Any], cfg: Config, upload: bytes | None = None)
     return _replace(p, voice=voice, speaker_wav=speaker_wav, instruct=instruct, vocoder=vocoder)
 
 
-def ws_options(query: dict[str, str], data: dict[str, Any], cfg: Config) -> WSOptions:
-    """The WebSocket opt-ins: query parameters (``?metadata=1&keep_open=1``), overridden by request fields."""
+def ws_options(query: dict[str, str], data: dict[str, Any], cfg: Config,
+               current: WSOptions | None = None) -> WSOptions:
+    """The WebSocket opt-ins: the socket's ``current`` ones (at first: the query parameters,
+    ``?metadata=1&keep_open=1``), changed by fields of a request, which then hold for the rest of the socket."""
     names = specs(WSOptions)
     values: dict[str, Any] = {}
-    for name in names:
-        raw = query.get(name)
-        if raw is not None:
-            if raw.lower() not in ("1", "true", "yes", "0", "false", "no", ""):
-                raise bad_field(name, f"query parameter must be 1/true or 0/false, got {raw!r}")
-            values[name] = raw.lower() in ("1", "true", "yes", "")
+    if current is not None:
+        values = {name: getattr(current, name) for name in names}
+    else:
+        for name in names:
+            raw = query.get(name)
+            if raw is not None:
+                if raw.lower() not in ("1", "true", "yes", "0", "false", "no", ""):
+                    raise bad_field(name, f"query parameter must be 1/true or 0/false, got {raw!r}")
+                values[name] = raw.lower() in ("1", "true", "yes", "")
     values |= {k: data.pop(k) for k in names if k in data}
     return parse(WSOptions, values, cfg)
 
@@ -307,8 +312,3 @@ def schema(cls: type, cfg: Config, extra: dict[str, Any] | None = None) -> dict[
     if extra:
         out["properties"] = props | extra
     return out
-
-
-def _default_of(cls: type, name: str) -> Any:
-    f = next(f for f in fields(cls) if f.name == name)
-    return None if f.default is MISSING else f.default

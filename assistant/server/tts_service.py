@@ -39,8 +39,16 @@ from assistant.pipeline.speech import SpeechPath, SpeechTimeout
 from assistant.server.metrics import Metrics
 from assistant.server.tts_request import MAX_NAME_CHARS, SynthesisParams, TTSError, bad_field
 from assistant.server.voice_names import NamedVoice, VoiceFolder, file_voice_key, resolve_name
-from assistant.tts.base import SPEED_RANGE, ReferenceClip, TTSEngine, TTSRequest, TTSUnsupported, VoiceCloner
-from assistant.tts.tags import split_leading_tag
+from assistant.tts.base import (
+    SPEED_RANGE,
+    ReferenceClip,
+    TTSEngine,
+    TTSRequest,
+    TTSUnsupported,
+    VoiceCloner,
+    with_streaming,
+)
+from assistant.tts.tags import split_leading_tag, split_style_tag
 from assistant.tts.voices import ReferenceClipStore
 
 log = logging.getLogger(__name__)
@@ -119,6 +127,7 @@ class Job:
     pitch_dsp: float          # 0.0: none
     energy: float
     tag_dropped: bool         # a leading emotion tag was removed because the engine has no instruct mode
+    tag: str | None = None    # a leading tag an instruct engine gets on every piece of the chunked text
 
 
 class TTSService:
@@ -373,12 +382,13 @@ class TTSService:
         text, instruct, tag_dropped = p.text, p.instruct, False
         if instruct and not caps.instruct:
             raise TTSError(400, "unsupported", f"engine {engine.name} cannot follow 'instruct'", param="instruct")
-        if not caps.instruct:
-            tag, rest = split_leading_tag(text)
-            if tag is not None:  # documented: engines without instruct mode drop a leading emotion tag
-                text, tag_dropped = rest, True
-                if not text.strip():
-                    raise bad_field("text", "nothing to say after the leading tag")
+        # A leading tag: engines without instruct mode drop it (documented); for instruct engines a style tag
+        # holds for the whole text, and the speech path chunks the text, so it goes on every piece (stream).
+        leading, rest = split_leading_tag(text) if not caps.instruct else split_style_tag(text)
+        if leading is not None and not rest.strip():
+            raise bad_field("text", "nothing to say after the leading tag")
+        if leading is not None:
+            text, tag_dropped = rest, not caps.instruct
         if p.language and p.language not in caps.languages:
             raise TTSError(400, "unsupported",
                            f"engine {engine.name} does not speak language {p.language!r}; it speaks "
@@ -413,6 +423,7 @@ class TTSService:
             pitch_dsp=0.0 if pitch_native else p.pitch,
             energy=p.energy,
             tag_dropped=tag_dropped,
+            tag=leading if caps.instruct else None,
         )
 
     # --- streaming -------------------------------------------------------------------------------------
@@ -421,7 +432,8 @@ class TTSService:
         async with self.slot():
             t0 = time.perf_counter()
             first = True
-            path = SpeechPath(job.engine, job.sample_rate, timeout_s=self.cfg.tts.timeout_s, chunker=self.cfg.chunker)
+            engine = _TagOnEveryPiece(job.engine, job.tag) if job.tag else job.engine
+            path = SpeechPath(engine, job.sample_rate, timeout_s=self.cfg.tts.timeout_s, chunker=self.cfg.chunker)
             dsp = job.speed_dsp != 1.0 or job.pitch_dsp
             source = self._dsp_chunks(job, path) if dsp else path.speak(job.request.text, job.request)
             try:
@@ -456,6 +468,30 @@ class TTSService:
             if job.pitch_dsp:
                 audio = await asyncio.to_thread(fx.pitch_shift, audio, job.sample_rate, job.pitch_dsp)
             yield np.asarray(audio, dtype=np.float32)
+
+
+class _TagOnEveryPiece:
+    """An instruct engine speaking a chunked text: a leading tag (``[关心]``) holds for the whole text, so each
+    piece goes to the engine with the tag in front, as the engine's own tag handling expects."""
+
+    def __init__(self, engine: TTSEngine, tag: str) -> None:
+        self._engine = with_streaming(engine)
+        self._tag = tag
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._engine, name)
+
+    async def synthesize_stream(self, pieces: AsyncIterator[str], request: TTSRequest) -> AsyncIterator[np.ndarray]:
+        async def tagged() -> AsyncIterator[str]:
+            async for piece in pieces:
+                yield f"[{self._tag}] {piece}"
+
+        chunks = self._engine.synthesize_stream(tagged(), request)
+        try:
+            async for chunk in chunks:
+                yield chunk
+        finally:
+            await chunks.aclose()  # type: ignore[attr-defined]
 
 
 def _is_clip_data(value: str) -> bool:

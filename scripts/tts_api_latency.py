@@ -23,7 +23,7 @@ TEXTS = Path(__file__).resolve().parents[2] / "shared/texts/bench_texts.json"
 async def measure(url: str, text: str, runs: int) -> dict[str, float]:
     ws_first, ws_total, http_first, http_total = [], [], [], []
     async with aiohttp.ClientSession() as http:
-        async with http.ws_connect(f"{url}/ws/tts") as ws:
+        async with http.ws_connect(f"{url}/ws/tts?metadata=1&keep_open=1") as ws:
             for i in range(runs):
                 t0, first = time.perf_counter(), None
                 await ws.send_json({"text": text})

@@ -214,7 +214,7 @@ def test_fuzz_ws_tts(server: Server) -> None:
     def run(batch: list[str | bytes]) -> None:
         async def go() -> tuple[int, str]:
             seen: list[str] = []
-            async with server.http.ws_connect(f"{server.url}/ws/tts") as ws:
+            async with server.http.ws_connect(f"{server.url}/ws/tts?keep_open=1&metadata=1") as ws:
                 for msg in batch:
                     await (ws.send_bytes(msg) if isinstance(msg, bytes) else ws.send_str(msg))
                 while True:  # everything the batch brought back (the stand-in engine answers at once)

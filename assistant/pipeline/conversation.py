@@ -153,9 +153,9 @@ class Conversation:
         wall, pos = self._clock
         return wall - (pos - sample) / SPEECH_RATE
 
-    def feed(self, chunk: np.ndarray, arrived: float | None = None) -> None:
+    def feed(self, chunk: np.ndarray) -> None:
         """Feed 16 kHz mono float32 audio as it arrives (called from the inbound reader)."""
-        now = time.time() if arrived is None else arrived
+        now = time.time()
         self._samples_in += len(chunk)
         self._clock = (now, self._samples_in)
         self.last_audio_wall = now

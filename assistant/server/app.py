@@ -16,6 +16,7 @@ from typing import Any
 from aiohttp import web
 
 from assistant.config import PROJECT_ROOT, Config
+from assistant.pipeline.trace import stage_legend
 from assistant.server.http import CONFIG, SERVICES, HTTPJSONError, json_error, read_json
 from assistant.server.services import Services
 from assistant.server.session import Session
@@ -119,6 +120,11 @@ async def metrics(request: web.Request) -> web.Response:
     return web.Response(body=body, headers={"Content-Type": content_type})
 
 
+async def stages(request: web.Request) -> web.Response:
+    """The turn stages the page draws (names, colours, labels): one source, ``pipeline/trace.py``."""
+    return web.json_response({"stages": stage_legend()})
+
+
 async def index(request: web.Request) -> web.FileResponse:
     return web.FileResponse(Path(request.app[CONFIG].server.web_dir or WEB_DIR) / "index.html")
 
@@ -215,6 +221,7 @@ def create_app(cfg: Config, services: Services | None = None) -> web.Application
     app.router.add_get("/metrics", metrics)
     app.router.add_post("/api/offer", offer)
     app.router.add_get("/api/sessions", list_sessions)
+    app.router.add_get("/api/stages", stages)
     app.router.add_delete("/api/sessions/{session_id}", delete_session)
     setup_tts_routes(app)
     app.on_startup.append(_start_loading)

@@ -322,5 +322,7 @@ async def test_openai_bad_inputs_get_openai_shaped_errors(tmp_path, piper):
             assert r.status == 400 and (await r.json())["error"]["code"] == "bad_json"
         async with http.get(f"{base}/v1/audio/speech") as r:
             assert r.status == 405 and "error" in await r.json()
+        async with http.get(f"{base}/v1/nope") as r:
+            assert r.status == 404 and "no route GET /v1/nope" in (await r.json())["error"]["message"]
         async with http.get(f"{base}/v1/models/tts-9") as r:
             assert r.status == 404 and (await r.json())["error"]["code"] == "model_not_found"

@@ -80,6 +80,8 @@ def _auth_and_errors(token: str) -> Any:
                 code, message = ours["error"], ours["detail"]
             if exc.status == 405:
                 message = f"{request.method} is not allowed on {request.path}"
+            elif exc.status == 404 and code == "not_found":
+                message = f"no route {request.method} {request.path}; see GET /api/openapi.json"
             return openai_error(exc.status, message, code)
         except (asyncio.CancelledError, ConnectionResetError):
             raise

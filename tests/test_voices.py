@@ -197,3 +197,17 @@ def test_tags_and_sentences():
         "Hi. This is one sentence.", "And here is another one!"]
     assert split_sentences("今天北京晴转多云，最高气温十八度。明天有小雨，出门请记得带伞。") == [
         "今天北京晴转多云，最高气温十八度。", "明天有小雨，出门请记得带伞。"]
+
+
+def test_docs_describe_every_request_field():
+    """docs/tts_api.md names every field of the request table, the WebSocket opt-ins and the OpenAI fields."""
+    from pathlib import Path
+
+    from assistant.server.tts_request import SpeechParams, SynthesisParams, WSOptions, specs
+
+    doc = (Path(__file__).resolve().parents[1] / "docs" / "tts_api.md").read_text(encoding="utf-8")
+    for cls in (SynthesisParams, WSOptions, SpeechParams):
+        for name in specs(cls):
+            assert f"| `{name}` |" in doc, (cls.__name__, name)
+    for needle in ("X-Sample-Rate", "4000 + the HTTP status", "speech.audio.delta", "models pull piper:"):
+        assert needle in doc, needle

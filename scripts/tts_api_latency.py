@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""First packet and total time of the TTS API (WebSocket and streamed HTTP) against a running server.
+"""First packet and total time of the TTS API (WebSocket, streamed HTTP, and OpenAI's /v1/audio/speech as raw
+pcm and as mp3) against a running server.
 
     python scripts/tts_api_latency.py --url http://127.0.0.1:8080 --text en_medium --runs 6
 
@@ -46,12 +47,25 @@ async def measure(url: str, text: str, runs: int) -> dict[str, float]:
             if i and first:
                 http_first.append((first - t0) * 1000)
                 http_total.append((time.perf_counter() - t0) * 1000)
+        speech: dict[str, tuple[list[float], list[float]]] = {"pcm": ([], []), "mp3": ([], [])}
+        for fmt, (firsts, totals) in speech.items():
+            body = {"model": "tts-1", "voice": "alloy", "input": text, "response_format": fmt}
+            for i in range(runs):
+                t0, first = time.perf_counter(), None
+                async with http.post(f"{url}/v1/audio/speech", json=body) as resp:
+                    resp.raise_for_status()
+                    async for _ in resp.content.iter_any():
+                        first = first or time.perf_counter()
+                if i and first:
+                    firsts.append((first - t0) * 1000)
+                    totals.append((time.perf_counter() - t0) * 1000)
     md = statistics.median
     return {
         "ws_first_ms": md(ws_first),
         "ws_total_ms": md(ws_total),
         "http_first_ms": md(http_first),
         "http_total_ms": md(http_total),
+        **{f"openai_{fmt}_{k}_ms": md(v) for fmt, (f, t) in speech.items() for k, v in (("first", f), ("total", t))},
     }
 
 

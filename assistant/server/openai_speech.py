@@ -25,6 +25,7 @@ from aiohttp import web
 
 from assistant.config import Config
 from assistant.server.audio_formats import EncoderUnavailable, StreamEncoder, available_formats
+from assistant.server.http import read_json
 from assistant.server.tts_request import SpeechParams, SynthesisParams, TTSError, bad_field, parse
 from assistant.server.tts_service import TTSService
 from assistant.server.voice_names import engine_voice_names
@@ -150,21 +151,6 @@ async def list_voices(request: web.Request) -> web.Response:
 
 
 # --- POST /v1/audio/speech ------------------------------------------------------------------------------
-async def _read_body(request: web.Request, cap: int) -> dict[str, Any]:
-    if request.content_length is not None and request.content_length > cap:
-        raise TTSError(413, "too_large", f"request body over {cap} bytes")
-    raw = await request.content.read(cap + 1)
-    if len(raw) > cap:
-        raise TTSError(413, "too_large", f"request body over {cap} bytes")
-    try:
-        data = json.loads(raw)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise TTSError(400, "bad_json", f"body is not valid JSON: {exc}") from None
-    if not isinstance(data, dict):
-        raise TTSError(400, "bad_json", "body must be a JSON object")
-    return data
-
-
 def _voice_name(svc: TTSService, voice: str) -> str | None:
     """OpenAI's stock names speak with the default voice, unless a registered voice is called that."""
     stock = voice.casefold() in OPENAI_VOICES
@@ -180,7 +166,7 @@ async def speech(request: web.Request) -> web.StreamResponse:
     outcome = "error"
     try:
         svc.check_rate(request.remote or "unknown")
-        data = await _read_body(request, MAX_BODY_BYTES + 4 * cfg.tts.max_text_chars)
+        data = await read_json(request, MAX_BODY_BYTES + 4 * cfg.tts.max_text_chars)  # HTTPJSONError: see middleware
         sp = parse(SpeechParams, data, cfg)
         if sp.model not in model_ids(svc):
             raise TTSError(404, "model_not_found", f"The model '{sp.model}' does not exist; this server has "

@@ -44,6 +44,7 @@ async def speak(engine: PiperEngine) -> np.ndarray:
     return np.concatenate(chunks)
 
 
+@pytest.mark.slow
 async def test_pull_from_a_mirror_then_select_by_name_and_by_path(tmp_path, monkeypatch, capsys):
     source = default_voice_path()
     files = {f"/en/en_US/joe/medium/{VOICE}.onnx": source, f"/en/en_US/joe/medium/{VOICE}.onnx.json":

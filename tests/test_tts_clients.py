@@ -99,6 +99,7 @@ async def test_plain_websocket_client_gets_only_bytes(tmp_path, piper):
                     assert isinstance(msg, bytes)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("request_json", "code", "needle"), [
     ('{"text": "你好啊", "language": "zh"}', 4400, "language 'zh'"),
     ('{"text": "你好啊", "speaker_wav": "ref.wav", "streaming": true}', 4400, "unknown_voice"),
@@ -238,6 +239,7 @@ async def test_speed_beyond_the_engines_range_is_stretched(tmp_path, piper):
 
 
 # --- OpenAI's SDK ------------------------------------------------------------------------------------------
+@pytest.mark.slow
 async def test_openai_sdk_file_stream_and_sse(tmp_path, piper):
     cfg = make_cfg(tmp_path, server={"auth_token": "s3cret"})
     async with serve(cfg, piper) as (base, _):

@@ -143,7 +143,7 @@ async def list_voices(request: web.Request) -> web.Response:
         voices.append({"id": v.voice_id, "name": v.name, "kind": "registered", "usable": cloning})
     for name in engine_voice_names(engine):
         voices.append({"id": name, "name": name, "kind": "engine", "usable": True})
-    for name in await asyncio.to_thread(svc.folder.names):
+    for name in await asyncio.to_thread(svc.sources.folder.names):
         voices.append({"id": name, "name": name, "kind": "file", "usable": cloning})
     for name in OPENAI_VOICES:
         voices.append({"id": name, "name": name, "kind": "alias of default", "usable": True})

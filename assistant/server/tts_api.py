@@ -442,13 +442,13 @@ async def create_voice(request: web.Request) -> web.Response:
         name = " ".join((_text_part(parts, "name") or "").split())
         if len(name) > MAX_VOICE_NAME_CHARS or not all(c.isprintable() for c in name):
             raise HTTPJSONError(400, "bad_request", f"field 'name': printable text up to {MAX_VOICE_NAME_CHARS} chars")
-        clip = await svc.decode_clip(parts["clip"], transcript)
+        clip = await svc.sources.decode_clip(parts["clip"], transcript)
         try:
             voice = await asyncio.to_thread(svc.voices.create, clip.audio, clip.sample_rate, transcript, name)
         except VoiceLimitError as exc:
             raise HTTPJSONError(409, "voice_limit", str(exc)) from None
         try:
-            cloning = await svc.prepare_voice(engine, voice.voice_id, clip)
+            cloning = await svc.sources.prepare_voice(engine, voice.voice_id, clip)
         except BaseException:
             await asyncio.to_thread(svc.voices.delete, voice.voice_id)
             raise
@@ -462,7 +462,7 @@ async def delete_voice(request: web.Request) -> web.Response:
     voice_id = request.match_info["voice_id"]
     if not valid_voice_id(voice_id) or not await asyncio.to_thread(svc.voices.delete, voice_id):
         raise HTTPJSONError(404, "unknown_voice", "no such voice")
-    svc.forget_voice(voice_id)
+    svc.sources.forget_voice(svc.current_engine(), voice_id)
     return web.json_response({"status": "deleted", "voice_id": voice_id})
 
 

@@ -61,6 +61,7 @@ def voices_folder(tmp_path: Path) -> Path:
     (folder / "ref.wav").write_bytes(tone_wav(3.0))
     (folder / "ref.txt").write_text("a steady tone", encoding="utf-8")
     (folder / "driver_voice.wav").write_bytes(tone_wav(3.5))
+    (folder / "huge.wav").write_bytes(b"\0" * 400_001)  # over make_cfg's upload cap: never read whole
     return folder
 
 
@@ -168,10 +169,12 @@ async def test_file_names_vocoder_and_tags_on_a_cloning_engine(tmp_path):
                                                       "prompt_text": "what it says"}) as r:
             assert r.status == 200
         assert engine.prepared[engine.requests[-1].voice].text == "what it says"
+        async with http.post(f"{base}/api/tts", json={"text": "hi", "speaker_wav": "huge.wav"}) as r:
+            assert r.status == 413 and "huge.wav is over 400000 bytes" in (await r.json())["detail"]
         async with http.post(f"{base}/api/tts", json={"text": "hi", "voice": "nobody.wav"}) as r:
             body = await r.json()
         assert r.status == 400 and body["error"] == "unknown_voice"
-        assert "'driver_voice.wav', 'ref.wav'" in body["detail"], body  # names what exists
+        assert "'driver_voice.wav', 'huge.wav', 'ref.wav'" in body["detail"], body  # names what exists
         async with http.post(f"{base}/api/tts", json={"text": "hi", "vocoder": "griffinlim"}) as r:
             body = await r.json()
         assert r.status == 400 and "has the vocoder 'hifigan' (accepted names: hifigan, hift)" in body["detail"]

@@ -182,7 +182,7 @@ class VoiceSources:
         reference clip for cloning engines that cannot keep voices."""
         text = prompt_text or await asyncio.to_thread(self.folder.transcript, path)
         if not isinstance(engine, VoiceCloner):
-            data = await asyncio.to_thread(path.read_bytes)
+            data = await asyncio.to_thread(self._read_clip_file, path)
             return None, await self.decode_clip(data, text)
         key = await asyncio.to_thread(file_voice_key, path, text)
         if key in self._file_voices:
@@ -191,7 +191,7 @@ class VoiceSources:
         lock = self._voice_locks.setdefault(key, asyncio.Lock())
         async with lock:
             if key not in self._file_voices:
-                data = await asyncio.to_thread(path.read_bytes)
+                data = await asyncio.to_thread(self._read_clip_file, path)
                 clip = await self.decode_clip(data, text)
                 try:
                     await engine.add_voice(key, clip)
@@ -203,6 +203,13 @@ class VoiceSources:
                     engine.forget_voice(old)
         self._voice_locks.pop(key, None)
         return key, None
+
+    def _read_clip_file(self, path: Path) -> bytes:
+        """A clip file's bytes, refused before reading if it is over the upload limit."""
+        cap = self.cfg.tts_api.max_upload_bytes
+        if path.stat().st_size > cap:
+            raise TTSError(413, "too_large", f"{path.name} is over {cap} bytes (tts_api.max_upload_bytes)")
+        return path.read_bytes()
 
     async def _named_voice(self, engine: TTSEngine, name: str, field: str,
                            prompt_text: str) -> tuple[str | None, ReferenceClip | None]:

@@ -87,17 +87,33 @@ def cmd_say(args: argparse.Namespace) -> int:
     return 0
 
 
+def _pull_piper(voice: str, args: argparse.Namespace) -> int:
+    from assistant.tts.piper_pull import PiperPullError, pull_piper_voice
+
+    try:
+        path = pull_piper_voice(voice, args.dest or "models/piper", url=args.url)
+    except PiperPullError as exc:
+        print(f"models pull piper:{voice}: {exc}", file=sys.stderr)
+        return 1
+    print(f"Piper voice {voice} ready in {path}; use it with --tts.voice {voice}")
+    return 0
+
+
 def cmd_models(args: argparse.Namespace) -> int:
+    _setup_logging("WARNING" if args.models_cmd == "pull" and args.name.startswith("piper:") else "INFO")
+    if args.models_cmd == "pull" and args.name.startswith("piper:"):
+        return _pull_piper(args.name.removeprefix("piper:"), args)
+
     from assistant.tts.cosyvoice.loader import ModelDirError, verify_model_dir
     from assistant.tts.cosyvoice.pull import PullError, pull_cosyvoice2
 
-    _setup_logging("INFO")
     try:
         if args.models_cmd == "pull":
             if args.name != "cosyvoice2":
-                print(f"unknown model {args.name!r}; known: cosyvoice2", file=sys.stderr)
+                print(f"unknown model {args.name!r}; known: cosyvoice2, piper:<voice> (e.g. piper:zh_CN-huayan-medium)",
+                      file=sys.stderr)
                 return 2
-            dest = pull_cosyvoice2(Path(args.dest), source=args.source)
+            dest = pull_cosyvoice2(Path(args.dest or "models/CosyVoice2-0.5B"), source=args.source)
             print(f"CosyVoice2 ready in {dest}")
             return 0
         if args.models_cmd == "verify":
@@ -162,9 +178,14 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("models", help="fetch and verify model weights")
     msub = p.add_subparsers(dest="models_cmd", required=True)
     mp = msub.add_parser("pull", help="download a model release into models/ and verify it")
-    mp.add_argument("name", help="model to fetch: cosyvoice2")
-    mp.add_argument("--dest", default="models/CosyVoice2-0.5B", help="target directory")
-    mp.add_argument("--source", default="huggingface", choices=["huggingface", "modelscope"], help="where from")
+    mp.add_argument("name", help="model to fetch: cosyvoice2, or piper:<voice> such as piper:zh_CN-huayan-medium")
+    mp.add_argument("--dest", default=None,
+                    help="target directory (default: models/CosyVoice2-0.5B; Piper voices: models/piper)")
+    mp.add_argument("--source", default="huggingface", choices=["huggingface", "modelscope"],
+                    help="where cosyvoice2 comes from")
+    mp.add_argument("--url", default=None,
+                    help="Piper voices: base URL of a mirror with the rhasspy/piper-voices layout "
+                         "(default: Hugging Face, or $ASSISTANT_PIPER_VOICES_URL)")
     mp = msub.add_parser("verify", help="check a CosyVoice2 model directory without loading it for inference")
     mp.add_argument("dir", nargs="?", default="models/CosyVoice2-0.5B", help="the model directory")
     p.set_defaults(func=cmd_models)

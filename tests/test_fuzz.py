@@ -180,6 +180,15 @@ tts_bodies = fields({
     "streaming": st.booleans(), "format": st.sampled_from(["wav", "pcm", "mp3"]),
     "sample_rate": st.integers(0, 100_000), "seed": st.integers(-5, 2**33),
 })
+speech_bodies = fields({
+    "model": st.sampled_from(["tts-1", "tts-1-hd", "gpt-4o-mini-tts", "tts-9", ""]),
+    "input": st.one_of(st.text(min_size=1, max_size=60), st.just("[关心] 我知道你现在有点累")),
+    "voice": st.one_of(st.text(max_size=70), st.sampled_from(["alloy", "default", "../x.wav", "/etc/x.wav"]),
+                       st.fixed_dictionaries({"id": st.text(max_size=20)})),
+    "instructions": st.text(max_size=600),
+    "speed": st.floats(), "response_format": st.sampled_from(["mp3", "opus", "aac", "flac", "wav", "pcm", "ogg"]),
+    "stream_format": st.sampled_from(["audio", "sse", "ws"]),
+})
 
 
 # --- surfaces ----------------------------------------------------------------------------------------
@@ -205,6 +214,19 @@ def test_fuzz_tts_http(server: Server) -> None:
     still_serving(server)
 
 
+def test_fuzz_openai_speech(server: Server) -> None:
+    @FUZZ
+    @given(body=st.one_of(speech_bodies.map(lambda d: json.dumps(d).encode()), raw_bytes))
+    def run(body: bytes) -> None:
+        status, text = request(server, "POST /v1/audio/speech", "POST", "/v1/audio/speech", data=body,
+                               headers={"Content-Type": "application/json"})
+        if status >= 400:  # every refusal in OpenAI's shape
+            assert set(json.loads(text)["error"]) == {"message", "type", "param", "code"}, text
+
+    run()
+    still_serving(server)
+
+
 def test_fuzz_ws_tts(server: Server) -> None:
     messages = st.one_of(tts_bodies.map(json.dumps), st.text(max_size=200), st.binary(max_size=200),
                          st.sampled_from(['{"type": "cancel"}', '{"type": 5}', "[]", "null"]))
@@ -214,7 +236,7 @@ def test_fuzz_ws_tts(server: Server) -> None:
     def run(batch: list[str | bytes]) -> None:
         async def go() -> tuple[int, str]:
             seen: list[str] = []
-            async with server.http.ws_connect(f"{server.url}/ws/tts") as ws:
+            async with server.http.ws_connect(f"{server.url}/ws/tts?keep_open=1&metadata=1") as ws:
                 for msg in batch:
                     await (ws.send_bytes(msg) if isinstance(msg, bytes) else ws.send_str(msg))
                 while True:  # everything the batch brought back (the stand-in engine answers at once)

@@ -276,7 +276,7 @@ async def test_bearer_token_guards_api_and_ws(services: Services, tmp_path) -> N
         with pytest.raises(aiohttp.WSServerHandshakeError) as err:
             await http.ws_connect(f"{url}/ws/tts")
         assert err.value.status == 401
-        async with http.ws_connect(f"{url}/ws/tts", headers=good) as ws:
+        async with http.ws_connect(f"{url}/ws/tts?metadata=1", headers=good) as ws:
             await ws.send_json({"text": "Hi."})
             assert (await ws.receive_json(timeout=30))["type"] == "start"
         for path in ("/healthz", "/readyz", "/metrics", "/"):

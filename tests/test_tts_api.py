@@ -68,10 +68,21 @@ class FakeCloner:
         self.delay = delay
         self.requests: list[TTSRequest] = []
         self.prepared: dict[str, ReferenceClip] = {}
+        self.loaded: list[str] = []
+        self.forgotten: list[str] = []
 
     async def add_voice(self, voice_id: str, clip: ReferenceClip) -> FakePrompt:
         self.prepared[voice_id] = clip
         return FakePrompt()
+
+    async def load_voice(self, voice_id: str, path: Path) -> FakePrompt:
+        if Path(path).read_bytes() != b"prompt":
+            raise ValueError("not a prompt file")
+        self.loaded.append(voice_id)
+        return FakePrompt()
+
+    def forget_voice(self, voice_id: str) -> None:
+        self.forgotten.append(voice_id)
 
     async def synthesize(self, request: TTSRequest) -> AsyncIterator[np.ndarray]:
         self.requests.append(request)
@@ -186,7 +197,7 @@ async def test_ws_end_errors_and_reuse(tmp_path, piper):
     async with (
         serve(make_cfg(tmp_path), piper) as (base, _),
         aiohttp.ClientSession() as http,
-        http.ws_connect(f"{base}/ws/tts") as ws,
+        http.ws_connect(f"{base}/ws/tts?metadata=1&keep_open=1") as ws,
     ):
         start, pcm = await ws_say(ws, {"text": SHORT})
         assert start == {"type": "start", "sample_rate": 22050, "channels": 1, "format": "s16le"}
@@ -205,7 +216,7 @@ async def test_ws_end_errors_and_reuse(tmp_path, piper):
 async def test_ws_many_sockets_at_once(tmp_path, piper):
     async with serve(make_cfg(tmp_path), piper) as (base, _), aiohttp.ClientSession() as http:
         async def one(i: int) -> int:
-            async with http.ws_connect(f"{base}/ws/tts") as ws:
+            async with http.ws_connect(f"{base}/ws/tts?metadata=true") as ws:
                 _, pcm = await ws_say(ws, {"text": f"Socket number {i}."})
                 return len(pcm)
 
@@ -244,7 +255,7 @@ async def test_dsp_speed_on_an_engine_without_native_speed(tmp_path):
 # --- bad input --------------------------------------------------------------------------------------------
 BAD_TTS = [
     (b"{not json", 400, "bad_json", "not valid JSON"),
-    ({"text": "hi", "speed": 9}, 400, "bad_request", "'speed': 9 is out of range; allowed 0.5 to 2"),
+    ({"text": "hi", "speed": 9}, 400, "bad_request", "'speed': 9 is out of range; allowed 0.25 to 4"),
     ({"text": "hi", "pitch": 20}, 400, "bad_request", "'pitch'"),
     ({"text": "hi", "colour": 1}, 400, "bad_request", "'colour': unknown field"),
     ({"text": "x" * 2001}, 413, "text_too_long", "limit is 2000"),
@@ -253,7 +264,13 @@ BAD_TTS = [
     ({"text": "hi", "speaker_wav": "http://example.com/a.wav"}, 400, "url_not_allowed", "url_allowlist"),
     ({"text": "hi", "speaker_wav": "file:///etc/passwd"}, 400, "url_not_allowed", "http or https"),
     ({"text": "hi", "speaker_wav": base64.b64encode(tone_wav(3)).decode()}, 400, "unsupported", "clone"),
-    ({"text": "hi", "voice": "0123456789abcdef"}, 404, "unknown_voice", "/api/voices"),
+    ({"text": "hi", "voice": "0123456789abcdef"}, 400, "unknown_voice", "no voice or file named '0123456789abcdef'"),
+    ({"text": "hi", "voice": "nobody"}, 400, "unknown_voice", "engine piper voices: 'default', 'en_US-joe-medium'"),
+    ({"text": "hi", "speaker_wav": "ref.wav"}, 400, "unknown_voice", "files in the voices folder: none"),
+    ({"text": "hi", "speaker_wav": "../etc/passwd.wav"}, 400, "bad_request", "may not contain '..'"),
+    ({"text": "hi", "speaker_wav": "/etc/x.wav"}, 400, "bad_request", "not absolute"),
+    ({"text": "hi", "vocoder": "hifigan"}, 400, "unsupported", "engine piper has the vocoder 'vits'"),
+    ({"text": "hi", "vocoder": 1}, 400, "bad_request", "'vocoder': must be a string"),
 ]
 
 
@@ -313,7 +330,7 @@ async def test_auth_token_covers_http_and_ws(tmp_path, piper):
         async with http.post(f"{base}/api/tts", json={"text": SHORT},
                              headers={"Authorization": "Bearer s3cret"}) as r:
             assert r.status == 200
-        async with http.ws_connect(f"{base}/ws/tts?token=s3cret") as ws:
+        async with http.ws_connect(f"{base}/ws/tts?token=s3cret&metadata=1") as ws:
             await ws_say(ws, {"text": SHORT})
         async with http.get(f"{base}/healthz") as r:
             assert r.status == 200
@@ -325,7 +342,7 @@ async def test_rate_limit_and_busy(tmp_path, monkeypatch):
     monkeypatch.setattr(tts_service, "BUSY_WAIT_S", 0.05)
     async with serve(cfg, engine) as (base, _), aiohttp.ClientSession() as http:
         async with http.ws_connect(f"{base}/ws/tts") as ws:
-            await ws.send_json({"text": "long"})
+            await ws.send_json({"text": "long", "metadata": True})
             assert (await ws.receive_json(timeout=5))["type"] == "start"
             async with http.post(f"{base}/api/tts", json={"text": "hi"}) as r:
                 assert r.status == 429 and (await r.json())["error"] == "busy"
@@ -392,10 +409,17 @@ async def test_cloning_paths_with_a_cloning_engine(tmp_path):
     finally:
         await runner.cleanup()
 
-    fresh = FakeCloner()  # a restart: the engine has not seen the voice; the service prepares it again
+    fresh = FakeCloner()  # a restart: the engine loads the prepared voice it cached; nothing is recomputed
     async with serve(cfg, fresh) as (base, _), aiohttp.ClientSession() as http:
         await say(http, base, voice=vid)
-        assert vid in fresh.prepared and fresh.requests[-1].voice == vid
+        assert fresh.loaded == [vid] and vid not in fresh.prepared and fresh.requests[-1].voice == vid
+        await say(http, base, voice="Tone")  # by name too
+        assert fresh.requests[-1].voice == vid and fresh.loaded == [vid]
+        async with http.delete(f"{base}/api/voices/{vid}") as r:
+            assert r.status == 200
+        assert fresh.forgotten == [vid]  # a deleted voice leaves the engine too
+        async with http.post(f"{base}/api/tts", json={"text": "hi", "voice": vid}) as r:
+            assert r.status == 400 and (await r.json())["error"] == "unknown_voice"
 
 
 async def test_voices_survive_a_restart(tmp_path, piper):
@@ -435,7 +459,10 @@ async def test_openapi_document(tmp_path, piper):
     for path in ("/api/tts", "/ws/tts", "/api/voices", "/api/voices/{voice_id}", "/api/offer",
                  "/api/sessions/{session_id}", "/healthz", "/readyz"):
         assert path in doc["paths"], path
-    assert doc["components"]["schemas"]["TTSRequest"]["properties"]["speed"]["maximum"] == 2.0
+    assert doc["components"]["schemas"]["TTSRequest"]["properties"]["speed"]["maximum"] == 4.0
+    for path in ("/v1/audio/speech", "/v1/models", "/v1/audio/voices"):
+        assert path in doc["paths"], path
+    assert "keep_open" in doc["components"]["schemas"]["WSRequest"]["properties"]
 
 
 async def test_ws_cancel_ends_the_request_and_the_socket_stays_usable(tmp_path):
@@ -443,7 +470,7 @@ async def test_ws_cancel_ends_the_request_and_the_socket_stays_usable(tmp_path):
     async with (
         serve(make_cfg(tmp_path), engine) as (base, _),
         aiohttp.ClientSession() as http,
-        http.ws_connect(f"{base}/ws/tts") as ws,
+        http.ws_connect(f"{base}/ws/tts?keep_open=1&metadata=1") as ws,
     ):
         await ws.send_json({"text": "a long one"})
         assert (await ws.receive_json(timeout=5))["type"] == "start"

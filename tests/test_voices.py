@@ -8,14 +8,9 @@ import numpy as np
 import pytest
 
 from assistant.config import Config
-from assistant.server.tts_service import (
-    RateLimiter,
-    TTSError,
-    parse_params,
-    split_leading_tag,
-    split_sentences,
-)
-from assistant.tts.voices import TMP_PREFIX, VoiceLimitError, VoiceStore, valid_voice_id
+from assistant.server.tts_request import TTSError, parse_params
+from assistant.server.tts_service import RateLimiter, split_leading_tag, split_sentences
+from assistant.tts.voices import TMP_PREFIX, ReferenceClipStore, VoiceLimitError, valid_voice_id
 
 SR = 16000
 
@@ -26,7 +21,7 @@ def _clip(seconds: float = 3.0) -> np.ndarray:
 
 
 def test_create_list_get_and_reload(tmp_path):
-    store = VoiceStore(tmp_path, max_voices=5)
+    store = ReferenceClipStore(tmp_path, max_voices=5)
     v = store.create(_clip(), SR, "hello there", name="Ann")
     assert valid_voice_id(v.voice_id)
     assert v.name == "Ann" and v.duration_s == pytest.approx(3.0)
@@ -35,7 +30,7 @@ def test_create_list_get_and_reload(tmp_path):
     assert json.loads((folder / "meta.json").read_text())["transcript"] == "hello there"
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(TMP_PREFIX)]
 
-    again = VoiceStore(tmp_path, max_voices=5)  # a restart
+    again = ReferenceClipStore(tmp_path, max_voices=5)  # a restart
     assert [x.voice_id for x in again.list()] == [v.voice_id]
     clip = again.load_clip(v.voice_id)
     assert clip.sample_rate == SR and clip.text == "hello there"
@@ -43,7 +38,7 @@ def test_create_list_get_and_reload(tmp_path):
 
 
 def test_cap_and_delete(tmp_path):
-    store = VoiceStore(tmp_path, max_voices=2)
+    store = ReferenceClipStore(tmp_path, max_voices=2)
     a = store.create(_clip(), SR, "a")
     store.create(_clip(), SR, "b")
     with pytest.raises(VoiceLimitError):
@@ -56,7 +51,7 @@ def test_cap_and_delete(tmp_path):
 
 
 def test_client_strings_never_become_paths(tmp_path):
-    store = VoiceStore(tmp_path / "voices", max_voices=5)
+    store = ReferenceClipStore(tmp_path / "voices", max_voices=5)
     (tmp_path / "secret").mkdir()
     for bad in ("../secret", "..", "/etc", "ABCDEF0123456789", "0123", "0123456789abcdef/../x", ""):
         assert not valid_voice_id(bad)
@@ -71,7 +66,7 @@ def test_client_strings_never_become_paths(tmp_path):
 
 
 def test_failed_write_leaves_nothing_and_leftovers_are_cleaned(tmp_path):
-    store = VoiceStore(tmp_path, max_voices=5)
+    store = ReferenceClipStore(tmp_path, max_voices=5)
 
     def broken(voice_id, folder):
         raise OSError("disk full")
@@ -81,12 +76,12 @@ def test_failed_write_leaves_nothing_and_leftovers_are_cleaned(tmp_path):
     assert list(tmp_path.iterdir()) == [] and store.list() == []
     (tmp_path / f"{TMP_PREFIX}0123456789abcdef").mkdir()  # an interrupted write from a crash
     (tmp_path / "0123456789abcdef").mkdir()                # a folder without meta: skipped
-    assert VoiceStore(tmp_path, max_voices=5).list() == []
+    assert ReferenceClipStore(tmp_path, max_voices=5).list() == []
     assert not (tmp_path / f"{TMP_PREFIX}0123456789abcdef").exists()
 
 
 def test_cache_file_is_written_atomically(tmp_path):
-    store = VoiceStore(tmp_path, max_voices=5)
+    store = ReferenceClipStore(tmp_path, max_voices=5)
     v = store.create(_clip(), SR, "x")
     store.write_cache_file(v.voice_id, "cosyvoice2", lambda p: p.write_bytes(b"npz"))
     assert store.cache_path(v.voice_id, "cosyvoice2").read_bytes() == b"npz"
@@ -108,7 +103,8 @@ def test_rate_limiter_token_bucket():
 @pytest.mark.parametrize(
     ("body", "status", "needle"),
     [
-        ({"text": "hi", "speed": 2.5}, 400, "'speed'"),
+        ({"text": "hi", "speed": 4.5}, 400, "'speed': 4.5 is out of range; allowed 0.25 to 4"),
+        ({"text": "hi", "speed": True}, 400, "'speed'"),
         ({"text": "hi", "pitch": -13}, 400, "-12 to 12"),
         ({"text": "hi", "energy": "loud"}, 400, "'energy'"),
         ({"text": "hi", "language": "fr"}, 400, "zh, en, ja, yue, ko"),
@@ -119,6 +115,8 @@ def test_rate_limiter_token_bucket():
         ({"text": ""}, 400, "'text'"),
         ({"text": "x" * 2001}, 413, "limit is 2000"),
         ({"text": "hi", "voice": "v", "speaker_wav": "AAAA"}, 400, "not both"),
+        ({"text": "hi", "vocoder": 3}, 400, "'vocoder': must be a string"),
+        ({"text": "hi", "voice": "v" * 256}, 413, "'voice' is 256 characters"),
     ],
 )
 def test_parse_params_names_the_field(body, status, needle):
@@ -131,6 +129,64 @@ def test_parse_params_names_the_field(body, status, needle):
 def test_parse_params_defaults():
     p = parse_params({"text": "hi"}, Config())
     assert (p.speed, p.pitch, p.energy, p.streaming, p.format, p.sample_rate) == (1.0, 0.0, 1.0, False, None, None)
+    assert parse_params({"text": "hi", "vocoder": " HiFiGAN "}, Config()).vocoder == "hifigan"
+
+
+def test_one_table_drives_parser_field_list_and_schema():
+    """Every field of the table is accepted by the parser, named in the unknown-field error and in the schema,
+    with the same range: one source for each."""
+    from dataclasses import fields
+
+    from assistant.server.openapi import build_openapi
+    from assistant.server.tts_request import STRETCH_RANGE, SynthesisParams, specs
+
+    cfg = Config()
+    table = specs(SynthesisParams)
+    assert list(table) == [f.name for f in fields(SynthesisParams)]
+    doc = build_openapi(cfg)["components"]["schemas"]
+    assert list(doc["TTSRequest"]["properties"]) == list(table)
+    assert set(doc["WSRequest"]["properties"]) == set(table) | {"metadata", "keep_open"}
+    with pytest.raises(TTSError) as err:
+        parse_params({"text": "hi", "nope": 1}, cfg)
+    assert all(name in err.value.detail for name in table)
+    for name in ("speed",):
+        s = doc["TTSRequest"]["properties"][name]
+        assert (s["minimum"], s["maximum"]) == STRETCH_RANGE == (0.25, 4.0)
+        assert doc["SpeechRequest"]["properties"][name]["maximum"] == STRETCH_RANGE[1]
+        parse_params({"text": "hi", name: STRETCH_RANGE[0]}, cfg)
+        parse_params({"text": "hi", name: STRETCH_RANGE[1]}, cfg)
+    from assistant.tts import base, effects, piper_engine
+
+    assert effects.STRETCH_RANGE is base.STRETCH_RANGE and piper_engine.SPEED_RANGE is base.SPEED_RANGE
+
+
+def test_voice_folder_stays_inside(tmp_path):
+    """File names resolve only inside the voices folder: no '..', no absolute path, no symlink leading out."""
+    from assistant.server.voice_names import VoiceFolder
+
+    root = tmp_path / "voices"
+    (root / "sub").mkdir(parents=True)
+    (root / "ref.wav").write_bytes(b"RIFF")
+    (root / "sub" / "deep.wav").write_bytes(b"RIFF")
+    (root / "ref.txt").write_text("what the clip says\n", encoding="utf-8")
+    outside = tmp_path / "secret.wav"
+    outside.write_bytes(b"RIFF")
+    (root / "link.wav").symlink_to(outside)
+    (root / "inside-link.wav").symlink_to(root / "ref.wav")
+    folder = VoiceFolder(root)
+    assert folder.find("ref.wav", "speaker_wav") == (root / "ref.wav").resolve()
+    assert folder.find("sub/deep.wav", "speaker_wav") == (root / "sub" / "deep.wav").resolve()
+    assert folder.find("inside-link.wav", "speaker_wav") == (root / "ref.wav").resolve()
+    assert folder.find("missing.wav", "speaker_wav") is None
+    assert folder.find("notes.txt", "speaker_wav") is None           # not audio: never a clip
+    for bad, needle in [("../secret.wav", "'..'"), (str(outside), "absolute"), ("link.wav", "outside"),
+                        ("sub/../../secret.wav", "'..'"), ("~/x.wav", "absolute")]:
+        with pytest.raises(TTSError) as err:
+            folder.find(bad, "speaker_wav")
+        assert err.value.status == 400 and needle in err.value.detail, bad
+    assert folder.names() == ["inside-link.wav", "ref.wav", "sub/deep.wav"]
+    assert folder.transcript(root / "ref.wav") == "what the clip says"
+    assert VoiceFolder(tmp_path / "none").names() == []
 
 
 def test_tags_and_sentences():
@@ -141,3 +197,17 @@ def test_tags_and_sentences():
         "Hi. This is one sentence.", "And here is another one!"]
     assert split_sentences("今天北京晴转多云，最高气温十八度。明天有小雨，出门请记得带伞。") == [
         "今天北京晴转多云，最高气温十八度。", "明天有小雨，出门请记得带伞。"]
+
+
+def test_docs_describe_every_request_field():
+    """docs/tts_api.md names every field of the request table, the WebSocket opt-ins and the OpenAI fields."""
+    from pathlib import Path
+
+    from assistant.server.tts_request import SpeechParams, SynthesisParams, WSOptions, specs
+
+    doc = (Path(__file__).resolve().parents[1] / "docs" / "tts_api.md").read_text(encoding="utf-8")
+    for cls in (SynthesisParams, WSOptions, SpeechParams):
+        for name in specs(cls):
+            assert f"| `{name}` |" in doc, (cls.__name__, name)
+    for needle in ("X-Sample-Rate", "4000 + the HTTP status", "speech.audio.delta", "models pull piper:"):
+        assert needle in doc, needle

@@ -29,7 +29,7 @@ function render(root) {
       <label>Voice <select id="tts-voice"><option value="">default</option></select></label>
       <label>Language <select id="tts-language">${LANGS.map(([v, n]) => `<option value="${v}">${n}</option>`).join('')}</select></label>
       <label>Instruction <input id="tts-instruct" type="text" maxlength="500" placeholder="e.g. Speak cheerfully (CosyVoice)"></label>
-      <label>Speed <input id="tts-speed" type="range" min="0.5" max="2" step="0.05" value="1"> <output id="tts-speed-v">1.00</output></label>
+      <label>Speed <input id="tts-speed" type="range" min="0.25" max="4" step="0.05" value="1"> <output id="tts-speed-v">1.00</output></label>
       <label>Pitch <input id="tts-pitch" type="range" min="-12" max="12" step="1" value="0"> <output id="tts-pitch-v">0</output> st</label>
       <label>Energy <input id="tts-energy" type="range" min="0.5" max="2" step="0.05" value="1"> <output id="tts-energy-v">1.00</output></label>
     </div>
@@ -168,8 +168,10 @@ function socket() {
   if (tts.ws && tts.ws.readyState <= WebSocket.OPEN) return Promise.resolve(tts.ws);
   return new Promise((resolve, reject) => {
     const proto = location.protocol === 'https:' ? 'wss' : 'ws';
-    const q = token ? `?token=${encodeURIComponent(token)}` : '';
-    const ws = new WebSocket(`${proto}://${location.host}/ws/tts${q}`);
+    // Opt into the start message (it carries the sample rate) and into keep_open (errors leave the socket up).
+    const q = new URLSearchParams({ metadata: '1', keep_open: '1' });
+    if (token) q.set('token', token);
+    const ws = new WebSocket(`${proto}://${location.host}/ws/tts?${q}`);
     ws.binaryType = 'arraybuffer';
     ws.onopen = () => resolve(ws);
     ws.onerror = () => reject(new Error('could not open /ws/tts'));

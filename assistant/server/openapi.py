@@ -1,7 +1,8 @@
 """The OpenAPI 3.1 document of the HTTP API, served at ``GET /api/openapi.json``.
 
-Written by hand next to the routes it describes (no framework generates it); limits come from the config,
-so the document states the numbers this server enforces.
+The request bodies of the TTS routes come from the request table (``tts_request``) that the parsers use, so
+the document and the checks cannot drift apart; the rest is written next to the routes it describes. Limits
+come from the config, so the document states the numbers this server enforces.
 """
 
 from __future__ import annotations
@@ -9,15 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from assistant.config import Config
-from assistant.server.tts_service import (
-    ENERGY_RANGE,
-    FORMATS,
-    MAX_INSTRUCT_CHARS,
-    PITCH_RANGE,
-    SAMPLE_RATE_RANGE,
-    SPEED_RANGE,
-)
-from assistant.tts.base import LANGUAGES
+from assistant.server.tts_request import SpeechParams, SynthesisParams, WSOptions, schema
 
 OPENAPI_VERSION = "3.1.0"
 
@@ -42,41 +35,26 @@ def build_openapi(cfg: Config) -> dict[str, Any]:
         "X-Channels": {"schema": {"type": "integer", "const": 1}, "description": "always 1 (mono)"},
         "X-Sample-Format": {"schema": {"type": "string", "const": "s16le"}, "description": "16-bit little-endian"},
     }
-    tts_request = {
-        "type": "object",
-        "additionalProperties": False,
-        "required": ["text"],
-        "properties": {
-            "text": {"type": "string", "minLength": 1, "maxLength": cfg.tts.max_text_chars,
-                     "description": "what to say; a leading tag such as [cheerful] or [关心] becomes the "
-                                    "instruction on engines with instruct mode and is dropped on others"},
-            "voice": {"type": "string", "description": "a voice_id from /api/voices (or the engine's own voice "
-                                                       "name); omit for the default voice"},
-            "speaker_wav": {"type": "string",
-                            "description": "reference clip to clone: base64 audio, a data: URI, or an http(s) "
-                                           "URL on tts_api.url_allowlist; in multipart, a file part instead. "
-                                           f"{api.min_upload_seconds:g}-{api.max_upload_seconds:g} s, "
-                                           f"≤ {api.max_upload_bytes} bytes"},
-            "prompt_text": {"type": "string", "description": "what speaker_wav says (improves cloning)"},
-            "language": {"type": "string", "enum": list(LANGUAGES),
-                         "description": "must also be one the engine speaks"},
-            "instruct": {"type": "string", "maxLength": MAX_INSTRUCT_CHARS,
-                         "description": "style instruction; 400 unsupported on engines without instruct mode"},
-            "speed": {"type": "number", "minimum": SPEED_RANGE[0], "maximum": SPEED_RANGE[1], "default": 1.0},
-            "pitch": {"type": "number", "minimum": PITCH_RANGE[0], "maximum": PITCH_RANGE[1], "default": 0,
-                      "description": "semitones"},
-            "energy": {"type": "number", "minimum": ENERGY_RANGE[0], "maximum": ENERGY_RANGE[1], "default": 1.0,
-                       "description": "loudness gain, limited so that it never clips"},
-            "streaming": {"type": "boolean", "default": False,
-                          "description": "chunked raw PCM as each chunk is made"},
-            "format": {"type": "string", "enum": list(FORMATS),
-                       "description": "default wav (whole) / pcm (streaming); wav with streaming sends a "
-                                      "header of unknown length first"},
-            "sample_rate": {"type": "integer", "minimum": SAMPLE_RATE_RANGE[0], "maximum": SAMPLE_RATE_RANGE[1],
-                            "description": "resample the output to this rate (default: the engine's)"},
-            "seed": {"type": "integer", "minimum": 0, "description": "sampling seed (engines that sample)"},
-        },
+    tts_request = schema(SynthesisParams, cfg)
+    ws_request = schema(SynthesisParams, cfg, extra=schema(WSOptions, cfg)["properties"])
+    openai_error = {
+        "type": "object", "required": ["error"],
+        "properties": {"error": {
+            "type": "object", "required": ["message", "type", "param", "code"],
+            "properties": {
+                "message": {"type": "string"},
+                "type": {"type": "string", "enum": ["invalid_request_error", "authentication_error",
+                                                   "rate_limit_error", "server_error"]},
+                "param": {"type": ["string", "null"], "description": "the request field at fault"},
+                "code": {"type": ["string", "null"], "description": "as Error.error, or model_not_found, "
+                                                                    "invalid_api_key"},
+            },
+        }},
     }
+
+    def _oai(description: str) -> dict[str, Any]:
+        return {"description": description, "content": {"application/json": {"schema": _ref("OpenAIError")}}}
+
     voice = {
         "type": "object",
         "required": ["voice_id", "name", "transcript", "duration_s", "sample_rate", "created", "cloning"],
@@ -98,7 +76,8 @@ def build_openapi(cfg: Config) -> dict[str, Any]:
             "title": "assistant",
             "version": "0.1.0",
             "description": "Real-time spoken assistant: WebRTC voice chat and a TTS API. Errors are JSON "
-                           "{error, detail}. With server.auth_token set, /api/* and /ws/* need "
+                           "{error, detail} (OpenAI's shape under /v1). With server.auth_token set, /api/*, "
+                           "/v1/* and /ws/* need "
                            "'Authorization: Bearer <token>' (WebSocket: ?token=<token>).",
         },
         "security": bearer,
@@ -119,6 +98,9 @@ def build_openapi(cfg: Config) -> dict[str, Any]:
                     },
                 },
                 "TTSRequest": tts_request,
+                "WSRequest": ws_request,
+                "SpeechRequest": schema(SpeechParams, cfg),
+                "OpenAIError": openai_error,
                 "Voice": voice,
                 "WSStart": {
                     "type": "object",
@@ -165,9 +147,9 @@ def build_openapi(cfg: Config) -> dict[str, Any]:
                                                      "description": "raw s16le mono PCM"},
                     }},
                     "400": _error("bad field value, unknown field, bad JSON, undecodable audio, "
-                                  "unsupported option for this engine, URL not allowed"),
+                                  "unsupported option for this engine (vocoder, cloning, language, instruct), URL "
+                                  "not allowed, unknown_voice (the detail lists what exists)"),
                     "401": _error("missing or wrong bearer token"),
-                    "404": _error("unknown voice"),
                     "413": _error("text, body or reference clip over its limit"),
                     "429": _error("rate_limited (Retry-After) or busy (all synthesis slots taken)"),
                     "503": _error("models still loading"),
@@ -176,15 +158,70 @@ def build_openapi(cfg: Config) -> dict[str, Any]:
             }},
             "/ws/tts": {"get": {
                 "summary": "Streaming TTS over a WebSocket",
-                "description": "Upgrade to a WebSocket (token as ?token= when auth is on). Send a TTSRequest as "
-                               "a JSON text message (streaming/format are ignored). The server answers a text "
-                               "message {type: start, sample_rate, channels: 1, format: s16le}, then binary "
-                               "s16le mono PCM chunks, then the binary message END. A failed request gets one "
-                               "text message {error, detail} instead, and the socket stays usable. Send "
-                               "{type: cancel} to stop the current request (END follows). One request at a "
-                               "time per socket (a second gets error busy); open several sockets for more.",
-                "responses": {"101": {"description": "switching protocols"},
-                              "401": _error("missing or wrong token")},
+                "description": "Upgrade to a WebSocket (token as ?token= when auth is on). The handshake answer "
+                               "carries X-Sample-Rate (the engine's rate: the audio's rate unless a request sets "
+                               "sample_rate), X-Channels: 1, X-Sample-Format: s16le. Send a WSRequest as a JSON "
+                               "text message. By default (the plain protocol) the server sends only binary "
+                               "messages: s16le mono PCM chunks as they are made, then the 3 bytes END. On an "
+                               "error it sends one text message {error, detail} and closes the socket with code "
+                               "4000 + the HTTP status of that error (4400, 4413, 4429, 4500, 4503, 4504) and "
+                               "the reason '<error>: <detail>'. Opt-ins, as request fields or query parameters "
+                               "(?metadata=1&keep_open=1): metadata sends {type: start, sample_rate, channels: "
+                               "1, format: s16le} before each request's audio; keep_open keeps the socket open "
+                               "after an error. Send {type: cancel} to stop the current request (END follows). "
+                               "One request at a time per socket (a second gets error busy); open several "
+                               "sockets for more.",
+                "parameters": [
+                    {"name": "metadata", "in": "query", "required": False, "schema": {"type": "boolean"}},
+                    {"name": "keep_open", "in": "query", "required": False, "schema": {"type": "boolean"}},
+                ],
+                "responses": {"101": {"description": "switching protocols", "headers": audio_headers},
+                              "400": _error("bad query parameter"),
+                              "401": _error("missing or wrong token"),
+                              "503": _error("models still loading")},
+            }},
+            "/v1/audio/speech": {"post": {
+                "summary": "OpenAI-compatible speech (for the openai SDK and tools that speak its API)",
+                "description": "The file's bytes are streamed as they are made (chunked; stream_format audio), "
+                               "or server-sent events 'data: {type: speech.audio.delta, audio: <base64>}' and "
+                               "a final 'data: {type: speech.audio.done, usage}' (stream_format sse; usage "
+                               "counts characters in and 20 ms of audio out). All formats at 24 kHz mono. "
+                               "Errors use OpenAI's shape. The bearer token applies as on /api/*.",
+                "requestBody": {"required": True,
+                                "content": {"application/json": {"schema": _ref("SpeechRequest")}}},
+                "responses": {
+                    "200": {"description": "audio", "content": {
+                        t: {"schema": {"type": "string", "format": "binary"}}
+                        for t in ("audio/mpeg", "audio/ogg", "audio/aac", "audio/flac", "audio/wav", "audio/pcm",
+                                  "text/event-stream")
+                    }},
+                    "400": _oai("bad field (param names it), unknown voice (the message lists what exists), a "
+                                "format FFmpeg cannot write, an option the engine cannot honour"),
+                    "401": _oai("missing or wrong bearer token (code invalid_api_key)"),
+                    "404": _oai("unknown model (code model_not_found)"),
+                    "413": _oai("input or body over its limit"),
+                    "429": _oai("rate_limited or busy (Retry-After)"),
+                    "503": _oai("models still loading"),
+                    "504": _oai("synthesis over tts.timeout_s"),
+                },
+            }},
+            "/v1/models": {"get": {"summary": "The model names /v1/audio/speech accepts (OpenAI list shape)",
+                                   "responses": {"200": _json({"type": "object"}, "{object: list, data}"),
+                                                 "401": _oai("missing or wrong bearer token")}}},
+            "/v1/models/{model}": {"get": {
+                "summary": "One model",
+                "parameters": [{"name": "model", "in": "path", "required": True, "schema": {"type": "string"}}],
+                "responses": {"200": _json({"type": "object"}, "the model"), "404": _oai("model_not_found")},
+            }},
+            "/v1/audio/models": {"get": {"summary": "The same names as {models: [{id}]} (Open WebUI's shape)",
+                                         "responses": {"200": _json({"type": "object"}, "models")}}},
+            "/v1/audio/voices": {"get": {
+                "summary": "Every name 'voice' accepts: registered voices, the engine's voices, clip files in "
+                           "the voices folder, OpenAI's stock names (aliases of the default voice)",
+                "responses": {"200": _json({"type": "object", "properties": {"voices": {"type": "array", "items": {
+                    "type": "object", "properties": {"id": {"type": "string"}, "name": {"type": "string"},
+                                                     "kind": {"type": "string"}, "usable": {"type": "boolean"}},
+                }}}}, "voices")},
             }},
             "/api/voices": {
                 "get": {"summary": "List stored voices", "responses": {"200": _json({

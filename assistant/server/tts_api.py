@@ -1,16 +1,22 @@
-"""The TTS API: ``POST /api/tts``, ``GET /ws/tts``, ``/api/voices``, ``GET /api/openapi.json``.
+"""The TTS API: ``POST /api/tts``, ``GET /ws/tts``, ``/api/voices``, ``GET /api/openapi.json`` (and it mounts
+OpenAI's speech API under ``/v1``, see ``openai_speech``).
 
 Handlers only translate HTTP/WebSocket to :class:`~assistant.server.tts_service.TTSService` and back; validation,
-limits, effects and streaming live in the service. Every refusal is JSON ``{"error", "detail"}``; over the
-WebSocket it is a text message and the socket stays open for the next request.
+limits, effects and streaming live in the service. Every refusal is JSON ``{"error", "detail"}``.
 
-WebSocket protocol (one request at a time per socket; many sockets at once):
+WebSocket protocol (one request at a time per socket; many sockets at once). The handshake answer carries
+``X-Sample-Rate`` (the engine's rate), ``X-Channels: 1``, ``X-Sample-Format: s16le``.
 
-    client → text  {"text": ..., ...same fields as POST /api/tts...}   (``streaming``/``format`` are ignored)
-    server → text  {"type": "start", "sample_rate": N, "channels": 1, "format": "s16le"}
+    client → text   {"text": ..., ...same fields as POST /api/tts...}  (``streaming``/``format`` are ignored)
     server → binary s16le mono PCM chunks, each as soon as it exists
-    server → binary b"END"                                   (or, instead, a text {"error", "detail"})
-    client → text  {"type": "cancel"}                         stops the current request; END follows
+    server → binary b"END"
+    client → text   {"type": "cancel"}                        stops the current request; END follows
+
+That is all a plain client sees. Opt-ins (request fields, or query parameters ``?metadata=1&keep_open=1``):
+``metadata`` adds a text ``{"type": "start", "sample_rate", "channels", "format"}`` before each request's
+audio. On an error the server sends one text ``{"error", "detail"}`` and closes the socket with code
+4000 + the HTTP status (4400, 4413, 4429, 4503, ...) and the reason ``"<error>: <detail>"``; with
+``keep_open`` it sends the message and the socket stays usable.
 """
 
 from __future__ import annotations
@@ -19,7 +25,6 @@ import asyncio
 import contextlib
 import json
 import logging
-import struct
 import time
 from typing import Any
 
@@ -29,10 +34,12 @@ from aiohttp.http_exceptions import HttpProcessingError
 
 from assistant.audio import write_wav_bytes
 from assistant.config import Config
+from assistant.server.audio_formats import streaming_wav_header
 from assistant.server.http import CONFIG, SERVICES, HTTPJSONError, read_json
 from assistant.server.openapi import build_openapi
-from assistant.server.tts_service import SynthesisParams, TTSError, TTSService, parse_params, pcm_bytes
-from assistant.tts.voices import VoiceLimitError, VoiceStore, valid_voice_id
+from assistant.server.tts_request import SynthesisParams, TTSError, WSOptions, parse_params, ws_options
+from assistant.server.tts_service import TTSService, pcm_bytes
+from assistant.tts.voices import ReferenceClipStore, VoiceLimitError, valid_voice_id
 
 log = logging.getLogger(__name__)
 
@@ -50,7 +57,7 @@ def setup_tts_routes(app: web.Application) -> None:
 
     cfg = app[CONFIG]
     services = app[SERVICES]
-    store = VoiceStore(Path(cfg.server.data_dir) / "voices", cfg.tts_api.max_voices)
+    store = ReferenceClipStore(Path(cfg.server.data_dir) / "voices", cfg.tts_api.max_voices)
     app[TTS_SERVICE] = TTSService(cfg, services.metrics, store, lambda: services.tts)
     app.router.add_post("/api/tts", tts_http)
     app.router.add_get("/ws/tts", tts_ws)
@@ -58,6 +65,9 @@ def setup_tts_routes(app: web.Application) -> None:
     app.router.add_post("/api/voices", create_voice)
     app.router.add_delete("/api/voices/{voice_id}", delete_voice)
     app.router.add_get("/api/openapi.json", openapi)
+    from assistant.server.openai_speech import openai_app
+
+    app.add_subapp("/v1", openai_app(app[TTS_SERVICE], cfg))
 
 
 def _client(request: web.Request) -> str:
@@ -205,14 +215,6 @@ async def _whole_http(params: SynthesisParams, sample_rate: int, chunks: Any, t0
     return web.Response(body=pcm_bytes(audio), content_type=PCM_CONTENT_TYPE, headers=headers)
 
 
-def streaming_wav_header(sample_rate: int) -> bytes:
-    """A WAV header for a stream of unknown length (sizes 0xFFFFFFFF, as ffmpeg and browsers accept)."""
-    unknown = 0xFFFFFFFF
-    return (b"RIFF" + struct.pack("<I", unknown) + b"WAVE"
-            + b"fmt " + struct.pack("<IHHIIHH", 16, 1, 1, sample_rate, sample_rate * 2, 2, 16)
-            + b"data" + struct.pack("<I", unknown))
-
-
 async def _stream_http(request: web.Request, params: SynthesisParams, sample_rate: int, chunks: Any,
                        t0: float) -> web.StreamResponse:
     """Chunked s16le: the first chunk is computed before the headers go out, so early errors get a status."""
@@ -258,10 +260,25 @@ class StreamAborted(Exception):
 
 
 # --- GET /ws/tts -----------------------------------------------------------------------------------------
+WS_CLOSE_BASE = 4000          # close code on an error: 4000 + the HTTP status the same error gets over HTTP
+WS_REASON_BYTES = 123         # the most a close frame's reason may hold
+
+
+def _ws_query(request: web.Request) -> dict[str, str]:
+    return {k: v for k, v in request.query.items() if k != "token"}
+
+
 async def tts_ws(request: web.Request) -> web.WebSocketResponse:
-    """Many requests per socket, one at a time; see the module docstring for the message protocol."""
+    """Requests one at a time per socket; the protocol (plain by default) is in the module docstring."""
     cfg = request.app[CONFIG]
+    svc = request.app[TTS_SERVICE]
+    try:
+        opts = ws_options(_ws_query(request), {}, cfg)
+        engine = svc.engine()
+    except TTSError as exc:  # before the upgrade: a plain HTTP error the client's handshake reports
+        raise _as_http(exc) from None
     ws = web.WebSocketResponse(heartbeat=WS_HEARTBEAT_S, max_msg_size=_json_cap(cfg))
+    ws.headers.update(_audio_headers(engine.sample_rate))
     await ws.prepare(request)
     client = _client(request)
     task: asyncio.Task[None] | None = None
@@ -271,27 +288,31 @@ async def tts_ws(request: web.Request) -> web.WebSocketResponse:
                 try:
                     data = json.loads(msg.data)
                 except json.JSONDecodeError as exc:
-                    await _ws_error(ws, "bad_json", f"message is not valid JSON: {exc}")
+                    await _ws_fail(ws, opts, TTSError(400, "bad_json", f"message is not valid JSON: {exc}"))
                     continue
                 if not isinstance(data, dict):
-                    await _ws_error(ws, "bad_json", "message must be a JSON object")
+                    await _ws_fail(ws, opts, TTSError(400, "bad_json", "message must be a JSON object"))
                     continue
                 kind = data.pop("type", "synthesize")
                 if kind == "cancel":
                     if task is not None and not task.done():
                         task.cancel()
                     continue
-                if kind != "synthesize":
-                    await _ws_error(ws, "bad_request", f"field 'type': {kind!r} is unknown; use synthesize or cancel")
-                    continue
-                if task is not None and not task.done():
-                    await _ws_error(ws, "busy", "a request is already in flight on this socket; wait for END")
+                try:
+                    opts = ws_options({}, data, cfg, current=opts)
+                    if kind != "synthesize":
+                        raise TTSError(400, "bad_request", f"field 'type': {kind!r} is unknown; use synthesize or "
+                                       "cancel", param="type")
+                    if task is not None and not task.done():
+                        raise TTSError(429, "busy", "a request is already in flight on this socket; wait for END")
+                except TTSError as exc:
+                    await _ws_fail(ws, opts, exc)
                     continue
                 data.pop("streaming", None)
                 data.pop("format", None)
-                task = asyncio.create_task(_ws_synthesize(request, ws, data, client), name="tts-ws")
+                task = asyncio.create_task(_ws_synthesize(request, ws, data, client, opts), name="tts-ws")
             elif msg.type == WSMsgType.BINARY:
-                await _ws_error(ws, "bad_request", "send requests as JSON text messages")
+                await _ws_fail(ws, opts, TTSError(400, "bad_request", "send requests as JSON text messages"))
             elif msg.type == WSMsgType.ERROR:
                 break
     finally:
@@ -302,18 +323,36 @@ async def tts_ws(request: web.Request) -> web.WebSocketResponse:
     return ws
 
 
-async def _ws_error(ws: web.WebSocketResponse, error: str, detail: str) -> None:
-    if not ws.closed:
-        with contextlib.suppress(ConnectionResetError, RuntimeError):
-            await ws.send_json({"error": error, "detail": detail})
+def _close_reason(error: str, detail: str) -> bytes:
+    """``error: detail`` cut to what a close frame holds, at a character boundary."""
+    reason = f"{error}: {detail}".encode()
+    if len(reason) <= WS_REASON_BYTES:
+        return reason
+    return reason[: WS_REASON_BYTES - 3].decode("utf-8", "ignore").encode() + b"..."
 
 
-async def _ws_synthesize(request: web.Request, ws: web.WebSocketResponse, data: dict[str, Any], client: str) -> None:
-    """One request on a socket: start message, PCM chunks, END; or one error message."""
+async def _ws_fail(ws: web.WebSocketResponse, opts: WSOptions, exc: TTSError) -> None:
+    """One JSON error message; then, unless the client opted into keep_open, a close naming the problem."""
+    if ws.closed:
+        return
+    with contextlib.suppress(ConnectionResetError, RuntimeError):
+        await ws.send_json(exc.to_json())
+        if not opts.keep_open:
+            await ws.close(code=WS_CLOSE_BASE + exc.status, message=_close_reason(exc.error, exc.detail))
+
+
+async def _ws_synthesize(request: web.Request, ws: web.WebSocketResponse, data: dict[str, Any], client: str,
+                         opts: WSOptions) -> None:
+    """One request on a socket: (start message,) PCM chunks, END; or one error message (and a close)."""
     svc = request.app[TTS_SERVICE]
     cfg = request.app[CONFIG]
     t0 = time.perf_counter()
     outcome = "error"
+
+    async def start(rate: int) -> None:
+        if opts.metadata:
+            await ws.send_json({"type": "start", "sample_rate": rate, "channels": 1, "format": "s16le"})
+
     try:
         svc.check_rate(client)
         params = parse_params(data, cfg)
@@ -324,18 +363,17 @@ async def _ws_synthesize(request: web.Request, ws: web.WebSocketResponse, data: 
             async for chunk in chunks:
                 if not started:
                     started = True
-                    await ws.send_json({"type": "start", "sample_rate": job.sample_rate, "channels": 1,
-                                        "format": "s16le"})
+                    await start(job.sample_rate)
                 await ws.send_bytes(pcm_bytes(chunk))
         finally:
             await chunks.aclose()
         if not started:
-            await ws.send_json({"type": "start", "sample_rate": job.sample_rate, "channels": 1, "format": "s16le"})
+            await start(job.sample_rate)
         await ws.send_bytes(END)
         outcome = "ok"
     except TTSError as exc:
         outcome = exc.error
-        await _ws_error(ws, exc.error, exc.detail)
+        await _ws_fail(ws, opts, exc)
     except asyncio.CancelledError:
         outcome = "cancelled"
         if ws.closed:
@@ -347,7 +385,7 @@ async def _ws_synthesize(request: web.Request, ws: web.WebSocketResponse, data: 
         outcome = "cancelled"
     except Exception as exc:
         log.warning("tts_failed transport=ws kind=%s", type(exc).__name__)
-        await _ws_error(ws, "synthesis_failed", "the engine failed to synthesise this text")
+        await _ws_fail(ws, opts, TTSError(500, "synthesis_failed", "the engine failed to synthesise this text"))
     finally:
         svc.metrics.tts_requests_total.labels(outcome=outcome).inc()
         log.info("tts_request transport=ws outcome=%s ms=%.0f", outcome, (time.perf_counter() - t0) * 1000)
@@ -404,13 +442,13 @@ async def create_voice(request: web.Request) -> web.Response:
         name = " ".join((_text_part(parts, "name") or "").split())
         if len(name) > MAX_VOICE_NAME_CHARS or not all(c.isprintable() for c in name):
             raise HTTPJSONError(400, "bad_request", f"field 'name': printable text up to {MAX_VOICE_NAME_CHARS} chars")
-        clip = await svc.decode_clip(parts["clip"], transcript)
+        clip = await svc.sources.decode_clip(parts["clip"], transcript)
         try:
             voice = await asyncio.to_thread(svc.voices.create, clip.audio, clip.sample_rate, transcript, name)
         except VoiceLimitError as exc:
             raise HTTPJSONError(409, "voice_limit", str(exc)) from None
         try:
-            cloning = await svc.prepare_voice(engine, voice.voice_id, clip)
+            cloning = await svc.sources.prepare_voice(engine, voice.voice_id, clip)
         except BaseException:
             await asyncio.to_thread(svc.voices.delete, voice.voice_id)
             raise
@@ -424,7 +462,7 @@ async def delete_voice(request: web.Request) -> web.Response:
     voice_id = request.match_info["voice_id"]
     if not valid_voice_id(voice_id) or not await asyncio.to_thread(svc.voices.delete, voice_id):
         raise HTTPJSONError(404, "unknown_voice", "no such voice")
-    svc.forget_voice(voice_id)
+    svc.sources.forget_voice(svc.current_engine(), voice_id)
     return web.json_response({"status": "deleted", "voice_id": voice_id})
 
 

@@ -4,12 +4,16 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
 LANGUAGES = ("zh", "en", "ja", "yue", "ko")
 SPEED_RANGE = (0.5, 2.0)  # what an engine is asked for; the TTS service stretches beyond it with DSP
+# What a request may ask for on any route (OpenAI's speech API allows the same): within SPEED_RANGE the
+# engine speeds up natively where it can, beyond it the service time-stretches the rest.
+STRETCH_RANGE = (0.25, 4.0)
 
 
 @dataclass(frozen=True)
@@ -28,7 +32,7 @@ class TTSRequest:
     reference: ReferenceClip | None = None  # an ad-hoc voice (cloning) instead of ``voice``
     language: str | None = None         # zh / en / ja / yue / ko
     instruct: str | None = None         # instruction / emotion prompt
-    speed: float = 1.0                  # 0.5–2.0, engine-native where the engine supports it
+    speed: float = 1.0                  # within SPEED_RANGE, engine-native where the engine supports it
     pitch: float = 0.0                  # semitones; only engines with ``native_pitch`` take it here
     seed: int | None = None
 
@@ -42,6 +46,8 @@ class TTSCapabilities:
     native_speed: bool = False
     native_pitch: bool = False
     languages: tuple[str, ...] = ("en",)
+    # The names a request's ``vocoder`` may give for the vocoder this engine has (first: its own name).
+    vocoders: tuple[str, ...] = ()
 
 
 @runtime_checkable
@@ -70,6 +76,24 @@ class TTSEngine(Protocol):
         ...
 
     async def close(self) -> None:
+        ...
+
+
+@runtime_checkable
+class VoiceCloner(Protocol):
+    """An engine that speaks in registered voices: it prepares a voice once and can keep, reload and drop it.
+
+    ``add_voice`` returns the prepared form; if that has ``save(path)``, the service stores it next to the
+    voice's clip and after a restart hands the file to ``load_voice`` instead of recomputing it.
+    """
+
+    async def add_voice(self, voice_id: str, clip: ReferenceClip) -> object:
+        ...
+
+    async def load_voice(self, voice_id: str, path: Path) -> object:
+        ...
+
+    def forget_voice(self, voice_id: str) -> None:
         ...
 
 

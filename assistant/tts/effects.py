@@ -17,9 +17,10 @@ import soxr
 from scipy.ndimage import minimum_filter1d, uniform_filter1d
 from scipy.signal import fftconvolve
 
+from assistant.tts.base import STRETCH_RANGE
+
 WSOLA_FRAME_S = 0.040     # analysis/synthesis frame: two periods of a 50 Hz voice
 WSOLA_TOLERANCE_S = 0.012 # search ±12 ms around the nominal position: covers one period down to ~83 Hz
-STRETCH_RANGE = (0.25, 4.0)
 PITCH_RANGE = (-12.0, 12.0)
 GAIN_RANGE = (0.5, 2.0)
 LIMIT_CEILING = 0.98      # limiter target; the hard bound after it is PEAK_MAX

@@ -32,6 +32,12 @@ QUEUE_CHUNKS = 3          # sentences made ahead of the consumer; bounds memory 
 OUTPUT_VOLUME = 0.9       # Piper peak-normalises each sentence; keep headroom for resampling overshoot
 PUT_WAIT_S = 0.5          # how often a blocked worker re-checks its stop flag (only while the queue is full)
 WARMUP_TEXT = "Hello."
+# A Piper voice is one VITS model: its waveform decoder (a HiFi-GAN-style generator) is trained with the rest
+# and cannot be swapped, so the honest name of "its vocoder" is the model's own: vits.
+VOCODERS = ("vits",)
+# espeak-ng voice names of Piper voices → the request's language codes (zh_CN voices use espeak "cmn").
+ESPEAK_LANGUAGES = {"cmn": "zh", "zh": "zh", "yue": "yue", "ja": "ja", "ko": "ko", "en": "en"}
+PULLED_VOICES_DIR = Path("models/piper")   # where ``assistant models pull piper:<voice>`` puts voices
 
 _DONE = object()
 
@@ -48,7 +54,10 @@ def default_voice_path() -> Path:
 
 
 def resolve_voice(voice: str) -> tuple[Path, Path]:
-    """``(model.onnx, model.onnx.json)`` for ``tts.voice`` (empty: the default voice); errors name the file."""
+    """``(model.onnx, model.onnx.json)`` for ``tts.voice``: a path to an .onnx, the name of a voice pulled into
+    ``models/piper/`` (``zh_CN-huayan-medium``), or empty for the default voice; errors name the file."""
+    if voice and "/" not in voice and "\\" not in voice and not voice.endswith(".onnx"):
+        voice = str(PULLED_VOICES_DIR / f"{voice}.onnx")
     model = Path(voice).expanduser() if voice else default_voice_path()
     if model.suffix != ".onnx":
         raise FileNotFoundError(f"Piper voice must be an .onnx file, got {str(model)!r}")
@@ -93,9 +102,10 @@ class PiperEngine(PieceByPiece):
         self.voice_name = model.stem
         self.sample_rate: int = int(self._voice.config.sample_rate)
         lang = str(self._voice.config.espeak_voice).split("-")[0].lower() or "en"
+        lang = ESPEAK_LANGUAGES.get(lang, lang)
         self.capabilities = TTSCapabilities(
             voice_cloning=False, instruct=False, native_speed=True, native_pitch=False,
-            languages=(lang,),
+            languages=(lang,), vocoders=VOCODERS,
         )
         self._executor = concurrent.futures.ThreadPoolExecutor(
             max_workers=max(1, self.cfg.max_concurrent), thread_name_prefix="piper"

@@ -7,6 +7,12 @@ from __future__ import annotations
 
 import re
 
+# Bracketed sounds expressive engines make (CosyVoice2's paralinguistic tokens), not style instructions.
+SOUND_TAGS = frozenset({
+    "breath", "noise", "laughter", "cough", "clucking", "accent", "quick_breath", "hissing", "sigh",
+    "vocalized-noise", "lipsmack", "mn",
+})
+
 _LEADING_TAG = re.compile(r"^\s*[\[【]\s*([^\]】\n]{1,24}?)\s*[\]】]\s*")
 
 
@@ -16,3 +22,11 @@ def split_leading_tag(text: str) -> tuple[str | None, str]:
     if not m:
         return None, text
     return m.group(1), text[m.end() :]
+
+
+def split_style_tag(text: str) -> tuple[str | None, str]:
+    """Like :func:`split_leading_tag`, but a sound such as ``[breath]`` is part of the text, not a style."""
+    tag, rest = split_leading_tag(text)
+    if tag is None or tag.lower() in SOUND_TAGS:
+        return None, text
+    return tag, rest

@@ -1,4 +1,4 @@
-"""The voice store: reference clips users registered, kept on disk so they survive restarts.
+"""Registered voices: the reference clips users registered (with transcript and engine caches), kept on disk.
 
 One folder per voice, ``<data_dir>/voices/<voice_id>/``:
 
@@ -65,7 +65,7 @@ def valid_voice_id(voice_id: object) -> bool:
     return isinstance(voice_id, str) and VOICE_ID_RE.fullmatch(voice_id) is not None
 
 
-class VoiceStore:
+class ReferenceClipStore:
     """Voices by id under ``root``; thread-safe (calls run in worker threads, off the event loop)."""
 
     def __init__(self, root: str | Path, max_voices: int) -> None:

@@ -34,6 +34,7 @@ log = logging.getLogger(__name__)
 
 WARMUP_TEXT = "Hello."
 WARMUP_TOKENS = 40  # speech tokens per warm-up run: first chunk, a growing hop and a final chunk
+VOCODERS = ("hifigan", "hift")  # HiFT: a HiFi-GAN-family vocoder (iSTFT head); clients send either name
 
 
 class CosyVoiceEngine:
@@ -42,7 +43,8 @@ class CosyVoiceEngine:
     name = "cosyvoice2"
     sample_rate = 24000
     capabilities = TTSCapabilities(
-        voice_cloning=True, instruct=True, native_speed=True, native_pitch=False, languages=LANGUAGES
+        voice_cloning=True, instruct=True, native_speed=True, native_pitch=False, languages=LANGUAGES,
+        vocoders=VOCODERS,
     )
 
     def __init__(self, cfg: TTSConfig, voices_dir: str | Path | None = None) -> None:
@@ -70,7 +72,8 @@ class CosyVoiceEngine:
         self.sample_rate = model.sample_rate
         if not model.voice_encoder.available:
             self.capabilities = TTSCapabilities(
-                voice_cloning=False, instruct=True, native_speed=True, native_pitch=False, languages=LANGUAGES
+                voice_cloning=False, instruct=True, native_speed=True, native_pitch=False, languages=LANGUAGES,
+                vocoders=VOCODERS,
             )
         cuda = torch.device(model.device).type == "cuda"
         self._batcher = SpeechBatcher(
@@ -137,6 +140,19 @@ class CosyVoiceEngine:
             )
         except VoiceCloningUnavailable as exc:
             raise TTSUnsupported(str(exc)) from exc
+
+    async def load_voice(self, voice_id: str, path: str | Path) -> CosyVoicePrompt:
+        """Adopt a prompt saved by `CosyVoicePrompt.save` (after a restart: nothing is recomputed)."""
+        model = await self.model()
+        prompt = await asyncio.get_running_loop().run_in_executor(self._executor, CosyVoicePrompt.load, path)
+        prompt.voice_id = voice_id
+        model.voices.put(prompt, persist=False)
+        return prompt
+
+    def forget_voice(self, voice_id: str) -> None:
+        """Drop a voice from memory (it was deleted)."""
+        if self._model is not None:
+            self._model.voices.remove(voice_id)
 
     def _voice_for(self, model: CosyVoice2, request: TTSRequest) -> CosyVoicePrompt:
         if request.reference is not None:

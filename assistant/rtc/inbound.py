@@ -49,15 +49,17 @@ _INT_SCALE = {"u8": 128.0, "s16": S16_SCALE, "s32": 2147483648.0, "s64": 9223372
 class AudioChunk:
     """16 kHz mono float32 samples starting at ``start`` on the stream's sample clock.
 
-    ``arrived`` (wall clock, ``time.time()``) is when the sample at ``end`` reached the server: the arrival
+    ``arrived`` (wall clock, ``time.time()``) is when the newest audio in it reached the server: the arrival
     of the packet that carried it, before any receive buffer held it (0: unknown, take the time it is
-    read). Together, ``end`` and ``arrived`` tie the sample clock to the wall clock, so every stage after
-    can say when any sample arrived. A jump in ``start`` between consecutive chunks means audio was dropped.
+    read). That packet's audio runs ``lag`` samples past ``end`` (the resampler holds them back). So every
+    sample up to ``end + lag`` had arrived by ``arrived``: the sample clock and the wall clock, tied on the
+    chunk itself. A jump in ``start`` between consecutive chunks means audio was dropped.
     """
 
     start: int
     samples: np.ndarray = field(repr=False)
     arrived: float = 0.0
+    lag: int = 0
 
     @property
     def end(self) -> int:
@@ -273,16 +275,15 @@ async def read_track(
     ``InboundAudio`` (its counters: frames, gaps, position).
 
     ``arrival(pts)`` (e.g. ``AudioReceiveBuffer.arrival``) says when the packet of the frame with that pts
-    reached the server; each chunk's ``arrived`` is then that moment, moved back by the audio the
-    resampler still holds, so the time a receive buffer held the packet counts. Without it (or when it
-    does not know the frame), ``arrived`` is when the frame was read.
+    reached the server; each chunk's ``arrived`` is then that moment, so the time a receive buffer held
+    the packet counts. Without it (or when it does not know the frame), ``arrived`` is when it was read.
     """
     inbound = inbound or InboundAudio()
     put = sink.put_nowait if isinstance(sink, AudioQueue) else sink
 
-    def deliver(x: np.ndarray, at: float) -> None:
+    def deliver(x: np.ndarray, at: float, lag: int = 0) -> None:
         if len(x):
-            put(AudioChunk(inbound.position - len(x), x, at))
+            put(AudioChunk(inbound.position - len(x), x, at, lag))
 
     try:
         while True:
@@ -293,8 +294,7 @@ async def read_track(
             read_at = time.time()
             x = inbound.push(frame)
             got = arrival(frame.pts) if arrival is not None and frame.pts is not None else None
-            at = read_at if got is None else min(read_at, got)
-            deliver(x, at - inbound.lag_samples / inbound.out_rate)
+            deliver(x, read_at if got is None else min(read_at, got), inbound.lag_samples)
         deliver(inbound.flush(), time.time())
         log.info(
             "inbound.track_ended frames=%d seconds=%.2f gaps=%d gap_fill_s=%.3f",

@@ -63,6 +63,7 @@ class Session:
             on_turn_done=lambda trace: metrics.observe_turn(trace.durations_ms()),
             on_error=lambda stage: metrics.errors_total.labels(stage=stage).inc(),
             on_interrupted=metrics.interruptions_total.inc,
+            end_of_turn=services.end_of_turn,
         )
         self.conversation = Conversation(
             cfg, services.make_endpointer(), deps, self.track, self.events, session_id=self.id

@@ -24,13 +24,13 @@ from typing import ClassVar
 import numpy as np
 import onnxruntime as ort
 
-from assistant.vad.silero import SAMPLE_RATE as SAMPLE_RATE_16K
+from assistant.audio import SPEECH_RATE
 
 log = logging.getLogger(__name__)
 
 MODEL_FILE = Path(__file__).with_name("data") / "smart-turn-v3.2-cpu.onnx"
 WINDOW_S = 8
-WINDOW_SAMPLES = WINDOW_S * SAMPLE_RATE_16K
+WINDOW_SAMPLES = WINDOW_S * SPEECH_RATE
 N_FFT = 400  # 25 ms
 HOP = 160  # 10 ms
 N_MELS = 80
@@ -64,7 +64,7 @@ def _mel_to_hz(m: np.ndarray) -> np.ndarray:
     return np.where(m >= 15.0, log_part, lin)
 
 
-def mel_filter_bank(n_mels: int = N_MELS, n_fft: int = N_FFT, sr: int = SAMPLE_RATE_16K) -> np.ndarray:
+def mel_filter_bank(n_mels: int = N_MELS, n_fft: int = N_FFT, sr: int = SPEECH_RATE) -> np.ndarray:
     """Triangular, area-normalised ("slaney") mel filters, shape (n_fft // 2 + 1, n_mels)."""
     fft_hz = np.linspace(0.0, sr / 2, n_fft // 2 + 1)
     edges = _mel_to_hz(np.linspace(_hz_to_mel(np.array(0.0)), _hz_to_mel(np.array(sr / 2)), n_mels + 2))

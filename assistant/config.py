@@ -160,6 +160,12 @@ class TurnConfig:
     )
     end_of_turn_threshold: float = _f(0.5, "end-of-turn model probability from which the turn counts as complete")
     max_silence_ms: int = _f(2000, "longest silence waited for when the end-of-turn model says the user is not done")
+    backchannel_ms: int = _f(
+        600, "speech over the reply pauses it; shorter than this (and no stop word), the reply resumes where it was"
+    )
+    backchannel_words: int = _f(
+        3, "speech over the reply of fewer words than this (mm-hmm, yeah okay) resumes it too (0: words never do)"
+    )
 
 
 @dataclass

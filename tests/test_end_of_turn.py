@@ -131,7 +131,9 @@ async def test_finished_sentence_ends_before_the_fixed_silence(
     """en_weather.wav: model (0.9+) and transcript agree at the 200 ms pause: the turn ends then, well before
     the 500 ms of silence the endpointer alone would wait."""
     x, _ = read_audio(shared_audio / "en_weather.wav")
-    asr = PhraseASR({"text": "Hello, what is the weather like today?"}, "")
+    # "Hello," (0.54–0.89 s) then a 360 ms pause: the comma keeps that pause from ending the turn.
+    entry = {"text": "Hello, what is the weather like today?", "pauses_s": [[0.89, 1.25]], "speech_starts_s": 0.54}
+    asr = PhraseASR(entry, "Hello,")
     cfg = test_config(turn={"speculative": True, "smart_endpoint": True, "end_of_turn_model": True})
     seen = await _converse(cfg, x, asr, batcher_model)
     ends = [e for e in seen if e["type"] == "speech_end"]

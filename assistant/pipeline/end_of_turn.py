@@ -11,6 +11,10 @@ the audio so far. Each signal has its switch: ``turn.smart_endpoint`` (text), ``
 | a finished sentence   | now                      | incomplete_endpoint_ms | complete_endpoint_ms |
 | neither / text off    | now                      | max_silence_ms        | (vad.end_silence_ms) |
 
+While an answer the switches ask for is still coming, the turn is held open (up to ``max_silence_ms``):
+the speculative ASR is the turn's own ASR, so waiting for it costs the reply nothing, and a busy machine
+(slow ASR) then never cuts a sentence off only because the evidence came late.
+
 A text that ends on a preposition, an article, a conjunction or a verb waiting for its object is never
 complete, whatever the audio says (the model was trained on human speech; on generated voices it calls
 mid-sentence pauses complete). When the two disagree the turn waits as for an unfinished sentence.
@@ -38,9 +42,21 @@ class Verdict:
 PENDING = Verdict(pending=True, reason="pending")
 
 
-def weigh(cfg: TurnConfig, text: TurnEnd | None, audio_prob: float | None) -> Verdict:
-    """Weigh the evidence the switches ask for; ``None`` means that signal has not answered yet."""
-    use_text, use_audio = cfg.smart_endpoint, cfg.end_of_turn_model
+def weigh(
+    cfg: TurnConfig,
+    text: TurnEnd | None,
+    audio_prob: float | None,
+    *,
+    use_text: bool | None = None,
+    use_audio: bool | None = None,
+) -> Verdict:
+    """Weigh the evidence the switches ask for; ``None`` means that signal has not answered yet.
+
+    ``use_text`` / ``use_audio`` (default: the switches) say which answers are coming at all: a signal
+    that failed (its ASR or model raised) is not waited for.
+    """
+    use_text = cfg.smart_endpoint if use_text is None else use_text
+    use_audio = cfg.end_of_turn_model if use_audio is None else use_audio
     if (use_text and text is None) or (use_audio and audio_prob is None):
         if use_text and text is TurnEnd.INCOMPLETE:  # the veto needs no second opinion
             return Verdict(end_silence_ms=cfg.incomplete_endpoint_ms, reason="text_incomplete")

@@ -14,7 +14,6 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from fractions import Fraction
 from typing import Any, Protocol
 
@@ -22,7 +21,7 @@ import numpy as np
 import soxr
 from aiortc.mediastreams import MediaStreamError
 
-from assistant.audio import S16_SCALE, SPEECH_RATE
+from assistant.audio import S16_SCALE, SPEECH_RATE, AudioChunk
 
 log = logging.getLogger(__name__)
 
@@ -38,29 +37,6 @@ MAX_GAP_FILL_S = 5.0
 
 # Scale of each integer sample format to −1…1 (PyAV format name without the planar "p").
 _INT_SCALE = {"u8": 128.0, "s16": S16_SCALE, "s32": 2147483648.0, "s64": 9223372036854775808.0}
-
-
-@dataclass(frozen=True)
-class AudioChunk:
-    """16 kHz mono float32 samples starting at ``start`` on the stream's sample clock.
-
-    Consecutive chunks are contiguous: ``a.end == b.start``.
-
-    ``arrived`` (wall clock, ``time.time()``) is when the newest audio in it reached the server: the arrival
-    of the packet that carried it, before any receive buffer held it (0: unknown, take the time it is
-    read). That packet's audio runs ``lag`` samples past ``end`` (the resampler holds them back). So every
-    sample up to ``end + lag`` had arrived by ``arrived``: the sample clock and the wall clock, tied on the
-    chunk itself.
-    """
-
-    start: int
-    samples: np.ndarray = field(repr=False)
-    arrived: float = 0.0
-    lag: int = 0
-
-    @property
-    def end(self) -> int:
-        return self.start + len(self.samples)
 
 
 def frame_to_float(frame: Any) -> np.ndarray:

@@ -84,7 +84,11 @@ function onEvent(ev) {
       state.botMsg.textContent = ev.text;
       break;
     case 'reply_audio_start': setStatus('speaking', true); break;
-    case 'reply_resumed': state.armed = null; setStatus('speaking', true); break;  // a backchannel, not a turn
+    case 'reply_resumed':  // the sound over the reply was a backchannel: not a turn, the reply goes on
+      state.armed = null;
+      if (state.botMsg) state.botMsg.classList.remove('interrupted');
+      setStatus('speaking', true);
+      break;
     case 'turn_metrics': { const t = turnRow(ev.turn); t.metrics = ev; renderBar(t); break; }
     case 'reply_done': setStatus('connected', true); break;
     case 'interrupted':

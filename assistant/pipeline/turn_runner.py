@@ -52,11 +52,12 @@ class TurnRunner:
         events: EventChannel,
         session_id: str = "",
     ) -> None:
-        self.respond_cfg, self.turn_cfg, self.debug_content = respond, turn, logs.debug_content
+        self.respond_cfg, self.debug_content = respond, logs.debug_content
         self.deps, self.sink, self.events, self.session_id = deps, sink, events, session_id
-        self.language = tts.language or None
         self.history = ConversationHistory(respond.history_turns)
-        self.speech = SpeechPath(deps.tts, sink.sample_rate, timeout_s=tts.timeout_s, chunker=chunker)
+        speech = SpeechPath(deps.tts, sink.sample_rate, timeout_s=tts.timeout_s, chunker=chunker)
+        self.voice = SessionVoice(speech, TTSRequest(text="", voice=deps.voice, language=tts.language or None),
+                                  turn.error_message, sink, session_id)
         self.turns = 0
         self.current: Turn | None = None  # the committed turn (preparing or speaking)
         self.paused = False  # its reply is held while the user makes a sound over it
@@ -199,7 +200,7 @@ class TurnRunner:
             await turn.committed.wait()
             self._failed(turn, error)
             if error.stage != "tts":
-                await self._apologize(turn.gen)
+                await self.voice.apologize(turn.gen)
         finally:
             if turn.committed.is_set():
                 self.last_activity_wall = time.time()
@@ -248,7 +249,7 @@ class TurnRunner:
             turn.spoken.append((turn.samples_made, piece))
 
         async def synthesize() -> None:
-            async for out in self._speech(text(), on_piece):
+            async for out in self.voice.speak(text(), on_piece):
                 turn.trace.mark("first_audio")
                 turn.samples_made += len(out)
                 await pcm_q.put(out)
@@ -264,33 +265,6 @@ class TurnRunner:
             await self.sink.flush(turn.gen)
 
         await _side_by_side(synthesize(), write())
-
-    async def _speech(
-        self, text: str | AsyncIterator[str], on_piece: Callable[[str], None] | None = None
-    ) -> AsyncIterator[np.ndarray]:
-        """The speech path for this session's voice, its failures turned into the ``tts`` stage's errors."""
-        request = TTSRequest(text="", voice=self.deps.voice, language=self.language)
-        try:
-            async for out in self.speech.speak(text, request, on_piece=on_piece):
-                yield out
-        except SpeechTimeout as exc:
-            raise StageError("tts", "the voice took too long", exc) from exc
-        except Exception as exc:
-            raise StageError("tts", "the voice failed", exc) from exc
-
-    async def _apologize(self, gen: int) -> None:
-        """Say the configured error message (best effort, short time limit): a failed turn is not silent."""
-        message = self.turn_cfg.error_message.strip()
-        if not message or gen != self.sink.generation:
-            return
-        try:
-            async with asyncio.timeout(APOLOGY_TIMEOUT_S):
-                async for out in self._speech(message):
-                    if not await self.sink.write(float_to_s16(out), gen):
-                        return
-                await self.sink.flush(gen)
-        except Exception as exc:  # the apology itself failed: the error event already told the page
-            log.info("apology_failed session=%s error=%s", self.session_id, type(exc).__name__)
 
     def _on_first_audible(self, at: float) -> None:
         turn = self.current
@@ -314,6 +288,38 @@ class TurnRunner:
         self.events.emit("error", turn=turn.number, stage=error.stage, message=error.message)
         if self.deps.on_error is not None:
             self.deps.on_error(error.stage)
+
+
+class SessionVoice:
+    """The session's voice: the speech path with its failures as the ``tts`` stage's, and the apology."""
+
+    def __init__(self, speech: SpeechPath, request: TTSRequest, apology: str, sink: ReplySink, session_id: str) -> None:
+        self.speech, self.request, self.apology = speech, request, apology.strip()
+        self.sink, self.session_id = sink, session_id
+
+    async def speak(
+        self, text: str | AsyncIterator[str], on_piece: Callable[[str], None] | None = None
+    ) -> AsyncIterator[np.ndarray]:
+        try:
+            async for out in self.speech.speak(text, self.request, on_piece=on_piece):
+                yield out
+        except SpeechTimeout as exc:
+            raise StageError("tts", "the voice took too long", exc) from exc
+        except Exception as exc:
+            raise StageError("tts", "the voice failed", exc) from exc
+
+    async def apologize(self, gen: int) -> None:
+        """Say the configured error message (best effort, short time limit): a failed turn is not silent."""
+        if not self.apology or gen != self.sink.generation:
+            return
+        try:
+            async with asyncio.timeout(APOLOGY_TIMEOUT_S):
+                async for out in self.speak(self.apology):
+                    if not await self.sink.write(float_to_s16(out), gen):
+                        return
+                await self.sink.flush(gen)
+        except Exception as exc:  # the apology itself failed: the error event already told the page
+            log.info("apology_failed session=%s error=%s", self.session_id, type(exc).__name__)
 
 
 async def _side_by_side(first: Any, second: Any) -> None:

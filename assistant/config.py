@@ -156,7 +156,7 @@ class TurnConfig:
         1000, "end-of-speech silence after a transcript that looks unfinished (or when text and audio disagree)"
     )
     end_of_turn_model: bool = _f(
-        False, "at the same pause, ask the audio end-of-turn model (Smart Turn v3.2) whether the user is done"
+        True, "at the same pause, ask the audio end-of-turn model (Smart Turn v3.2) whether the user is done"
     )
     end_of_turn_threshold: float = _f(0.5, "end-of-turn model probability from which the turn counts as complete")
     max_silence_ms: int = _f(2000, "longest silence waited for when the end-of-turn model says the user is not done")

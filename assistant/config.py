@@ -160,6 +160,11 @@ class TurnConfig:
     )
     end_of_turn_threshold: float = _f(0.5, "end-of-turn model probability from which the turn counts as complete")
     max_silence_ms: int = _f(2000, "longest silence waited for when the end-of-turn model says the user is not done")
+    wait_for_evidence: bool = _f(
+        True,
+        "hold the turn open (up to max_silence_ms) until the transcript and the model have answered; off: the fixed "
+        "silence ends it if they are late",
+    )
     backchannel_ms: int = _f(
         600, "speech over the reply pauses it; shorter than this (and no stop word), the reply resumes where it was"
     )

@@ -109,7 +109,9 @@ class TurnTaking:
         use_text = cfg.smart_endpoint and (spec.transcript is not None or spec.failed is None)  # ASR may fail
         use_audio = cfg.end_of_turn_model and self.deps.end_of_turn is not None and spec.eot_prob != FAILED
         verdict = weigh(cfg, text, spec.eot_prob, use_text=use_text, use_audio=use_audio)
-        end_ms = cfg.max_silence_ms if verdict.pending else verdict.end_silence_ms  # hold open for evidence
+        end_ms = verdict.end_silence_ms
+        if verdict.pending and cfg.wait_for_evidence:  # hold the turn open until the evidence is in
+            end_ms = cfg.max_silence_ms
         if verdict.commit or (end_ms is not None and end_ms <= self.end_silence_ms and pause_ms >= end_ms):
             reason = "complete_sentence" if verdict.reason == "text_complete" else "end_of_turn"
             ev = self.endpointer.force_end(reason)

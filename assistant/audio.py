@@ -14,6 +14,7 @@ import io
 import logging
 import os
 import wave
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import BinaryIO
 
@@ -150,3 +151,26 @@ def rms_dbfs(x: np.ndarray) -> float:
     if rms <= 0.0:
         return SILENCE_DBFS
     return max(SILENCE_DBFS, 20.0 * float(np.log10(rms)))
+
+
+@dataclass(frozen=True)
+class AudioChunk:
+    """16 kHz mono float32 samples starting at ``start`` on the stream's sample clock.
+
+    Consecutive chunks are contiguous: ``a.end == b.start``.
+
+    ``arrived`` (wall clock, ``time.time()``) is when the newest audio in it reached the server: the arrival
+    of the packet that carried it, before any receive buffer held it (0: unknown, take the time it is
+    read). That packet's audio runs ``lag`` samples past ``end`` (the resampler holds them back). So every
+    sample up to ``end + lag`` had arrived by ``arrived``: the sample clock and the wall clock, tied on the
+    chunk itself.
+    """
+
+    start: int
+    samples: np.ndarray = field(repr=False)
+    arrived: float = 0.0
+    lag: int = 0
+
+    @property
+    def end(self) -> int:
+        return self.start + len(self.samples)

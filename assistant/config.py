@@ -180,7 +180,25 @@ class TurnConfig:
         True, "use the speculative transcript: end sooner after a complete sentence, wait longer mid-sentence"
     )
     complete_endpoint_ms: int = _f(300, "end-of-speech silence after a transcript that looks complete")
-    incomplete_endpoint_ms: int = _f(1000, "end-of-speech silence after a transcript that looks unfinished")
+    incomplete_endpoint_ms: int = _f(
+        1000, "end-of-speech silence after a transcript that looks unfinished (or when text and audio disagree)"
+    )
+    end_of_turn_model: bool = _f(
+        True, "at the same pause, ask the audio end-of-turn model (Smart Turn v3.2) whether the user is done"
+    )
+    end_of_turn_threshold: float = _f(0.5, "end-of-turn model probability from which the turn counts as complete")
+    max_silence_ms: int = _f(2000, "longest silence waited for when the end-of-turn model says the user is not done")
+    wait_for_evidence: bool = _f(
+        True,
+        "hold the turn open (up to max_silence_ms) until the transcript and the model have answered; off: the fixed "
+        "silence ends it if they are late",
+    )
+    backchannel_ms: int = _f(
+        600, "speech over the reply pauses it; shorter than this (and no stop word), the reply resumes where it was"
+    )
+    backchannel_words: int = _f(
+        3, "speech over the reply of fewer words than this (mm-hmm, yeah okay) resumes it too (0: words never do)"
+    )
 
 
 @dataclass

@@ -264,7 +264,9 @@ async def slowed(services: Services, shared_audio: Path, tmp_path_factory: pytes
 
 
 # Sub-millisecond with the echo responder (first text, first chunk): present, and ≥ 0 rather than > 0.
-MAY_BE_ZERO = {"llm_first_text_ms", "chunker_ms"}
+# ASR after the endpoint too: the end of turn waits for the speculative transcript (its evidence), so
+# the turn's ASR is often done when the turn ends.
+MAY_BE_ZERO = {"llm_first_text_ms", "chunker_ms", "asr_ms"}
 
 
 @pytest.mark.slow

@@ -21,7 +21,7 @@ from aiortc import RTCPeerConnection
 from assistant.audio import write_wav_bytes
 from assistant.bench.audio_source import load_utterance
 from assistant.bench.v2v import BenchSession
-from assistant.pipeline.conversation import PCM_AHEAD_CHUNKS, TTS_TEXT_QUEUE
+from assistant.pipeline.turn_runner import PCM_AHEAD_CHUNKS, TTS_TEXT_QUEUE
 from assistant.server.app import SESSIONS
 from assistant.server.services import Services
 from tests.conftest import serve, test_config

@@ -5,7 +5,9 @@ let STAGES = [];  // [name, colour, label] of each server stage, from GET /api/s
 
 const $ = (id) => document.getElementById(id);
 const state = { pc: null, channel: null, sessionId: null, ctx: null, stream: null, probe: null,
-  lastMicLoud: null, armedSince: null, turns: new Map(), botMsg: null, partialMsg: null };
+  micLoud: [], botLastLoud: null, armed: null, turns: new Map(), botMsg: null, partialMsg: null };
+const MIC_HISTORY_S = 30;  // loud mic blocks remembered, to find where a turn's speech ended
+const BOT_QUIET_S = 0.1;   // the reply's onset is a loud block after at least this much quiet
 window.assistantState = state;  // for tests and curious users
 
 function setStatus(text, live = false) { const s = $('status'); s.textContent = text; s.classList.toggle('live', live); }
@@ -55,9 +57,13 @@ function onEvent(ev) {
     case 'session': state.sessionId = ev.session_id; break;
     case 'speech_start': setStatus('listening…', true); break;
     case 'speech_end':
-      // The user's speech really ended at the last loud mic sample; arm the reply probe from there.
-      state.armedSince = state.lastMicLoud;
-      state.armedTurn = ev.turn;
+      // The server says how long ago (its clock) the speech ended; the same moment on this page's clock is
+      // the last loud mic block before (now − ago). Taking simply the last loud block would pick up speech
+      // that went on after the server's end (a pause taken for the end, the next utterance) and show less
+      // than the server: an impossible figure.
+      if (state.ctx) {
+        state.armed = { turn: ev.turn, cutoff: state.ctx.currentTime - (ev.ago_ms ?? 0) / 1000 };
+      }
       turnRow(ev.turn);
       setStatus('thinking…', true);
       break;
@@ -78,28 +84,51 @@ function onEvent(ev) {
       state.botMsg.textContent = ev.text;
       break;
     case 'reply_audio_start': setStatus('speaking', true); break;
+    case 'reply_resumed':  // the sound over the reply was a backchannel: not a turn, the reply goes on
+      state.armed = null;
+      if (state.botMsg) state.botMsg.classList.remove('interrupted');
+      setStatus('speaking', true);
+      break;
     case 'turn_metrics': { const t = turnRow(ev.turn); t.metrics = ev; renderBar(t); break; }
     case 'reply_done': setStatus('connected', true); break;
     case 'interrupted':
       if (state.botMsg) state.botMsg.classList.add('interrupted');
-      state.armedSince = null;
       break;
     case 'error': showError(`${ev.stage || 'error'}: ${ev.message}`); break;
     case 'close': setStatus(`closed (${ev.reason})`); break;
   }
 }
 
+function micEndBefore(cutoff) {
+  // The last loud mic block at or before `cutoff` (AudioContext seconds), or null.
+  const loud = state.micLoud;
+  for (let i = loud.length - 1; i >= 0; i--) if (loud[i] <= cutoff) return loud[i];
+  return null;
+}
+
 function onProbe(msg) {
-  if (msg.kind === 'mic') { state.lastMicLoud = msg.t; return; }
+  if (msg.kind === 'mic') {
+    state.micLoud.push(msg.t);
+    while (state.micLoud.length && state.micLoud[0] < msg.t - MIC_HISTORY_S) state.micLoud.shift();
+    return;
+  }
   if (msg.kind === 'levels') { $('mic-level').value = Math.min(1, msg.mic * 3); $('bot-level').value = Math.min(1, msg.bot * 3); return; }
-  if (msg.kind === 'bot' && state.armedSince != null && msg.t > state.armedSince) {
-    const t = turnRow(state.armedTurn);
-    if (t.v2v == null) {
-      // The block's time is its start; the loud sample is inside it (≤ 2.7 ms at 48 kHz).
-      t.v2v = (msg.t - state.armedSince) * 1000;
-      renderBar(t);
-    }
-    state.armedSince = null;
+  if (msg.kind !== 'bot') return;
+  const quietBefore = state.botLastLoud == null || msg.t - state.botLastLoud > BOT_QUIET_S;
+  state.botLastLoud = msg.t;
+  const armed = state.armed;
+  if (!armed) return;
+  // The reply's onset: the first loud block after the speech end that follows quiet. The tail of an
+  // earlier reply still sounding when the turn ended is not this turn's reply.
+  if (!quietBefore) return;
+  state.armed = null;
+  const micEnd = micEndBefore(armed.cutoff);
+  const t = turnRow(armed.turn);
+  if (t.v2v == null && micEnd != null) {
+    // Mic blocks are stamped at their start (the loud sample is at or after it), bot blocks too (the loud
+    // sample is within 2.7 ms after): the figure errs long, never short.
+    t.v2v = (msg.t - micEnd) * 1000;
+    renderBar(t);
   }
 }
 

@@ -1,6 +1,7 @@
 // Reports, per 128-sample block, whether each input is above its level threshold, stamped with the
 // AudioContext clock (currentTime): input 0 = microphone, input 1 = the bot's reply.
-// The page turns these into voice-to-voice latency on one clock.
+// The page turns these into voice-to-voice latency on one clock. The mic is judged by RMS (the rule the
+// speech manifests and the server's speech end use), the reply by peak (the bench client's rule).
 class LevelProbe extends AudioWorkletProcessor {
   constructor(options) {
     super();
@@ -17,9 +18,15 @@ class LevelProbe extends AudioWorkletProcessor {
       for (const ch of input) for (let i = 0; i < ch.length; i++) { const a = Math.abs(ch[i]); if (a > p) p = a; }
       return p;
     };
+    const rms = (input) => {
+      if (!input || !input.length || !input[0].length) return 0;
+      let s = 0;
+      for (const v of input[0]) s += v * v;
+      return Math.sqrt(s / input[0].length);
+    };
     const mic = peak(inputs[0]);
     const bot = peak(inputs[1]);
-    if (mic >= this.micThreshold) this.port.postMessage({ kind: 'mic', t });
+    if (rms(inputs[0]) >= this.micThreshold) this.port.postMessage({ kind: 'mic', t });
     if (bot >= this.botThreshold) this.port.postMessage({ kind: 'bot', t });
     this.micPeak = Math.max(this.micPeak, mic); this.botPeak = Math.max(this.botPeak, bot);
     if (++this.blocks % 8 === 0) {  // ~21 ms at 48 kHz

@@ -12,6 +12,7 @@ import contextlib
 import copy
 import json
 import logging
+import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -42,12 +43,23 @@ VARIANTS: dict[str, dict[str, dict[str, Any]]] = {
 }
 COLUMNS = ("v2v_ms", "server_v2v_ms", "endpoint_ms", "asr_ms", "tts_first_audio_ms", "unaccounted_ms")
 
+# ``--endpointing``: what ends a turn, each on the same speculative pause (turn.speculative_pause_ms).
+_SIGNALS = {"speculative": True}
+ENDPOINTING: dict[str, dict[str, dict[str, Any]]] = {
+    "fixed silence": {"turn": {**_SIGNALS, "smart_endpoint": False, "end_of_turn_model": False}},
+    "transcript rule": {"turn": {**_SIGNALS, "smart_endpoint": True, "end_of_turn_model": False}},
+    "end-of-turn model": {"turn": {**_SIGNALS, "smart_endpoint": False, "end_of_turn_model": True}},
+    "model + transcript": {"turn": {**_SIGNALS, "smart_endpoint": True, "end_of_turn_model": True}},
+}
+PAUSE_FILES = Path(__file__).resolve().parents[2] / "tests" / "data" / "pauses"
+
 
 @dataclass
 class VariantResult:
     name: str
     settings: dict[str, Any]
     summary: dict[str, Any] = field(default_factory=dict)
+    turns: list[dict[str, Any]] = field(default_factory=list)  # file, status, speech_ends, columns
 
 
 def _variant_config(base: Config, settings: dict[str, dict[str, Any]]) -> Config:
@@ -77,9 +89,13 @@ async def run_variants(
                     f"http://127.0.0.1:{port}", files * repeats, None, 1, out / _slug(name), plot=False
                 )
                 summary = summarize_level(result.levels[0])
+                turns = [
+                    {"file": t.file, "status": t.status, "speech_ends": t.speech_ends, "columns": t.columns}
+                    for t in result.levels[0].turns
+                ]
             finally:
                 await runner.cleanup()
-            results.append(VariantResult(name, settings, summary))
+            results.append(VariantResult(name, settings, summary, turns))
             log.info("bench.features variant=%r v2v_p50=%s", name, summary["columns"]["v2v_ms"]["p50"])
     finally:
         await services.close()
@@ -107,11 +123,46 @@ def format_table(results: list[VariantResult]) -> str:
     return "\n".join(rows)
 
 
+def _p50(values: list[float]) -> str:
+    return f"{statistics.median(values):.0f}" if values else "–"
+
+
+def format_endpointing(results: list[VariantResult], pause_names: set[str]) -> str:
+    """Markdown: per endpointing variant, on whole sentences and on the mid-sentence pause files."""
+    head = (
+        "| endpointing | sentences: endpoint_ms p50 | sentences: v2v_ms p50 | sentences: server_v2v_ms p50 "
+        "| pause files: one turn | pause files: false cut-off rate | pause files: v2v_ms p50 |"
+    )
+    rows = [head, "|---|---|---|---|---|---|---|"]
+    for r in results:
+        whole = [t for t in r.turns if t["file"] not in pause_names and t["columns"].get("v2v_ms") is not None]
+        pauses = [t for t in r.turns if t["file"] in pause_names]
+        one = sum(1 for t in pauses if t["speech_ends"] == 1)
+        cut = sum(1 for t in pauses if t["speech_ends"] > 1)
+        heard = [t["columns"]["v2v_ms"] for t in pauses if t["columns"].get("v2v_ms") is not None]
+        rate = f"{cut / len(pauses):.0%}" if pauses else "–"
+
+        def col(name: str, turns: list[dict[str, Any]] = whole) -> list[float]:
+            return [v for t in turns if (v := t["columns"].get(name)) is not None]
+
+        rows.append(
+            f"| {r.name} | {_p50(col('endpoint_ms'))} | {_p50(col('v2v_ms'))} | {_p50(col('server_v2v_ms'))} "
+            f"| {one}/{len(pauses)} | {rate} | {_p50(heard)} |"
+        )
+    return "\n".join(rows)
+
+
 def add_features_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--config", "-c", help="TOML config the variants start from (default: configs/default.toml)")
     parser.add_argument("--audio", nargs="*", type=Path, help="speech files (default: ../shared/audio/en_*.wav)")
     parser.add_argument("--repeats", type=int, default=2, help="times each file is played per variant")
     parser.add_argument("--out", type=Path, default=Path("bench-out/features"), help="output folder")
+    parser.add_argument(
+        "--endpointing",
+        action="store_true",
+        help="compare what ends a turn (fixed silence, transcript rule, end-of-turn model, both) on the "
+        "sentences and on the mid-sentence pause files (tests/data/pauses): endpoint time, v2v, false cut-offs",
+    )
 
 
 async def run_features(args: argparse.Namespace) -> int:
@@ -119,8 +170,13 @@ async def run_features(args: argparse.Namespace) -> int:
     base = load_config(args.config)
     files = [Path(f) for f in (args.audio or default_audio_files())]
     out = Path(args.out)
-    results = await run_variants(base, VARIANTS, files, args.repeats, out)
-    table = format_table(results)
+    if args.endpointing:
+        pauses = sorted(PAUSE_FILES.glob("*.wav"))
+        results = await run_variants(base, ENDPOINTING, files + pauses, args.repeats, out)
+        table = format_endpointing(results, {p.name for p in pauses})
+    else:
+        results = await run_variants(base, VARIANTS, files, args.repeats, out)
+        table = format_table(results)
     out.mkdir(parents=True, exist_ok=True)
     (out / "features.json").write_text(
         json.dumps([r.__dict__ for r in results], indent=2, ensure_ascii=False), encoding="utf-8"

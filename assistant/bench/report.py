@@ -62,6 +62,7 @@ class TurnResult:
     server_marks_ms: dict[str, float] = field(default_factory=dict)  # epoch ms, from turn_metrics
     transcript: str = ""
     reply_text: str = ""
+    speech_ends: int = 0  # speech_end events the server sent while this file played and was answered (1: one turn)
 
 
 @dataclass

@@ -1,7 +1,9 @@
 """The ``events`` data channel: JSON messages telling the page what happens in the conversation.
 
 Types (DESIGN.md): speech_start, speech_end, transcript (partial/final), reply_text, reply_audio_start,
-reply_done, interrupted, turn_metrics, error; plus session (sent once on open) and close.
+reply_done, interrupted (``paused`` when the reply is only held while the user makes a sound over it),
+reply_resumed (that sound was a backchannel: the reply goes on), turn_metrics, error; plus session (sent
+once on open) and close.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ EVENT_TYPES = frozenset(
         "reply_audio_start",
         "reply_done",
         "interrupted",
+        "reply_resumed",
         "turn_metrics",
         "error",
         "close",

@@ -54,6 +54,17 @@ class ReplySink(Protocol):
         """Drop what is queued now; returns the number of 20 ms frames dropped."""
         ...
 
+    def pause(self) -> None:
+        """Hold what is queued (silence goes out meanwhile); writers wait."""
+
+    def resume(self) -> None:
+        """Play on from where :meth:`pause` held."""
+
+    @property
+    def audible_frames_sent(self) -> int:
+        """Queued (reply) frames handed to the listener so far: how much of a reply was heard."""
+        ...
+
 
 class SpeechTimeout(TimeoutError):
     """The engine took longer than the time budget."""

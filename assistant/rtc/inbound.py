@@ -12,8 +12,8 @@ resampler's delay until ``flush()``.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from fractions import Fraction
 from typing import Any, Protocol
 
@@ -21,7 +21,7 @@ import numpy as np
 import soxr
 from aiortc.mediastreams import MediaStreamError
 
-from assistant.audio import S16_SCALE, SPEECH_RATE
+from assistant.audio import S16_SCALE, SPEECH_RATE, AudioChunk
 
 log = logging.getLogger(__name__)
 
@@ -37,21 +37,6 @@ MAX_GAP_FILL_S = 5.0
 
 # Scale of each integer sample format to −1…1 (PyAV format name without the planar "p").
 _INT_SCALE = {"u8": 128.0, "s16": S16_SCALE, "s32": 2147483648.0, "s64": 9223372036854775808.0}
-
-
-@dataclass(frozen=True)
-class AudioChunk:
-    """16 kHz mono float32 samples starting at ``start`` on the stream's sample clock.
-
-    Consecutive chunks are contiguous: ``a.end == b.start``.
-    """
-
-    start: int
-    samples: np.ndarray = field(repr=False)
-
-    @property
-    def end(self) -> int:
-        return self.start + len(self.samples)
 
 
 def frame_to_float(frame: Any) -> np.ndarray:
@@ -94,6 +79,15 @@ class InboundAudio:
         self._in_rate = 0
         self._stream: soxr.ResampleStream | None = None
         self._next_pts_s: Fraction | None = None
+        self._stream_in = 0  # input samples given to the current resampler
+        self._stream_out = 0  # output samples it returned
+
+    @property
+    def lag_samples(self) -> int:
+        """Output samples the resampler still holds: the newest input is this far past ``position``."""
+        if self._stream is None or not self._in_rate:
+            return 0
+        return max(0, round(self._stream_in * self.out_rate / self._in_rate) - self._stream_out)
 
     @property
     def position_s(self) -> float:
@@ -112,6 +106,7 @@ class InboundAudio:
             self._stream = soxr.ResampleStream(
                 rate, self.out_rate, 1, dtype="float32", quality=INBOUND_RESAMPLE_QUALITY
             )
+            self._stream_in = self._stream_out = 0
         gap = self._gap_samples(frame, rate, len(x))
         if gap:
             x = np.concatenate([np.zeros(gap, np.float32), x])
@@ -147,7 +142,10 @@ class InboundAudio:
         assert self._stream is not None
         if self._in_rate == self.out_rate:
             return x
-        return self._stream.resample_chunk(x)
+        out = self._stream.resample_chunk(x)
+        self._stream_in += len(x)
+        self._stream_out += len(out)
+        return out
 
     def _resampler_tail(self) -> np.ndarray:
         if self._stream is None or self._in_rate == self.out_rate:
@@ -169,27 +167,37 @@ class AudioTrack(Protocol):
 
 
 async def read_track(
-    track: AudioTrack, sink: Callable[[AudioChunk], None], inbound: InboundAudio | None = None
+    track: AudioTrack,
+    sink: Callable[[AudioChunk], None],
+    inbound: InboundAudio | None = None,
+    arrival: Callable[[int], float | None] | None = None,
 ) -> InboundAudio:
     """Receive frames from ``track`` until it ends, converting each and passing it to ``sink`` at once.
 
     ``sink`` must not block (the session's conversation feeds its VAD in place). When the track ends
     (``MediaStreamError``) the resampler tail is delivered. Returns the ``InboundAudio`` (its counters:
     frames, gaps, position).
+
+    ``arrival(pts)`` (e.g. ``AudioReceiveBuffer.arrival``) says when the packet of the frame with that pts
+    reached the server; each chunk's ``arrived`` is then that moment, so the time a receive buffer held
+    the packet counts. Without it (or when it does not know the frame), ``arrived`` is when it was read.
     """
     inbound = inbound or InboundAudio()
 
-    def deliver(x: np.ndarray) -> None:
+    def deliver(x: np.ndarray, at: float, lag: int = 0) -> None:
         if len(x):
-            sink(AudioChunk(inbound.position - len(x), x))
+            sink(AudioChunk(inbound.position - len(x), x, at, lag))
 
     while True:
         try:
             frame = await track.recv()
         except MediaStreamError:
             break
-        deliver(inbound.push(frame))
-    deliver(inbound.flush())
+        read_at = time.time()
+        x = inbound.push(frame)
+        got = arrival(frame.pts) if arrival is not None and frame.pts is not None else None
+        deliver(x, read_at if got is None else min(read_at, got), inbound.lag_samples)
+    deliver(inbound.flush(), time.time())
     log.info(
         "inbound.track_ended frames=%d seconds=%.2f gaps=%d gap_fill_s=%.3f",
         inbound.frames,

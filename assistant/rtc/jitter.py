@@ -17,8 +17,10 @@ if a future aiortc renames them, the receiver keeps aiortc's own buffer and a wa
 
 from __future__ import annotations
 
+import collections
 import logging
 import math
+import time
 from typing import Any
 
 from aiortc.jitterbuffer import JitterFrame
@@ -33,6 +35,7 @@ RTP_CLOCK = 48_000  # Opus RTP timestamps tick at 48 kHz
 # mean deviation; a reordered packet shows up as a deviation of about one packet time).
 JITTER_MARGIN = 2.0
 MAX_STORED = 64  # packets held at most (a burst far ahead of a hole); older holes are given up first
+ARRIVALS_KEPT = 256  # packet arrival times remembered (5 s of 20 ms packets), for ``arrival``
 _RECEIVER = "_RTCRtpReceiver__"
 
 
@@ -46,6 +49,16 @@ class AudioReceiveBuffer:
         self._stored: dict[int, RtpPacket] = {}
         self.lost = 0
         self.late = 0
+        # RTP timestamp -> wall time the packet arrived; aiortc maps RTP timestamps to frame pts by
+        # subtracting the first released one (``_origin``), so ``arrival(pts)`` can find a decoded frame's.
+        self._arrived: collections.OrderedDict[int, float] = collections.OrderedDict()
+        self._origin: int | None = None
+
+    def arrival(self, pts: int) -> float | None:
+        """Wall time at which the packet of the decoded frame with this pts arrived (None: not known)."""
+        if self._origin is None:
+            return None
+        return self._arrived.get((pts + self._origin) & 0xFFFFFFFF)
 
     @property
     def capacity(self) -> int:  # read by aiortc for video only; kept for the interface
@@ -53,6 +66,9 @@ class AudioReceiveBuffer:
 
     def add(self, packet: RtpPacket) -> tuple[bool, JitterFrame | None]:
         seq = packet.sequence_number
+        self._arrived[packet.timestamp] = time.time()
+        if len(self._arrived) > ARRIVALS_KEPT:
+            self._arrived.popitem(last=False)
         if self._next is None:
             self._next = seq
         if uint16_gt(self._next, seq):  # older than what was already released: too late to use
@@ -78,6 +94,8 @@ class AudioReceiveBuffer:
                 self.lost += 1
                 self._next = uint16_add(self._next, 1)
                 continue
+            if self._origin is None:
+                self._origin = packet.timestamp
             out.append(JitterFrame(data=packet._data, timestamp=packet.timestamp))  # type: ignore[attr-defined]
             self._next = uint16_add(self._next, 1)
         return out

@@ -50,6 +50,7 @@ class ReplyTrack(MediaStreamTrack):
         self._silence = np.zeros(FRAME_SAMPLES, dtype=np.int16)
         self.on_first_audible = on_first_audible
         self._await_audible = False
+        self._paused = False  # held by pause(): idle silence goes out, the queue waits
         self.frames_sent = 0
         self.audible_frames_sent = 0  # reply frames (queued audio, not idle silence) handed to the peer
         self.last_audible_sent_at = 0.0  # wall time the latest audible frame was handed to the peer
@@ -96,8 +97,17 @@ class ReplyTrack(MediaStreamTrack):
             await self._space.wait()
         return gen == self._generation
 
+    def pause(self) -> None:
+        """Hold the queued reply (the listener hears silence meanwhile); writers wait for room as usual."""
+        self._paused = True
+
+    def resume(self) -> None:
+        """Play on from where :meth:`pause` held."""
+        self._paused = False
+
     def interrupt(self) -> int:
         """Drop everything queued now; writers of the old generation return False. Returns frames dropped."""
+        self._paused = False
         dropped = len(self._frames)
         self._frames.clear()
         self._partial = np.zeros(0, dtype=np.int16)
@@ -120,7 +130,7 @@ class ReplyTrack(MediaStreamTrack):
             skipped = int(late * OUT_SAMPLE_RATE) // FRAME_SAMPLES * FRAME_SAMPLES
             self._pts += skipped
             log.debug("reply_track_resync skipped_ms=%d", skipped * 1000 // OUT_SAMPLE_RATE)
-        if self._frames:
+        if self._frames and not self._paused:
             samples = self._frames.popleft()
             self._space.set()
             if int(np.abs(samples).max()) > SILENCE_PEAK_S16:

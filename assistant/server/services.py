@@ -28,6 +28,7 @@ class Services:
     asr: Any = None  # ASRRunner
     tts: TTSEngine | None = None
     responder: Responder | None = None
+    end_of_turn: Any = None  # SmartTurnBatcher: the audio end-of-turn model, shared by every session
     ready: bool = False
     load_seconds: dict[str, float] = field(default_factory=dict)
 
@@ -77,6 +78,11 @@ class Services:
 
         if self.vad_model is None:
             self.vad_model = await timed("vad", asyncio.to_thread(SileroModel))
+        if self.end_of_turn is None:
+            from assistant.vad.smart_turn import SmartTurnBatcher, SmartTurnModel
+
+            model = await timed("end_of_turn", asyncio.to_thread(SmartTurnModel))
+            self.end_of_turn = SmartTurnBatcher(model)
         if self.asr is None:
             engine = await timed("asr", asyncio.to_thread(create_asr, cfg.asr))
             self.asr = ASRRunner(engine, cfg.asr)

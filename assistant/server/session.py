@@ -68,6 +68,7 @@ class Session:
             on_turn_done=lambda trace: metrics.observe_turn(trace.durations_ms()),
             on_error=lambda stage: metrics.errors_total.labels(stage=stage).inc(),
             on_interrupted=metrics.interruptions_total.inc,
+            end_of_turn=services.end_of_turn,
         )
         self.conversation = Conversation(
             cfg, services.make_endpointer(), deps, self.track, self.events, session_id=self.id
@@ -174,8 +175,9 @@ class Session:
 
     async def _read_audio(self, track: Any) -> None:
         """Each decoded frame goes straight to the conversation (VAD inline: no queue, no added delay)."""
-        conv = self.conversation
-        await read_track(track, lambda chunk: conv.feed(chunk.samples))
+        buffer = self.receive_buffer.buffer if self.receive_buffer is not None else None
+        # Chunks carry their packets' arrival times: the time our receive buffer held them counts.
+        await read_track(track, self.conversation.feed, arrival=buffer.arrival if buffer is not None else None)
         if not self.closed:
             self.spawn(self.close("audio_ended"), "close")
 

@@ -9,6 +9,8 @@ hysteresis:
 - speaking → idle once windows below ``neg_threshold`` have lasted ``end_silence_ms`` (the hangover; a window
   at/above ``threshold`` cancels it, in-between windows neither start nor cancel it). ``SpeechEnd`` carries
   when the speech *really* ended (the detection time minus the hangover) and the utterance's audio.
+- ``SpeechEnd.audible_end`` places the end on the last audible 10 ms frame of the audio held (Silero's
+  windows are 32 ms and it hears a tail: its own end lands 70–95 ms after the last audible sample).
 - an utterance reaching ``max_utterance_s`` is cut: ``SpeechEnd(reason="max_utterance")``, and if the user is
   still talking a new ``SpeechStart`` at the cut point follows at once.
 
@@ -28,6 +30,32 @@ from assistant.vad.silero import WINDOW_SAMPLES, SileroModel, SileroStream
 
 log = logging.getLogger(__name__)
 
+AUDIBLE_FRAME = SPEECH_RATE // 100  # 10 ms
+AUDIBLE_DBFS = -45.0  # a 10 ms frame whose RMS reaches this is audible (the speech manifests' rule)
+AUDIBLE_LOOKBACK = SPEECH_RATE // 2  # the VAD's end is never this far past the last audible sample
+NOISE_MARGIN = 2.0  # an audible frame is also twice as loud (RMS) as the loudest frame of the hangover
+
+
+def frame_rms(audio: np.ndarray) -> np.ndarray:
+    """RMS of each whole 10 ms frame, counted back from the end of ``audio`` (oldest first)."""
+    n = len(audio) // AUDIBLE_FRAME
+    tail = audio[len(audio) - n * AUDIBLE_FRAME :].astype(np.float64).reshape(n, AUDIBLE_FRAME)
+    return np.sqrt(np.mean(tail**2, axis=1))
+
+
+def last_audible_end(audio: np.ndarray, noise_rms: float = 0.0) -> int | None:
+    """Index just past the last 10 ms frame of ``audio`` that is audible (None: no audible frame).
+
+    Frames are counted from the end, so the answer is exact to the frame at the end of ``audio``.
+    """
+    floor = max(10 ** (AUDIBLE_DBFS / 20), NOISE_MARGIN * noise_rms)
+    rms = frame_rms(audio)
+    n = len(rms)
+    loud = np.flatnonzero(rms >= floor)
+    if not loud.size:
+        return None
+    return len(audio) - (n - 1 - int(loud[-1])) * AUDIBLE_FRAME
+
 
 @dataclass(frozen=True)
 class SpeechStart:
@@ -45,6 +73,12 @@ class SpeechEnd:
     audio_start_s: float  # stream time of audio[0] (start − speech_pad_ms, clamped)
     audio: np.ndarray = field(repr=False, compare=False)  # start − pad … end + pad, 16 kHz float32
     reason: str = "silence"  # "silence", "max_utterance" or "stream_end"
+    audible_end: int = -1  # just past the last audible 10 ms frame (−1: not known, use sample_index)
+
+    @property
+    def speech_end(self) -> int:
+        """Where the user's speech really ended: the last audible frame, else the VAD's end."""
+        return self.audible_end if self.audible_end >= 0 else self.sample_index
 
     @property
     def duration_s(self) -> float:
@@ -216,6 +250,18 @@ class Endpointer:
                 events.append(self._end(w1, w1, "max_utterance"))
                 events.append(self._start(w1, w1, pad=False))
 
+    def _audible_end(self, end: int, detected: int) -> int:
+        """The last audible frame near the VAD's ``end``, searched in the audio held (up to one window after
+        it); the hangover's own level is the noise floor it must rise above."""
+        lo = max(self._utt_start, end - AUDIBLE_LOOKBACK, self._buf.start)
+        hi = min(end + WINDOW_SAMPLES, detected, self._buf.end)
+        if hi - lo < AUDIBLE_FRAME:
+            return end
+        hangover = self._buf.slice(min(end + WINDOW_SAMPLES, detected), detected)
+        noise = float(frame_rms(hangover).max()) if hangover.size >= AUDIBLE_FRAME else 0.0
+        found = last_audible_end(self._buf.slice(lo, hi), noise)
+        return end if found is None else lo + found
+
     def _start(self, start: int, detected: int, *, pad: bool) -> SpeechStart:
         self.speaking = True
         self._candidate = None
@@ -230,6 +276,7 @@ class Endpointer:
         tail = self._pad if reason != "max_utterance" or end < detected else 0
         audio = self._buf.slice(self._audio_start, min(end + tail, self._buf.end))
         ev = SpeechEnd(
+            audible_end=self._audible_end(end, detected),
             sample_index=end,
             time_s=end / SPEECH_RATE,
             detected_at_s=detected / SPEECH_RATE,

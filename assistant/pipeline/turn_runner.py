@@ -1,0 +1,340 @@
+"""The turn runner: one turn's words to the reply's sound. ASR → responder → speech path → reply sink.
+
+It knows nothing of voice activity: the turn-taking policy (``turn_taking.py``) starts turns, commits or drops
+them, and pauses, resumes or cancels the reply. What the runner guarantees: a turn not yet committed is
+never seen or heard (its events are held, its audio waits behind ``Turn.committed``); a failed turn says so
+(an ``error`` event and the spoken apology); and the history keeps what was really said, so a reply cut
+short enters it only as far as it was played.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import numpy as np
+
+from assistant.audio import float_to_s16
+from assistant.config import ChunkerConfig, LogConfig, RespondConfig, TTSConfig, TurnConfig
+from assistant.pipeline.events import EventChannel
+from assistant.pipeline.speech import ReplySink, SpeechPath, SpeechTimeout
+from assistant.pipeline.turn import StageError, Turn, TurnDeps, played_text, stage
+from assistant.respond.base import ResponderError
+from assistant.respond.history import ConversationHistory
+from assistant.tts.base import TTSRequest
+
+log = logging.getLogger(__name__)
+
+# Text deltas waiting for the speech path inside one turn; the responder waits when TTS is this far behind.
+TTS_TEXT_QUEUE = 64
+# PCM chunks synthesized ahead of playout (a Piper sentence or a CosyVoice hop each): enough that the
+# next sentence is ready before the current one ends, bounded so a cancelled turn wastes little work.
+PCM_AHEAD_CHUNKS = 8
+# The spoken apology after a failed turn must not itself hang the session.
+APOLOGY_TIMEOUT_S = 10.0
+FRAME_MS = 20  # the reply sink's frames
+
+
+class TurnRunner:
+    def __init__(
+        self,
+        respond: RespondConfig,
+        tts: TTSConfig,
+        chunker: ChunkerConfig,
+        turn: TurnConfig,
+        logs: LogConfig,
+        deps: TurnDeps,
+        sink: ReplySink,
+        events: EventChannel,
+        session_id: str = "",
+    ) -> None:
+        self.respond_cfg, self.debug_content = respond, logs.debug_content
+        self.deps, self.sink, self.events, self.session_id = deps, sink, events, session_id
+        self.history = ConversationHistory(respond.history_turns)
+        speech = SpeechPath(deps.tts, sink.sample_rate, timeout_s=tts.timeout_s, chunker=chunker)
+        self.voice = SessionVoice(speech, TTSRequest(text="", voice=deps.voice, language=tts.language or None),
+                                  turn.error_message, sink, session_id)
+        self.turns = 0
+        self.current: Turn | None = None  # the committed turn (preparing or speaking)
+        self.paused = False  # its reply is held while the user makes a sound over it
+        self.last_activity_wall = time.time()  # the latest reply (the policy adds speech starts)
+        sink.on_first_audible = self._on_first_audible
+
+    # --- the policy's handles ------------------------------------------------------------------------
+    def start(self, audio: np.ndarray, audio_end: int, *, speculative: bool, heard: str | None = None) -> Turn:
+        """Start a turn on ``audio``; a speculative one is numbered, seen and heard only once committed."""
+        number = self.turns + 1 if speculative else self._next_number()
+        turn = Turn(number, audio, audio_end, self.sink.generation, speculative)
+        turn.heard = heard
+        turn.task = asyncio.get_running_loop().create_task(
+            self._run(turn), name=f"turn-{self.session_id}-{number}{'-spec' if speculative else ''}"
+        )
+        return turn
+
+    def commit(self, turn: Turn) -> None:
+        """The turn is the user's: it becomes the current one, its held events go out, its audio may play."""
+        if turn.speculative:
+            turn.number = turn.trace.turn = self._next_number()
+        self.current = turn
+        turn.committed.set()
+        self.sink.expect_reply()
+        for kind, fields in turn.held_events:
+            self.events.emit(kind, **{**fields, "turn": turn.number})
+        turn.held_events.clear()
+
+    @property
+    def busy(self) -> bool:
+        return self.current is not None and self.current.active
+
+    @property
+    def speaking(self) -> bool:
+        return self.busy and self.current is not None and self.current.speaking
+
+    def drop(self) -> np.ndarray | None:
+        """Drop the current turn before its reply was heard (the user was not done); returns its audio."""
+        turn = self.current
+        if turn is None or not turn.active:
+            return None
+        turn.cancel()
+        self.current, self.paused = None, False
+        self.sink.interrupt()
+        log.info("turn_dropped session=%s turn=%d", self.session_id, turn.number)
+        return turn.audio
+
+    def pause(self, reason: str) -> None:
+        """Hold the reply where it is (the user makes a sound over it): heard as an interruption."""
+        turn = self.current
+        if turn is None or not turn.active or self.paused:
+            return
+        self.paused = True
+        self.sink.pause()
+        self.events.emit("interrupted", turn=turn.number, reason=reason, paused=True, dropped_ms=0)
+        if self.deps.on_interrupted is not None:
+            self.deps.on_interrupted()
+        log.info("reply_paused session=%s turn=%d reason=%s", self.session_id, turn.number, reason)
+
+    def resume(self, reason: str) -> None:
+        """Go on from where the reply was held (the sound was a backchannel, not a turn)."""
+        if not self.paused:
+            return
+        self.paused = False
+        self.sink.resume()
+        if self.current is not None:
+            self.events.emit("reply_resumed", turn=self.current.number, reason=reason)
+        log.info("reply_resumed session=%s reason=%s", self.session_id, reason)
+
+    def interrupt(self, reason: str) -> None:
+        """Cancel the current turn's reply; the history keeps the user's words and what of the reply was heard."""
+        turn = self.current
+        if turn is None or not turn.active:
+            return
+        heard = self._played(turn)  # before the sink drops what is queued
+        turn.cancel()
+        self.current = None
+        was_paused, self.paused = self.paused, False
+        dropped = self.sink.interrupt()
+        if turn.transcript:
+            self.history.add_turn(turn.transcript, heard)
+        if not was_paused:  # a paused reply was already announced as interrupted
+            self.events.emit("interrupted", turn=turn.number, reason=reason, dropped_ms=dropped * FRAME_MS)
+            if self.deps.on_interrupted is not None:
+                self.deps.on_interrupted()
+        log.info(
+            "turn_interrupted session=%s turn=%d reason=%s dropped_ms=%d heard_chars=%d/%d",
+            self.session_id, turn.number, reason, dropped * FRAME_MS, len(heard), len(turn.reply),
+        )
+
+    async def close(self, *extra: Turn | None) -> None:
+        tasks = [t.task for t in (self.current, *extra) if t is not None and t.task is not None]
+        self.current = None
+        for task in tasks:
+            task.cancel()
+        for task in tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+
+    def _next_number(self) -> int:
+        self.turns += 1
+        return self.turns
+
+    def _played(self, turn: Turn) -> str:
+        if turn.frames_base is None:
+            return ""
+        frames = self.sink.audible_frames_sent - turn.frames_base
+        return played_text(turn.spoken, turn.samples_made, frames * self.sink.sample_rate * FRAME_MS // 1000)
+
+    def _emit(self, turn: Turn, kind: str, **fields: Any) -> None:
+        if turn.committed.is_set():
+            self.events.emit(kind, turn=turn.number, **fields)
+        else:
+            turn.held_events.append((kind, fields))
+
+    # --- one turn ------------------------------------------------------------------------------------
+    async def _run(self, turn: Turn) -> None:
+        trace = turn.trace
+        try:
+            if turn.heard is None:
+                transcript = await stage("asr", "I could not make that out", self.deps.asr.transcribe(turn.audio))
+                turn.heard = transcript.text.strip()
+            trace.mark("asr_done")
+            text = turn.transcript = turn.heard
+            self._emit(turn, "transcript", final=True, text=text)
+            if not text:
+                log.info("turn_empty session=%s turn=%d", self.session_id, turn.number)
+                return
+            if self.debug_content:
+                log.debug("turn_text session=%s turn=%d text=%r", self.session_id, turn.number, text)
+            deltas: asyncio.Queue[str | None] = asyncio.Queue(maxsize=TTS_TEXT_QUEUE)
+            await _side_by_side(self._respond(turn, text, deltas), self._speak(turn, deltas))
+            await turn.committed.wait()
+            self.history.add_turn(text, turn.reply)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            error = exc if isinstance(exc, StageError) else StageError("turn", "the reply failed", exc)
+            turn.failed = error.stage
+            await turn.committed.wait()
+            self._failed(turn, error)
+            if error.stage != "tts":
+                await self.voice.apologize(turn.gen)
+        finally:
+            if turn.committed.is_set():
+                self.last_activity_wall = time.time()
+            if trace.has("first_frame_sent"):
+                trace.mark("reply_done")
+                self.events.emit("reply_done", turn=turn.number, durations_ms=trace.durations_ms())
+                if self.deps.on_turn_done is not None:
+                    self.deps.on_turn_done(trace)
+
+    async def _respond(self, turn: Turn, text: str, deltas: asyncio.Queue[str | None]) -> None:
+        """The responder's deltas into ``deltas`` (bounded: the responder waits when TTS is behind)."""
+        try:
+            async with asyncio.timeout(self.respond_cfg.total_timeout_s):
+                async for delta in self.deps.responder.respond(text, self.history.messages):
+                    if not delta:
+                        continue
+                    turn.trace.mark("first_text")
+                    turn.reply += delta
+                    self._emit(turn, "reply_text", delta=delta, text=turn.reply)
+                    await deltas.put(delta)
+        except ResponderError as exc:
+            raise StageError("responder", str(exc), exc) from exc
+        except TimeoutError as exc:
+            raise StageError("responder", "the reply took too long", exc) from exc
+        except Exception as exc:
+            raise StageError("responder", "the reply failed", exc) from exc
+        # The end mark only on success: on failure or cancel the consumer is cancelled too, and an awaited
+        # put into a full queue nobody reads would hang the turn (and Session.close) for ever.
+        await deltas.put(None)
+
+    async def _speak(self, turn: Turn, deltas: asyncio.Queue[str | None]) -> None:
+        """The reply's text through the speech path into a PCM queue, while a writer feeds the sink.
+
+        Synthesis runs ahead of playout (``PCM_AHEAD_CHUNKS``), so the next sentence is ready before the
+        current one ends. The writer starts only once the turn is committed: nothing speculative is heard.
+        Each piece's place in the audio is kept (``Turn.spoken``), to cut the text where playback stopped.
+        """
+        pcm_q: asyncio.Queue[np.ndarray | None] = asyncio.Queue(maxsize=PCM_AHEAD_CHUNKS)
+
+        async def text() -> AsyncIterator[str]:
+            while (delta := await deltas.get()) is not None:
+                yield delta
+
+        def on_piece(piece: str) -> None:
+            turn.trace.mark("first_tts_text")
+            turn.spoken.append((turn.samples_made, piece))
+
+        async def synthesize() -> None:
+            async for out in self.voice.speak(text(), on_piece):
+                turn.trace.mark("first_audio")
+                turn.samples_made += len(out)
+                await pcm_q.put(out)
+            await pcm_q.put(None)  # only on success (see _respond)
+
+        async def write() -> None:
+            await turn.committed.wait()
+            while (out := await pcm_q.get()) is not None:
+                if turn.frames_base is None:
+                    turn.frames_base = self.sink.audible_frames_sent
+                if not await self.sink.write(float_to_s16(out), turn.gen):
+                    return
+            await self.sink.flush(turn.gen)
+
+        await _side_by_side(synthesize(), write())
+
+    def _on_first_audible(self, at: float) -> None:
+        turn = self.current
+        if turn is None or turn.trace.has("first_frame_sent"):
+            return
+        turn.trace.mark("first_frame_sent", at)
+        turn.speaking = True
+        self.events.emit("reply_audio_start", turn=turn.number)
+        self.events.emit("turn_metrics", speculative=turn.speculative, **turn.trace.as_event())
+
+    def _failed(self, turn: Turn, error: StageError) -> None:
+        cause = error.__cause__ or error.cause
+        log.warning(
+            "turn_failed session=%s turn=%d stage=%s error=%s",
+            self.session_id,
+            turn.number,
+            error.stage,
+            type(cause).__name__ if cause else "StageError",
+            exc_info=cause if cause is not None and not isinstance(cause, ResponderError | TimeoutError) else None,
+        )
+        self.events.emit("error", turn=turn.number, stage=error.stage, message=error.message)
+        if self.deps.on_error is not None:
+            self.deps.on_error(error.stage)
+
+
+class SessionVoice:
+    """The session's voice: the speech path with its failures as the ``tts`` stage's, and the apology."""
+
+    def __init__(self, speech: SpeechPath, request: TTSRequest, apology: str, sink: ReplySink, session_id: str) -> None:
+        self.speech, self.request, self.apology = speech, request, apology.strip()
+        self.sink, self.session_id = sink, session_id
+
+    async def speak(
+        self, text: str | AsyncIterator[str], on_piece: Callable[[str], None] | None = None
+    ) -> AsyncIterator[np.ndarray]:
+        try:
+            async for out in self.speech.speak(text, self.request, on_piece=on_piece):
+                yield out
+        except SpeechTimeout as exc:
+            raise StageError("tts", "the voice took too long", exc) from exc
+        except Exception as exc:
+            raise StageError("tts", "the voice failed", exc) from exc
+
+    async def apologize(self, gen: int) -> None:
+        """Say the configured error message (best effort, short time limit): a failed turn is not silent."""
+        if not self.apology or gen != self.sink.generation:
+            return
+        try:
+            async with asyncio.timeout(APOLOGY_TIMEOUT_S):
+                async for out in self.speak(self.apology):
+                    if not await self.sink.write(float_to_s16(out), gen):
+                        return
+                await self.sink.flush(gen)
+        except Exception as exc:  # the apology itself failed: the error event already told the page
+            log.info("apology_failed session=%s error=%s", self.session_id, type(exc).__name__)
+
+
+async def _side_by_side(first: Any, second: Any) -> None:
+    """Run two coroutines together; the first failure cancels the other and is raised."""
+    tasks = [asyncio.ensure_future(first), asyncio.ensure_future(second)]
+    try:
+        done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
+        for t in done:
+            if t.exception() is not None:
+                raise t.exception()  # type: ignore[misc]
+        await asyncio.gather(*tasks)
+    finally:
+        for t in tasks:
+            if not t.done():
+                t.cancel()
+        for t in tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await t

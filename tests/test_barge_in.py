@@ -1,0 +1,165 @@
+"""Barge-in that keeps the truth: real Silero VAD, a real reply track played out in real time.
+
+- speech over the reply cancels it, and the turn enters the history with what the user said and only the
+  part of the reply that was heard (cut where playback stopped, through the text→audio boundaries);
+- a short sound or a backchannel pauses the reply, which then resumes where it stopped, nothing lost;
+- a short "stop" is no backchannel: it cancels the reply.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from assistant.asr.base import Transcript
+from assistant.audio import read_audio
+from assistant.pipeline.conversation import Conversation, TurnDeps
+from assistant.pipeline.events import EventChannel
+from assistant.pipeline.turn import played_text
+from assistant.respond.base import Message
+from assistant.rtc.outbound import ReplyTrack
+from assistant.tts.base import TTSCapabilities, TTSRequest
+from assistant.vad.endpoint import Endpointer
+from assistant.vad.silero import SileroModel
+from tests.conftest import test_config
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]
+
+CHUNK = 320
+REPLY = "One two three four. Five six seven eight. Nine ten eleven twelve. Thirteen fourteen fifteen."
+PIECE_S = 0.6  # each text piece is spoken as 0.6 s of tone
+
+
+class LengthASR:
+    """The question for long audio; ``short_text`` for a short sound."""
+
+    def __init__(self, short_text: str) -> None:
+        self.short_text = short_text
+
+    async def transcribe(self, audio: np.ndarray, **_: Any) -> Transcript:
+        return Transcript(text="What is the weather like today?" if len(audio) > 16_000 else self.short_text)
+
+    async def transcribe_partial(self, audio: np.ndarray, **kw: Any) -> Transcript:
+        return await self.transcribe(audio, **kw)
+
+
+class Reply:
+    name = "fixed"
+
+    async def respond(self, text: str, history: Sequence[Message]) -> AsyncIterator[str]:
+        for word in REPLY.split(" "):
+            yield word + " "
+
+
+class PieceTone:
+    """0.6 s of tone per text piece, so the reply's audio maps to its text piece by piece."""
+
+    name = "tone"
+    sample_rate = 16_000
+    capabilities = TTSCapabilities()
+
+    async def synthesize(self, request: TTSRequest) -> AsyncIterator[np.ndarray]:
+        t = np.arange(int(PIECE_S * 16_000)) / 16_000
+        yield (0.3 * np.sin(2 * np.pi * 220 * t)).astype(np.float32)
+
+    async def warmup(self) -> None: ...
+
+    async def close(self) -> None: ...
+
+
+def test_played_text_cuts_at_the_piece_playing() -> None:
+    spoken = [(0, "One two three four. "), (100, "Five six seven eight. "), (200, "Nine ten.")]
+    assert played_text(spoken, 300, 0) == ""
+    assert played_text(spoken, 300, 100) == "One two three four."
+    assert played_text(spoken, 300, 150) == "One two three four. Five six"  # half of the second piece
+    assert played_text(spoken, 300, 300) == "One two three four. Five six seven eight. Nine ten."
+
+
+async def _talk(short: np.ndarray, short_text: str) -> tuple[Conversation, list[dict], ReplyTrack]:
+    """Ask a question, let the reply play 0.5 s, make ``short`` over it, then let it all play out."""
+    x, _ = read_audio(Path(__file__).resolve().parents[2] / "shared" / "audio" / "en_weather.wav")
+    x = x[: int(3.2 * 16_000)]  # the question, then just enough silence to end it (speech ends at 2.54 s)
+    cfg = test_config(turn={"speculative": False})
+    events = EventChannel()
+    seen: list[dict] = []
+    events.subscribe(seen.append)
+    track = ReplyTrack(queue_ms=60)
+    deps = TurnDeps(asr=LengthASR(short_text), tts=PieceTone(), responder=Reply())  # type: ignore[arg-type]
+    endpointer = Endpointer(cfg.vad, SileroModel.shared())  # type: ignore[attr-defined]
+    conv = Conversation(cfg, endpointer, deps, track, events, "b")  # type: ignore[arg-type]
+    loop = asyncio.get_running_loop()
+
+    async def listen() -> None:  # the peer: takes a frame every 20 ms
+        while True:
+            await track.recv()
+
+    async def say(audio: np.ndarray) -> None:  # the mic: 20 ms every 20 ms
+        t0 = loop.time()
+        for i in range(0, len(audio), CHUNK):
+            conv.feed(audio[i : i + CHUNK])
+            await asyncio.sleep(max(0.0, t0 + (i + CHUNK) / 16_000 - loop.time()))
+
+    listener = loop.create_task(listen())
+    try:
+        await say(x)
+        for _ in range(300):
+            if any(e["type"] == "reply_audio_start" for e in seen):
+                break
+            await say(np.zeros(CHUNK, np.float32))
+        await say(np.zeros(8_000, np.float32))  # half a second of the reply plays
+        await say(np.concatenate([short, np.zeros(int(1.5 * 16_000), np.float32)]))
+        for _ in range(500):  # until the turn is over
+            if any(e["type"] == "reply_done" or (e["type"] == "transcript" and e["turn"] == 2) for e in seen):
+                break
+            await say(np.zeros(CHUNK, np.float32))
+        await asyncio.sleep(0.3)
+    finally:
+        listener.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await listener
+        await conv.close()
+    return conv, seen, track
+
+
+def _speech(seconds: float) -> np.ndarray:
+    x, _ = read_audio(Path(__file__).resolve().parents[2] / "shared" / "audio" / "en_story.wav")
+    return x[int(0.51 * 16_000) : int((0.51 + seconds) * 16_000)]
+
+
+async def test_long_speech_cancels_and_the_history_keeps_only_what_was_heard() -> None:
+    conv, seen, _ = await _talk(_speech(2.0), "Tell me a short story about a cat who learns to play the piano.")
+    kinds = [e["type"] for e in seen]
+    assert "interrupted" in kinds and "reply_resumed" not in kinds
+    first = conv.history.messages[:2]
+    assert [m.role for m in first] == ["user", "assistant"]
+    assert first[0].content == "What is the weather like today?"
+    heard = first[1].content
+    # About 1 s of the 2.4 s reply was played (0.5 s, then until the barge-in was sure): a true prefix.
+    assert heard and REPLY.startswith(heard) and len(heard) < len(REPLY) - 20, heard
+    assert heard.split()[-1] in REPLY.split(), heard
+
+
+async def test_backchannel_pauses_the_reply_and_it_resumes_where_it_stopped() -> None:
+    conv, seen, track = await _talk(_speech(0.45), "Mm-hmm.")
+    kinds = [e["type"] for e in seen]
+    assert kinds.count("interrupted") == 1 and "reply_resumed" in kinds, kinds
+    assert kinds.index("interrupted") < kinds.index("reply_resumed") < kinds.index("reply_done")
+    assert conv.turns == 1  # the backchannel was not a turn
+    # Nothing was lost: every piece's audio was played (4 pieces × 0.6 s at 48 kHz, in 20 ms frames).
+    assert track.audible_frames_sent >= int(4 * PIECE_S / 0.02)
+    assert conv.history.messages[1].content.strip() == REPLY
+
+
+async def test_a_short_stop_is_not_a_backchannel() -> None:
+    conv, seen, _ = await _talk(_speech(0.45), "Stop.")
+    kinds = [e["type"] for e in seen]
+    assert "interrupted" in kinds and "reply_resumed" not in kinds
+    assert conv.history.messages[0].content == "What is the weather like today?"
+    assert len(conv.history.messages[1].content) < len(REPLY.strip())
+    assert conv.turns == 2  # "Stop." became the next turn

@@ -1,0 +1,141 @@
+"""End of turn: the evidence table (transcript rule × audio model), and the policy on real audio with the
+real Smart Turn model: a mid-sentence pause stays one turn, a finished sentence ends before the fixed silence."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from assistant.asr.base import Transcript
+from assistant.audio import read_audio
+from assistant.config import TurnConfig
+from assistant.pipeline.conversation import Conversation, TurnDeps
+from assistant.pipeline.end_of_turn import weigh
+from assistant.pipeline.events import EventChannel
+from assistant.pipeline.turn_end import TurnEnd
+from assistant.respond.echo import EchoResponder
+from assistant.rtc.outbound import ReplyTrack
+from assistant.vad.endpoint import Endpointer
+from assistant.vad.silero import SileroModel
+from assistant.vad.smart_turn import SmartTurnModel
+from tests.conftest import test_config
+from tests.test_turn_taking import ToneTTS
+
+PAUSES = Path(__file__).parent / "data" / "pauses"
+MANIFEST = {e["file"]: e for e in json.loads((PAUSES / "manifest.json").read_text())}
+CHUNK = 320
+
+
+def _cfg(text: bool, audio: bool) -> TurnConfig:
+    return TurnConfig(smart_endpoint=text, end_of_turn_model=audio)
+
+
+def test_weigh_the_evidence() -> None:
+    both = _cfg(True, True)
+    # The transcript's veto: a sentence ending on "to", "the", "order"… is never complete.
+    v = weigh(both, TurnEnd.INCOMPLETE, 0.97)
+    assert not v.commit and v.end_silence_ms == both.incomplete_endpoint_ms
+    assert weigh(both, TurnEnd.INCOMPLETE, None).end_silence_ms == both.incomplete_endpoint_ms
+    # Both say done, or the text cannot tell and the audio says done: end now.
+    assert weigh(both, TurnEnd.COMPLETE, 0.9).commit
+    assert weigh(both, TurnEnd.UNKNOWN, 0.9).commit
+    # They disagree: wait as for an unfinished sentence. Neither says done: up to the max silence.
+    assert weigh(both, TurnEnd.COMPLETE, 0.1).end_silence_ms == both.incomplete_endpoint_ms
+    assert weigh(both, TurnEnd.UNKNOWN, 0.1).end_silence_ms == both.max_silence_ms
+    # Evidence still coming: keep the current setting.
+    assert weigh(both, None, 0.9).pending and weigh(both, TurnEnd.COMPLETE, None).pending
+    # One switch at a time.
+    text = _cfg(True, False)
+    assert weigh(text, TurnEnd.COMPLETE, None).end_silence_ms == text.complete_endpoint_ms
+    assert not weigh(text, TurnEnd.COMPLETE, None).commit
+    audio = _cfg(False, True)
+    assert weigh(audio, TurnEnd.INCOMPLETE, 0.9).commit  # the text is not asked
+    assert weigh(audio, None, 0.2).end_silence_ms == audio.max_silence_ms
+    off = _cfg(False, False)
+    v = weigh(off, None, None)
+    assert not v.commit and not v.pending and v.end_silence_ms is None
+
+
+class PhraseASR:
+    """Says the file's first phrase for audio that stops in its first pause, the whole text after."""
+
+    def __init__(self, entry: dict[str, Any], first: str) -> None:
+        pad = test_config().vad.speech_pad_ms / 1000  # type: ignore[attr-defined]
+        self.first_s = entry["pauses_s"][0][1] - entry["speech_starts_s"] + pad if entry.get("pauses_s") else 1e9
+        self.first, self.text = first, entry["text"]
+
+    async def transcribe(self, audio: np.ndarray, **_: Any) -> Transcript:
+        return Transcript(text=self.first if len(audio) / 16_000 < self.first_s else self.text)
+
+    async def transcribe_partial(self, audio: np.ndarray, **kw: Any) -> Transcript:
+        return await self.transcribe(audio, **kw)
+
+
+@pytest.fixture(scope="module")
+def batcher_model() -> SmartTurnModel:
+    return SmartTurnModel()
+
+
+class InlineEndOfTurn:
+    """The real model, answering within the chunk that asked (on a busy CI machine a worker thread may
+    answer after the pause is over; the decision, not the machine's speed, is under test here)."""
+
+    def __init__(self, model: SmartTurnModel) -> None:
+        self.model = model
+
+    async def probability(self, audio: np.ndarray) -> float:
+        return self.model.probability(audio)
+
+
+async def _converse(cfg: Any, audio: np.ndarray, asr: Any, model: SmartTurnModel) -> list[dict]:
+    """Feed ``audio`` at the pace it was spoken."""
+    events = EventChannel()
+    seen: list[dict] = []
+    events.subscribe(seen.append)
+    deps = TurnDeps(asr=asr, tts=ToneTTS(), responder=EchoResponder(), end_of_turn=InlineEndOfTurn(model))
+    conv = Conversation(cfg, Endpointer(cfg.vad, SileroModel.shared()), deps, ReplyTrack(queue_ms=1000), events, "e")
+    loop = asyncio.get_running_loop()
+    t0 = loop.time()
+    for i in range(0, len(audio), CHUNK):
+        conv.feed(audio[i : i + CHUNK])
+        await asyncio.sleep(max(0.0, t0 + (i + CHUNK) / 16_000 - loop.time()))
+    await asyncio.sleep(0.3)
+    await conv.close()
+    return seen
+
+
+@pytest.mark.slow
+async def test_model_says_done_mid_sentence_but_the_transcript_keeps_one_turn(batcher_model: SmartTurnModel) -> None:
+    """order_pizza.wav: the audio model hears "I'd like to order" as complete (0.9+, synthetic voice);
+    the transcript ends on "order", so the turn waits, and the sentence stays one turn."""
+    entry = MANIFEST["order_pizza.wav"]
+    x, _ = read_audio(PAUSES / entry["file"])
+    x = x[: int((entry["speech_ends_s"] + 1.2) * 16_000)]
+    cfg = test_config(turn={"speculative": True, "smart_endpoint": True, "end_of_turn_model": True})
+    seen = await _converse(cfg, x, PhraseASR(entry, "I'd like to order."), batcher_model)
+    ends = [e for e in seen if e["type"] == "speech_end"]
+    assert len(ends) == 1, ends
+    finals = [e["text"] for e in seen if e["type"] == "transcript" and e["final"]]
+    assert finals == [entry["text"]]
+
+
+@pytest.mark.slow
+async def test_finished_sentence_ends_before_the_fixed_silence(
+    shared_audio: Path, batcher_model: SmartTurnModel
+) -> None:
+    """en_weather.wav: model (0.9+) and transcript agree at the 200 ms pause: the turn ends then, well before
+    the 500 ms of silence the endpointer alone would wait."""
+    x, _ = read_audio(shared_audio / "en_weather.wav")
+    # "Hello," (0.54–0.89 s) then a 360 ms pause: the comma keeps that pause from ending the turn.
+    entry = {"text": "Hello, what is the weather like today?", "pauses_s": [[0.89, 1.25]], "speech_starts_s": 0.54}
+    asr = PhraseASR(entry, "Hello,")
+    cfg = test_config(turn={"speculative": True, "smart_endpoint": True, "end_of_turn_model": True})
+    seen = await _converse(cfg, x, asr, batcher_model)
+    ends = [e for e in seen if e["type"] == "speech_end"]
+    assert len(ends) == 1 and ends[0]["reason"] == "end_of_turn", ends
+    assert ends[0]["ago_ms"] < test_config().vad.end_silence_ms  # type: ignore[attr-defined]

@@ -467,8 +467,9 @@ class CachedVocoding:
         t0 = time.perf_counter()
         ratio = self.flow.cfg.token_mel_ratio
         first_reduced = self.first_steps is not None and self.emitted == 0 and not final
-        if not first_reduced:
-            self._commit(tokens, len(tokens), final)
+        if not first_reduced:  # only what this chunk needs: the work and the audio do not depend on timing
+            look = self.flow.cfg.pre_lookahead_len
+            self._commit(tokens, len(tokens) if final else min(len(tokens), upto + look), final)
         exact_end = max(self.state.frames - self.n_prompt_frames, 0)  # new-token frames known exactly
         target = exact_end if final else ratio * upto
         parts = []
@@ -520,6 +521,7 @@ class Chunk:
     vocoder_ms: float = 0.0  # time in the vocoder for this chunk
     setup_ms: float = 0.0   # first chunk: the stream's setup (a cold voice's flow prefix)
     queue_ms: float = 0.0   # due → started (waiting behind other chunks)
+    stats: dict[str, float] | None = None  # the request's statistics so far (engine: prefill, decode, ...)
 
 
 def flow_prefix(flow: CausalFlow, voice: CosyVoicePrompt, cache: PromptCache | None) -> FlowPrefix:

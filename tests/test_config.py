@@ -71,3 +71,24 @@ def test_cli_help_and_bad_flag_value(capsys: pytest.CaptureFixture[str]) -> None
     assert "--vad.end_silence_ms" in out and "--respond.engine" in out and "--turn.barge_in" in out
     assert main(["doctor", "--vad.min_speech_ms", "soon"]) == 2
     assert "expected an integer" in capsys.readouterr().err
+
+
+def test_default_toml_holds_only_differences_and_help_tells_the_truth() -> None:
+    """``configs/default.toml`` repeats no typed default, and ``--help`` shows what really applies."""
+    import tomllib
+
+    from assistant.config import DEFAULT_CONFIG
+
+    typed = Config()
+    file_values = tomllib.loads(DEFAULT_CONFIG.read_text(encoding="utf-8"))
+    for section, entries in file_values.items():
+        for key, value in entries.items():
+            assert getattr(getattr(typed, section), key) != value, f"{section}.{key} repeats the typed default"
+    effective = load_config(environ={})
+    parser = argparse.ArgumentParser()
+    add_config_flags(parser)
+    helps = {a.dest: a.help for a in parser._actions if a.dest.startswith("cfg__")}
+    assert helps, "no config flags"
+    for dest, text in helps.items():
+        _, section, key = dest.split("__", 2)
+        assert text.endswith(f"(default: {getattr(getattr(effective, section), key)!r})"), (dest, text)

@@ -716,7 +716,6 @@ class SpeechBatcher:
             job.stream.finish()
 
     def _chunk_iteration(self, jobs: list[SpeechJob]) -> None:
-        now = time.perf_counter()
         for job in jobs:
             if job.cancelled.is_set():
                 self._finish(job)
@@ -729,7 +728,7 @@ class SpeechBatcher:
                 continue
             assert job.stream is not None
             if job.stream.due() and job.t_due is None:
-                job.t_due = now
+                job.t_due = time.perf_counter()         # after its stream exists: a cold prefix is not queueing
         due = [j for j in jobs if j.stream is not None and not j.cancelled.is_set() and j.stream.due()]
         if not due:
             return
@@ -764,6 +763,8 @@ class SpeechBatcher:
                              tokens_at_first_packet=float(chunk.tokens_seen),
                              decoded_at_first_packet=float(len(job.decoded)))
         job.audio_s += chunk.audio.size / self.sample_rate
+        if chunk.final:
+            job.stats["stream_bytes"] = float(job.stream.nbytes)
         chunk.stats = dict(job.stats, tokens=float(len(job.decoded)))
         self._send(job, chunk)
         if chunk.final:

@@ -575,6 +575,16 @@ class StreamingSynthesis:
         self.setup_ms = 1000 * (time.perf_counter() - t0)   # a cold voice's prefix is built here
         self.planner = ChunkPlanner(schedule, prompt_tokens, cfg.encoder_chunk_size, cfg.pre_lookahead_len)
 
+    @property
+    def nbytes(self) -> int:
+        """Bytes this request holds of its own (flow buffers and caches; not the shared voice prefix)."""
+        backend = self.backend
+        if isinstance(backend, CachedVocoding):
+            st = backend.state
+            own = sum(v.nbytes for c in st.step_caches for v in c.values() if isinstance(v, KVCache))
+            return own + _tensor_bytes(st.encoder_cache)
+        return 0
+
     def add(self, token: int) -> None:
         self.tokens.append(token)
 

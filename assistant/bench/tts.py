@@ -231,7 +231,7 @@ async def _bench(args: argparse.Namespace, model: Any, notes: list[str], save: A
 
     # 2. Warm-up: graph capture (timed, once), then every schedule on every slot at once.
     t0 = time.perf_counter()
-    graph = engine.batcher.decoder.capture()
+    graph = await asyncio.get_running_loop().run_in_executor(None, engine.batcher.capture)
     voice = _voice(model, notes, 0, engine)
     warm_ids = _text_ids(model, "warm up text", 0)
     for sched in schedules.values():

@@ -367,8 +367,13 @@ class SpeechBatcher:
         cuda_graphs: bool = False,
         sample_rate: int = 24000,
         cache: PromptCache | None = None,
+        cpu_threads: tuple[int, int] | None = None,
     ) -> None:
         self.lm, self.flow, self.hift = lm, flow, hift
+        # On the CPU the two workers split the cores (torch's intra-op threads are per thread): two pools of
+        # spinning OpenMP threads on the same cores wait at every barrier for each other (10x slower seen).
+        n = torch.get_num_threads()
+        self.cpu_threads = cpu_threads or (max(1, n // 2), max(1, n - n // 2))
         self.sample_rate = sample_rate
         self.slots, self.max_waiting = slots, max_waiting
         self.decoder = SlotDecoder(lm, slots, max_positions)
@@ -392,6 +397,7 @@ class SpeechBatcher:
         self._stop_rows = stop
         self._cond = threading.Condition()
         self._incoming: list[SpeechJob] = []
+        self._captures: list[threading.Event] = []
         self._tickets = 0
         self._stop = False
         self._waiting: list[SpeechJob] = []
@@ -485,16 +491,35 @@ class SpeechBatcher:
 
     # --- the decode thread -------------------------------------------------------------------------------
 
+    def capture(self, timeout: float | None = None) -> dict[str, Any]:
+        """Capture the decode step's CUDA graph now, in the decode thread (graphs belong to the thread that
+        records them); returns the decoder's `graph` record (path, capture seconds, error)."""
+        done = threading.Event()
+        with self._cond:
+            self._captures.append(done)
+            self._cond.notify()
+        done.wait(timeout)
+        return self.decoder.graph
+
     def _run(self) -> None:
         torch.set_grad_enabled(False)
+        if self.device.type == "cpu":
+            torch.set_num_threads(self.cpu_threads[0])
         while True:
             with self._cond:
-                while not self._stop and not self._incoming and not self._waiting and not self._decoding:
+                while (not self._stop and not self._incoming and not self._waiting and not self._decoding
+                       and not self._captures):
                     self._cond.wait()
                 if self._stop:
                     break
                 self._waiting.extend(self._incoming)
                 self._incoming.clear()
+                captures, self._captures = self._captures, []
+            for done in captures:
+                try:
+                    self.decoder.capture()
+                finally:
+                    done.set()
             try:
                 with torch.inference_mode():
                     self._iteration()
@@ -503,6 +528,8 @@ class SpeechBatcher:
                 self._inflight = None
                 for job in self._decoding + self._waiting:
                     self._fail(job, exc)
+        for done in self._captures:
+            done.set()
         for job in self._decoding + self._waiting + self._incoming:
             self._fail(job, EngineBusy("the synthesis engine was closed"))
 
@@ -666,6 +693,8 @@ class SpeechBatcher:
 
     def _run_chunks(self) -> None:
         torch.set_grad_enabled(False)
+        if self.device.type == "cpu":
+            torch.set_num_threads(self.cpu_threads[1])
         ctx = torch.cuda.stream(self._chunk_stream) if self._chunk_stream is not None else contextlib.nullcontext()
         with ctx:
             while True:

@@ -1,9 +1,13 @@
 """``CosyVoiceEngine``: CosyVoice2 behind the ``TTSEngine`` protocol, streaming, many sessions per process.
 
-One `SpeechBatcher` (one worker thread, one device) serves every session: it batches the LLM decode steps of
-all active requests and makes each request's audio chunks on its streaming schedule (`streaming.py`).
-Chunks travel from the worker to the awaiting consumer through an ``asyncio.Queue`` filled with
-``loop.call_soon_threadsafe``: nothing sleeps or polls.
+One `SpeechBatcher` (a decode thread and a chunk thread, one device) serves every session: it batches the LLM
+decode steps of all active requests and, beside them, makes each request's audio chunks on its streaming
+schedule (`streaming.py`). Chunks travel from the worker to the awaiting consumer through an ``asyncio.Queue``
+filled with ``loop.call_soon_threadsafe``: nothing sleeps or polls.
+
+A voice costs its prompt once: the engine's `PromptCache` (LRU by bytes, ``tts.prompt_cache_mb``) keeps by
+content hash the voice of a reference clip, the flow's prompt state and the LLM's prompt start; `cache_stats`
+and `stats` expose its counters and the decode path (CUDA graph or eager, and what the capture cost).
 
 Text can stream in too: `synthesize_stream` takes the pieces of one reply as the speech path's chunker
 releases them (an LLM reply as it is written) and speaks them one after another in one admission slot;
@@ -118,7 +122,7 @@ class CosyVoiceEngine:
         text so kernels, allocator and the default voice's prompt are warm."""
         model = await self.model()
         t0 = time.perf_counter()
-        await asyncio.get_running_loop().run_in_executor(self._executor, self.batcher.decoder.capture)
+        await asyncio.get_running_loop().run_in_executor(self._executor, self.batcher.capture)
         try:
             voice = model.resolve_voice(self.cfg.voice or None)
         except KeyError:

@@ -66,6 +66,9 @@ def add_tts_bench_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", default="bench-results/tts", help="directory for tts_bench.json and tts_bench.png")
     parser.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: leave as is)")
     parser.add_argument("--skip-steps", action="store_true", help="skip the first-chunk Euler steps table")
+    parser.add_argument("--prompt-cache-mb", type=int, default=6144,
+                        help="prompt cache budget: room for the warm voice and one cold one (full size, float32: "
+                        "~2.3 GB per 10 s voice) so a cold request never evicts the warm voice")
 
 
 # --- model and inputs ------------------------------------------------------------------------------------
@@ -209,7 +212,7 @@ async def _bench(args: argparse.Namespace, model: Any, notes: list[str], save: A
     }
     cuda = args.device.startswith("cuda")
     cfg = TTSConfig(engine="cosyvoice2", device=args.device, dtype=args.dtype, max_concurrent=max(streams),
-                    max_waiting=0, cuda_graphs=cuda and not args.no_cuda_graphs)
+                    max_waiting=0, cuda_graphs=cuda and not args.no_cuda_graphs, prompt_cache_mb=args.prompt_cache_mb)
     engine = CosyVoiceEngine(cfg)
     engine.attach(model)
     result: dict[str, Any] = {"per_text": [], "sweep": [], "steps_quality": []}

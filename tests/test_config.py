@@ -92,3 +92,13 @@ def test_default_toml_holds_only_differences_and_help_tells_the_truth() -> None:
     for dest, text in helps.items():
         _, section, key = dest.split("__", 2)
         assert text.endswith(f"(default: {getattr(getattr(effective, section), key)!r})"), (dest, text)
+
+
+def test_say_speaks_through_the_speech_path(tmp_path: Path) -> None:
+    """``assistant say`` writes a WAV of the configured voice: two sentences, both spoken."""
+    import soundfile as sf
+
+    out = tmp_path / "say.wav"
+    assert main(["say", "Hello there. How are you today?", "--out", str(out)]) == 0
+    audio, rate = sf.read(out)
+    assert rate == 22_050 and len(audio) / rate > 1.2 and abs(audio).max() > 0.05

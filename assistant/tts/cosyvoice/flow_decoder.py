@@ -61,9 +61,8 @@ class KVCache:
 
     @property
     def nbytes(self) -> int:
-        """Bytes held (buffer capacity, plus the prefix if this cache owns no separate one)."""
-        own = 0 if self.k is None else 2 * self.k.numel() * self.k.element_size()
-        return own
+        """Bytes of this request's own buffers (their capacity; the shared prefix is counted by its owner)."""
+        return 0 if self.k is None else 2 * self.k.numel() * self.k.element_size()
 
     def _reserve(self, like: torch.Tensor, n: int) -> None:
         if self.k is not None and self.k.size(2) >= n:

@@ -66,6 +66,7 @@ def add_tts_bench_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", default="bench-results/tts", help="directory for tts_bench.json and tts_bench.png")
     parser.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: leave as is)")
     parser.add_argument("--skip-steps", action="store_true", help="skip the first-chunk Euler steps table")
+    parser.add_argument("--skip-sweep", action="store_true", help="skip the concurrency sweep")
     parser.add_argument("--prompt-cache-mb", type=int, default=6144,
                         help="prompt cache budget: room for the warm voice and one cold one (full size, float32: "
                         "~2.3 GB per 10 s voice) so a cold request never evicts the warm voice")
@@ -265,7 +266,7 @@ async def _bench(args: argparse.Namespace, model: Any, notes: list[str], save: A
     sweep_text = texts.get(args.sweep_text, FALLBACK_TEXTS.get(args.sweep_text, args.sweep_text))
     ids = _text_ids(model, sweep_text, 2)
     for sname, sched in schedules.items():
-        for n in streams:
+        for n in [] if args.skip_sweep else streams:
             if cuda:
                 torch.cuda.reset_peak_memory_stats()
             t0 = time.perf_counter()

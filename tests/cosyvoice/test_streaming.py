@@ -210,3 +210,9 @@ def test_warm_voice_gives_the_same_audio_as_cold(setup):
     np.testing.assert_array_equal(warm, cold)
     alone = np.concatenate([c.audio for c in run_stream(model.flow, model.hift, voice, tokens, sched, 3)])
     np.testing.assert_array_equal(alone, cold)
+    # a reduced-step first chunk adds its solver's caches to the voice's entry, and the cache re-measures it
+    from assistant.tts.cosyvoice.streaming import flow_prefix
+
+    before = cache.stats()["bytes"]
+    flow_prefix(model.flow, voice, cache, 4)
+    assert cache.stats()["bytes"] > before and cache.stats()["entries"] == 1

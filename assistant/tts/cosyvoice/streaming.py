@@ -524,12 +524,19 @@ class Chunk:
     stats: dict[str, float] | None = None  # the request's statistics so far (engine: prefill, decode, ...)
 
 
-def flow_prefix(flow: CausalFlow, voice: CosyVoicePrompt, cache: PromptCache | None) -> FlowPrefix:
-    """The voice's `FlowPrefix`, from ``cache`` when its content was seen before (else built and kept)."""
+def flow_prefix(
+    flow: CausalFlow, voice: CosyVoicePrompt, cache: PromptCache | None, first_steps: int | None = None
+) -> FlowPrefix:
+    """The voice's `FlowPrefix`, from ``cache`` when its content was seen before (else built and kept);
+    with ``first_steps`` its reduced-step solver caches too (and the cache re-measures the entry)."""
     if cache is None:
         return FlowPrefix(flow, voice)
     key = digest(id(flow), voice.speech_tokens, voice.speech_feat, voice.embedding)
-    return cache.get_or_make("flow", key, lambda: FlowPrefix(flow, voice))
+    prefix = cache.get_or_make("flow", key, lambda: FlowPrefix(flow, voice))
+    if first_steps and first_steps != flow.cfg.n_timesteps and first_steps not in prefix._reduced:
+        prefix.reduced_step_caches(first_steps)
+        cache.resize("flow", key)
+    return prefix
 
 
 class StreamingSynthesis:
@@ -566,7 +573,7 @@ class StreamingSynthesis:
             prompt_tokens = voice.speech_tokens.size(1)
             self.backend = RecomputeVocoding(flow, hift, voice, gen, speed)
         else:
-            prefix = flow_prefix(flow, voice, cache)
+            prefix = flow_prefix(flow, voice, cache, schedule.first_chunk_steps)
             prompt_tokens = prefix.prompt_tokens
             self.backend = CachedVocoding(
                 flow, hift, prefix, gen, speed, schedule.first_chunk_steps, schedule.vocoder_lookahead,

@@ -466,7 +466,7 @@ def run_tts_bench(args: argparse.Namespace) -> int:
     (out / "tts_bench.md").write_text(table + "\n", encoding="utf-8")
     try:
         _plot(result, schedules, out / "tts_bench.png")
-    except ImportError as exc:  # matplotlib is optional (not on every GPU machine)
+    except (ImportError, ValueError) as exc:  # matplotlib is optional (not on every GPU machine); no sweep
         print(f"no plot: {exc}")
     print()
     print(table)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import importlib
 import json
 import logging
 import sys
@@ -160,7 +161,32 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     return 0
 
 
-def build_parser() -> argparse.ArgumentParser:
+BENCHES = (  # name, help, module, function adding its flags
+    ("v2v", "voice-to-voice latency as a WebRTC client hears it", "assistant.bench.v2v", "add_v2v_arguments"),
+    ("features", "voice-to-voice with each latency feature on and off, vs a baseline", "assistant.bench.features",
+     "add_features_arguments"),
+    ("tts", "TTS first packet / total time tables and concurrency sweep", "assistant.bench.tts",
+     "add_tts_bench_arguments"),
+)
+
+
+def _bench_choice(argv: list[str] | None) -> str | None:
+    """The bench named on the command line (``bench [--log-level L] NAME ...``), or None."""
+    if not argv or argv[0] != "bench":
+        return None
+    rest, i = argv[1:], 0
+    while i < len(rest):
+        if rest[i] == "--log-level":
+            i += 2
+        elif rest[i].startswith("-"):
+            i += 1
+        else:
+            return rest[i]
+    return None
+
+
+def build_parser(bench: str | None = None) -> argparse.ArgumentParser:
+    """The command line parser; ``bench`` names the one bench whose flags are needed (None: all of them)."""
     parser = argparse.ArgumentParser(prog="assistant", description=__doc__)
     sub = parser.add_subparsers(dest="cmd", required=True)
 
@@ -193,24 +219,16 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("bench", help="latency benchmarks (voice-to-voice, TTS)")
     p.add_argument("--log-level", default="WARNING", help="log level while benchmarking")
     bsub = p.add_subparsers(dest="bench_cmd", required=True)
-    bp = bsub.add_parser("v2v", help="voice-to-voice latency as a WebRTC client hears it")
-    try:
-        from assistant.bench.v2v import add_v2v_arguments
-
-        add_v2v_arguments(bp)
-    except ImportError as exc:  # pragma: no cover - reported when run
-        bp.set_defaults(import_error=str(exc))
-    bp = bsub.add_parser("features", help="voice-to-voice with each latency feature on and off, vs a baseline")
-    from assistant.bench.features import add_features_arguments
-
-    add_features_arguments(bp)
-    bp = bsub.add_parser("tts", help="TTS first packet / total time tables and concurrency sweep")
-    try:
-        from assistant.bench.tts import add_tts_bench_arguments
-
-        add_tts_bench_arguments(bp)
-    except ImportError as exc:  # pragma: no cover
-        bp.set_defaults(import_error=str(exc))
+    # Each bench's flags live in its module; only the chosen bench's module is imported (the TTS bench runs on
+    # machines without aiortc/av, which the voice-to-voice benches need).
+    for name, helptext, module, adder in BENCHES:
+        bp = bsub.add_parser(name, help=helptext)
+        if bench is not None and bench != name:
+            continue
+        try:
+            getattr(importlib.import_module(module), adder)(bp)
+        except ImportError as exc:  # pragma: no cover - reported when run
+            bp.set_defaults(import_error=str(exc))
     p.set_defaults(func=cmd_bench)
 
     p = sub.add_parser("doctor", help="check what is installed and configured")
@@ -220,7 +238,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
+    argv = sys.argv[1:] if argv is None else argv
+    parser = build_parser(_bench_choice(argv))
     args = parser.parse_args(argv)
     try:
         return int(args.func(args) or 0)

@@ -157,6 +157,9 @@ class TTSConfig:
     stream_schedule: str = _f("fast", "cosyvoice2 streaming: fast (cached flow, small first hop) or official")
     first_chunk_steps: int = _f(0, "cosyvoice2: Euler steps of the first chunk's flow (0: the model's 10)")
     max_positions: int = _f(2048, "cosyvoice2: LLM positions per slot (prompt + speech tokens)")
+    prompt_cache_mb: int = _f(
+        4096, "cosyvoice2: memory for voices' computed prompts (LRU; ~2.3 GB per 10 s voice in fp32, half in bf16)"
+    )
     cuda_graphs: bool = _f(True, "cosyvoice2 on CUDA: capture the batched decode step as a CUDA graph")
     timeout_s: float = _f(60.0, "longest one synthesis may take")
 

@@ -7,6 +7,15 @@ tokens is forced (``--tokens-per-char`` x characters, eos ignored) so every run 
 Without a text tokenizer (tiny fixture, random model) the text ids are random ids, one per character; without
 the ONNX front end the 10 s reference voice is replaced by fixed random prompt tokens/features of the same
 length (250 tokens, 500 mel frames). The report says which.
+
+Three first packets are told apart: **first after start** (the very first request of a fresh engine: nothing
+warm, a new voice), **cold** (a voice never seen: its prompt is computed inside the request; with the ONNX
+front end that includes encoding the clip) and **warm** (a registered voice: its prompt comes from the
+prompt cache). Each first packet is split into the stages the engine records: waiting for a slot, LLM
+prefill, decoding the first hop (ms per token), the voice's flow prefix (cold only), the first chunk's flow
+and vocoder, and the chunk's wait behind other chunks. The LLM's wall time is set against its decode time
+(how much decoding was stalled), and memory per stream is printed (flow buffers; GPU peak on CUDA).
+Results are written after every phase, so a run cut short keeps what it measured.
 """
 
 from __future__ import annotations
@@ -56,6 +65,11 @@ def add_tts_bench_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-cuda-graphs", action="store_true", help="eager decode step on CUDA")
     parser.add_argument("--out", default="bench-results/tts", help="directory for tts_bench.json and tts_bench.png")
     parser.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: leave as is)")
+    parser.add_argument("--skip-steps", action="store_true", help="skip the first-chunk Euler steps table")
+    parser.add_argument("--skip-sweep", action="store_true", help="skip the concurrency sweep")
+    parser.add_argument("--prompt-cache-mb", type=int, default=6144,
+                        help="prompt cache budget: room for the warm voice and one cold one (full size, float32: "
+                        "~2.3 GB per 10 s voice) so a cold request never evicts the warm voice")
 
 
 # --- model and inputs ------------------------------------------------------------------------------------
@@ -83,21 +97,29 @@ def _random_full_size(device: str, dtype: str) -> Any:
     return CosyVoice2(LoadedModel(Path("random-full-size"), spec, llm, flow, hift.eval(), dev, dt))
 
 
-def _voice(model: Any, notes: list[str]) -> Any:
-    """The 10 s reference voice, or fixed random prompt tokens/features of its length."""
+def _voice(model: Any, notes: list[str] | None, variant: int = 0, engine: Any = None) -> Any:
+    """The 10 s reference voice, or fixed random prompt tokens/features of its length. ``variant`` > 0 gives a
+    voice never seen before (a clip cut ``variant`` x 10 ms shorter, or another random prompt): a cold voice."""
     from assistant.tts.cosyvoice.voice import CosyVoicePrompt
 
     if model.voice_encoder.available and REFERENCE_WAV.is_file():
-        from assistant.audio import read_wav  # type: ignore[attr-defined]
+        from assistant.audio import read_audio
+        from assistant.tts.base import ReferenceClip
 
-        audio, sr = read_wav(REFERENCE_WAV)
-        notes.append(f"voice: {REFERENCE_WAV.name} encoded by the ONNX front end")
+        audio, sr = read_audio(REFERENCE_WAV)
+        if notes is not None:
+            notes.append(f"voice: {REFERENCE_WAV.name} encoded by the ONNX front end (cold: front end included)")
+        audio = audio[: len(audio) - variant * sr // 100]
+        if engine is not None:
+            return engine.clip_voice(model, ReferenceClip(audio, sr, ""))
         return model.voice_encoder.encode("bench", audio, sr, "")
     n = int(PROMPT_SECONDS * TOKEN_RATE)
-    gen = torch.Generator().manual_seed(0)
-    notes.append(f"voice: fixed random prompt ({n} tokens, {2 * n} mel frames, random x-vector) — no ONNX front end")
+    gen = torch.Generator().manual_seed(variant)
+    if notes is not None:
+        notes.append(f"voice: fixed random prompt ({n} tokens, {2 * n} mel frames, random x-vector, 40 prompt "
+                     "text ids) — no ONNX front end")
     return CosyVoicePrompt(
-        "bench-random",
+        f"bench-random-{variant}",
         "",
         torch.randint(0, 6561, (1, n), generator=gen, dtype=torch.int32),
         torch.randn(1, 2 * n, 80, generator=gen),
@@ -123,20 +145,49 @@ def _load_texts() -> dict[str, str]:
 # --- measuring -------------------------------------------------------------------------------------------
 
 
-async def _one(engine: Any, text_ids: torch.Tensor, voice: Any, schedule: Any, tokens: int, seed: int) -> dict:
-    """One streamed request: first packet, total time, audio length."""
+async def _one(engine: Any, text_ids: torch.Tensor, voice: Any, schedule: Any, tokens: int, seed: int,
+               make_voice: Any = None) -> dict:
+    """One streamed request: first packet (its stage split), total time, audio length, LLM wall vs decode.
+
+    ``make_voice`` (a cold request): a callable run first, inside the timed span, that returns the voice.
+    """
     t0 = time.perf_counter()
+    front_ms = 0.0
+    if make_voice is not None:
+        voice = await asyncio.get_running_loop().run_in_executor(None, make_voice)
+        front_ms = 1000 * (time.perf_counter() - t0)
     first = None
     samples = 0
-    first_tokens = 0
+    first_chunk = last = None
     async for chunk in engine.stream_ids(text_ids, voice, schedule=schedule, seed=seed, tokens=tokens):
         if first is None and chunk.audio.size:
-            first, first_tokens = time.perf_counter() - t0, chunk.tokens_seen
+            first, first_chunk = time.perf_counter() - t0, chunk
         samples += chunk.audio.size
+        last = chunk
     total = time.perf_counter() - t0
     audio_s = samples / engine.sample_rate
-    return {"first_packet_ms": 1000 * (first or total), "total_ms": 1000 * total, "audio_s": audio_s,
-            "rtf": total / max(audio_s, 1e-9), "tokens_at_first_packet": first_tokens}
+    out = {"first_packet_ms": 1000 * (first or total), "total_ms": 1000 * total, "audio_s": audio_s,
+           "rtf": total / max(audio_s, 1e-9), "front_end_ms": front_ms}
+    fs = (first_chunk.stats or {}) if first_chunk is not None else {}
+    decoded = max(fs.get("decoded_at_first_packet", 0.0), 1.0)
+    out.update({
+        "tokens_at_first_packet": fs.get("tokens_at_first_packet", 0.0),
+        "admit_wait_ms": fs.get("admit_wait_ms", 0.0),
+        "prefill_ms": fs.get("prefill_ms", 0.0),
+        "decode_ms_per_token": fs.get("decode_ms", 0.0) / decoded,
+        "prefix_ms": fs.get("setup_ms", 0.0),
+        "first_flow_ms": fs.get("first_flow_ms", 0.0),
+        "first_vocoder_ms": fs.get("first_vocoder_ms", 0.0),
+        "first_queue_ms": fs.get("first_queue_ms", 0.0),
+    })
+    ls = (last.stats or {}) if last is not None else {}
+    out.update({"llm_wall_ms": ls.get("llm_wall_ms", 0.0), "llm_decode_ms": ls.get("decode_ms", 0.0),
+                "stream_mb": ls.get("stream_bytes", 0.0) / 2**20})
+    return out
+
+
+SPLIT = ("front_end_ms", "admit_wait_ms", "prefill_ms", "decode_ms_per_token", "prefix_ms", "first_flow_ms",
+         "first_vocoder_ms", "first_queue_ms")
 
 
 def _pct(values: list[float], q: float) -> float:
@@ -148,7 +199,7 @@ def _sync(device: str) -> None:
         torch.cuda.synchronize()
 
 
-async def _bench(args: argparse.Namespace, model: Any, notes: list[str]) -> dict:
+async def _bench(args: argparse.Namespace, model: Any, notes: list[str], save: Any) -> dict:
     from assistant.config import TTSConfig
     from assistant.tts.cosyvoice.engine import CosyVoiceEngine
     from assistant.tts.cosyvoice.streaming import FlowPrefix, StreamSchedule, first_chunk_mel
@@ -156,29 +207,45 @@ async def _bench(args: argparse.Namespace, model: Any, notes: list[str]) -> dict
     streams = [int(s) for s in str(args.streams).split(",") if s.strip()]
     names = [n.strip() for n in str(args.texts).split(",") if n.strip()]
     texts = _load_texts()
-    voice = _voice(model, notes)
     schedules = {
         name: StreamSchedule.named(name, args.first_chunk_tokens, args.first_chunk_steps or None)
         for name in str(args.schedules).split(",")
     }
     cuda = args.device.startswith("cuda")
     cfg = TTSConfig(engine="cosyvoice2", device=args.device, dtype=args.dtype, max_concurrent=max(streams),
-                    max_waiting=0, cuda_graphs=cuda and not args.no_cuda_graphs)
+                    max_waiting=0, cuda_graphs=cuda and not args.no_cuda_graphs, prompt_cache_mb=args.prompt_cache_mb)
     engine = CosyVoiceEngine(cfg)
     engine.attach(model)
+    result: dict[str, Any] = {"per_text": [], "sweep": [], "steps_quality": []}
+    variants = iter(range(1, 10_000))
 
     def tokens_for(text: str) -> int:
         return max(1, round(args.tokens_per_char * len(text)))
 
-    # Warm-up: every schedule, and every slot at once (graph capture, allocator, prefix caches).
+    first_name = names[0] if names else args.sweep_text
+    first_text = texts.get(first_name, FALLBACK_TEXTS.get(first_name, first_name))
+    main_sched = "fast" if "fast" in schedules else next(iter(schedules))
+
+    # 1. The first request after start: nothing captured or warm, a voice never seen.
+    r = await _one(engine, _text_ids(model, first_text, 1), None, schedules[main_sched], tokens_for(first_text), 0,
+                   make_voice=lambda: _voice(model, None, next(variants), engine))
+    result["first_after_start"] = {"schedule": main_sched, "text": first_name, **r}
+    print(f"  first request after start ({main_sched}): first packet {r['first_packet_ms']:.0f} ms", flush=True)
+    save(result)
+
+    # 2. Warm-up: graph capture (timed, once), then every schedule on every slot at once.
     t0 = time.perf_counter()
+    graph = await asyncio.get_running_loop().run_in_executor(None, engine.batcher.capture)
+    voice = _voice(model, notes, 0, engine)
     warm_ids = _text_ids(model, "warm up text", 0)
     for sched in schedules.values():
         await asyncio.gather(*(_one(engine, warm_ids, voice, sched, 60, i) for i in range(max(streams))))
     _sync(args.device)
-    warm_s = time.perf_counter() - t0
+    result["warmup_s"] = time.perf_counter() - t0
+    result["decode_path"] = graph
+    save(result)
 
-    per_text: list[dict] = []
+    # 3. Per text: warm first packet (registered voice) per schedule, and cold (a new voice) for ours.
     for name in names:
         text = texts.get(name, FALLBACK_TEXTS.get(name, name))
         ids = _text_ids(model, text, 1)
@@ -186,14 +253,20 @@ async def _bench(args: argparse.Namespace, model: Any, notes: list[str]) -> dict
         for sname, sched in schedules.items():
             runs = [await _one(engine, ids, voice, sched, tokens_for(text), r) for r in range(args.repeats)]
             row[sname] = {k: statistics.median(r[k] for r in runs) for k in runs[0]}
-        per_text.append(row)
-        print(f"  {name}: " + ", ".join(f"{s} {row[s]['first_packet_ms']:.0f} ms" for s in schedules), flush=True)
+        cold = [await _one(engine, ids, None, schedules[main_sched], tokens_for(text), r,
+                           make_voice=lambda: _voice(model, None, next(variants), engine))
+                for r in range(args.repeats)]
+        row[f"{main_sched}_cold"] = {k: statistics.median(r[k] for r in cold) for k in cold[0]}
+        result["per_text"].append(row)
+        print(f"  {name}: " + ", ".join(f"{s} {row[s]['first_packet_ms']:.0f} ms" for s in schedules)
+              + f", {main_sched} cold {row[f'{main_sched}_cold']['first_packet_ms']:.0f} ms", flush=True)
+        save(result)
 
-    sweep: list[dict] = []
+    # 4. Concurrency sweep (warm voice).
     sweep_text = texts.get(args.sweep_text, FALLBACK_TEXTS.get(args.sweep_text, args.sweep_text))
     ids = _text_ids(model, sweep_text, 2)
     for sname, sched in schedules.items():
-        for n in streams:
+        for n in [] if args.skip_sweep else streams:
             if cuda:
                 torch.cuda.reset_peak_memory_stats()
             t0 = time.perf_counter()
@@ -201,69 +274,120 @@ async def _bench(args: argparse.Namespace, model: Any, notes: list[str]) -> dict
                                           for i in range(n)))
             wall = time.perf_counter() - t0
             fp = [r["first_packet_ms"] for r in runs]
-            sweep.append({
+            result["sweep"].append({
                 "schedule": sname, "streams": n,
                 "first_packet_p50_ms": _pct(fp, 50), "first_packet_p90_ms": _pct(fp, 90),
                 "rtf_mean": statistics.mean(r["rtf"] for r in runs),
                 "aggregate_rtf": wall / sum(r["audio_s"] for r in runs),
                 "wall_s": wall,
+                "stream_mb": statistics.mean(r["stream_mb"] for r in runs),
                 "gpu_peak_mb": torch.cuda.max_memory_allocated() / 2**20 if cuda else None,
             })
-            print(f"  sweep {sname} x{n}: first packet p50 {sweep[-1]['first_packet_p50_ms']:.0f} ms", flush=True)
+            print(f"  sweep {sname} x{n}: first packet p50 {result['sweep'][-1]['first_packet_p50_ms']:.0f} ms",
+                  flush=True)
+            save(result)
 
-    # Quality of fewer Euler steps for the first chunk (mel difference vs 10 steps, same tokens).
-    steps_quality = []
-    gen = torch.Generator().manual_seed(3)
-    toks = torch.randint(0, 6561, (64,), generator=gen).tolist()
-    prefix = FlowPrefix(model.flow, voice)
-    ref = first_chunk_mel(model.flow, model.hift, voice, toks, args.first_chunk_tokens, None, prefix).float()
-    for k in (10, 8, 6, 5, 4, 3, 2):
-        first_chunk_mel(model.flow, model.hift, voice, toks, args.first_chunk_tokens, k, prefix)  # builds caches
-        _sync(args.device)
-        t0 = time.perf_counter()
-        mel = first_chunk_mel(model.flow, model.hift, voice, toks, args.first_chunk_tokens, k, prefix).float()
-        _sync(args.device)
-        dt = time.perf_counter() - t0
-        d = (mel - ref).abs()
-        steps_quality.append({"steps": k, "mean_abs": float(d.mean()), "max_abs": float(d.max()),
-                              "ref_std": float(ref.std()), "first_chunk_flow_ms": 1000 * dt})
+    # 5. Quality of fewer Euler steps for the first chunk (mel difference vs 10 steps, same tokens).
+    if not args.skip_steps:
+        gen = torch.Generator().manual_seed(3)
+        toks = torch.randint(0, 6561, (64,), generator=gen).tolist()
+        prefix = FlowPrefix(model.flow, voice)
+        ref = first_chunk_mel(model.flow, model.hift, voice, toks, args.first_chunk_tokens, None, prefix).float()
+        for k in (10, 8, 6, 5, 4, 3, 2):
+            first_chunk_mel(model.flow, model.hift, voice, toks, args.first_chunk_tokens, k, prefix)  # caches
+            _sync(args.device)
+            t0 = time.perf_counter()
+            mel = first_chunk_mel(model.flow, model.hift, voice, toks, args.first_chunk_tokens, k, prefix).float()
+            _sync(args.device)
+            dt = time.perf_counter() - t0
+            d = (mel - ref).abs()
+            result["steps_quality"].append({"steps": k, "mean_abs": float(d.mean()), "max_abs": float(d.max()),
+                                            "ref_std": float(ref.std()), "first_chunk_flow_ms": 1000 * dt})
+        save(result)
+    result["engine_stats"] = _jsonable(engine.stats())
     await engine.close()
-    return {"per_text": per_text, "sweep": sweep, "steps_quality": steps_quality, "warmup_s": warm_s}
+    return result
+
+
+def _jsonable(obj: Any) -> Any:
+    if isinstance(obj, dict):
+        return {str(k): _jsonable(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_jsonable(v) for v in obj]
+    return obj if isinstance(obj, (int, float, str, bool)) or obj is None else str(obj)
 
 
 # --- reporting -------------------------------------------------------------------------------------------
 
 
+def _split_row(label: str, r: dict) -> str:
+    cells = [label, f"{r['first_packet_ms']:.0f}"] + [f"{r.get(k, 0.0):.1f}" for k in SPLIT]
+    cells += [f"{r.get('tokens_at_first_packet', 0):.0f}", f"{r.get('llm_wall_ms', 0):.0f}",
+              f"{r.get('llm_decode_ms', 0):.0f}", f"{r.get('stream_mb', 0):.0f}"]
+    return "| " + " | ".join(cells) + " |"
+
+
 def _tables(result: dict, schedules: list[str]) -> str:
-    lines = ["First packet / total time per text (ms; one stream)", ""]
+    main = "fast" if "fast" in schedules else schedules[0]
+    lines = ["First packet / total time per text (ms; one stream; warm = registered voice, cold = a new voice)", ""]
     head = "| text | chars | tokens | " + " | ".join(f"{s} first | {s} total" for s in schedules)
+    head += f" | {main} cold first |"
     ratio = "official/fast" if {"official", "fast"} <= set(schedules) else ""
-    lines += [head + (f" | {ratio} first |" if ratio else " |"),
-              "|" + "---|" * (3 + 2 * len(schedules) + (1 if ratio else 0))]
+    lines += [head + (f" {ratio} first (warm) | {ratio} first (cold) |" if ratio else ""),
+              "|" + "---|" * (4 + 2 * len(schedules) + (2 if ratio else 0))]
     for row in result["per_text"]:
         cells = [row["text"], str(row["chars"]), str(row["speech_tokens"])]
         for s in schedules:
             cells += [f"{row[s]['first_packet_ms']:.0f}", f"{row[s]['total_ms']:.0f}"]
+        cold = row.get(f"{main}_cold")
+        cells.append(f"{cold['first_packet_ms']:.0f}" if cold else "-")
         if ratio:
-            cells.append(f"{row['official']['first_packet_ms'] / row['fast']['first_packet_ms']:.2f}x")
+            off = row["official"]["first_packet_ms"]
+            cells.append(f"{off / row['fast']['first_packet_ms']:.2f}x")
+            cells.append(f"{off / cold['first_packet_ms']:.2f}x" if cold else "-")
         lines.append("| " + " | ".join(cells) + " |")
-    lines += ["", "Concurrency sweep (first packet p50 / p90 ms, mean per-stream RTF, GPU peak MB)", "",
-              "| schedule | streams | p50 | p90 | RTF | aggregate RTF | GPU MB |", "|---|---|---|---|---|---|---|"]
+    lines += ["", "Where the first packet goes (ms; decode per token in ms; LLM wall vs decode over the whole request; "
+              "flow buffers per stream in MB)", "",
+              "| request | first packet | front end | slot wait | LLM prefill | decode/token | voice prefix | "
+              "1st chunk flow | 1st chunk vocoder | chunk queue | tokens at 1st | LLM wall | LLM decode | stream MB |",
+              "|" + "---|" * 14]
+    if "first_after_start" in result:
+        r = result["first_after_start"]
+        lines.append(_split_row(f"first after start ({r['schedule']}, {r['text']})", r))
+    for row in result["per_text"]:
+        for s in schedules:
+            lines.append(_split_row(f"{row['text']} {s} warm", row[s]))
+        if f"{main}_cold" in row:
+            lines.append(_split_row(f"{row['text']} {main} cold", row[f"{main}_cold"]))
+    path = result.get("decode_path") or {}
+    if path:
+        cap = path.get("capture_s")
+        lines += ["", f"decode path: {path.get('path')}" + (f", capture {cap:.2f} s" if cap is not None else "")
+                  + (f" (error: {path['error']})" if path.get("error") else "")]
+    lines += ["", "Concurrency sweep (first packet p50 / p90 ms, mean per-stream RTF, flow MB per stream, GPU peak MB)",
+              "", "| schedule | streams | p50 | p90 | RTF | aggregate RTF | MB/stream | GPU MB |",
+              "|---|---|---|---|---|---|---|---|"]
     for r in result["sweep"]:
         gpu = f"{r['gpu_peak_mb']:.0f}" if r["gpu_peak_mb"] is not None else "-"
         lines.append(f"| {r['schedule']} | {r['streams']} | {r['first_packet_p50_ms']:.0f} | "
-                     f"{r['first_packet_p90_ms']:.0f} | {r['rtf_mean']:.2f} | {r['aggregate_rtf']:.3f} | {gpu} |")
+                     f"{r['first_packet_p90_ms']:.0f} | {r['rtf_mean']:.2f} | {r['aggregate_rtf']:.3f} | "
+                     f"{r.get('stream_mb', 0):.0f} | {gpu} |")
     if ratio:
         by = {(r["schedule"], r["streams"]): r for r in result["sweep"]}
         ns = sorted({r["streams"] for r in result["sweep"]})
         lines += ["", "official/fast first packet p50: " + ", ".join(
             f"x{n} {by[('official', n)]['first_packet_p50_ms'] / by[('fast', n)]['first_packet_p50_ms']:.2f}"
             for n in ns if ("official", n) in by and ("fast", n) in by)]
-    lines += ["", "First chunk with fewer Euler steps (mel vs 10 steps)", "",
-              "| steps | mean abs | max abs | mel std | flow ms |", "|---|---|---|---|---|"]
-    for q in result["steps_quality"]:
-        lines.append(f"| {q['steps']} | {q['mean_abs']:.3f} | {q['max_abs']:.3f} | {q['ref_std']:.3f} | "
-                     f"{q['first_chunk_flow_ms']:.1f} |")
+    cache = (result.get("engine_stats") or {}).get("prompt_cache")
+    if cache:
+        lines += ["", f"prompt cache: {cache['entries']} entries, {cache['bytes'] / 2**20:.0f} MB, "
+                  f"hits {cache['hits']}, misses {cache['misses']}, evictions {cache['evictions']}"]
+    if result["steps_quality"]:
+        lines += ["", "First chunk with fewer Euler steps (mel vs 10 steps)", "",
+                  "| steps | mean abs | max abs | mel std | flow ms |", "|---|---|---|---|---|"]
+        for q in result["steps_quality"]:
+            lines.append(f"| {q['steps']} | {q['mean_abs']:.3f} | {q['max_abs']:.3f} | {q['ref_std']:.3f} | "
+                         f"{q['first_chunk_flow_ms']:.1f} |")
     return "\n".join(lines)
 
 
@@ -320,23 +444,33 @@ def run_tts_bench(args: argparse.Namespace) -> int:
     load_s = time.perf_counter() - t0
     print(f"bench tts: {'; '.join(notes)}; loaded in {load_s:.1f} s", flush=True)
     schedules = [s.strip() for s in str(args.schedules).split(",")]
-    result = asyncio.run(_bench(args, model, notes))
-    result.update({
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    meta = {
         "notes": notes, "device": args.device, "dtype": args.dtype, "schedules": schedules,
         "first_chunk_tokens": args.first_chunk_tokens, "first_chunk_steps": args.first_chunk_steps,
         "tokens_per_char": args.tokens_per_char, "torch": torch.__version__, "host": platform.node(),
         "cpu_threads": torch.get_num_threads(),
         "gpu": torch.cuda.get_device_name() if args.device.startswith("cuda") else None,
-    })
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "tts_bench.json").write_text(json.dumps(result, indent=2, ensure_ascii=False), encoding="utf-8")
-    _plot(result, schedules, out / "tts_bench.png")
+    }
+
+    def save(partial: dict) -> None:
+        """Write what is measured so far (a run cut short keeps it)."""
+        (out / "tts_bench.json").write_text(json.dumps({**partial, **meta}, indent=2, ensure_ascii=False,
+                                                       default=str), encoding="utf-8")
+
+    result = asyncio.run(_bench(args, model, notes, save))
+    result.update(meta)
+    save(result)
     table = _tables(result, schedules)
     (out / "tts_bench.md").write_text(table + "\n", encoding="utf-8")
+    try:
+        _plot(result, schedules, out / "tts_bench.png")
+    except (ImportError, ValueError) as exc:  # matplotlib is optional (not on every GPU machine); no sweep
+        print(f"no plot: {exc}")
     print()
     print(table)
-    print(f"\nwrote {out / 'tts_bench.json'}, {out / 'tts_bench.png'}, {out / 'tts_bench.md'}")
+    print(f"\nwrote {out / 'tts_bench.json'}, {out / 'tts_bench.md'}")
     return 0
 
 

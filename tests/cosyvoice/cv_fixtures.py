@@ -54,3 +54,35 @@ def tiny_model_and_voice() -> tuple[Any, Any, dict[str, torch.Tensor]]:
     g = torch.load(need_fixtures() / "golden.pt", weights_only=True)
     voice = CosyVoicePrompt("p", "", g["in.prompt_speech_token"], g["in.prompt_feat"], g["in.embedding"])
     return model, voice, g
+
+
+@torch.inference_mode()
+def tokens_to_audio(model: Any, tokens: list[int], voice: Any, speed: float = 1.0) -> Any:
+    """Whole-utterance reference path: speech tokens → one non-streaming flow call → one HiFT call (float32)."""
+    import numpy as np
+    import torch.nn.functional as F
+
+    token = torch.as_tensor(tokens, dtype=torch.int32).reshape(1, -1)
+    if token.shape[1] == 0:
+        return np.zeros(0, dtype=np.float32)
+    dtype = next(model.flow.parameters()).dtype
+    mel = model.flow.inference(
+        token=token, token_len=None, prompt_token=voice.speech_tokens.to(torch.int32), prompt_token_len=None,
+        prompt_feat=voice.speech_feat.to(dtype), prompt_feat_len=None, embedding=voice.embedding.to(dtype),
+        streaming=False, finalize=True,
+    ).float()
+    if speed != 1.0:
+        mel = F.interpolate(mel, size=max(1, int(mel.shape[2] / speed)), mode="linear")
+    speech, _ = model.hift.inference(speech_feat=mel)
+    return speech[0].float().numpy()
+
+
+def synthesize_ids(
+    model: Any, text_ids: torch.Tensor, voice: Any, prompt_text_ids: torch.Tensor | None = None,
+    seed: int | None = None, greedy: bool = False,
+) -> tuple[list[int], Any]:
+    """Whole-utterance synthesis with the reference sampler (`llm.generate`, CPU generator): tokens, audio."""
+    prompt_speech = voice.speech_tokens if prompt_text_ids is not None else None
+    sampler = model.llm.make_sampler(seed=seed, greedy=greedy)
+    tokens = list(model.llm.generate(text_ids, prompt_text_ids, prompt_speech, sampler=sampler))
+    return tokens, tokens_to_audio(model, tokens, voice)

@@ -16,7 +16,7 @@ from assistant.tts.cosyvoice.features import (
     speaker_fbank,
     whisper_log_mel,
 )
-from assistant.tts.cosyvoice.voice import CosyVoicePrompt, VoiceCloningUnavailable, VoiceEncoder, VoiceStore
+from assistant.tts.cosyvoice.voice import CosyVoicePrompt, PromptStore, VoiceCloningUnavailable, VoiceEncoder
 
 
 def _tone(sr: int, seconds: float, hz: float = 440.0) -> np.ndarray:
@@ -133,9 +133,9 @@ def test_voice_encoder_with_stand_in_onnx(tmp_path: Path) -> None:
 def test_voice_store_roundtrip(tmp_path: Path) -> None:
     p = CosyVoicePrompt("alice", "hi there", torch.arange(5, dtype=torch.int32)[None],
                         torch.randn(1, 10, 80), torch.randn(1, 192), torch.tensor([[1, 2]]))
-    store = VoiceStore(tmp_path)
+    store = PromptStore(tmp_path)
     store.put(p)
-    fresh = VoiceStore(tmp_path)
+    fresh = PromptStore(tmp_path)
     q = fresh.get("alice")
     assert q is not None and q.prompt_text == "hi there" and fresh.ids() == ["alice"]
     assert torch.equal(q.speech_tokens, p.speech_tokens) and torch.equal(q.speech_feat, p.speech_feat)

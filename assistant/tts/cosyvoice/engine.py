@@ -1,9 +1,13 @@
 """``CosyVoiceEngine``: CosyVoice2 behind the ``TTSEngine`` protocol, streaming, many sessions per process.
 
-One `SpeechBatcher` (one worker thread, one device) serves every session: it batches the LLM decode steps of
-all active requests and makes each request's audio chunks on its streaming schedule (`streaming.py`).
-Chunks travel from the worker to the awaiting consumer through an ``asyncio.Queue`` filled with
-``loop.call_soon_threadsafe``: nothing sleeps or polls.
+One `SpeechBatcher` (a decode thread and a chunk thread, one device) serves every session: it batches the LLM
+decode steps of all active requests and, beside them, makes each request's audio chunks on its streaming
+schedule (`streaming.py`). Chunks travel from the worker to the awaiting consumer through an ``asyncio.Queue``
+filled with ``loop.call_soon_threadsafe``: nothing sleeps or polls.
+
+A voice costs its prompt once: the engine's `PromptCache` (LRU by bytes, ``tts.prompt_cache_mb``) keeps by
+content hash the voice of a reference clip, the flow's prompt state and the LLM's prompt start; `cache_stats`
+and `stats` expose its counters and the decode path (CUDA graph or eager, and what the capture cost).
 
 Text can stream in too: `synthesize_stream` takes the pieces of one reply as the speech path's chunker
 releases them (an LLM reply as it is written) and speaks them one after another in one admission slot;
@@ -27,6 +31,7 @@ from assistant.config import TTSConfig
 from assistant.tts.base import LANGUAGES, SPEED_RANGE, ReferenceClip, TTSCapabilities, TTSRequest, TTSUnsupported
 from assistant.tts.cosyvoice.batching import EngineBusy, SpeechBatcher, SpeechJob, Ticket
 from assistant.tts.cosyvoice.model import CosyVoice2
+from assistant.tts.cosyvoice.prompt_cache import PromptCache, digest
 from assistant.tts.cosyvoice.streaming import Chunk, StreamSchedule
 from assistant.tts.cosyvoice.voice import CosyVoicePrompt, VoiceCloningUnavailable
 
@@ -55,6 +60,8 @@ class CosyVoiceEngine:
         self._model: CosyVoice2 | None = None
         self._batcher: SpeechBatcher | None = None
         self._loading: asyncio.Future[CosyVoice2] | None = None
+        # Voices' computed prompts (clip features, flow prefix, LLM prompt start) by content hash.
+        self.prompt_cache = PromptCache(int(cfg.prompt_cache_mb) << 20)
         self.schedule = StreamSchedule.named(
             cfg.stream_schedule, cfg.first_chunk_tokens, cfg.first_chunk_steps or None
         )
@@ -85,6 +92,7 @@ class CosyVoiceEngine:
             max_positions=self.cfg.max_positions,
             cuda_graphs=self.cfg.cuda_graphs and cuda,
             sample_rate=model.sample_rate,
+            cache=self.prompt_cache,
         )
 
     async def model(self) -> CosyVoice2:
@@ -101,10 +109,23 @@ class CosyVoiceEngine:
             raise RuntimeError("model not loaded yet (await engine.model())")
         return self._batcher
 
+    def cache_stats(self) -> dict:
+        """The prompt cache's counters (entries, bytes, hits and misses per kind, evictions)."""
+        return self.prompt_cache.stats()
+
+    def stats(self) -> dict:
+        """Batcher counters (decode path and capture cost, steps, mean batch) and the prompt cache's."""
+        out = {"prompt_cache": self.cache_stats()}
+        if self._batcher is not None:
+            out.update(self._batcher.stats())
+        return out
+
     async def warmup(self) -> None:
-        """Run every slot once with fixed-length dummy text so kernels, graphs and caches are warm."""
+        """Capture the decode step's CUDA graph (once, timed), then run every slot once with fixed-length dummy
+        text so kernels, allocator and the default voice's prompt are warm."""
         model = await self.model()
         t0 = time.perf_counter()
+        await asyncio.get_running_loop().run_in_executor(self._executor, self.batcher.capture)
         try:
             voice = model.resolve_voice(self.cfg.voice or None)
         except KeyError:
@@ -159,11 +180,18 @@ class CosyVoiceEngine:
             ref = request.reference
             if not model.voice_encoder.available:
                 raise TTSUnsupported("voice cloning unavailable: the model directory lacks the ONNX front-end files")
-            return model.voice_encoder.encode("", ref.audio, ref.sample_rate, ref.text)
+            return self.clip_voice(model, ref)
         try:
             return model.resolve_voice(request.voice or self.cfg.voice or None)
         except KeyError as exc:
             raise TTSUnsupported(str(exc)) from exc
+
+    def clip_voice(self, model: CosyVoice2, clip: ReferenceClip) -> CosyVoicePrompt:
+        """A reference clip's voice prompt; the same clip bytes (and transcript) again skip the front end."""
+        key = digest(np.asarray(clip.audio, dtype=np.float32), int(clip.sample_rate), clip.text or "")
+        return self.prompt_cache.get_or_make(
+            "clip", key, lambda: model.voice_encoder.encode("", clip.audio, clip.sample_rate, clip.text)
+        )
 
     # --- the streaming core -------------------------------------------------------------------------------
 
@@ -224,7 +252,7 @@ class CosyVoiceEngine:
             prompt_text=prompt_text,
             prompt_speech=prompt_speech,
             schedule=schedule or self.schedule,
-            sampler=model.make_sampler(seed, greedy),
+            greedy=greedy,
             min_tokens=tokens,
             max_tokens=tokens,
             ignore_eos=tokens is not None,

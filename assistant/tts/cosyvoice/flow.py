@@ -97,10 +97,14 @@ class FlowConfig:
         )
 
 
-def fixed_noise(frames: int = NOISE_FRAMES, mel_bins: int = 80) -> torch.Tensor:
-    """The reference's starting noise: seed 0, randn [1, 80, frames] on CPU (global RNG state kept)."""
+def fixed_noise(
+    frames: int = NOISE_FRAMES, mel_bins: int = 80, device: torch.device | str | None = None
+) -> torch.Tensor:
+    """The reference's starting noise: seed 0, randn [1, 80, frames] drawn on the CPU generator (so every
+    device starts from the same values; global RNG state kept), then moved to ``device``."""
     gen = torch.Generator(device="cpu").manual_seed(NOISE_SEED)
-    return torch.randn([1, mel_bins, frames], generator=gen, device="cpu")
+    noise = torch.randn([1, mel_bins, frames], generator=gen, device="cpu")
+    return noise if device is None else noise.to(device)
 
 
 def time_schedule(n_steps: int, scheduler: str, device=None, dtype=torch.float32) -> torch.Tensor:
@@ -145,7 +149,8 @@ class FlowMatchingDecoder(nn.Module):
         `caches` (streaming): one estimator cache per Euler step, so T frames continue earlier calls'.
         """
         rate = self.cfg.inference_cfg_rate
-        t_span = time_schedule(self.cfg.n_timesteps, self.cfg.t_scheduler, mu.device, mu.dtype)
+        # The schedule and t stay float32 whatever the model's dtype (bf16 would round t to 8 bits).
+        t_span = time_schedule(self.cfg.n_timesteps, self.cfg.t_scheduler, mu.device, torch.float32)
         # Batch row 0 is conditional, row 1 unconditional (mu, spks, cond zero); x, mask, t are shared.
         mu_in = torch.cat([mu, torch.zeros_like(mu)])
         spks_in = torch.cat([spks, torch.zeros_like(spks)])
@@ -202,8 +207,14 @@ class CausalFlow(nn.Module):
         )
         self.encoder_proj = nn.Linear(cfg.encoder_output_size, cfg.output_size)
         self.decoder = FlowMatchingDecoder(cfg)
-        # Always on the CPU generator so every device starts from the same noise; not a checkpoint key.
-        self.register_buffer("noise", fixed_noise(mel_bins=cfg.output_size), persistent=False)
+        # Drawn on the CPU generator so every device starts from the same noise, then placed on the device the
+        # module is built on (``with torch.device(...)``) and moved with it by ``.to()``; not a checkpoint key.
+        build = torch.empty(0).device
+        if build.type == "meta":  # key/shape checks only: nothing is drawn
+            noise = torch.empty(1, cfg.output_size, NOISE_FRAMES, device=build)
+        else:
+            noise = fixed_noise(mel_bins=cfg.output_size, device=build)
+        self.register_buffer("noise", noise, persistent=False)
 
     @torch.inference_mode()
     def inference(
@@ -258,14 +269,17 @@ class StreamingFlow:
     """Per-utterance streaming state of a `CausalFlow`: each call computes only the new tokens' frames.
 
     The encoder keeps its attention keys/values and conv tails, the estimator one cache per Euler step
-    (keys/values of every transformer block, tails of every causal conv). Tokens are encoded only up to
-    a chunk boundary (`encoder_chunk_size` tokens, counted from the first prompt token) that still has
+    (a `KVCache` per transformer block, tails of every causal conv). Tokens are encoded only up to a chunk
+    boundary (`encoder_chunk_size` tokens, counted from the first prompt token) that still has
     `pre_lookahead_len` known tokens after it; the rest waits for the next call. That makes the
     concatenated output equal to one `inference(..., streaming=True, finalize=True)` over the whole
     utterance (up to float summation order), while each call costs only its new frames.
 
+    `seal` encodes every pending token as a finished sequence (no look-ahead) without closing the stream:
+    a voice prompt is sealed once (`streaming.FlowPrefix`) and continued by every request of that voice.
+
     Memory grows with the utterance: for every frame, K and V of every attention layer, per Euler step,
-    for the 2 CFG rows. Never share one between requests.
+    for the 2 CFG rows (written in place into per-layer buffers). Never share one between requests.
     """
 
     def __init__(
@@ -274,19 +288,22 @@ class StreamingFlow:
         prompt_token: torch.Tensor,
         prompt_feat: torch.Tensor,
         embedding: torch.Tensor,
+        capacity: int = 0,
     ):
-        """prompt_token [1, P]; prompt_feat [1, 2P, 80] (prompt mel); embedding [1, 192] speaker x-vector."""
+        """prompt_token [1, P]; prompt_feat [1, 2P, 80] (prompt mel); embedding [1, 192] speaker x-vector;
+        capacity: frames to reserve in each estimator buffer up front (0: grow as needed)."""
         self.flow = flow
         cfg = flow.cfg
         dtype = flow.spk_embed_affine_layer.weight.dtype
+        dev = flow.spk_embed_affine_layer.weight.device
         with torch.inference_mode():
-            self.spks = flow.spk_embed_affine_layer(F.normalize(embedding.to(dtype), dim=1))  # [1, 80]
-        self.prompt_feat = prompt_feat.to(dtype)  # [1, 2P, 80]
-        self.pending = prompt_token.long().clamp(min=0)  # tokens received, not yet encoded [1, n]
+            self.spks = flow.spk_embed_affine_layer(F.normalize(embedding.to(dev, dtype), dim=1))  # [1, 80]
+        self.prompt_feat = prompt_feat.to(dev, dtype)  # [1, 2P, 80]
+        self.pending = prompt_token.to(dev).long().clamp(min=0)  # tokens received, not yet encoded [1, n]
         self.encoded = 0  # tokens encoded so far (prompt included)
         self.frames = 0  # mel frames computed so far (prompt included)
         self.encoder_cache: Cache = {}
-        self.step_caches: list[Cache] = [{} for _ in range(cfg.n_timesteps)]
+        self.step_caches: list[Cache] = [{"capacity": capacity} for _ in range(cfg.n_timesteps)]
         self.finished = False
 
     def ready_tokens(self, finalize: bool) -> int:
@@ -307,14 +324,22 @@ class StreamingFlow:
         """
         if self.finished:
             raise RuntimeError("this StreamingFlow was finalized")
-        flow, cfg = self.flow, self.flow.cfg
         self.pending = torch.cat([self.pending, token.long().clamp(min=0).to(self.pending.device)], dim=1)
-        n = self.ready_tokens(finalize)
+        mel = self._encode(self.ready_tokens(finalize), look_ahead=not finalize)
         self.finished = finalize
+        return mel
+
+    @torch.inference_mode()
+    def seal(self) -> torch.Tensor:
+        """Encode every pending token as if the sequence ended there (zeros look-ahead); the stream stays open."""
+        return self._encode(self.pending.size(1), look_ahead=False)
+
+    def _encode(self, n: int, look_ahead: bool) -> torch.Tensor:
+        flow, cfg = self.flow, self.flow.cfg
         if n == 0:
             return self.prompt_feat.new_zeros(1, cfg.output_size, 0).float()
         new, context = self.pending[:, :n], None
-        if not finalize:
+        if look_ahead:
             context = flow.input_embedding(self.pending[:, n : n + cfg.pre_lookahead_len])
         h = flow.encoder(flow.input_embedding(new), context, streaming=True, cache=self.encoder_cache)
         mu = flow.encoder_proj(h).transpose(1, 2)  # [1, 80, 2n]

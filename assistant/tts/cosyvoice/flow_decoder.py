@@ -24,11 +24,108 @@ MASK_BIAS = -1.0e10  # additive attention bias of a blocked position (as the ref
 
 
 def timestep_features(t: torch.Tensor, dim: int, scale: float = 1000.0) -> torch.Tensor:
-    """Sinusoidal features of the flow time t [B] -> [B, dim] (sin half, then cos half)."""
+    """Sinusoidal features of the flow time t [B] -> [B, dim] (sin half, then cos half), always in float32.
+
+    ``1000 * t`` in bf16 keeps 8 bits of t: the angles, and so the whole velocity field, would drift.
+    """
     half = dim // 2
-    freqs = torch.exp(torch.arange(half, device=t.device).float() * -(math.log(10000) / (half - 1)))
-    angles = scale * t.unsqueeze(1) * freqs.unsqueeze(0)
+    freqs = torch.exp(torch.arange(half, device=t.device, dtype=torch.float32) * -(math.log(10000) / (half - 1)))
+    angles = scale * t.float().unsqueeze(1) * freqs.unsqueeze(0)
     return torch.cat((angles.sin(), angles.cos()), dim=-1)
+
+
+class KVCache:
+    """Keys and values of one attention layer at one Euler step, for one request's stream.
+
+    Two parts: an optional ``prefix`` (the voice prompt's frames, shared read-only by every request of that
+    voice) and the request's own frames in a buffer written in place and grown by doubling, so a chunk
+    writes only its new frames (no re-concatenation of the past per block and step). Attention runs over
+    both parts without joining them (`attend`). A write with ``commit=False`` (a provisional solve) leaves
+    the committed length unchanged, so the next write overwrites it.
+    """
+
+    def __init__(self, prefix: tuple[torch.Tensor, torch.Tensor] | None = None, capacity: int = 0) -> None:
+        self.prefix = prefix                         # (k, v) [B, H, P, d]
+        self.capacity_hint = capacity
+        self.k: torch.Tensor | None = None           # [B, H, cap, d]
+        self.v: torch.Tensor | None = None
+        self.length = 0                              # committed own frames
+
+    @property
+    def prefix_frames(self) -> int:
+        return 0 if self.prefix is None else self.prefix[0].size(2)
+
+    @property
+    def frames(self) -> int:
+        return self.prefix_frames + self.length
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of this request's own buffers (their capacity; the shared prefix is counted by its owner)."""
+        return 0 if self.k is None else 2 * self.k.numel() * self.k.element_size()
+
+    def _reserve(self, like: torch.Tensor, n: int) -> None:
+        if self.k is not None and self.k.size(2) >= n:
+            return
+        cap = max(n, self.capacity_hint, 2 * (0 if self.k is None else self.k.size(2)), 64)
+        b, h, _, d = like.shape
+        k = like.new_empty(b, h, cap, d)
+        v = like.new_empty(b, h, cap, d)
+        if self.k is not None and self.v is not None and self.length:
+            k[:, :, : self.length] = self.k[:, :, : self.length]
+            v[:, :, : self.length] = self.v[:, :, : self.length]
+        self.k, self.v = k, v
+
+    def append(self, k: torch.Tensor, v: torch.Tensor, commit: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+        """Write k, v [B, H, T, d] after the committed frames; return the own frames so far (views)."""
+        t = k.size(2)
+        end = self.length + t
+        self._reserve(k, end)
+        assert self.k is not None and self.v is not None
+        self.k[:, :, self.length : end] = k
+        self.v[:, :, self.length : end] = v
+        keys, values = self.k[:, :, :end], self.v[:, :, :end]
+        if commit:
+            self.length = end
+        return keys, values
+
+    def compact(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """All frames (prefix, then own) as two exact-size tensors: the prefix of later forks."""
+        parts_k = [] if self.prefix is None else [self.prefix[0]]
+        parts_v = [] if self.prefix is None else [self.prefix[1]]
+        if self.k is not None and self.v is not None and self.length:
+            parts_k.append(self.k[:, :, : self.length])
+            parts_v.append(self.v[:, :, : self.length])
+        return torch.cat(parts_k, dim=2).clone(), torch.cat(parts_v, dim=2).clone()
+
+
+def attend(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor, kv: KVCache | None, commit: bool
+) -> torch.Tensor:
+    """Attention of q [B, H, T, d] over the cached frames (all visible) and the new k, v [B, H, T, d] (``bias``
+    [B, 1, T, T] between new frames); the new frames are written into ``kv``."""
+    if kv is None:
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=bias)
+    past = kv.length
+    own_k, own_v = kv.append(k, v, commit)                  # [B, H, past + T, d]
+    if kv.prefix is None and past == 0:
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=bias)
+    scale = 1.0 / math.sqrt(q.size(-1))
+    parts_k = ([kv.prefix[0]] if kv.prefix is not None else []) + [own_k]
+    parts_v = ([kv.prefix[1]] if kv.prefix is not None else []) + [own_v]
+    scores = [torch.matmul(q, pk.transpose(-2, -1)) * scale for pk in parts_k]
+    t = q.size(2)
+    scores[-1][..., -t:] += bias                            # only new keys can be masked
+    weights = torch.softmax(torch.cat(scores, dim=-1).float(), dim=-1).to(q.dtype)
+    out = None
+    start = 0
+    for pv in parts_v:
+        n = pv.size(2)
+        part = torch.matmul(weights[..., start : start + n], pv)
+        out = part if out is None else out + part
+        start += n
+    assert out is not None
+    return out
 
 
 class CausalConv1d(nn.Conv1d):
@@ -112,12 +209,12 @@ class SelfAttention(nn.Module):
             proj(x).view(b, t, self.heads, self.head_dim).transpose(1, 2)  # [B, H, T, hd]
             for proj in (self.to_q, self.to_k, self.to_v)
         )
+        kv = None
         if cache is not None:
-            if self in cache:
-                k_past, v_past = cache[self]
-                k, v = torch.cat([k_past, k], dim=2), torch.cat([v_past, v], dim=2)
-            cache[self] = (k, v)
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=bias.unsqueeze(1))
+            kv = cache.get(self)
+            if kv is None:
+                kv = cache[self] = KVCache(capacity=cache.get("capacity", 0))
+        out = attend(q, k, v, bias.unsqueeze(1), kv, not cache.get("provisional", False) if cache else True)
         return self.to_out[0](out.transpose(1, 2).reshape(b, t, self.heads * self.head_dim))
 
 
@@ -215,17 +312,16 @@ class CausalUNetEstimator(nn.Module):
         self.final_proj = nn.Conv1d(channels, out_channels, 1)
 
     def attention_bias(self, mask: torch.Tensor, streaming: bool, dtype: torch.dtype, past: int = 0) -> torch.Tensor:
-        """Frame mask [B, 1, T] -> additive bias [B, T, past+T]: 0 where allowed, -1e10 where blocked.
+        """Frame mask [B, 1, T] -> additive bias [B, T, T] among the new frames: 0 allowed, -1e10 blocked.
 
-        `past` cached frames precede the T new ones (always visible to the mask: they were real frames).
+        `past` cached frames precede the T new ones; they are always visible (earlier chunks, real frames),
+        so the bias covers the new keys only and the chunk grid is counted from frame 0 of the stream.
         """
         t = mask.size(-1)
         keys = mask.bool()
-        if past:
-            keys = torch.cat([keys.new_ones(keys.size(0), 1, past), keys], dim=2)
         allowed = keys.expand(-1, t, -1)
         if streaming:
-            chunks = chunk_attention_mask(t, self.static_chunk_size, mask.device, past)
+            chunks = chunk_attention_mask(t, self.static_chunk_size, mask.device, past)[:, past:]
             allowed = allowed & chunks.unsqueeze(0)
         return (1.0 - allowed.to(dtype)) * MASK_BIAS
 
@@ -247,7 +343,8 @@ class CausalUNetEstimator(nn.Module):
         if cache is not None and not streaming:
             raise ValueError("an estimator cache needs streaming=True")
         past = cache.get("frames", 0) if cache is not None else 0
-        t_emb = self.time_mlp(timestep_features(t, self.in_channels).to(t.dtype))  # [B, 4C]
+        dtype = self.time_mlp.linear_1.weight.dtype
+        t_emb = self.time_mlp(timestep_features(t, self.in_channels).to(dtype))  # [B, 4C]
         h = torch.cat([x, mu, spks.unsqueeze(-1).expand(-1, -1, x.size(-1)), cond], dim=1)  # [B, 320, T]
         bias = self.attention_bias(mask, streaming, h.dtype, past)
 

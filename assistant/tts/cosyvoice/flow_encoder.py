@@ -38,9 +38,11 @@ def relative_position_table(length: int, d_model: int, device=None, dtype=torch.
     Same values as ESPnet's `RelPositionalEncoding` (the positive positions first, in decreasing order),
     computed for just the length needed instead of a 5000-row table.
     """
-    pos = torch.arange(length - 1, -length, -1, dtype=torch.float32).unsqueeze(1)  # [2L-1, 1]
-    div_term = torch.exp(torch.arange(0, d_model, 2, dtype=torch.float32) * -(math.log(10000.0) / d_model))
-    table = torch.zeros(2 * length - 1, d_model)
+    pos = torch.arange(length - 1, -length, -1, dtype=torch.float32, device=device).unsqueeze(1)  # [2L-1, 1]
+    div_term = torch.exp(
+        torch.arange(0, d_model, 2, dtype=torch.float32, device=device) * -(math.log(10000.0) / d_model)
+    )
+    table = torch.zeros(2 * length - 1, d_model, device=device)
     table[:, 0::2] = torch.sin(pos * div_term)
     table[:, 1::2] = torch.cos(pos * div_term)
     return table.unsqueeze(0).to(device=device, dtype=dtype)

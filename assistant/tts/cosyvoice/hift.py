@@ -364,21 +364,22 @@ class StreamingHiFT:
         self.context = max(reach.mel_left, reach.source_left) if context_frames is None else int(context_frames)
         self.spf = vocoder.cfg.samples_per_frame
         self.n_harmonics = vocoder.m_source.n_harmonics
+        dev = next(vocoder.parameters()).device
         self.received = 0  # mel frames pushed so far
         self.emitted = 0  # frames whose audio has been returned
         self.closed = False
         self.mel: torch.Tensor | None = None  # [1, 80, received - mel_start]
         self.mel_start = 0
-        self.f0 = torch.zeros(1, 0)  # exact F0 of frames [f0_start, f0_end) (Hz)
+        self.f0 = torch.zeros(1, 0, device=dev)  # exact F0 of frames [f0_start, f0_end) (Hz)
         self.f0_start = 0  # also where the next source window starts
         self.f0_end = 0
-        self.source = torch.zeros(1, 1, 0)  # exact source of frames [src_start, src_end)
+        self.source = torch.zeros(1, 1, 0, device=dev)  # exact source of frames [src_start, src_end)
         self.src_start = 0
         self.src_end = 0
-        self.noise = torch.zeros(1, 0, self.n_harmonics)  # draws of frames [src_end, received) [1, n*spf, H]
+        self.noise = torch.zeros(1, 0, self.n_harmonics, device=dev)  # draws of [src_end, received) [1, n*spf, H]
         self.rand_ini: torch.Tensor | None = None  # [1, H], of the utterance's first push
         # harmonic phase summed over frames [0, f0_start), in cycles per sample, modulo 1 (float64)
-        self.cycles = torch.zeros(1, self.n_harmonics, dtype=torch.float64)
+        self.cycles = torch.zeros(1, self.n_harmonics, dtype=torch.float64, device=dev)
 
     @property
     def held_frames(self) -> int:
@@ -447,7 +448,7 @@ class StreamingHiFT:
         # The window starts one frame early: the phase is interpolated between frame centres.
         skip = (self.src_end - ws) * spf
         sine_noise = torch.cat([self.noise.new_zeros(1, skip, self.n_harmonics), self.noise], dim=1)
-        rand_ini = self.rand_ini if ws == 0 and self.rand_ini is not None else torch.zeros(1, self.n_harmonics)
+        rand_ini = self.rand_ini if ws == 0 and self.rand_ini is not None else f0.new_zeros(1, self.n_harmonics)
         noise = SourceNoise(rand_ini.to(f0), sine_noise)
         source = vocoder.source(f0, noise, self.cycles.float().to(f0.device))[:, :, skip:]  # [1, 1, n * spf]
         # frame j's samples lie between the centres of j-1, j and j+1: exact once F0 of j+1 is

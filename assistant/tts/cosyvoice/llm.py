@@ -229,16 +229,29 @@ class SpeechLM(nn.Module):
 
         All id tensors are [1,T] (T may be 0). The speaker embedding is not an input of this model.
         """
+        return torch.cat(self.build_lm_input_parts(text, prompt_text, prompt_speech), dim=1)
+
+    def build_lm_input_parts(
+        self,
+        text: torch.Tensor,
+        prompt_text: torch.Tensor | None = None,
+        prompt_speech: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """`build_lm_input` in two parts: the start that depends on the prompt text only ([sos, embed(prompt_text)],
+        cacheable per voice) and the rest ([embed(text), task_id, speech_embedding(prompt_speech)])."""
         dev = self.llm_embedding.weight.device
-        parts = [t for t in (prompt_text, text) if t is not None and t.numel() > 0]
-        ids = torch.cat([t.reshape(1, -1) for t in parts], dim=1).to(dev, torch.long)
-        text_emb = self.embed_text(ids)                                   # [1, Tt, D]
         sos = self.llm_embedding.weight[SOS_INDEX].reshape(1, 1, -1)
         task = self.llm_embedding.weight[TASK_ID_INDEX].reshape(1, 1, -1)
-        seq = [sos, text_emb, task]
+        head = [sos]
+        if prompt_text is not None and prompt_text.numel() > 0:
+            head.append(self.embed_text(prompt_text.reshape(1, -1).to(dev, torch.long)))
+        rest = []
+        if text is not None and text.numel() > 0:
+            rest.append(self.embed_text(text.reshape(1, -1).to(dev, torch.long)))
+        rest.append(task)
         if prompt_speech is not None and prompt_speech.numel() > 0:
-            seq.append(self.speech_embedding(prompt_speech.reshape(1, -1).to(dev, torch.long)))
-        return torch.cat(seq, dim=1)
+            rest.append(self.speech_embedding(prompt_speech.reshape(1, -1).to(dev, torch.long)))
+        return torch.cat(head, dim=1), torch.cat(rest, dim=1)
 
     def logp_from_hidden(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden [..., D] → log-probabilities over speech ids [..., speech_token_size+3] (float32)."""

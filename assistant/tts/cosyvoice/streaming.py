@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import copy
 import logging
-from collections import OrderedDict
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -38,8 +38,10 @@ import torch
 import torch.nn.functional as F
 
 from assistant.tts.cosyvoice.flow import CausalFlow, StreamingFlow, time_schedule
+from assistant.tts.cosyvoice.flow_decoder import KVCache
 from assistant.tts.cosyvoice.hift import HiFTVocoder, StreamingHiFT, crossfade_window, fade_in_out
 from assistant.tts.cosyvoice.hift_source import SourceNoise
+from assistant.tts.cosyvoice.prompt_cache import PromptCache, digest
 from assistant.tts.cosyvoice.voice import CosyVoicePrompt
 
 log = logging.getLogger(__name__)
@@ -70,6 +72,7 @@ class StreamSchedule:
     first_chunk_steps: int | None = None    # Euler steps for the first chunk's flow (None: the model's 10)
     vocoder_lookahead: int | None = None    # fast: mel frames the vocoder holds back (None: exact, no seams)
     align_first_to_prompt: bool = False     # official: pad the first hop so prompt + hop fills 25-token chunks
+    align_to_chunks: bool = False           # fast: after the first chunk, end every chunk on an encoder chunk
 
     @classmethod
     def official(cls) -> StreamSchedule:
@@ -86,7 +89,7 @@ class StreamSchedule:
         if first_chunk_tokens < 1:
             raise ValueError("first_chunk_tokens must be >= 1")
         hop = max(max_hop, first_chunk_tokens)
-        return cls("fast", first_chunk_tokens, hop, HOP_GROWTH, first_chunk_steps, vocoder_lookahead)
+        return cls("fast", first_chunk_tokens, hop, HOP_GROWTH, first_chunk_steps, vocoder_lookahead, False, True)
 
     @classmethod
     def named(cls, name: str, first_chunk_tokens: int = 10, first_chunk_steps: int | None = None) -> StreamSchedule:
@@ -99,11 +102,18 @@ class StreamSchedule:
 
 class ChunkPlanner:
     """Which tokens the next chunk covers: ``offset`` new tokens are done, the next chunk ends at
-    ``offset + hop`` and is due once ``lookahead`` more tokens exist (or the LLM has finished)."""
+    ``offset + hop`` and is due once ``lookahead`` more tokens exist (or the LLM has finished).
+
+    With ``align_to_chunks`` every chunk after the first ends on an encoder chunk boundary (counted from the
+    first prompt token, so ``prompt_tokens`` says where the grid lies): its frames are then exact when made
+    and never solved twice; only the first chunk's frames are provisional.
+    """
 
     def __init__(self, schedule: StreamSchedule, prompt_tokens: int, encoder_chunk: int, lookahead: int) -> None:
         self.schedule = schedule
         self.lookahead = lookahead
+        self.prompt_tokens = prompt_tokens
+        self.encoder_chunk = encoder_chunk
         self.offset = 0
         self.base_hop = schedule.first_hop
         self.pad = (-prompt_tokens) % encoder_chunk if schedule.align_first_to_prompt else 0
@@ -111,7 +121,15 @@ class ChunkPlanner:
 
     @property
     def hop(self) -> int:
-        return self.base_hop + (self.pad if self.chunks == 0 else 0)
+        if self.chunks == 0:
+            return self.base_hop + self.pad
+        if not self.schedule.align_to_chunks:
+            return self.base_hop
+        c, p = self.encoder_chunk, self.prompt_tokens
+        end = (p + self.offset + self.base_hop) // c * c - p       # the last boundary within the wanted hop
+        if end <= self.offset:
+            end = ((p + self.offset) // c + 1) * c - p             # or the next one
+        return end - self.offset
 
     def due(self, n_tokens: int, llm_done: bool) -> bool:
         return llm_done or n_tokens - self.offset >= self.hop + self.lookahead
@@ -158,6 +176,12 @@ class NoiseTape:
         return SourceNoise(self.rand_ini, self.noise[:, start:end])
 
 
+def _sync(device: torch.device) -> None:
+    """Wait for the device (stage timings; the chunk's audio is copied to the host right after anyway)."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
 def make_generator(device: torch.device, seed: int | None) -> torch.Generator:
     gen = torch.Generator(device=device if device.type == "cuda" else "cpu")
     if seed is None:
@@ -186,7 +210,7 @@ def solve_euler(
         mask = torch.ones(1, 1, z.size(2), device=z.device, dtype=z.dtype)
         return decoder(z, mu, mask, spks, cond, streaming=True, caches=caches)
     rate = decoder.cfg.inference_cfg_rate
-    t_span = time_schedule(n_steps, decoder.cfg.t_scheduler, mu.device, mu.dtype)
+    t_span = time_schedule(n_steps, decoder.cfg.t_scheduler, mu.device, torch.float32)  # fp32 whatever the model
     mu_in = torch.cat([mu, torch.zeros_like(mu)])          # [2, 80, T]: conditional, unconditional
     spks_in = torch.cat([spks, torch.zeros_like(spks)])
     cond_in = torch.cat([cond, torch.zeros_like(cond)])
@@ -223,6 +247,7 @@ class RecomputeVocoding:
     def chunk(self, tokens: list[int], offset: int, upto: int | None) -> torch.Tensor:
         """Audio [N] of new tokens [offset, upto) (``upto`` None: the last chunk, everything left)."""
         final = upto is None
+        t0 = time.perf_counter()
         lookahead = self.flow.cfg.pre_lookahead_len
         used = tokens if final else tokens[: upto + lookahead]
         dev, v = self.device, self.voice
@@ -240,6 +265,9 @@ class RecomputeVocoding:
             finalize=final,
         )
         mel = stretch_mel(mel[:, :, offset * self.flow.cfg.token_mel_ratio :].float(), self.speed)
+        _sync(self.device)
+        t1 = time.perf_counter()
+        self.timing = {"flow_ms": 1000 * (t1 - t0), "vocoder_ms": 0.0}
         if self.mel_tail is not None:
             mel = torch.cat([self.mel_tail, mel], dim=2)
         n = mel.size(2) * self.hift.cfg.samples_per_frame
@@ -247,6 +275,8 @@ class RecomputeVocoding:
         speech, source = self.hift.inference(mel, cache_source=self.source_tail, noise=noise)
         if self.speech_tail is not None:
             speech = fade_in_out(speech, self.speech_tail, self.window)
+        _sync(self.device)
+        self.timing["vocoder_ms"] = 1000 * (time.perf_counter() - t1)
         if final:
             return speech[0]
         self.mel_tail = mel[:, :, -MEL_CACHE_FRAMES:]
@@ -258,71 +288,109 @@ class RecomputeVocoding:
 # --- ours: cached flow, provisional frames past the last exact boundary ----------------------------------
 
 
+KVPrefixes = list[dict[Any, tuple[torch.Tensor, torch.Tensor]]]  # per step: layer → shared (k, v)
+
+
+def _kv_prefixes(caches: list[Cache]) -> KVPrefixes:
+    """Every `KVCache` of per-step estimator caches, compacted to exact-size (k, v): a shareable prefix."""
+    return [{key: val.compact() for key, val in c.items() if isinstance(val, KVCache)} for c in caches]
+
+
+def _fork_caches(caches: list[Cache], kv: KVPrefixes, capacity: int) -> list[Cache]:
+    """Per-request estimator caches continuing shared ones: conv tails and counters copied (they are only
+    ever replaced), keys/values read from the shared prefix, new frames into the request's own buffers."""
+    out = []
+    for c, prefixes in zip(caches, kv, strict=True):
+        fork = {key: val for key, val in c.items() if not isinstance(val, KVCache)}
+        fork["capacity"] = capacity
+        for key, pkv in prefixes.items():
+            fork[key] = KVCache(prefix=pkv, capacity=capacity)
+        out.append(fork)
+    return out
+
+
+def _tensor_bytes(obj: Any) -> int:
+    if isinstance(obj, torch.Tensor):
+        return obj.numel() * obj.element_size()
+    if isinstance(obj, dict):
+        return sum(_tensor_bytes(v) for v in obj.values())
+    if isinstance(obj, (list, tuple)):
+        return sum(_tensor_bytes(v) for v in obj)
+    return 0
+
+
+def flow_prompt(voice: CosyVoicePrompt, chunk: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The voice's flow prompt cut to whole encoder chunks (tokens [1, P'], mel [1, 2P', 80]).
+
+    The first ``P mod chunk`` tokens (under a second) are dropped so the prompt ends on a chunk boundary:
+    then no prompt frame shares an attention chunk with the request's tokens, and the whole prompt can be
+    computed once per voice. Prompts shorter than one chunk are kept whole.
+    """
+    tokens, feat = voice.speech_tokens, voice.speech_feat
+    p = tokens.size(1)
+    cut = p % chunk if p >= chunk else 0
+    return tokens[:, cut:], feat[:, 2 * cut :]
+
+
 class FlowPrefix:
     """A voice prompt pushed through the flow once; `fork` gives each request its own continuation.
 
-    The encoder and estimator are causal over 25-token chunks, so the prompt's caches up to its last full
-    chunk (that still has 3 look-ahead tokens inside the prompt) do not depend on what follows. Forks copy
-    the cache dictionaries; the cached tensors themselves are only ever replaced, never written, so they
-    can be shared read-only. Reduced-step estimator caches (first-chunk solver) are built on demand.
+    The whole prompt (cut to whole encoder chunks, `flow_prompt`) is encoded as a finished sequence:
+    its last tokens look ahead into zeros, not into the request's first tokens as one whole-utterance call
+    would. That is the one approximation (it touches only the prompt's last 3 tokens' context, never
+    what a request's frames are computed from otherwise); in exchange every prompt frame's encoder output
+    and estimator keys/values at every Euler step are computed once per voice and shared read-only by all
+    forks. Reduced-step estimator caches (first-chunk solver) are built on demand and kept too.
     """
 
     def __init__(self, flow: CausalFlow, voice: CosyVoicePrompt) -> None:
         dev = next(flow.parameters()).device
         dtype = next(flow.parameters()).dtype
         self.flow = flow
-        self.state = StreamingFlow(
-            flow,
-            voice.speech_tokens.to(dev, torch.int32),
-            voice.speech_feat.to(dev, dtype),
-            voice.embedding.to(dev, dtype),
-        )
-        self._prompt = self.state.pending.clone()  # [1, P]
-        self.state.push(self._prompt[:, :0])  # encodes the prompt's full chunks only
-        self._reduced: dict[int, list[Cache]] = {}
+        tokens, feat = flow_prompt(voice, flow.cfg.encoder_chunk_size)
+        self.prompt_tokens = tokens.size(1)
+        self._tokens = tokens.to(dev, torch.int32)                          # [1, P']
+        self.state = StreamingFlow(flow, self._tokens, feat.to(dev, dtype), voice.embedding.to(dev, dtype))
+        with torch.inference_mode():
+            self.state.seal()
+        self._kv = _kv_prefixes(self.state.step_caches)
+        self._reduced: dict[int, tuple[list[Cache], KVPrefixes]] = {}
 
-    def fork(self) -> StreamingFlow:
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the cached tensors (encoder and estimator state of every step, reduced-step solvers)."""
+        st = self.state
+        total = _tensor_bytes(st.encoder_cache) + _tensor_bytes(self._kv) + _tensor_bytes(st.prompt_feat)
+        total += sum(_tensor_bytes(kv) for _, kv in self._reduced.values())
+        total += sum(_tensor_bytes({k: v for k, v in c.items() if not isinstance(v, KVCache)})
+                     for c in st.step_caches)
+        return total
+
+    def fork(self, capacity: int = 0) -> StreamingFlow:
+        """A request's own continuation (``capacity``: frames to reserve per estimator buffer)."""
         st = copy.copy(self.state)
         st.encoder_cache = dict(self.state.encoder_cache)
-        st.step_caches = [dict(c) for c in self.state.step_caches]
+        st.step_caches = _fork_caches(self.state.step_caches, self._kv, capacity)
         return st
 
     @torch.inference_mode()
     def reduced_step_caches(self, n_steps: int) -> list[Cache]:
-        """Estimator caches over the prefix's frames for an ``n_steps`` solver (copies, one per step)."""
+        """Estimator caches over the prefix's frames for an ``n_steps`` solver (a fresh fork each call)."""
         if n_steps not in self._reduced:
             flow, st = self.flow, self.state
             caches: list[Cache] = [{} for _ in range(n_steps)]
             n = st.encoded
             if n > 0:
-                emb = flow.input_embedding(self._prompt[:, : n + flow.cfg.pre_lookahead_len].long().clamp(min=0))
-                h = flow.encoder(emb[:, :n], emb[:, n:], streaming=True, cache={})
+                emb = flow.input_embedding(self._tokens[:, :n].long().clamp(min=0))
+                h = flow.encoder(emb, None, streaming=True, cache={})
                 mu = flow.encoder_proj(h).transpose(1, 2)                       # [1, 80, 2n]
                 cond = st.prompt_feat[:, : 2 * n].transpose(1, 2).to(mu.dtype)
                 z = flow.noise[:, :, : 2 * n].to(mu.dtype)
                 solve_euler(flow, z, mu, st.spks, cond, caches, n_steps)
-            self._reduced[n_steps] = caches
-        return [dict(c) for c in self._reduced[n_steps]]
+            self._reduced[n_steps] = (caches, _kv_prefixes(caches))
+        caches, kv = self._reduced[n_steps]
+        return _fork_caches(caches, kv, 0)
 
-
-class FlowPrefixCache:
-    """The last few voices' `FlowPrefix`, keyed by the prompt object (voices are few, requests many)."""
-
-    def __init__(self, size: int = 16) -> None:
-        self.size = size
-        self._items: OrderedDict[int, tuple[CosyVoicePrompt, FlowPrefix]] = OrderedDict()
-
-    def get(self, flow: CausalFlow, voice: CosyVoicePrompt) -> FlowPrefix:
-        key = id(voice)
-        hit = self._items.get(key)
-        if hit is not None and hit[0] is voice and hit[1].flow is flow:
-            self._items.move_to_end(key)
-            return hit[1]
-        prefix = FlowPrefix(flow, voice)
-        self._items[key] = (voice, prefix)
-        while len(self._items) > self.size:
-            self._items.popitem(last=False)
-        return prefix
 
 
 class CachedVocoding:
@@ -337,10 +405,11 @@ class CachedVocoding:
         speed: float = 1.0,
         first_chunk_steps: int | None = None,
         vocoder_lookahead: int | None = None,
+        capacity_tokens: int = 0,
     ) -> None:
         self.flow, self.hift, self.prefix, self.gen, self.speed = flow, hift, prefix, gen, speed
         self.device = next(flow.parameters()).device
-        self.state = prefix.fork()
+        self.state = prefix.fork(flow.cfg.token_mel_ratio * capacity_tokens)
         self.vocoder = StreamingHiFT(hift, lookahead_frames=vocoder_lookahead)
         self.n_prompt_frames = self.state.prompt_feat.size(1)
         self.given = 0              # new tokens handed to the flow state
@@ -373,7 +442,7 @@ class CachedVocoding:
         look = flow.cfg.pre_lookahead_len
         extra = torch.tensor([tokens[self.given : upto + look]], dtype=torch.long, device=self.device)
         seq = torch.cat([st.pending, extra], dim=1)                         # tokens from st.encoded on
-        n = self.prefix._prompt.size(1) + upto - st.encoded                 # tokens to encode
+        n = self.prefix.prompt_tokens + upto - st.encoded                   # tokens to encode
         if n <= 0:
             return self.state.prompt_feat.new_zeros(1, flow.cfg.output_size, 0).float()
         emb = flow.input_embedding(seq[:, : n + look].clamp(min=0))
@@ -384,8 +453,8 @@ class CachedVocoding:
         if start < self.n_prompt_frames:
             cond[:, :, : self.n_prompt_frames - start] = st.prompt_feat[:, start:end].transpose(1, 2)
         z = flow.noise[:, :, start:end].to(mu.dtype)
-        if n_steps is None:
-            steps, caches = flow.cfg.n_timesteps, [dict(c) for c in st.step_caches]
+        if n_steps is None:  # written past the committed frames, left uncommitted: the next chunk overwrites
+            steps, caches = flow.cfg.n_timesteps, [{**c, "provisional": True} for c in st.step_caches]
         else:
             steps, caches = n_steps, self.prefix.reduced_step_caches(n_steps)
         mel = solve_euler(flow, z, mu, st.spks, cond, caches, steps)
@@ -395,10 +464,12 @@ class CachedVocoding:
     def chunk(self, tokens: list[int], offset: int, upto: int | None) -> torch.Tensor:
         """Audio [N] of new tokens [offset, upto) (``upto`` None: the last chunk)."""
         final = upto is None
+        t0 = time.perf_counter()
         ratio = self.flow.cfg.token_mel_ratio
         first_reduced = self.first_steps is not None and self.emitted == 0 and not final
-        if not first_reduced:
-            self._commit(tokens, len(tokens), final)
+        if not first_reduced:  # only what this chunk needs: the work and the audio do not depend on timing
+            look = self.flow.cfg.pre_lookahead_len
+            self._commit(tokens, len(tokens) if final else min(len(tokens), upto + look), final)
         exact_end = max(self.state.frames - self.n_prompt_frames, 0)  # new-token frames known exactly
         target = exact_end if final else ratio * upto
         parts = []
@@ -420,12 +491,18 @@ class CachedVocoding:
             if self.exact.size(2) == 0:
                 self.exact = None
         mel = stretch_mel(mel, self.speed)
+        _sync(self.device)
+        t1 = time.perf_counter()
+        self.timing = {"flow_ms": 1000 * (t1 - t0), "vocoder_ms": 0.0}
         if mel.size(2) == 0 and self.vocoder.held_frames == 0 and not final:
             return torch.zeros(0, device=self.device)
         spf = self.hift.cfg.samples_per_frame
         noise = self.tape.span(self.vocoded * spf, (self.vocoded + mel.size(2)) * spf)   # the new frames' draws
         self.vocoded += mel.size(2)
-        return self.vocoder.push(mel, final, noise)
+        audio = self.vocoder.push(mel, final, noise)
+        _sync(self.device)
+        self.timing["vocoder_ms"] = 1000 * (time.perf_counter() - t1)
+        return audio
 
 
 # --- one request's stream ---------------------------------------------------------------------------------
@@ -440,13 +517,34 @@ class Chunk:
     tokens_seen: int        # speech tokens the LLM had produced when this chunk was made
     covers: tuple[int, int]  # new-token range [a, b) this chunk's audio stands for
     final: bool
+    flow_ms: float = 0.0    # time in the flow for this chunk
+    vocoder_ms: float = 0.0  # time in the vocoder for this chunk
+    setup_ms: float = 0.0   # first chunk: the stream's setup (a cold voice's flow prefix)
+    queue_ms: float = 0.0   # due → started (waiting behind other chunks)
+    stats: dict[str, float] | None = None  # the request's statistics so far (engine: prefill, decode, ...)
+
+
+def flow_prefix(
+    flow: CausalFlow, voice: CosyVoicePrompt, cache: PromptCache | None, first_steps: int | None = None
+) -> FlowPrefix:
+    """The voice's `FlowPrefix`, from ``cache`` when its content was seen before (else built and kept);
+    with ``first_steps`` its reduced-step solver caches too (and the cache re-measures the entry)."""
+    if cache is None:
+        return FlowPrefix(flow, voice)
+    key = digest(id(flow), voice.speech_tokens, voice.speech_feat, voice.embedding)
+    prefix = cache.get_or_make("flow", key, lambda: FlowPrefix(flow, voice))
+    if first_steps and first_steps != flow.cfg.n_timesteps and first_steps not in prefix._reduced:
+        prefix.reduced_step_caches(first_steps)
+        cache.resize("flow", key)
+    return prefix
 
 
 class StreamingSynthesis:
     """Speech tokens in (one at a time, as the LLM makes them), audio chunks out, on a schedule.
 
     Per request; call `add` for each token, `due` tells whether a chunk can be made now, `next_chunk`
-    makes it. After `finish` (the LLM stopped), the next chunk is the last.
+    makes it. After `finish` (the LLM stopped), the next chunk is the last. ``capacity_tokens``: how many
+    speech tokens to reserve flow buffers for (a hint; they grow past it).
     """
 
     def __init__(
@@ -456,9 +554,10 @@ class StreamingSynthesis:
         voice: CosyVoicePrompt,
         schedule: StreamSchedule,
         *,
-        prefixes: FlowPrefixCache | None = None,
+        cache: PromptCache | None = None,
         seed: int | None = None,
         speed: float = 1.0,
+        capacity_tokens: int = 0,
     ) -> None:
         self.schedule = schedule
         self.tokens: list[int] = []
@@ -468,17 +567,30 @@ class StreamingSynthesis:
         dev = next(flow.parameters()).device
         gen = make_generator(dev, seed)
         cfg = flow.cfg
-        self.planner = ChunkPlanner(
-            schedule, voice.speech_tokens.size(1), cfg.encoder_chunk_size, cfg.pre_lookahead_len
-        )
         self.backend: RecomputeVocoding | CachedVocoding
+        t0 = time.perf_counter()
         if schedule.name == "official":
+            prompt_tokens = voice.speech_tokens.size(1)
             self.backend = RecomputeVocoding(flow, hift, voice, gen, speed)
         else:
-            prefix = (prefixes or FlowPrefixCache(1)).get(flow, voice)
+            prefix = flow_prefix(flow, voice, cache, schedule.first_chunk_steps)
+            prompt_tokens = prefix.prompt_tokens
             self.backend = CachedVocoding(
-                flow, hift, prefix, gen, speed, schedule.first_chunk_steps, schedule.vocoder_lookahead
+                flow, hift, prefix, gen, speed, schedule.first_chunk_steps, schedule.vocoder_lookahead,
+                capacity_tokens,
             )
+        self.setup_ms = 1000 * (time.perf_counter() - t0)   # a cold voice's prefix is built here
+        self.planner = ChunkPlanner(schedule, prompt_tokens, cfg.encoder_chunk_size, cfg.pre_lookahead_len)
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes this request holds of its own (flow buffers and caches; not the shared voice prefix)."""
+        backend = self.backend
+        if isinstance(backend, CachedVocoding):
+            st = backend.state
+            own = sum(v.nbytes for c in st.step_caches for v in c.values() if isinstance(v, KVCache))
+            return own + _tensor_bytes(st.encoder_cache)
+        return 0
 
     def add(self, token: int) -> None:
         self.tokens.append(token)
@@ -502,7 +614,9 @@ class StreamingSynthesis:
             audio = self.backend.chunk(self.tokens, p.offset, p.offset + p.hop)
             end = p.offset + p.hop
             p.advance()
-        chunk = Chunk(audio.float().cpu().numpy(), self.chunks, len(self.tokens), (start, end), final)
+        timing = getattr(self.backend, "timing", {})
+        chunk = Chunk(audio.float().cpu().numpy(), self.chunks, len(self.tokens), (start, end), final,
+                      timing.get("flow_ms", 0.0), timing.get("vocoder_ms", 0.0))
         self.chunks += 1
         return chunk
 
@@ -514,10 +628,10 @@ def run_stream(
     tokens: list[int],
     schedule: StreamSchedule,
     seed: int | None = 0,
-    prefixes: FlowPrefixCache | None = None,
+    cache: PromptCache | None = None,
 ) -> list[Chunk]:
     """Stream a known token sequence as if the LLM produced it one token at a time (tests, bench)."""
-    s = StreamingSynthesis(flow, hift, voice, schedule, prefixes=prefixes, seed=seed)
+    s = StreamingSynthesis(flow, hift, voice, schedule, cache=cache, seed=seed)
     out = []
     for tok in tokens:
         s.add(tok)
@@ -566,7 +680,6 @@ __all__ = [
     "Chunk",
     "ChunkPlanner",
     "FlowPrefix",
-    "FlowPrefixCache",
     "NoiseTape",
     "RecomputeVocoding",
     "StreamSchedule",

@@ -154,8 +154,10 @@ class VoiceEncoder:
         )
 
 
-class VoiceStore:
-    """Voices by id: in memory, optionally persisted as ``<dir>/<voice_id>.npz``."""
+class PromptStore:
+    """Computed voice prompts (`CosyVoicePrompt`) by voice id: in memory, optionally persisted as
+    ``<dir>/<voice_id>.npz`` and read back from there after a restart. (Not `tts.voices.VoiceStore`, which
+    keeps the users' reference clips; model state derived from a prompt lives in `prompt_cache.PromptCache`.)"""
 
     def __init__(self, directory: str | Path | None = None) -> None:
         self.directory = Path(directory) if directory else None
@@ -200,4 +202,4 @@ class VoiceStore:
         return sorted(ids)
 
 
-__all__ = ["CosyVoicePrompt", "VoiceCloningUnavailable", "VoiceEncoder", "VoiceStore"]
+__all__ = ["CosyVoicePrompt", "PromptStore", "VoiceCloningUnavailable", "VoiceEncoder"]

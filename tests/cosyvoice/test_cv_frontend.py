@@ -16,7 +16,7 @@ from assistant.tts.cosyvoice.frontend import (
 
 def test_language_tags() -> None:
     assert [language_tag(x) for x in ("zh", "en", "ja", "yue", "ko")] == [
-        "<|zh|>", "<|en|>", "<|jp|>", "<|yue|>", "<|ko|>"]
+        "<|zh|>", "<|en|>", "<|ja|>", "<|yue|>", "<|ko|>"]
     assert language_tag(None) == ""
     with pytest.raises(ValueError):
         language_tag("fr")

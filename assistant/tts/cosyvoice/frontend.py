@@ -3,8 +3,8 @@
 What the speech LLM expects as text:
 
 - plain text to speak, normalised (numbers, dates, units spelled out; wetext for zh/en);
-- optionally a language tag first, ``<|zh|> <|en|> <|jp|> <|yue|> <|ko|>`` (CosyVoice2's cross-lingual
-  mode; note Japanese is ``jp`` there);
+- optionally a language tag first, ``<|zh|> <|en|> <|ja|> <|yue|> <|ko|>`` (CosyVoice2's cross-lingual
+  mode; the codes of the reference tokenizer's language table);
 - in instruct mode, the instruction as the prompt text, ended by ``<|endofprompt|>``.
 
 An emotion tag at the start of a text (``[关心] 你还好吗？``, ``[cheerful] Hello!``) is our convenience: it is
@@ -26,7 +26,7 @@ log = logging.getLogger(__name__)
 END_OF_PROMPT = "<|endofprompt|>"
 
 # Our language codes (assistant.tts.base.LANGUAGES) → CosyVoice2's tags.
-LANGUAGE_TAGS = {"zh": "<|zh|>", "en": "<|en|>", "ja": "<|jp|>", "yue": "<|yue|>", "ko": "<|ko|>"}
+LANGUAGE_TAGS = {"zh": "<|zh|>", "en": "<|en|>", "ja": "<|ja|>", "yue": "<|yue|>", "ko": "<|ko|>"}
 
 # Special tokens the CosyVoice2 tokenizer adds to Qwen's (they are single ids; the text normaliser must not
 # touch them).
@@ -57,7 +57,7 @@ EMOTIONS_EN = {
 }
 
 _CJK = re.compile(r"[\u4e00-\u9fff]")
-_LANG_TAG = re.compile(r"^\s*<\|(zh|en|jp|yue|ko)\|>")
+_LANG_TAG = re.compile(r"^\s*<\|(zh|en|ja|yue|ko)\|>")
 
 # Sentence splitting, as the reference sizes sentences: aim for 60-80 units (characters for zh, tokens or
 # words for other languages), and glue a trailing piece shorter than 20 units to the one before.
@@ -74,7 +74,7 @@ def contains_chinese(text: str) -> bool:
 
 
 def language_tag(language: str | None) -> str:
-    """``"ja"`` → ``"<|jp|>"``; None or "" → ""; an unknown code raises ValueError."""
+    """``"ja"`` → ``"<|ja|>"``; None or "" → ""; an unknown code raises ValueError."""
     if not language:
         return ""
     try:

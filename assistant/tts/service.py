@@ -38,6 +38,8 @@ from assistant.config import Config
 from assistant.server.metrics import Metrics
 from assistant.tts.base import LANGUAGES, ReferenceClip, TTSEngine, TTSRequest, TTSUnsupported
 from assistant.tts.tags import split_leading_tag
+from assistant.tts.text import join_short
+from assistant.tts.text import split_sentences as text_sentences
 from assistant.tts.voices import VoiceStore, valid_voice_id
 
 log = logging.getLogger(__name__)
@@ -62,8 +64,6 @@ FIELDS = frozenset({
 })
 
 # A leading tag like "[cheerful] " or "【关心】": an emotion/style instruction, not words to speak.
-# Sentence ends for per-sentence DSP: latin marks followed by a space, CJK marks anywhere.
-_SENTENCE_SPLIT = re.compile(r"(?<=[.!?…])\s+|(?<=[。！？；])")
 MIN_SENTENCE_CHARS = 12               # shorter pieces are glued to the next one
 _URL = re.compile(r"^[a-zA-Z][a-zA-Z0-9+.-]*://")
 
@@ -184,24 +184,9 @@ def parse_params(data: dict[str, Any], cfg: Config, upload: bytes | None = None)
 
 
 def split_sentences(text: str) -> list[str]:
-    """Sentences for per-sentence DSP; pieces shorter than ``MIN_SENTENCE_CHARS`` join the next one."""
-    out: list[str] = []
-    carry = ""
-    for piece in _SENTENCE_SPLIT.split(text):
-        carry = f"{carry} {piece}".strip() if carry and not _is_cjk_text(piece) else carry + piece.strip()
-        if len(carry) >= MIN_SENTENCE_CHARS:
-            out.append(carry)
-            carry = ""
-    if carry:
-        if out and len(carry) < MIN_SENTENCE_CHARS:
-            out[-1] = f"{out[-1]} {carry}" if not _is_cjk_text(carry) else out[-1] + carry
-        else:
-            out.append(carry)
-    return [s for s in out if any(c.isalnum() for c in s)] or [text]
-
-
-def _is_cjk_text(s: str) -> bool:
-    return any("\u3000" <= c <= "\u9fff" or "\uac00" <= c <= "\ud7af" for c in s[:1])
+    """Sentences for per-sentence DSP (the one splitter, `assistant.tts.text`); pieces shorter than
+    ``MIN_SENTENCE_CHARS`` join the next one."""
+    return join_short(text_sentences(text), MIN_SENTENCE_CHARS) or [text]
 
 
 # --- rate limiting ---------------------------------------------------------------------------------------

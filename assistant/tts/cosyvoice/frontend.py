@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from assistant.tts.tags import split_leading_tag
+from assistant.tts.text import contains_chinese, split_sentences
 
 log = logging.getLogger(__name__)
 
@@ -56,21 +57,20 @@ EMOTIONS_EN = {
     "serious": "Speak in a serious tone.", "whisper": "Speak in a whisper.",
 }
 
-_CJK = re.compile(r"[\u4e00-\u9fff]")
 _LANG_TAG = re.compile(r"^\s*<\|(zh|en|ja|yue|ko)\|>")
 
-# Sentence splitting, as the reference sizes sentences: aim for 60-80 units (characters for zh, tokens or
-# words for other languages), and glue a trailing piece shorter than 20 units to the one before.
+# Sentence packing, as the reference sizes segments: aim for 60-80 units (characters for zh, tokens or words
+# for other languages), and glue a trailing piece shorter than 20 units to the one before.
 SENTENCE_MAX = 80
 SENTENCE_MIN = 60
 SENTENCE_MERGE = 20
+# The reference cuts after every one of these and drops a mark that directly follows another, so a run
+# ("...", "?!") keeps its first mark; and it ends a text that has no final mark with one.
 _ZH_STOPS = "。？！；：、.?!;"
 _EN_STOPS = ".?!;:"
+_MARK_RUN = {lang: re.compile(f"([{re.escape(stops)}])[{re.escape(stops)}]+") for lang, stops in
+             (("zh", _ZH_STOPS), ("en", _EN_STOPS))}
 _CLOSERS = "\"”'’)）」』"
-
-
-def contains_chinese(text: str) -> bool:
-    return bool(_CJK.search(text))
 
 
 def language_tag(language: str | None) -> str:
@@ -130,7 +130,7 @@ class _Normalizers:
                 self.zh = Normalizer(lang="zh", operator="tn", remove_erhua=False)
                 self.en = Normalizer(lang="en", operator="tn")
             except Exception as exc:  # ImportError, or missing FST resources
-                log.warning("wetext unavailable (%s): text is not normalised (numbers stay digits)", exc)
+                log.warning("wetext unavailable, text normalisation skipped (numbers stay digits): error=%r", exc)
         return self.zh, self.en
 
 
@@ -214,32 +214,23 @@ class TextFrontend:
         return text
 
     def split(self, text: str) -> list[str]:
-        """Split into sentences of about 60-80 units; pieces of pure punctuation are dropped."""
+        """Split into segments of about 60-80 units; pieces of pure punctuation are dropped.
+
+        Sentences come from the one splitter (:func:`assistant.tts.text.split_sentences`); they are packed as
+        the reference packs its pieces, and, like the reference's, keep the blank that preceded them
+        (``" You have..."``: the blank is a token of its own).
+        """
         text = text.strip()
         if not text:
             return []
         lang = "zh" if contains_chinese(text) else "en"
         stops = _ZH_STOPS if lang == "zh" else _EN_STOPS
+        text = _MARK_RUN[lang].sub(r"\1", text)
         if text[-1] not in stops and text[-1] not in _CLOSERS:
             text += "。" if lang == "zh" else "."
-        pieces: list[str] = []
-        start = 0
-        i = 0
-        while i < len(text):
-            if text[i] in stops:
-                end = i + 1
-                while end < len(text) and text[end] in _CLOSERS:  # keep a closing quote with its sentence
-                    end += 1
-                if text[start:end].strip():
-                    pieces.append(text[start:end].strip() if lang == "zh" else text[start:end])
-                start = i = end
-                continue
-            i += 1
-        if text[start:].strip():
-            pieces.append(text[start:])
         out: list[str] = []
         cur = ""
-        for piece in pieces:
+        for piece in split_sentences(text):
             if self._length(cur + piece, lang) > SENTENCE_MAX and self._length(cur, lang) > SENTENCE_MIN:
                 out.append(cur)
                 cur = ""
@@ -249,7 +240,7 @@ class TextFrontend:
                 out[-1] += cur
             else:
                 out.append(cur)
-        return [s.strip() for s in out if not _is_only_punctuation(s)]
+        return [s for s in out if not _is_only_punctuation(s)]
 
     def sentences(self, text: str) -> list[str]:
         """Normalise, then split (what the synthesiser runs one by one)."""

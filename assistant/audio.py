@@ -18,11 +18,12 @@ from pathlib import Path
 from typing import BinaryIO
 
 import numpy as np
-import soundfile as sf
-import soxr
 
 log = logging.getLogger(__name__)
 
+# The rate of the user's speech inside the server: what the inbound reader makes and VAD, ASR and the
+# end-of-turn model take. Named once here.
+SPEECH_RATE = 16_000
 S16_SCALE = 32768.0  # int16 full scale; −32768 maps to exactly −1.0
 # rms_dbfs of digital silence. A finite floor (not −inf) so levels stay valid JSON and metric values.
 SILENCE_DBFS = -120.0
@@ -66,6 +67,8 @@ def read_audio(src: AudioSource) -> tuple[np.ndarray, int]:
     if data is not None and not data:
         raise AudioFormatError("empty audio input")
 
+    import soundfile as sf  # here, not at import: the GPU check runs where soundfile is absent
+
     try:
         x, sr = sf.read(path if path is not None else io.BytesIO(data), dtype="float32", always_2d=True)
         return to_mono(x), int(sr)
@@ -108,6 +111,8 @@ def resample(x: np.ndarray, sr_in: int, sr_out: int) -> np.ndarray:
         return x
     if sr_in <= 0 or sr_out <= 0:
         raise ValueError(f"sample rates must be positive, got {sr_in} → {sr_out}")
+    import soxr
+
     return soxr.resample(x, sr_in, sr_out, quality=RESAMPLE_QUALITY).astype(np.float32, copy=False)
 
 

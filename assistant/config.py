@@ -39,7 +39,7 @@ class ServerConfig:
     web_dir: str = _f("", "folder served at / (empty: the package's web/)")
     data_dir: str = _f("data", "where voices and other saved state live")
     max_sessions: int = _f(32, "voice chat sessions at once; offers past this get 503")
-    idle_timeout_s: float = _f(30.0, "close a session whose peer sent no audio packets for this long")
+    idle_timeout_s: float = _f(120.0, "close a session whose peer sent no audio packets for this long")
     max_silence_s: float = _f(600.0, "close a session in which nobody spoke for this long")
     connect_timeout_s: float = _f(20.0, "close a peer that has not connected this long after the offer")
     max_body_bytes: int = _f(262_144, "largest JSON request body accepted (offers, TTS requests)")
@@ -83,7 +83,11 @@ class ASRConfig:
     compute_type: str = _f("int8", "CTranslate2 compute type: int8, int8_float16, float16, float32")
     beam_size: int = _f(1, "beam size (1 = greedy, fastest)")
     language: str = _f("en", "language code, or empty to detect")
-    partials: bool = _f(True, "transcribe while the user speaks and send partial transcripts")
+    partials: bool = _f(
+        False,
+        "transcribe while the user speaks and send partial transcripts (each is a whole Whisper pass: on a few "
+        "CPU cores it competes with the speculative pass that matters for latency; on in configs/gpu.toml)",
+    )
     partial_interval_ms: int = _f(700, "time between partial transcriptions of the growing utterance")
     cpu_threads: int = _f(2, "CPU threads used by one transcription")
     workers: int = _f(1, "transcriptions run at once (shared by every session)")

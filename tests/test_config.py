@@ -71,3 +71,34 @@ def test_cli_help_and_bad_flag_value(capsys: pytest.CaptureFixture[str]) -> None
     assert "--vad.end_silence_ms" in out and "--respond.engine" in out and "--turn.barge_in" in out
     assert main(["doctor", "--vad.min_speech_ms", "soon"]) == 2
     assert "expected an integer" in capsys.readouterr().err
+
+
+def test_default_toml_holds_only_differences_and_help_tells_the_truth() -> None:
+    """``configs/default.toml`` repeats no typed default, and ``--help`` shows what really applies."""
+    import tomllib
+
+    from assistant.config import DEFAULT_CONFIG
+
+    typed = Config()
+    file_values = tomllib.loads(DEFAULT_CONFIG.read_text(encoding="utf-8"))
+    for section, entries in file_values.items():
+        for key, value in entries.items():
+            assert getattr(getattr(typed, section), key) != value, f"{section}.{key} repeats the typed default"
+    effective = load_config(environ={})
+    parser = argparse.ArgumentParser()
+    add_config_flags(parser)
+    helps = {a.dest: a.help for a in parser._actions if a.dest.startswith("cfg__")}
+    assert helps, "no config flags"
+    for dest, text in helps.items():
+        _, section, key = dest.split("__", 2)
+        assert text.endswith(f"(default: {getattr(getattr(effective, section), key)!r})"), (dest, text)
+
+
+def test_say_speaks_through_the_speech_path(tmp_path: Path) -> None:
+    """``assistant say`` writes a WAV of the configured voice: two sentences, both spoken."""
+    import soundfile as sf
+
+    out = tmp_path / "say.wav"
+    assert main(["say", "Hello there. How are you today?", "--out", str(out)]) == 0
+    audio, rate = sf.read(out)
+    assert rate == 22_050 and len(audio) / rate > 1.2 and abs(audio).max() > 0.05

@@ -13,7 +13,6 @@ from aiortc.mediastreams import MediaStreamError
 
 from assistant.rtc.inbound import (
     AudioChunk,
-    AudioQueue,
     InboundAudio,
     frame_to_float,
     read_track,
@@ -118,16 +117,6 @@ def test_rate_change_keeps_every_sample() -> None:
     assert len(y) == 32_000 == inbound.position
 
 
-def test_audio_queue_drops_oldest_and_counts() -> None:
-    q = AudioQueue(1600)  # 1600 samples
-    assert q.max_samples == 1600
-    for i in range(10):
-        q.put_nowait(AudioChunk(i * 320, np.zeros(320, np.float32)))
-    assert q.queued_samples == 1600 and q.dropped_chunks == 5 and q.dropped_samples == 1600
-    first = q.get_nowait()
-    assert first is not None and first.start == 5 * 320  # the oldest were dropped; start shows the jump
-
-
 class FakeTrack:
     """A stand-in for aiortc's remote audio track: ``recv()`` yields frames, then MediaStreamError."""
 
@@ -142,34 +131,10 @@ class FakeTrack:
         return self.frames.pop(0)
 
 
-async def test_read_track_into_queue_with_slow_consumer() -> None:
-    """The receive loop never waits on the consumer: a full queue drops the oldest audio."""
-    track = FakeTrack([make_frame(i * FRAME) for i in range(150)])
-    q = AudioQueue(8000)
-    inbound = await read_track(track, q)  # nobody reads while the track runs
-    assert inbound.position == 48_000 and q.closed
-    got = []
-    while (chunk := await q.get()) is not None:
-        got.append(chunk)
-    assert q.queued_samples == 0 and q.dropped_samples > 0
-    assert sum(len(c.samples) for c in got) <= q.max_samples
-    assert got[-1].end == 48_000 and q.dropped_samples + sum(len(c.samples) for c in got) == 48_000
-
-
-async def test_read_track_with_callback_and_concurrent_consumer() -> None:
+async def test_read_track_with_callback() -> None:
     chunks: list[AudioChunk] = []
     inbound = await read_track(FakeTrack([make_frame(i * FRAME) for i in range(50)]), chunks.append)
     assert sum(len(c.samples) for c in chunks) == 16_000 == inbound.position
     assert all(a.end == b.start for a, b in itertools.pairwise(chunks))
 
-    q = AudioQueue(32000)
-    received: list[AudioChunk] = []
 
-    async def consume() -> None:
-        while (c := await q.get()) is not None:
-            received.append(c)
-
-    consumer = asyncio.create_task(consume())
-    await read_track(FakeTrack([make_frame(i * FRAME) for i in range(50)], delay_s=0.001), q)
-    await asyncio.wait_for(consumer, 5)
-    assert sum(len(c.samples) for c in received) == 16_000 and q.dropped_samples == 0

@@ -10,6 +10,7 @@ import pytest
 import soundfile as sf
 
 from assistant.audio import read_audio, resample
+from assistant.pipeline.trace import STAGE_STYLE
 from tests.conftest import serve, test_config
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
@@ -74,6 +75,8 @@ async def test_page_connects_shows_transcript_and_latency(mic_wav: Path) -> None
             print(f"page: voice-to-voice {v2v}, server {server}")
             assert float(v2v.split()[0]) > 0 and float(server.split()[0]) > 0
             assert bars >= 4
+            # The legend comes from the server's one list of stages (GET /api/stages), not a copy in the page.
+            assert await page.locator("#legend span").count() == len(STAGE_STYLE)
             assert not await page.locator("#error").is_visible()
             await page.click("#hangup")
             assert not errors, errors

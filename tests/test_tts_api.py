@@ -21,9 +21,9 @@ from aiohttp import web
 
 from assistant.audio import s16_to_float, write_wav_bytes
 from assistant.config import Config
-from assistant.server.app import SERVICES
+from assistant.server import tts_service
+from assistant.server.http import SERVICES
 from assistant.tts import create_tts
-from assistant.tts import service as tts_service
 from assistant.tts.base import LANGUAGES, ReferenceClip, TTSCapabilities, TTSRequest
 from assistant.tts.effects import estimate_f0
 from tests.conftest import serve as serve_app

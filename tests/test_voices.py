@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from assistant.config import Config
-from assistant.tts.service import (
+from assistant.server.tts_service import (
     RateLimiter,
     TTSError,
     parse_params,

@@ -1,14 +1,7 @@
 // Voice chat page: one WebRTC peer to the server, the `events` data channel, transcripts, and latency
 // as this page hears it. Plain modern JS, no build step.
 
-const STAGES = [  // same names and order as assistant/pipeline/trace.py DURATIONS
-  ['endpoint_ms', '#8b5cf6', 'endpoint wait'],
-  ['asr_ms', '#f59e0b', 'ASR'],
-  ['llm_first_text_ms', '#10b981', 'first text'],
-  ['chunker_ms', '#64748b', 'chunker'],
-  ['tts_first_audio_ms', '#3b82f6', 'TTS first audio'],
-  ['playout_ms', '#ec4899', 'queue to first frame'],
-];
+let STAGES = [];  // [name, colour, label] of each server stage, from GET /api/stages (pipeline/trace.py)
 
 const $ = (id) => document.getElementById(id);
 const state = { pc: null, channel: null, sessionId: null, ctx: null, stream: null, probe: null,
@@ -178,8 +171,16 @@ async function hangup() {
   if (!$('error').textContent) setStatus('idle');
 }
 
-function legend() {
+async function legend() {
+  try {
+    const resp = await fetch('/api/stages');
+    if (!resp.ok) throw new Error(`HTTP ${resp.status}`);
+    STAGES = (await resp.json()).stages.map((s) => [s.name, s.color, s.label]);
+  } catch (err) {
+    console.warn('stage legend unavailable', err);
+  }
   $('legend').innerHTML = STAGES.map(([, c, l]) => `<span><i style="background:${c}"></i>${l}</span>`).join('');
+  for (const t of state.turns.values()) renderBar(t);
 }
 
 $('connect').addEventListener('click', connect);

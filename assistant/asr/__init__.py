@@ -2,32 +2,16 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
-from assistant.asr.base import ASR_SAMPLE_RATE, ASREngine, ASRModelMissing, Transcript
+from assistant.asr.base import ASREngine, ASRModelMissing, Transcript
 from assistant.config import ASRConfig
+from assistant.loading import load_named
 
-__all__ = ["ASR_SAMPLE_RATE", "ENGINES", "ASREngine", "ASRModelMissing", "Transcript", "create_asr"]
+__all__ = ["ENGINES", "ASREngine", "ASRModelMissing", "Transcript", "create_asr"]
 
-
-def _faster_whisper(cfg: ASRConfig) -> ASREngine:
-    from assistant.asr.whisper import FasterWhisperEngine  # lazy: keeps CTranslate2 out until needed
-
-    return FasterWhisperEngine(cfg)
-
-
-# Engine name (asr.engine) → factory. Add an engine here.
-ENGINES: dict[str, Callable[[ASRConfig], ASREngine]] = {
-    "faster-whisper": _faster_whisper,
-}
+# Engine name (asr.engine) → its class, imported only when chosen. Add an engine here.
+ENGINES = {"faster-whisper": "assistant.asr.whisper:FasterWhisperEngine"}
 
 
 def create_asr(cfg: ASRConfig) -> ASREngine:
-    """Build the engine named by ``cfg.engine``."""
-    try:
-        factory = ENGINES[cfg.engine]
-    except KeyError:
-        raise ValueError(
-            f"unknown ASR engine {cfg.engine!r}; known engines: {', '.join(sorted(ENGINES))}"
-        ) from None
-    return factory(cfg)
+    """Build the engine named by ``cfg.engine`` (a built-in name or ``package.module:Class``)."""
+    return load_named(cfg.engine, ENGINES, kind="ASR engine")(cfg)

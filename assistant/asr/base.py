@@ -11,8 +11,6 @@ from typing import Protocol, runtime_checkable
 
 import numpy as np
 
-ASR_SAMPLE_RATE = 16_000
-
 
 @dataclass(frozen=True)
 class Transcript:

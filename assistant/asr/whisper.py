@@ -18,7 +18,8 @@ from pathlib import Path
 
 import numpy as np
 
-from assistant.asr.base import ASR_SAMPLE_RATE, ASRModelMissing, Transcript
+from assistant.asr.base import ASRModelMissing, Transcript
+from assistant.audio import SPEECH_RATE
 from assistant.config import ASRConfig
 
 log = logging.getLogger(__name__)
@@ -131,17 +132,17 @@ class FasterWhisperEngine:
         text = " ".join(t for _, _, t in segs if t)
         log.info(
             "asr.transcribed audio_s=%.2f compute_s=%.3f rtf=%.3f chars=%d",
-            len(audio) / ASR_SAMPLE_RATE,
+            len(audio) / SPEECH_RATE,
             compute_s,
-            compute_s / (len(audio) / ASR_SAMPLE_RATE),
+            compute_s / (len(audio) / SPEECH_RATE),
             len(text),
         )
         return Transcript(text=text, language=info.language or lang or "", segments=segs, compute_s=compute_s)
 
     def warmup(self) -> None:
         """Transcribe 1 s of silence then tone so the first user turn pays no first-call cost."""
-        n_sil = int(WARMUP_SILENCE_S * ASR_SAMPLE_RATE)
-        t = np.arange(ASR_SAMPLE_RATE - n_sil, dtype=np.float32) / ASR_SAMPLE_RATE
+        n_sil = int(WARMUP_SILENCE_S * SPEECH_RATE)
+        t = np.arange(SPEECH_RATE - n_sil, dtype=np.float32) / SPEECH_RATE
         tone = WARMUP_TONE_LEVEL * np.sin(2 * np.pi * WARMUP_TONE_HZ * t)
         clip = np.concatenate([np.zeros(n_sil, np.float32), tone.astype(np.float32)])
         result = self.transcribe(clip)

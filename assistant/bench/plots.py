@@ -16,17 +16,13 @@ matplotlib.use("Agg")  # before pyplot: renders to files on machines with no dis
 import matplotlib.pyplot as plt
 
 from assistant.bench.report import STAGE_COLUMNS, BenchResult, LevelResult, summarize_level
+from assistant.pipeline.trace import STAGE_STYLE
 
 log = logging.getLogger(__name__)
 
 MAX_BARS = 60  # more turns than this and the bars become unreadable: plot the first ones
-STAGE_COLORS = {
-    "endpoint_ms": "#8c8c8c",
-    "asr_ms": "#1f77b4",
-    "llm_first_text_ms": "#ff7f0e",
-    "chunker_ms": "#bcbd22",
-    "tts_first_audio_ms": "#2ca02c",
-    "playout_ms": "#9467bd",
+STAGE_COLORS = {  # the server's stages as the page draws them, then what only the client sees
+    **{name: color for name, (color, _) in STAGE_STYLE.items()},
     "downlink_ms": "#17becf",
     "onset_ms": "#e377c2",
     "unaccounted_ms": "#d62728",

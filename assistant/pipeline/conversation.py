@@ -25,25 +25,22 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-import soxr
 
-from assistant.audio import float_to_s16
+from assistant.audio import SPEECH_RATE, float_to_s16
 from assistant.config import Config
 from assistant.pipeline.events import EventChannel
+from assistant.pipeline.speech import ReplySink, SpeechPath, SpeechTimeout
 from assistant.pipeline.trace import TurnTrace
 from assistant.pipeline.turn_end import TurnEnd, judge
 from assistant.respond.base import Responder, ResponderError
 from assistant.respond.history import ConversationHistory
-from assistant.rtc.outbound import OUT_SAMPLE_RATE, ReplyTrack
 from assistant.tts.base import TTSEngine, TTSRequest
-from assistant.tts.chunker import TextChunker
 from assistant.vad.endpoint import Endpointer, SpeechEnd, SpeechStart
 
 log = logging.getLogger(__name__)
 
-IN_SAMPLE_RATE = 16_000
-# Text chunks waiting for TTS inside one turn; the responder waits when TTS is this far behind.
-TTS_TEXT_QUEUE = 16
+# Text deltas waiting for the speech path inside one turn; the responder waits when TTS is this far behind.
+TTS_TEXT_QUEUE = 64
 # PCM chunks synthesized ahead of playout (a Piper sentence or a CosyVoice hop each): enough that the
 # next sentence is ready before the current one ends, bounded so a cancelled turn wastes little work.
 PCM_AHEAD_CHUNKS = 8
@@ -123,7 +120,7 @@ class Conversation:
         cfg: Config,
         endpointer: Endpointer,
         deps: TurnDeps,
-        track: ReplyTrack,
+        track: ReplySink,
         events: EventChannel,
         session_id: str = "",
     ) -> None:
@@ -134,6 +131,7 @@ class Conversation:
         self.events = events
         self.session_id = session_id
         self.history = ConversationHistory(cfg.respond.history_turns)
+        self.speech = SpeechPath(deps.tts, track.sample_rate, timeout_s=cfg.tts.timeout_s, chunker=cfg.chunker)
         self.turns = 0
         self._turn: Turn | None = None  # the committed turn (preparing or speaking)
         self._spec: Turn | None = None  # a speculative turn started on the current pause
@@ -153,11 +151,11 @@ class Conversation:
     def wall_time(self, sample: int) -> float:
         """Wall-clock time of stream sample ``sample`` (from the arrival time of the latest chunk)."""
         wall, pos = self._clock
-        return wall - (pos - sample) / IN_SAMPLE_RATE
+        return wall - (pos - sample) / SPEECH_RATE
 
-    def feed(self, chunk: np.ndarray, arrived: float | None = None) -> None:
+    def feed(self, chunk: np.ndarray) -> None:
         """Feed 16 kHz mono float32 audio as it arrives (called from the inbound reader)."""
-        now = time.time() if arrived is None else arrived
+        now = time.time()
         self._samples_in += len(chunk)
         self._clock = (now, self._samples_in)
         self.last_audio_wall = now
@@ -176,7 +174,7 @@ class Conversation:
     def _while_speaking(self) -> None:
         """Per chunk while the user talks: partial transcripts, speculation, the adaptive endpoint."""
         cfg = self.cfg
-        pause_ms = self.endpointer.silence_samples * 1000 // IN_SAMPLE_RATE
+        pause_ms = self.endpointer.silence_samples * 1000 // SPEECH_RATE
         spec = self._spec
         if pause_ms == 0:
             if spec is not None:  # the user went on: the pause was not the end
@@ -216,12 +214,12 @@ class Conversation:
             return
         if not self.cfg.turn.barge_in:
             return
-        confirmed_ms = (self._samples_in - ev.sample_index) * 1000 / IN_SAMPLE_RATE
+        confirmed_ms = (self._samples_in - ev.sample_index) * 1000 / SPEECH_RATE
         wait_ms = self.cfg.turn.barge_in_min_speech_ms - confirmed_ms
         if wait_ms <= 0:
             self._interrupt("barge_in")
         else:
-            self._barge_in_at = self._samples_in + int(wait_ms * IN_SAMPLE_RATE / 1000)
+            self._barge_in_at = self._samples_in + int(wait_ms * SPEECH_RATE / 1000)
 
     def _on_speech_end(self, ev: SpeechEnd) -> None:
         speech_end = self.wall_time(ev.sample_index)
@@ -229,7 +227,7 @@ class Conversation:
             "speech_end",
             turn=self.turns + 1,
             at_ms=round(speech_end * 1000, 1),
-            duration_ms=round(len(ev.audio) * 1000 / IN_SAMPLE_RATE, 1),
+            duration_ms=round(len(ev.audio) * 1000 / SPEECH_RATE, 1),
             reason=ev.reason,
         )
         self._cancel_partial()
@@ -332,10 +330,10 @@ class Conversation:
         cfg = self.cfg.asr
         if not cfg.partials or (self._partial is not None and not self._partial.done()):
             return
-        if (self._samples_in - self._last_partial_at) * 1000 < cfg.partial_interval_ms * IN_SAMPLE_RATE:
+        if (self._samples_in - self._last_partial_at) * 1000 < cfg.partial_interval_ms * SPEECH_RATE:
             return
         audio = self.endpointer.utterance()
-        if audio is None or len(audio) < IN_SAMPLE_RATE // 2:
+        if audio is None or len(audio) < SPEECH_RATE // 2:
             return
         self._last_partial_at = self._samples_in
         self._partial = asyncio.get_running_loop().create_task(
@@ -394,13 +392,12 @@ class Conversation:
                     self.deps.on_turn_done(trace)
 
     async def _reply(self, turn: Turn, text: str) -> str:
-        """Responder → chunker → TTS → track: the three run side by side, joined by bounded queues."""
+        """Responder → speech path → track: they run side by side, joined by bounded queues."""
         trace = turn.trace
-        pieces: asyncio.Queue[str | None] = asyncio.Queue(maxsize=TTS_TEXT_QUEUE)
+        deltas: asyncio.Queue[str | None] = asyncio.Queue(maxsize=TTS_TEXT_QUEUE)
         reply_parts: list[str] = []
 
         async def produce_text() -> None:
-            chunker = TextChunker(self.cfg.chunker)
             try:
                 async with asyncio.timeout(self.cfg.respond.total_timeout_s):
                     async for delta in self.deps.responder.respond(text, self.history.messages):
@@ -409,10 +406,7 @@ class Conversation:
                         trace.mark("first_text")
                         reply_parts.append(delta)
                         self._emit(turn, "reply_text", delta=delta, text="".join(reply_parts))
-                        for piece in chunker.push(delta):
-                            await pieces.put(piece)
-                for piece in chunker.flush():
-                    await pieces.put(piece)
+                        await deltas.put(delta)
             except ResponderError as exc:
                 raise StageError("responder", str(exc), exc) from exc
             except TimeoutError as exc:
@@ -421,13 +415,13 @@ class Conversation:
                 raise StageError("responder", "the reply failed", exc) from exc
             # The end mark only on success: on failure or cancel the consumer is cancelled too, and an
             # awaited put into a full queue nobody reads would hang the turn (and Session.close) for ever.
-            await pieces.put(None)
+            await deltas.put(None)
 
-        await self._run_side_by_side(produce_text(), self._speak(turn, pieces))
+        await self._run_side_by_side(produce_text(), self._speak(turn, deltas))
         return "".join(reply_parts)
 
-    async def _speak(self, turn: Turn, pieces: asyncio.Queue[str | None]) -> None:
-        """TTS each text piece into a PCM queue while a writer feeds the track at its own pace.
+    async def _speak(self, turn: Turn, deltas: asyncio.Queue[str | None]) -> None:
+        """The reply's text through the speech path into a PCM queue, while a writer feeds the track.
 
         Synthesis runs ahead of playout (bounded by ``PCM_AHEAD_CHUNKS``), so the next sentence is
         ready before the current one ends and there is no gap between them. The writer starts only
@@ -436,22 +430,14 @@ class Conversation:
         trace = turn.trace
         pcm_q: asyncio.Queue[np.ndarray | None] = asyncio.Queue(maxsize=PCM_AHEAD_CHUNKS)
 
-        async def text_pieces() -> AsyncIterator[str]:
-            while (piece := await pieces.get()) is not None:
-                trace.mark("first_tts_text")
-                yield piece
+        async def text() -> AsyncIterator[str]:
+            while (delta := await deltas.get()) is not None:
+                yield delta
 
         async def synthesize() -> None:
-            if hasattr(self.deps.tts, "synthesize_stream"):
-                # The engine takes the text as it arrives (CosyVoice2): one request for the whole reply.
-                async for out in self._synthesize_48k(text_pieces()):
-                    trace.mark("first_audio")
-                    await pcm_q.put(out)
-            else:
-                async for piece in text_pieces():
-                    async for out in self._synthesize_48k(piece):
-                        trace.mark("first_audio")
-                        await pcm_q.put(out)
+            async for out in self._speech(text(), on_piece=lambda _: trace.mark("first_tts_text")):
+                trace.mark("first_audio")
+                await pcm_q.put(out)
             await pcm_q.put(None)  # only on success (see produce_text)
 
         async def write() -> None:
@@ -463,54 +449,18 @@ class Conversation:
 
         await self._run_side_by_side(synthesize(), write())
 
-    async def _synthesize_48k(self, text: str | AsyncIterator[str]) -> AsyncIterator[np.ndarray]:
-        """One TTS request, resampled to the track's 48 kHz, checked for garbage, with a time limit.
-
-        ``text`` is the whole text, or (engines with ``synthesize_stream``) the reply's text as it arrives.
-
-        ``tts.timeout_s`` bounds the engine's own time: each wait for a chunk has its own deadline and no
-        timeout spans a ``yield``, so the time the reply track's back-pressure holds this generator (a
-        long reply playing out) neither counts nor lets a timeout cancel the caller's code.
-        """
-        tts = self.deps.tts
-        resampler = soxr.ResampleStream(tts.sample_rate, OUT_SAMPLE_RATE, 1, dtype="float32", quality="HQ")
-        request = TTSRequest(
-            text=text if isinstance(text, str) else "", voice=self.deps.voice, language=self.cfg.tts.language or None
-        )
-        if isinstance(text, str):
-            chunks = tts.synthesize(request)
-        else:
-            chunks = tts.synthesize_stream(text, request)  # type: ignore[attr-defined]
-        budget = self.cfg.tts.timeout_s
+    async def _speech(
+        self, text: str | AsyncIterator[str], on_piece: Callable[[str], None] | None = None
+    ) -> AsyncIterator[np.ndarray]:
+        """The speech path for this session's voice, its failures turned into the ``tts`` stage's errors."""
+        request = TTSRequest(text="", voice=self.deps.voice, language=self.cfg.tts.language or None)
         try:
-            while True:
-                t0 = time.monotonic()
-                try:
-                    async with asyncio.timeout(max(0.0, budget)):
-                        pcm = await anext(chunks)
-                except StopAsyncIteration:
-                    break
-                budget -= time.monotonic() - t0
-                x = np.asarray(pcm, dtype=np.float32).reshape(-1)
-                if x.size == 0:
-                    continue
-                if not np.isfinite(x).all():
-                    raise StageError("tts", "the voice failed", ValueError("non-finite audio from TTS"))
-                yield resampler.resample_chunk(x)
-            tail = resampler.resample_chunk(np.zeros(0, dtype=np.float32), last=True)
-            if tail.size:
-                yield tail
-        except StageError:
-            raise
-        except TimeoutError as exc:
+            async for out in self.speech.speak(text, request, on_piece=on_piece):
+                yield out
+        except SpeechTimeout as exc:
             raise StageError("tts", "the voice took too long", exc) from exc
         except Exception as exc:
             raise StageError("tts", "the voice failed", exc) from exc
-        finally:
-            aclose = getattr(chunks, "aclose", None)
-            if aclose is not None:
-                with contextlib.suppress(Exception):
-                    await aclose()
 
     @staticmethod
     async def _run_side_by_side(first: Any, second: Any) -> None:
@@ -537,7 +487,7 @@ class Conversation:
             return
         try:
             async with asyncio.timeout(APOLOGY_TIMEOUT_S):
-                async for out in self._synthesize_48k(message):
+                async for out in self._speech(message):
                     if not await self.track.write(float_to_s16(out), gen):
                         return
                 await self.track.flush(gen)

@@ -33,6 +33,22 @@ DURATIONS: dict[str, tuple[str, str]] = {
     "reply_ms": ("first_frame_sent", "reply_done"),
 }
 
+# How the page (which reads it from ``GET /api/stages``) and the bench plots draw the stages that add up
+# to the server's voice-to-voice: duration name → (colour, label), in the order they happen.
+STAGE_STYLE: dict[str, tuple[str, str]] = {
+    "endpoint_ms": ("#8b5cf6", "endpoint wait"),
+    "asr_ms": ("#f59e0b", "ASR"),
+    "llm_first_text_ms": ("#10b981", "first text"),
+    "chunker_ms": ("#64748b", "chunker"),
+    "tts_first_audio_ms": ("#3b82f6", "TTS first audio"),
+    "playout_ms": ("#ec4899", "queue to first frame"),
+}
+
+
+def stage_legend() -> list[dict[str, str]]:
+    """The stages as the page draws them: ``[{"name", "color", "label"}, ...]`` in order."""
+    return [{"name": name, "color": color, "label": label} for name, (color, label) in STAGE_STYLE.items()]
+
 
 @dataclass
 class TurnTrace:
@@ -74,6 +90,5 @@ class TurnTrace:
         return {
             "turn": self.turn,
             "timestamps_ms": {k: round(v * 1000.0, 1) for k, v in self.effective_marks().items()},
-            "raw_timestamps_ms": {k: round(v * 1000.0, 1) for k, v in self.marks.items()},
             "durations_ms": self.durations_ms(),
         }

@@ -7,18 +7,23 @@ chat server). Anything else of the form ``package.module:Class`` is imported and
 from __future__ import annotations
 
 import contextlib
-import importlib
 import inspect
 import logging
 from typing import Any
 
 from assistant.config import RespondConfig
+from assistant.loading import load_named
 from assistant.respond.base import Message, Responder, ResponderError
 from assistant.respond.history import ConversationHistory
 
 log = logging.getLogger(__name__)
 
-BUILTIN = ("echo", "rules", "openai")
+# Responder name (respond.engine) → its class, imported only when chosen.
+BUILTIN = {
+    "echo": "assistant.respond.echo:EchoResponder",
+    "rules": "assistant.respond.rules:RulesResponder",
+    "openai": "assistant.respond.openai:OpenAIResponder",
+}
 
 __all__ = ["BUILTIN", "ConversationHistory", "Message", "Responder", "ResponderError", "create_responder"]
 
@@ -32,44 +37,18 @@ def create_responder(cfg: RespondConfig, *, debug_content: bool = False) -> Resp
     operator's config should name one (never a value a remote client sent).
     """
     name = cfg.engine.strip()
-    if name == "echo":
-        from assistant.respond.echo import EchoResponder
-
-        return EchoResponder(cfg)
-    if name == "rules":
-        from assistant.respond.rules import RulesResponder
-
-        return RulesResponder(cfg)
+    cls = load_named(name, BUILTIN, kind="responder")
     if name == "openai":
-        from assistant.respond.openai import OpenAIResponder
-
-        return OpenAIResponder(cfg, debug_content=debug_content)
-    if ":" in name:
-        return _load_plugin(name, cfg)
-    raise ValueError(
-        f"unknown responder {name!r}: use one of {', '.join(BUILTIN)}, "
-        "or 'package.module:Class' for a plug-in"
-    )
-
-
-def _load_plugin(spec: str, cfg: RespondConfig) -> Responder:
-    module_name, _, class_name = spec.partition(":")
-    if not module_name or not class_name:
-        raise ValueError(f"responder plug-in {spec!r}: expected 'package.module:Class'")
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as exc:
-        raise ValueError(f"responder plug-in {spec!r}: cannot import module {module_name!r}: {exc}") from exc
-    cls = getattr(module, class_name, None)
-    if cls is None or not callable(cls):
-        raise ValueError(f"responder plug-in {spec!r}: module {module_name!r} has no class {class_name!r}")
-    instance = _instantiate(spec, cls, cfg)
+        return cls(cfg, debug_content=debug_content)
+    if name in BUILTIN:
+        return cls(cfg)
+    instance = _instantiate(name, cls, cfg)
     if not callable(getattr(instance, "respond", None)):
-        raise ValueError(f"responder plug-in {spec!r}: {class_name} has no respond(text, history) method")
+        raise ValueError(f"responder plug-in {name!r}: {cls.__name__} has no respond(text, history) method")
     if not isinstance(getattr(instance, "name", None), str):
         with contextlib.suppress(AttributeError):
-            instance.name = spec
-    log.info("respond.plugin_loaded spec=%s", spec)
+            instance.name = name
+    log.info("respond.plugin_loaded spec=%s", name)
     return instance
 
 

@@ -6,14 +6,11 @@ across frames, so nothing drifts and nothing is lost: N seconds in → N·16000 
 resampler's delay until ``flush()``.
 
 ``read_track`` is the receive loop: it pulls frames off a track until ``MediaStreamError`` and hands
-``AudioChunk``s to a sink without ever waiting on it; an ``AudioQueue`` sink is bounded and drops its oldest
-audio (counted, logged) when the consumer falls behind.
+``AudioChunk``s to a sink that never blocks.
 """
 
 from __future__ import annotations
 
-import asyncio
-import collections
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -24,13 +21,11 @@ import numpy as np
 import soxr
 from aiortc.mediastreams import MediaStreamError
 
-from assistant.asr.base import ASR_SAMPLE_RATE
-from assistant.audio import S16_SCALE
+from assistant.audio import S16_SCALE, SPEECH_RATE
 
 log = logging.getLogger(__name__)
 
 # The pipeline's audio clock: VAD and ASR both run at 16 kHz.
-PIPELINE_SAMPLE_RATE = ASR_SAMPLE_RATE
 # soxr "MQ" (16-bit precision, what s16 input carries) delays 48→16 kHz by ~12 ms; "HQ" by ~33 ms,
 # and that delay adds straight to endpointing latency.
 INBOUND_RESAMPLE_QUALITY = "MQ"
@@ -48,7 +43,7 @@ _INT_SCALE = {"u8": 128.0, "s16": S16_SCALE, "s32": 2147483648.0, "s64": 9223372
 class AudioChunk:
     """16 kHz mono float32 samples starting at ``start`` on the stream's sample clock.
 
-    A jump in ``start`` between consecutive chunks means audio was dropped by a full ``AudioQueue``.
+    Consecutive chunks are contiguous: ``a.end == b.start``.
     """
 
     start: int
@@ -89,7 +84,7 @@ class InboundAudio:
     and starts a new one.
     """
 
-    def __init__(self, out_rate: int = PIPELINE_SAMPLE_RATE) -> None:
+    def __init__(self, out_rate: int = SPEECH_RATE) -> None:
         self.out_rate = out_rate
         self.position = 0  # samples emitted at out_rate: the stream clock
         self.frames = 0
@@ -169,109 +164,37 @@ class InboundAudio:
         return out
 
 
-class AudioQueue:
-    """A bounded single-consumer queue of ``AudioChunk``s that never blocks the producer.
-
-    When more than ``max_samples`` are queued the oldest chunks are dropped (counted in ``dropped_samples``,
-    logged). ``close()`` ends the stream: ``get()`` then drains what is left and returns None.
-    """
-
-    def __init__(self, max_samples: int) -> None:
-        if max_samples <= 0:
-            raise ValueError("max_samples must be positive")
-        self.max_samples = max_samples
-        self.dropped_samples = 0
-        self.dropped_chunks = 0
-        self._items: collections.deque[AudioChunk] = collections.deque()
-        self._queued = 0
-        self._closed = False
-        self._ready = asyncio.Event()
-
-    @property
-    def queued_samples(self) -> int:
-        return self._queued
-
-    @property
-    def closed(self) -> bool:
-        return self._closed
-
-    def put_nowait(self, chunk: AudioChunk) -> None:
-        if self._closed or not len(chunk.samples):
-            return
-        self._items.append(chunk)
-        self._queued += len(chunk.samples)
-        while self._queued > self.max_samples and len(self._items) > 1:
-            old = self._items.popleft()
-            self._queued -= len(old.samples)
-            self.dropped_samples += len(old.samples)
-            self.dropped_chunks += 1
-            log.warning(
-                "inbound.queue_drop dropped_chunks=%d dropped_samples=%d queued=%d",
-                self.dropped_chunks,
-                self.dropped_samples,
-                self._queued,
-            )
-        self._ready.set()
-
-    def get_nowait(self) -> AudioChunk | None:
-        """The oldest chunk, or None when nothing is queued."""
-        if not self._items:
-            return None
-        chunk = self._items.popleft()
-        self._queued -= len(chunk.samples)
-        return chunk
-
-    async def get(self) -> AudioChunk | None:
-        """Wait for the next chunk; None once the queue is closed and empty."""
-        while not self._items:
-            if self._closed:
-                return None
-            self._ready.clear()
-            await self._ready.wait()
-        return self.get_nowait()
-
-    def close(self) -> None:
-        self._closed = True
-        self._ready.set()
-
-
 class AudioTrack(Protocol):
     async def recv(self) -> Any: ...
 
 
-AudioSink = AudioQueue | Callable[[AudioChunk], None]
-
-
-async def read_track(track: AudioTrack, sink: AudioSink, inbound: InboundAudio | None = None) -> InboundAudio:
+async def read_track(
+    track: AudioTrack, sink: Callable[[AudioChunk], None], inbound: InboundAudio | None = None
+) -> InboundAudio:
     """Receive frames from ``track`` until it ends, converting each and passing it to ``sink`` at once.
 
-    ``sink`` is an ``AudioQueue`` (bounded, drops oldest) or a plain callable that must not block. When the
-    track ends (``MediaStreamError``) the resampler tail is delivered and a queue sink is closed. Returns the
-    ``InboundAudio`` (its counters: frames, gaps, position).
+    ``sink`` must not block (the session's conversation feeds its VAD in place). When the track ends
+    (``MediaStreamError``) the resampler tail is delivered. Returns the ``InboundAudio`` (its counters:
+    frames, gaps, position).
     """
     inbound = inbound or InboundAudio()
-    put = sink.put_nowait if isinstance(sink, AudioQueue) else sink
 
     def deliver(x: np.ndarray) -> None:
         if len(x):
-            put(AudioChunk(inbound.position - len(x), x))
+            sink(AudioChunk(inbound.position - len(x), x))
 
-    try:
-        while True:
-            try:
-                frame = await track.recv()
-            except MediaStreamError:
-                break
-            deliver(inbound.push(frame))
-        deliver(inbound.flush())
-        log.info(
-            "inbound.track_ended frames=%d seconds=%.2f gaps=%d gap_fill_s=%.3f",
-            inbound.frames,
-            inbound.position_s,
-            inbound.gaps,
-            inbound.gap_fill_s,
-        )
-    finally:
-        if isinstance(sink, AudioQueue):
-            sink.close()
+    while True:
+        try:
+            frame = await track.recv()
+        except MediaStreamError:
+            break
+        deliver(inbound.push(frame))
+    deliver(inbound.flush())
+    log.info(
+        "inbound.track_ended frames=%d seconds=%.2f gaps=%d gap_fill_s=%.3f",
+        inbound.frames,
+        inbound.position_s,
+        inbound.gaps,
+        inbound.gap_fill_s,
+    )
     return inbound

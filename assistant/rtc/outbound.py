@@ -32,7 +32,10 @@ RESYNC_AFTER_S = 0.2
 
 
 class ReplyTrack(MediaStreamTrack):
+    """The bot's voice: the pipeline's reply sink (``pipeline/speech.ReplySink``) as an aiortc track."""
+
     kind = "audio"
+    sample_rate = OUT_SAMPLE_RATE
 
     def __init__(self, queue_ms: int = 60, on_first_audible: Callable[[float], None] | None = None) -> None:
         super().__init__()

@@ -8,7 +8,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hmac
-import json
 import logging
 import re
 from pathlib import Path
@@ -17,34 +16,18 @@ from typing import Any
 from aiohttp import web
 
 from assistant.config import PROJECT_ROOT, Config
-from assistant.rtc.session import Session
+from assistant.pipeline.trace import stage_legend
+from assistant.server.http import CONFIG, SERVICES, HTTPJSONError, json_error, read_json
 from assistant.server.services import Services
+from assistant.server.session import Session
+from assistant.server.tts_api import setup_tts_routes
 
 log = logging.getLogger(__name__)
 
-SERVICES: web.AppKey[Services] = web.AppKey("services", Services)
 SESSIONS: web.AppKey[dict[str, Session]] = web.AppKey("sessions", dict)
-CONFIG: web.AppKey[Config] = web.AppKey("config", Config)
 OWNS_SERVICES: web.AppKey[bool] = web.AppKey("owns_services", bool)
 WEB_DIR = PROJECT_ROOT / "web"
 VOICE_ID = re.compile(r"[A-Za-z0-9_-]{1,64}")
-
-
-def json_error(status: int, error: str, detail: str = "", **extra: Any) -> web.Response:
-    body = {"error": error, "detail": detail, **extra}
-    return web.json_response(body, status=status)
-
-
-class HTTPJSONError(web.HTTPException):
-    """Raise from a handler to answer ``status`` with a JSON error body."""
-
-    def __init__(self, status: int, error: str, detail: str = "", headers: dict[str, str] | None = None) -> None:
-        self.status_code = status
-        super().__init__(
-            text=json.dumps({"error": error, "detail": detail}),
-            content_type="application/json",
-            headers=headers,
-        )
 
 
 def _protected(path: str) -> bool:
@@ -137,24 +120,13 @@ async def metrics(request: web.Request) -> web.Response:
     return web.Response(body=body, headers={"Content-Type": content_type})
 
 
+async def stages(request: web.Request) -> web.Response:
+    """The turn stages the page draws (names, colours, labels): one source, ``pipeline/trace.py``."""
+    return web.json_response({"stages": stage_legend()})
+
+
 async def index(request: web.Request) -> web.FileResponse:
     return web.FileResponse(Path(request.app[CONFIG].server.web_dir or WEB_DIR) / "index.html")
-
-
-async def read_json(request: web.Request, max_bytes: int) -> dict[str, Any]:
-    """Read a JSON object body, with a size cap and clear 4xx errors."""
-    if request.content_length is not None and request.content_length > max_bytes:
-        raise HTTPJSONError(413, "too_large", f"request body over {max_bytes} bytes")
-    raw = await request.content.read(max_bytes + 1)
-    if len(raw) > max_bytes:
-        raise HTTPJSONError(413, "too_large", f"request body over {max_bytes} bytes")
-    try:
-        data = json.loads(raw)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise HTTPJSONError(400, "bad_json", f"body is not valid JSON: {exc}") from None
-    if not isinstance(data, dict):
-        raise HTTPJSONError(400, "bad_json", "body must be a JSON object")
-    return data
 
 
 async def offer(request: web.Request) -> web.Response:
@@ -249,11 +221,9 @@ def create_app(cfg: Config, services: Services | None = None) -> web.Application
     app.router.add_get("/metrics", metrics)
     app.router.add_post("/api/offer", offer)
     app.router.add_get("/api/sessions", list_sessions)
+    app.router.add_get("/api/stages", stages)
     app.router.add_delete("/api/sessions/{session_id}", delete_session)
-    with contextlib.suppress(ImportError):
-        from assistant.server.tts_api import setup_tts_routes
-
-        setup_tts_routes(app)
+    setup_tts_routes(app)
     app.on_startup.append(_start_loading)
     app.on_shutdown.append(_close_sessions)
     app.on_cleanup.append(_close_services)

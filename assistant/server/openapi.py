@@ -9,8 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from assistant.config import Config
-from assistant.tts.base import LANGUAGES
-from assistant.tts.service import (
+from assistant.server.tts_service import (
     ENERGY_RANGE,
     FORMATS,
     MAX_INSTRUCT_CHARS,
@@ -18,6 +17,7 @@ from assistant.tts.service import (
     SAMPLE_RATE_RANGE,
     SPEED_RANGE,
 )
+from assistant.tts.base import LANGUAGES
 
 OPENAPI_VERSION = "3.1.0"
 

@@ -1,6 +1,6 @@
 """The TTS API: ``POST /api/tts``, ``GET /ws/tts``, ``/api/voices``, ``GET /api/openapi.json``.
 
-Handlers only translate HTTP/WebSocket to :class:`~assistant.tts.service.TTSService` and back; validation,
+Handlers only translate HTTP/WebSocket to :class:`~assistant.server.tts_service.TTSService` and back; validation,
 limits, effects and streaming live in the service. Every refusal is JSON ``{"error", "detail"}``; over the
 WebSocket it is a text message and the socket stays open for the next request.
 
@@ -29,9 +29,9 @@ from aiohttp.http_exceptions import HttpProcessingError
 
 from assistant.audio import write_wav_bytes
 from assistant.config import Config
-from assistant.server.app import CONFIG, SERVICES, HTTPJSONError, read_json
+from assistant.server.http import CONFIG, SERVICES, HTTPJSONError, read_json
 from assistant.server.openapi import build_openapi
-from assistant.tts.service import SynthesisParams, TTSError, TTSService, parse_params, pcm_bytes
+from assistant.server.tts_service import SynthesisParams, TTSError, TTSService, parse_params, pcm_bytes
 from assistant.tts.voices import VoiceLimitError, VoiceStore, valid_voice_id
 
 log = logging.getLogger(__name__)

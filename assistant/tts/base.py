@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
-from typing import Protocol, runtime_checkable
+from dataclasses import dataclass, replace
+from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
 LANGUAGES = ("zh", "en", "ja", "yue", "ko")
+SPEED_RANGE = (0.5, 2.0)  # what an engine is asked for; the TTS service stretches beyond it with DSP
 
 
 @dataclass(frozen=True)
@@ -41,15 +42,6 @@ class TTSCapabilities:
     native_speed: bool = False
     native_pitch: bool = False
     languages: tuple[str, ...] = ("en",)
-    streaming: bool = True
-
-
-@dataclass
-class VoicePrompt:
-    """An engine's cached form of a voice (speaker embedding, prompt tokens, ...), opaque to callers."""
-
-    voice_id: str
-    data: dict = field(default_factory=dict)
 
 
 @runtime_checkable
@@ -65,6 +57,14 @@ class TTSEngine(Protocol):
         """
         ...
 
+    def synthesize_stream(self, pieces: AsyncIterator[str], request: TTSRequest) -> AsyncIterator[np.ndarray]:
+        """Speak one utterance whose text arrives in pieces (already chunked: each piece is spoken as it is).
+
+        ``request`` carries everything but the text. The first piece is spoken as soon as it arrives; an
+        engine may prepare later pieces while earlier ones play. Same cancellation rule as ``synthesize``.
+        """
+        ...
+
     async def warmup(self) -> None:
         """Load and run once so the first request pays no load or JIT cost."""
         ...
@@ -75,3 +75,41 @@ class TTSEngine(Protocol):
 
 class TTSUnsupported(ValueError):
     """The engine cannot honour an option (e.g. cloning on Piper); the message names it."""
+
+
+class PieceByPiece:
+    """``synthesize_stream`` for an engine that speaks one whole text per request (Piper, plug-ins).
+
+    Each piece is one ``synthesize`` call, made when the piece arrives.
+    """
+
+    async def synthesize_stream(self, pieces: AsyncIterator[str], request: TTSRequest) -> AsyncIterator[np.ndarray]:
+        async for piece in pieces:
+            chunks = self.synthesize(replace(request, text=piece))  # type: ignore[attr-defined]
+            try:
+                async for chunk in chunks:
+                    yield chunk
+            finally:
+                await chunks.aclose()
+
+
+class PieceByPieceAdapter(PieceByPiece):
+    """Wraps a plug-in engine that has only ``synthesize``, so it serves the speech path too."""
+
+    def __init__(self, engine: Any) -> None:
+        self._engine = engine
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._engine, name)
+
+    def synthesize(self, request: TTSRequest) -> AsyncIterator[np.ndarray]:
+        return self._engine.synthesize(request)
+
+
+def with_streaming(engine: Any) -> TTSEngine:
+    """``engine`` itself if its class has ``synthesize_stream``, else wrapped so that it has (piece by piece).
+
+    The class, not the instance: a proxy that forwards attributes to an inner engine (and changes
+    ``synthesize``) must not hand out the inner engine's ``synthesize_stream``.
+    """
+    return engine if callable(getattr(type(engine), "synthesize_stream", None)) else PieceByPieceAdapter(engine)

@@ -19,7 +19,7 @@ from scipy.signal import fftconvolve
 
 WSOLA_FRAME_S = 0.040     # analysis/synthesis frame: two periods of a 50 Hz voice
 WSOLA_TOLERANCE_S = 0.012 # search ±12 ms around the nominal position: covers one period down to ~83 Hz
-SPEED_RANGE = (0.25, 4.0)
+STRETCH_RANGE = (0.25, 4.0)
 PITCH_RANGE = (-12.0, 12.0)
 GAIN_RANGE = (0.5, 2.0)
 LIMIT_CEILING = 0.98      # limiter target; the hard bound after it is PEAK_MAX
@@ -41,8 +41,8 @@ def time_stretch(x: np.ndarray, sr: int, speed: float) -> np.ndarray:
     ``speed`` 1.0 returns a copy. Output length is ``round(len(x) / speed)``.
     """
     x = _mono_f32(x)
-    if not SPEED_RANGE[0] <= speed <= SPEED_RANGE[1]:
-        raise ValueError(f"speed must be within {SPEED_RANGE[0]}–{SPEED_RANGE[1]}, got {speed}")
+    if not STRETCH_RANGE[0] <= speed <= STRETCH_RANGE[1]:
+        raise ValueError(f"speed must be within {STRETCH_RANGE[0]}–{STRETCH_RANGE[1]}, got {speed}")
     out_len = round(len(x) / speed)
     if x.size == 0 or abs(speed - 1.0) < 1e-6:
         return x.copy()

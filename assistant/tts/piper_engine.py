@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 
 from assistant.config import TTSConfig
-from assistant.tts.base import TTSCapabilities, TTSRequest, TTSUnsupported
+from assistant.tts.base import SPEED_RANGE, PieceByPiece, TTSCapabilities, TTSRequest, TTSUnsupported
 
 log = logging.getLogger(__name__)
 
@@ -31,7 +31,6 @@ DEFAULT_VOICE_FILE = "data/en_US-joe-medium.onnx"
 QUEUE_CHUNKS = 3          # sentences made ahead of the consumer; bounds memory and wasted work on cancel
 OUTPUT_VOLUME = 0.9       # Piper peak-normalises each sentence; keep headroom for resampling overshoot
 PUT_WAIT_S = 0.5          # how often a blocked worker re-checks its stop flag (only while the queue is full)
-SPEED_RANGE = (0.5, 2.0)
 WARMUP_TEXT = "Hello."
 
 _DONE = object()
@@ -77,7 +76,7 @@ def _load_voice(model: Path, config: Path, threads: int) -> Any:
     return PiperVoice(session=session, config=piper_cfg)
 
 
-class PiperEngine:
+class PiperEngine(PieceByPiece):
     """:class:`~assistant.tts.base.TTSEngine` for a Piper voice (default: en_US joe, 22050 Hz)."""
 
     name = "piper"
@@ -96,7 +95,7 @@ class PiperEngine:
         lang = str(self._voice.config.espeak_voice).split("-")[0].lower() or "en"
         self.capabilities = TTSCapabilities(
             voice_cloning=False, instruct=False, native_speed=True, native_pitch=False,
-            languages=(lang,), streaming=True,
+            languages=(lang,),
         )
         self._executor = concurrent.futures.ThreadPoolExecutor(
             max_workers=max(1, self.cfg.max_concurrent), thread_name_prefix="piper"
@@ -153,7 +152,6 @@ class PiperEngine:
         rid = next(self._ids)
         self._active[rid] = stop
         t0 = time.monotonic()
-        deadline = t0 + self.cfg.timeout_s
         log.info("tts.start engine=piper id=%d chars=%d speed=%.2f", rid, len(text), request.speed)
 
         def put(item: Any) -> bool:
@@ -178,12 +176,7 @@ class PiperEngine:
         finished = False
         try:
             while True:
-                try:
-                    item = await asyncio.wait_for(queue.get(), max(0.0, deadline - time.monotonic()))
-                except TimeoutError:
-                    limit = self.cfg.timeout_s
-                    log.warning("tts.error engine=piper id=%d kind=timeout after_s=%.1f", rid, limit)
-                    raise TimeoutError(f"Piper synthesis took longer than {limit:.0f} s") from None
+                item = await queue.get()  # the caller's speech path owns the time budget (tts.timeout_s)
                 if item is _DONE:
                     finished = True
                     break

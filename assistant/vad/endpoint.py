@@ -22,8 +22,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from assistant.audio import SPEECH_RATE
 from assistant.config import VADConfig
-from assistant.vad.silero import SAMPLE_RATE, WINDOW_SAMPLES, SileroModel, SileroStream
+from assistant.vad.silero import WINDOW_SAMPLES, SileroModel, SileroStream
 
 log = logging.getLogger(__name__)
 
@@ -95,11 +96,11 @@ class Endpointer:
     def __init__(self, cfg: VADConfig | None = None, model: SileroModel | None = None) -> None:
         self.cfg = cfg or VADConfig()
         self.vad = SileroStream(model)
-        ms = SAMPLE_RATE // 1000
+        ms = SPEECH_RATE // 1000
         self._min_speech = self.cfg.min_speech_ms * ms
         self._end_silence = self.cfg.end_silence_ms * ms
         self._pad = self.cfg.speech_pad_ms * ms
-        self._max_utt = int(self.cfg.max_utterance_s * SAMPLE_RATE)
+        self._max_utt = int(self.cfg.max_utterance_s * SPEECH_RATE)
         self._buf = _SampleBuffer()
         self._pending = np.zeros(0, np.float32)
         self._pos = 0  # stream index of the next window to analyse
@@ -107,7 +108,7 @@ class Endpointer:
         self._idle()
 
     def _idle(self) -> None:
-        self._end_silence = self.cfg.end_silence_ms * (SAMPLE_RATE // 1000)
+        self._end_silence = self.cfg.end_silence_ms * (SPEECH_RATE // 1000)
         self.speaking = False
         self._candidate: int | None = None  # start of a not-yet-confirmed speech run
         self._utt_start = 0
@@ -136,7 +137,7 @@ class Endpointer:
         Lets the conversation wait longer mid-sentence, or less after a complete one.
         """
         ms = self.cfg.end_silence_ms if ms is None else ms
-        self._end_silence = int(ms) * (SAMPLE_RATE // 1000)
+        self._end_silence = int(ms) * (SPEECH_RATE // 1000)
 
     def force_end(self, reason: str = "endpoint") -> SpeechEnd | None:
         """End the utterance in progress now, during its pause (the caller decided the turn is over)."""
@@ -221,7 +222,7 @@ class Endpointer:
         self._silence_start = None
         self._utt_start = start
         self._audio_start = max(start - self._pad, self._buf.start) if pad else start
-        ev = SpeechStart(start, start / SAMPLE_RATE, detected / SAMPLE_RATE)
+        ev = SpeechStart(start, start / SPEECH_RATE, detected / SPEECH_RATE)
         log.info("vad.speech_start t=%.3f detected_at=%.3f", ev.time_s, ev.detected_at_s)
         return ev
 
@@ -230,10 +231,10 @@ class Endpointer:
         audio = self._buf.slice(self._audio_start, min(end + tail, self._buf.end))
         ev = SpeechEnd(
             sample_index=end,
-            time_s=end / SAMPLE_RATE,
-            detected_at_s=detected / SAMPLE_RATE,
-            start_s=self._utt_start / SAMPLE_RATE,
-            audio_start_s=self._audio_start / SAMPLE_RATE,
+            time_s=end / SPEECH_RATE,
+            detected_at_s=detected / SPEECH_RATE,
+            start_s=self._utt_start / SPEECH_RATE,
+            audio_start_s=self._audio_start / SPEECH_RATE,
             audio=audio,
             reason=reason,
         )
@@ -242,7 +243,7 @@ class Endpointer:
             ev.time_s,
             ev.detected_at_s,
             ev.duration_s,
-            len(audio) / SAMPLE_RATE,
+            len(audio) / SPEECH_RATE,
             reason,
         )
         self._idle()

@@ -1,11 +1,12 @@
 """Silero VAD through onnxruntime: one shared model per process, one small state object per session.
 
-Only the ONNX file shipped in the ``silero-vad`` package is used. The package is located with
-``importlib.util.find_spec`` and never imported, because importing it imports torch, which the voice-chat
-path must not load.
+The weights are Silero VAD v6 as faster-whisper ships them (``faster_whisper/assets/silero_vad_v6.onnx``),
+found without importing faster-whisper. Not the ``silero-vad`` package's copy: that package requires torch,
+which would make a CPU voice chat install several GB for a model onnxruntime runs alone.
 
-Silero v5/v6 at 16 kHz takes 512-sample (32 ms) windows, each prefixed with the previous window's last 64
-samples (its context), and carries a recurrent state of shape (2, batch, 128) from window to window.
+Silero v6 at 16 kHz takes 512-sample (32 ms) windows, each prefixed with the previous window's last 64
+samples (its context), and carries an LSTM state (h, c), each of shape (1, 1, 128), from window to window.
+This export takes one stream's windows as rows of one sequence, so every session runs its own windows.
 """
 
 from __future__ import annotations
@@ -21,29 +22,28 @@ import onnxruntime as ort
 
 log = logging.getLogger(__name__)
 
-SAMPLE_RATE = 16_000
 WINDOW_SAMPLES = 512  # the only window size Silero v5+ accepts at 16 kHz (32 ms)
 CONTEXT_SAMPLES = 64  # samples of the previous window the model sees in front of each window at 16 kHz
-STATE_SHAPE = (2, 1, 128)  # recurrent state for batch 1
+STATE_SHAPE = (2, 1, 128)  # the LSTM's (h, c) for one stream
 # One intra-op thread: a 32 ms window costs well under a millisecond, and many sessions share few cores.
 INTRA_OP_THREADS = 1
-ONNX_FILE = "silero_vad.onnx"
+ONNX_FILE = "assets/silero_vad_v6.onnx"  # inside the faster_whisper package
 
 
 class SileroModelMissing(RuntimeError):
-    """The silero-vad package (which ships the ONNX weights) is not installed."""
+    """faster-whisper (which ships the Silero ONNX weights) is not installed."""
 
 
 def find_model_path() -> Path:
-    """The ``silero_vad.onnx`` inside the installed silero-vad package, found without importing it."""
-    spec = importlib.util.find_spec("silero_vad")
+    """The Silero v6 ONNX file inside the installed faster-whisper package, found without importing it."""
+    spec = importlib.util.find_spec("faster_whisper")
     if spec is None or not spec.submodule_search_locations:
         raise SileroModelMissing(
-            "Silero VAD weights not found: install the silero-vad package (pip install silero-vad)"
+            "Silero VAD weights not found: install faster-whisper (pip install faster-whisper)"
         )
-    path = Path(next(iter(spec.submodule_search_locations))) / "data" / ONNX_FILE
+    path = Path(next(iter(spec.submodule_search_locations))) / ONNX_FILE
     if not path.is_file():
-        raise SileroModelMissing(f"Silero VAD weights missing at {path}: reinstall the silero-vad package")
+        raise SileroModelMissing(f"Silero VAD weights missing at {path}: reinstall faster-whisper (>= 1.2)")
     return path
 
 
@@ -64,9 +64,8 @@ class SileroModel:
             str(self.path), sess_options=opts, providers=["CPUExecutionProvider"]
         )
         names = {i.name for i in self.session.get_inputs()}
-        if names != {"input", "state", "sr"}:
+        if names != {"input", "h", "c"}:
             raise RuntimeError(f"unexpected Silero ONNX inputs {sorted(names)} in {self.path}")
-        self._sr = np.array(SAMPLE_RATE, dtype=np.int64)
         log.info("vad.model_loaded path=%s", self.path)
 
     @classmethod
@@ -77,9 +76,10 @@ class SileroModel:
             return cls._shared
 
     def run(self, x: np.ndarray, state: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """x (batch, CONTEXT_SAMPLES + WINDOW_SAMPLES), state (2, batch, 128) → probs (batch,), new state."""
-        prob, new_state = self.session.run(None, {"input": x, "state": state, "sr": self._sr})
-        return prob[:, 0], new_state
+        """x (windows, CONTEXT_SAMPLES + WINDOW_SAMPLES) of one stream, in order; state (2, 1, 128) (h, c)
+        → each window's speech probability (windows,), and the state after the last window."""
+        probs, h, c = self.session.run(None, {"input": x, "h": state[:1], "c": state[1:]})
+        return np.asarray(probs).reshape(-1), np.concatenate([h, c])
 
     def stream(self) -> SileroStream:
         return SileroStream(self)

@@ -5,9 +5,9 @@ all active requests and makes each request's audio chunks on its streaming sched
 Chunks travel from the worker to the awaiting consumer through an ``asyncio.Queue`` filled with
 ``loop.call_soon_threadsafe``: nothing sleeps or polls.
 
-Text can stream in too: `synthesize_stream` takes an async iterator of text deltas (an LLM reply as it is
-written), cuts it into clauses (`TextChunker`: first clause as early as possible) and speaks them one after
-another in one admission slot; audio of clause k plays while clause k+1 is still being written.
+Text can stream in too: `synthesize_stream` takes the pieces of one reply as the speech path's chunker
+releases them (an LLM reply as it is written) and speaks them one after another in one admission slot;
+audio of piece k plays while piece k+1 is still being written.
 """
 
 from __future__ import annotations
@@ -24,9 +24,9 @@ import numpy as np
 import torch
 
 from assistant.config import TTSConfig
-from assistant.tts.base import LANGUAGES, ReferenceClip, TTSCapabilities, TTSRequest, TTSUnsupported
+from assistant.tts.base import LANGUAGES, SPEED_RANGE, ReferenceClip, TTSCapabilities, TTSRequest, TTSUnsupported
 from assistant.tts.cosyvoice.batching import EngineBusy, SpeechBatcher, SpeechJob, Ticket
-from assistant.tts.cosyvoice.model import SPEED_RANGE, CosyVoice2
+from assistant.tts.cosyvoice.model import CosyVoice2
 from assistant.tts.cosyvoice.streaming import Chunk, StreamSchedule
 from assistant.tts.cosyvoice.voice import CosyVoicePrompt, VoiceCloningUnavailable
 
@@ -280,39 +280,33 @@ class CosyVoiceEngine:
             ticket.release()
 
     async def synthesize_stream(
-        self, text_deltas: AsyncIterator[str], request: TTSRequest | None = None
+        self, pieces: AsyncIterator[str], request: TTSRequest | None = None
     ) -> AsyncIterator[np.ndarray]:
-        """Speak text while it is still being written: clause by clause, in one admission place.
+        """Speak one reply whose text is still being written, piece by piece, in one admission place.
 
-        ``text_deltas`` yields pieces of one reply (any size); ``request`` carries the voice, language,
-        speed, seed and instruction (its ``text`` is ignored). The first clause is synthesised as soon as
-        the chunker releases it; later clauses queue up while earlier ones are spoken.
+        ``pieces`` come already chunked (the speech path's ``TextChunker``): each is spoken as it is, as soon
+        as it arrives, while later pieces queue up. ``request`` carries voice, language, speed, seed and
+        instruction (its ``text`` is ignored).
         """
-        from assistant.tts.chunker import TextChunker
-
         request = request or TTSRequest(text="")
         self._check(request)
         model = await self.model()
         ticket = self.batcher.reserve()
-        clauses: asyncio.Queue[str | None] = asyncio.Queue()
+        queued: asyncio.Queue[str | None] = asyncio.Queue()
 
         async def read() -> None:
-            chunker = TextChunker()
             try:
-                async for delta in text_deltas:
-                    for clause in chunker.push(delta):
-                        clauses.put_nowait(clause)
-                for clause in chunker.flush():
-                    clauses.put_nowait(clause)
+                async for piece in pieces:
+                    queued.put_nowait(piece)
             finally:
-                clauses.put_nowait(None)
+                queued.put_nowait(None)
 
         reader = asyncio.create_task(read())
         try:
             voice = await asyncio.get_running_loop().run_in_executor(self._executor, self._voice_for, model, request)
-            while (clause := await clauses.get()) is not None:
-                if clause.strip():
-                    async with aclosing(self._speak(model, clause, request, voice, ticket)) as audio_chunks:
+            while (piece := await queued.get()) is not None:
+                if piece.strip():
+                    async with aclosing(self._speak(model, piece, request, voice, ticket)) as audio_chunks:
                         async for audio in audio_chunks:
                             yield audio
             await reader  # surface the text source's errors

@@ -19,6 +19,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from assistant.tts.base import SPEED_RANGE
 from assistant.tts.cosyvoice.frontend import TextFrontend, language_tag, prepare_text, split_emotion_tag
 from assistant.tts.cosyvoice.llm import GreedySampler, RasSampler
 from assistant.tts.cosyvoice.loader import LoadedModel, load_model_dir
@@ -26,7 +27,6 @@ from assistant.tts.cosyvoice.voice import CosyVoicePrompt, VoiceEncoder, VoiceSt
 
 log = logging.getLogger(__name__)
 
-SPEED_RANGE = (0.5, 2.0)
 SPEAKER_DIM = 192
 
 

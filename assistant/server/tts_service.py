@@ -26,17 +26,17 @@ import re
 import time
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urljoin, urlsplit
 
 import numpy as np
-import soxr
 
 from assistant.audio import AudioFormatError, float_to_s16, read_audio
 from assistant.config import Config
+from assistant.pipeline.speech import SpeechPath, SpeechTimeout
 from assistant.server.metrics import Metrics
-from assistant.tts.base import LANGUAGES, ReferenceClip, TTSEngine, TTSRequest, TTSUnsupported
+from assistant.tts.base import LANGUAGES, SPEED_RANGE, ReferenceClip, TTSEngine, TTSRequest, TTSUnsupported
 from assistant.tts.tags import split_leading_tag
 from assistant.tts.text import join_short
 from assistant.tts.text import split_sentences as text_sentences
@@ -44,7 +44,7 @@ from assistant.tts.voices import VoiceStore, valid_voice_id
 
 log = logging.getLogger(__name__)
 
-SPEED_RANGE = (0.5, 2.0)
+
 PITCH_RANGE = (-12.0, 12.0)           # semitones: one octave either way
 ENERGY_RANGE = (0.5, 2.0)
 SAMPLE_RATE_RANGE = (8000, 48000)
@@ -55,8 +55,6 @@ MAX_SEED = 2**31 - 1
 BUSY_WAIT_S = 1.0                     # how long a request waits for a synthesis slot before 429 busy
 MAX_RATE_CLIENTS = 10_000             # rate-limiter buckets kept; the least recently seen go first
 MAX_URL_REDIRECTS = 3                 # same-host redirects followed when fetching an allowed speaker_wav URL
-# Stream resampling (sample_rate option): soxr "HQ" keeps the filter delay a few ms, fine for live audio.
-STREAM_RESAMPLE_QUALITY = "HQ"
 
 FIELDS = frozenset({
     "text", "voice", "speaker_wav", "prompt_text", "language", "instruct", "speed", "pitch", "energy",
@@ -452,65 +450,41 @@ class TTSService:
         """Float32 mono chunks at ``job.sample_rate``, each as soon as it exists; holds a slot throughout."""
         async with self.slot():
             t0 = time.perf_counter()
-            deadline = t0 + self.cfg.tts.timeout_s
             first = True
-            resampler = (
-                soxr.ResampleStream(job.engine_rate, job.sample_rate, 1, dtype="float32",
-                                    quality=STREAM_RESAMPLE_QUALITY)
-                if job.sample_rate != job.engine_rate else None
-            )
-            source = self._dsp_chunks(job) if job.speed_dsp != 1.0 or job.pitch_dsp else self._engine_chunks(job)
+            path = SpeechPath(job.engine, job.sample_rate, timeout_s=self.cfg.tts.timeout_s, chunker=self.cfg.chunker)
+            dsp = job.speed_dsp != 1.0 or job.pitch_dsp
+            source = self._dsp_chunks(job, path) if dsp else path.speak(job.request.text, job.request)
             try:
                 while True:
-                    remaining = deadline - time.perf_counter()
-                    if remaining <= 0:
-                        raise TTSError(504, "timeout", f"synthesis took over {self.cfg.tts.timeout_s:g} s")
                     try:
-                        chunk = await asyncio.wait_for(anext(source), remaining)
+                        chunk = await anext(source)
                     except StopAsyncIteration:
                         break
-                    except TimeoutError:
-                        raise TTSError(504, "timeout", f"synthesis took over {self.cfg.tts.timeout_s:g} s"
-                                       ) from None
+                    except SpeechTimeout:
+                        raise TTSError(504, "timeout", f"synthesis took over {self.cfg.tts.timeout_s:g} s") from None
                     except TTSUnsupported as exc:
                         raise TTSError(400, "unsupported", str(exc)) from None
                     if job.energy != 1.0:
                         chunk = _effects().apply_energy(chunk, job.energy)
-                    if resampler is not None:
-                        chunk = resampler.resample_chunk(chunk, last=False)
-                    if chunk.size == 0:
-                        continue
                     if first:
                         first = False
                         self.metrics.tts_first_chunk_seconds.observe(time.perf_counter() - t0)
                     yield np.asarray(chunk, dtype=np.float32)
-                if resampler is not None:
-                    tail = resampler.resample_chunk(np.zeros(0, dtype=np.float32), last=True)
-                    if tail.size:
-                        yield np.asarray(tail, dtype=np.float32)
             finally:
-                await source.aclose()
+                await source.aclose()  # type: ignore[attr-defined]
 
-    async def _engine_chunks(self, job: Job) -> AsyncIterator[np.ndarray]:
-        gen = job.engine.synthesize(job.request)
-        try:
-            async for chunk in gen:
-                yield np.asarray(chunk, dtype=np.float32).reshape(-1)
-        finally:
-            await gen.aclose()  # type: ignore[attr-defined]
-
-    async def _dsp_chunks(self, job: Job) -> AsyncIterator[np.ndarray]:
+    async def _dsp_chunks(self, job: Job, path: SpeechPath) -> AsyncIterator[np.ndarray]:
         """Per sentence: synthesise whole, then stretch/shift it with full context (no seams inside)."""
         fx = _effects()
         for sentence in split_sentences(job.request.text):
-            parts = [c async for c in self._engine_chunks(replace(job, request=replace(job.request, text=sentence)))]
+            parts = [c async for c in path.speak(sentence, job.request)]
             if not parts:
                 continue
             audio = np.concatenate(parts)
             if job.speed_dsp != 1.0:
-                audio = await asyncio.to_thread(fx.time_stretch, audio, job.engine_rate, job.speed_dsp)
+                audio = await asyncio.to_thread(fx.time_stretch, audio, job.sample_rate, job.speed_dsp)
             if job.pitch_dsp:
-                audio = await asyncio.to_thread(fx.pitch_shift, audio, job.engine_rate, job.pitch_dsp)
+                audio = await asyncio.to_thread(fx.pitch_shift, audio, job.sample_rate, job.pitch_dsp)
             yield np.asarray(audio, dtype=np.float32)
 
 

@@ -1,0 +1,50 @@
+"""What every route module shares: the app keys, JSON errors and bounded body reading.
+
+Route modules (``app``, ``tts_api``) import this, never each other, so the routes form no cycle.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from aiohttp import web
+
+from assistant.config import Config
+from assistant.server.services import Services
+
+SERVICES: web.AppKey[Services] = web.AppKey("services", Services)
+CONFIG: web.AppKey[Config] = web.AppKey("config", Config)
+
+
+def json_error(status: int, error: str, detail: str = "", **extra: Any) -> web.Response:
+    """A JSON error response ``{"error": ..., "detail": ...}``: what clients get instead of a traceback."""
+    return web.json_response({"error": error, "detail": detail, **extra}, status=status)
+
+
+class HTTPJSONError(web.HTTPException):
+    """Raise from a handler to answer ``status`` with a JSON error body."""
+
+    def __init__(self, status: int, error: str, detail: str = "", headers: dict[str, str] | None = None) -> None:
+        self.status_code = status
+        super().__init__(
+            text=json.dumps({"error": error, "detail": detail}),
+            content_type="application/json",
+            headers=headers,
+        )
+
+
+async def read_json(request: web.Request, max_bytes: int) -> dict[str, Any]:
+    """Read a JSON object body, with a size cap and clear 4xx errors."""
+    if request.content_length is not None and request.content_length > max_bytes:
+        raise HTTPJSONError(413, "too_large", f"request body over {max_bytes} bytes")
+    raw = await request.content.read(max_bytes + 1)
+    if len(raw) > max_bytes:
+        raise HTTPJSONError(413, "too_large", f"request body over {max_bytes} bytes")
+    try:
+        data = json.loads(raw)
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise HTTPJSONError(400, "bad_json", f"body is not valid JSON: {exc}") from None
+    if not isinstance(data, dict):
+        raise HTTPJSONError(400, "bad_json", "body must be a JSON object")
+    return data

@@ -1,0 +1,116 @@
+"""The import map stays true: arrows only run down the layers of docs/architecture.md, and no module cycle.
+
+Read from the source with ``ast`` (nothing is imported), lazy imports inside functions included: a lazy
+import is still a dependency, only a later one.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+PACKAGE = Path(__file__).resolve().parents[1] / "assistant"
+
+# What each part may import besides itself. Parts are top-level packages or modules of ``assistant``.
+BASE = {"config", "audio", "loading"}
+ENGINES = {"vad", "asr", "respond", "tts"}
+ALLOWED: dict[str, set[str]] = {
+    "config": set(),
+    "audio": set(),
+    "loading": set(),
+    "rtc": BASE,
+    **{engine: BASE for engine in ENGINES},
+    "pipeline": BASE | ENGINES,
+    "serve_ray": BASE | ENGINES | {"pipeline"},
+    "server": BASE | ENGINES | {"pipeline", "rtc", "serve_ray"},
+    "bench": BASE | ENGINES | {"pipeline", "rtc", "server"},
+    "cli": BASE | ENGINES | {"pipeline", "rtc", "server", "bench", "serve_ray"},
+    "__main__": {"cli"},
+    "__init__": set(),
+}
+
+
+def _module_name(path: Path) -> str:
+    rel = path.relative_to(PACKAGE.parent).with_suffix("")
+    parts = list(rel.parts)
+    if parts[-1] == "__init__":
+        parts = parts[:-1]
+    return ".".join(parts)
+
+
+def _part(module: str) -> str:
+    """``assistant.server.app`` → ``server``; ``assistant`` → ``__init__``."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else "__init__"
+
+
+def _imports(path: Path, module: str) -> list[tuple[str, bool]]:
+    """(imported assistant module, at module level?) for every import in ``path``."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    top_level = {id(node) for node in tree.body}
+    is_package = path.name == "__init__.py"
+    out: list[tuple[str, bool]] = []
+    for node in ast.walk(tree):
+        names: list[str] = []
+        if isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = module.split(".")
+                base = base[: len(base) - node.level + (1 if is_package else 0)]
+                names = [".".join([*base, node.module] if node.module else base)]
+            else:
+                names = [node.module or ""]
+            names += [f"{names[0]}.{a.name}" for a in node.names]
+        for name in names:
+            if name == "assistant" or name.startswith("assistant."):
+                out.append((name, id(node) in top_level))
+    return out
+
+
+def _graph() -> dict[str, list[tuple[str, bool]]]:
+    modules = {_module_name(p): p for p in PACKAGE.rglob("*.py")}
+    graph: dict[str, list[tuple[str, bool]]] = {}
+    for module, path in modules.items():
+        edges = []
+        for target, top in _imports(path, module):
+            while target not in modules and "." in target:  # `from pkg.mod import name` → pkg.mod
+                target = target.rsplit(".", 1)[0]
+            if target in modules and target != module:
+                edges.append((target, top))
+        graph[module] = edges
+    return graph
+
+
+def test_imports_only_point_down_the_layers() -> None:
+    bad = []
+    for module, edges in _graph().items():
+        src = _part(module)
+        assert src in ALLOWED, f"{module}: part {src!r} is not on the map (add it to ALLOWED and the docs)"
+        for target, _ in edges:
+            dst = _part(target)
+            if dst != src and dst != "__init__" and dst not in ALLOWED[src]:
+                bad.append(f"{module} → {target}")
+    assert not bad, "imports against the layering:\n" + "\n".join(sorted(set(bad)))
+
+
+def test_no_import_cycle_at_module_level() -> None:
+    graph = {m: sorted({t for t, top in edges if top}) for m, edges in _graph().items()}
+    state: dict[str, int] = {}
+    stack: list[str] = []
+
+    def visit(node: str) -> list[str] | None:
+        state[node] = 1
+        stack.append(node)
+        for nxt in graph.get(node, []):
+            if state.get(nxt) == 1:
+                return [*stack[stack.index(nxt):], nxt]
+            if nxt not in state and (cycle := visit(nxt)):
+                return cycle
+        stack.pop()
+        state[node] = 2
+        return None
+
+    for module in graph:
+        if module not in state and (cycle := visit(module)):
+            raise AssertionError("import cycle: " + " → ".join(cycle))

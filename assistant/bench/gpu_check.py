@@ -11,6 +11,7 @@ keeps what it had. Stages, in order:
                vocoder with the recorded draws, and the official schedule's three streamed chunks.
 ``bf16``       the same model in bfloat16 against the goldens: log-prob, token agreement, mel error relative
                to the mel's spread, end-to-end audio.
+``bf16_full_size`` (CUDA) full-size shapes, random weights: flow mel and LLM log-probs, bf16 against fp32.
 ``frontend``   the text front end on the reference's ten texts (texts with digits need wetext: skipped
                without it, and the stage says so).
 ``bench``      on CUDA: ``assistant bench tts`` on full-size random weights, bfloat16, at 1/4/16 streams,
@@ -52,6 +53,7 @@ TOLERANCE = {"cpu": {"logp": 1e-4, "mel": 1e-4, "audio": 1e-4}, "cuda": {"logp":
 BF16_MEL_MEAN_REL = 0.08   # as tests/cosyvoice/test_guards.py
 BF16_MEL_MAX_REL = 0.6
 BENCH_STREAMS = {"cuda": "1,4,16", "cpu": "1"}
+FULL_SIZE_INPUT = {"prompt_tokens": 250, "new_tokens": 100, "text_tokens": 50}  # a 10 s voice, 4 s of speech
 
 
 # --- results -------------------------------------------------------------------------------------------
@@ -282,7 +284,7 @@ def stage_parity(stage: Stage, device: str) -> None:
         stage.check({"what": f"e2e.chunk{i} (official schedule)", "max_abs": e, "tol": tol["audio"]}, e < tol["audio"])
 
 
-def stage_bf16(stage: Stage, device: str, full_size: bool = False) -> None:
+def stage_bf16(stage: Stage, device: str, e2e: bool) -> None:
     import numpy as np
     import torch
 
@@ -305,8 +307,8 @@ def stage_bf16(stage: Stage, device: str, full_size: bool = False) -> None:
         stage.check({"what": f"{name}.mel", "mean_abs": float(d.mean()), "max_abs": float(d.max()), "mel_std": spread,
                      "mean/std": mean_rel, "max/std": max_rel},
                     bool(torch.isfinite(mel).all()) and mean_rel < BF16_MEL_MEAN_REL and max_rel < BF16_MEL_MAX_REL)
-    if device != "cuda" and not full_size:  # bf16 matmuls are slow on most CPUs; the code path is parity's
-        stage.notes.append("end-to-end tokens and audio in bf16, and full-size shapes: CUDA only")
+    if not e2e:  # bf16 matmuls are slow on most CPUs; the code path is parity's
+        stage.notes.append("end-to-end tokens and audio in bf16: CUDA only")
         return
     with torch.inference_mode():
         tokens = lm.tokens(g["in.e2e_text_token"], g["in.prompt_text_token"], g["in.prompt_speech_token"],
@@ -326,7 +328,6 @@ def stage_bf16(stage: Stage, device: str, full_size: bool = False) -> None:
         stage.check({"what": "e2e audio (fp32 tokens, official schedule)",
                      "max_abs": float((audio - ref).abs().max()), "snr_db": float(snr)},
                     bool(torch.isfinite(audio).all()))
-    full_size_bf16(stage, device)
 
 
 def full_size_bf16(stage: Stage, device: str) -> None:
@@ -339,11 +340,12 @@ def full_size_bf16(stage: Stage, device: str) -> None:
 
     dev = torch.device(device)
     gen = torch.Generator().manual_seed(0)
-    prompt_tokens = torch.randint(0, 6561, (1, 250), generator=gen, dtype=torch.int32).to(dev)
-    prompt_feat = torch.randn(1, 500, 80, generator=gen).to(dev)
+    n_prompt, n_new, n_text = (FULL_SIZE_INPUT[k] for k in ("prompt_tokens", "new_tokens", "text_tokens"))
+    prompt_tokens = torch.randint(0, 6561, (1, n_prompt), generator=gen, dtype=torch.int32).to(dev)
+    prompt_feat = torch.randn(1, 2 * n_prompt, 80, generator=gen).to(dev)
     embedding = torch.randn(1, 192, generator=gen).to(dev)
-    new_tokens = torch.randint(0, 6561, (1, 100), generator=gen, dtype=torch.int32).to(dev)
-    text = torch.randint(0, 150000, (1, 50), generator=gen)
+    new_tokens = torch.randint(0, 6561, (1, n_new), generator=gen, dtype=torch.int32).to(dev)
+    text = torch.randint(0, 150000, (1, n_text), generator=gen)
     torch.manual_seed(0)
     with dev:
         flow = CausalFlow(FlowConfig()).eval()
@@ -351,9 +353,10 @@ def full_size_bf16(stage: Stage, device: str) -> None:
     for dt in (torch.float32, torch.bfloat16):
         flow = flow.to(dt)
         with torch.inference_mode():
-            mel = flow.inference(new_tokens, torch.tensor([100], device=dev), prompt_tokens,
-                                 torch.tensor([250], device=dev), prompt_feat.to(dt), torch.tensor([500], device=dev),
-                                 embedding.to(dt), streaming=False, finalize=True)
+            mel = flow.inference(new_tokens, torch.tensor([n_new], device=dev), prompt_tokens,
+                                 torch.tensor([n_prompt], device=dev), prompt_feat.to(dt),
+                                 torch.tensor([2 * n_prompt], device=dev), embedding.to(dt),
+                                 streaming=False, finalize=True)
         mels.append((mel[0] if isinstance(mel, tuple) else mel).float())
     del flow
     d, spread = (mels[1] - mels[0]).abs(), float(mels[0].std())
@@ -517,7 +520,9 @@ def main(argv: list[str] | None = None) -> int:
     report = Report(out)
     report.run("env", lambda s: stage_env(s, device))
     report.run("parity", lambda s: stage_parity(s, device))
-    report.run("bf16", lambda s: stage_bf16(s, device, args.full_size_bf16))
+    report.run("bf16", lambda s: stage_bf16(s, device, device == "cuda" or args.full_size_bf16))
+    if device == "cuda" or args.full_size_bf16:
+        report.run("bf16_full_size", lambda s: full_size_bf16(s, device))
     report.run("frontend", stage_frontend)
     if not args.skip_bench:
         report.run("bench", lambda s: stage_bench(s, device, out, deadline))

@@ -14,9 +14,10 @@ keeps what it had. Stages, in order:
 ``bf16_full_size`` (CUDA) full-size shapes, random weights: flow mel and LLM log-probs, bf16 against fp32.
 ``frontend``   the text front end on the reference's ten texts (texts with digits need wetext: skipped
                without it, and the stage says so).
-``bench``      on CUDA: ``assistant bench tts`` on full-size random weights, bfloat16, at 1/4/16 streams,
-               CUDA graphs on, then off (each in a child process with a time limit); on CPU: the tiny model
-               at 1/2 streams (keeps the bench's code path alive in CI).
+``bench_*``    on CUDA: ``assistant bench tts`` on full-size random weights, bfloat16, at 1/4/16 streams,
+               CUDA graphs on (``bench_graphs_on``), then off (``bench_graphs_off``), each in a child process
+               with an equal share of the time left; on CPU: the tiny model at one stream (``bench_tiny_cpu``,
+               keeps the bench's code path alive in CI).
 
 ``python -m assistant.bench.gpu_check --out DIR [--device auto|cpu|cuda] [--budget-s 450]``
 """
@@ -52,7 +53,6 @@ OPTIONAL_MODULES = ("wetext", "soxr", "soundfile", "av", "aiortc", "faster_whisp
 TOLERANCE = {"cpu": {"logp": 1e-4, "mel": 1e-4, "audio": 1e-4}, "cuda": {"logp": 2e-3, "mel": 2e-3, "audio": 5e-3}}
 BF16_MEL_MEAN_REL = 0.08   # as tests/cosyvoice/test_guards.py
 BF16_MEL_MAX_REL = 0.6
-BENCH_STREAMS = {"cuda": "1,4,16", "cpu": "1"}
 FULL_SIZE_INPUT = {"prompt_tokens": 250, "new_tokens": 100, "text_tokens": 50}  # a 10 s voice, 4 s of speech
 
 
@@ -389,8 +389,7 @@ def stage_frontend(stage: Stage) -> None:
         return
     cases = json.loads(golden_file.read_text("utf-8"))["cases"]
     fe = TextFrontend(TOKENIZER)
-    zh, en = fe._normalizers.get()
-    wetext = zh is not None and en is not None
+    wetext = fe.normalizes
     stage.facts["wetext"] = "yes" if wetext else "no (normalisation skipped; texts with digits not compared)"
     for i, c in enumerate(cases):
         if not wetext and any(ch.isdigit() for ch in c["text"]):
@@ -410,65 +409,67 @@ def _bench_rows(result: dict[str, Any], label: str) -> tuple[list[dict[str, Any]
         keys += sorted(k for k in r if k not in keys and ("cold" in k or "warm" in k))
         keys += [k for k in r if k not in keys]
         rows.append({"run": label, **{k: r[k] for k in keys if not isinstance(r[k], (dict, list))}})
-    facts = {f"{label}.{k}": v for k, v in result.items() if isinstance(v, (int, float, str, bool)) and v is not None}
+    facts = {k: v for k, v in result.items() if isinstance(v, (int, float, str, bool)) and v is not None}
     return rows, facts
 
 
-def stage_bench(stage: Stage, device: str, out: Path, deadline: float) -> None:
-    """``bench tts`` in child processes, each limited to the time left (graphs on, then off, on CUDA)."""
-    cuda = device == "cuda"
-    common = ["--device", device, "--streams", BENCH_STREAMS["cuda" if cuda else "cpu"], "--repeats", "1"]
-    if cuda:
-        runs = [("graphs_on", ["--random-full-size", "--dtype", "bfloat16", "--texts", "zh_50"]),
-                ("graphs_off", ["--random-full-size", "--dtype", "bfloat16", "--texts", "zh_50", "--no-cuda-graphs"])]
-    else:  # the bench's code path on the tiny model, kept short for CI
-        runs = [("tiny_cpu", ["--texts", "zh_20", "--sweep-text", "zh_20", "--tokens-per-char", "1",
-                              "--schedules", "fast"])]
-    stage.facts["model"] = "full-size random weights, bfloat16" if cuda else f"tiny fixture ({TINY.name}), float32"
-    for i, (label, extra) in enumerate(runs):
-        left = deadline - time.monotonic()
-        share = left / (len(runs) - i)
-        if share < 30:
-            stage.notes.append(f"{label}: not run, {left:.0f} s left")
-            stage.status = "fail" if stage.status == "pass" else stage.status
-            continue
-        run_out = out / f"bench_{label}"
-        cmd = [sys.executable, "-m", "assistant.bench.gpu_check", "--bench-child", str(run_out),
-               *common, *extra, "--out", str(run_out)]
-        t0 = time.monotonic()
-        try:
-            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=share, env=os.environ.copy())
-            rc: int | str = proc.returncode
-            tail = (proc.stdout + proc.stderr)[-1500:]
-        except subprocess.TimeoutExpired as exc:
-            rc, tail = "timeout", str(exc.stdout or "")[-1500:]
-        (out / f"bench_{label}.log").write_text(tail, "utf-8")
-        stage.facts[f"{label}.seconds"] = round(time.monotonic() - t0, 1)
-        stage.facts[f"{label}.exit"] = rc
-        result_file = run_out / "tts_bench.json"
-        if not result_file.is_file():
-            stage.status = "fail" if stage.status == "pass" else stage.status
-            stage.notes.append(f"{label}: no tts_bench.json (exit {rc}); log tail in bench_{label}.log")
-            continue
-        result = json.loads(result_file.read_text("utf-8"))
-        child = run_out / "child.json"
-        if child.is_file():
-            stage.facts.update({f"{label}.{k}": v for k, v in json.loads(child.read_text("utf-8")).items()})
-        rows, facts = _bench_rows(result, label)
-        stage.facts.update(facts)
-        for r in rows:
-            stage.check(r, None)
-        for t in result.get("per_text", []):
-            for sched, v in t.items():
-                if isinstance(v, dict):
-                    stage.check({"run": label, "schedule": sched, "streams": 1, "text": t.get("text"),
-                                 **{k: x for k, x in v.items() if not isinstance(x, (dict, list))}}, None)
-        if not any("cold" in k or "warm" in k for r in rows for k in r):
-            stage.notes.append(f"{label}: the bench reports no cold/warm split (fields absent); first packet "
-                               "is after warm-up with one voice")
-        if not rows:
-            stage.status = "fail"
-            stage.notes.append(f"{label}: the bench gave no sweep rows")
+def bench_runs(device: str) -> list[tuple[str, list[str]]]:
+    """(label, ``bench tts`` arguments) of each bench run: on CUDA full size with graphs on, then off."""
+    if device == "cuda":
+        full = ["--device", "cuda", "--random-full-size", "--dtype", "bfloat16", "--streams", "1,4,16",
+                "--texts", "zh_50", "--repeats", "1"]
+        return [("graphs_on", full), ("graphs_off", [*full, "--no-cuda-graphs"])]
+    # the bench's code path on the tiny model, kept short for CI
+    return [("tiny_cpu", ["--device", "cpu", "--streams", "1", "--texts", "zh_20", "--sweep-text", "zh_20",
+                          "--tokens-per-char", "1", "--schedules", "fast", "--repeats", "1"])]
+
+
+def stage_bench(stage: Stage, out: Path, bench_args: list[str], seconds: float) -> None:
+    """One ``bench tts`` run in a child process limited to ``seconds``; its sweep and per-text rows."""
+    label = stage.name.removeprefix("bench_")
+    stage.facts["args"] = " ".join(bench_args)
+    if seconds < 30:
+        stage.status = "fail"
+        stage.notes.append(f"not run: only {seconds:.0f} s left (raise --budget-s and GPU_CHECK_TIMEOUT)")
+        return
+    run_out = out / stage.name
+    cmd = [sys.executable, "-m", "assistant.bench.gpu_check", "--bench-child", str(run_out), *bench_args,
+           "--out", str(run_out)]
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=seconds, env=os.environ.copy())
+        rc: int | str = proc.returncode
+        text = proc.stdout + proc.stderr
+    except subprocess.TimeoutExpired as exc:
+        rc = "timeout"
+        text = "".join(x.decode() if isinstance(x, bytes) else (x or "") for x in (exc.stdout, exc.stderr))
+    (out / f"{stage.name}.log").write_text(text, "utf-8")
+    stage.facts["exit"] = rc
+    result_file = run_out / "tts_bench.json"
+    if not result_file.is_file():
+        stage.status = "fail"
+        stage.notes.append(f"no tts_bench.json (exit {rc}); the child's output is in {stage.name}.log")
+        return
+    result = json.loads(result_file.read_text("utf-8"))
+    child = run_out / "child.json"
+    if child.is_file():
+        stage.facts.update(json.loads(child.read_text("utf-8")))
+    rows, facts = _bench_rows(result, label)
+    stage.facts.update(facts)
+    for r in rows:
+        stage.check(r, None)
+    for t in result.get("per_text", []):
+        for sched, v in t.items():
+            if isinstance(v, dict):
+                stage.check({"run": label, "schedule": sched, "streams": 1, "text": t.get("text"),
+                             **{k: x for k, x in v.items() if not isinstance(x, (dict, list))}}, None)
+    if not any("cold" in k or "warm" in k for r in rows for k in r):
+        stage.notes.append("the bench reports no cold/warm split (fields absent): first packets are after "
+                           "warm-up, with one voice")
+    if not rows:
+        stage.status = "fail"
+        stage.notes.append("the bench gave no sweep rows")
+    if rc != 0:
+        stage.notes.append(f"the child exited {rc}; see {stage.name}.log")
 
 
 def bench_child(out: Path, bench_args: list[str]) -> int:
@@ -524,8 +525,10 @@ def main(argv: list[str] | None = None) -> int:
     if device == "cuda" or args.full_size_bf16:
         report.run("bf16_full_size", lambda s: full_size_bf16(s, device))
     report.run("frontend", stage_frontend)
-    if not args.skip_bench:
-        report.run("bench", lambda s: stage_bench(s, device, out, deadline))
+    runs = [] if args.skip_bench else bench_runs(device)
+    for i, (label, bench_args) in enumerate(runs):
+        seconds = (deadline - time.monotonic()) / (len(runs) - i)  # an equal share of what is left
+        report.run(f"bench_{label}", lambda s, a=bench_args, t=seconds: stage_bench(s, out, a, t))
     print(report.markdown())
     print(f"gpu_check: wrote {out}/gpu_check.md and .json in {time.monotonic() - t_start:.0f} s")
     return 0 if all(s.status in ("pass", "skipped") for s in report.stages) else 1

@@ -34,7 +34,7 @@ def test_cpu_mode_runs_offline_without_the_projects_other_dependencies(tmp_path:
     print(proc.stdout[-3000:], proc.stderr[-3000:])
     doc = json.loads((out / "gpu_check.json").read_text())
     stages = {s["name"]: s for s in doc["stages"]}
-    assert list(stages) == ["env", "parity", "bf16", "frontend", "bench"]
+    assert list(stages) == ["env", "parity", "bf16", "frontend", "bench_tiny_cpu"]
     assert {n: s["status"] for n, s in stages.items()} == dict.fromkeys(stages, "pass"), \
         {n: s["notes"] for n, s in stages.items()}
     assert proc.returncode == 0
@@ -48,9 +48,9 @@ def test_cpu_mode_runs_offline_without_the_projects_other_dependencies(tmp_path:
     assert sum(r["ok"] == "yes" for r in front["rows"]) == 6
     assert stages["env"]["facts"]["missing_modules"].split(", ")[:3] == ["wetext", "soxr", "soundfile"]
     # the bench ran through its public entry and gave a first packet
-    sweep = [r for r in stages["bench"]["rows"] if "first_packet_p50_ms" in r]
+    sweep = [r for r in stages["bench_tiny_cpu"]["rows"] if "first_packet_p50_ms" in r]
     assert sweep and all(r["first_packet_p50_ms"] > 0 for r in sweep)
-    assert (out / "bench_tiny_cpu/tts_bench.json").is_file()
+    assert (out / "bench_tiny_cpu/tts_bench.json").is_file() and (out / "bench_tiny_cpu.log").is_file()
 
 
 def test_stage_and_table_helpers() -> None:

@@ -165,6 +165,12 @@ class TextFrontend:
         self._normalizers = _Normalizers()
         self._tokenizer: Any = None
 
+    @property
+    def normalizes(self) -> bool:
+        """Whether numbers, dates etc. are spelled out (wetext importable and ``normalize_text`` on)."""
+        zh, en = self._normalizers.get()
+        return self.normalize_text and zh is not None and en is not None
+
     # tokens
     @property
     def has_tokenizer(self) -> bool:

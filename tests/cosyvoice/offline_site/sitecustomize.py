@@ -1,22 +1,14 @@
-"""Makes this Python look like the GPU machine: the project's other dependencies cannot be imported.
+"""Makes this Python look like the GPU machine: the project's other dependencies are absent.
 
-On ``PYTHONPATH``, Python imports this file at start-up; every import of a module listed in
-``GPU_CHECK_BLOCKED`` (comma separated) then raises ImportError, as on a machine that lacks it.
+On ``PYTHONPATH``, Python imports this file at start-up. Each module listed in ``GPU_CHECK_BLOCKED`` (comma
+separated) is marked absent the way Python itself spells it: ``sys.modules[name] = None``, so ``import name``
+raises ModuleNotFoundError and ``importlib.util.find_spec(name)`` returns None (what libraries such as
+transformers use to probe optional packages).
 """
 
-import importlib.abc
 import os
 import sys
 
-_BLOCKED = {m.strip() for m in os.environ.get("GPU_CHECK_BLOCKED", "").split(",") if m.strip()}
-
-
-class _Absent(importlib.abc.MetaPathFinder):
-    def find_spec(self, name, path=None, target=None):  # type: ignore[no-untyped-def]
-        if name.split(".")[0] in _BLOCKED:
-            raise ModuleNotFoundError(f"No module named {name!r} (blocked: not on the GPU machine)", name=name)
-        return None
-
-
-if _BLOCKED:
-    sys.meta_path.insert(0, _Absent())
+for _name in os.environ.get("GPU_CHECK_BLOCKED", "").split(","):
+    if _name.strip():
+        sys.modules[_name.strip()] = None  # type: ignore[assignment]

@@ -29,16 +29,16 @@ exec > >(tee -a "$OUT/gpu_check.log") 2>&1
 echo "== gpu_check $(date -u +%FT%TZ) on $(hostname) from $(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null || echo '?')"
 command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv
 
-# module:wheel-name pairs the check needs (wetext is optional: without it normalisation is skipped).
-for pair in numpy:numpy torch:torch transformers:transformers yaml:pyyaml wetext:wetext; do
-  mod="${pair%%:*}"; pkg="${pair##*:}"
-  if ! "$PY" -c "import $mod" 2>/dev/null; then
-    if [ -d "$ROOT/.whl" ]; then
-      echo "== $mod missing: installing $pkg from $ROOT/.whl (no index)"
-      "$PY" -m pip install --no-index --find-links "$ROOT/.whl" "$pkg" || echo "== $pkg: not installable from .whl"
-    else
-      echo "== $mod missing and no .whl folder"
-    fi
+# Modules the check needs (wetext is optional: without it normalisation is skipped), found without importing.
+missing=$("$PY" -c 'import importlib.util as u
+print(" ".join(m for m in ("numpy", "torch", "transformers", "yaml", "wetext") if u.find_spec(m) is None))')
+for mod in $missing; do
+  pkg="$mod"; [ "$mod" = yaml ] && pkg=pyyaml
+  if [ -d "$ROOT/.whl" ]; then
+    echo "== $mod missing: installing $pkg from $ROOT/.whl (no index)"
+    "$PY" -m pip install --no-index --find-links "$ROOT/.whl" "$pkg" || echo "== $pkg: not installable from .whl"
+  else
+    echo "== $mod missing and no .whl folder"
   fi
 done
 

@@ -282,7 +282,6 @@ __all__ = [
     "SPECIAL_TOKENS",
     "PreparedText",
     "TextFrontend",
-    "contains_chinese",
     "emotion_instruction",
     "format_instruct",
     "language_tag",

@@ -525,6 +525,8 @@ def main(argv: list[str] | None = None) -> int:
     if device == "cuda" or args.full_size_bf16:
         report.run("bf16_full_size", lambda s: full_size_bf16(s, device))
     report.run("frontend", stage_frontend)
+    if device == "cuda":
+        torch.cuda.empty_cache()  # the bench children get the GPU as it was
     runs = [] if args.skip_bench else bench_runs(device)
     for i, (label, bench_args) in enumerate(runs):
         seconds = (deadline - time.monotonic()) / (len(runs) - i)  # an equal share of what is left

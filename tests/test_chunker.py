@@ -110,3 +110,31 @@ def test_reset_drops_pending_text() -> None:
     c.push("Half a sentence that was interr")
     c.reset()
     assert c.pending == "" and c.flush() == []
+
+
+# --- the one sentence splitter and CJK helper (assistant.tts.text) the chunker, the TTS service and the
+# CosyVoice front end share ---
+
+
+def test_whole_text_splitter_uses_the_chunker_rules() -> None:
+    from assistant.tts.text import split_sentences
+
+    text = "Mr. Smith paid $3.50. Really?! Yes... it is.\n今天很好。明天下雨！OK"
+    parts = split_sentences(text)
+    assert "".join(parts) == text  # raw slices: nothing lost, blanks kept at the start of the next piece
+    assert [p.strip() for p in parts] == [
+        "Mr. Smith paid $3.50.", "Really?!", "Yes... it is.", "今天很好。", "明天下雨！", "OK"]
+    # The streaming chunker releases the same sentences (it only adds the early first clause).
+    assert run(text, 1, first_min_chars=1000) == [p.strip() for p in parts]
+
+
+def test_cjk_helpers_and_short_piece_joining() -> None:
+    from assistant.tts.text import contains_chinese, has_cjk, is_cjk, join_short, starts_cjk
+
+    assert is_cjk("。") and is_cjk("か") and is_cjk("한") and is_cjk("中") and not is_cjk("a")
+    assert has_cjk("ok かな") and not contains_chinese("ok かな") and contains_chinese("ok 中")
+    assert starts_cjk("中a") and not starts_cjk("a中") and not starts_cjk("")
+    assert join_short(["Hi.", " Ok.", " This is long enough."], 12) == ["Hi. Ok. This is long enough."]
+    assert join_short(["今天。", "明天很好很好很好很好很好。"], 6) == ["今天。明天很好很好很好很好很好。"]
+    assert join_short(["A long first sentence.", " Ok."], 12) == ["A long first sentence. Ok."]
+    assert join_short(["...", " !"], 1) == []

@@ -34,6 +34,7 @@ from assistant.audio import float_to_s16
 from assistant.config import Config
 from assistant.pipeline.speech import SpeechPath, SpeechTimeout
 from assistant.server.metrics import Metrics
+<<<<<<< HEAD
 from assistant.server.tts_request import SynthesisParams, TTSError, bad_field
 from assistant.server.voice_sources import VoiceSources
 from assistant.tts.base import (
@@ -45,6 +46,13 @@ from assistant.tts.base import (
 )
 from assistant.tts.tags import split_leading_tag, split_style_tag
 from assistant.tts.voices import ReferenceClipStore
+=======
+from assistant.tts.base import LANGUAGES, SPEED_RANGE, ReferenceClip, TTSEngine, TTSRequest, TTSUnsupported
+from assistant.tts.tags import split_leading_tag
+from assistant.tts.text import join_short
+from assistant.tts.text import split_sentences as text_sentences
+from assistant.tts.voices import VoiceStore, valid_voice_id
+>>>>>>> cvguard
 
 log = logging.getLogger(__name__)
 
@@ -52,30 +60,13 @@ BUSY_WAIT_S = 1.0                     # how long a request waits for a synthesis
 MAX_RATE_CLIENTS = 10_000             # rate-limiter buckets kept; the least recently seen go first
 
 # A leading tag like "[cheerful] " or "【关心】": an emotion/style instruction, not words to speak.
-# Sentence ends for per-sentence DSP: latin marks followed by a space, CJK marks anywhere.
-_SENTENCE_SPLIT = re.compile(r"(?<=[.!?…])\s+|(?<=[。！？；])")
 MIN_SENTENCE_CHARS = 12               # shorter pieces are glued to the next one
 
 
 def split_sentences(text: str) -> list[str]:
-    """Sentences for per-sentence DSP; pieces shorter than ``MIN_SENTENCE_CHARS`` join the next one."""
-    out: list[str] = []
-    carry = ""
-    for piece in _SENTENCE_SPLIT.split(text):
-        carry = f"{carry} {piece}".strip() if carry and not _is_cjk_text(piece) else carry + piece.strip()
-        if len(carry) >= MIN_SENTENCE_CHARS:
-            out.append(carry)
-            carry = ""
-    if carry:
-        if out and len(carry) < MIN_SENTENCE_CHARS:
-            out[-1] = f"{out[-1]} {carry}" if not _is_cjk_text(carry) else out[-1] + carry
-        else:
-            out.append(carry)
-    return [s for s in out if any(c.isalnum() for c in s)] or [text]
-
-
-def _is_cjk_text(s: str) -> bool:
-    return any("\u3000" <= c <= "\u9fff" or "\uac00" <= c <= "\ud7af" for c in s[:1])
+    """Sentences for per-sentence DSP (the one splitter, `assistant.tts.text`); pieces shorter than
+    ``MIN_SENTENCE_CHARS`` join the next one."""
+    return join_short(text_sentences(text), MIN_SENTENCE_CHARS) or [text]
 
 
 # --- rate limiting ---------------------------------------------------------------------------------------

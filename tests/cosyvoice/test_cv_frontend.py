@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+import json
+import logging
+import sys
+
 import pytest
+from cv_fixtures import FIXTURES
 
 from assistant.tts.cosyvoice.frontend import (
     END_OF_PROMPT,
@@ -16,7 +21,7 @@ from assistant.tts.cosyvoice.frontend import (
 
 def test_language_tags() -> None:
     assert [language_tag(x) for x in ("zh", "en", "ja", "yue", "ko")] == [
-        "<|zh|>", "<|en|>", "<|jp|>", "<|yue|>", "<|ko|>"]
+        "<|zh|>", "<|en|>", "<|ja|>", "<|yue|>", "<|ko|>"]
     assert language_tag(None) == ""
     with pytest.raises(ValueError):
         language_tag("fr")
@@ -61,3 +66,61 @@ def test_normalize_numbers() -> None:
         pytest.skip("wetext unavailable")
     assert "二零二四" in zh and "twenty three" in en
     assert f.normalize("<|en|>I have 23") == "<|en|>I have 23"  # tagged text is left alone
+
+
+# --- the reference front end's output (../shared/fixtures/cosyvoice2/tiny_tokenizer/frontend_golden.json) ---
+
+TOKENIZER_DIR = FIXTURES / "tiny_tokenizer"
+_GOLDEN = TOKENIZER_DIR / "frontend_golden.json"
+_CASES = json.loads(_GOLDEN.read_text())["cases"] if _GOLDEN.is_file() else []
+
+
+@pytest.fixture(scope="module")
+def tiny_frontend() -> TextFrontend:
+    if not _GOLDEN.is_file():
+        pytest.skip(f"front-end golden absent: {_GOLDEN}")
+    return TextFrontend(TOKENIZER_DIR)
+
+
+@pytest.mark.parametrize("case", range(len(_CASES)) or [pytest.param(0, marks=pytest.mark.skip("no golden"))])
+def test_reference_segments_and_ids(tiny_frontend: TextFrontend, case: int) -> None:
+    """Segments and token ids of each of the reference's ten texts (normalised, split, encoded)."""
+    c = _CASES[case]
+    if any(ch.isdigit() for ch in c["text"]) and not tiny_frontend.normalizes:
+        pytest.skip("wetext unavailable: numbers are not normalised")
+    segments = tiny_frontend.sentences(c["text"])
+    assert segments == c["segments"]
+    assert [tiny_frontend.encode(s) for s in segments] == c["token_ids"]
+
+
+def test_reference_special_tokens_and_instructions(tiny_frontend: TextFrontend) -> None:
+    golden = json.loads(_GOLDEN.read_text())
+    tok = tiny_frontend.tokenizer()
+    assert {t: tok.convert_tokens_to_ids(t) for t in golden["special_token_ids"]} == golden["special_token_ids"]
+    for ins in golden["instructions"]:
+        assert tiny_frontend.encode(ins["text"]) == ins["token_ids"]
+
+
+def test_reference_quirks_without_wetext() -> None:
+    """The two places the reference's split differs from plain sentence splitting: a mark run keeps its first
+    mark, and a later segment keeps the blank before it."""
+    f = TextFrontend(normalize_text=False)
+    assert f.split("Well... (this part) - and this isn't.") == ["Well. (this part) - and this isn't."]
+    assert f.split("Really?! Yes.") == ["Really? Yes."]
+    long = " ".join(f"This is sentence number {i} which is moderately long." for i in range(20))
+    parts = f.split(long)
+    assert parts[0][0] == "T" and all(p.startswith(" This") for p in parts[1:])
+    assert "".join(parts) == long
+
+
+def test_works_without_wetext(monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    """No wetext installed (the GPU machine): one clear log line, text goes through unnormalised."""
+    monkeypatch.setitem(sys.modules, "wetext", None)  # makes `import wetext` raise ImportError
+    f = TextFrontend()
+    with caplog.at_level(logging.WARNING, logger="assistant.tts.cosyvoice.frontend"):
+        # the reference's zh clean-up still runs
+        assert f.sentences("I have 23 apples. 今天是2024年") == ["I have 23 apples。今天是2024年。"]
+        assert f.sentences("It is 3 pm.") == ["It is 3 pm."]
+    lines = [r.getMessage() for r in caplog.records if "wetext" in r.getMessage()]
+    assert len(lines) == 1 and "normalisation skipped" in lines[0]
+    assert not f.normalizes

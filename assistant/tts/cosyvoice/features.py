@@ -195,14 +195,25 @@ def speaker_fbank(audio_16k: np.ndarray | torch.Tensor) -> torch.Tensor:
 
 
 def resample(audio: np.ndarray, sr_in: int, sr_out: int) -> np.ndarray:
-    """Mono float32 resampling with soxr (high quality); a no-op when the rates agree."""
+    """Mono float32 resampling with soxr (high quality); a no-op when the rates agree.
+
+    Without soxr (the offline GPU machine) scipy's polyphase filter does it: a voice prompt is resampled once,
+    so its cost does not matter, and its pass band matches soxr's to well under the features' resolution.
+    """
     audio = np.asarray(audio, dtype=np.float32)
     if audio.ndim == 2:  # [N, C] or [C, N] → mono
         audio = audio.mean(axis=1 if audio.shape[1] < audio.shape[0] else 0)
     if sr_in == sr_out:
         return audio
-    import soxr
+    try:
+        import soxr
+    except ImportError:
+        from math import gcd
 
+        from scipy.signal import resample_poly
+
+        g = gcd(sr_in, sr_out)
+        return resample_poly(audio, sr_out // g, sr_in // g).astype(np.float32)
     return soxr.resample(audio, sr_in, sr_out, quality="HQ").astype(np.float32)
 
 

@@ -3,8 +3,8 @@
 What the speech LLM expects as text:
 
 - plain text to speak, normalised (numbers, dates, units spelled out; wetext for zh/en);
-- optionally a language tag first, ``<|zh|> <|en|> <|jp|> <|yue|> <|ko|>`` (CosyVoice2's cross-lingual
-  mode; note Japanese is ``jp`` there);
+- optionally a language tag first, ``<|zh|> <|en|> <|ja|> <|yue|> <|ko|>`` (CosyVoice2's cross-lingual
+  mode; the codes of the reference tokenizer's language table);
 - in instruct mode, the instruction as the prompt text, ended by ``<|endofprompt|>``.
 
 An emotion tag at the start of a text (``[关心] 你还好吗？``, ``[cheerful] Hello!``) is our convenience: it is
@@ -20,13 +20,14 @@ from pathlib import Path
 from typing import Any
 
 from assistant.tts.tags import split_leading_tag
+from assistant.tts.text import contains_chinese, split_sentences
 
 log = logging.getLogger(__name__)
 
 END_OF_PROMPT = "<|endofprompt|>"
 
 # Our language codes (assistant.tts.base.LANGUAGES) → CosyVoice2's tags.
-LANGUAGE_TAGS = {"zh": "<|zh|>", "en": "<|en|>", "ja": "<|jp|>", "yue": "<|yue|>", "ko": "<|ko|>"}
+LANGUAGE_TAGS = {"zh": "<|zh|>", "en": "<|en|>", "ja": "<|ja|>", "yue": "<|yue|>", "ko": "<|ko|>"}
 
 # Special tokens the CosyVoice2 tokenizer adds to Qwen's (they are single ids; the text normaliser must not
 # touch them).
@@ -56,25 +57,24 @@ EMOTIONS_EN = {
     "serious": "Speak in a serious tone.", "whisper": "Speak in a whisper.",
 }
 
-_CJK = re.compile(r"[\u4e00-\u9fff]")
-_LANG_TAG = re.compile(r"^\s*<\|(zh|en|jp|yue|ko)\|>")
+_LANG_TAG = re.compile(r"^\s*<\|(zh|en|ja|yue|ko)\|>")
 
-# Sentence splitting, as the reference sizes sentences: aim for 60-80 units (characters for zh, tokens or
-# words for other languages), and glue a trailing piece shorter than 20 units to the one before.
+# Sentence packing, as the reference sizes segments: aim for 60-80 units (characters for zh, tokens or words
+# for other languages), and glue a trailing piece shorter than 20 units to the one before.
 SENTENCE_MAX = 80
 SENTENCE_MIN = 60
 SENTENCE_MERGE = 20
+# The reference cuts after every one of these and drops a mark that directly follows another, so a run
+# ("...", "?!") keeps its first mark; and it ends a text that has no final mark with one.
 _ZH_STOPS = "。？！；：、.?!;"
 _EN_STOPS = ".?!;:"
+_MARK_RUN = {lang: re.compile(f"([{re.escape(stops)}])[{re.escape(stops)}]+") for lang, stops in
+             (("zh", _ZH_STOPS), ("en", _EN_STOPS))}
 _CLOSERS = "\"”'’)）」』"
 
 
-def contains_chinese(text: str) -> bool:
-    return bool(_CJK.search(text))
-
-
 def language_tag(language: str | None) -> str:
-    """``"ja"`` → ``"<|jp|>"``; None or "" → ""; an unknown code raises ValueError."""
+    """``"ja"`` → ``"<|ja|>"``; None or "" → ""; an unknown code raises ValueError."""
     if not language:
         return ""
     try:
@@ -130,7 +130,7 @@ class _Normalizers:
                 self.zh = Normalizer(lang="zh", operator="tn", remove_erhua=False)
                 self.en = Normalizer(lang="en", operator="tn")
             except Exception as exc:  # ImportError, or missing FST resources
-                log.warning("wetext unavailable (%s): text is not normalised (numbers stay digits)", exc)
+                log.warning("wetext unavailable, text normalisation skipped (numbers stay digits): error=%r", exc)
         return self.zh, self.en
 
 
@@ -164,6 +164,12 @@ class TextFrontend:
     def __post_init__(self) -> None:
         self._normalizers = _Normalizers()
         self._tokenizer: Any = None
+
+    @property
+    def normalizes(self) -> bool:
+        """Whether numbers, dates etc. are spelled out (wetext importable and ``normalize_text`` on)."""
+        zh, en = self._normalizers.get()
+        return self.normalize_text and zh is not None and en is not None
 
     # tokens
     @property
@@ -214,32 +220,25 @@ class TextFrontend:
         return text
 
     def split(self, text: str) -> list[str]:
-        """Split into sentences of about 60-80 units; pieces of pure punctuation are dropped."""
+        """Split into segments of about 60-80 units; pieces of pure punctuation are dropped.
+
+        Sentences come from the one splitter (:func:`assistant.tts.text.split_sentences`); they are packed as
+        the reference packs its pieces, and, like the reference's, keep the blank that preceded them
+        (``" You have..."``: the blank is a token of its own). The reference cuts at every mark, also after
+        ``Dr.``, inside an unnormalised ``3.5``, at ``:`` and ``、``; the splitter does not, which changes a
+        segment only where the 60-80 packing would have cut at such a mark (none of the reference's ten texts).
+        """
         text = text.strip()
         if not text:
             return []
         lang = "zh" if contains_chinese(text) else "en"
         stops = _ZH_STOPS if lang == "zh" else _EN_STOPS
+        text = _MARK_RUN[lang].sub(r"\1", text)
         if text[-1] not in stops and text[-1] not in _CLOSERS:
             text += "。" if lang == "zh" else "."
-        pieces: list[str] = []
-        start = 0
-        i = 0
-        while i < len(text):
-            if text[i] in stops:
-                end = i + 1
-                while end < len(text) and text[end] in _CLOSERS:  # keep a closing quote with its sentence
-                    end += 1
-                if text[start:end].strip():
-                    pieces.append(text[start:end].strip() if lang == "zh" else text[start:end])
-                start = i = end
-                continue
-            i += 1
-        if text[start:].strip():
-            pieces.append(text[start:])
         out: list[str] = []
         cur = ""
-        for piece in pieces:
+        for piece in split_sentences(text):
             if self._length(cur + piece, lang) > SENTENCE_MAX and self._length(cur, lang) > SENTENCE_MIN:
                 out.append(cur)
                 cur = ""
@@ -249,7 +248,7 @@ class TextFrontend:
                 out[-1] += cur
             else:
                 out.append(cur)
-        return [s.strip() for s in out if not _is_only_punctuation(s)]
+        return [s for s in out if not _is_only_punctuation(s)]
 
     def sentences(self, text: str) -> list[str]:
         """Normalise, then split (what the synthesiser runs one by one)."""
@@ -283,7 +282,6 @@ __all__ = [
     "SPECIAL_TOKENS",
     "PreparedText",
     "TextFrontend",
-    "contains_chinese",
     "emotion_instruction",
     "format_instruct",
     "language_tag",

@@ -21,7 +21,6 @@ import asyncio
 import contextlib
 import logging
 import math
-import re
 import time
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Callable
@@ -34,7 +33,6 @@ from assistant.audio import float_to_s16
 from assistant.config import Config
 from assistant.pipeline.speech import SpeechPath, SpeechTimeout
 from assistant.server.metrics import Metrics
-<<<<<<< HEAD
 from assistant.server.tts_request import SynthesisParams, TTSError, bad_field
 from assistant.server.voice_sources import VoiceSources
 from assistant.tts.base import (
@@ -45,14 +43,9 @@ from assistant.tts.base import (
     with_streaming,
 )
 from assistant.tts.tags import split_leading_tag, split_style_tag
-from assistant.tts.voices import ReferenceClipStore
-=======
-from assistant.tts.base import LANGUAGES, SPEED_RANGE, ReferenceClip, TTSEngine, TTSRequest, TTSUnsupported
-from assistant.tts.tags import split_leading_tag
 from assistant.tts.text import join_short
 from assistant.tts.text import split_sentences as text_sentences
-from assistant.tts.voices import VoiceStore, valid_voice_id
->>>>>>> cvguard
+from assistant.tts.voices import ReferenceClipStore
 
 log = logging.getLogger(__name__)
 

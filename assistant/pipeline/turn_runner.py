@@ -25,7 +25,7 @@ from assistant.pipeline.speech import ReplySink, SpeechPath, SpeechTimeout
 from assistant.pipeline.turn import StageError, Turn, TurnDeps, played_text, stage
 from assistant.respond.base import ResponderError
 from assistant.respond.history import ConversationHistory
-from assistant.tts.base import TTSRequest
+from assistant.tts.base import TTSBusy, TTSRequest
 
 log = logging.getLogger(__name__)
 
@@ -305,6 +305,8 @@ class SessionVoice:
                 yield out
         except SpeechTimeout as exc:
             raise StageError("tts", "the voice took too long", exc) from exc
+        except TTSBusy as exc:
+            raise StageError("tts", "busy: every synthesis place is taken; try again shortly", exc) from exc
         except Exception as exc:
             raise StageError("tts", "the voice failed", exc) from exc
 

@@ -8,6 +8,8 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from assistant.pipeline.trace import DURATIONS
 
 # Buckets in seconds, dense where conversational latency lives (50 ms … 2 s).
+# The Ray hop: sub-millisecond to tens of milliseconds on loopback and in one data centre.
+HOP_BUCKETS = (0.0005, 0.001, 0.002, 0.003, 0.005, 0.0075, 0.01, 0.015, 0.02, 0.03, 0.05, 0.1, 0.25, 1.0)
 LATENCY_BUCKETS = (0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0, 10.0)
 
 
@@ -39,6 +41,18 @@ class Metrics:
             buckets=LATENCY_BUCKETS,
             registry=self.registry,
         )
+
+        self.ray_hop_seconds = Histogram(
+            "assistant_ray_hop_seconds",
+            "cost of the Ray Serve hop: call (request in + first chunk back), chunk (each later chunk back), "
+            "asr (a transcription's round trip minus the engine's own time)",
+            ["kind"],
+            buckets=HOP_BUCKETS,
+            registry=self.registry,
+        )
+
+    def observe_ray_hop(self, kind: str, seconds: float) -> None:
+        self.ray_hop_seconds.labels(kind=kind).observe(max(seconds, 0.0))
 
     def observe_turn(self, durations_ms: dict[str, float]) -> None:
         self.turns_total.inc()

@@ -20,6 +20,15 @@ from assistant.tts.base import TTSEngine
 log = logging.getLogger(__name__)
 
 
+BACKENDS = ("local", "ray")
+
+
+def _backend(value: str, section: str) -> str:
+    if value not in BACKENDS:
+        raise ValueError(f"{section}.backend must be one of {', '.join(BACKENDS)}, got {value!r}")
+    return value
+
+
 @dataclass
 class Services:
     cfg: Config
@@ -83,10 +92,18 @@ class Services:
 
             model = await timed("end_of_turn", asyncio.to_thread(SmartTurnModel))
             self.end_of_turn = SmartTurnBatcher(model)
+        if self.asr is None and _backend(cfg.asr.backend, "asr") == "ray":
+            from assistant.serve_ray.client import connect_asr
+
+            self.asr = await timed("asr", asyncio.to_thread(connect_asr, cfg, self.metrics.observe_ray_hop))
         if self.asr is None:
             engine = await timed("asr", asyncio.to_thread(create_asr, cfg.asr))
             self.asr = ASRRunner(engine, cfg.asr)
             await timed("asr_warmup", asyncio.to_thread(engine.warmup))
+        if self.tts is None and _backend(cfg.tts.backend, "tts") == "ray":
+            from assistant.serve_ray.client import connect_tts
+
+            self.tts = await timed("tts", asyncio.to_thread(connect_tts, cfg, self.metrics.observe_ray_hop))
         if self.tts is None:
             self.tts = await timed("tts", asyncio.to_thread(create_tts, cfg.tts))
             await timed("tts_warmup", self.tts.warmup())

@@ -37,6 +37,7 @@ from assistant.server.tts_request import SynthesisParams, TTSError, bad_field
 from assistant.server.voice_sources import VoiceSources
 from assistant.tts.base import (
     SPEED_RANGE,
+    TTSBusy,
     TTSEngine,
     TTSRequest,
     TTSUnsupported,
@@ -116,7 +117,12 @@ class TTSService:
         self.voices = voices
         self.sources = VoiceSources(cfg, voices)
         self._engine = engine
-        self._slots = asyncio.Semaphore(max(1, cfg.tts.max_concurrent))
+        self.max_slots = max(1, cfg.tts.max_concurrent)
+        if cfg.tts.backend == "ray":  # the replicas say busy; this only bounds what waits at this gateway
+            from assistant.serve_ray import tts_gateway_capacity
+
+            self.max_slots = tts_gateway_capacity(cfg)
+        self._slots = asyncio.Semaphore(self.max_slots)
         self.rate = RateLimiter(cfg.tts_api.rate_per_minute)
 
     # --- admission -------------------------------------------------------------------------------------
@@ -144,7 +150,7 @@ class TTSService:
         try:
             await asyncio.wait_for(self._slots.acquire(), BUSY_WAIT_S)
         except TimeoutError:
-            raise TTSError(429, "busy", f"all {self.cfg.tts.max_concurrent} synthesis slots are busy; retry shortly",
+            raise TTSError(429, "busy", f"all {self.max_slots} synthesis slots are busy; retry shortly",
                            {"Retry-After": "1"}) from None
         try:
             yield
@@ -223,6 +229,8 @@ class TTSService:
                         raise TTSError(504, "timeout", f"synthesis took over {self.cfg.tts.timeout_s:g} s") from None
                     except TTSUnsupported as exc:
                         raise TTSError(400, "unsupported", str(exc)) from None
+                    except TTSBusy as exc:
+                        raise TTSError(429, "busy", str(exc), {"Retry-After": "1"}) from None
                     if job.energy != 1.0:
                         chunk = _effects().apply_energy(chunk, job.energy)
                     if first:

@@ -97,6 +97,10 @@ class VoiceCloner(Protocol):
         ...
 
 
+class TTSBusy(RuntimeError):
+    """Every synthesis place is taken (slots and waiting room, here or on every replica); retry shortly."""
+
+
 class TTSUnsupported(ValueError):
     """The engine cannot honour an option (e.g. cloning on Piper); the message names it."""
 

@@ -95,6 +95,9 @@ class PiperEngine(PieceByPiece):
         """``noise_scale``/``noise_w_scale``: Piper's sampling noise (None: the voice's own; 0 and 0 make
         synthesis deterministic, which tests use to compare numbers across runs)."""
         self.cfg = cfg or TTSConfig()
+        if self.cfg.deterministic:
+            noise_scale = 0.0 if noise_scale is None else noise_scale
+            noise_w_scale = 0.0 if noise_w_scale is None else noise_w_scale
         self._noise = (noise_scale, noise_w_scale)
         model, config = resolve_voice(self.cfg.voice)
         t0 = time.monotonic()

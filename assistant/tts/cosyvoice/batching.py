@@ -45,6 +45,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from assistant.tts.base import TTSBusy
 from assistant.tts.cosyvoice.llm import SpeechLM, SpeechLMConfig
 from assistant.tts.cosyvoice.prompt_cache import DEFAULT_MAX_BYTES, PromptCache, digest
 from assistant.tts.cosyvoice.streaming import Chunk, StreamingSynthesis, StreamSchedule
@@ -55,8 +56,8 @@ log = logging.getLogger(__name__)
 MASK32 = 0xFFFFFFFF
 
 
-class EngineBusy(RuntimeError):
-    """Every synthesis slot and every waiting place is taken; try again later (HTTP 503)."""
+class EngineBusy(TTSBusy):
+    """Every synthesis slot and every waiting place is taken; try again later (429 busy on the TTS API)."""
 
 
 # --- the batched decoder -----------------------------------------------------------------------------------

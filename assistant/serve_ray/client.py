@@ -1,0 +1,208 @@
+"""The gateway's side of the Ray hop: stand-ins for the TTS engine and the ASR runner that call Serve.
+
+:class:`RemoteTTS` is a :class:`~assistant.tts.base.TTSEngine`: the speech path, the TTS service and the
+conversation use it exactly as they use an in-process engine. Each piece of text is one streaming call to
+the TTS deployment (``multiplexed_model_id`` = the voice id, so Serve sends it to a replica holding that
+voice warm); closing the stream cancels the call, and the replica's generator, and the engine's slot.
+A refusal for overload (the caller's queue full: ``BackPressureError``; or the replica's engine full:
+``EngineBusy``) becomes :class:`~assistant.tts.base.TTSBusy`, which the API answers 429 ``busy`` and a call
+reports as an ``error`` event, as in-process.
+
+:class:`RemoteASR` has the face of :class:`~assistant.asr.runner.ASRRunner` (``transcribe``,
+``transcribe_partial``, ``busy``) with the same time limit, ``asr.timeout_s``.
+
+Both report the hop's cost through ``on_hop(kind, seconds)``: ``call`` is the request's way to the replica
+plus the first chunk's way back (the added latency of a turn), ``chunk`` each later chunk's way back. They
+are read off wall clocks stamped on both sides: exact on one machine, as good as NTP across machines.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from ray import serve
+from ray.serve.exceptions import BackPressureError
+
+from assistant.asr.base import Transcript
+from assistant.config import Config
+from assistant.serve_ray.app import (
+    ASR_DEPLOYMENT,
+    TTS_DEPLOYMENT,
+    asr_app_name,
+    deploy,
+    join_cluster,
+    running_apps,
+    tts_app_name,
+)
+from assistant.serve_ray.replicas import DEFAULT_VOICE, EngineInfo
+from assistant.tts.base import PieceByPiece, ReferenceClip, TTSBusy, TTSRequest
+
+log = logging.getLogger(__name__)
+
+HopObserver = Callable[[str, float], None]
+
+
+class RemoteTTS(PieceByPiece):
+    """The TTS deployment as an engine: one streaming call per piece of text."""
+
+    def __init__(self, handle: Any, info: EngineInfo, on_hop: HopObserver | None = None) -> None:
+        self._handle = handle
+        self.name = info.name
+        self.sample_rate = info.sample_rate
+        self.capabilities = info.capabilities
+        self.on_hop = on_hop
+        self.calls = 0
+        self.last_replica = ""  # the replica that served the latest call (tests, diagnostics)
+
+    def _route(self, voice: str | None) -> Any:
+        return self._handle.options(multiplexed_model_id=voice or DEFAULT_VOICE)
+
+    async def synthesize(self, request: TTSRequest) -> AsyncIterator[np.ndarray]:
+        self.calls += 1
+        called = time.time()
+        stream = self._route(request.voice).options(stream=True).synthesize.remote(request)
+        first = True
+        try:
+            async for chunk, sent, started, replica in _busy_as_tts_busy(stream):
+                got = time.time()
+                self.last_replica = replica
+                if self.on_hop is not None:
+                    self.on_hop("call" if first else "chunk", (started - called) + (got - sent) if first
+                                else got - sent)
+                first = False
+                yield chunk
+        finally:
+            # A stream closed early (barge-in, timeout): the replica stops and frees its slot. (A call that
+            # never got a replica raises its refusal again on cancel: that was reported above.)
+            with contextlib.suppress(Exception):
+                stream.cancel()
+
+    async def warmup(self) -> None:
+        """The replicas warmed themselves up when they started."""
+
+    async def close(self) -> None:
+        """Nothing to free here: the replicas belong to the cluster, and serve every gateway."""
+
+    async def stats(self) -> dict[str, Any]:
+        """Load of the replica one call lands on (tests and diagnostics)."""
+        return await self._handle.stats.remote()
+
+
+class RemoteCloningTTS(RemoteTTS):
+    """A remote engine that clones voices: each voice is prepared on the replica its requests go to."""
+
+    async def add_voice(self, voice_id: str, clip: ReferenceClip) -> object:
+        await self._route(voice_id).add_voice.remote(voice_id, clip)
+        return None  # the prepared form stays on the replica (no file for this gateway to keep)
+
+    async def load_voice(self, voice_id: str, path: Path) -> object:
+        return await self._route(voice_id).load_voice.remote(voice_id, str(path))
+
+    def forget_voice(self, voice_id: str) -> None:
+        self._route(voice_id).forget_voice.remote(voice_id)  # best effort; eviction frees it anyway
+
+
+async def _busy_as_tts_busy(stream: Any) -> AsyncIterator[Any]:
+    try:
+        async for item in stream:
+            yield item
+    except BackPressureError as exc:
+        raise TTSBusy("every TTS replica is full and the wait at this gateway is too; retry shortly") from exc
+
+
+class RemoteASR:
+    """The ASR deployment with the face of ``ASRRunner``: async transcriptions under ``asr.timeout_s``."""
+
+    def __init__(self, handle: Any, cfg: Config, on_hop: HopObserver | None = None) -> None:
+        self._handle = handle
+        self.timeout_s = cfg.asr.timeout_s
+        # What this gateway lets run at once: partials are skipped past it, so they never queue ahead of
+        # a final transcript (the replicas' own bound is max_ongoing_requests).
+        self.workers = max(1, cfg.ray.asr_replicas * max(1, cfg.asr.workers))
+        self._in_flight = 0
+        self.on_hop = on_hop
+
+    @property
+    def busy(self) -> bool:
+        return self._in_flight >= self.workers
+
+    async def transcribe(self, audio: np.ndarray, *, language: str | None = None,
+                         prompt: str | None = None) -> Transcript:
+        response = self._handle.transcribe.remote(np.asarray(audio, dtype=np.float32), language, prompt)
+        self._in_flight += 1
+        t0 = time.perf_counter()
+        try:
+            result: Transcript = await asyncio.wait_for(response, self.timeout_s)
+        except TimeoutError:
+            response.cancel()
+            log.error("asr.timeout timeout_s=%.1f backend=ray", self.timeout_s)
+            raise
+        except BackPressureError as exc:
+            raise RuntimeError("every ASR replica is full; the turn is dropped") from exc
+        finally:
+            self._in_flight -= 1
+        if self.on_hop is not None:
+            self.on_hop("asr", max(0.0, time.perf_counter() - t0 - result.compute_s))
+        return result
+
+    async def transcribe_partial(self, audio: np.ndarray, *, language: str | None = None,
+                                 prompt: str | None = None) -> Transcript | None:
+        if self.busy:
+            return None
+        return await self.transcribe(audio, language=language, prompt=prompt)
+
+    async def warmup(self) -> None:
+        """The replicas warmed themselves up when they started."""
+
+    def close(self) -> None:
+        """The replicas belong to the cluster."""
+
+
+def _wait_for_app(cfg: Config, name: str) -> None:
+    deadline = time.monotonic() + cfg.ray.connect_timeout_s
+    while name not in running_apps():
+        if time.monotonic() > deadline:
+            raise RuntimeError(
+                f"Serve application {name!r} is not running on the Ray cluster at {cfg.ray.address!r}; deploy it "
+                f"(`assistant engines` or `serve deploy configs/serve.yaml`) or set ray.deploy = true"
+            )
+        time.sleep(0.5)
+
+
+def _engines(cfg: Config, *, tts: bool, asr: bool) -> None:
+    """Join the cluster; deploy what is missing (``ray.deploy``) or wait for it to be deployed."""
+    join_cluster(cfg)
+    if cfg.ray.deploy:
+        deploy(cfg, tts=tts, asr=asr)
+    for wanted, name in ((tts, tts_app_name(cfg)), (asr, asr_app_name(cfg))):
+        if wanted:
+            _wait_for_app(cfg, name)
+
+
+def connect_tts(cfg: Config, on_hop: HopObserver | None = None) -> RemoteTTS:
+    """The TTS deployment as an engine (blocking: call it off the event loop)."""
+    _engines(cfg, tts=True, asr=False)
+    handle = serve.get_deployment_handle(TTS_DEPLOYMENT, tts_app_name(cfg))
+    info: EngineInfo = handle.info.remote().result(timeout_s=cfg.ray.connect_timeout_s)
+    cls = RemoteCloningTTS if info.cloner and info.capabilities.voice_cloning else RemoteTTS
+    log.info("ray.tts_connected app=%s engine=%s rate=%d", tts_app_name(cfg), info.name, info.sample_rate)
+    return cls(handle, info, on_hop)
+
+
+def connect_asr(cfg: Config, on_hop: HopObserver | None = None) -> RemoteASR:
+    """The ASR deployment with the runner's face (blocking: call it off the event loop)."""
+    _engines(cfg, tts=False, asr=True)
+    handle = serve.get_deployment_handle(ASR_DEPLOYMENT, asr_app_name(cfg))
+    handle.stats.remote().result(timeout_s=cfg.ray.connect_timeout_s)
+    log.info("ray.asr_connected app=%s", asr_app_name(cfg))
+    return RemoteASR(handle, cfg, on_hop)
+
+
+__all__ = ["RemoteASR", "RemoteCloningTTS", "RemoteTTS", "connect_asr", "connect_tts"]

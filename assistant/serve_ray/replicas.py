@@ -1,0 +1,214 @@
+"""What runs on a Ray Serve replica: one TTS engine or one ASR engine, wrapped for remote calls.
+
+The classes are plain; :mod:`assistant.serve_ray.app` makes them deployments with the options of ``[ray]``.
+
+- :class:`TTSReplica` holds the configured engine (the batching CosyVoice2 engine on its GPU, or Piper) and
+  streams float32 chunks back through a streaming handle, each with the time it left the replica, so the
+  gateway can measure the hop. Voices are Serve's multiplexed models: a request names its voice id as the
+  ``multiplexed_model_id``, Serve sends it to a replica that holds that voice warm, and a replica keeps at
+  most ``ray.voices_per_replica`` (least recently used go first). Cancelling the stream (barge-in, a client
+  gone) cancels the generator here, which closes the engine's stream and frees its slot.
+- :class:`ASRReplica` runs ``transcribe`` on a worker thread, so its ``max_ongoing_requests`` transcriptions
+  overlap.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from ray import serve
+
+from assistant.asr.base import Transcript
+from assistant.config import Config, apply_overrides
+from assistant.tts.base import ReferenceClip, TTSEngine, TTSRequest, VoiceCloner
+from assistant.tts.voices import ReferenceClipStore
+
+log = logging.getLogger(__name__)
+
+DEFAULT_VOICE = ""  # the multiplexed id of requests without a voice: the engine's default
+
+
+def config_from_dict(values: dict[str, Any]) -> Config:
+    """A :class:`Config` from ``Config.to_dict()`` (what crosses to a replica), checked like a file."""
+    cfg = Config()
+    apply_overrides(cfg, values, "ray deployment")
+    return cfg
+
+
+def replica_id() -> str:
+    try:
+        return serve.get_replica_context().replica_id.unique_id
+    except Exception:  # outside a replica (unit use)
+        return "local"
+
+
+@dataclasses.dataclass(frozen=True)
+class EngineInfo:
+    """What a gateway needs to know of the remote engine to stand in for it."""
+
+    name: str
+    sample_rate: int
+    capabilities: Any  # TTSCapabilities
+    cloner: bool
+    replica: str
+
+
+class TTSReplica:
+    """One TTS engine on one replica; voices multiplexed by id; chunks streamed with their send time."""
+
+    async def __init__(self, config: dict[str, Any]) -> None:
+        from assistant.tts import create_tts
+
+        cfg = config_from_dict(config)
+        self.cfg = cfg
+        self.tts_cfg = dataclasses.replace(cfg.tts, backend="local")
+        self.engine: TTSEngine = await asyncio.to_thread(create_tts, self.tts_cfg)
+        await self.engine.warmup()
+        self.replica = replica_id()
+        self.active = 0                       # streams running now
+        self.served = 0                       # streams started
+        self.voice_engines: dict[str, TTSEngine] = {}   # per-voice engines (Piper: one model per voice)
+        self.clips: dict[str, ReferenceClip] = {}        # clips handed over by add_voice (cloning engines)
+        self.store = ReferenceClipStore(Path(cfg.server.data_dir) / "voices", cfg.tts_api.max_voices)
+
+        async def voice(voice_id: str) -> _VoiceHandle:
+            return await self._load_voice(voice_id)
+
+        # Serve's multiplexing: the LRU of voices held here, reported to the routers that send each voice's
+        # requests to the replicas holding it. Wired per instance so that its size comes from the config.
+        self.voice = serve.multiplexed(max_num_models_per_replica=max(1, cfg.ray.voices_per_replica))(voice)
+        log.info("ray.tts_replica_ready replica=%s engine=%s", self.replica, self.engine.name)
+
+    # --- voices (Serve model multiplexing) ------------------------------------------------------------
+    async def _load_voice(self, voice_id: str) -> _VoiceHandle:
+        """The engine that speaks ``voice_id`` here, made ready once (what Serve's multiplexing caches).
+
+        A cloning engine prepares the voice from the clip ``add_voice`` gave this replica, else from the
+        shared voice store (``server.data_dir``, on storage every replica sees); an engine with one voice
+        per model (Piper) gets an engine of its own for that voice.
+        """
+        engine = self.engine
+        if isinstance(engine, VoiceCloner) and engine.capabilities.voice_cloning:
+            clip = self.clips.get(voice_id)
+            if clip is None:
+                cached = self.store.cache_path(voice_id, engine.name) if self.store.get(voice_id) else None
+                if cached is not None and cached.is_file():
+                    await engine.load_voice(voice_id, cached)
+                    return _VoiceHandle(engine, voice_id, self)
+                clip = await asyncio.to_thread(self.store.load_clip, voice_id)
+            await engine.add_voice(voice_id, clip)
+            return _VoiceHandle(engine, voice_id, self)
+        from assistant.tts import create_tts
+
+        voiced = await asyncio.to_thread(create_tts, dataclasses.replace(self.tts_cfg, voice=voice_id))
+        await voiced.warmup()
+        self.voice_engines[voice_id] = voiced
+        return _VoiceHandle(voiced, voice_id, self)
+
+    async def add_voice(self, voice_id: str, clip: ReferenceClip) -> str:
+        """Prepare a cloned voice on the replica this call was routed to (by its multiplexed id)."""
+        self.clips[voice_id] = clip
+        await self._engine_for_request()
+        return self.replica
+
+    async def load_voice(self, voice_id: str, path: str) -> str:
+        """A voice's saved prepared form, on storage this replica sees."""
+        if isinstance(self.engine, VoiceCloner):
+            await self.engine.load_voice(voice_id, Path(path))
+        return self.replica
+
+    async def forget_voice(self, voice_id: str) -> str:
+        self.clips.pop(voice_id, None)
+        if isinstance(self.engine, VoiceCloner):
+            self.engine.forget_voice(voice_id)
+        return self.replica
+
+    async def _engine_for_request(self) -> TTSEngine:
+        voice_id = serve.get_multiplexed_model_id()
+        if not voice_id:
+            return self.engine
+        return (await self.voice(voice_id)).engine
+
+    # --- synthesis -------------------------------------------------------------------------------------
+    async def info(self) -> EngineInfo:
+        engine = self.engine
+        return EngineInfo(engine.name, engine.sample_rate, engine.capabilities,
+                          isinstance(engine, VoiceCloner), self.replica)
+
+    async def stats(self) -> dict[str, Any]:
+        """This replica's load and the voices it holds (for tests, ``/metrics`` and the dispatcher)."""
+        return {"replica": self.replica, "active": self.active, "served": self.served,
+                "voices": sorted(self.voice_engines) + sorted(self.clips),
+                "engine_active": getattr(self.engine, "active", None),
+                "sentences_made": sum(getattr(e, "sentences_made", 0)
+                                      for e in [self.engine, *self.voice_engines.values()])}
+
+    async def synthesize(self, request: TTSRequest) -> AsyncIterator[tuple[np.ndarray, float, float, str]]:
+        """(float32 chunk, wall time it left here, wall time the call arrived, this replica) as the engine makes
+        each chunk; a cancel stops the engine."""
+        started = time.time()
+        engine = await self._engine_for_request()
+        if engine is not self.engine:
+            request = dataclasses.replace(request, voice=None)  # a per-voice engine speaks only its voice
+        self.active += 1
+        self.served += 1
+        chunks = engine.synthesize(request)
+        try:
+            async for chunk in chunks:
+                yield np.asarray(chunk, dtype=np.float32), time.time(), started, self.replica
+        finally:
+            self.active -= 1
+            await chunks.aclose()  # type: ignore[attr-defined]
+
+    async def check_health(self) -> None:
+        """Serve's health check: an engine that lost its model raises here and the replica is replaced."""
+        if getattr(self.engine, "closed", False):
+            raise RuntimeError("the TTS engine is closed")
+
+
+class _VoiceHandle:
+    """What the multiplexed loader caches: when Serve evicts it, the replica forgets the voice."""
+
+    def __init__(self, engine: TTSEngine, voice_id: str, owner: TTSReplica) -> None:
+        self.engine, self.voice_id, self.owner = engine, voice_id, owner
+
+    def __del__(self) -> None:  # Serve calls it when it evicts the voice (and Python when collected)
+        owner, self.owner = getattr(self, "owner", None), None
+        if owner is None:
+            return
+        owner.clips.pop(self.voice_id, None)
+        if owner.voice_engines.pop(self.voice_id, None) is None and isinstance(owner.engine, VoiceCloner):
+            owner.engine.forget_voice(self.voice_id)
+        log.info("ray.voice_evicted replica=%s voice=%s", owner.replica, self.voice_id)
+
+
+class ASRReplica:
+    """One ASR engine on one replica; each transcription on a worker thread."""
+
+    async def __init__(self, config: dict[str, Any]) -> None:
+        from assistant.asr import create_asr
+
+        cfg = config_from_dict(config)
+        self.engine = await asyncio.to_thread(create_asr, dataclasses.replace(cfg.asr, backend="local"))
+        await asyncio.to_thread(self.engine.warmup)
+        self.replica = replica_id()
+        self.active = 0
+        log.info("ray.asr_replica_ready replica=%s engine=%s", self.replica, self.engine.name)
+
+    async def transcribe(self, audio: np.ndarray, language: str | None = None,
+                         prompt: str | None = None) -> Transcript:
+        self.active += 1
+        try:
+            return await asyncio.to_thread(self.engine.transcribe, audio, language=language, prompt=prompt)
+        finally:
+            self.active -= 1
+
+    async def stats(self) -> dict[str, Any]:
+        return {"replica": self.replica, "active": self.active}

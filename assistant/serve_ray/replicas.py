@@ -49,6 +49,14 @@ def replica_id() -> str:
         return "local"
 
 
+def replica_actor() -> str:
+    """The replica's actor name (namespace ``serve``): what an operator or a test kills to fail it."""
+    try:
+        return serve.get_replica_context().replica_id.to_full_id_str()
+    except Exception:
+        return ""
+
+
 @dataclasses.dataclass(frozen=True)
 class EngineInfo:
     """What a gateway needs to know of the remote engine to stand in for it."""
@@ -144,7 +152,7 @@ class TTSReplica:
 
     async def stats(self) -> dict[str, Any]:
         """This replica's load and the voices it holds (for tests, ``/metrics`` and the dispatcher)."""
-        return {"replica": self.replica, "active": self.active, "served": self.served,
+        return {"replica": self.replica, "actor": replica_actor(), "active": self.active, "served": self.served,
                 "voices": sorted(self.voice_engines) + sorted(self.clips),
                 "engine_active": getattr(self.engine, "active", None),
                 "sentences_made": sum(getattr(e, "sentences_made", 0)

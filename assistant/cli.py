@@ -1,4 +1,4 @@
-"""Command line: ``assistant serve | say | bench | models | doctor``.
+"""Command line: ``assistant serve | engines | say | bench | models | doctor``.
 
 ``serve`` takes one ``--section.key`` flag per config setting (see ``assistant serve --help``).
 """
@@ -57,6 +57,22 @@ def cmd_serve(args: argparse.Namespace) -> int:
         print=None,
         shutdown_timeout=cfg.server.shutdown_timeout_s,
     )
+    return 0
+
+
+def cmd_engines(args: argparse.Namespace) -> int:
+    """Deploy the TTS and ASR engines as Ray Serve applications on the cluster of ``ray.address`` and exit;
+    they keep running there for every gateway started with ``tts.backend``/``asr.backend`` = ray."""
+    cfg = _load(args)
+    _setup_logging(cfg.log.level)
+    try:
+        from assistant.serve_ray.app import deploy, running_apps
+    except ImportError as exc:
+        print(f"Ray Serve is not installed ({exc}): pip install -e '.[ray]'", file=sys.stderr)
+        return 2
+    done = deploy(cfg, tts=not args.only or args.only == "tts", asr=not args.only or args.only == "asr",
+                  force=args.redeploy)
+    print(json.dumps({"deployed": done, "running": sorted(running_apps())}))
     return 0
 
 
@@ -193,6 +209,12 @@ def build_parser(bench: str | None = None) -> argparse.ArgumentParser:
     p = sub.add_parser("serve", help="start the voice chat server (page at http://HOST:PORT/)")
     _config_args(p)
     p.set_defaults(func=cmd_serve)
+
+    p = sub.add_parser("engines", help="deploy TTS and ASR as Ray Serve applications shared by gateways (.[ray])")
+    p.add_argument("--only", choices=["tts", "asr"], default=None, help="deploy only this engine")
+    p.add_argument("--redeploy", action="store_true", help="deploy again even if running (new config, new code)")
+    _config_args(p)
+    p.set_defaults(func=cmd_engines)
 
     p = sub.add_parser("say", help="synthesize text to a WAV file with the configured TTS engine")
     p.add_argument("text", help="text to speak")

@@ -29,6 +29,14 @@ def _backend(value: str, section: str) -> str:
     return value
 
 
+def _ray_client() -> Any:
+    try:
+        from assistant.serve_ray import client
+    except ImportError as exc:
+        raise RuntimeError(f"backend = ray needs Ray Serve ({exc}): pip install -e '.[ray]'") from exc
+    return client
+
+
 @dataclass
 class Services:
     cfg: Config
@@ -93,7 +101,7 @@ class Services:
             model = await timed("end_of_turn", asyncio.to_thread(SmartTurnModel))
             self.end_of_turn = SmartTurnBatcher(model)
         if self.asr is None and _backend(cfg.asr.backend, "asr") == "ray":
-            from assistant.serve_ray.client import connect_asr
+            connect_asr = _ray_client().connect_asr
 
             self.asr = await timed("asr", asyncio.to_thread(connect_asr, cfg, self.metrics.observe_ray_hop))
         if self.asr is None:
@@ -101,7 +109,7 @@ class Services:
             self.asr = ASRRunner(engine, cfg.asr)
             await timed("asr_warmup", asyncio.to_thread(engine.warmup))
         if self.tts is None and _backend(cfg.tts.backend, "tts") == "ray":
-            from assistant.serve_ray.client import connect_tts
+            connect_tts = _ray_client().connect_tts
 
             self.tts = await timed("tts", asyncio.to_thread(connect_tts, cfg, self.metrics.observe_ray_hop))
         if self.tts is None:

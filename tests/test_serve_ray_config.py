@@ -1,0 +1,44 @@
+"""The Serve config file builds the same applications, with the same options, as ``assistant engines``."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import yaml
+from ray._common.utils import import_attr
+from ray.serve._private.api import call_user_app_builder_with_args_if_necessary
+from ray.serve.schema import ServeDeploySchema
+
+from assistant.config import load_config
+from assistant.serve_ray import tts_capacity, tts_gateway_capacity
+from assistant.serve_ray.app import asr_app_name, caller_queue, tts_app_name
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def test_serve_yaml_builds_the_engine_applications(monkeypatch) -> None:
+    monkeypatch.chdir(REPO)  # the file's config paths are relative to the repository, as `serve deploy` runs
+    schema = ServeDeploySchema.model_validate(yaml.safe_load((REPO / "configs/serve.yaml").read_text()))
+    default = load_config(environ={})
+    assert [a.name for a in schema.applications] == [tts_app_name(default), asr_app_name(default)]
+    for app in schema.applications:
+        built = call_user_app_builder_with_args_if_necessary(import_attr(app.import_path), app.args)
+        deployment = built._bound_deployment
+        cfg = load_config(app.args["config"], overrides=app.args["overrides"], environ={})
+        if app.name.endswith("-tts"):
+            assert deployment.num_replicas == cfg.ray.tts_replicas == 2
+            assert deployment.ray_actor_options["num_gpus"] == cfg.ray.tts_num_gpus == 1
+            assert deployment.max_ongoing_requests == tts_capacity(cfg) == 16  # slots + waiting room
+            assert deployment._deployment_config.max_queued_requests == caller_queue(2, 16, cfg.ray.max_queued)
+            assert cfg.tts.engine == "cosyvoice2"
+        else:
+            assert deployment.ray_actor_options["num_gpus"] == cfg.ray.asr_num_gpus == 0.25
+            assert deployment.max_ongoing_requests == cfg.asr.workers == 2
+
+
+def test_gateway_bound_leaves_busy_to_the_deployment() -> None:
+    cfg = load_config(environ={}, overrides={"tts": {"backend": "ray", "max_concurrent": 2, "max_waiting": 1},
+                                             "ray": {"tts_replicas": 3, "max_queued": 2}})
+    # what the deployment takes from one gateway: 3 replicas × (2 + 1), and 2 waiting at the handle
+    assert caller_queue(3, tts_capacity(cfg), cfg.ray.max_queued) == 11
+    assert tts_gateway_capacity(cfg) > 3 * tts_capacity(cfg) + cfg.ray.max_queued

@@ -157,6 +157,10 @@ def cmd_bench(args: argparse.Namespace) -> int:
         from assistant.bench.tts import run_tts_bench
 
         return run_tts_bench(args)
+    if args.bench_cmd == "ray":
+        from assistant.bench.ray_hop import run_ray_bench
+
+        return asyncio.run(run_ray_bench(args))
     return 2
 
 
@@ -183,6 +187,8 @@ BENCHES = (  # name, help, module, function adding its flags
      "add_features_arguments"),
     ("tts", "TTS first packet / total time tables and concurrency sweep", "assistant.bench.tts",
      "add_tts_bench_arguments"),
+    ("ray", "v2v of one process vs gateways sharing engines through Ray Serve, and the hop's cost",
+     "assistant.bench.ray_hop", "add_ray_arguments"),
 )
 
 

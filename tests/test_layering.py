@@ -23,7 +23,7 @@ ALLOWED: dict[str, set[str]] = {
     "pipeline": BASE | ENGINES,
     "serve_ray": BASE | ENGINES | {"pipeline"},
     "server": BASE | ENGINES | {"pipeline", "rtc", "serve_ray"},
-    "bench": BASE | ENGINES | {"pipeline", "rtc", "server"},
+    "bench": BASE | ENGINES | {"pipeline", "rtc", "server", "serve_ray"},
     "cli": BASE | ENGINES | {"pipeline", "rtc", "server", "bench", "serve_ray"},
     "__main__": {"cli"},
     "__init__": set(),

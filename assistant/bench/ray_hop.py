@@ -82,22 +82,36 @@ def stop(procs: Sequence[subprocess.Popen[bytes]]) -> None:
             proc.kill()
 
 
+def cpu_seconds(pids: Sequence[int]) -> float | None:
+    """User + system CPU time these processes have used so far (Linux ``/proc``; None elsewhere)."""
+    try:
+        tick = os.sysconf("SC_CLK_TCK")
+        total = 0
+        for pid in pids:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+            total += int(fields[11]) + int(fields[12])  # utime, stime (fields 14 and 15 of stat)
+        return total / tick
+    except (OSError, ValueError, IndexError):
+        return None
+
+
 @contextlib.contextmanager
-def one_process(out: Path, flags: Sequence[str]) -> Iterator[str]:
+def one_process(out: Path, flags: Sequence[str]) -> Iterator[tuple[str, list[int]]]:
     port = free_port()
     proc = start_assistant(["serve", "--server.port", str(port), *flags], out / "one-process.log")
     try:
         url = f"http://127.0.0.1:{port}"
         wait_ready(url, proc)
-        yield url
+        yield url, [proc.pid]
     finally:
         stop([proc])
 
 
 @contextlib.contextmanager
 def gateways_on_ray(out: Path, flags: Sequence[str], gateways: int,
-                    tts_replicas: int) -> Iterator[tuple[str, list[str]]]:
-    """A local Ray cluster with the engines, ``gateways`` gateways and the dispatcher; (front URL, gateways)."""
+                    tts_replicas: int) -> Iterator[tuple[str, list[str], list[int]]]:
+    """A local Ray cluster with the engines, ``gateways`` gateways and the dispatcher; (front URL, gateway
+    URLs, gateway pids)."""
     import ray
     from ray import serve
 
@@ -131,7 +145,7 @@ def gateways_on_ray(out: Path, flags: Sequence[str], gateways: int,
         procs.append(front)
         front_url = f"http://127.0.0.1:{port}"
         wait_ready(front_url, front)
-        yield front_url, urls
+        yield front_url, urls, [p.pid for p in procs[:gateways]]
     finally:
         stop(procs)
         serve.shutdown()
@@ -141,12 +155,19 @@ def gateways_on_ray(out: Path, flags: Sequence[str], gateways: int,
 # --- the hop, from the gateways' histograms -------------------------------------------------------------
 def hop_histograms(urls: Sequence[str]) -> dict[str, dict[float, float]]:
     """kind → {upper bound (s): cumulative count}, summed over the gateways' ``/metrics``."""
+    texts = []
+    for url in urls:
+        with urllib.request.urlopen(f"{url}/metrics", timeout=5) as resp:
+            texts.append(resp.read().decode())
+    return parse_hop_histograms(texts)
+
+
+def parse_hop_histograms(texts: Sequence[str]) -> dict[str, dict[float, float]]:
+    """The hop histograms of several Prometheus exposition texts, summed bucket by bucket."""
     from prometheus_client.parser import text_string_to_metric_families
 
     out: dict[str, dict[float, float]] = {}
-    for url in urls:
-        with urllib.request.urlopen(f"{url}/metrics", timeout=5) as resp:
-            text = resp.read().decode()
+    for text in texts:
         for family in text_string_to_metric_families(text):
             if family.name != HOP_METRIC:
                 continue
@@ -206,29 +227,52 @@ def format_side_by_side(one: BenchResult, ray: BenchResult) -> str:
     return "\n".join(lines)
 
 
+async def _levels_with_cpu(url: str, pids: Sequence[int], out: Path, args: argparse.Namespace,
+                           ) -> tuple[BenchResult, list[float | None]]:
+    """bench v2v one level at a time, with the CPU the given processes spent per session-second at each."""
+    merged: BenchResult | None = None
+    cores_per_session: list[float | None] = []
+    for k in args.sessions:
+        before, t0 = cpu_seconds(pids), time.monotonic()
+        result = await bench_v2v(url, args.audio, args.turns, [k], out / f"sessions-{k}", plot=not args.no_plot)
+        after, wall = cpu_seconds(pids), time.monotonic() - t0
+        cores_per_session.append((after - before) / (wall * k) if before is not None and after is not None
+                                 else None)
+        if merged is None:
+            merged = result
+        else:
+            merged.levels.extend(result.levels)
+    assert merged is not None
+    return merged, cores_per_session
+
+
 async def run_ray_bench(args: argparse.Namespace) -> int:
     out = Path(args.out)
     flags = ["--respond.engine", args.responder]
-    common = dict(audio_files=args.audio, turns=args.turns, sessions=args.sessions, plot=not args.no_plot)
     from assistant.bench.v2v import allow_loopback_ice
 
     allow_loopback_ice()
-    with one_process(out, flags) as url:
-        one = await bench_v2v(url, out_dir=out / "one-process", **common)  # type: ignore[arg-type]
-    with gateways_on_ray(out, flags, args.gateways, args.tts_replicas) as (front, urls):
-        ray_result = await bench_v2v(front, out_dir=out / "gateways-ray", **common)  # type: ignore[arg-type]
+    with one_process(out, flags) as (url, pids):
+        one, one_cpu = await _levels_with_cpu(url, pids, out / "one-process", args)
+    with gateways_on_ray(out, flags, args.gateways, args.tts_replicas) as (front, urls, pids):
+        ray_result, gateway_cpu = await _levels_with_cpu(front, pids, out / "gateways-ray", args)
         hist = hop_histograms(urls)
     print(f"v2v, one process vs {args.gateways} gateways + Ray ({args.tts_replicas} TTS replicas, 1 ASR replica), "
           "milliseconds")
     print(format_side_by_side(one, ray_result))
     print("the Ray hop as the gateways measured it (all levels)")
     print(format_hops(hist))
+    print("\nCPU cores busy per active session (CPU seconds / session-seconds)")
+    print(f"  {'sessions':<10}{'one process (all engines)':>28}{'gateways (no engines)':>24}")
+    for k, a, b in zip(args.sessions, one_cpu, gateway_cpu, strict=True):
+        print(f"  {k:<10}{_cores(a):>28}{_cores(b):>24}")
     summary = {
         "one_process": [summarize_level(lv) for lv in one.levels],
         "gateways_ray": [summarize_level(lv) for lv in ray_result.levels],
         "hop_ms": {kind: {"n": int(b.get(float("inf"), 0)),
                           "p50": (bucket_quantile(b, 0.5) or 0) * 1000, "p90": (bucket_quantile(b, 0.9) or 0) * 1000}
                    for kind, b in hist.items()},
+        "cores_per_session": {"one_process": one_cpu, "gateway": gateway_cpu},
         "settings": {"gateways": args.gateways, "tts_replicas": args.tts_replicas, "sessions": args.sessions},
     }
     out.mkdir(parents=True, exist_ok=True)
@@ -236,6 +280,10 @@ async def run_ray_bench(args: argparse.Namespace) -> int:
     print(f"\nwrote {out / 'ray_hop.json'}")
     bad = sum(1 for r in (one, ray_result) for lv in r.levels for t in lv.turns if t.status != "ok")
     return 0 if bad == 0 else 1
+
+
+def _cores(value: float | None) -> str:
+    return f"{value:.3f}" if value is not None else "—"
 
 
 def add_ray_arguments(parser: argparse.ArgumentParser) -> None:

@@ -22,6 +22,7 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections import OrderedDict
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
@@ -47,6 +48,7 @@ from assistant.tts.base import PieceByPiece, ReferenceClip, TTSBusy, TTSRequest
 log = logging.getLogger(__name__)
 
 HopObserver = Callable[[str, float], None]
+MAX_VOICE_HANDLES = 256  # voices whose streaming handle a gateway keeps
 
 
 class RemoteTTS(PieceByPiece):
@@ -60,14 +62,24 @@ class RemoteTTS(PieceByPiece):
         self.on_hop = on_hop
         self.calls = 0
         self.last_replica = ""  # the replica that served the latest call (tests, diagnostics)
+        self._streams: OrderedDict[str, Any] = OrderedDict()  # voice id → its streaming handle, made once
 
     def _route(self, voice: str | None) -> Any:
         return self._handle.options(multiplexed_model_id=voice or DEFAULT_VOICE)
 
+    def _stream_handle(self, voice: str | None) -> Any:
+        """The streaming handle for a voice (``options()`` builds a new handle each time: not per call)."""
+        key = voice or DEFAULT_VOICE
+        handle = self._streams.pop(key, None) or self._route(key).options(stream=True)
+        self._streams[key] = handle
+        while len(self._streams) > MAX_VOICE_HANDLES:
+            self._streams.popitem(last=False)
+        return handle
+
     async def synthesize(self, request: TTSRequest) -> AsyncIterator[np.ndarray]:
         self.calls += 1
         called = time.time()
-        stream = self._route(request.voice).options(stream=True).synthesize.remote(request)
+        stream = self._stream_handle(request.voice).synthesize.remote(request)
         first = True
         try:
             async for chunk, sent, started, replica in _busy_as_tts_busy(stream):

@@ -33,6 +33,10 @@ from assistant.tts.voices import ReferenceClipStore
 log = logging.getLogger(__name__)
 
 DEFAULT_VOICE = ""  # the multiplexed id of requests without a voice: the engine's default
+# Ray passes results under 100 KiB inline with the reply and puts bigger ones in the object store (a
+# shared-memory copy and a lookup more): a long sentence from Piper is ~150 KB of float32, so chunks go back
+# in pieces of at most this many samples (96 KB). The samples are the same; only the cuts differ.
+MAX_ITEM_SAMPLES = 24_000
 
 
 def config_from_dict(values: dict[str, Any]) -> Config:
@@ -170,7 +174,9 @@ class TTSReplica:
         chunks = engine.synthesize(request)
         try:
             async for chunk in chunks:
-                yield np.asarray(chunk, dtype=np.float32), time.time(), started, self.replica
+                x = np.asarray(chunk, dtype=np.float32).reshape(-1)
+                for at in range(0, max(x.size, 1), MAX_ITEM_SAMPLES):
+                    yield x[at:at + MAX_ITEM_SAMPLES], time.time(), started, self.replica
         finally:
             self.active -= 1
             await chunks.aclose()  # type: ignore[attr-defined]

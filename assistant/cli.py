@@ -1,4 +1,4 @@
-"""Command line: ``assistant serve | engines | say | bench | models | doctor``.
+"""Command line: ``assistant serve | dispatch | engines | say | bench | models | doctor``.
 
 ``serve`` takes one ``--section.key`` flag per config setting (see ``assistant serve --help``).
 """
@@ -10,12 +10,17 @@ import asyncio
 import importlib
 import json
 import logging
+import os
 import sys
 from pathlib import Path
 
 from assistant.config import ConfigError, add_config_flags, flag_overrides, load_config
 
 log = logging.getLogger("assistant")
+
+# Not a setting: only for tests and benchmarks that run clients and servers on one machine (aioice leaves
+# 127.0.0.1 out of its candidates; with this set to 1, `assistant serve` offers it).
+LOOPBACK_ICE_ENV = "ASSISTANT_LOOPBACK_ICE"
 
 
 def _setup_logging(level: str) -> None:
@@ -29,9 +34,9 @@ def _setup_logging(level: str) -> None:
         logging.getLogger(noisy).setLevel(max(logging.WARNING, logging.getLogger().level))
 
 
-def _config_args(p: argparse.ArgumentParser) -> None:
+def _config_args(p: argparse.ArgumentParser, sections: tuple[str, ...] | None = None) -> None:
     p.add_argument("--config", "-c", metavar="FILE", help="TOML config file (default: configs/default.toml)")
-    add_config_flags(p)
+    add_config_flags(p, sections)
 
 
 def _load(args: argparse.Namespace):
@@ -48,7 +53,14 @@ def cmd_serve(args: argparse.Namespace) -> int:
     _setup_logging(cfg.log.level)
     tls = ssl_context(cfg.server)
     app = create_app(cfg)
-    log.info("serving url=%s://%s:%d", "https" if tls else "http", cfg.server.host, cfg.server.port)
+    if os.environ.get(LOOPBACK_ICE_ENV) == "1":
+        # For tests and benchmarks on one machine (clients in other processes reach the peers over 127.0.0.1).
+        from assistant.bench.v2v import allow_loopback_ice
+
+        allow_loopback_ice()
+        log.warning("loopback_ice on (%s=1): 127.0.0.1 is offered as an ICE candidate", LOOPBACK_ICE_ENV)
+    log.info("serving url=%s://%s:%d gateway=%s", "https" if tls else "http", cfg.server.host, cfg.server.port,
+             cfg.server.gateway_id or "-")
     web.run_app(
         app,
         host=cfg.server.host,
@@ -73,6 +85,24 @@ def cmd_engines(args: argparse.Namespace) -> int:
     done = deploy(cfg, tts=not args.only or args.only == "tts", asr=not args.only or args.only == "asr",
                   force=args.redeploy)
     print(json.dumps({"deployed": done, "running": sorted(running_apps())}))
+    return 0
+
+
+def cmd_dispatch(args: argparse.Namespace) -> int:
+    """One front for several gateways: signaling to the least-loaded one, the rest proxied (server/dispatch.py)."""
+    from aiohttp import web
+
+    from assistant.server.dispatch import create_dispatch_app
+    from assistant.server.tls import ssl_context
+
+    cfg = _load(args)
+    _setup_logging(cfg.log.level)
+    tls = ssl_context(cfg.server)
+    app = create_dispatch_app(cfg)
+    log.info("dispatching url=%s://%s:%d gateways=%s", "https" if tls else "http", cfg.server.host,
+             cfg.server.port, ",".join(cfg.dispatch.gateways))
+    web.run_app(app, host=cfg.server.host, port=cfg.server.port, ssl_context=tls, print=None,
+                shutdown_timeout=cfg.server.shutdown_timeout_s)
     return 0
 
 
@@ -221,6 +251,11 @@ def build_parser(bench: str | None = None) -> argparse.ArgumentParser:
     p.add_argument("--redeploy", action="store_true", help="deploy again even if running (new config, new code)")
     _config_args(p)
     p.set_defaults(func=cmd_engines)
+
+    p = sub.add_parser("dispatch", help="one front for several gateways (assistant serve --server.gateway_id ...): "
+                       "offers go to the least-loaded one")
+    _config_args(p, ("server", "dispatch", "log"))
+    p.set_defaults(func=cmd_dispatch)
 
     p = sub.add_parser("say", help="synthesize text to a WAV file with the configured TTS engine")
     p.add_argument("text", help="text to speak")

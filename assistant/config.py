@@ -10,6 +10,7 @@ import argparse
 import dataclasses
 import logging
 import os
+import re
 import tomllib
 import types
 import typing
@@ -49,6 +50,11 @@ class ServerConfig:
     tls_cert: str = _f("", "PEM certificate chain file: serve HTTPS and WSS directly (with server.tls_key)")
     tls_key: str = _f("", "PEM private key file for server.tls_cert")
     shutdown_timeout_s: float = _f(5.0, "time given to sessions to close at shutdown")
+    gateway_id: str = _f(
+        "",
+        "this gateway's name behind `assistant dispatch` (letters, digits, - and _, at most 32): every session id "
+        "becomes ID.TOKEN, so the dispatcher routes a session's PATCH/DELETE here (empty: no prefix)",
+    )
 
 
 @dataclass
@@ -256,6 +262,23 @@ class LogConfig:
 
 
 @dataclass
+class DispatchConfig:
+    """``assistant dispatch``: one front for several gateways (each an ``assistant serve`` with a gateway_id)."""
+
+    gateways: list[str] = _f(
+        [], "gateway base URLs (http://10.0.0.5:8081, ...): the only places the dispatcher ever sends a request"
+    )
+    poll_interval_s: float = _f(1.0, "time between heartbeats (GET /readyz) to each gateway")
+    poll_timeout_s: float = _f(2.0, "a heartbeat slower than this fails: the gateway counts as down until it answers")
+    request_timeout_s: float = _f(
+        25.0,
+        "longest a proxied call may wait for a gateway's answer (above server.connect_timeout_s, which an offer "
+        "may take); streamed answers: longest wait between two chunks",
+    )
+    max_connections: int = _f(512, "connections to the gateways at once (each proxied WebSocket holds one)")
+
+
+@dataclass
 class Config:
     server: ServerConfig = field(default_factory=ServerConfig)
     ice: ICEConfig = field(default_factory=ICEConfig)
@@ -269,6 +292,7 @@ class Config:
     tts_api: TTSAPIConfig = field(default_factory=TTSAPIConfig)
     ray: RayConfig = field(default_factory=RayConfig)
     log: LogConfig = field(default_factory=LogConfig)
+    dispatch: DispatchConfig = field(default_factory=DispatchConfig)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -276,6 +300,16 @@ class Config:
 
 class ConfigError(ValueError):
     """A config file, variable or flag names an unknown setting or holds a bad value."""
+
+
+GATEWAY_ID = re.compile(r"[A-Za-z0-9_-]{1,32}")
+
+
+def check_gateway_id(value: str) -> str:
+    """``server.gateway_id``, or a ConfigError saying why it cannot prefix session ids (the dot separates them)."""
+    if value and not GATEWAY_ID.fullmatch(value):
+        raise ConfigError(f"server.gateway_id must be 1-32 letters, digits, - or _ (got {value!r})")
+    return value
 
 
 def _field_types(cls: type) -> dict[str, Any]:
@@ -381,10 +415,12 @@ def load_config(
     return cfg
 
 
-def add_config_flags(parser: argparse.ArgumentParser) -> None:
-    """One ``--section.key`` flag per setting, with its help text and default."""
+def add_config_flags(parser: argparse.ArgumentParser, sections: tuple[str, ...] | None = None) -> None:
+    """One ``--section.key`` flag per setting, with its help text and default (``sections``: only those)."""
     defaults = Config()
     for sec in dataclasses.fields(Config):
+        if sections is not None and sec.name not in sections:
+            continue
         group = parser.add_argument_group(f"[{sec.name}]")
         obj = getattr(defaults, sec.name)
         for f in dataclasses.fields(obj):

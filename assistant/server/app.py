@@ -7,16 +7,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hmac
 import logging
-from pathlib import Path
-from typing import Any
 
 from aiohttp import web
 
-from assistant.config import PROJECT_ROOT, Config
+from assistant.config import Config, check_gateway_id
 from assistant.pipeline.trace import stage_legend
-from assistant.server.http import CONFIG, SERVICES, HTTPJSONError, json_error, read_json
+from assistant.server.front import add_page_routes, middlewares
+from assistant.server.http import CONFIG, SERVICES, HTTPJSONError, read_json
 from assistant.server.ice import setup_ice_routes
 from assistant.server.services import Services
 from assistant.server.signaling import SESSIONS, check_choices, check_ready, check_sdp, open_session, trickle
@@ -26,92 +24,21 @@ from assistant.server.whip import setup_whip_routes
 log = logging.getLogger(__name__)
 
 OWNS_SERVICES: web.AppKey[bool] = web.AppKey("owns_services", bool)
-WEB_DIR = PROJECT_ROOT / "web"
-
-
-def _protected(path: str) -> bool:
-    return path.startswith("/api/") or path.startswith("/ws/")
-
-
-@web.middleware
-async def error_middleware(request: web.Request, handler: Any) -> web.StreamResponse:
-    try:
-        return await handler(request)
-    except HTTPJSONError:
-        raise
-    except web.HTTPRequestEntityTooLarge as exc:
-        return json_error(413, "too_large", f"request body over {exc.max_size} bytes")
-    except web.HTTPException as exc:
-        if exc.status >= 400 and exc.content_type != "application/json":
-            return json_error(exc.status, exc.reason.lower().replace(" ", "_"), exc.text or "")
-        raise
-    except asyncio.CancelledError:
-        raise
-    except Exception:
-        log.exception("request_failed method=%s path=%s", request.method, request.path)
-        return json_error(500, "internal_error", "the server could not handle this request")
-
-
-def _auth_middleware(token: str) -> Any:
-    expected = f"Bearer {token}".encode()
-
-    @web.middleware
-    async def auth(request: web.Request, handler: Any) -> web.StreamResponse:
-        if token and _protected(request.path) and request.method != "OPTIONS":
-            got = request.headers.get("Authorization", "")
-            if not got and request.path.startswith("/ws/"):
-                # Browsers cannot set headers on WebSocket upgrades: accept ?token= there.
-                got = f"Bearer {request.query.get('token', '')}"
-            if not hmac.compare_digest(got.encode(), expected):
-                return json_error(
-                    401,
-                    "unauthorized",
-                    "missing or wrong bearer token",
-                )
-        return await handler(request)
-
-    return auth
-
-
-def _cors_middleware(origins: list[str]) -> Any:
-    allowed = set(origins)
-
-    @web.middleware
-    async def cors(request: web.Request, handler: Any) -> web.StreamResponse:
-        origin = request.headers.get("Origin", "")
-
-        def allow(resp: web.StreamResponse) -> None:
-            if origin and origin in allowed and not resp.prepared:
-                resp.headers["Access-Control-Allow-Origin"] = origin
-                resp.headers["Access-Control-Allow-Headers"] = "Authorization, Content-Type, If-Match"
-                resp.headers["Access-Control-Allow-Methods"] = "GET, POST, PATCH, DELETE, OPTIONS"
-                resp.headers["Vary"] = "Origin"
-
-        if request.method == "OPTIONS" and origin in allowed:
-            resp: web.StreamResponse = web.Response(status=204)
-        else:
-            try:
-                resp = await handler(request)
-            except web.HTTPException as exc:
-                # Raised errors (HTTPJSONError) too: else the page sees a CORS failure, not the reason.
-                allow(exc)
-                raise
-        allow(resp)
-        return resp
-
-    return cors
 
 
 # --- handlers ------------------------------------------------------------------------------------------
-async def healthz(request: web.Request) -> web.Response:
-    return web.json_response({"status": "ok"})
-
-
 async def readyz(request: web.Request) -> web.Response:
-    services = request.app[SERVICES]
+    """Readiness, and this gateway's load: the heartbeat ``assistant dispatch`` polls."""
+    app = request.app
+    services = app[SERVICES]
+    load = {
+        "gateway": app[CONFIG].server.gateway_id,
+        "sessions": len(app[SESSIONS]),
+        "max_sessions": app[CONFIG].server.max_sessions,
+    }
     if not services.ready:
-        return web.json_response({"status": "loading"}, status=503)
-    return web.json_response({"status": "ready", "load_seconds": services.load_seconds})
+        return web.json_response({"status": "loading", **load}, status=503)
+    return web.json_response({"status": "ready", "load_seconds": services.load_seconds, **load})
 
 
 async def metrics(request: web.Request) -> web.Response:
@@ -122,10 +49,6 @@ async def metrics(request: web.Request) -> web.Response:
 async def stages(request: web.Request) -> web.Response:
     """The turn stages the page draws (names, colours, labels): one source, ``pipeline/trace.py``."""
     return web.json_response({"stages": stage_legend()})
-
-
-async def index(request: web.Request) -> web.FileResponse:
-    return web.FileResponse(Path(request.app[CONFIG].server.web_dir or WEB_DIR) / "index.html")
 
 
 async def offer(request: web.Request) -> web.Response:
@@ -177,23 +100,16 @@ async def list_sessions(request: web.Request) -> web.Response:
 # --- app -----------------------------------------------------------------------------------------------
 def create_app(cfg: Config, services: Services | None = None) -> web.Application:
     """Build the app; models load in the background at startup (``/readyz`` says when they are done)."""
-    middlewares = [error_middleware]
-    if cfg.server.cors_origins:
-        middlewares.insert(0, _cors_middleware(cfg.server.cors_origins))
-    if cfg.server.auth_token:
-        middlewares.append(_auth_middleware(cfg.server.auth_token))
+    check_gateway_id(cfg.server.gateway_id)
     # Uploads (reference clips) are bounded by the TTS API's own cap; everything else by max_body_bytes.
     client_max = max(cfg.server.max_body_bytes, cfg.tts_api.max_upload_bytes + 65_536)
-    app = web.Application(middlewares=middlewares, client_max_size=client_max)
+    app = web.Application(middlewares=middlewares(cfg.server), client_max_size=client_max)
     app[CONFIG] = cfg
     app[SERVICES] = services or Services(cfg)
     # Services passed in belong to the caller (tests share one set across apps); ours we close.
     app[OWNS_SERVICES] = services is None
     app[SESSIONS] = {}
-    web_dir = Path(cfg.server.web_dir or WEB_DIR)
-    app.router.add_get("/", index)
-    app.router.add_static("/static/", web_dir, show_index=False, follow_symlinks=False)
-    app.router.add_get("/healthz", healthz)
+    add_page_routes(app)
     app.router.add_get("/readyz", readyz)
     app.router.add_get("/metrics", metrics)
     app.router.add_post("/api/offer", offer)

@@ -19,6 +19,18 @@ def _ref(name: str) -> dict[str, str]:
     return {"$ref": f"#/components/schemas/{name}"}
 
 
+READYZ = {
+    "type": "object", "required": ["status", "gateway", "sessions", "max_sessions"],
+    "properties": {
+        "status": {"type": "string", "enum": ["ready", "loading"]},
+        "gateway": {"type": "string", "description": "server.gateway_id (empty: none)"},
+        "sessions": {"type": "integer", "description": "open voice sessions"},
+        "max_sessions": {"type": "integer"},
+        "load_seconds": {"type": "object", "description": "time each model took to load (when ready)"},
+    },
+}
+
+
 def _error(description: str) -> dict[str, Any]:
     return {"description": description, "content": {"application/json": {"schema": _ref("Error")}}}
 
@@ -309,9 +321,9 @@ def build_openapi(cfg: Config) -> dict[str, Any]:
                                           "responses": {"200": {"description": "OpenAPI 3.1 JSON"}}}},
             "/healthz": {"get": {"summary": "Liveness", "security": [],
                                  "responses": {"200": _json({"type": "object"}, "{status: ok}")}}},
-            "/readyz": {"get": {"summary": "Readiness: models loaded and warmed", "security": [],
-                                "responses": {"200": _json({"type": "object"}, "ready"),
-                                              "503": _json({"type": "object"}, "still loading")}}},
+            "/readyz": {"get": {"summary": "Readiness: models loaded and warmed; with this gateway's load (the "
+                                           "heartbeat `assistant dispatch` reads)", "security": [],
+                                "responses": {"200": _json(READYZ, "ready"), "503": _json(READYZ, "still loading")}}},
             "/metrics": {"get": {"summary": "Prometheus metrics", "security": [],
                                  "responses": {"200": {"description": "text exposition format"}}}},
         },

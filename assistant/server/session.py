@@ -29,8 +29,13 @@ from assistant.server.services import Services
 log = logging.getLogger(__name__)
 
 
-def new_session_id() -> str:
-    return secrets.token_urlsafe(12)
+def new_session_id(gateway_id: str = "") -> str:
+    """A fresh session id; behind a dispatcher ``GATEWAY.TOKEN``, so the id names the gateway that holds it.
+
+    The token's alphabet (URL-safe base64) has no dot, so the first dot always ends the gateway id.
+    """
+    token = secrets.token_urlsafe(12)
+    return f"{gateway_id}.{token}" if gateway_id else token
 
 
 class Session:
@@ -45,7 +50,7 @@ class Session:
     ) -> None:
         cfg = cfg or services.cfg
         self.cfg = cfg
-        self.id = new_session_id()
+        self.id = new_session_id(cfg.server.gateway_id)
         self.services = services
         self.created = time.monotonic()
         self.closed = False

@@ -14,13 +14,13 @@ import os
 import sys
 from pathlib import Path
 
+# LOOPBACK_ICE_ENV: not a setting; only for tests and benchmarks that run clients and servers on one machine
+# (aioice leaves 127.0.0.1 out of its candidates; with it set to 1, `assistant serve` offers it).
+from assistant.bench.processes import LOOPBACK_ICE_ENV
 from assistant.config import ConfigError, add_config_flags, flag_overrides, load_config
 
 log = logging.getLogger("assistant")
 
-# Not a setting: only for tests and benchmarks that run clients and servers on one machine (aioice leaves
-# 127.0.0.1 out of its candidates; with this set to 1, `assistant serve` offers it).
-LOOPBACK_ICE_ENV = "ASSISTANT_LOOPBACK_ICE"
 
 
 def _setup_logging(level: str) -> None:

@@ -6,7 +6,8 @@ import os
 
 import pytest
 
-from assistant.bench.ray_hop import bucket_quantile, cpu_seconds, parse_hop_histograms
+from assistant.bench.processes import cpu_seconds
+from assistant.bench.ray_hop import bucket_quantile, parse_hop_histograms
 from assistant.server.metrics import Metrics
 
 

@@ -10,16 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import os
-import signal
-import socket
-import subprocess
-import sys
-import time
-import urllib.request
 from collections.abc import AsyncIterator, Iterator
-from dataclasses import dataclass
-from pathlib import Path
 
 import aiohttp
 import pytest
@@ -29,8 +20,9 @@ from aiohttp import web
 from aiortc import RTCConfiguration, RTCPeerConnection, RTCSessionDescription
 
 from assistant.bench.audio_source import UtteranceSource, load_utterance
+from assistant.bench.processes import AssistantProcess, free_port, start_assistant, stop, wait_ready
 from assistant.bench.v2v import BenchSession, TurnSettings
-from assistant.cli import LOOPBACK_ICE_ENV, main
+from assistant.cli import main
 from assistant.config import ConfigError, check_gateway_id
 from assistant.server.dispatch import create_dispatch_app
 from assistant.server.sdpfrag import build_sdpfrag, ice_credentials
@@ -43,61 +35,20 @@ SDPFRAG = "application/trickle-ice-sdpfrag"
 DISPATCH = {"poll_interval_s": 0.5}
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-@dataclass
-class GatewayProcess:
-    id: str
-    url: str
-    proc: subprocess.Popen
-    log: Path
-
-    def tail(self) -> str:
-        return self.log.read_text(errors="replace")[-3000:] if self.log.exists() else ""
-
-
-def _ready(url: str) -> bool:
-    with contextlib.suppress(OSError, ValueError), urllib.request.urlopen(f"{url}/readyz", timeout=2) as r:
-        return r.status == 200
-    return False
-
-
 @pytest.fixture(scope="module")
-def gateways(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, GatewayProcess]]:
+def gateways(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, AssistantProcess]]:
     """``python -m assistant serve`` twice, as an operator starts them on one node (loopback ICE for the test)."""
     folder = tmp_path_factory.mktemp("gateways")
-    env = {**os.environ, LOOPBACK_ICE_ENV: "1", "OMP_NUM_THREADS": "1"}
-    started: dict[str, GatewayProcess] = {}
+    started: dict[str, AssistantProcess] = {}
     try:
         for gid in GATEWAYS:
-            port, log = free_port(), folder / f"{gid}.log"
-            cmd = [sys.executable, "-m", "assistant", "serve", "--server.port", str(port),
-                   "--server.gateway_id", gid, "--server.max_sessions", "1", "--server.idle_timeout_s", "30",
-                   "--server.data_dir", str(folder / gid), "--tts_api.rate_per_minute", "0"]
-            with log.open("wb") as out:
-                proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT)
-            started[gid] = GatewayProcess(gid, f"http://127.0.0.1:{port}", proc, log)
-        deadline = time.monotonic() + 150
-        for g in started.values():
-            while not _ready(g.url):
-                assert g.proc.poll() is None, f"gateway {g.id} exited:\n{g.tail()}"
-                assert time.monotonic() < deadline, f"gateway {g.id} not ready:\n{g.tail()}"
-                time.sleep(0.5)
+            started[gid] = start_assistant(gid, "serve", [
+                "--server.gateway_id", gid, "--server.max_sessions", "1", "--server.idle_timeout_s", "30",
+                "--server.data_dir", str(folder / gid), "--tts_api.rate_per_minute", "0"], folder, cwd=REPO)
+        wait_ready(list(started.values()), timeout_s=150)
         yield started
     finally:
-        for g in started.values():
-            if g.proc.poll() is None:
-                g.proc.send_signal(signal.SIGINT)
-        for g in started.values():
-            try:
-                g.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                g.proc.kill()
-                g.proc.wait()
+        stop(list(started.values()))
 
 
 @contextlib.asynccontextmanager
@@ -119,7 +70,7 @@ async def dispatcher(
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
-async def front(gateways: dict[str, GatewayProcess]) -> AsyncIterator[str]:
+async def front(gateways: dict[str, AssistantProcess]) -> AsyncIterator[str]:
     async with dispatcher([g.url for g in gateways.values()]) as (url, _app):
         async with aiohttp.ClientSession() as http, http.get(f"{url}/readyz") as r:
             body = await r.json()
@@ -150,7 +101,7 @@ async def connect(url: str, http: aiohttp.ClientSession, index: int = 0) -> Benc
     return client
 
 
-async def gateway_sessions(http: aiohttp.ClientSession, g: GatewayProcess) -> set[str]:
+async def gateway_sessions(http: aiohttp.ClientSession, g: AssistantProcess) -> set[str]:
     async with http.get(f"{g.url}/api/sessions") as r:
         return {s["session_id"] for s in (await r.json())["sessions"]}
 

@@ -1,19 +1,14 @@
 """Two gateway processes sharing TTS and ASR through Ray Serve, on a local Ray cluster (one per module).
 
 Real components throughout: the cluster (started here), the engine applications (two Piper TTS replicas, one
-faster-whisper ASR replica), two ``assistant serve`` processes with ``tts.backend = asr.backend = "ray"``,
-and browser-like aiortc peers. A TTS replica is killed in the middle of a turn: that turn gets one ``error``
+faster-whisper ASR replica), two ``assistant serve`` processes with ``tts.backend = asr.backend = "ray"``, the
+dispatcher in front of them, and browser-like aiortc peers that talk only to the dispatcher. A TTS replica is killed in the middle of a turn: that turn gets one ``error``
 event, the next turn works, and the other session notices nothing.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import os
-import socket
-import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -23,6 +18,7 @@ import pytest
 import ray  # the .[ray] extra is part of the test extras: never skipped
 
 from assistant.bench.audio_source import load_utterance
+from assistant.bench.processes import AssistantProcess, start_assistant, stop, wait_ready
 from assistant.bench.v2v import BenchSession, TurnSettings
 from assistant.config import load_config
 
@@ -31,15 +27,6 @@ pytestmark = [pytest.mark.slow, pytest.mark.asyncio(loop_scope="module")]
 REPO = Path(__file__).resolve().parents[1]
 APP = "gw"
 SETTINGS = TurnSettings(timeout_s=40.0, silence_ms=1500, settle_ms=300)
-# A gateway process as `assistant serve`, with loopback ICE (aioice leaves 127.0.0.1 out; one machine here).
-GATEWAY = ("import sys; from assistant.bench.v2v import allow_loopback_ice; allow_loopback_ice(); "
-           "from assistant.cli import main; sys.exit(main(sys.argv[1:]))")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def cluster_config() -> object:
@@ -47,20 +34,6 @@ def cluster_config() -> object:
         "tts": {"backend": "ray"}, "asr": {"backend": "ray"},
         "ray": {"app_name": APP, "tts_replicas": 2, "tts_num_cpus": 0.5, "asr_num_cpus": 0.5},
     })
-
-
-def wait_ready(url: str, proc: subprocess.Popen, timeout_s: float = 180.0) -> None:
-    import urllib.request
-
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"gateway exited with {proc.returncode}")
-        with contextlib.suppress(OSError), urllib.request.urlopen(f"{url}/readyz", timeout=2) as resp:
-            if resp.status == 200:
-                return
-        time.sleep(0.5)
-    raise TimeoutError(f"{url} not ready in {timeout_s:g} s")
 
 
 @pytest.fixture(scope="module")
@@ -80,34 +53,27 @@ def cluster() -> Iterator[str]:
 
 
 @pytest.fixture(scope="module")
-def gateways(cluster: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[str]]:
-    """Two gateway processes using the cluster's engines (they only connect: ray.deploy off)."""
-    procs, urls = [], []
-    logs = tmp_path_factory.mktemp("gateways")
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
+def stack(cluster: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, list[AssistantProcess]]]:
+    """Two gateway processes using the cluster's engines (they only connect: ray.deploy off), and the dispatcher
+    in front of them; (the dispatcher's URL, the gateways)."""
+    folder = tmp_path_factory.mktemp("gateways")
+    children: list[AssistantProcess] = []
     try:
-        for name in ("gA", "gB"):
-            port = free_port()
-            log = open(logs / f"{name}.log", "wb")  # noqa: SIM115 (closed with the process)
-            procs.append(subprocess.Popen(
-                [sys.executable, "-c", GATEWAY, "serve", "--server.port", str(port),
-                 "--server.data_dir", str(logs / name), "--server.idle_timeout_s", "60",
-                 "--tts.backend", "ray", "--asr.backend", "ray", "--ray.address", cluster,
-                 "--ray.app_name", APP, "--ray.deploy", "false",
-                 "--respond.engine", "tests.long_responder:LongReply"],
-                cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT))
-            urls.append(f"http://127.0.0.1:{port}")
-        for url, proc in zip(urls, procs, strict=True):
-            wait_ready(url, proc)
-        yield urls
+        for gid in ("gA", "gB"):
+            children.append(start_assistant(gid, "serve", [
+                "--server.gateway_id", gid, "--server.data_dir", str(folder / gid), "--server.idle_timeout_s", "60",
+                "--tts.backend", "ray", "--asr.backend", "ray", "--ray.address", cluster, "--ray.app_name", APP,
+                "--ray.deploy", "false", "--respond.engine", "tests.long_responder:LongReply"], folder, cwd=REPO))
+        wait_ready(children)
+        front = start_assistant("dispatch", "dispatch", [
+            "--dispatch.gateways", ",".join(c.url for c in children), "--dispatch.poll_interval_s", "0.5"],
+            folder, cwd=REPO)
+        wait_ready([front])
+        gateways = list(children)
+        children.append(front)
+        yield front.url, gateways
     finally:
-        for proc in procs:
-            proc.terminate()
-        for proc in procs:
-            try:
-                proc.wait(15)
-            except subprocess.TimeoutExpired:
-                proc.kill()
+        stop(children)
 
 
 def tts_handle() -> object:
@@ -133,15 +99,26 @@ def errors(client: BenchSession, start: int = 0) -> list[dict]:
     return [e.body for e in client.events[start:] if e.body.get("type") == "error"]
 
 
-async def test_sessions_on_two_gateways_and_a_replica_killed_mid_turn(gateways: list[str], shared_audio) -> None:
+async def gateway_sessions(http: aiohttp.ClientSession, gateway: AssistantProcess) -> set[str]:
+    async with http.get(f"{gateway.url}/api/sessions") as resp:
+        return {s["session_id"] for s in (await resp.json())["sessions"]}
+
+
+async def test_sessions_on_two_gateways_and_a_replica_killed_mid_turn(stack, shared_audio) -> None:
+    front, (ga, gb) = stack
     weather = load_utterance(shared_audio / "en_weather.wav")
     timer = load_utterance(shared_audio / "en_timer.wav")
     async with aiohttp.ClientSession() as http:
-        a = BenchSession(index=0, url=gateways[0], http=http)
-        b = BenchSession(index=1, url=gateways[1], http=http)
+        # Two browser-like peers through the dispatcher land on different gateways (the least-loaded first).
+        a = BenchSession(index=0, url=front, http=http)
         await a.connect()
+        await asyncio.sleep(1.2)  # a heartbeat, so the dispatcher has seen a's session
+        b = BenchSession(index=1, url=front, http=http)
         await b.connect()
         try:
+            assert {a.session_id.split(".")[0], b.session_id.split(".")[0]} == {"gA", "gB"}
+            if a.session_id.startswith("gB."):
+                ga, gb = gb, ga  # a's gateway is "ga" below
             # Both sessions: transcript from the ASR replica, an audible reply from the TTS replicas.
             first = await asyncio.gather(a.run_turn(weather, 0, SETTINGS), b.run_turn(timer, 0, SETTINGS))
             for result in first:
@@ -165,6 +142,12 @@ async def test_sessions_on_two_gateways_and_a_replica_killed_mid_turn(gateways: 
             assert len(errors(a)) == 1
             assert errors(b) == []  # the other session noticed nothing
             assert not a.failed and not b.failed
+
+            # DELETE through the dispatcher reaches the gateway that owns the session, and only that one.
+            async with http.delete(f"{front}/api/sessions/{a.session_id}") as resp:
+                assert resp.status == 200, await resp.text()
+            assert a.session_id not in await gateway_sessions(http, ga)
+            assert b.session_id in await gateway_sessions(http, gb)
         finally:
             await a.close()
             await b.close()

@@ -20,134 +20,66 @@ import argparse
 import contextlib
 import json
 import logging
-import os
-import socket
-import subprocess
-import sys
 import time
 import urllib.request
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
+from assistant.bench.processes import AssistantProcess, cpu_seconds, start_assistant, stop, wait_ready
 from assistant.bench.report import BenchResult, summarize_level
 from assistant.bench.v2v import bench_v2v
 
 log = logging.getLogger(__name__)
 
-# `assistant serve` with loopback ICE: aioice leaves 127.0.0.1 out of its candidates, and on one machine the
-# bench client and the gateways meet there.
-SERVE_WITH_LOOPBACK = ("import sys; from assistant.bench.v2v import allow_loopback_ice; allow_loopback_ice(); "
-                       "from assistant.cli import main; sys.exit(main(sys.argv[1:]))")
 COMPARED = ("v2v_ms", "server_v2v_ms", "asr_ms", "llm_first_text_ms", "tts_first_audio_ms", "downlink_ms")
 HOP_METRIC = "assistant_ray_hop_seconds"
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def start_assistant(args: Sequence[str], log_path: Path, *, cwd: Path | None = None) -> subprocess.Popen[bytes]:
-    """``assistant <args>`` in a child process with loopback ICE, its output in ``log_path``."""
-    log_path.parent.mkdir(parents=True, exist_ok=True)
-    out = open(log_path, "wb")  # noqa: SIM115 - the child holds it; closed when the child ends
-    env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
-    return subprocess.Popen([sys.executable, "-c", SERVE_WITH_LOOPBACK, *args], cwd=cwd, env=env,
-                            stdout=out, stderr=subprocess.STDOUT)
-
-
-def wait_ready(url: str, proc: subprocess.Popen[bytes], timeout_s: float = 240.0) -> None:
-    """Block until ``url/readyz`` answers 200 (raises if the process exits or time runs out)."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"{url}: the process exited with {proc.returncode}")
-        with contextlib.suppress(OSError), urllib.request.urlopen(f"{url}/readyz", timeout=2) as resp:
-            if resp.status == 200:
-                return
-        time.sleep(0.5)
-    raise TimeoutError(f"{url} not ready after {timeout_s:g} s")
-
-
-def stop(procs: Sequence[subprocess.Popen[bytes]]) -> None:
-    for proc in procs:
-        if proc.poll() is None:
-            proc.terminate()
-    for proc in procs:
-        try:
-            proc.wait(15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-
-
-def cpu_seconds(pids: Sequence[int]) -> float | None:
-    """User + system CPU time these processes have used so far (Linux ``/proc``; None elsewhere)."""
-    try:
-        tick = os.sysconf("SC_CLK_TCK")
-        total = 0
-        for pid in pids:
-            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-            total += int(fields[11]) + int(fields[12])  # utime, stime (fields 14 and 15 of stat)
-        return total / tick
-    except (OSError, ValueError, IndexError):
-        return None
-
-
 @contextlib.contextmanager
-def one_process(out: Path, flags: Sequence[str]) -> Iterator[tuple[str, list[int]]]:
-    port = free_port()
-    proc = start_assistant(["serve", "--server.port", str(port), *flags], out / "one-process.log")
+def one_process(out: Path, flags: Sequence[str]) -> Iterator[AssistantProcess]:
+    server = start_assistant("one-process", "serve", flags, out)
     try:
-        url = f"http://127.0.0.1:{port}"
-        wait_ready(url, proc)
-        yield url, [proc.pid]
+        wait_ready([server])
+        yield server
     finally:
-        stop([proc])
+        stop([server])
 
 
 @contextlib.contextmanager
 def gateways_on_ray(out: Path, flags: Sequence[str], gateways: int,
-                    tts_replicas: int) -> Iterator[tuple[str, list[str], list[int]]]:
-    """A local Ray cluster with the engines, ``gateways`` gateways and the dispatcher; (front URL, gateway
-    URLs, gateway pids)."""
+                    tts_replicas: int) -> Iterator[tuple[AssistantProcess, list[AssistantProcess]]]:
+    """A local Ray cluster with the engines, ``gateways`` gateways and the dispatcher in front of them."""
     import ray
     from ray import serve
 
     from assistant.config import load_config
     from assistant.serve_ray.app import deploy
 
-    app = "bench"
-    ray_flags = ["--tts.backend", "ray", "--asr.backend", "ray", "--ray.app_name", app,
-                 "--ray.tts_replicas", str(tts_replicas), "--ray.tts_num_cpus", "0.5", "--ray.asr_num_cpus", "0.5"]
+    ray_settings: dict[str, dict[str, Any]] = {
+        "tts": {"backend": "ray"}, "asr": {"backend": "ray"},
+        "ray": {"app_name": "bench", "tts_replicas": tts_replicas, "tts_num_cpus": 0.5, "asr_num_cpus": 0.5},
+    }
+    ray_flags = [arg for section, keys in ray_settings.items() for key, value in keys.items()
+                 for arg in (f"--{section}.{key}", str(value))]
     ray.init(num_cpus=max(4, tts_replicas + 2), include_dashboard=False, namespace="assistant", log_to_driver=False)
-    procs: list[subprocess.Popen[bytes]] = []
+    children: list[AssistantProcess] = []
     try:
-        overrides: dict[str, dict[str, Any]] = {}
-        for flag, value in zip(ray_flags[::2], ray_flags[1::2], strict=True):
-            section, key = flag[2:].split(".", 1)
-            overrides.setdefault(section, {})[key] = value
-        deploy(load_config(overrides=overrides))
+        deploy(load_config(overrides=ray_settings))
         address = ray.get_runtime_context().gcs_address
-        urls = []
         for i in range(gateways):
-            port = free_port()
-            procs.append(start_assistant(
-                ["serve", "--server.port", str(port), "--server.gateway_id", f"g{i}", "--ray.address", address,
-                 "--ray.deploy", "false", *ray_flags, *flags], out / f"gateway-{i}.log"))
-            urls.append(f"http://127.0.0.1:{port}")
-        for url, proc in zip(urls, procs, strict=True):
-            wait_ready(url, proc)
-        port = free_port()
-        front = start_assistant(["dispatch", "--server.port", str(port), "--dispatch.gateways", ",".join(urls)],
-                                out / "dispatch.log")
-        procs.append(front)
-        front_url = f"http://127.0.0.1:{port}"
-        wait_ready(front_url, front)
-        yield front_url, urls, [p.pid for p in procs[:gateways]]
+            children.append(start_assistant(
+                f"gateway-{i}", "serve",
+                ["--server.gateway_id", f"g{i}", "--ray.address", address, "--ray.deploy", "false", *ray_flags,
+                 *flags], out))
+        wait_ready(children)
+        front = start_assistant("dispatch", "dispatch", ["--dispatch.gateways", ",".join(c.url for c in children)],
+                                out)
+        wait_ready([front])
+        children.append(front)
+        yield front, children[:gateways]
     finally:
-        stop(procs)
+        stop(children)
         serve.shutdown()
         ray.shutdown()
 
@@ -252,11 +184,11 @@ async def run_ray_bench(args: argparse.Namespace) -> int:
     from assistant.bench.v2v import allow_loopback_ice
 
     allow_loopback_ice()
-    with one_process(out, flags) as (url, pids):
-        one, one_cpu = await _levels_with_cpu(url, pids, out / "one-process", args)
-    with gateways_on_ray(out, flags, args.gateways, args.tts_replicas) as (front, urls, pids):
-        ray_result, gateway_cpu = await _levels_with_cpu(front, pids, out / "gateways-ray", args)
-        hist = hop_histograms(urls)
+    with one_process(out, flags) as server:
+        one, one_cpu = await _levels_with_cpu(server.url, [server.pid], out / "one-process", args)
+    with gateways_on_ray(out, flags, args.gateways, args.tts_replicas) as (front, gws):
+        ray_result, gateway_cpu = await _levels_with_cpu(front.url, [g.pid for g in gws], out / "gateways-ray", args)
+        hist = hop_histograms([g.url for g in gws])
     print(f"v2v, one process vs {args.gateways} gateways + Ray ({args.tts_replicas} TTS replicas, 1 ASR replica), "
           "milliseconds")
     print(format_side_by_side(one, ray_result))

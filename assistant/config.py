@@ -249,8 +249,9 @@ class RayConfig:
     asr_num_gpus: float = _f(0.0, "GPUs per ASR replica (a fraction such as 0.25 shares one GPU)")
     asr_num_cpus: float = _f(1.0, "CPUs reserved per ASR replica")
     max_queued: int = _f(
-        0, "requests that may wait at each gateway when every replica is full (0: as in-process, the engines' "
-        "own waiting room is all); past this a request is refused busy"
+        0, "requests each gateway may hold for a replica beyond a burst the size of the deployment (Serve counts a "
+        "request as queued until a replica takes it, so the queue is replicas × (max_concurrent + max_waiting) + "
+        "this); past it a request is refused busy"
     )
     connect_timeout_s: float = _f(60.0, "time to join the cluster and find (or deploy) the engine applications")
 

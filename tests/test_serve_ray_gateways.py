@@ -2,8 +2,9 @@
 
 Real components throughout: the cluster (started here), the engine applications (two Piper TTS replicas, one
 faster-whisper ASR replica), two ``assistant serve`` processes with ``tts.backend = asr.backend = "ray"``, the
-dispatcher in front of them, and browser-like aiortc peers that talk only to the dispatcher. A TTS replica is killed in the middle of a turn: that turn gets one ``error``
-event, the next turn works, and the other session notices nothing.
+dispatcher in front of them, and browser-like aiortc peers that talk only to the dispatcher. A TTS replica is
+killed in the middle of a reply: that turn gets one ``error`` event, the next turn works, and the other
+session notices nothing.
 """
 
 from __future__ import annotations
@@ -82,10 +83,14 @@ def tts_handle() -> object:
     return serve.get_deployment_handle("TTS", f"{APP}-tts")
 
 
-async def kill_a_replica_mid_synthesis(timeout_s: float = 30.0) -> str:
-    """Wait until a TTS replica is synthesising, then kill its actor; its replica id."""
+async def kill_a_replica_mid_reply(client: BenchSession, start: int, timeout_s: float = 30.0) -> str:
+    """Once the client's reply has started (not a speculative one that may yet be dropped), kill the TTS
+    replica that is synthesising it; its replica id."""
     handle = tts_handle()
     deadline = time.monotonic() + timeout_s
+    while not [e for e in client.events[start:] if e.body.get("type") == "reply_audio_start"]:
+        assert time.monotonic() < deadline, "the reply did not start"
+        await asyncio.sleep(0.01)
     while time.monotonic() < deadline:
         stats = await handle.stats.remote()
         if stats["active"] > 0:
@@ -129,7 +134,7 @@ async def test_sessions_on_two_gateways_and_a_replica_killed_mid_turn(stack, sha
             # A's next turn: its TTS replica dies while the reply is being made.
             start = len(a.events)
             turn = asyncio.create_task(a.run_turn(timer, 1, SETTINGS))
-            killed = await kill_a_replica_mid_synthesis()
+            killed = await kill_a_replica_mid_reply(a, start)
             await turn
             failed = errors(a, start)
             assert len(failed) == 1 and failed[0]["stage"] == "tts", (killed, failed)

@@ -5,8 +5,9 @@ Each application is one deployment whose options come from the config:
 - TTS: ``ray.tts_replicas`` replicas of ``ray.tts_num_gpus`` GPUs each (1 for CosyVoice2 on CUDA: one per
   GPU). ``max_ongoing_requests`` per replica is the engine's own capacity, ``tts.max_concurrent`` slots plus
   ``tts.max_waiting`` places in its waiting room, so a replica never queues more than the engine would
-  in-process; past that, at most ``ray.max_queued`` requests wait at each caller, and the next one is refused
-  (``BackPressureError`` → ``busy``, as in-process; see :func:`caller_queue`).
+  in-process. Each caller (gateway) holds at most a burst of the deployment's size plus ``ray.max_queued``
+  requests that no replica has taken yet; the next one is refused (``BackPressureError`` → ``busy``, as
+  in-process; see :func:`caller_queue`).
 - ASR: ``ray.asr_replicas`` replicas of ``ray.asr_num_gpus`` GPUs (a fraction shares a GPU) or CPUs, each
   taking ``asr.workers`` transcriptions at once.
 

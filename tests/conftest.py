@@ -54,6 +54,22 @@ def loopback_ice() -> None:
     aioice.ice.get_host_addresses = original
 
 
+@pytest.fixture(scope="session")
+def ray_cluster() -> Iterator[str]:
+    """One local Ray cluster for the whole run (starting one costs seconds); yields the address other
+    processes join. Each module deploys its own Serve applications and deletes them when done."""
+    import ray
+    from ray import serve
+
+    ray.init(num_cpus=6, include_dashboard=False, namespace="assistant", log_to_driver=False)
+    try:
+        yield ray.get_runtime_context().gcs_address
+    finally:
+        with contextlib.suppress(Exception):
+            serve.shutdown()
+        ray.shutdown()
+
+
 @pytest.fixture(scope="session", autouse=True)
 def _quiet_threads() -> None:
     os.environ.setdefault("OMP_NUM_THREADS", "1")

@@ -12,7 +12,6 @@ from pathlib import Path
 import aiohttp
 import numpy as np
 import pytest
-import ray  # the .[ray] extra is part of the test extras: never skipped
 
 from assistant.audio import float_to_s16
 from assistant.config import load_config
@@ -34,20 +33,18 @@ def ray_config(**ray_keys: object) -> object:
 
 
 @pytest.fixture(scope="module")
-def cluster() -> object:
-    """A local Ray cluster with the TTS application deployed (two Piper replicas)."""
+def cluster(ray_cluster: str) -> object:
+    """The TTS application (two Piper replicas) on the run's Ray cluster."""
     from ray import serve
 
     from assistant.serve_ray.app import deploy
 
-    ray.init(num_cpus=4, include_dashboard=False, namespace="assistant", log_to_driver=False)
     cfg = ray_config()
     try:
         assert deploy(cfg, asr=False) == ["test-tts"]
         yield cfg
     finally:
-        serve.shutdown()
-        ray.shutdown()
+        serve.delete("test-tts")
 
 
 @pytest.fixture(scope="module")

@@ -38,19 +38,18 @@ def cluster_config() -> object:
 
 
 @pytest.fixture(scope="module")
-def cluster() -> Iterator[str]:
-    """A local Ray cluster with both engine applications; yields the address gateways join."""
+def cluster(ray_cluster: str) -> Iterator[str]:
+    """Both engine applications on the run's Ray cluster; yields the address gateways join."""
     from ray import serve
 
     from assistant.serve_ray.app import deploy
 
-    ray.init(num_cpus=6, include_dashboard=False, namespace="assistant", log_to_driver=False)
     try:
         assert sorted(deploy(cluster_config())) == [f"{APP}-asr", f"{APP}-tts"]
-        yield ray.get_runtime_context().gcs_address
+        yield ray_cluster
     finally:
-        serve.shutdown()
-        ray.shutdown()
+        for app in (f"{APP}-asr", f"{APP}-tts"):
+            serve.delete(app)
 
 
 @pytest.fixture(scope="module")

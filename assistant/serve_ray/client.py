@@ -12,8 +12,10 @@ reports as an ``error`` event, as in-process.
 ``transcribe_partial``, ``busy``) with the same time limit, ``asr.timeout_s``.
 
 Both report the hop's cost through ``on_hop(kind, seconds)``: ``call`` is the request's way to the replica
-plus the first chunk's way back (the added latency of a turn), ``chunk`` each later chunk's way back. They
-are read off wall clocks stamped on both sides: exact on one machine, as good as NTP across machines.
+(with any wait for a free one) plus the first chunk's way back (what a turn's first audio pays), ``chunk`` a
+later chunk's way back, stamped when it arrives (a reader task takes chunks off the stream as they come, a
+bounded read-ahead, so a chunk is not stamped late because the listener was still playing the one before).
+They are read off wall clocks stamped on both sides: exact on one machine, as good as NTP across machines.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ import logging
 import time
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -49,6 +52,13 @@ log = logging.getLogger(__name__)
 
 HopObserver = Callable[[str, float], None]
 MAX_VOICE_HANDLES = 256  # voices whose streaming handle a gateway keeps
+READ_AHEAD = 32  # chunks (≤ 96 KB each) a call takes off the stream before its caller wants them
+_END = object()
+
+
+@dataclass(frozen=True)
+class _Failed:
+    error: Exception
 
 
 class RemoteTTS(PieceByPiece):
@@ -77,24 +87,53 @@ class RemoteTTS(PieceByPiece):
         return handle
 
     async def synthesize(self, request: TTSRequest) -> AsyncIterator[np.ndarray]:
+        """Chunks as the replica makes them. A reader task takes them off the stream as they arrive (so each
+        is stamped on arrival, not when the listener wants it), at most ``READ_AHEAD`` ahead of the caller."""
         self.calls += 1
-        called = time.time()
         stream = self._stream_handle(request.voice).synthesize.remote(request)
+        queue: asyncio.Queue[Any] = asyncio.Queue(maxsize=READ_AHEAD)
+        reader = asyncio.get_running_loop().create_task(self._read(stream, queue, time.time()))
+        try:
+            while True:
+                item = await queue.get()
+                if item is _END:
+                    break
+                if isinstance(item, _Failed):
+                    raise item.error
+                yield item
+        finally:
+            # Closed early (barge-in, timeout, a client gone): the replica's generator is cancelled and the
+            # engine's slot freed. (A call that never got a replica raises its refusal again on cancel.)
+            reader.cancel()
+            with contextlib.suppress(BaseException):
+                await reader
+            with contextlib.suppress(Exception):
+                stream.cancel()
+
+    async def _read(self, stream: Any, queue: asyncio.Queue[Any], called: float) -> None:
+        items = _busy_as_tts_busy(stream)
         first = True
         try:
-            async for chunk, sent, started, replica in _busy_as_tts_busy(stream):
+            while True:
+                asked = time.time()
+                try:
+                    chunk, sent, started, replica = await anext(items)
+                except StopAsyncIteration:
+                    break
                 got = time.time()
                 self.last_replica = replica
                 if self.on_hop is not None:
-                    self.on_hop("call" if first else "chunk", (started - called) + (got - sent) if first
-                                else got - sent)
+                    if first:  # the way in (with any wait for a free replica) and the first chunk's way back
+                        self.on_hop("call", (started - called) + (got - sent))
+                    elif asked <= sent:  # not when the read-ahead was full (then the chunk waited for room)
+                        self.on_hop("chunk", got - sent)
                 first = False
-                yield chunk
+                await queue.put(chunk)
+            await queue.put(_END)
+        except Exception as exc:
+            await queue.put(_Failed(exc))
         finally:
-            # A stream closed early (barge-in, timeout): the replica stops and frees its slot. (A call that
-            # never got a replica raises its refusal again on cancel: that was reported above.)
-            with contextlib.suppress(Exception):
-                stream.cancel()
+            await items.aclose()
 
     async def warmup(self) -> None:
         """The replicas warmed themselves up when they started."""

@@ -9,7 +9,8 @@ One run, two set-ups, the same turns:
 
 It prints the two v2v tables side by side (p50/p90 per column and level), the difference of the p50s, and the
 hop itself as the gateways measured it (``assistant_ray_hop_seconds``: ``call`` = request in + first chunk
-back, ``chunk`` = each later chunk back, ``asr`` = a transcription's round trip minus the engine's time),
+back, ``chunk`` = each later chunk back, ``asr`` = a transcription's way there and back, ``asr_wait`` = its
+wait on the replica for a free worker),
 read from their ``/metrics`` histograms (p50/p90 interpolated within buckets). JSON goes to ``--out``.
 Both set-ups share this machine's cores with the bench client: compare them, not their absolute times.
 """
@@ -17,6 +18,7 @@ Both set-ups share this machine's cores with the bench client: compare them, not
 from __future__ import annotations
 
 import argparse
+import asyncio
 import contextlib
 import json
 import logging
@@ -48,8 +50,9 @@ def one_process(out: Path, flags: Sequence[str]) -> Iterator[AssistantProcess]:
 
 @contextlib.contextmanager
 def gateways_on_ray(out: Path, flags: Sequence[str], gateways: int,
-                    tts_replicas: int) -> Iterator[tuple[AssistantProcess, list[AssistantProcess]]]:
-    """A local Ray cluster with the engines, ``gateways`` gateways and the dispatcher in front of them."""
+                    tts_replicas: int) -> Iterator[tuple[AssistantProcess, list[AssistantProcess], Any]]:
+    """A local Ray cluster with the engines, ``gateways`` gateways and the dispatcher in front of them;
+    (the dispatcher, the gateways, the engines' config)."""
     import ray
     from ray import serve
 
@@ -65,7 +68,8 @@ def gateways_on_ray(out: Path, flags: Sequence[str], gateways: int,
     ray.init(num_cpus=max(4, tts_replicas + 2), include_dashboard=False, namespace="assistant", log_to_driver=False)
     children: list[AssistantProcess] = []
     try:
-        deploy(load_config(overrides=ray_settings))
+        cfg = load_config(overrides=ray_settings)
+        deploy(cfg)
         address = ray.get_runtime_context().gcs_address
         for i in range(gateways):
             children.append(start_assistant(
@@ -77,11 +81,75 @@ def gateways_on_ray(out: Path, flags: Sequence[str], gateways: int,
                                 out)
         wait_ready([front])
         children.append(front)
-        yield front, children[:gateways]
+        yield front, children[:gateways], cfg
     finally:
         stop(children)
         serve.shutdown()
         ray.shutdown()
+
+
+# --- the hop alone: our TTS deployment against a bare Serve stream, same client code, same cluster ---------
+class BareStream:
+    """A Serve deployment that only streams (no engine): the floor any Serve hop pays. Its items look like the
+    TTS replica's (a chunk, sent, started, replica), so the same client code reads both."""
+
+    async def synthesize(self, request: Any) -> Any:
+        import numpy as np
+
+        started = time.time()
+        chunk = np.zeros(BARE_ITEM_SAMPLES, dtype=np.float32)
+        for _ in range(BARE_ITEMS):
+            await asyncio.sleep(BARE_GAP_S)  # spaced like an engine's chunks, so none queues behind another
+            yield chunk, time.time(), started, "bare"
+
+
+BARE_ITEMS, BARE_ITEM_SAMPLES, BARE_GAP_S = 4, 24_000, 0.02
+HOP_CALLS = 40
+
+
+async def measure_hops(cfg: Any, calls: int = HOP_CALLS) -> dict[str, dict[str, list[float]]]:
+    """Hop samples (seconds) of ``calls`` sequential calls through ``RemoteTTS``: to a bare Serve stream and to
+    the TTS deployment (a short sentence); {"bare"|"tts": {"call"|"chunk": [...]}}."""
+    from ray import serve
+
+    from assistant.serve_ray.client import RemoteTTS, connect_tts
+    from assistant.serve_ray.replicas import EngineInfo
+    from assistant.tts.base import TTSCapabilities, TTSRequest
+
+    bare = serve.deployment(BareStream, name="Bare").options(
+        num_replicas=max(1, cfg.ray.tts_replicas), ray_actor_options={"num_cpus": 0.1})
+    handle = await asyncio.to_thread(serve.run, bare.bind(), name="bench-bare", route_prefix=None)
+    out: dict[str, dict[str, list[float]]] = {}
+    try:
+        for name in ("bare", "tts"):
+            samples: dict[str, list[float]] = {"call": [], "chunk": []}
+
+            def observe(kind: str, seconds: float, samples: dict[str, list[float]] = samples) -> None:
+                samples.setdefault(kind, []).append(seconds)
+
+            engine = (RemoteTTS(handle, EngineInfo("bare", 24_000, TTSCapabilities(), False, ""), observe)
+                      if name == "bare" else await asyncio.to_thread(connect_tts, cfg, observe))
+            for i in range(calls + 3):  # 3 warm-up calls, dropped
+                async for _ in engine.synthesize(TTSRequest(text="Hello there. How are you today?")):
+                    pass
+                if i == 2:
+                    for values in samples.values():
+                        values.clear()
+            out[name] = samples
+    finally:
+        await asyncio.to_thread(serve.delete, "bench-bare")
+    return out
+
+
+def format_micro(hops: dict[str, dict[str, list[float]]]) -> str:
+    lines = [f"  {'':<22}{'n':>5}{'p50 ms':>9}{'p90 ms':>9}"]
+    for name, label in (("bare", "bare Serve stream"), ("tts", "TTS deployment")):
+        for kind in ("call", "chunk"):
+            values = sorted(hops.get(name, {}).get(kind, []))
+            p50 = values[len(values) // 2] * 1000 if values else None
+            p90 = values[min(len(values) - 1, int(len(values) * 0.9))] * 1000 if values else None
+            lines.append(f"  {label + ' ' + kind:<22}{len(values):>5}{_ms(p50)}{_ms(p90)}")
+    return "\n".join(lines)
 
 
 # --- the hop, from the gateways' histograms -------------------------------------------------------------
@@ -129,12 +197,12 @@ def bucket_quantile(buckets: dict[float, float], q: float) -> float | None:
 
 
 def format_hops(hist: dict[str, dict[float, float]]) -> str:
-    lines = [f"  {'hop':<8}{'n':>7}{'p50 ms':>9}{'p90 ms':>9}"]
-    for kind in ("call", "chunk", "asr"):
+    lines = [f"  {'hop':<10}{'n':>7}{'p50 ms':>9}{'p90 ms':>9}"]
+    for kind in ("call", "chunk", "asr", "asr_wait"):
         buckets = hist.get(kind, {})
         n = int(buckets.get(float("inf"), 0))
         p50, p90 = bucket_quantile(buckets, 0.5), bucket_quantile(buckets, 0.9)
-        lines.append(f"  {kind:<8}{n:>7}{_ms(p50 * 1000 if p50 is not None else None)}"
+        lines.append(f"  {kind:<10}{n:>7}{_ms(p50 * 1000 if p50 is not None else None)}"
                      f"{_ms(p90 * 1000 if p90 is not None else None)}")
     return "\n".join(lines)
 
@@ -186,13 +254,16 @@ async def run_ray_bench(args: argparse.Namespace) -> int:
     allow_loopback_ice()
     with one_process(out, flags) as server:
         one, one_cpu = await _levels_with_cpu(server.url, [server.pid], out / "one-process", args)
-    with gateways_on_ray(out, flags, args.gateways, args.tts_replicas) as (front, gws):
+    with gateways_on_ray(out, flags, args.gateways, args.tts_replicas) as (front, gws, cfg):
+        micro = await measure_hops(cfg)  # the hop alone, on the idle cluster, before any session
         ray_result, gateway_cpu = await _levels_with_cpu(front.url, [g.pid for g in gws], out / "gateways-ray", args)
         hist = hop_histograms([g.url for g in gws])
     print(f"v2v, one process vs {args.gateways} gateways + Ray ({args.tts_replicas} TTS replicas, 1 ASR replica), "
           "milliseconds")
     print(format_side_by_side(one, ray_result))
-    print("the Ray hop as the gateways measured it (all levels)")
+    print(f"the hop alone, {HOP_CALLS} sequential calls on the idle cluster, same client code (RemoteTTS)")
+    print(format_micro(micro))
+    print("\nthe Ray hop as the gateways measured it during the v2v runs (all levels)")
     print(format_hops(hist))
     print("\nCPU cores busy per active session (CPU seconds / session-seconds)")
     print(f"  {'sessions':<10}{'one process (all engines)':>28}{'gateways (no engines)':>24}")
@@ -204,6 +275,8 @@ async def run_ray_bench(args: argparse.Namespace) -> int:
         "hop_ms": {kind: {"n": int(b.get(float("inf"), 0)),
                           "p50": (bucket_quantile(b, 0.5) or 0) * 1000, "p90": (bucket_quantile(b, 0.9) or 0) * 1000}
                    for kind, b in hist.items()},
+        "hop_alone_ms": {name: {kind: sorted(v * 1000 for v in values) for kind, values in kinds.items()}
+                         for name, kinds in micro.items()},
         "cores_per_session": {"one_process": one_cpu, "gateway": gateway_cpu},
         "settings": {"gateways": args.gateways, "tts_replicas": args.tts_replicas, "sessions": args.sessions},
     }

@@ -9,7 +9,7 @@ Each application is one deployment whose options come from the config:
   requests that no replica has taken yet; the next one is refused (``BackPressureError`` → ``busy``, as
   in-process; see :func:`caller_queue`).
 - ASR: ``ray.asr_replicas`` replicas of ``ray.asr_num_gpus`` GPUs (a fraction shares a GPU) or CPUs, each
-  taking ``asr.workers`` transcriptions at once.
+  running ``asr.workers`` transcriptions at once with as many waiting on the replica.
 
 Three ways to deploy, all the same applications: a gateway with ``ray.deploy`` on deploys what is missing;
 ``assistant engines`` deploys and exits; ``serve deploy configs/serve.yaml`` uses the builders below
@@ -65,8 +65,9 @@ def build_asr(cfg: Config) -> Application:
     deployment = serve.deployment(ASRReplica, name=ASR_DEPLOYMENT).options(
         num_replicas=max(1, cfg.ray.asr_replicas),
         ray_actor_options={"num_cpus": cfg.ray.asr_num_cpus, "num_gpus": cfg.ray.asr_num_gpus},
-        max_ongoing_requests=max(1, cfg.asr.workers),
-        max_queued_requests=caller_queue(cfg.ray.asr_replicas, max(1, cfg.asr.workers), cfg.ray.max_queued),
+        # as many waiting as working, on the replica (it reports the wait apart from the hop)
+        max_ongoing_requests=2 * max(1, cfg.asr.workers),
+        max_queued_requests=caller_queue(cfg.ray.asr_replicas, 2 * max(1, cfg.asr.workers), cfg.ray.max_queued),
         health_check_period_s=5.0,
         graceful_shutdown_timeout_s=5.0,
     )

@@ -14,8 +14,9 @@ reports as an ``error`` event, as in-process.
 Both report the hop's cost through ``on_hop(kind, seconds)``: ``call`` is the request's way to the replica
 (with any wait for a free one) plus the first chunk's way back (what a turn's first audio pays), ``chunk`` a
 later chunk's way back, stamped when it arrives (a reader task takes chunks off the stream as they come, a
-bounded read-ahead, so a chunk is not stamped late because the listener was still playing the one before).
-They are read off wall clocks stamped on both sides: exact on one machine, as good as NTP across machines.
+bounded read-ahead, so a chunk is not stamped late because the listener was still playing the one before);
+``asr`` a transcription's way to the replica and back, ``asr_wait`` its wait there for a free worker. They are
+read off wall clocks stamped on both sides: exact on one machine, as good as NTP across machines.
 """
 
 from __future__ import annotations
@@ -186,11 +187,11 @@ class RemoteASR:
 
     async def transcribe(self, audio: np.ndarray, *, language: str | None = None,
                          prompt: str | None = None) -> Transcript:
+        called = time.time()
         response = self._handle.transcribe.remote(np.asarray(audio, dtype=np.float32), language, prompt)
         self._in_flight += 1
-        t0 = time.perf_counter()
         try:
-            result: Transcript = await asyncio.wait_for(response, self.timeout_s)
+            result, arrived, waited, done = await asyncio.wait_for(response, self.timeout_s)
         except TimeoutError:
             response.cancel()
             log.error("asr.timeout timeout_s=%.1f backend=ray", self.timeout_s)
@@ -200,7 +201,8 @@ class RemoteASR:
         finally:
             self._in_flight -= 1
         if self.on_hop is not None:
-            self.on_hop("asr", max(0.0, time.perf_counter() - t0 - result.compute_s))
+            self.on_hop("asr", (arrived - called) + (time.time() - done))
+            self.on_hop("asr_wait", waited)
         return result
 
     async def transcribe_partial(self, audio: np.ndarray, *, language: str | None = None,

@@ -204,7 +204,11 @@ class _VoiceHandle:
 
 
 class ASRReplica:
-    """One ASR engine on one replica; each transcription on a worker thread."""
+    """One ASR engine on one replica: ``asr.workers`` transcriptions at once, each on a worker thread.
+
+    Serve sends a replica up to twice that (``app.build_asr``); the rest wait here, so each answer can say how
+    long it waited apart from how long the hop took.
+    """
 
     async def __init__(self, config: dict[str, Any]) -> None:
         from assistant.asr import create_asr
@@ -214,15 +218,21 @@ class ASRReplica:
         await asyncio.to_thread(self.engine.warmup)
         self.replica = replica_id()
         self.active = 0
+        self._workers = asyncio.Semaphore(max(1, cfg.asr.workers))
         log.info("ray.asr_replica_ready replica=%s engine=%s", self.replica, self.engine.name)
 
     async def transcribe(self, audio: np.ndarray, language: str | None = None,
-                         prompt: str | None = None) -> Transcript:
-        self.active += 1
-        try:
-            return await asyncio.to_thread(self.engine.transcribe, audio, language=language, prompt=prompt)
-        finally:
-            self.active -= 1
+                         prompt: str | None = None) -> tuple[Transcript, float, float, float]:
+        """(the transcript, wall time the call arrived, time it waited for a worker, wall time it was done)."""
+        arrived = time.time()
+        async with self._workers:
+            waited = time.time() - arrived
+            self.active += 1
+            try:
+                result = await asyncio.to_thread(self.engine.transcribe, audio, language=language, prompt=prompt)
+            finally:
+                self.active -= 1
+        return result, arrived, waited, time.time()
 
     async def stats(self) -> dict[str, Any]:
-        return {"replica": self.replica, "active": self.active}
+        return {"replica": self.replica, "actor": replica_actor(), "active": self.active}

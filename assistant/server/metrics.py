@@ -9,7 +9,7 @@ from assistant.pipeline.trace import DURATIONS
 
 # Buckets in seconds, dense where conversational latency lives (50 ms … 2 s).
 # The Ray hop: sub-millisecond to tens of milliseconds on loopback and in one data centre.
-HOP_BUCKETS = (0.0005, 0.001, 0.002, 0.003, 0.005, 0.0075, 0.01, 0.015, 0.02, 0.03, 0.05, 0.1, 0.25, 1.0)
+HOP_BUCKETS = (0.0005, 0.001, 0.002, 0.003, 0.005, 0.0075, 0.01, 0.015, 0.02, 0.03, 0.05, 0.1, 0.25, 1.0, 2.5, 10.0)
 LATENCY_BUCKETS = (0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0, 10.0)
 
 
@@ -45,7 +45,7 @@ class Metrics:
         self.ray_hop_seconds = Histogram(
             "assistant_ray_hop_seconds",
             "cost of the Ray Serve hop: call (request in + first chunk back), chunk (each later chunk back), "
-            "asr (a transcription's round trip minus the engine's own time)",
+            "asr (a transcription's way to the replica and back), asr_wait (its wait there for a free worker)",
             ["kind"],
             buckets=HOP_BUCKETS,
             registry=self.registry,

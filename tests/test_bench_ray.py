@@ -34,3 +34,16 @@ def test_cpu_seconds_of_this_process_grows() -> None:
         pytest.fail("/proc is expected on the Linux machines the bench runs on")
     sum(i * i for i in range(2_000_000))
     assert cpu_seconds([os.getpid()]) > before
+
+
+def test_hist_delta_is_what_one_level_observed() -> None:
+    from assistant.bench.ray_hop import hist_delta
+
+    m = Metrics()
+    m.observe_ray_hop("call", 0.004)
+    before = parse_hop_histograms([m.render()[0].decode()])
+    m.observe_ray_hop("call", 0.012)
+    m.observe_ray_hop("asr", 0.05)
+    level = hist_delta(parse_hop_histograms([m.render()[0].decode()]), before)
+    assert level["call"][float("inf")] == 1 and level["asr"][float("inf")] == 1
+    assert 0.01 < bucket_quantile(level["call"], 0.5) <= 0.015  # only the 12 ms sample is this level's

@@ -227,23 +227,37 @@ def format_side_by_side(one: BenchResult, ray: BenchResult) -> str:
     return "\n".join(lines)
 
 
+Histograms = dict[str, dict[float, float]]
+
+
+def hist_delta(after: Histograms, before: Histograms) -> Histograms:
+    """What was observed between two snapshots of cumulative histograms."""
+    return {kind: {le: count - before.get(kind, {}).get(le, 0.0) for le, count in buckets.items()}
+            for kind, buckets in after.items()}
+
+
 async def _levels_with_cpu(url: str, pids: Sequence[int], out: Path, args: argparse.Namespace,
-                           ) -> tuple[BenchResult, list[float | None]]:
-    """bench v2v one level at a time, with the CPU the given processes spent per session-second at each."""
+                           hop_urls: Sequence[str] = ()) -> tuple[BenchResult, list[float | None], list[Histograms]]:
+    """bench v2v one level at a time, with the CPU the given processes spent per session-second at each and
+    (with ``hop_urls``) the hop histograms those gateways observed during each."""
     merged: BenchResult | None = None
     cores_per_session: list[float | None] = []
+    hops: list[Histograms] = []
     for k in args.sessions:
+        hops_before = await asyncio.to_thread(hop_histograms, hop_urls) if hop_urls else {}
         before, t0 = cpu_seconds(pids), time.monotonic()
         result = await bench_v2v(url, args.audio, args.turns, [k], out / f"sessions-{k}", plot=not args.no_plot)
         after, wall = cpu_seconds(pids), time.monotonic() - t0
         cores_per_session.append((after - before) / (wall * k) if before is not None and after is not None
                                  else None)
+        if hop_urls:
+            hops.append(hist_delta(await asyncio.to_thread(hop_histograms, hop_urls), hops_before))
         if merged is None:
             merged = result
         else:
             merged.levels.extend(result.levels)
     assert merged is not None
-    return merged, cores_per_session
+    return merged, cores_per_session, hops
 
 
 async def run_ray_bench(args: argparse.Namespace) -> int:
@@ -253,18 +267,19 @@ async def run_ray_bench(args: argparse.Namespace) -> int:
 
     allow_loopback_ice()
     with one_process(out, flags) as server:
-        one, one_cpu = await _levels_with_cpu(server.url, [server.pid], out / "one-process", args)
+        one, one_cpu, _ = await _levels_with_cpu(server.url, [server.pid], out / "one-process", args)
     with gateways_on_ray(out, flags, args.gateways, args.tts_replicas) as (front, gws, cfg):
         micro = await measure_hops(cfg)  # the hop alone, on the idle cluster, before any session
-        ray_result, gateway_cpu = await _levels_with_cpu(front.url, [g.pid for g in gws], out / "gateways-ray", args)
-        hist = hop_histograms([g.url for g in gws])
+        ray_result, gateway_cpu, level_hops = await _levels_with_cpu(
+            front.url, [g.pid for g in gws], out / "gateways-ray", args, [g.url for g in gws])
     print(f"v2v, one process vs {args.gateways} gateways + Ray ({args.tts_replicas} TTS replicas, 1 ASR replica), "
           "milliseconds")
     print(format_side_by_side(one, ray_result))
     print(f"the hop alone, {HOP_CALLS} sequential calls on the idle cluster, same client code (RemoteTTS)")
     print(format_micro(micro))
-    print("\nthe Ray hop as the gateways measured it during the v2v runs (all levels)")
-    print(format_hops(hist))
+    for k, hist in zip(args.sessions, level_hops, strict=True):
+        print(f"\nthe Ray hop as the gateways measured it during the v2v run, sessions={k}")
+        print(format_hops(hist))
     print("\nCPU cores busy per active session (CPU seconds / session-seconds)")
     print(f"  {'sessions':<10}{'one process (all engines)':>28}{'gateways (no engines)':>24}")
     for k, a, b in zip(args.sessions, one_cpu, gateway_cpu, strict=True):
@@ -272,9 +287,9 @@ async def run_ray_bench(args: argparse.Namespace) -> int:
     summary = {
         "one_process": [summarize_level(lv) for lv in one.levels],
         "gateways_ray": [summarize_level(lv) for lv in ray_result.levels],
-        "hop_ms": {kind: {"n": int(b.get(float("inf"), 0)),
-                          "p50": (bucket_quantile(b, 0.5) or 0) * 1000, "p90": (bucket_quantile(b, 0.9) or 0) * 1000}
-                   for kind, b in hist.items()},
+        "hop_ms": [{kind: {"n": int(b.get(float("inf"), 0)), "p50": (bucket_quantile(b, 0.5) or 0) * 1000,
+                           "p90": (bucket_quantile(b, 0.9) or 0) * 1000} for kind, b in hist.items()}
+                   for hist in level_hops],
         "hop_alone_ms": {name: {kind: sorted(v * 1000 for v in values) for kind, values in kinds.items()}
                          for name, kinds in micro.items()},
         "cores_per_session": {"one_process": one_cpu, "gateway": gateway_cpu},

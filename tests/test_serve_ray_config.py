@@ -33,7 +33,8 @@ def test_serve_yaml_builds_the_engine_applications(monkeypatch) -> None:
             assert cfg.tts.engine == "cosyvoice2"
         else:
             assert deployment.ray_actor_options["num_gpus"] == cfg.ray.asr_num_gpus == 0.25
-            assert deployment.max_ongoing_requests == cfg.asr.workers == 2
+            assert cfg.asr.workers == 2
+            assert deployment.max_ongoing_requests == 4  # as many waiting on the replica as working
 
 
 def test_gateway_bound_leaves_busy_to_the_deployment() -> None:

@@ -22,7 +22,6 @@ from assistant.config import ConfigError, add_config_flags, flag_overrides, load
 log = logging.getLogger("assistant")
 
 
-
 def _setup_logging(level: str) -> None:
     logging.basicConfig(
         level=getattr(logging, level.upper(), logging.INFO),

@@ -61,9 +61,10 @@ def ray_cluster() -> Iterator[str]:
     import ray
     from ray import serve
 
-    ray.init(num_cpus=6, include_dashboard=False, namespace="assistant", log_to_driver=False)
+    from assistant.serve_ray.app import start_local_cluster
+
     try:
-        yield ray.get_runtime_context().gcs_address
+        yield start_local_cluster(num_cpus=6)
     finally:
         with contextlib.suppress(Exception):
             serve.shutdown()

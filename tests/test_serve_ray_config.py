@@ -10,8 +10,8 @@ from ray.serve._private.api import call_user_app_builder_with_args_if_necessary
 from ray.serve.schema import ServeDeploySchema
 
 from assistant.config import load_config
-from assistant.serve_ray import tts_capacity, tts_gateway_capacity
-from assistant.serve_ray.app import asr_app_name, caller_queue, tts_app_name
+from assistant.serve_ray import caller_queue, tts_capacity, tts_gateway_capacity
+from assistant.serve_ray.app import asr_app_name, tts_app_name
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -43,3 +43,6 @@ def test_gateway_bound_leaves_busy_to_the_deployment() -> None:
     # what the deployment takes from one gateway: 3 replicas × (2 + 1), and 2 waiting at the handle
     assert caller_queue(3, tts_capacity(cfg), cfg.ray.max_queued) == 11
     assert tts_gateway_capacity(cfg) > 3 * tts_capacity(cfg) + cfg.ray.max_queued
+    # the gateway's own bound lets through one more than the deployment takes (9 running + 11 queued), so
+    # the deployment is the one that says busy
+    assert tts_gateway_capacity(cfg) == 9 + 11 + 1

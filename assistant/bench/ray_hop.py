@@ -7,10 +7,11 @@ One run, two set-ups, the same turns:
    ASR replica), ``--gateways`` ``assistant serve`` processes with ``tts.backend = asr.backend = "ray"``, and the
    signaling dispatcher in front, which the bench talks to as if it were one server.
 
-It prints the two v2v tables side by side (p50/p90 per column and level), the difference of the p50s, and the
-hop itself as the gateways measured it (``assistant_ray_hop_seconds``: ``call`` = request in + first chunk
-back, ``chunk`` = each later chunk back, ``asr`` = a transcription's way there and back, ``asr_wait`` = its
-wait on the replica for a free worker),
+It prints the two v2v tables side by side (p50/p90 per column and level) with the difference of the p50s; the
+hop alone (sequential calls on the idle cluster, through the same client code, to the TTS deployment and to a
+bare Serve stream, the floor); and the hop as the gateways measured it during each level
+(``assistant_ray_hop_seconds``: ``call`` = request in + first chunk back, ``chunk`` = each later chunk back,
+``asr`` = a transcription's way there and back, ``asr_wait`` = its wait on the replica for a free worker),
 read from their ``/metrics`` histograms (p50/p90 interpolated within buckets). JSON goes to ``--out``.
 Both set-ups share this machine's cores with the bench client: compare them, not their absolute times.
 """
@@ -29,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from assistant.bench.processes import AssistantProcess, cpu_seconds, start_assistant, stop, wait_ready
-from assistant.bench.report import BenchResult, summarize_level
+from assistant.bench.report import BenchResult, percentile, summarize_level
 from assistant.bench.v2v import bench_v2v
 
 log = logging.getLogger(__name__)
@@ -57,7 +58,7 @@ def gateways_on_ray(out: Path, flags: Sequence[str], gateways: int,
     from ray import serve
 
     from assistant.config import load_config
-    from assistant.serve_ray.app import deploy
+    from assistant.serve_ray.app import deploy, start_local_cluster
 
     ray_settings: dict[str, dict[str, Any]] = {
         "tts": {"backend": "ray"}, "asr": {"backend": "ray"},
@@ -65,12 +66,11 @@ def gateways_on_ray(out: Path, flags: Sequence[str], gateways: int,
     }
     ray_flags = [arg for section, keys in ray_settings.items() for key, value in keys.items()
                  for arg in (f"--{section}.{key}", str(value))]
-    ray.init(num_cpus=max(4, tts_replicas + 2), include_dashboard=False, namespace="assistant", log_to_driver=False)
+    address = start_local_cluster(num_cpus=max(4, tts_replicas + 2))
     children: list[AssistantProcess] = []
     try:
         cfg = load_config(overrides=ray_settings)
         deploy(cfg)
-        address = ray.get_runtime_context().gcs_address
         for i in range(gateways):
             children.append(start_assistant(
                 f"gateway-{i}", "serve",
@@ -127,7 +127,7 @@ async def measure_hops(cfg: Any, calls: int = HOP_CALLS) -> dict[str, dict[str, 
             def observe(kind: str, seconds: float, samples: dict[str, list[float]] = samples) -> None:
                 samples.setdefault(kind, []).append(seconds)
 
-            engine = (RemoteTTS(handle, EngineInfo("bare", 24_000, TTSCapabilities(), False, ""), observe)
+            engine = (RemoteTTS(handle, EngineInfo("bare", 24_000, TTSCapabilities(), False), observe)
                       if name == "bare" else await asyncio.to_thread(connect_tts, cfg, observe))
             for i in range(calls + 3):  # 3 warm-up calls, dropped
                 async for _ in engine.synthesize(TTSRequest(text="Hello there. How are you today?")):
@@ -145,9 +145,9 @@ def format_micro(hops: dict[str, dict[str, list[float]]]) -> str:
     lines = [f"  {'':<22}{'n':>5}{'p50 ms':>9}{'p90 ms':>9}"]
     for name, label in (("bare", "bare Serve stream"), ("tts", "TTS deployment")):
         for kind in ("call", "chunk"):
-            values = sorted(hops.get(name, {}).get(kind, []))
-            p50 = values[len(values) // 2] * 1000 if values else None
-            p90 = values[min(len(values) - 1, int(len(values) * 0.9))] * 1000 if values else None
+            values = [v * 1000 for v in hops.get(name, {}).get(kind, [])]
+            p50 = percentile(values, 50) if values else None
+            p90 = percentile(values, 90) if values else None
             lines.append(f"  {label + ' ' + kind:<22}{len(values):>5}{_ms(p50)}{_ms(p90)}")
     return "\n".join(lines)
 

@@ -15,8 +15,23 @@ def tts_capacity(cfg: Config) -> int:
     return max(1, cfg.tts.max_concurrent) + max(0, cfg.tts.max_waiting)
 
 
+def asr_capacity(cfg: Config) -> int:
+    """Requests one ASR replica takes at once: ``asr.workers`` running and as many waiting on the replica (it
+    reports that wait apart from the hop)."""
+    return 2 * max(1, cfg.asr.workers)
+
+
+def caller_queue(replicas: int, per_replica: int, extra: int) -> int:
+    """Serve's ``max_queued_requests`` (per caller): Serve counts a request as queued until a replica has
+    taken it, so a burst that the replicas can take at once must fit in this queue, or it would be refused
+    while replicas are free; ``ray.max_queued`` more may wait for one to free up."""
+    return max(1, max(1, replicas) * per_replica + max(0, extra))
+
+
 def tts_gateway_capacity(cfg: Config) -> int:
-    """Syntheses one gateway's TTS service lets through with the ray backend: twice what the deployment takes
-    from it (every replica full plus the gateway's queue at the handle), so that the deployment, not this
-    bound, says ``busy``; the bound only caps what one gateway holds open."""
-    return 2 * (max(1, cfg.ray.tts_replicas) * tts_capacity(cfg) + max(0, cfg.ray.max_queued))
+    """Syntheses one gateway's TTS service lets through with the ray backend: one more than the deployment
+    takes from that gateway (every replica full, and its queue at the handle full), so that the deployment,
+    not this bound, says ``busy``; the bound only caps what one gateway holds open."""
+    per_replica = tts_capacity(cfg)
+    replicas = max(1, cfg.ray.tts_replicas)
+    return replicas * per_replica + caller_queue(replicas, per_replica, cfg.ray.max_queued) + 1

@@ -25,7 +25,7 @@ from ray import serve
 from ray.serve import Application
 
 from assistant.config import Config, load_config
-from assistant.serve_ray import tts_capacity
+from assistant.serve_ray import asr_capacity, caller_queue, tts_capacity
 from assistant.serve_ray.replicas import ASRReplica, TTSReplica
 
 log = logging.getLogger(__name__)
@@ -42,36 +42,31 @@ def asr_app_name(cfg: Config) -> str:
     return f"{cfg.ray.app_name}-asr"
 
 
-def caller_queue(replicas: int, per_replica: int, extra: int) -> int:
-    """Serve's ``max_queued_requests`` (per caller): Serve counts a request as queued until a replica has
-    taken it, so a burst that the replicas can take at once must fit in this queue, or it would be refused
-    while replicas are free; ``ray.max_queued`` more may wait for one to free up."""
-    return max(1, max(1, replicas) * per_replica + max(0, extra))
+def _application(cfg: Config, cls: type, name: str, replicas: int, num_cpus: float, num_gpus: float,
+                 per_replica: int) -> Application:
+    """One deployment of ``cls`` with ``per_replica`` requests at once on each replica and the caller queue
+    of :func:`~assistant.serve_ray.caller_queue`; the replicas get the whole config."""
+    deployment = serve.deployment(cls, name=name).options(
+        num_replicas=max(1, replicas),
+        ray_actor_options={"num_cpus": num_cpus, "num_gpus": num_gpus},
+        max_ongoing_requests=per_replica,
+        max_queued_requests=caller_queue(replicas, per_replica, cfg.ray.max_queued),
+        health_check_period_s=5.0,
+        graceful_shutdown_timeout_s=5.0,
+    )
+    return deployment.bind(cfg.to_dict())
 
 
 def build_tts(cfg: Config) -> Application:
-    deployment = serve.deployment(TTSReplica, name=TTS_DEPLOYMENT).options(
-        num_replicas=max(1, cfg.ray.tts_replicas),
-        ray_actor_options={"num_cpus": cfg.ray.tts_num_cpus, "num_gpus": cfg.ray.tts_num_gpus},
-        max_ongoing_requests=tts_capacity(cfg),
-        max_queued_requests=caller_queue(cfg.ray.tts_replicas, tts_capacity(cfg), cfg.ray.max_queued),
-        health_check_period_s=5.0,
-        graceful_shutdown_timeout_s=5.0,
-    )
-    return deployment.bind(cfg.to_dict())
+    r = cfg.ray
+    return _application(cfg, TTSReplica, TTS_DEPLOYMENT, r.tts_replicas, r.tts_num_cpus, r.tts_num_gpus,
+                        tts_capacity(cfg))
 
 
 def build_asr(cfg: Config) -> Application:
-    deployment = serve.deployment(ASRReplica, name=ASR_DEPLOYMENT).options(
-        num_replicas=max(1, cfg.ray.asr_replicas),
-        ray_actor_options={"num_cpus": cfg.ray.asr_num_cpus, "num_gpus": cfg.ray.asr_num_gpus},
-        # as many waiting as working, on the replica (it reports the wait apart from the hop)
-        max_ongoing_requests=2 * max(1, cfg.asr.workers),
-        max_queued_requests=caller_queue(cfg.ray.asr_replicas, 2 * max(1, cfg.asr.workers), cfg.ray.max_queued),
-        health_check_period_s=5.0,
-        graceful_shutdown_timeout_s=5.0,
-    )
-    return deployment.bind(cfg.to_dict())
+    r = cfg.ray
+    return _application(cfg, ASRReplica, ASR_DEPLOYMENT, r.asr_replicas, r.asr_num_cpus, r.asr_num_gpus,
+                        asr_capacity(cfg))
 
 
 def _config_from_args(args: dict[str, Any]) -> Config:
@@ -87,6 +82,15 @@ def tts_app(args: dict[str, Any]) -> Application:
 def asr_app(args: dict[str, Any]) -> Application:
     """Builder for ``serve deploy`` / ``serve run``: the ASR application."""
     return build_asr(_config_from_args(args))
+
+
+def start_local_cluster(num_cpus: int) -> str:
+    """A Ray cluster on this machine only, with this process as its driver (benches and tests); the address
+    other processes join it at."""
+    import ray
+
+    ray.init(num_cpus=num_cpus, include_dashboard=False, namespace="assistant", log_to_driver=False)
+    return ray.get_runtime_context().gcs_address
 
 
 def join_cluster(cfg: Config) -> None:
@@ -112,7 +116,7 @@ def running_apps() -> set[str]:
 def deploy(cfg: Config, *, tts: bool = True, asr: bool = True, force: bool = False) -> list[str]:
     """Deploy the engine applications that are not running (all of them with ``force``); their names."""
     join_cluster(cfg)
-    serve.start(http_options={"host": "127.0.0.1"})
+    serve.start(proxy_location="Disabled")  # gateways call through handles: no Serve HTTP proxy (as serve.yaml)
     running = running_apps()
     done = []
     for wanted, name, build in ((tts, tts_app_name(cfg), build_tts), (asr, asr_app_name(cfg), build_asr)):

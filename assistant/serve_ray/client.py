@@ -53,7 +53,7 @@ log = logging.getLogger(__name__)
 
 HopObserver = Callable[[str, float], None]
 MAX_VOICE_HANDLES = 256  # voices whose streaming handle a gateway keeps
-READ_AHEAD = 32  # chunks (≤ 96 KB each) a call takes off the stream before its caller wants them
+READ_AHEAD = 32  # chunks a call takes off the stream before its caller wants them
 _END = object()
 
 

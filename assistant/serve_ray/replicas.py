@@ -33,10 +33,6 @@ from assistant.tts.voices import ReferenceClipStore
 log = logging.getLogger(__name__)
 
 DEFAULT_VOICE = ""  # the multiplexed id of requests without a voice: the engine's default
-# Ray passes results under 100 KiB inline with the reply and puts bigger ones in the object store (a
-# shared-memory copy and a lookup more): a long sentence from Piper is ~150 KB of float32, so chunks go back
-# in pieces of at most this many samples (96 KB). The samples are the same; only the cuts differ.
-MAX_ITEM_SAMPLES = 24_000
 
 
 def config_from_dict(values: dict[str, Any]) -> Config:
@@ -46,19 +42,10 @@ def config_from_dict(values: dict[str, Any]) -> Config:
     return cfg
 
 
-def replica_id() -> str:
-    try:
-        return serve.get_replica_context().replica_id.unique_id
-    except Exception:  # outside a replica (unit use)
-        return "local"
-
-
-def replica_actor() -> str:
-    """The replica's actor name (namespace ``serve``): what an operator or a test kills to fail it."""
-    try:
-        return serve.get_replica_context().replica_id.to_full_id_str()
-    except Exception:
-        return ""
+def replica_names() -> tuple[str, str]:
+    """(this replica's short id, its actor name in namespace ``serve``: what an operator or a test kills)."""
+    replica = serve.get_replica_context().replica_id
+    return replica.unique_id, replica.to_full_id_str()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -69,7 +56,6 @@ class EngineInfo:
     sample_rate: int
     capabilities: Any  # TTSCapabilities
     cloner: bool
-    replica: str
 
 
 class TTSReplica:
@@ -83,7 +69,7 @@ class TTSReplica:
         self.tts_cfg = dataclasses.replace(cfg.tts, backend="local")
         self.engine: TTSEngine = await asyncio.to_thread(create_tts, self.tts_cfg)
         await self.engine.warmup()
-        self.replica = replica_id()
+        self.replica, self.actor = replica_names()
         self.active = 0                       # streams running now
         self.served = 0                       # streams started
         self.voice_engines: dict[str, TTSEngine] = {}   # per-voice engines (Piper: one model per voice)
@@ -151,12 +137,11 @@ class TTSReplica:
     # --- synthesis -------------------------------------------------------------------------------------
     async def info(self) -> EngineInfo:
         engine = self.engine
-        return EngineInfo(engine.name, engine.sample_rate, engine.capabilities,
-                          isinstance(engine, VoiceCloner), self.replica)
+        return EngineInfo(engine.name, engine.sample_rate, engine.capabilities, isinstance(engine, VoiceCloner))
 
     async def stats(self) -> dict[str, Any]:
-        """This replica's load and the voices it holds (for tests, ``/metrics`` and the dispatcher)."""
-        return {"replica": self.replica, "actor": replica_actor(), "active": self.active, "served": self.served,
+        """This replica's load and the voices it holds (tests and diagnostics)."""
+        return {"replica": self.replica, "actor": self.actor, "active": self.active, "served": self.served,
                 "voices": sorted(self.voice_engines) + sorted(self.clips),
                 "engine_active": getattr(self.engine, "active", None),
                 "sentences_made": sum(getattr(e, "sentences_made", 0)
@@ -174,17 +159,10 @@ class TTSReplica:
         chunks = engine.synthesize(request)
         try:
             async for chunk in chunks:
-                x = np.asarray(chunk, dtype=np.float32).reshape(-1)
-                for at in range(0, max(x.size, 1), MAX_ITEM_SAMPLES):
-                    yield x[at:at + MAX_ITEM_SAMPLES], time.time(), started, self.replica
+                yield np.asarray(chunk, dtype=np.float32), time.time(), started, self.replica
         finally:
             self.active -= 1
             await chunks.aclose()  # type: ignore[attr-defined]
-
-    async def check_health(self) -> None:
-        """Serve's health check: an engine that lost its model raises here and the replica is replaced."""
-        if getattr(self.engine, "closed", False):
-            raise RuntimeError("the TTS engine is closed")
 
 
 class _VoiceHandle:
@@ -216,7 +194,7 @@ class ASRReplica:
         cfg = config_from_dict(config)
         self.engine = await asyncio.to_thread(create_asr, dataclasses.replace(cfg.asr, backend="local"))
         await asyncio.to_thread(self.engine.warmup)
-        self.replica = replica_id()
+        self.replica, self.actor = replica_names()
         self.active = 0
         self._workers = asyncio.Semaphore(max(1, cfg.asr.workers))
         log.info("ray.asr_replica_ready replica=%s engine=%s", self.replica, self.engine.name)
@@ -235,4 +213,4 @@ class ASRReplica:
         return result, arrived, waited, time.time()
 
     async def stats(self) -> dict[str, Any]:
-        return {"replica": self.replica, "actor": replica_actor(), "active": self.active}
+        return {"replica": self.replica, "actor": self.actor, "active": self.active}

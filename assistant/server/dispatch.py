@@ -37,7 +37,7 @@ from yarl import URL
 
 from assistant.config import GATEWAY_ID, Config, ConfigError
 from assistant.server.front import PROTECTED, add_page_routes, middlewares
-from assistant.server.http import CONFIG, HTTPJSONError, json_error
+from assistant.server.http import CONFIG, HTTPJSONError, json_error, read_body
 
 log = logging.getLogger(__name__)
 
@@ -281,16 +281,6 @@ DISPATCHER: web.AppKey[Dispatcher] = web.AppKey("dispatcher", Dispatcher)
 
 
 # --- helpers ---------------------------------------------------------------------------------------------
-async def read_body(request: web.Request, cap: int) -> bytes:
-    """The whole body, refused with 413 past ``cap`` bytes before anything is forwarded."""
-    if request.content_length is not None and request.content_length > cap:
-        raise HTTPJSONError(413, "too_large", f"request body over {cap} bytes")
-    raw = await request.content.read(cap + 1)
-    if len(raw) > cap:
-        raise HTTPJSONError(413, "too_large", f"request body over {cap} bytes")
-    return raw
-
-
 def forward_headers(request: web.Request, names: Iterable[str] = FORWARD_HEADERS) -> dict[str, str]:
     return {n: request.headers[n] for n in names if n in request.headers}
 

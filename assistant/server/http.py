@@ -34,13 +34,20 @@ class HTTPJSONError(web.HTTPException):
         )
 
 
-async def read_json(request: web.Request, max_bytes: int) -> dict[str, Any]:
-    """Read a JSON object body, with a size cap and clear 4xx errors."""
+async def read_body(request: web.Request, max_bytes: int) -> bytes:
+    """The whole body, or 413 ``too_large`` past ``max_bytes`` (refused from its Content-Length when it says so,
+    else after reading one byte more than allowed: never more)."""
     if request.content_length is not None and request.content_length > max_bytes:
         raise HTTPJSONError(413, "too_large", f"request body over {max_bytes} bytes")
     raw = await request.content.read(max_bytes + 1)
     if len(raw) > max_bytes:
         raise HTTPJSONError(413, "too_large", f"request body over {max_bytes} bytes")
+    return raw
+
+
+async def read_json(request: web.Request, max_bytes: int) -> dict[str, Any]:
+    """Read a JSON object body, with a size cap and clear 4xx errors."""
+    raw = await read_body(request, max_bytes)
     try:
         data = json.loads(raw)
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:

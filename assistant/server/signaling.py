@@ -13,7 +13,7 @@ import re
 
 from aiohttp import web
 
-from assistant.server.http import CONFIG, SERVICES, HTTPJSONError
+from assistant.server.http import CONFIG, SERVICES, HTTPJSONError, read_body
 from assistant.server.sdpfrag import CONTENT_TYPE as SDPFRAG
 from assistant.server.sdpfrag import FragmentError, parse_sdpfrag
 from assistant.server.session import Session
@@ -95,11 +95,7 @@ async def read_text(request: web.Request, content_type: str, max_bytes: int) -> 
         raise HTTPJSONError(
             415, "unsupported_media_type", f"Content-Type must be {content_type}, got {request.content_type!r}"
         )
-    if request.content_length is not None and request.content_length > max_bytes:
-        raise HTTPJSONError(413, "too_large", f"body over {max_bytes} bytes")
-    raw = await request.content.read(max_bytes + 1)
-    if len(raw) > max_bytes:
-        raise HTTPJSONError(413, "too_large", f"body over {max_bytes} bytes")
+    raw = await read_body(request, max_bytes)
     try:
         return raw.decode("utf-8")
     except UnicodeDecodeError:

@@ -27,7 +27,7 @@ import numpy as np
 
 from assistant.asr.base import Transcript
 from assistant.respond.base import Message
-from assistant.tts.base import TTSCapabilities, TTSRequest
+from assistant.tts.base import TTSBusy, TTSCapabilities, TTSRequest
 
 HANG_S = 3600.0  # "forever" for a test: only a time limit or a cancel ends it
 
@@ -101,6 +101,8 @@ class FaultyTTS:
         self.requests.append((request.text, mode))
         if mode == "raise":
             raise InjectedFault("voice exploded")
+        if mode == "busy":  # every slot taken (in-process, or every Ray replica full)
+            raise TTSBusy("every synthesis place is taken")
         if mode == "hang":
             await asyncio.sleep(HANG_S)
         if mode == "nan":

@@ -95,6 +95,7 @@ async def test_a_failing_stage_ends_one_turn_and_spares_the_other_session(servic
         ("responder", "hang", "responder"),
         ("tts", "hang", "tts"),
         ("tts", "close", "tts"),
+        ("tts", "busy", "tts"),
     ]
     async with serve(cfg(tmp_path), services) as (url, app), aiohttp.ClientSession() as http, \
             peers(url, http, 2) as (a, b):
@@ -125,6 +126,7 @@ async def test_a_failing_stage_ends_one_turn_and_spares_the_other_session(servic
                 assert status == "ok" and not errors, (step, status, errors)
             else:
                 assert [e["stage"] for e in errors] == [step[2]], (step, errors)
+                assert ("busy" in errors[0]["message"]) == (step[1] == "busy"), (step, errors)
                 assert "Traceback" not in str(errors) and took < 15, (step, took)
         assert len(b_results) >= 3, b_results
         assert all(status == "ok" and not errors for status, errors in b_results), b_results

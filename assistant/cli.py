@@ -91,7 +91,7 @@ def cmd_dispatch(args: argparse.Namespace) -> int:
     """One front for several gateways: signaling to the least-loaded one, the rest proxied (server/dispatch.py)."""
     from aiohttp import web
 
-    from assistant.server.dispatch import create_dispatch_app
+    from assistant.server.dispatch.app import create_dispatch_app
     from assistant.server.tls import ssl_context
 
     cfg = _load(args)

@@ -37,10 +37,11 @@ from aiohttp import web
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from assistant.bench.turnserver import run_turnserver  # noqa: E402
 from assistant.config import load_config  # noqa: E402
 from assistant.server.app import create_app, wait_ready  # noqa: E402
+from assistant.server.local import serve_on_loopback  # noqa: E402
 from assistant.server.services import Services  # noqa: E402
+from tests.turnserver import run_turnserver  # noqa: E402
 
 CHROMIUM = "/usr/bin/chromium"
 
@@ -66,16 +67,9 @@ async def serve(services: Services, ice: dict[str, Any], extra_middleware: Any =
     app = create_app(cfg, services)
     if extra_middleware is not None:
         app.middlewares.insert(0, extra_middleware)
-    runner = web.AppRunner(app, shutdown_timeout=2.0)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-    try:
+    async with serve_on_loopback(app) as url:
         await wait_ready(app)
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        await runner.cleanup()
+        yield url
 
 
 async def measure(browser: Any, url: str, trickle: bool) -> tuple[float, float]:

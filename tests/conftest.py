@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import pytest_asyncio
 
-from assistant.bench.turnserver import TURNSERVER, TurnServer, run_turnserver
+from tests.turnserver import TURNSERVER, TurnServer, run_turnserver
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED = REPO.parent / "shared"
@@ -110,23 +110,15 @@ def tts_only_services(cfg: object, engine: object) -> object:
 @contextlib.asynccontextmanager
 async def serve(cfg: object, services: object | None = None) -> AsyncIterator[tuple[str, object]]:
     """Run the real app on 127.0.0.1 with a free port until the block ends; yields (base URL, app)."""
-    from aiohttp import web
-
     from assistant.server.app import create_app, wait_ready
+    from assistant.server.local import serve_on_loopback
     from assistant.server.tls import ssl_context
 
     tls = ssl_context(cfg.server)  # type: ignore[attr-defined]
     app = create_app(cfg, services)  # type: ignore[arg-type]
-    runner = web.AppRunner(app, shutdown_timeout=2.0)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0, ssl_context=tls)
-    await site.start()
-    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-    try:
+    async with serve_on_loopback(app, tls=tls) as url:
         await asyncio.wait_for(wait_ready(app), 120)
-        yield f"{'https' if tls else 'http'}://127.0.0.1:{port}", app
-    finally:
-        await runner.cleanup()
+        yield url, app
 
 
 @pytest.fixture(scope="session")

@@ -24,7 +24,8 @@ from assistant.bench.processes import AssistantProcess, free_port, start_assista
 from assistant.bench.v2v import BenchSession, TurnSettings
 from assistant.cli import main
 from assistant.config import ConfigError, check_gateway_id
-from assistant.server.dispatch import create_dispatch_app
+from assistant.server.dispatch.app import create_dispatch_app
+from assistant.server.local import serve_on_loopback
 from assistant.server.sdpfrag import build_sdpfrag, ice_credentials
 from assistant.server.session import new_session_id
 from tests.conftest import REPO, test_config
@@ -58,15 +59,8 @@ async def dispatcher(
     """The dispatcher app on a free port in front of the gateways at ``urls`` (it polls them once at start)."""
     cfg = test_config(dispatch={"gateways": urls, **DISPATCH, **dispatch}, server=server or {})
     app = create_dispatch_app(cfg)  # type: ignore[arg-type]
-    runner = web.AppRunner(app, shutdown_timeout=2.0)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    url = f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}"  # type: ignore[union-attr]
-    try:
+    async with serve_on_loopback(app) as url:
         yield url, app
-    finally:
-        await runner.cleanup()
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")

@@ -114,3 +114,46 @@ def test_no_import_cycle_at_module_level() -> None:
     for module in graph:
         if module not in state and (cycle := visit(module)):
             raise AssertionError("import cycle: " + " → ".join(cycle))
+
+
+# Inside ``server/``: each product is a room of its own. The TTS API and the dispatcher use only the shared pieces,
+# never the voice session's modules (so the TTS API runs without aiortc and the dispatcher without the engines).
+SHARED_SERVER = {"http", "front", "metrics", "services", "routes", "openapi", "openai_front"}
+PRODUCT_ALLOWED = {
+    "tts_api": SHARED_SERVER,
+    "dispatch": {"http", "front", "routes", "openapi", "openai_front"},
+}
+
+
+def _server_room(module: str) -> str | None:
+    """``assistant.server.tts_api.routes`` → ``tts_api``; ``assistant.server.session`` → ``session``."""
+    parts = module.split(".")
+    return parts[2] if len(parts) > 2 and parts[1] == "server" else None
+
+
+def test_server_products_do_not_import_the_voice_session() -> None:
+    bad = []
+    for module, edges in _graph().items():
+        room = _server_room(module)
+        if room not in PRODUCT_ALLOWED:
+            continue
+        for target, _ in edges:
+            other = _server_room(target)
+            if other is not None and other != room and other not in PRODUCT_ALLOWED[room]:
+                bad.append(f"{module} → {target}")
+            if room == "dispatch" and _part(target) not in ("server", "config", "__init__"):
+                bad.append(f"{module} → {target} (the dispatcher needs no engines)")
+    assert not bad, "a product room imports what it must not:\n" + "\n".join(sorted(set(bad)))
+
+
+def test_shared_server_pieces_import_no_product() -> None:
+    """The shared pieces are the floor every room stands on: they import no room (``services`` holds the engines)."""
+    bad = []
+    for module, edges in _graph().items():
+        if _server_room(module) not in SHARED_SERVER:
+            continue
+        for target, _ in edges:
+            other = _server_room(target)
+            if other is not None and other not in SHARED_SERVER:
+                bad.append(f"{module} → {target}")
+    assert not bad, "\n".join(sorted(set(bad)))

@@ -8,11 +8,11 @@ from urllib.parse import urlsplit
 
 import pytest
 
-from assistant.bench.turnserver import TurnServer
 from assistant.server.app import SESSIONS
 from assistant.server.services import Services
 from tests.conftest import self_signed_cert, serve, test_config
 from tests.test_page_browser import CHROMIUM, chromium_args, mic_wav  # noqa: F401  (mic_wav: a fixture)
+from tests.turnserver import TurnServer
 
 pytestmark = [
     pytest.mark.asyncio(loop_scope="module"),

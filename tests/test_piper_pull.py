@@ -12,6 +12,7 @@ from aiohttp import web
 
 from assistant.cli import main
 from assistant.config import TTSConfig
+from assistant.server.local import serve_on_loopback
 from assistant.tts.base import TTSRequest
 from assistant.tts.piper_engine import PiperEngine, default_voice_path
 
@@ -56,20 +57,13 @@ async def test_pull_from_a_mirror_then_select_by_name_and_by_path(tmp_path, monk
 
     app = web.Application()
     app.router.add_get("/{tail:.*}", serve_file)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    url = f"http://127.0.0.1:{runner.addresses[0][1]}"
     monkeypatch.chdir(tmp_path)
-    try:
+    async with serve_on_loopback(app) as url:
         rc = await asyncio.to_thread(main, ["models", "pull", f"piper:{VOICE}", "--url", url])
         assert rc == 0, capsys.readouterr().err
         assert "--tts.voice en_US-joe-medium" in capsys.readouterr().out
         rc = await asyncio.to_thread(main, ["models", "pull", "piper:en_US-nobody-low", "--url", url])
         assert rc == 1 and "HTTP 404" in capsys.readouterr().err
-    finally:
-        await runner.cleanup()
     pulled = tmp_path / "models" / "piper" / f"{VOICE}.onnx"
     assert pulled.read_bytes() == source.read_bytes()
     assert sorted(p.name for p in pulled.parent.iterdir()) == [f"{VOICE}.onnx", f"{VOICE}.onnx.json"]

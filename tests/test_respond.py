@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import datetime as dt
 import json
 import socket
@@ -18,6 +19,7 @@ from assistant.respond import ConversationHistory, Message, ResponderError, crea
 from assistant.respond.echo import EchoResponder
 from assistant.respond.openai import OpenAIResponder
 from assistant.respond.rules import RulesResponder
+from assistant.server.local import serve_on_loopback
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -115,7 +117,7 @@ class FakeLLM:
     def __init__(self, handler: Handler) -> None:
         self.handler = handler
         self.requests: list[tuple[dict, dict[str, str]]] = []
-        self.runner: web.AppRunner | None = None
+        self._served: contextlib.AbstractAsyncContextManager[str]
         self.port = 0
 
     async def _route(self, request: web.Request) -> web.StreamResponse:
@@ -125,16 +127,12 @@ class FakeLLM:
     async def __aenter__(self) -> FakeLLM:
         app = web.Application()
         app.router.add_post("/v1/chat/completions", self._route)
-        self.runner = web.AppRunner(app, shutdown_timeout=0.1)
-        await self.runner.setup()
-        site = web.TCPSite(self.runner, "127.0.0.1", 0)
-        await site.start()
-        self.port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        self._served = serve_on_loopback(app, shutdown_timeout=0.1)
+        self.port = int((await self._served.__aenter__()).rsplit(":", 1)[1])
         return self
 
     async def __aexit__(self, *exc: object) -> None:
-        assert self.runner is not None
-        await self.runner.cleanup()
+        await self._served.__aexit__(None, None, None)
 
     def cfg(self, **kw: object) -> RespondConfig:
         base = dict(engine="openai", base_url=f"http://127.0.0.1:{self.port}/v1", model="tiny-llm",

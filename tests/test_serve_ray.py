@@ -156,9 +156,9 @@ async def test_overload_is_busy(remote: object) -> None:
 
 async def test_tts_api_answers_429_busy_through_ray(cluster: object, remote: object) -> None:
     """The TTS API with the Ray backend: audio when there is room, 429 busy when every replica is full."""
-    from aiohttp import web
 
     from assistant.server.app import create_app
+    from assistant.server.local import serve_on_loopback
     from assistant.server.services import Services
 
     cfg = ray_config()
@@ -166,14 +166,9 @@ async def test_tts_api_answers_429_busy_through_ray(cluster: object, remote: obj
     await services.load()  # tts.backend = ray: connects to the deployment (ASR and VAD load locally)
     assert services.tts is not None and services.tts.name == "piper"
     app = create_app(cfg, services)  # type: ignore[arg-type]
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-    url = f"http://127.0.0.1:{port}/api/tts"
     try:
-        async with aiohttp.ClientSession() as http:
+        async with serve_on_loopback(app) as base, aiohttp.ClientSession() as http:
+            url = f"{base}/api/tts"
             async with http.post(url, json={"text": "Hello from the cluster.", "format": "wav"}) as resp:
                 assert resp.status == 200, await resp.text()
                 assert len(await resp.read()) > 10_000
@@ -189,5 +184,4 @@ async def test_tts_api_answers_429_busy_through_ray(cluster: object, remote: obj
         assert 429 in statuses and statuses.count(200) >= 2, statuses
         assert services.metrics.ray_hop_seconds.labels(kind="call")._sum.get() > 0  # hop costs observed
     finally:
-        await runner.cleanup()
         await services.close()

@@ -21,8 +21,9 @@ from aiohttp import web
 
 from assistant.audio import s16_to_float, write_wav_bytes
 from assistant.config import Config
-from assistant.server import tts_service
 from assistant.server.http import SERVICES
+from assistant.server.local import serve_on_loopback
+from assistant.server.tts_api import service as tts_service
 from assistant.tts import create_tts
 from assistant.tts.base import LANGUAGES, ReferenceClip, TTSCapabilities, TTSRequest
 from assistant.tts.effects import estimate_f0
@@ -370,44 +371,37 @@ async def test_cloning_paths_with_a_cloning_engine(tmp_path):
 
     clip_server.router.add_get("/clip.wav", clip_handler)
     clip_server.router.add_get("/away.wav", away)
-    runner = web.AppRunner(clip_server)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    clip_base = f"http://127.0.0.1:{runner.addresses[0][1]}"
     cfg = make_cfg(tmp_path, tts_api={"url_allowlist": ["127.0.0.1"]})
-    try:
-        async with serve(cfg, engine) as (base, _), aiohttp.ClientSession() as http:
-            await say(http, base, speaker_wav=base64.b64encode(clip).decode(), prompt_text="a tone")
-            assert engine.requests[-1].reference.text == "a tone"
-            await say(http, base, speaker_wav=f"{clip_base}/clip.wav")
-            assert engine.requests[-1].reference.sample_rate == 16000
-            async with http.post(f"{base}/api/tts", json={"text": "hi", "speaker_wav": f"{clip_base}/away.wav"}) as r:
-                assert r.status == 400 and "another host" in (await r.json())["detail"]
-            form = aiohttp.FormData()
-            form.add_field("request", json.dumps({"text": "hi", "instruct": "Speak slowly."}))
-            form.add_field("speaker_wav", clip, filename="me.wav", content_type="audio/wav")
-            async with http.post(f"{base}/api/tts", data=form) as r:
-                assert r.status == 200
-            assert engine.requests[-1].reference is not None and engine.requests[-1].instruct == "Speak slowly."
-            await say(http, base, text="[cheerful] Hi!")
-            assert engine.requests[-1].text == "[cheerful] Hi!"  # instruct engines resolve the tag themselves
+    async with serve_on_loopback(clip_server) as clip_base, serve(cfg, engine) as (base, _), \
+            aiohttp.ClientSession() as http:
+        await say(http, base, speaker_wav=base64.b64encode(clip).decode(), prompt_text="a tone")
+        assert engine.requests[-1].reference.text == "a tone"
+        await say(http, base, speaker_wav=f"{clip_base}/clip.wav")
+        assert engine.requests[-1].reference.sample_rate == 16000
+        async with http.post(f"{base}/api/tts", json={"text": "hi", "speaker_wav": f"{clip_base}/away.wav"}) as r:
+            assert r.status == 400 and "another host" in (await r.json())["detail"]
+        form = aiohttp.FormData()
+        form.add_field("request", json.dumps({"text": "hi", "instruct": "Speak slowly."}))
+        form.add_field("speaker_wav", clip, filename="me.wav", content_type="audio/wav")
+        async with http.post(f"{base}/api/tts", data=form) as r:
+            assert r.status == 200
+        assert engine.requests[-1].reference is not None and engine.requests[-1].instruct == "Speak slowly."
+        await say(http, base, text="[cheerful] Hi!")
+        assert engine.requests[-1].text == "[cheerful] Hi!"  # instruct engines resolve the tag themselves
 
-            form = aiohttp.FormData()
-            form.add_field("clip", clip, filename="me.wav", content_type="audio/wav")
-            form.add_field("transcript", "a tone")
-            form.add_field("name", "Tone")
-            async with http.post(f"{base}/api/voices", data=form) as r:
-                assert r.status == 201
-                voice = await r.json()
-            assert voice["cloning"] is True and voice["name"] == "Tone"
-            vid = voice["voice_id"]
-            assert engine.prepared[vid].text == "a tone"
-            assert (Path(cfg.server.data_dir) / "voices" / vid / "cache-fake.npz").read_bytes() == b"prompt"
-            await say(http, base, voice=vid)
-            assert engine.requests[-1].voice == vid
-    finally:
-        await runner.cleanup()
+        form = aiohttp.FormData()
+        form.add_field("clip", clip, filename="me.wav", content_type="audio/wav")
+        form.add_field("transcript", "a tone")
+        form.add_field("name", "Tone")
+        async with http.post(f"{base}/api/voices", data=form) as r:
+            assert r.status == 201
+            voice = await r.json()
+        assert voice["cloning"] is True and voice["name"] == "Tone"
+        vid = voice["voice_id"]
+        assert engine.prepared[vid].text == "a tone"
+        assert (Path(cfg.server.data_dir) / "voices" / vid / "cache-fake.npz").read_bytes() == b"prompt"
+        await say(http, base, voice=vid)
+        assert engine.requests[-1].voice == vid
 
     fresh = FakeCloner()  # a restart: the engine loads the prepared voice it cached; nothing is recomputed
     async with serve(cfg, fresh) as (base, _), aiohttp.ClientSession() as http:

@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 
 from assistant.config import Config
-from assistant.server.tts_request import TTSError, parse_params
-from assistant.server.tts_service import RateLimiter, split_leading_tag, split_sentences
-from assistant.tts.voices import TMP_PREFIX, ReferenceClipStore, VoiceLimitError, valid_voice_id
+from assistant.server.tts_api.request import TTSError, parse_params
+from assistant.server.tts_api.service import RateLimiter, split_leading_tag, split_sentences
+from assistant.tts.voice_store import TMP_PREFIX, ReferenceClipStore, VoiceLimitError, valid_voice_id
 
 SR = 16000
 
@@ -138,7 +138,7 @@ def test_one_table_drives_parser_field_list_and_schema():
     from dataclasses import fields
 
     from assistant.server.openapi import build_openapi
-    from assistant.server.tts_request import STRETCH_RANGE, SynthesisParams, specs
+    from assistant.server.tts_api.request import STRETCH_RANGE, SynthesisParams, specs
 
     cfg = Config()
     table = specs(SynthesisParams)
@@ -162,7 +162,7 @@ def test_one_table_drives_parser_field_list_and_schema():
 
 def test_voice_folder_stays_inside(tmp_path):
     """File names resolve only inside the voices folder: no '..', no absolute path, no symlink leading out."""
-    from assistant.server.voice_names import VoiceFolder
+    from assistant.server.tts_api.voice_lookup import VoiceFolder
 
     root = tmp_path / "voices"
     (root / "sub").mkdir(parents=True)
@@ -203,7 +203,7 @@ def test_docs_describe_every_request_field():
     """docs/tts_api.md names every field of the request table, the WebSocket opt-ins and the OpenAI fields."""
     from pathlib import Path
 
-    from assistant.server.tts_request import SpeechParams, SynthesisParams, WSOptions, specs
+    from assistant.server.tts_api.request import SpeechParams, SynthesisParams, WSOptions, specs
 
     doc = (Path(__file__).resolve().parents[1] / "docs" / "tts_api.md").read_text(encoding="utf-8")
     for cls in (SynthesisParams, WSOptions, SpeechParams):

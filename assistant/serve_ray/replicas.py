@@ -28,7 +28,7 @@ from ray import serve
 from assistant.asr.base import Transcript
 from assistant.config import Config, apply_overrides
 from assistant.tts.base import ReferenceClip, TTSEngine, TTSRequest, VoiceCloner
-from assistant.tts.voices import ReferenceClipStore
+from assistant.tts.voice_store import ReferenceClipStore
 
 log = logging.getLogger(__name__)
 

@@ -1,4 +1,5 @@
-"""The aiohttp app: the page, WebRTC signaling, health, metrics; the TTS API plugs in from ``tts_api``.
+"""The aiohttp app of one gateway: the voice session (signaling, sessions, ICE), the TTS API (``tts_api/``),
+the page, health and metrics, every route registered from the one table in ``routes.py``.
 
 Errors reach clients as JSON ``{"error": ..., "detail": ...}`` with a 4xx/5xx status, never a stack trace.
 """
@@ -13,20 +14,37 @@ from aiohttp import web
 
 from assistant.config import Config, check_gateway_id
 from assistant.pipeline.trace import stage_legend
-from assistant.server.front import add_page_routes, middlewares
-from assistant.server.http import CONFIG, SERVICES, HTTPJSONError, read_json
-from assistant.server.ice import setup_ice_routes
+from assistant.server import tts_api
+from assistant.server.front import add_static_routes, middlewares
+from assistant.server.http import CONFIG, SERVICES
+from assistant.server.ice import check_ice_config
+from assistant.server.openai_front import create_openai_app
+from assistant.server.openapi import documented, json_body
+from assistant.server.routes import OPENAI_PREFIX, register, routes
 from assistant.server.services import Services
-from assistant.server.signaling import SESSIONS, check_choices, check_ready, check_sdp, open_session, trickle
-from assistant.server.tts_api import setup_tts_routes
-from assistant.server.whip import setup_whip_routes
+from assistant.server.signaling import SESSIONS
 
 log = logging.getLogger(__name__)
 
 OWNS_SERVICES: web.AppKey[bool] = web.AppKey("owns_services", bool)
 
 
+READYZ_SCHEMA = {
+    "type": "object", "required": ["status", "gateway", "sessions", "max_sessions"],
+    "properties": {
+        "status": {"type": "string", "enum": ["ready", "loading"]},
+        "gateway": {"type": "string", "description": "server.gateway_id (empty: none)"},
+        "sessions": {"type": "integer", "description": "open voice sessions"},
+        "max_sessions": {"type": "integer"},
+        "load_seconds": {"type": "object", "description": "time each model took to load (when ready)"},
+    },
+}
+
+
 # --- handlers ------------------------------------------------------------------------------------------
+@documented("Readiness: models loaded and warmed; with this gateway's load (the heartbeat `assistant dispatch` "
+            "reads)", public=True,
+            responses={"200": json_body(READYZ_SCHEMA, "ready"), "503": json_body(READYZ_SCHEMA, "still loading")})
 async def readyz(request: web.Request) -> web.Response:
     """Readiness, and this gateway's load: the heartbeat ``assistant dispatch`` polls."""
     app = request.app
@@ -41,60 +59,17 @@ async def readyz(request: web.Request) -> web.Response:
     return web.json_response({"status": "ready", "load_seconds": services.load_seconds, **load})
 
 
+@documented("Prometheus metrics", public=True, responses={"200": {"description": "text exposition format"}})
 async def metrics(request: web.Request) -> web.Response:
     body, content_type = request.app[SERVICES].metrics.render()
     return web.Response(body=body, headers={"Content-Type": content_type})
 
 
+@documented("The turn stages the page draws: names, colours, labels", responses={
+    "200": json_body({"type": "object"}, "{stages: [...]}")})
 async def stages(request: web.Request) -> web.Response:
     """The turn stages the page draws (names, colours, labels): one source, ``pipeline/trace.py``."""
     return web.json_response({"stages": stage_legend()})
-
-
-async def offer(request: web.Request) -> web.Response:
-    """``POST /api/offer``: the page's JSON signaling; WHIP (``whip.py``) opens sessions the same way."""
-    app = request.app
-    cfg = app[CONFIG]
-    check_ready(app)
-    data = await read_json(request, cfg.server.max_body_bytes)
-    sdp, type_ = data.get("sdp"), data.get("type")
-    if not isinstance(sdp, str) or not sdp.strip():
-        raise HTTPJSONError(400, "bad_offer", "field 'sdp' must be a non-empty string")
-    if type_ != "offer":
-        raise HTTPJSONError(400, "bad_offer", "field 'type' must be \"offer\"")
-    check_sdp(sdp, cfg.server.max_sdp_bytes)
-    responder, voice = data.get("responder"), data.get("voice")
-    check_choices(app, responder, voice)
-    session = await open_session(app, sdp, responder=responder, voice=voice)
-    answer = session.pc.localDescription
-    return web.json_response(
-        {
-            "sdp": answer.sdp,
-            "type": answer.type,
-            "session_id": session.id,
-            "location": f"/api/sessions/{session.id}",  # PATCH trickled candidates here, DELETE to hang up
-            "etag": session.etag,
-        }
-    )
-
-
-async def delete_session(request: web.Request) -> web.Response:
-    session = request.app[SESSIONS].get(request.match_info["session_id"])
-    if session is None:
-        raise HTTPJSONError(404, "unknown_session", "no such session")
-    await session.close("hangup")
-    return web.json_response({"status": "closed", "session_id": session.id})
-
-
-async def list_sessions(request: web.Request) -> web.Response:
-    sessions = request.app[SESSIONS]
-    return web.json_response(
-        {
-            "sessions": [
-                {"session_id": s.id, "turns": s.conversation.turns, "tasks": s.task_count} for s in sessions.values()
-            ]
-        }
-    )
 
 
 # --- app -----------------------------------------------------------------------------------------------
@@ -109,17 +84,12 @@ def create_app(cfg: Config, services: Services | None = None) -> web.Application
     # Services passed in belong to the caller (tests share one set across apps); ours we close.
     app[OWNS_SERVICES] = services is None
     app[SESSIONS] = {}
-    add_page_routes(app)
-    app.router.add_get("/readyz", readyz)
-    app.router.add_get("/metrics", metrics)
-    app.router.add_post("/api/offer", offer)
-    app.router.add_get("/api/sessions", list_sessions)
-    app.router.add_get("/api/stages", stages)
-    app.router.add_delete("/api/sessions/{session_id}", delete_session)
-    app.router.add_patch("/api/sessions/{session_id}", trickle)
-    setup_ice_routes(app)
-    setup_whip_routes(app)
-    setup_tts_routes(app)
+    check_ice_config(cfg.ice)
+    tts_api.setup(app)
+    openai_app = create_openai_app(cfg)
+    register(app, routes(), openai_app)
+    add_static_routes(app)
+    app.add_subapp(OPENAI_PREFIX, openai_app)
     app.on_startup.append(_start_loading)
     app.on_shutdown.append(_close_sessions)
     app.on_cleanup.append(_close_services)

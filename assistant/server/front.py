@@ -1,4 +1,4 @@
-"""What every HTTP front shares (the server in ``app.py``, the dispatcher in ``dispatch.py``): the middlewares
+"""What every HTTP front shares (the server in ``app.py``, the dispatcher in ``dispatch/``): the middlewares
 (JSON errors, the bearer token, CORS), the page and its static files, liveness.
 
 Both fronts build their middleware list with :func:`middlewares`, so a token or an allowed origin means the
@@ -16,7 +16,8 @@ from typing import Any
 from aiohttp import web
 
 from assistant.config import PROJECT_ROOT, ServerConfig
-from assistant.server.http import CONFIG, HTTPJSONError, json_error
+from assistant.server.http import CONFIG, APIError, HTTPJSONError, json_error
+from assistant.server.openapi import documented, json_body
 
 log = logging.getLogger(__name__)
 
@@ -31,6 +32,10 @@ async def error_middleware(request: web.Request, handler: Any) -> web.StreamResp
         return await handler(request)
     except HTTPJSONError:
         raise
+    except APIError as exc:
+        resp = json_error(exc.status, exc.error, exc.detail)
+        resp.headers.update(exc.headers)
+        return resp
     except web.HTTPRequestEntityTooLarge as exc:
         return json_error(413, "too_large", f"request body over {exc.max_size} bytes")
     except web.HTTPException as exc:
@@ -106,6 +111,7 @@ def middlewares(server: ServerConfig, protected: tuple[str, ...] = PROTECTED) ->
 
 
 # --- the page and liveness ---------------------------------------------------------------------------------
+@documented("Liveness", public=True, responses={"200": json_body({"type": "object"}, "{status: ok}")})
 async def healthz(request: web.Request) -> web.Response:
     return web.json_response({"status": "ok"})
 
@@ -114,9 +120,7 @@ async def index(request: web.Request) -> web.FileResponse:
     return web.FileResponse(Path(request.app[CONFIG].server.web_dir or WEB_DIR) / "index.html")
 
 
-def add_page_routes(app: web.Application) -> None:
-    """``GET /`` (the page), ``/static/`` (its files) and ``GET /healthz``; needs ``app[CONFIG]`` set."""
+def add_static_routes(app: web.Application) -> None:
+    """``/static/``: the page's files (``GET /`` is in the route table); needs ``app[CONFIG]`` set."""
     web_dir = Path(app[CONFIG].server.web_dir or WEB_DIR)
-    app.router.add_get("/", index)
     app.router.add_static("/static/", web_dir, show_index=False, follow_symlinks=False)
-    app.router.add_get("/healthz", healthz)

@@ -1,6 +1,7 @@
 """What every route module shares: the app keys, JSON errors and bounded body reading.
 
-Route modules (``app``, ``tts_api``) import this, never each other, so the routes form no cycle.
+Route modules (``app``, ``signaling``, ``tts_api/``, ``dispatch/``) import this, never each other, so the routes form
+no cycle.
 """
 
 from __future__ import annotations
@@ -20,6 +21,23 @@ CONFIG: web.AppKey[Config] = web.AppKey("config", Config)
 def json_error(status: int, error: str, detail: str = "", **extra: Any) -> web.Response:
     """A JSON error response ``{"error": ..., "detail": ...}``: what clients get instead of a traceback."""
     return web.json_response({"error": error, "detail": detail, **extra}, status=status)
+
+
+class APIError(Exception):
+    """A request a service refuses, independent of HTTP: a status, a short error code, a detail, and the field at
+    fault. Each front turns it into its error shape (ours ``{error, detail}``; OpenAI's under ``/v1``)."""
+
+    def __init__(self, status: int, error: str, detail: str, headers: dict[str, str] | None = None,
+                 param: str | None = None) -> None:
+        super().__init__(detail)
+        self.status = status
+        self.error = error
+        self.detail = detail
+        self.headers = headers or {}
+        self.param = param
+
+    def to_json(self) -> dict[str, str]:
+        return {"error": self.error, "detail": self.detail}
 
 
 class HTTPJSONError(web.HTTPException):

@@ -26,6 +26,7 @@ from aiortc.rtcicetransport import parse_stun_turn_uri
 
 from assistant.config import ConfigError, ICEConfig
 from assistant.server.http import CONFIG
+from assistant.server.openapi import documented, json_body
 
 POLICIES = {"all": RTCIceTransportPolicy.ALL, "relay": RTCIceTransportPolicy.RELAY}
 
@@ -152,12 +153,10 @@ def link_headers(servers: list[IceServer]) -> list[str]:
     return out
 
 
+@documented("ICE configuration for a page: STUN/TURN servers (TURN REST credentials minted per "
+            "call), iceTransportPolicy, trickle, expires_at",
+            responses={"200": json_body({"type": "object"}, "what RTCPeerConnection takes, plus trickle")})
 async def get_ice(request: web.Request) -> web.Response:
     """``GET /api/ice``: the page's ICE configuration, with TURN credentials of its own (never cached)."""
     body = browser_config(request.app[CONFIG].ice, f"page-{secrets.token_urlsafe(9)}")
     return web.json_response(body, headers={"Cache-Control": "no-store"})
-
-
-def setup_ice_routes(app: web.Application) -> None:
-    check_ice_config(app[CONFIG].ice)
-    app.router.add_get("/api/ice", get_ice)

@@ -1,5 +1,6 @@
-"""What both signaling routes share (the JSON ``/api/offer`` and WHIP): the session table, opening a session from
-an offer, and trickled candidates for an open session (``PATCH /api/sessions/{id}``).
+"""Signaling: the session table, opening a session from an offer (the JSON ``POST /api/offer`` here; WHIP in
+``whip.py`` opens them the same way), the session resource (``GET /api/sessions``, trickled candidates by
+``PATCH /api/sessions/{id}``, hang-up by ``DELETE``).
 
 Every failure answers a JSON 4xx/5xx and closes only the session it concerns.
 """
@@ -13,7 +14,8 @@ import re
 
 from aiohttp import web
 
-from assistant.server.http import CONFIG, SERVICES, HTTPJSONError, read_body
+from assistant.server.http import CONFIG, SERVICES, HTTPJSONError, read_body, read_json
+from assistant.server.openapi import documented, error, json_body, ref
 from assistant.server.sdpfrag import CONTENT_TYPE as SDPFRAG
 from assistant.server.sdpfrag import FragmentError, parse_sdpfrag
 from assistant.server.session import Session
@@ -102,6 +104,96 @@ async def read_text(request: web.Request, content_type: str, max_bytes: int) -> 
         raise HTTPJSONError(400, "bad_encoding", "body must be UTF-8 text") from None
 
 
+OFFER_SCHEMA = {
+    "type": "object", "required": ["sdp", "type"],
+    "properties": {"sdp": {"type": "string", "maxLength": lambda cfg: cfg.server.max_sdp_bytes},
+                   "type": {"const": "offer"}, "voice": {"type": "string"},
+                   "responder": {"type": "string"}},
+}
+ANSWER_SCHEMA = {
+    "type": "object", "required": ["sdp", "type", "session_id"],
+    "properties": {"sdp": {"type": "string"}, "type": {"const": "answer"},
+                   "session_id": {"type": "string"},
+                   "location": {"type": "string", "description": "the session resource: PATCH "
+                                "trickled candidates there, DELETE to hang up"},
+                   "etag": {"type": "string", "description": "If-Match value for PATCH"}},
+}
+SESSION_ID = [{"name": "session_id", "in": "path", "required": True, "schema": {"type": "string"}}]
+
+
+@documented(
+    "Start a voice chat session (WebRTC offer → answer)",
+    request={"application/json": {"schema": ref("Offer")}},
+    responses={
+        "200": json_body(ref("Answer"), "SDP answer and the session id"),
+        "400": error("bad offer"), "413": error("SDP too large"),
+        "503": error("not ready, or all session slots busy"), "504": error("ICE gathering timeout"),
+    },
+    schemas={"Offer": OFFER_SCHEMA, "Answer": ANSWER_SCHEMA},
+)
+async def offer(request: web.Request) -> web.Response:
+    """``POST /api/offer``: the page's JSON signaling."""
+    app = request.app
+    cfg = app[CONFIG]
+    check_ready(app)
+    data = await read_json(request, cfg.server.max_body_bytes)
+    sdp, type_ = data.get("sdp"), data.get("type")
+    if not isinstance(sdp, str) or not sdp.strip():
+        raise HTTPJSONError(400, "bad_offer", "field 'sdp' must be a non-empty string")
+    if type_ != "offer":
+        raise HTTPJSONError(400, "bad_offer", "field 'type' must be \"offer\"")
+    check_sdp(sdp, cfg.server.max_sdp_bytes)
+    responder, voice = data.get("responder"), data.get("voice")
+    check_choices(app, responder, voice)
+    session = await open_session(app, sdp, responder=responder, voice=voice)
+    answer = session.pc.localDescription
+    return web.json_response(
+        {
+            "sdp": answer.sdp,
+            "type": answer.type,
+            "session_id": session.id,
+            "location": f"/api/sessions/{session.id}",  # PATCH trickled candidates here, DELETE to hang up
+            "etag": session.etag,
+        }
+    )
+
+
+@documented("The open voice sessions of this gateway", responses={
+    "200": json_body({"type": "object"}, "{sessions: [{session_id, turns, tasks}]}")})
+async def list_sessions(request: web.Request) -> web.Response:
+    sessions = request.app[SESSIONS]
+    return web.json_response(
+        {
+            "sessions": [
+                {"session_id": s.id, "turns": s.conversation.turns, "tasks": s.task_count} for s in sessions.values()
+            ]
+        }
+    )
+
+
+@documented("Hang up a session (WHIP DELETE too)", parameters=SESSION_ID, responses={
+    "200": json_body({"type": "object"}, "closed"), "404": error("unknown session")})
+async def hang_up(request: web.Request) -> web.Response:
+    """``DELETE /api/sessions/{id}``."""
+    session = request.app[SESSIONS].get(request.match_info["session_id"])
+    if session is None:
+        raise HTTPJSONError(404, "unknown_session", "no such session")
+    await session.close("hangup")
+    return web.json_response({"status": "closed", "session_id": session.id})
+
+
+@documented(
+    "Trickle ICE: the client's candidates as an RFC 8840 fragment (If-Match: the ETag)",
+    parameters=SESSION_ID,
+    request={"application/trickle-ice-sdpfrag": {"schema": {
+        "type": "string", "maxLength": lambda cfg: cfg.ice.max_fragment_bytes}}},
+    responses={
+        "204": {"description": "candidates applied"}, "400": error("bad fragment"),
+        "404": error("unknown session"), "412": error("If-Match is not this session's ETag"),
+        "413": error("fragment too large"), "415": error("wrong Content-Type"),
+        "422": error("ICE restart (new ufrag/pwd) or too many candidates"),
+    },
+)
 async def trickle(request: web.Request) -> web.Response:
     """``PATCH /api/sessions/{id}``: the client's trickled candidates (RFC 8840 fragment, RFC 9725 rules)."""
     ice = request.app[CONFIG].ice

@@ -17,12 +17,24 @@ from aiohttp import web
 
 from assistant.server.http import CONFIG
 from assistant.server.ice import ice_servers, link_headers
+from assistant.server.openapi import documented, error
 from assistant.server.sdpfrag import CONTENT_TYPE as SDPFRAG
 from assistant.server.signaling import check_choices, check_ready, check_sdp, open_session, read_text
 
 SDP = "application/sdp"
 
 
+@documented(
+    "WHIP (RFC 9725): the offer as application/sdp → 201, the answer, Location (the session "
+    "resource), ETag and Link rel=ice-server headers; ?voice= and ?responder= optional",
+    request={"application/sdp": {"schema": {"type": "string", "maxLength": lambda cfg: cfg.server.max_sdp_bytes}}},
+    responses={
+        "201": {"description": "SDP answer", "content": {"application/sdp": {"schema": {"type": "string"}}}},
+        "400": error("bad offer"), "413": error("SDP too large"),
+        "415": error("Content-Type is not application/sdp"),
+        "503": error("not ready, or all session slots busy"), "504": error("ICE gathering timeout"),
+    },
+)
 async def whip_offer(request: web.Request) -> web.Response:
     app = request.app
     cfg = app[CONFIG]
@@ -42,7 +54,3 @@ async def whip_offer(request: web.Request) -> web.Response:
     for value in link_headers(ice_servers(cfg.ice, session.id)):
         resp.headers.add("Link", value)
     return resp
-
-
-def setup_whip_routes(app: web.Application) -> None:
-    app.router.add_post("/api/whip", whip_offer)

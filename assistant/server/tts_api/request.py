@@ -20,6 +20,7 @@ from dataclasses import dataclass, field, fields
 from typing import Any, TypeVar
 
 from assistant.config import Config
+from assistant.server.http import APIError
 from assistant.tts.base import LANGUAGES, STRETCH_RANGE
 
 PITCH_RANGE = (-12.0, 12.0)           # semitones: one octave either way
@@ -37,20 +38,8 @@ STREAM_FORMATS = ("audio", "sse")
 Limit = int | Callable[[Config], int]
 
 
-class TTSError(Exception):
-    """A request the service refuses: HTTP status, a short error code, a detail, and the field at fault."""
-
-    def __init__(self, status: int, error: str, detail: str, headers: dict[str, str] | None = None,
-                 param: str | None = None) -> None:
-        super().__init__(detail)
-        self.status = status
-        self.error = error
-        self.detail = detail
-        self.headers = headers or {}
-        self.param = param
-
-    def to_json(self) -> dict[str, str]:
-        return {"error": self.error, "detail": self.detail}
+class TTSError(APIError):
+    """A synthesis request the service refuses (see :class:`~assistant.server.http.APIError`)."""
 
 
 def bad_field(name: str, detail: str, status: int = 400, error: str = "bad_request") -> TTSError:

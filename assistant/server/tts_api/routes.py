@@ -1,7 +1,7 @@
-"""The TTS API: ``POST /api/tts``, ``GET /ws/tts``, ``/api/voices``, ``GET /api/openapi.json`` (and it mounts
-OpenAI's speech API under ``/v1``, see ``openai_speech``).
+"""The TTS API's own routes: ``POST /api/tts``, ``GET /ws/tts``, ``/api/voices`` (OpenAI's speech API is in
+``openai_speech``).
 
-Handlers only translate HTTP/WebSocket to :class:`~assistant.server.tts_service.TTSService` and back; validation,
+Handlers only translate HTTP/WebSocket to :class:`~assistant.server.tts_api.service.TTSService` and back; validation,
 limits, effects and streaming live in the service. Every refusal is JSON ``{"error", "detail"}``.
 
 WebSocket protocol (one request at a time per socket; many sockets at once). The handshake answer carries
@@ -34,16 +34,16 @@ from aiohttp.http_exceptions import HttpProcessingError
 
 from assistant.audio import write_wav_bytes
 from assistant.config import Config
-from assistant.server.audio_formats import streaming_wav_header
-from assistant.server.http import CONFIG, SERVICES, HTTPJSONError, read_json
-from assistant.server.openapi import build_openapi
-from assistant.server.tts_request import SynthesisParams, TTSError, WSOptions, parse_params, ws_options
-from assistant.server.tts_service import TTSService, pcm_bytes
-from assistant.tts.voices import ReferenceClipStore, VoiceLimitError, valid_voice_id
+from assistant.server.http import CONFIG, HTTPJSONError, read_json
+from assistant.server.openapi import documented, error, json_body, ref
+from assistant.server.tts_api import TTS_SERVICE
+from assistant.server.tts_api.formats import streaming_wav_header
+from assistant.server.tts_api.request import SynthesisParams, TTSError, WSOptions, parse_params, schema, ws_options
+from assistant.server.tts_api.service import TTSService, pcm_bytes
+from assistant.tts.voice_store import VoiceLimitError, valid_voice_id
 
 log = logging.getLogger(__name__)
 
-TTS_SERVICE: web.AppKey[TTSService] = web.AppKey("tts_service", TTSService)
 END = b"END"
 WS_HEARTBEAT_S = 30.0
 MULTIPART_SLACK = 65_536           # headers and boundaries around the parts of a multipart body
@@ -51,23 +51,34 @@ MAX_VOICE_NAME_CHARS = 64
 PCM_CONTENT_TYPE = "application/octet-stream"
 
 
-def setup_tts_routes(app: web.Application) -> None:
-    """Register the TTS routes and the service (the engine is taken from ``Services`` once loaded)."""
-    from pathlib import Path
+AUDIO_HEADERS = {
+    "X-Sample-Rate": {"schema": {"type": "integer"}, "description": "samples per second of the audio"},
+    "X-Channels": {"schema": {"type": "integer", "const": 1}, "description": "always 1 (mono)"},
+    "X-Sample-Format": {"schema": {"type": "string", "const": "s16le"}, "description": "16-bit little-endian"},
+}
+VOICE_SCHEMA = {
+    "type": "object",
+    "required": ["voice_id", "name", "transcript", "duration_s", "sample_rate", "created", "cloning"],
+    "properties": {
+        "voice_id": {"type": "string", "pattern": "^[0-9a-f]{16}$"},
+        "name": {"type": "string"},
+        "transcript": {"type": "string"},
+        "duration_s": {"type": "number"},
+        "sample_rate": {"type": "integer"},
+        "created": {"type": "number", "description": "Unix time"},
+        "cloning": {"type": "boolean",
+                    "description": "whether the running engine can speak with this voice"},
+    },
+}
+WS_START_SCHEMA = {
+    "type": "object",
+    "properties": {"type": {"const": "start"}, "sample_rate": {"type": "integer"},
+                   "channels": {"const": 1}, "format": {"const": "s16le"}},
+}
 
-    cfg = app[CONFIG]
-    services = app[SERVICES]
-    store = ReferenceClipStore(Path(cfg.server.data_dir) / "voices", cfg.tts_api.max_voices)
-    app[TTS_SERVICE] = TTSService(cfg, services.metrics, store, lambda: services.tts)
-    app.router.add_post("/api/tts", tts_http)
-    app.router.add_get("/ws/tts", tts_ws)
-    app.router.add_get("/api/voices", list_voices)
-    app.router.add_post("/api/voices", create_voice)
-    app.router.add_delete("/api/voices/{voice_id}", delete_voice)
-    app.router.add_get("/api/openapi.json", openapi)
-    from assistant.server.openai_speech import openai_app
 
-    app.add_subapp("/v1", openai_app(app[TTS_SERVICE], cfg))
+def _ws_request_schema(cfg: Config) -> dict[str, Any]:
+    return schema(SynthesisParams, cfg, extra=schema(WSOptions, cfg)["properties"])
 
 
 def _client(request: web.Request) -> str:
@@ -151,6 +162,39 @@ async def _read_tts_body(request: web.Request, cfg: Config) -> tuple[dict[str, A
 
 
 # --- POST /api/tts ---------------------------------------------------------------------------------------
+@documented(
+    "Synthesise speech",
+    description="Whole WAV/PCM, or with streaming=true chunked raw s16le mono PCM sent as each "
+                "chunk exists. With pitch or speed done by DSP (engines without native support) "
+                "the stream moves one sentence at a time.",
+    request={
+        "application/json": {"schema": ref("TTSRequest")},
+        "multipart/form-data": {"schema": {
+            "type": "object", "required": ["request"],
+            "properties": {"request": {"type": "string", "description": "the TTSRequest JSON"},
+                           "speaker_wav": {"type": "string", "format": "binary"}},
+        }},
+    },
+    responses={
+        "200": {"description": "audio", "headers": AUDIO_HEADERS | {
+            "X-TTS-First-Chunk-Ms": {"schema": {"type": "integer"}},
+            "X-TTS-Total-Ms": {"schema": {"type": "integer"}, "description": "whole responses only"},
+        }, "content": {
+            "audio/wav": {"schema": {"type": "string", "format": "binary"}},
+            "application/octet-stream": {"schema": {"type": "string", "format": "binary"},
+                                         "description": "raw s16le mono PCM"},
+        }},
+        "400": error("bad field value, unknown field, bad JSON, undecodable audio, "
+                     "unsupported option for this engine (vocoder, cloning, language, instruct), URL "
+                     "not allowed, unknown_voice (the detail lists what exists)"),
+        "401": error("missing or wrong bearer token"),
+        "413": error("text, body or reference clip over its limit"),
+        "429": error("rate_limited (Retry-After) or busy (all synthesis slots taken)"),
+        "503": error("models still loading"),
+        "504": error("synthesis over tts.timeout_s"),
+    },
+    schemas={"TTSRequest": lambda cfg: schema(SynthesisParams, cfg)},
+)
 async def tts_http(request: web.Request) -> web.StreamResponse:
     """Synthesise: a WAV (or raw PCM) file, or with ``streaming`` a chunked s16le stream."""
     svc = request.app[TTS_SERVICE]
@@ -268,6 +312,31 @@ def _ws_query(request: web.Request) -> dict[str, str]:
     return {k: v for k, v in request.query.items() if k != "token"}
 
 
+@documented(
+    "Streaming TTS over a WebSocket",
+    description="Upgrade to a WebSocket (token as ?token= when auth is on). The handshake answer "
+                "carries X-Sample-Rate (the engine's rate: the audio's rate unless a request sets "
+                "sample_rate), X-Channels: 1, X-Sample-Format: s16le. Send a WSRequest as a JSON "
+                "text message. By default (the plain protocol) the server sends only binary "
+                "messages: s16le mono PCM chunks as they are made, then the 3 bytes END. On an "
+                "error it sends one text message {error, detail} and closes the socket with code "
+                "4000 + the HTTP status of that error (4400, 4413, 4429, 4500, 4503, 4504) and "
+                "the reason '<error>: <detail>'. Opt-ins, as request fields or query parameters "
+                "(?metadata=1&keep_open=1): metadata sends {type: start, sample_rate, channels: "
+                "1, format: s16le} before each request's audio; keep_open keeps the socket open "
+                "after an error. Send {type: cancel} to stop the current request (END follows). "
+                "One request at a time per socket (a second gets error busy); open several "
+                "sockets for more.",
+    parameters=[
+        {"name": "metadata", "in": "query", "required": False, "schema": {"type": "boolean"}},
+        {"name": "keep_open", "in": "query", "required": False, "schema": {"type": "boolean"}},
+    ],
+    responses={"101": {"description": "switching protocols", "headers": AUDIO_HEADERS},
+               "400": error("bad query parameter"),
+               "401": error("missing or wrong token"),
+               "503": error("models still loading")},
+    schemas={"WSRequest": _ws_request_schema, "WSStart": WS_START_SCHEMA},
+)
 async def tts_ws(request: web.Request) -> web.WebSocketResponse:
     """Requests one at a time per socket; the protocol (plain by default) is in the module docstring."""
     cfg = request.app[CONFIG]
@@ -401,6 +470,12 @@ def _engine_clones(svc: TTSService) -> bool:
     return bool(engine is not None and engine.capabilities.voice_cloning)
 
 
+@documented("List stored voices", responses={"200": json_body({
+    "type": "object",
+    "properties": {"voices": {"type": "array", "items": ref("Voice")},
+                   "engine": {"type": ["string", "null"]}, "cloning": {"type": "boolean"},
+                   "max_voices": {"type": "integer"}},
+}, "stored voices, oldest first")}, schemas={"Voice": VOICE_SCHEMA})
 async def list_voices(request: web.Request) -> web.Response:
     svc = request.app[TTS_SERVICE]
     cloning = _engine_clones(svc)
@@ -414,6 +489,27 @@ async def list_voices(request: web.Request) -> web.Response:
     })
 
 
+@documented(
+    "Register a voice from a reference clip",
+    description=lambda cfg: (
+        f"Clip {cfg.tts_api.min_upload_seconds:g}-{cfg.tts_api.max_upload_seconds:g} s, ≤ "
+        f"{cfg.tts_api.max_upload_bytes} bytes, any format FFmpeg decodes. With a cloning "
+        "engine its speaker embedding and prompt tokens are computed and cached; "
+        "otherwise the clip is stored and the answer says cloning: false."),
+    request={"multipart/form-data": {"schema": {
+        "type": "object", "required": ["clip", "transcript"],
+        "properties": {"clip": {"type": "string", "format": "binary"},
+                       "transcript": {"type": "string"}, "name": {"type": "string", "maxLength": 64}},
+    }}},
+    responses={
+        "201": json_body(ref("Voice"), "created"),
+        "400": error("missing part, bad audio, clip too short"),
+        "409": lambda cfg: error(f"voice_limit: already {cfg.tts_api.max_voices} voices"),
+        "413": error("clip too large or too long"),
+        "429": error("rate limited"),
+    },
+    schemas={"Voice": VOICE_SCHEMA},
+)
 async def create_voice(request: web.Request) -> web.Response:
     """Multipart ``clip`` + ``transcript`` (+ ``name``) → 201 ``{voice_id, ..., cloning}``.
 
@@ -457,6 +553,9 @@ async def create_voice(request: web.Request) -> web.Response:
     return web.json_response(_voice_json(voice, cloning), status=201)
 
 
+@documented("Delete a voice", parameters=[
+    {"name": "voice_id", "in": "path", "required": True, "schema": {"type": "string", "pattern": "^[0-9a-f]{16}$"}}],
+    responses={"200": json_body({"type": "object"}, "deleted"), "404": error("no such voice")})
 async def delete_voice(request: web.Request) -> web.Response:
     svc = request.app[TTS_SERVICE]
     voice_id = request.match_info["voice_id"]
@@ -464,7 +563,3 @@ async def delete_voice(request: web.Request) -> web.Response:
         raise HTTPJSONError(404, "unknown_voice", "no such voice")
     svc.sources.forget_voice(svc.current_engine(), voice_id)
     return web.json_response({"status": "deleted", "voice_id": voice_id})
-
-
-async def openapi(request: web.Request) -> web.Response:
-    return web.json_response(build_openapi(request.app[CONFIG]))

@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from assistant.audio import float_to_s16
-from assistant.server.tts_service import pcm_bytes
+from assistant.server.tts_api.service import pcm_bytes
 
 # response_format → (container, codec, the codec's sample format)
 CODECS: dict[str, tuple[str, str, str]] = {

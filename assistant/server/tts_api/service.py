@@ -33,8 +33,8 @@ from assistant.audio import float_to_s16
 from assistant.config import Config
 from assistant.pipeline.speech import SpeechPath, SpeechTimeout
 from assistant.server.metrics import Metrics
-from assistant.server.tts_request import SynthesisParams, TTSError, bad_field
-from assistant.server.voice_sources import VoiceSources
+from assistant.server.tts_api.request import SynthesisParams, TTSError, bad_field
+from assistant.server.tts_api.voice_prep import VoiceSources
 from assistant.tts.base import (
     SPEED_RANGE,
     TTSBusy,
@@ -46,7 +46,7 @@ from assistant.tts.base import (
 from assistant.tts.tags import split_leading_tag, split_style_tag
 from assistant.tts.text import join_short
 from assistant.tts.text import split_sentences as text_sentences
-from assistant.tts.voices import ReferenceClipStore
+from assistant.tts.voice_store import ReferenceClipStore
 
 log = logging.getLogger(__name__)
 

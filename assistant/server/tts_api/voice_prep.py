@@ -19,10 +19,10 @@ from urllib.parse import urljoin, urlsplit
 
 from assistant.audio import AudioFormatError, read_audio
 from assistant.config import Config
-from assistant.server.tts_request import MAX_NAME_CHARS, SynthesisParams, TTSError, bad_field
-from assistant.server.voice_names import NamedVoice, VoiceFolder, file_voice_key, resolve_name
+from assistant.server.tts_api.request import MAX_NAME_CHARS, SynthesisParams, TTSError, bad_field
+from assistant.server.tts_api.voice_lookup import NamedVoice, VoiceFolder, file_voice_key, resolve_name
 from assistant.tts.base import ReferenceClip, TTSEngine, TTSUnsupported, VoiceCloner
-from assistant.tts.voices import ReferenceClipStore
+from assistant.tts.voice_store import ReferenceClipStore
 
 log = logging.getLogger(__name__)
 

@@ -4,8 +4,9 @@ automation plug-ins) work unchanged with ``base_url=http://host:8080/v1``.
     POST /v1/audio/speech   {model, input, voice, instructions?, speed?, response_format?, stream_format?}
     GET  /v1/models, GET /v1/models/{id}, GET /v1/audio/models, GET /v1/audio/voices
 
-It is a sub-application mounted at ``/v1``: its own middleware turns every refusal into OpenAI's error shape
-``{"error": {"message", "type", "param", "code"}}`` and applies the bearer token (``server.auth_token``).
+Its routes live on the ``/v1`` sub-application (``server/openai_front.py``), whose middleware turns every
+refusal into OpenAI's error shape ``{"error": {"message", "type", "param", "code"}}`` and applies the bearer token
+(``server.auth_token``).
 Synthesis goes through the same :class:`TTSService` as ``/api/tts`` (same voices, limits, tags, effects).
 """
 
@@ -14,7 +15,6 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
-import hmac
 import json
 import logging
 import time
@@ -23,17 +23,18 @@ from typing import Any
 import numpy as np
 from aiohttp import web
 
-from assistant.config import Config
-from assistant.server.audio_formats import EncoderUnavailable, StreamEncoder, available_formats
-from assistant.server.http import read_json
-from assistant.server.tts_request import SpeechParams, SynthesisParams, TTSError, bad_field, parse
-from assistant.server.tts_service import TTSService
-from assistant.server.voice_names import engine_voice_names
+from assistant.server.http import CONFIG, read_json
+from assistant.server.openai_front import from_api_error, openai_error
+from assistant.server.openapi import documented, json_body, ref
+from assistant.server.openapi import openai_error as oai
+from assistant.server.tts_api import TTS_SERVICE
+from assistant.server.tts_api.formats import EncoderUnavailable, StreamEncoder, available_formats
+from assistant.server.tts_api.request import SpeechParams, SynthesisParams, TTSError, bad_field, parse, schema
+from assistant.server.tts_api.service import TTSService
+from assistant.server.tts_api.voice_lookup import engine_voice_names
 
 log = logging.getLogger(__name__)
 
-SPEECH_SERVICE: web.AppKey[TTSService] = web.AppKey("speech_service", TTSService)
-SPEECH_CONFIG: web.AppKey[Config] = web.AppKey("speech_config", Config)
 OUTPUT_RATE = 24_000          # OpenAI's pcm is 24 kHz s16le; every format here is made at that rate
 # OpenAI's model names: each speaks with this server's engine (so does the engine's own name).
 MODEL_IDS = ("tts-1", "tts-1-hd", "gpt-4o-mini-tts")
@@ -41,69 +42,8 @@ MODEL_IDS = ("tts-1", "tts-1-hd", "gpt-4o-mini-tts")
 # unless a registered voice has that name.
 OPENAI_VOICES = ("alloy", "ash", "ballad", "cedar", "coral", "echo", "fable", "marin", "nova", "onyx", "sage",
                  "shimmer", "verse")
-ERROR_TYPES = {401: "authentication_error", 429: "rate_limit_error"}
 MAX_BODY_BYTES = 65_536       # text (≤ tts.max_text_chars) and a few short fields
 SSE_USAGE_FRAME_S = 0.020     # usage.output_tokens counts 20 ms of audio as one token
-
-
-def openai_error(status: int, message: str, code: str | None, param: str | None = None) -> web.Response:
-    kind = ERROR_TYPES.get(status, "server_error" if status >= 500 else "invalid_request_error")
-    body = {"error": {"message": message, "type": kind, "param": param, "code": code}}
-    return web.json_response(body, status=status)
-
-
-def _from_tts(exc: TTSError) -> web.Response:
-    resp = openai_error(exc.status, exc.detail, exc.error, exc.param)
-    resp.headers.update(exc.headers)
-    return resp
-
-
-def _auth_and_errors(token: str) -> Any:
-    expected = f"Bearer {token}".encode()
-
-    @web.middleware
-    async def middleware(request: web.Request, handler: Any) -> web.StreamResponse:
-        if token and request.method != "OPTIONS":
-            got = request.headers.get("Authorization", "").encode()
-            if not hmac.compare_digest(got, expected):
-                return openai_error(401, "missing or wrong bearer token (Authorization: Bearer <token>)",
-                                    "invalid_api_key")
-        try:
-            return await handler(request)
-        except TTSError as exc:
-            return _from_tts(exc)
-        except web.HTTPException as exc:
-            if exc.status < 400:
-                raise
-            code, message = exc.reason.lower().replace(" ", "_"), exc.text or exc.reason
-            with contextlib.suppress(ValueError, AttributeError):  # HTTPJSONError: {"error", "detail"}
-                ours = json.loads(exc.text or "")
-                code, message = ours["error"], ours["detail"]
-            if exc.status == 405:
-                message = f"{request.method} is not allowed on {request.path}"
-            elif exc.status == 404 and code == "not_found":
-                message = f"no route {request.method} {request.path}; see GET /api/openapi.json"
-            return openai_error(exc.status, message, code)
-        except (asyncio.CancelledError, ConnectionResetError):
-            raise
-        except Exception:
-            log.exception("openai_request_failed path=%s", request.path)
-            return openai_error(500, "the server could not handle this request", "internal_error")
-
-    return middleware
-
-
-def openai_app(svc: TTSService, cfg: Config) -> web.Application:
-    """The ``/v1`` sub-application."""
-    app = web.Application(middlewares=[_auth_and_errors(cfg.server.auth_token)])
-    app[SPEECH_SERVICE] = svc
-    app[SPEECH_CONFIG] = cfg
-    app.router.add_post("/audio/speech", speech)
-    app.router.add_get("/models", list_models)
-    app.router.add_get("/models/{model}", get_model)
-    app.router.add_get("/audio/models", list_audio_models)
-    app.router.add_get("/audio/voices", list_voices)
-    return app
 
 
 # --- models and voices ----------------------------------------------------------------------------------
@@ -116,26 +56,42 @@ def _model(model_id: str) -> dict[str, Any]:
     return {"id": model_id, "object": "model", "created": 0, "owned_by": "assistant"}
 
 
+@documented("The model names /v1/audio/speech accepts (OpenAI list shape)",
+            responses={"200": json_body({"type": "object"}, "{object: list, data}"),
+                       "401": oai("missing or wrong bearer token")})
 async def list_models(request: web.Request) -> web.Response:
-    ids = model_ids(request.app[SPEECH_SERVICE])
+    ids = model_ids(request.config_dict[TTS_SERVICE])
     return web.json_response({"object": "list", "data": [_model(m) for m in ids]})
 
 
+@documented("One model",
+            parameters=[{"name": "model", "in": "path", "required": True, "schema": {"type": "string"}}],
+            responses={"200": json_body({"type": "object"}, "the model"), "404": oai("model_not_found")})
 async def get_model(request: web.Request) -> web.Response:
     model_id = request.match_info["model"]
-    if model_id not in model_ids(request.app[SPEECH_SERVICE]):
+    if model_id not in model_ids(request.config_dict[TTS_SERVICE]):
         return openai_error(404, f"The model '{model_id}' does not exist", "model_not_found", "model")
     return web.json_response(_model(model_id))
 
 
+@documented("The same names as {models: [{id}]} (Open WebUI's shape)",
+            responses={"200": json_body({"type": "object"}, "models")})
 async def list_audio_models(request: web.Request) -> web.Response:
     """Open WebUI's shape: ``{"models": [{"id"}]}``."""
-    return web.json_response({"models": [{"id": m} for m in model_ids(request.app[SPEECH_SERVICE])]})
+    return web.json_response({"models": [{"id": m} for m in model_ids(request.config_dict[TTS_SERVICE])]})
 
 
+@documented(
+    "Every name 'voice' accepts: registered voices, the engine's voices, clip files in "
+    "the voices folder, OpenAI's stock names (aliases of the default voice)",
+    responses={"200": json_body({"type": "object", "properties": {"voices": {"type": "array", "items": {
+        "type": "object", "properties": {"id": {"type": "string"}, "name": {"type": "string"},
+                                         "kind": {"type": "string"}, "usable": {"type": "boolean"}},
+    }}}}, "voices")},
+)
 async def list_voices(request: web.Request) -> web.Response:
     """Every name ``voice`` takes: registered voices, the engine's, clip files, OpenAI's stock names."""
-    svc = request.app[SPEECH_SERVICE]
+    svc = request.config_dict[TTS_SERVICE]
     engine = svc.engine()
     cloning = engine.capabilities.voice_cloning
     voices: list[dict[str, Any]] = []
@@ -159,9 +115,34 @@ def _voice_name(svc: TTSService, voice: str) -> str | None:
     return voice
 
 
+@documented(
+    "OpenAI-compatible speech (for the openai SDK and tools that speak its API)",
+    description="The file's bytes are streamed as they are made (chunked; stream_format audio), "
+                "or server-sent events 'data: {type: speech.audio.delta, audio: <base64>}' and "
+                "a final 'data: {type: speech.audio.done, usage}' (stream_format sse; usage "
+                "counts characters in and 20 ms of audio out). All formats at 24 kHz mono. "
+                "Errors use OpenAI's shape. The bearer token applies as on /api/*.",
+    request={"application/json": {"schema": ref("SpeechRequest")}},
+    responses={
+        "200": {"description": "audio", "content": {
+            t: {"schema": {"type": "string", "format": "binary"}}
+            for t in ("audio/mpeg", "audio/ogg", "audio/aac", "audio/flac", "audio/wav", "audio/pcm",
+                      "text/event-stream")
+        }},
+        "400": oai("bad field (param names it), unknown voice (the message lists what exists), a "
+                   "format FFmpeg cannot write, an option the engine cannot honour"),
+        "401": oai("missing or wrong bearer token (code invalid_api_key)"),
+        "404": oai("unknown model (code model_not_found)"),
+        "413": oai("input or body over its limit"),
+        "429": oai("rate_limited or busy (Retry-After)"),
+        "503": oai("models still loading"),
+        "504": oai("synthesis over tts.timeout_s"),
+    },
+    schemas={"SpeechRequest": lambda cfg: schema(SpeechParams, cfg)},
+)
 async def speech(request: web.Request) -> web.StreamResponse:
-    svc = request.app[SPEECH_SERVICE]
-    cfg = request.app[SPEECH_CONFIG]
+    svc = request.config_dict[TTS_SERVICE]
+    cfg = request.config_dict[CONFIG]
     t0 = time.perf_counter()
     outcome = "error"
     try:
@@ -201,7 +182,7 @@ async def speech(request: web.Request) -> web.StreamResponse:
         return openai_error(400, str(exc), "unsupported", "response_format")
     except TTSError as exc:
         outcome = exc.error
-        return _from_tts(exc)
+        return from_api_error(exc)
     except _Aborted as exc:
         outcome = exc.outcome
         return exc.response

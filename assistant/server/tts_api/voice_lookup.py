@@ -13,9 +13,9 @@ import logging
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
-from assistant.server.tts_request import TTSError, bad_field
+from assistant.server.tts_api.request import TTSError, bad_field
 from assistant.tts.base import TTSEngine
-from assistant.tts.voices import ReferenceClipStore, valid_voice_id
+from assistant.tts.voice_store import ReferenceClipStore, valid_voice_id
 
 log = logging.getLogger(__name__)
 

@@ -1,0 +1,78 @@
+"""The front of OpenAI's API family under ``/v1``: OpenAI's error shape and its bearer-token check.
+
+Every ``/v1`` route of the table (``routes.py``) is registered on one sub-application made here, whose
+middleware answers every refusal as ``{"error": {"message", "type", "param", "code"}}`` and applies
+``server.auth_token`` as OpenAI's SDKs send it (``Authorization: Bearer <token>``). Handlers read the app's
+state through ``request.config_dict``, which reaches the parent app's keys.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hmac
+import json
+import logging
+from typing import Any
+
+from aiohttp import web
+
+from assistant.config import Config
+from assistant.server.http import APIError
+
+log = logging.getLogger(__name__)
+
+ERROR_TYPES = {401: "authentication_error", 429: "rate_limit_error"}
+
+
+def openai_error(status: int, message: str, code: str | None, param: str | None = None) -> web.Response:
+    """A response in OpenAI's error shape."""
+    kind = ERROR_TYPES.get(status, "server_error" if status >= 500 else "invalid_request_error")
+    body = {"error": {"message": message, "type": kind, "param": param, "code": code}}
+    return web.json_response(body, status=status)
+
+
+def from_api_error(exc: APIError) -> web.Response:
+    resp = openai_error(exc.status, exc.detail, exc.error, exc.param)
+    resp.headers.update(exc.headers)
+    return resp
+
+
+def _auth_and_errors(token: str) -> Any:
+    expected = f"Bearer {token}".encode()
+
+    @web.middleware
+    async def middleware(request: web.Request, handler: Any) -> web.StreamResponse:
+        if token and request.method != "OPTIONS":
+            got = request.headers.get("Authorization", "").encode()
+            if not hmac.compare_digest(got, expected):
+                return openai_error(401, "missing or wrong bearer token (Authorization: Bearer <token>)",
+                                    "invalid_api_key")
+        try:
+            return await handler(request)
+        except APIError as exc:
+            return from_api_error(exc)
+        except web.HTTPException as exc:
+            if exc.status < 400:
+                raise
+            code, message = exc.reason.lower().replace(" ", "_"), exc.text or exc.reason
+            with contextlib.suppress(ValueError, AttributeError):  # HTTPJSONError: {"error", "detail"}
+                ours = json.loads(exc.text or "")
+                code, message = ours["error"], ours["detail"]
+            if exc.status == 405:
+                message = f"{request.method} is not allowed on {request.path}"
+            elif exc.status == 404 and code == "not_found":
+                message = f"no route {request.method} {request.path}; see GET /api/openapi.json"
+            return openai_error(exc.status, message, code)
+        except (asyncio.CancelledError, ConnectionResetError):
+            raise
+        except Exception:
+            log.exception("openai_request_failed path=%s", request.path)
+            return openai_error(500, "the server could not handle this request", "internal_error")
+
+    return middleware
+
+
+def create_openai_app(cfg: Config) -> web.Application:
+    """The ``/v1`` sub-application (empty: the caller registers the table's ``/v1`` routes, then mounts it)."""
+    return web.Application(middlewares=[_auth_and_errors(cfg.server.auth_token)])

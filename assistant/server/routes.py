@@ -1,0 +1,122 @@
+"""Every route of the HTTP API, once: the server registers it, the dispatcher forwards it, OpenAPI documents it.
+
+A row names its handler as ``"module:function"`` under ``assistant.server`` (``"signaling:offer"`` is
+``assistant.server.signaling.offer``), so this table imports nothing: the dispatcher reads it without loading
+the voice session or the TTS engines. Each handler carries its own OpenAPI description, written beside it with
+:func:`assistant.server.openapi.documented`.
+
+How the dispatcher (``assistant dispatch``) handles a route is its :class:`Forward` kind.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Awaitable, Callable, Iterable
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from aiohttp import web
+
+    from assistant.config import Config
+
+Handler = Callable[["web.Request"], Awaitable["web.StreamResponse"]]
+HANDLER_PACKAGE = "assistant.server"
+OPENAI_PREFIX = "/v1"  # OpenAI's API family: its own error shape and token check (``openai_front``)
+
+
+class Forward(StrEnum):
+    """What the dispatcher does with a request for this route."""
+
+    FRONT = "front"          # each front answers it itself (the page, liveness, readiness, metrics)
+    OFFER = "offer"          # opens a session: the ready gateway with the most free slots
+    OWNER = "owner"          # acts on a session: the gateway its ``{session_id}`` names
+    GATHER = "gather"        # every gateway's answer, merged (the session list)
+    PROXY = "proxy"          # one ready gateway, its answer streamed back
+    WEBSOCKET = "websocket"  # one ready gateway, the WebSocket joined both ways
+    GATEWAY = "gateway"      # state each gateway keeps for itself: refused at the dispatcher (501)
+
+
+@dataclass(frozen=True)
+class Route:
+    method: str
+    path: str
+    handler: str  # "module:function" under assistant.server
+    forward: Forward
+    product: str  # "front", "voice" (the voice session), "tts" (the TTS API)
+    max_body: Callable[[Config], int] | None = None  # the largest body the dispatcher passes on (None: no body)
+
+    def resolve(self) -> Handler:
+        """The handler function (imports its module)."""
+        module, _, name = self.handler.partition(":")
+        handler: Handler = getattr(importlib.import_module(f"{HANDLER_PACKAGE}.{module}"), name)
+        return handler
+
+
+def _sdp(cfg: Config) -> int:
+    return cfg.server.max_sdp_bytes
+
+
+def _json(cfg: Config) -> int:
+    return cfg.server.max_body_bytes
+
+
+def _fragment(cfg: Config) -> int:
+    return cfg.ice.max_fragment_bytes
+
+
+def tts_body(cfg: Config) -> int:
+    """A TTS request's largest body: the JSON fields plus a base64 reference clip."""
+    return cfg.server.max_body_bytes + (cfg.tts_api.max_upload_bytes * 4) // 3 + 16
+
+
+def _upload(cfg: Config) -> int:
+    return cfg.tts_api.max_upload_bytes + 65_536
+
+
+F = Forward
+ROUTES: tuple[Route, ...] = (
+    # What every front serves for itself.
+    Route("GET", "/", "front:index", F.FRONT, "front"),
+    Route("GET", "/healthz", "front:healthz", F.FRONT, "front"),
+    Route("GET", "/readyz", "app:readyz", F.FRONT, "front"),
+    Route("GET", "/metrics", "app:metrics", F.FRONT, "front"),
+    Route("GET", "/api/openapi.json", "openapi:serve_openapi", F.PROXY, "front"),
+    # The voice session: signaling (JSON and WHIP), the session resource, ICE, the page's stage legend.
+    Route("POST", "/api/offer", "signaling:offer", F.OFFER, "voice", _json),
+    Route("POST", "/api/whip", "whip:whip_offer", F.OFFER, "voice", _sdp),
+    Route("GET", "/api/sessions", "signaling:list_sessions", F.GATHER, "voice"),
+    Route("PATCH", "/api/sessions/{session_id}", "signaling:trickle", F.OWNER, "voice", _fragment),
+    Route("DELETE", "/api/sessions/{session_id}", "signaling:hang_up", F.OWNER, "voice"),
+    Route("GET", "/api/ice", "ice:get_ice", F.PROXY, "voice"),
+    Route("GET", "/api/stages", "app:stages", F.PROXY, "voice"),
+    # The TTS API.
+    Route("POST", "/api/tts", "tts_api.routes:tts_http", F.PROXY, "tts", tts_body),
+    Route("GET", "/ws/tts", "tts_api.routes:tts_ws", F.WEBSOCKET, "tts"),
+    Route("GET", "/api/voices", "tts_api.routes:list_voices", F.PROXY, "tts"),
+    Route("POST", "/api/voices", "tts_api.routes:create_voice", F.GATEWAY, "tts", _upload),
+    Route("DELETE", "/api/voices/{voice_id}", "tts_api.routes:delete_voice", F.GATEWAY, "tts"),
+    Route("POST", "/v1/audio/speech", "tts_api.openai_speech:speech", F.PROXY, "tts", _json),
+    Route("GET", "/v1/models", "tts_api.openai_speech:list_models", F.PROXY, "tts"),
+    Route("GET", "/v1/models/{model}", "tts_api.openai_speech:get_model", F.PROXY, "tts"),
+    Route("GET", "/v1/audio/models", "tts_api.openai_speech:list_audio_models", F.PROXY, "tts"),
+    Route("GET", "/v1/audio/voices", "tts_api.openai_speech:list_voices", F.PROXY, "tts"),
+)
+
+
+def routes(products: Iterable[str] | None = None) -> list[Route]:
+    """The table's rows, or those of the named products."""
+    wanted = None if products is None else set(products)
+    return [r for r in ROUTES if wanted is None or r.product in wanted]
+
+
+def register(app: web.Application, table: Iterable[Route], openai_app: web.Application | None = None) -> None:
+    """Add ``table``'s routes to ``app``; ``/v1`` routes go to ``openai_app`` (mounted by the caller)."""
+    for route in table:
+        if route.path.startswith(OPENAI_PREFIX + "/"):
+            if openai_app is None:
+                raise ValueError(f"{route.method} {route.path} needs the {OPENAI_PREFIX} sub-application")
+            openai_app.router.add_route(route.method, route.path[len(OPENAI_PREFIX):], route.resolve())
+        else:
+            app.router.add_route(route.method, route.path, route.resolve())

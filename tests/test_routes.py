@@ -1,0 +1,62 @@
+"""The one route table (``server/routes.py``) is what the server registers, what the dispatcher forwards and what
+OpenAPI documents: nothing is listed twice, so nothing can drift."""
+
+from __future__ import annotations
+
+import inspect
+
+from assistant.config import Config
+from assistant.server.openapi import build_openapi, operation_of
+from assistant.server.routes import OPENAI_PREFIX, ROUTES, Forward
+
+PRODUCT_MODULES = {"front": ("front", "app", "openapi"), "voice": ("signaling", "whip", "ice", "app"),
+                   "tts": ("tts_api.",)}
+
+
+def _registered(app) -> set[tuple[str, str]]:
+    """(method, path) of every resource route of ``app`` and its sub-apps (static files and HEAD left out)."""
+    out = set()
+    for route in app.router.routes():
+        info = route.resource.get_info() if route.resource is not None else {}
+        if "prefix" in info or route.method == "HEAD":
+            continue
+        path = info.get("path") or info.get("formatter")
+        if path is None:
+            continue
+        out.add((route.method, path))
+    return out
+
+
+def test_every_row_resolves_to_a_documented_handler_of_its_product() -> None:
+    seen = set()
+    for route in ROUTES:
+        assert (route.method, route.path) not in seen, f"{route.method} {route.path} is listed twice"
+        seen.add((route.method, route.path))
+        handler = route.resolve()
+        assert inspect.iscoroutinefunction(handler), route
+        assert route.handler.startswith(PRODUCT_MODULES[route.product]), route
+        if route.path != "/":
+            assert operation_of(route) is not None, f"{route.method} {route.path} has no OpenAPI description"
+        if route.method in ("POST", "PATCH") and route.forward is not Forward.FRONT:
+            assert route.max_body is not None, f"{route.method} {route.path}: the dispatcher needs its body cap"
+
+
+def test_openapi_documents_exactly_the_table() -> None:
+    doc = build_openapi(Config())
+    documented = {(m.upper(), p) for p, ops in doc["paths"].items() for m in ops}
+    assert documented == {(r.method, r.path) for r in ROUTES if r.path != "/"}
+
+
+def test_gateway_and_dispatcher_register_exactly_the_table(tmp_path) -> None:
+    from assistant.server.app import create_app
+    from assistant.server.dispatch.app import create_dispatch_app
+
+    cfg = Config()
+    cfg.server.data_dir = str(tmp_path)
+    table = {(r.method, r.path) for r in ROUTES}
+    gateway = create_app(cfg)
+    sub = {(m, OPENAI_PREFIX + p) for app in [r.resource._app for r in gateway.router.routes()  # the /v1 sub-app
+                                             if hasattr(r.resource, "_app")] for m, p in _registered(app)}
+    assert _registered(gateway) | sub == table
+    cfg.dispatch.gateways = ["http://127.0.0.1:9"]
+    assert _registered(create_dispatch_app(cfg)) == table

@@ -71,11 +71,11 @@ def read_audio(src: AudioSource) -> tuple[np.ndarray, int]:
     import soundfile as sf  # here, not at import: the GPU check runs where soundfile is absent
 
     try:
-        x, sr = sf.read(path if path is not None else io.BytesIO(data), dtype="float32", always_2d=True)
+        x, sr = sf.read(path if path is not None else io.BytesIO(data or b""), dtype="float32", always_2d=True)
         return to_mono(x), int(sr)
     except (sf.LibsndfileError, RuntimeError, TypeError) as exc:
         log.debug("audio.read soundfile_failed err=%s; trying PyAV", exc)
-    return _read_with_av(path if path is not None else io.BytesIO(data))
+    return _read_with_av(path if path is not None else io.BytesIO(data or b""))
 
 
 def _read_with_av(src: Path | BinaryIO) -> tuple[np.ndarray, int]:

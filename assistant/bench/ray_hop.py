@@ -116,7 +116,7 @@ async def measure_hops(cfg: Any, calls: int = HOP_CALLS) -> dict[str, dict[str, 
     from assistant.serve_ray.replicas import EngineInfo
     from assistant.tts.base import TTSCapabilities, TTSRequest
 
-    bare = serve.deployment(BareStream, name="Bare").options(
+    bare = serve.deployment(name="Bare")(BareStream).options(
         num_replicas=max(1, cfg.ray.tts_replicas), ray_actor_options={"num_cpus": 0.1})
     handle = await asyncio.to_thread(serve.run, bare.bind(), name="bench-bare", route_prefix=None)
     out: dict[str, dict[str, list[float]]] = {}

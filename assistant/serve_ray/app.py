@@ -46,7 +46,7 @@ def _application(cfg: Config, cls: type, name: str, replicas: int, num_cpus: flo
                  per_replica: int) -> Application:
     """One deployment of ``cls`` with ``per_replica`` requests at once on each replica and the caller queue
     of :func:`~assistant.serve_ray.caller_queue`; the replicas get the whole config."""
-    deployment = serve.deployment(cls, name=name).options(
+    deployment = serve.deployment(name=name)(cls).options(
         num_replicas=max(1, replicas),
         ray_actor_options={"num_cpus": num_cpus, "num_gpus": num_gpus},
         max_ongoing_requests=per_replica,

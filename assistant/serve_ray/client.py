@@ -26,7 +26,7 @@ import contextlib
 import logging
 import time
 from collections import OrderedDict
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -161,7 +161,7 @@ class RemoteCloningTTS(RemoteTTS):
         self._route(voice_id).forget_voice.remote(voice_id)  # best effort; eviction frees it anyway
 
 
-async def _busy_as_tts_busy(stream: Any) -> AsyncIterator[Any]:
+async def _busy_as_tts_busy(stream: Any) -> AsyncGenerator[Any, None]:
     try:
         async for item in stream:
             yield item

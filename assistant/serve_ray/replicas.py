@@ -61,7 +61,7 @@ class EngineInfo:
 class TTSReplica:
     """One TTS engine on one replica; voices multiplexed by id; chunks streamed with their send time."""
 
-    async def __init__(self, config: dict[str, Any]) -> None:
+    async def __init__(self, config: dict[str, Any]) -> None:  # type: ignore[misc]  # Serve awaits it
         from assistant.tts import create_tts
 
         cfg = config_from_dict(config)
@@ -169,7 +169,8 @@ class _VoiceHandle:
     """What the multiplexed loader caches: when Serve evicts it, the replica forgets the voice."""
 
     def __init__(self, engine: TTSEngine, voice_id: str, owner: TTSReplica) -> None:
-        self.engine, self.voice_id, self.owner = engine, voice_id, owner
+        self.engine, self.voice_id = engine, voice_id
+        self.owner: TTSReplica | None = owner
 
     def __del__(self) -> None:  # Serve calls it when it evicts the voice (and Python when collected)
         owner, self.owner = getattr(self, "owner", None), None
@@ -188,7 +189,7 @@ class ASRReplica:
     long it waited apart from how long the hop took.
     """
 
-    async def __init__(self, config: dict[str, Any]) -> None:
+    async def __init__(self, config: dict[str, Any]) -> None:  # type: ignore[misc]  # Serve awaits it
         from assistant.asr import create_asr
 
         cfg = config_from_dict(config)

@@ -37,7 +37,8 @@ async def error_middleware(request: web.Request, handler: Any) -> web.StreamResp
         resp.headers.update(exc.headers)
         return resp
     except web.HTTPRequestEntityTooLarge as exc:
-        return json_error(413, "too_large", f"request body over {exc.max_size} bytes")
+        # aiohttp keeps the limit only in the text ("Maximum request body size N exceeded.")
+        return json_error(413, "too_large", exc.text or "request body too large")
     except web.HTTPException as exc:
         if exc.status >= 400 and exc.content_type != "application/json":
             return json_error(exc.status, exc.reason.lower().replace(" ", "_"), exc.text or "")

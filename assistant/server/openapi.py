@@ -42,7 +42,7 @@ def json_body(schema: dict[str, Any], description: str) -> dict[str, Any]:
     return {"description": description, "content": {"application/json": {"schema": schema}}}
 
 
-def documented(summary: str, *, responses: dict[str, Any], description: str | None = None,
+def documented(summary: str, *, responses: dict[str, Any], description: str | Callable[[Config], str] | None = None,
                request: dict[str, Any] | None = None, parameters: list[dict[str, Any]] | None = None,
                public: bool = False, schemas: dict[str, Any] | None = None) -> Callable[[H], H]:
     """Attach a handler's OpenAPI operation to it. ``public``: no token needed. ``schemas``: named schemas the
@@ -122,7 +122,7 @@ def build_openapi(cfg: Config, table: Iterable[Route] = ROUTES) -> dict[str, Any
         op, own_schemas = found
         paths.setdefault(route.path, {})[route.method.lower()] = _fill(op, cfg)
         schemas.update(_fill(own_schemas, cfg))
-    bearer = [{"bearer": []}] if cfg.server.auth_token else []
+    bearer: list[dict[str, list[str]]] = [{"bearer": []}] if cfg.server.auth_token else []
     return {
         "openapi": OPENAPI_VERSION,
         "info": {

@@ -23,7 +23,7 @@ import logging
 import math
 import time
 from collections import OrderedDict
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -210,7 +210,7 @@ class TTSService:
         )
 
     # --- streaming -------------------------------------------------------------------------------------
-    async def stream(self, job: Job) -> AsyncIterator[np.ndarray]:
+    async def stream(self, job: Job) -> AsyncGenerator[np.ndarray, None]:
         """Float32 mono chunks at ``job.sample_rate``, each as soon as it exists; holds a slot throughout."""
         async with self.slot():
             t0 = time.perf_counter()

@@ -16,10 +16,10 @@ from assistant.server.ice import (
     ice_servers,
     link_headers,
     rtc_configuration,
-    rtc_configuration_from_json,
     turn_rest_credential,
 )
-from assistant.server.sdpfrag import FragmentError, build_sdpfrag, ice_credentials, parse_sdpfrag
+from assistant.server.sdpfrag import FragmentError, ice_credentials, parse_sdpfrag
+from tests.webrtc_client import build_sdpfrag, rtc_configuration_from_json
 
 CAND = "candidate:1 1 udp 2122260223 192.0.2.1 61764 typ host generation 0"
 

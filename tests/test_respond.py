@@ -89,13 +89,12 @@ def test_history_bounded() -> None:
     for i in range(5):
         h.add_turn(f"u{i}", f"a{i}")
     assert len(h) == 2
-    assert h.as_messages("sys") == [
-        Message("system", "sys"), Message("user", "u3"), Message("assistant", "a3"),
-        Message("user", "u4"), Message("assistant", "a4"),
+    assert h.messages == [
+        Message("user", "u3"), Message("assistant", "a3"), Message("user", "u4"), Message("assistant", "a4"),
     ]
     h.add_turn("u5", "")  # interrupted before any word was spoken
     assert h.messages[-1] == Message("user", "u5")
-    assert ConversationHistory(0).as_messages() == []
+    assert ConversationHistory(0).messages == []
     with pytest.raises(ValueError):
         ConversationHistory(-1)
 
@@ -209,7 +208,7 @@ async def test_openai_api_key_from_env_and_history_system(monkeypatch: pytest.Mo
         hist = ConversationHistory(2)
         hist.add_turn("a", "b")
         try:
-            assert await collect(r.respond("c", hist.as_messages("Custom system."))) == ["ok"]
+            assert await collect(r.respond("c", [Message("system", "Custom system."), *hist.messages])) == ["ok"]
         finally:
             await r.aclose()
     body, headers = srv.requests[0]

@@ -40,8 +40,3 @@ class ConversationHistory:
             if assistant:
                 out.append(Message("assistant", assistant))
         return out
-
-    def as_messages(self, system_prompt: str | None = None) -> list[Message]:
-        """``[system?] + history``: what a chat model needs before the current user turn."""
-        head = [Message("system", system_prompt)] if system_prompt else []
-        return head + self.messages

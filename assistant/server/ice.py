@@ -108,19 +108,6 @@ def rtc_configuration(servers: list[IceServer], policy: str = "all") -> RTCConfi
     return RTCConfiguration(iceServers=[s.to_rtc() for s in servers], iceTransportPolicy=POLICIES[policy])
 
 
-def rtc_configuration_from_json(payload: dict[str, Any]) -> RTCConfiguration:
-    """What a client (the bench, the tests) builds from ``GET /api/ice``: the page's view, for aiortc."""
-    servers = [
-        IceServer(
-            [s["urls"]] if isinstance(s["urls"], str) else list(s["urls"]),
-            s.get("username", ""),
-            s.get("credential", ""),
-        )
-        for s in payload.get("iceServers", [])
-    ]
-    return rtc_configuration(servers, payload.get("iceTransportPolicy", "all"))
-
-
 def browser_config(ice: ICEConfig, name: str, now: float | None = None) -> dict[str, Any]:
     """The body of ``GET /api/ice``: what the page passes to ``new RTCPeerConnection``, plus trickle."""
     now = time.time() if now is None else now

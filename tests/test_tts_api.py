@@ -21,8 +21,8 @@ from aiohttp import web
 
 from assistant.audio import s16_to_float, write_wav_bytes
 from assistant.config import Config
-from assistant.server.http import SERVICES
 from assistant.server.local import serve_on_loopback
+from assistant.server.services import SERVICES
 from assistant.server.tts_api import service as tts_service
 from assistant.tts import create_tts
 from assistant.tts.base import LANGUAGES, ReferenceClip, TTSCapabilities, TTSRequest

@@ -1,4 +1,4 @@
-"""What every route module shares: the app keys, JSON errors and bounded body reading.
+"""What every route module shares: the config's app key, JSON errors and bounded body reading.
 
 Route modules (``app``, ``signaling``, ``tts_api/``, ``dispatch/``) import this, never each other, so the routes form
 no cycle.
@@ -12,9 +12,7 @@ from typing import Any
 from aiohttp import web
 
 from assistant.config import Config
-from assistant.server.services import Services
 
-SERVICES: web.AppKey[Services] = web.AppKey("services", Services)
 CONFIG: web.AppKey[Config] = web.AppKey("config", Config)
 
 

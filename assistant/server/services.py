@@ -12,6 +12,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from aiohttp import web
+
 from assistant.config import Config
 from assistant.respond.base import Responder
 from assistant.server.metrics import Metrics
@@ -130,3 +132,6 @@ class Services:
                 await aclose()
         if self.asr is not None and hasattr(self.asr, "close"):
             self.asr.close()
+
+
+SERVICES: web.AppKey[Services] = web.AppKey("services", Services)

@@ -14,10 +14,11 @@ import re
 
 from aiohttp import web
 
-from assistant.server.http import CONFIG, SERVICES, HTTPJSONError, read_body, read_json
+from assistant.server.http import CONFIG, HTTPJSONError, read_body, read_json
 from assistant.server.openapi import documented, error, json_body, ref
 from assistant.server.sdpfrag import CONTENT_TYPE as SDPFRAG
 from assistant.server.sdpfrag import FragmentError, parse_sdpfrag
+from assistant.server.services import SERVICES
 from assistant.server.session import Session
 
 log = logging.getLogger(__name__)

@@ -18,7 +18,8 @@ from pathlib import Path
 
 from aiohttp import web
 
-from assistant.server.http import CONFIG, SERVICES
+from assistant.server.http import CONFIG
+from assistant.server.services import SERVICES
 from assistant.server.tts_api.service import TTSService
 from assistant.tts.voice_store import ReferenceClipStore
 

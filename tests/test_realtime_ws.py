@@ -83,9 +83,9 @@ class Events:
 
 
 @asynccontextmanager
-async def connected(url: str, **query: str) -> AsyncIterator[tuple[Any, Events]]:
+async def connected(url: str, model: str = "echo", **query: str) -> AsyncIterator[tuple[Any, Events]]:
     client = openai.AsyncOpenAI(base_url=f"{url}/v1", api_key="unused")
-    async with client.realtime.connect(model="echo", extra_query=query) as conn:
+    async with client.realtime.connect(model=model, extra_query=query) as conn:
         events = Events(conn)
         try:
             await events.wait("session.created", timeout=10)

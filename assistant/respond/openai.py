@@ -199,7 +199,7 @@ class OpenAIResponder:
                     raise ResponderError(MSG_BAD_STREAM) from exc
                 if not raw:  # EOF
                     if pending:
-                        for delta in self._event("\n".join(pending), calls, strict=True):
+                        for delta in self._event("\n".join(pending), calls, strict=True) or []:
                             finished = finished or delta is None
                     if finished:
                         break  # some servers end with finish_reason and no [DONE]
@@ -213,16 +213,17 @@ class OpenAIResponder:
                 deltas: list[str | None] = []
                 if not line:  # blank line ends an event
                     if pending:
-                        deltas = self._event("\n".join(pending), calls, strict=True)
+                        deltas = self._event("\n".join(pending), calls, strict=True) or []
                         pending.clear()
                 elif line.startswith(":") or not line.startswith("data:"):
                     continue  # comment / keep-alive, or event:, id:, retry: fields
                 else:
                     pending.append(line[5:].removeprefix(" "))
                     # Lenient: most servers send one JSON object per data line; handle it right away.
-                    deltas = self._event("\n".join(pending), calls, strict=False)
-                    if deltas or pending[-1] == "[DONE]":
-                        pending.clear()
+                    parsed = self._event("\n".join(pending), calls, strict=False)
+                    if parsed is not None or pending[-1] == "[DONE]":
+                        pending.clear()  # handled: a blank line after it must not parse it again
+                    deltas = parsed or []
                 for delta in deltas:
                     if delta is None:
                         finished = True
@@ -252,11 +253,12 @@ class OpenAIResponder:
                 raise ResponderError(MSG_BAD_STREAM)
             yield ToolCall(call["id"] or f"call_{index}", call["name"], call["arguments"])
 
-    def _event(self, data: str, calls: dict[int, dict[str, str]], *, strict: bool) -> list[str | None]:
-        """Parse one SSE ``data`` payload into content deltas; ``None`` marks ``finish_reason``.
+    def _event(self, data: str, calls: dict[int, dict[str, str]], *, strict: bool) -> list[str | None] | None:
+        """Parse one SSE ``data`` payload into content deltas (tool call pieces go to ``calls``); ``None`` in the
+        list marks ``finish_reason``.
 
-        Raises ``_StreamDone`` on ``[DONE]``. With ``strict=False`` an unparsable payload returns ``[]``
-        (it may be the first line of a multi-line event); with ``strict=True`` it is an error.
+        Raises ``_StreamDone`` on ``[DONE]``. With ``strict=False`` an unparsable payload returns None (it may
+        be the first line of a multi-line event); with ``strict=True`` it is an error.
         """
         if data.strip() == "[DONE]":
             raise _StreamDone
@@ -264,7 +266,7 @@ class OpenAIResponder:
             obj = json.loads(data)
         except json.JSONDecodeError as exc:
             if not strict:
-                return []
+                return None
             log.warning("respond.error kind=bad_stream reason=json bytes=%d", len(data))
             raise ResponderError(MSG_BAD_STREAM) from exc
         if not isinstance(obj, dict):

@@ -237,3 +237,20 @@ async def test_session_update_changes_voice_and_vad_silence(services: Services, 
         err = await ev.wait("error", since)
         assert err["error"]["code"] == "unknown_voice" and err["error"]["param"] == "session.audio.output.voice"
         assert session.conversation.runner.voice.request.voice == engine_voice  # nothing changed
+
+
+async def test_bench_ws_turn_measures_the_first_delta(services: Services, shared_audio) -> None:
+    """The bench's WebSocket client (assistant bench v2v --protocol realtime-ws): both ways of ending a turn."""
+    import aiohttp
+
+    from assistant.bench.audio_source import load_utterance
+    from assistant.bench.realtime_client import ws_turn
+
+    utt = load_utterance(shared_audio / "en_weather.wav")
+    async with serve(test_config(), services) as (url, _app), aiohttp.ClientSession() as http:
+        for mode in ("server_vad", "commit"):
+            turn = await ws_turn(http, url, utt, mode=mode)
+            assert not turn.error, turn
+            assert turn.first_delta_ms is not None and turn.first_delta_ms > 0, turn
+            assert "weather" in turn.transcript.lower() and "weather" in turn.reply.lower()
+            assert turn.server.get("server_v2v_ms", 0) > 0

@@ -8,7 +8,6 @@ is remembered only as far as it was heard). The oldest items go once ``realtime.
 
 from __future__ import annotations
 
-import json
 import re
 import secrets
 from dataclasses import dataclass, field
@@ -197,10 +196,3 @@ def parse_item(raw: object, decode_audio: Any, max_clip_s: float) -> Item:
         item.text = " ".join(texts)
     return item
 
-
-def tool_arguments_ok(arguments: str) -> bool:
-    """Function arguments are a JSON object (as the model must produce them)."""
-    try:
-        return isinstance(json.loads(arguments or "{}"), dict)
-    except ValueError:
-        return False

@@ -62,6 +62,7 @@ BETA_NAMES = {
 METRICS_EVENT = "assistant.turn_metrics"
 MIN_COMMIT_MS = 100  # the reference refuses to commit less audio than this
 CONTINUE = "(continue)"  # the words of a turn that has none: the model goes on after a tool's output
+TURNS_KEPT = 16  # turns whose late events (an interruption, a metrics event) still find their response
 WATCH_S = 0.05  # how often an open response checks that its turn is still running
 WAV_MAGIC = (b"RIFF", b"OggS", b"fLaC", b"ID3")  # containers sent where raw samples were declared
 
@@ -608,8 +609,11 @@ class RealtimeProtocol:
                         modalities=list(self.settings.output_modalities),
                         frames_base=self.sink.audible_frames_sent)
         self.response = self.by_turn[turn] = resp
-        while len(self.by_turn) > 16:
-            self.by_turn.pop(next(iter(self.by_turn)))
+        for old in [t for t in self.by_turn if t < turn - TURNS_KEPT]:  # bounded: only recent turns get events
+            self.by_turn.pop(old)
+        for old in [t for t in self.user_items if t < turn - TURNS_KEPT]:
+            self.user_items.pop(old)
+        self.given_words = {t for t in self.given_words if t >= turn - TURNS_KEPT}
         if not client:
             self.context.instructions = self.settings.instructions
             self.context.tools, self.context.tool_choice = self.settings.tools, self.settings.tool_choice

@@ -231,6 +231,27 @@ class TTSAPIConfig:
 
 
 @dataclass
+class RealtimeConfig:
+    """The OpenAI Realtime API (``/v1/realtime``): limits and what is ours beyond the reference."""
+
+    max_event_bytes: int = _f(
+        1_048_576, "largest client event accepted; a bigger one gets an error event and the session goes on (a "
+        "WebSocket message over 4x this closes the socket)"
+    )
+    max_buffer_s: float = _f(60.0, "most audio a client may append before it commits (turn detection off)")
+    max_items: int = _f(200, "conversation items a session keeps (oldest go first): the responder's history")
+    audio_lead_ms: int = _f(
+        1000, "WebSocket: reply audio sent this far ahead of the client's playout (by the server's clock); barge-in "
+        "drops what is ahead, the rest is what the client already holds"
+    )
+    max_pending_events: int = _f(1024, "server events queued for a WebSocket client that reads slowly; past it, closed")
+    turn_metrics: bool = _f(
+        True, "send our per-turn latency breakdown as the extra server event assistant.turn_metrics (clients can "
+        "also turn it off per session with ?turn_metrics=0)"
+    )
+
+
+@dataclass
 class RayConfig:
     """Engines as Ray Serve deployments shared by many gateways (``tts.backend`` / ``asr.backend`` = ray)."""
 
@@ -291,6 +312,7 @@ class Config:
     chunker: ChunkerConfig = field(default_factory=ChunkerConfig)
     turn: TurnConfig = field(default_factory=TurnConfig)
     tts_api: TTSAPIConfig = field(default_factory=TTSAPIConfig)
+    realtime: RealtimeConfig = field(default_factory=RealtimeConfig)
     ray: RayConfig = field(default_factory=RayConfig)
     log: LogConfig = field(default_factory=LogConfig)
     dispatch: DispatchConfig = field(default_factory=DispatchConfig)

@@ -118,10 +118,13 @@ def test_no_import_cycle_at_module_level() -> None:
 
 # Inside ``server/``: each product is a room of its own. The TTS API and the dispatcher use only the shared pieces,
 # never the voice session's modules (so the TTS API runs without aiortc and the dispatcher without the engines).
+# The Realtime API is the voice session under another protocol: it uses the session, signaling and ICE, and the
+# TTS API's voice names (so ``voice`` means what it means there).
 SHARED_SERVER = {"http", "front", "metrics", "services", "routes", "openapi", "openai_front"}
 PRODUCT_ALLOWED = {
     "tts_api": SHARED_SERVER,
     "dispatch": {"http", "front", "routes", "openapi", "openai_front"},
+    "realtime": SHARED_SERVER | {"session", "signaling", "ice", "sdpfrag", "tts_api"},
 }
 
 

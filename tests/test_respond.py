@@ -16,6 +16,7 @@ from aiohttp import web
 
 from assistant.config import RespondConfig
 from assistant.respond import ConversationHistory, Message, ResponderError, create_responder
+from assistant.respond.base import ToolCall
 from assistant.respond.echo import EchoResponder
 from assistant.respond.openai import OpenAIResponder
 from assistant.respond.rules import RulesResponder
@@ -386,3 +387,40 @@ async def test_openai_consumer_stops_early_closes_stream() -> None:
             await asyncio.wait_for(disconnected.wait(), 2.0)
         finally:
             await r.aclose()
+
+
+async def test_openai_tools_in_the_request_and_tool_calls_streamed_back() -> None:
+    """Function tools go out in chat-completions' shape; a streamed tool call (its arguments in pieces) comes back as
+    one ToolCall; tool calls and tool results in the history go out as the API wants them."""
+
+    def call_chunk(**fields: object) -> dict:
+        return {"choices": [{"index": 0, "delta": {"tool_calls": [{"index": 0, **fields}]}, "finish_reason": None}]}
+
+    async def handler(request: web.Request) -> web.StreamResponse:
+        parts = [sse(chunk("Let me look.")),
+                 sse(call_chunk(id="call_1", type="function", function={"name": "get_weather", "arguments": ""})),
+                 sse(call_chunk(function={"arguments": '{"city": '})),
+                 sse(call_chunk(function={"arguments": '"Oslo"}'})),
+                 sse(chunk(None, "tool_calls")), b"data: [DONE]\n\n"]
+        return await stream(request, parts)
+
+    tools = [{"type": "function", "name": "get_weather", "description": "Weather by city",
+              "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}]
+    history = [Message("system", "Use tools."), Message("user", "weather in Rome?"),
+               Message("assistant", "", tool_calls=(ToolCall("call_0", "get_weather", '{"city": "Rome"}'),)),
+               Message("tool", '{"sky": "clear"}', call_id="call_0"), Message("user", "and in Oslo?")]
+    async with FakeLLM(handler) as srv:
+        r = create_responder(srv.cfg())
+        try:
+            out = [x async for x in r.respond_messages(history, tools, "auto")]
+        finally:
+            await r.aclose()
+    assert out == ["Let me look.", ToolCall("call_1", "get_weather", '{"city": "Oslo"}')]
+    body, _ = srv.requests[0]
+    assert body["tools"] == [{"type": "function", "function": {"name": "get_weather", "description": "Weather by city",
+                                                               "parameters": tools[0]["parameters"]}}]
+    assert body["tool_choice"] == "auto"
+    assert body["messages"][0] == {"role": "system", "content": "Use tools."}  # the history's own system prompt
+    assert body["messages"][2] == {"role": "assistant", "content": None, "tool_calls": [
+        {"id": "call_0", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Rome"}'}}]}
+    assert body["messages"][3] == {"role": "tool", "content": '{"sky": "clear"}', "tool_call_id": "call_0"}

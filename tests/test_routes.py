@@ -10,7 +10,7 @@ from assistant.server.openapi import build_openapi, operation_of
 from assistant.server.routes import OPENAI_PREFIX, ROUTES, Forward
 
 PRODUCT_MODULES = {"front": ("front", "app", "openapi"), "voice": ("signaling", "whip", "ice", "app"),
-                   "tts": ("tts_api.",)}
+                   "tts": ("tts_api.",), "realtime": ("realtime.",)}
 
 
 def _registered(app) -> set[tuple[str, str]]:

@@ -420,12 +420,13 @@ async def run_level(
     threshold_dbfs: float = AUDIBLE_DBFS,
     token: str = "",
     stagger_ms: float = DEFAULT_STAGGER_MS,
+    client: type[BenchSession] = BenchSession,
 ) -> LevelResult:
     """Run ``sessions`` peers at once, each playing ``turns`` utterances in its own order."""
     level = LevelResult(sessions=sessions)
     t0 = time.monotonic()
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=CONNECT_TIMEOUT_S + 10)) as http:
-        clients = [BenchSession(i, url, http, threshold_dbfs, token) for i in range(sessions)]
+        clients = [client(i, url, http, threshold_dbfs, token) for i in range(sessions)]
         connected = await asyncio.gather(*(c.connect() for c in clients), return_exceptions=True)
 
         async def play(client: BenchSession, ok: BaseException | None) -> list[TurnResult]:
@@ -468,6 +469,7 @@ async def bench_v2v(
     token: str = "",
     ready_timeout_s: float = 120.0,
     plot: bool = True,
+    client: type[BenchSession] = BenchSession,  # the Realtime API's: bench/realtime_client.py
 ) -> BenchResult:
     """Run the bench at each concurrency level in turn; write ``v2v.json`` (and ``v2v.png``) to ``out_dir``.
 
@@ -505,7 +507,7 @@ async def bench_v2v(
     for k in levels:
         log.info("bench.v2v level sessions=%d turns=%d", k, turns)
         level = await run_level(url, utterances, turns, k, settings=settings, threshold_dbfs=threshold_dbfs,
-                                token=token, stagger_ms=stagger_ms)
+                                token=token, stagger_ms=stagger_ms, client=client)
         result.levels.append(level)
     if out_dir is not None:
         out = Path(out_dir)
@@ -556,12 +558,19 @@ def add_v2v_arguments(parser: argparse.ArgumentParser) -> None:
                         help="offer 127.0.0.1 as an ICE candidate (machines with only loopback; the server "
                         "must do the same)")
     parser.add_argument("--no-plot", action="store_true", help="skip the PNG")
+    parser.add_argument("--protocol", type=lambda t: t.split(","), default=["page"],
+                        help="page (our /api/offer), realtime (OpenAI Realtime over WebRTC), realtime-ws (over "
+                        "WebSocket); a list runs each and compares them (default: page)")
 
 
 async def run_v2v(args: argparse.Namespace) -> int:
     """CLI entry: run the bench, print the tables, return 0 if every turn was heard, 1 otherwise."""
     if args.loopback_ice:
         allow_loopback_ice()
+    if args.protocol != ["page"]:
+        from assistant.bench.realtime_client import run_protocols
+
+        return await run_protocols(args)
     try:
         result = await bench_v2v(
             args.url,

@@ -5,15 +5,20 @@
                                 ▼
                           TurnRunner (ASR → responder → speech path → reply sink)
 
-The only place that knows both halves; each takes only the config sections it needs.
+The only place that knows both halves; each takes only the config sections it needs. Turns start at the end
+of the user's speech; a client that decides turns itself (the Realtime API's commit and ``response.create``)
+starts them with :meth:`Conversation.respond_to`, on the same runner.
 """
 
 from __future__ import annotations
 
+import time
+from dataclasses import replace
+
 import numpy as np
 
 from assistant.audio import AudioChunk
-from assistant.config import Config
+from assistant.config import Config, TurnConfig, VADConfig
 from assistant.pipeline.events import EventChannel
 from assistant.pipeline.speech import ReplySink
 from assistant.pipeline.turn import TurnDeps
@@ -43,6 +48,44 @@ class Conversation:
     def feed(self, chunk: AudioChunk | np.ndarray) -> None:
         """16 kHz mono float32 audio as it arrives (an ``AudioChunk``; a bare array is taken as real time)."""
         self.policy.feed(chunk)
+
+    # --- what a client that takes turns itself asks for ------------------------------------------------
+    def respond_to(self, *, text: str | None = None, audio: np.ndarray | None = None) -> None:
+        """Start a turn now: on the user's words (no ASR) or on 16 kHz audio (transcribed), not on an end of
+        speech. A reply in progress is cancelled first, as a new turn of speech would."""
+        if text is None and audio is None:
+            raise ValueError("respond_to needs text or audio")
+        self.runner.interrupt("new_turn")
+        clip = audio if audio is not None else np.zeros(0, dtype=np.float32)
+        turn = self.runner.start(clip, self.policy.clock.samples, speculative=False, heard=text)
+        now = time.time()  # the request is the turn's end: the trace counts from it
+        turn.trace.mark("speech_end", now)
+        turn.trace.mark("vad_end", now)
+        self.runner.commit(turn)
+
+    @property
+    def responding(self) -> bool:
+        """A reply is being prepared or played."""
+        return self.runner.busy
+
+    def cancel(self, reason: str) -> bool:
+        """Cancel the reply in progress (the ``interrupted`` event says so); False when there was none."""
+        if not self.runner.busy:
+            return False
+        self.runner.interrupt(reason)
+        return True
+
+    def set_voice(self, voice: str | None, speed: float = 1.0) -> None:
+        """Speak the next replies with ``voice`` (None: the engine's default) at ``speed``."""
+        self.runner.voice.request = replace(self.runner.voice.request, voice=voice, speed=speed)
+
+    def tune(self, *, vad: VADConfig | None = None, turn: TurnConfig | None = None) -> None:
+        """New VAD or turn-taking settings for this conversation alone, from its next utterance on."""
+        if vad is not None:
+            self.policy.endpointer.set_config(vad)
+            self.policy.end_silence_ms = vad.end_silence_ms
+        if turn is not None:
+            self.policy.cfg = turn
 
     @property
     def turns(self) -> int:

@@ -28,13 +28,14 @@ from typing import Any
 import aiohttp
 
 from assistant.config import RespondConfig
-from assistant.respond.base import Message, ResponderError
+from assistant.respond.base import Message, ResponderError, ToolCall
 
 log = logging.getLogger(__name__)
 
 MAX_LINE_BYTES = 1 << 20        # one SSE line; a longer one means the server is not speaking SSE
 MAX_STREAM_BYTES = 16 << 20     # a whole reply; max_tokens keeps real replies far below this
 MAX_JSON_BODY_BYTES = 4 << 20   # a non-streamed JSON answer (a server that ignores ``stream``)
+MAX_TOOL_CALLS = 16             # tool calls in one reply
 
 MSG_UNREACHABLE = "I could not reach the language model server."
 MSG_TIMEOUT_FIRST = "The language model took too long to answer."
@@ -83,18 +84,40 @@ class OpenAIResponder:
 
     def build_payload(self, text: str, history: Sequence[Message]) -> dict[str, Any]:
         """The request body: system prompt (unless ``history`` brings its own) + history + this turn."""
-        messages: list[dict[str, str]] = []
-        if self.cfg.system_prompt and not (history and history[0].role == "system"):
-            messages.append({"role": "system", "content": self.cfg.system_prompt})
-        messages.extend({"role": m.role, "content": m.content} for m in history)
-        messages.append({"role": "user", "content": text})
-        return {
+        return self.messages_payload([*history, Message("user", text)])
+
+    def messages_payload(self, messages: Sequence[Message], tools: Sequence[dict[str, Any]] = (),
+                         tool_choice: Any = "auto") -> dict[str, Any]:
+        """The request body for a whole conversation (the system prompt first unless it brings its own) and
+        function tools given in the Realtime API's flat shape (``{"type", "name", "description", "parameters"}``)."""
+        out: list[dict[str, Any]] = []
+        if self.cfg.system_prompt and not (messages and messages[0].role == "system"):
+            out.append({"role": "system", "content": self.cfg.system_prompt})
+        for m in messages:
+            msg: dict[str, Any] = {"role": m.role, "content": m.content}
+            if m.tool_calls:
+                msg["content"] = m.content or None
+                msg["tool_calls"] = [{"id": c.call_id, "type": "function",
+                                      "function": {"name": c.name, "arguments": c.arguments}} for c in m.tool_calls]
+            if m.role == "tool":
+                msg["tool_call_id"] = m.call_id
+            out.append(msg)
+        payload: dict[str, Any] = {
             "model": self.cfg.model,
-            "messages": messages,
+            "messages": out,
             "stream": True,
             "temperature": self.cfg.temperature,
             "max_tokens": self.cfg.max_tokens,
         }
+        if tools:
+            payload["tools"] = [{"type": "function", "function": {
+                "name": t["name"], "description": t.get("description", ""),
+                "parameters": t.get("parameters", {"type": "object", "properties": {}})}} for t in tools]
+            if isinstance(tool_choice, dict):
+                payload["tool_choice"] = {"type": "function", "function": {"name": tool_choice["name"]}}
+            else:
+                payload["tool_choice"] = tool_choice
+        return payload
 
     def _headers(self) -> dict[str, str]:
         headers = {"Accept": "text/event-stream", "Content-Type": "application/json"}
@@ -103,15 +126,27 @@ class OpenAIResponder:
         return headers
 
     async def respond(self, text: str, history: Sequence[Message]) -> AsyncIterator[str]:
+        async for out in self._stream(self.build_payload(text, history), len(history), len(text)):
+            if isinstance(out, str):
+                yield out
+
+    async def respond_messages(self, messages: Sequence[Message], tools: Sequence[dict[str, Any]] = (),
+                               tool_choice: Any = "auto") -> AsyncIterator[str | ToolCall]:
+        """The whole conversation in, text deltas and tool calls (each once complete) out."""
+        payload = self.messages_payload(messages, tools, tool_choice)
+        async for out in self._stream(payload, len(messages), sum(len(m.content) for m in messages)):
+            yield out
+
+    async def _stream(self, payload: dict[str, Any], n_history: int, n_chars_in: int) -> AsyncIterator[str | ToolCall]:
         cfg = self.cfg
-        payload = self.build_payload(text, history)
         t0 = time.monotonic()
         total_deadline = t0 + cfg.total_timeout_s
         first_deadline = min(total_deadline, t0 + cfg.first_token_timeout_s)
-        log.info("respond.request engine=openai model=%s history=%d chars=%d",
-                 cfg.model, len(history), len(text))
+        log.info("respond.request engine=openai model=%s history=%d chars=%d tools=%d",
+                 cfg.model, n_history, n_chars_in, len(payload.get("tools", ())))
         if self.debug_content:
-            log.info("respond.request_text text=%r", text)
+            log.info("respond.request_text text=%r", payload["messages"][-1].get("content"))
+        calls: dict[int, dict[str, str]] = {}  # tool calls being streamed, by index
 
         def remaining(first: bool) -> float:
             return max(0.0, (first_deadline if first else total_deadline) - time.monotonic())
@@ -164,7 +199,7 @@ class OpenAIResponder:
                     raise ResponderError(MSG_BAD_STREAM) from exc
                 if not raw:  # EOF
                     if pending:
-                        for delta in self._event("\n".join(pending), strict=True):
+                        for delta in self._event("\n".join(pending), calls, strict=True) or []:
                             finished = finished or delta is None
                     if finished:
                         break  # some servers end with finish_reason and no [DONE]
@@ -178,16 +213,17 @@ class OpenAIResponder:
                 deltas: list[str | None] = []
                 if not line:  # blank line ends an event
                     if pending:
-                        deltas = self._event("\n".join(pending), strict=True)
+                        deltas = self._event("\n".join(pending), calls, strict=True) or []
                         pending.clear()
                 elif line.startswith(":") or not line.startswith("data:"):
                     continue  # comment / keep-alive, or event:, id:, retry: fields
                 else:
                     pending.append(line[5:].removeprefix(" "))
                     # Lenient: most servers send one JSON object per data line; handle it right away.
-                    deltas = self._event("\n".join(pending), strict=False)
-                    if deltas or pending[-1] == "[DONE]":
-                        pending.clear()
+                    parsed = self._event("\n".join(pending), calls, strict=False)
+                    if parsed is not None or pending[-1] == "[DONE]":
+                        pending.clear()  # handled: a blank line after it must not parse it again
+                    deltas = parsed or []
                 for delta in deltas:
                     if delta is None:
                         finished = True
@@ -208,13 +244,21 @@ class OpenAIResponder:
                 resp.release()
             else:
                 resp.close()  # drop the connection so the server stops generating (barge-in, errors)
-        log.info("respond.done engine=openai ms=%.0f chars=%d", (time.monotonic() - t0) * 1000, n_chars)
+        log.info("respond.done engine=openai ms=%.0f chars=%d tool_calls=%d",
+                 (time.monotonic() - t0) * 1000, n_chars, len(calls))
+        for index in sorted(calls):
+            call = calls[index]
+            if not call["name"]:
+                log.warning("respond.error kind=bad_stream reason=tool_call_without_name")
+                raise ResponderError(MSG_BAD_STREAM)
+            yield ToolCall(call["id"] or f"call_{index}", call["name"], call["arguments"])
 
-    def _event(self, data: str, *, strict: bool) -> list[str | None]:
-        """Parse one SSE ``data`` payload into content deltas; ``None`` marks ``finish_reason``.
+    def _event(self, data: str, calls: dict[int, dict[str, str]], *, strict: bool) -> list[str | None] | None:
+        """Parse one SSE ``data`` payload into content deltas (tool call pieces go to ``calls``); ``None`` in the
+        list marks ``finish_reason``.
 
-        Raises ``_StreamDone`` on ``[DONE]``. With ``strict=False`` an unparsable payload returns ``[]``
-        (it may be the first line of a multi-line event); with ``strict=True`` it is an error.
+        Raises ``_StreamDone`` on ``[DONE]``. With ``strict=False`` an unparsable payload returns None (it may
+        be the first line of a multi-line event); with ``strict=True`` it is an error.
         """
         if data.strip() == "[DONE]":
             raise _StreamDone
@@ -222,7 +266,7 @@ class OpenAIResponder:
             obj = json.loads(data)
         except json.JSONDecodeError as exc:
             if not strict:
-                return []
+                return None
             log.warning("respond.error kind=bad_stream reason=json bytes=%d", len(data))
             raise ResponderError(MSG_BAD_STREAM) from exc
         if not isinstance(obj, dict):
@@ -239,6 +283,8 @@ class OpenAIResponder:
             if not isinstance(choice, dict):
                 raise ResponderError(MSG_BAD_STREAM)
             delta = choice.get("delta") or {}
+            if isinstance(delta, dict) and isinstance(delta.get("tool_calls"), list):
+                _gather_tool_calls(delta["tool_calls"], calls)
             content = delta.get("content") if isinstance(delta, dict) else None
             if content is None and isinstance(choice.get("text"), str):
                 content = choice["text"]  # legacy completions-style chunk
@@ -275,3 +321,23 @@ class OpenAIResponder:
         if status in (429, 503):
             return ResponderError(MSG_BUSY)
         return ResponderError(MSG_HTTP)
+
+
+def _gather_tool_calls(deltas: list[Any], calls: dict[int, dict[str, str]]) -> None:
+    """Add one chunk's ``delta.tool_calls`` pieces to the calls being streamed (id and name come once, the
+    arguments in pieces); at most ``MAX_TOOL_CALLS`` calls (the arguments count toward the stream's bytes)."""
+    for piece in deltas:
+        if not isinstance(piece, dict):
+            raise ResponderError(MSG_BAD_STREAM)
+        index = piece.get("index", 0)
+        if not isinstance(index, int) or not 0 <= index < MAX_TOOL_CALLS:
+            raise ResponderError(MSG_BAD_STREAM)
+        call = calls.setdefault(index, {"id": "", "name": "", "arguments": ""})
+        if isinstance(piece.get("id"), str):
+            call["id"] = piece["id"]
+        fn = piece.get("function") or {}
+        if isinstance(fn, dict):
+            if isinstance(fn.get("name"), str) and not call["name"]:
+                call["name"] = fn["name"]
+            if isinstance(fn.get("arguments"), str):
+                call["arguments"] += fn["arguments"]

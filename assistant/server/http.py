@@ -1,4 +1,5 @@
-"""What every route module shares: the config's app key, JSON errors and bounded body reading.
+"""What every route module shares: the config's app key, JSON errors and bounded body reading (raw, JSON,
+multipart).
 
 Route modules (``app``, ``signaling``, ``tts_api/``, ``dispatch/``) import this, never each other, so the routes form
 no cycle.
@@ -9,10 +10,12 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from aiohttp import web
+from aiohttp import BodyPartReader, web
+from aiohttp.http_exceptions import HttpProcessingError
 
 from assistant.config import Config
 
+MULTIPART_SLACK = 65_536  # headers and boundaries around the parts of a multipart body
 CONFIG: web.AppKey[Config] = web.AppKey("config", Config)
 
 
@@ -71,3 +74,34 @@ async def read_json(request: web.Request, max_bytes: int) -> dict[str, Any]:
     if not isinstance(data, dict):
         raise HTTPJSONError(400, "bad_json", "body must be a JSON object")
     return data
+
+
+async def read_multipart(request: web.Request, limits: dict[str, int]) -> dict[str, bytes]:
+    """Read a multipart body part by part, each bounded by ``limits[name]``; unknown parts are refused."""
+    total = sum(limits.values()) + MULTIPART_SLACK
+    if request.content_length is not None and request.content_length > total:
+        raise HTTPJSONError(413, "too_large", f"request body over {total} bytes")
+    try:
+        reader = await request.multipart()
+        out: dict[str, bytes] = {}
+        while (part := await reader.next()) is not None:
+            if not isinstance(part, BodyPartReader) or part.name not in limits:
+                name = getattr(part, "name", None)
+                raise HTTPJSONError(400, "bad_request",
+                                    f"unexpected form part {name!r}; allowed: {', '.join(limits)}")
+            if part.name in out:
+                raise HTTPJSONError(400, "bad_request", f"form part {part.name!r} given twice")
+            cap = limits[part.name]
+            data = bytearray()
+            while chunk := await part.read_chunk(65_536):
+                data += chunk
+                if len(data) > cap:
+                    what = "reference clip" if part.filename else f"form part {part.name!r}"
+                    raise HTTPJSONError(413, "too_large", f"{what} is over {cap} bytes")
+            out[part.name] = bytes(data)
+        return out
+    except HTTPJSONError:
+        raise
+    except (ValueError, AssertionError, KeyError, HttpProcessingError) as exc:
+        # HttpProcessingError: a part's headers are malformed (aiohttp raises InvalidHeader / LineTooLong).
+        raise HTTPJSONError(400, "bad_multipart", f"malformed multipart body ({type(exc).__name__})") from None

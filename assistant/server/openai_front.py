@@ -2,8 +2,9 @@
 
 Every ``/v1`` route of the table (``routes.py``) is registered on one sub-application made here, whose
 middleware answers every refusal as ``{"error": {"message", "type", "param", "code"}}`` and applies
-``server.auth_token`` as OpenAI's SDKs send it (``Authorization: Bearer <token>``). Handlers read the app's
-state through ``request.config_dict``, which reaches the parent app's keys.
+``server.auth_token`` as OpenAI's SDKs send it (``Authorization: Bearer <token>``, or on a WebSocket upgrade
+from a browser, which cannot set headers, the subprotocol ``openai-insecure-api-key.<token>``). Handlers read
+the app's state through ``request.config_dict``, which reaches the parent app's keys.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from assistant.server.http import APIError
 log = logging.getLogger(__name__)
 
 ERROR_TYPES = {401: "authentication_error", 429: "rate_limit_error"}
+KEY_SUBPROTOCOL = "openai-insecure-api-key."  # how browsers send the key on a WebSocket (the SDKs do it)
 
 
 def openai_error(status: int, message: str, code: str | None, param: str | None = None) -> web.Response:
@@ -44,7 +46,7 @@ def _auth_and_errors(token: str) -> Any:
     @web.middleware
     async def middleware(request: web.Request, handler: Any) -> web.StreamResponse:
         if token and request.method != "OPTIONS":
-            got = request.headers.get("Authorization", "").encode()
+            got = request.headers.get("Authorization", "").encode() or _subprotocol_key(request)
             if not hmac.compare_digest(got, expected):
                 return openai_error(401, "missing or wrong bearer token (Authorization: Bearer <token>)",
                                     "invalid_api_key")
@@ -71,6 +73,16 @@ def _auth_and_errors(token: str) -> Any:
             return openai_error(500, "the server could not handle this request", "internal_error")
 
     return middleware
+
+
+def _subprotocol_key(request: web.Request) -> bytes:
+    """``Bearer <token>`` from a WebSocket upgrade's ``openai-insecure-api-key.<token>`` subprotocol, or b""."""
+    offered = request.headers.get("Sec-WebSocket-Protocol", "")
+    for proto in offered.split(","):
+        proto = proto.strip()
+        if proto.startswith(KEY_SUBPROTOCOL):
+            return f"Bearer {proto[len(KEY_SUBPROTOCOL):]}".encode()
+    return b""
 
 
 def create_openai_app(cfg: Config) -> web.Application:

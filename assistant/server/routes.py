@@ -44,7 +44,7 @@ class Route:
     path: str
     handler: str  # "module:function" under assistant.server
     forward: Forward
-    product: str  # "front", "voice" (the voice session), "tts" (the TTS API)
+    product: str  # "front", "voice" (the voice session), "tts" (the TTS API), "realtime" (OpenAI's Realtime API)
     max_body: Callable[[Config], int] | None = None  # the largest body the dispatcher passes on (None: no body)
 
     def resolve(self) -> Handler:
@@ -75,6 +75,11 @@ def _upload(cfg: Config) -> int:
     return cfg.tts_api.max_upload_bytes + 65_536
 
 
+def _call(cfg: Config) -> int:
+    """A Realtime call's offer: the SDP, or a form with the SDP and the session's JSON."""
+    return cfg.server.max_sdp_bytes + cfg.server.max_body_bytes + 65_536
+
+
 F = Forward
 ROUTES: tuple[Route, ...] = (
     # What every front serves for itself.
@@ -102,6 +107,11 @@ ROUTES: tuple[Route, ...] = (
     Route("GET", "/v1/models/{model}", "tts_api.openai_speech:get_model", F.PROXY, "tts"),
     Route("GET", "/v1/audio/models", "tts_api.openai_speech:list_audio_models", F.PROXY, "tts"),
     Route("GET", "/v1/audio/voices", "tts_api.openai_speech:list_voices", F.PROXY, "tts"),
+    # OpenAI's Realtime API: a WebSocket session, or a WebRTC call (our voice session with the oai-events channel).
+    Route("GET", "/v1/realtime", "realtime.websocket:realtime_ws", F.WEBSOCKET, "realtime"),
+    Route("POST", "/v1/realtime/calls", "realtime.calls:create_call", F.OFFER, "realtime", _call),
+    Route("POST", "/v1/realtime/calls/{session_id}/hangup", "realtime.calls:hangup", F.OWNER, "realtime", _json),
+    Route("GET", "/v1/realtime/ice-servers", "realtime.calls:ice_servers", F.PROXY, "realtime"),
 )
 
 

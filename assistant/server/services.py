@@ -14,7 +14,7 @@ from typing import Any
 
 from aiohttp import web
 
-from assistant.config import Config
+from assistant.config import Config, VADConfig
 from assistant.respond.base import Responder
 from assistant.server.metrics import Metrics
 from assistant.tts.base import TTSEngine
@@ -74,10 +74,11 @@ class Services:
             self._responders[name] = create_responder(cfg, debug_content=self.cfg.log.debug_content)
         return self._responders[name]
 
-    def make_endpointer(self) -> Any:
+    def make_endpointer(self, vad: VADConfig | None = None) -> Any:
+        """A session's endpointer on the shared VAD model, with ``vad`` settings (default: the config's)."""
         from assistant.vad.endpoint import Endpointer
 
-        return Endpointer(self.cfg.vad, self.vad_model)
+        return Endpointer(vad or self.cfg.vad, self.vad_model)
 
     async def load(self) -> None:
         """Load every model, then warm each up, so the first user sees warm numbers."""

@@ -1,7 +1,9 @@
-"""One browser session: an aiortc peer, its reply track, its events channel and its conversation.
+"""Sessions: one conversation each, with what its transport needs. :class:`Session` is a browser's (or a WHIP or
+Realtime WebRTC client's): an aiortc peer, its reply track, its data channels. :class:`ConversationSession` is
+the part every transport shares (the Realtime API's WebSocket uses it alone).
 
-Every task a session starts is owned by it and cancelled by :meth:`Session.close`; nothing a session
-does can reach another session's state.
+Every task a session starts is owned by it and cancelled by :meth:`ConversationSession.close`; nothing a
+session does can reach another session's state.
 """
 
 from __future__ import annotations
@@ -16,9 +18,12 @@ from typing import Any
 
 from aiortc import RTCIceCandidate, RTCPeerConnection, RTCSessionDescription
 
+from assistant.audio import AudioChunk
 from assistant.config import Config
 from assistant.pipeline.conversation import Conversation, TurnDeps
 from assistant.pipeline.events import EventChannel
+from assistant.pipeline.speech import ReplySink
+from assistant.respond.base import Responder
 from assistant.rtc.inbound import read_track
 from assistant.rtc.jitter import AdaptiveReceiveBuffer
 from assistant.rtc.outbound import ReplyTrack
@@ -38,14 +43,22 @@ def new_session_id(gateway_id: str = "") -> str:
     return f"{gateway_id}.{token}" if gateway_id else token
 
 
-class Session:
+class ConversationSession:
+    """What every session has, whatever its transport: an id, one conversation with its reply sink and events,
+    the tasks it owns, and its close.
+
+    The peer (:class:`Session`) is one transport; the Realtime API's WebSocket (``server/realtime/``) is
+    another, with a sink of its own and audio fed to :attr:`conversation` as it arrives.
+    """
+
     def __init__(
         self,
         services: Services,
-        cfg: Config | None = None,
-        on_closed: Callable[[Session], None] | None = None,
+        cfg: Config | None,
+        sink: ReplySink,
+        on_closed: Callable[[ConversationSession], None] | None = None,
         *,
-        responder: str | None = None,
+        responder: str | Responder | None = None,
         voice: str | None = None,
     ) -> None:
         cfg = cfg or services.cfg
@@ -57,18 +70,14 @@ class Session:
         self.close_reason = ""
         self._on_closed = on_closed
         self._tasks: set[asyncio.Task[Any]] = set()
-        # The server's peer gets TURN credentials of its own, minted for this session and expiring with it.
-        self.pc = RTCPeerConnection(rtc_configuration(ice_servers(cfg.ice, self.id), cfg.ice.transport_policy))
-        self.etag = f'"{secrets.token_urlsafe(9)}"'  # names this ICE session for trickle PATCHes (If-Match)
-        self.remote_ice: tuple[str | None, str | None] = (None, None)  # the offer's ice-ufrag, ice-pwd
-        self.remote_candidates = 0
-        self.track = ReplyTrack(queue_ms=cfg.audio.reply_queue_ms)
+        self.sink = sink
         self.events = EventChannel()
         metrics = services.metrics
         deps = TurnDeps(
             asr=services.asr,
             tts=services.tts,  # type: ignore[arg-type]
-            responder=services.responder_for(responder),
+            responder=responder if responder is not None and not isinstance(responder, str)
+            else services.responder_for(responder),
             voice=voice,
             on_turn_done=lambda trace: metrics.observe_turn(trace.durations_ms()),
             on_error=lambda stage: metrics.errors_total.labels(stage=stage).inc(),
@@ -76,12 +85,8 @@ class Session:
             end_of_turn=services.end_of_turn,
         )
         self.conversation = Conversation(
-            cfg, services.make_endpointer(), deps, self.track, self.events, session_id=self.id
+            cfg, services.make_endpointer(cfg.vad), deps, sink, self.events, session_id=self.id
         )
-        self.audio_started = False
-        self.connected = False  # the peer reached "connected" at least once
-        self.receive_buffer: AdaptiveReceiveBuffer | None = None
-        self._wire_peer()
 
     # --- lifecycle ---------------------------------------------------------------------------------
     def spawn(self, coro: Any, name: str) -> asyncio.Task[Any]:
@@ -99,6 +104,81 @@ class Session:
     def task_count(self) -> int:
         return sum(1 for t in self._tasks if not t.done())
 
+    async def close(self, reason: str = "closed") -> None:
+        if self.closed:
+            return
+        self.closed = True
+        self.close_reason = reason
+        log.info("session_close session=%s reason=%s turns=%d", self.id, reason, self.conversation.turns)
+        with contextlib.suppress(Exception):
+            self.events.emit("close", reason=reason)
+        await self.conversation.close()
+        current = asyncio.current_task()
+        tasks = [t for t in self._tasks if t is not current]
+        for t in tasks:
+            t.cancel()
+        for t in tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await t
+        await self._release()
+        if self._on_closed is not None:
+            self._on_closed(self)
+
+    async def _release(self) -> None:
+        """What the transport holds besides tasks (a peer, a track): let go of it at close."""
+
+    def watch(self) -> None:
+        """Start the watchdog: the session closes itself when :meth:`_stale` names a reason."""
+        self.spawn(self._watchdog(), "watchdog")
+
+    async def _watchdog(self) -> None:
+        while not self.closed:
+            await asyncio.sleep(min(1.0, self.cfg.server.idle_timeout_s / 4))
+            reason = self._stale()
+            if reason:
+                await self.close(reason)
+                return
+
+    def _stale(self) -> str:
+        """Why this session should close now ("" while it is alive): nobody spoke for ``max_silence_s``."""
+        if time.time() - self.conversation.last_activity_wall > self.cfg.server.max_silence_s:
+            return "silence_timeout"
+        return ""
+
+
+class Session(ConversationSession):
+    """One browser (or WHIP, or Realtime WebRTC) session: an aiortc peer, its reply track, its conversation.
+
+    Data channels are attached by label (:attr:`channels`): ``events`` carries our page's protocol; the
+    Realtime API adds ``oai-events``.
+    """
+
+    def __init__(
+        self,
+        services: Services,
+        cfg: Config | None = None,
+        on_closed: Callable[[ConversationSession], None] | None = None,
+        *,
+        responder: str | Responder | None = None,
+        voice: str | None = None,
+    ) -> None:
+        cfg = cfg or services.cfg
+        self.track = ReplyTrack(queue_ms=cfg.audio.reply_queue_ms)
+        super().__init__(services, cfg, self.track, on_closed, responder=responder, voice=voice)
+        # The server's peer gets TURN credentials of its own, minted for this session and expiring with it.
+        self.pc = RTCPeerConnection(rtc_configuration(ice_servers(cfg.ice, self.id), cfg.ice.transport_policy))
+        self.etag = f'"{secrets.token_urlsafe(9)}"'  # names this ICE session for trickle PATCHes (If-Match)
+        self.remote_ice: tuple[str | None, str | None] = (None, None)  # the offer's ice-ufrag, ice-pwd
+        self.remote_candidates = 0
+        self.channels: dict[str, Callable[[Any], None]] = {"events": self._attach_events}
+        # Where the peer's audio goes: the conversation (the Realtime API may hold it back while turn detection is off).
+        self.on_audio: Callable[[AudioChunk], None] = self.conversation.feed
+        self.last_audio_wall = time.time()  # the latest audio frame from the peer
+        self.audio_started = False
+        self.connected = False  # the peer reached "connected" at least once
+        self.receive_buffer: AdaptiveReceiveBuffer | None = None
+        self._wire_peer()
+
     async def accept(self, sdp: str, type_: str) -> RTCSessionDescription:
         """Apply the browser's offer and return our answer (ICE candidates gathered into it)."""
         await self.pc.setRemoteDescription(RTCSessionDescription(sdp=sdp, type=type_))
@@ -107,7 +187,7 @@ class Session:
         self.pc.addTrack(self.track)
         answer = await self.pc.createAnswer()
         await self.pc.setLocalDescription(answer)
-        self.spawn(self._watchdog(), "watchdog")
+        self.watch()
         return self.pc.localDescription
 
     async def add_remote_candidates(self, candidates: list[RTCIceCandidate], end: bool) -> None:
@@ -126,27 +206,14 @@ class Session:
             "trickle session=%s candidates=%d end=%s total=%d", self.id, len(candidates), end, self.remote_candidates
         )
 
-    async def close(self, reason: str = "closed") -> None:
-        if self.closed:
-            return
-        self.closed = True
-        self.close_reason = reason
-        log.info("session_close session=%s reason=%s turns=%d", self.id, reason, self.conversation.turns)
-        with contextlib.suppress(Exception):
-            self.events.emit("close", reason=reason)
-        await self.conversation.close()
-        current = asyncio.current_task()
-        tasks = [t for t in self._tasks if t is not current]
-        for t in tasks:
-            t.cancel()
-        for t in tasks:
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await t
+    async def _release(self) -> None:
         self.track.stop()
         with contextlib.suppress(Exception):
             await self.pc.close()
-        if self._on_closed is not None:
-            self._on_closed(self)
+
+    def _attach_events(self, channel: Any) -> None:
+        self.events.attach(channel)
+        self.events.emit("session", session_id=self.id)
 
     # --- peer events -------------------------------------------------------------------------------
     def _wire_peer(self) -> None:
@@ -154,9 +221,9 @@ class Session:
 
         @pc.on("datachannel")
         def _on_datachannel(channel: Any) -> None:
-            if channel.label == "events":
-                self.events.attach(channel)
-                self.events.emit("session", session_id=self.id)
+            attach = self.channels.get(channel.label)
+            if attach is not None:
+                attach(channel)
 
         @pc.on("track")
         def _on_track(track: Any) -> None:
@@ -182,30 +249,22 @@ class Session:
         """Each decoded frame goes straight to the conversation (VAD inline: no queue, no added delay)."""
         buffer = self.receive_buffer.buffer if self.receive_buffer is not None else None
         # Chunks carry their packets' arrival times: the time our receive buffer held them counts.
-        await read_track(track, self.conversation.feed, arrival=buffer.arrival if buffer is not None else None)
+        await read_track(track, self._on_chunk, arrival=buffer.arrival if buffer is not None else None)
         if not self.closed:
             self.spawn(self.close("audio_ended"), "close")
 
-    async def _watchdog(self) -> None:
+    def _on_chunk(self, chunk: AudioChunk) -> None:
+        self.last_audio_wall = time.time()
+        self.on_audio(chunk)
+
+    def _stale(self) -> str:
         """Close a peer that never connects, that stopped sending audio, or in which nobody spoke for long."""
-        cfg = self.cfg.server
-        conv = self.conversation
-        while not self.closed:
-            await asyncio.sleep(min(1.0, cfg.idle_timeout_s / 4))
-            if self.receive_buffer is not None:
-                self.receive_buffer.adapt()
-            now = time.time()
-            age = time.monotonic() - self.created
-            reason = ""
-            # Not audio_started: aiortc announces the remote track as soon as the offer is applied, before
-            # any packet or connection exists; only the connection state tells a peer that never came.
-            if not self.connected:
-                if age > cfg.connect_timeout_s:
-                    reason = "connect_timeout"
-            elif now - conv.last_audio_wall > cfg.idle_timeout_s:
-                reason = "idle_timeout"
-            elif now - conv.last_activity_wall > cfg.max_silence_s:
-                reason = "silence_timeout"
-            if reason:
-                await self.close(reason)
-                return
+        if self.receive_buffer is not None:
+            self.receive_buffer.adapt()
+        # Not audio_started: aiortc announces the remote track as soon as the offer is applied, before
+        # any packet or connection exists; only the connection state tells a peer that never came.
+        if not self.connected:
+            return "connect_timeout" if time.monotonic() - self.created > self.cfg.server.connect_timeout_s else ""
+        if time.time() - self.last_audio_wall > self.cfg.server.idle_timeout_s:
+            return "idle_timeout"
+        return super()._stale()

@@ -11,19 +11,24 @@ import asyncio
 import hmac
 import logging
 import re
+from collections.abc import Callable
+from typing import TypeVar
 
 from aiohttp import web
+from aiohttp.helpers import ChainMapProxy
 
 from assistant.server.http import CONFIG, HTTPJSONError, read_body, read_json
 from assistant.server.openapi import documented, error, json_body, ref
 from assistant.server.sdpfrag import CONTENT_TYPE as SDPFRAG
 from assistant.server.sdpfrag import FragmentError, parse_sdpfrag
 from assistant.server.services import SERVICES
-from assistant.server.session import Session
+from assistant.server.session import ConversationSession, Session
 
 log = logging.getLogger(__name__)
 
-SESSIONS: web.AppKey[dict[str, Session]] = web.AppKey("sessions", dict)
+SESSIONS: web.AppKey[dict[str, ConversationSession]] = web.AppKey("sessions", dict)
+# Where handlers read the app's state: the app itself, or ``request.config_dict`` in a sub-app (``/v1``).
+AppState = web.Application | ChainMapProxy
 VOICE_ID = re.compile(r"[A-Za-z0-9_-]{1,64}")
 
 
@@ -38,7 +43,7 @@ def check_sdp(sdp: object, max_bytes: int) -> str:
     return sdp
 
 
-def check_choices(app: web.Application, responder: object, voice: object) -> None:
+def check_choices(app: AppState, responder: object, voice: object) -> None:
     services = app[SERVICES]
     if responder is not None and responder not in services.allowed_responders():
         raise HTTPJSONError(400, "bad_offer", f"field 'responder' must be one of {services.allowed_responders()}")
@@ -46,15 +51,17 @@ def check_choices(app: web.Application, responder: object, voice: object) -> Non
         raise HTTPJSONError(400, "bad_offer", "field 'voice' must be a voice id (letters, digits, - and _)")
 
 
-def check_ready(app: web.Application) -> None:
+def check_ready(app: AppState) -> None:
     if not app[SERVICES].ready:
         raise HTTPJSONError(503, "not_ready", "models are still loading; retry shortly", headers={"Retry-After": "2"})
 
 
-async def open_session(
-    app: web.Application, sdp: str, *, responder: str | None = None, voice: str | None = None
-) -> Session:
-    """Start a session for this offer and apply it; the answer is ``session.pc.localDescription``."""
+S = TypeVar("S", bound=ConversationSession)
+OnClosed = Callable[[ConversationSession], None]
+
+
+def admit(app: AppState, make: Callable[[OnClosed], S]) -> S:
+    """A new session in the table, made by ``make(on_closed)``, or 503 ``busy`` when every slot is taken."""
     cfg = app[CONFIG]
     services = app[SERVICES]
     sessions = app[SESSIONS]
@@ -63,10 +70,24 @@ async def open_session(
         raise HTTPJSONError(
             503, "busy", f"all {cfg.server.max_sessions} session slots are in use", headers={"Retry-After": "5"}
         )
-    session = Session(services, cfg, on_closed=lambda s: forget(app, s), responder=responder, voice=voice)
+    session = make(lambda s: forget(app, s))
     sessions[session.id] = session
     services.metrics.sessions_total.inc()
     services.metrics.sessions_active.set(len(sessions))
+    return session
+
+
+async def open_session(
+    app: AppState, sdp: str, *, responder: str | None = None, voice: str | None = None,
+    make: Callable[[OnClosed], Session] | None = None,
+) -> Session:
+    """Start a session for this offer and apply it; the answer is ``session.pc.localDescription``.
+
+    ``make(on_closed)`` builds the session (default: a :class:`Session` with ``responder`` and ``voice``)."""
+    cfg = app[CONFIG]
+    services = app[SERVICES]
+    session = admit(app, make or (
+        lambda on_closed: Session(services, cfg, on_closed=on_closed, responder=responder, voice=voice)))
     try:
         await asyncio.wait_for(session.accept(sdp, "offer"), timeout=cfg.server.connect_timeout_s)
     except Exception as exc:
@@ -75,19 +96,20 @@ async def open_session(
             raise HTTPJSONError(504, "offer_timeout", "could not gather ICE candidates in time") from None
         log.info("offer_rejected error=%s", type(exc).__name__)
         raise HTTPJSONError(400, "bad_offer", f"the offer could not be applied: {type(exc).__name__}") from None
-    log.info("session_open session=%s active=%d", session.id, len(sessions))
+    log.info("session_open session=%s active=%d", session.id, len(app[SESSIONS]))
     return session
 
 
-def forget(app: web.Application, session: Session) -> None:
+def forget(app: AppState, session: ConversationSession) -> None:
     sessions = app[SESSIONS]
     sessions.pop(session.id, None)
     app[SERVICES].metrics.sessions_active.set(len(sessions))
 
 
 def session_or_404(request: web.Request) -> Session:
+    """The peer session the path names (a Realtime WebSocket session has no peer: 404 here too)."""
     session = request.app[SESSIONS].get(request.match_info["session_id"])
-    if session is None or session.closed:
+    if not isinstance(session, Session) or session.closed:
         raise HTTPJSONError(404, "unknown_session", "no such session")
     return session
 

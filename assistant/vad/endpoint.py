@@ -128,18 +128,23 @@ class Endpointer:
     """Per-session speech start/end detector on 16 kHz float32 audio (see the module docstring)."""
 
     def __init__(self, cfg: VADConfig | None = None, model: SileroModel | None = None) -> None:
-        self.cfg = cfg or VADConfig()
         self.vad = SileroStream(model)
-        ms = SPEECH_RATE // 1000
-        self._min_speech = self.cfg.min_speech_ms * ms
-        self._end_silence = self.cfg.end_silence_ms * ms
-        self._pad = self.cfg.speech_pad_ms * ms
-        self._max_utt = int(self.cfg.max_utterance_s * SPEECH_RATE)
+        self.set_config(cfg or VADConfig())
         self._buf = _SampleBuffer()
         self._pending = np.zeros(0, np.float32)
         self._pos = 0  # stream index of the next window to analyse
         self.last_prob = 0.0
         self._idle()
+
+    def set_config(self, cfg: VADConfig) -> None:
+        """New settings; an utterance in progress keeps its start, padding and end silence."""
+        self.cfg = cfg
+        ms = SPEECH_RATE // 1000
+        self._min_speech = cfg.min_speech_ms * ms
+        self._pad = cfg.speech_pad_ms * ms
+        self._max_utt = int(cfg.max_utterance_s * SPEECH_RATE)
+        if not getattr(self, "speaking", False):
+            self._end_silence = cfg.end_silence_ms * ms
 
     def _idle(self) -> None:
         self._end_silence = self.cfg.end_silence_ms * (SPEECH_RATE // 1000)

@@ -29,12 +29,11 @@ import time
 from typing import Any
 
 import numpy as np
-from aiohttp import BodyPartReader, WSMsgType, web
-from aiohttp.http_exceptions import HttpProcessingError
+from aiohttp import WSMsgType, web
 
 from assistant.audio import write_wav_bytes
 from assistant.config import Config
-from assistant.server.http import CONFIG, HTTPJSONError, read_json
+from assistant.server.http import CONFIG, HTTPJSONError, read_json, read_multipart
 from assistant.server.openapi import documented, error, json_body, ref
 from assistant.server.tts_api import TTS_SERVICE
 from assistant.server.tts_api.formats import streaming_wav_header
@@ -46,7 +45,6 @@ log = logging.getLogger(__name__)
 
 END = b"END"
 WS_HEARTBEAT_S = 30.0
-MULTIPART_SLACK = 65_536           # headers and boundaries around the parts of a multipart body
 MAX_VOICE_NAME_CHARS = 64
 PCM_CONTENT_TYPE = "application/octet-stream"
 
@@ -102,37 +100,6 @@ def _as_http(exc: TTSError) -> HTTPJSONError:
     return HTTPJSONError(exc.status, exc.error, exc.detail, headers=exc.headers or None)
 
 
-async def _read_multipart(request: web.Request, limits: dict[str, int]) -> dict[str, bytes]:
-    """Read a multipart body part by part, each bounded by ``limits[name]``; unknown parts are refused."""
-    total = sum(limits.values()) + MULTIPART_SLACK
-    if request.content_length is not None and request.content_length > total:
-        raise HTTPJSONError(413, "too_large", f"request body over {total} bytes")
-    try:
-        reader = await request.multipart()
-        out: dict[str, bytes] = {}
-        while (part := await reader.next()) is not None:
-            if not isinstance(part, BodyPartReader) or part.name not in limits:
-                name = getattr(part, "name", None)
-                raise HTTPJSONError(400, "bad_request",
-                                    f"unexpected form part {name!r}; allowed: {', '.join(limits)}")
-            if part.name in out:
-                raise HTTPJSONError(400, "bad_request", f"form part {part.name!r} given twice")
-            cap = limits[part.name]
-            data = bytearray()
-            while chunk := await part.read_chunk(65_536):
-                data += chunk
-                if len(data) > cap:
-                    what = "reference clip" if part.filename else f"form part {part.name!r}"
-                    raise HTTPJSONError(413, "too_large", f"{what} is over {cap} bytes")
-            out[part.name] = bytes(data)
-        return out
-    except HTTPJSONError:
-        raise
-    except (ValueError, AssertionError, KeyError, HttpProcessingError) as exc:
-        # HttpProcessingError: a part's headers are malformed (aiohttp raises InvalidHeader / LineTooLong).
-        raise HTTPJSONError(400, "bad_multipart", f"malformed multipart body ({type(exc).__name__})") from None
-
-
 def _text_part(parts: dict[str, bytes], name: str) -> str | None:
     if name not in parts:
         return None
@@ -145,7 +112,7 @@ def _text_part(parts: dict[str, bytes], name: str) -> str | None:
 async def _read_tts_body(request: web.Request, cfg: Config) -> tuple[dict[str, Any], bytes | None]:
     """JSON body, or multipart with a ``request`` JSON part and an optional ``speaker_wav`` file part."""
     if request.content_type == "multipart/form-data":
-        parts = await _read_multipart(
+        parts = await read_multipart(
             request, {"request": cfg.server.max_body_bytes, "speaker_wav": cfg.tts_api.max_upload_bytes}
         )
         raw = _text_part(parts, "request")
@@ -523,7 +490,7 @@ async def create_voice(request: web.Request) -> web.Response:
         engine = svc.engine()
         if request.content_type != "multipart/form-data":
             raise HTTPJSONError(400, "bad_request", "send multipart/form-data with 'clip', 'transcript', 'name'")
-        parts = await _read_multipart(request, {
+        parts = await read_multipart(request, {
             "clip": cfg.tts_api.max_upload_bytes,
             "transcript": 4 * cfg.tts.max_text_chars,
             "name": 4 * MAX_VOICE_NAME_CHARS,

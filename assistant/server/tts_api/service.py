@@ -137,6 +137,17 @@ class TTSService:
             raise TTSError(503, "not_ready", "the TTS engine is still loading; retry shortly", {"Retry-After": "2"})
         return engine
 
+    async def engine_voice(self, name: str, field: str = "voice") -> str | None:
+        """The engine's voice id for a voice name as ``voice`` takes it (a registered voice by id or name, the
+        engine's own, a clip in the voices folder), made ready in the engine; None for its default voice.
+        What the voice session's other products (the Realtime API) speak with."""
+        engine = self.engine()
+        voice, clip = await self.sources._named_voice(engine, name, field, "")
+        if clip is not None:  # a cloning engine that cannot keep voices: only per-request cloning
+            raise TTSError(400, "unsupported", f"{name!r} is a clip the engine {engine.name} cannot keep as a voice",
+                           param=field)
+        return voice
+
     def check_rate(self, client: str) -> None:
         wait = self.rate.take(client)
         if wait > 0:

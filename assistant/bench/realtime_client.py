@@ -1,0 +1,295 @@
+"""The bench's Realtime API clients: the same voice-to-voice turns as ``bench/v2v.py``, through the Realtime API.
+
+- :class:`RealtimeBenchSession` is the v2v client (same microphone track, same listener, same measurements)
+  speaking the Realtime protocol over WebRTC, as OpenAI's WebRTC guide does it: a data channel named
+  ``oai-events`` before the offer, the offer posted as ``application/sdp`` to ``/v1/realtime/calls``, the call
+  hung up at ``/v1/realtime/calls/{id}/hangup``. Its events are read back into the page protocol's shapes, so
+  :meth:`BenchSession.run_turn` measures it exactly as it measures our page protocol.
+- :func:`ws_turn` is one turn over the WebSocket (``/v1/realtime``), the way a server-side client streams a
+  microphone: 20 ms of PCM16 per ``input_audio_buffer.append``, in real time. It measures the time from the
+  append that carried the end of the speech (server VAD), or from the last append (the client commits), to the
+  first ``response.output_audio.delta``.
+- :func:`run_protocols` runs ``assistant bench v2v --protocol page,realtime[,realtime-ws]``: each protocol in
+  turn on the same files, and the ratio of their medians.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import base64
+import json
+import logging
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import numpy as np
+from aiortc import RTCSessionDescription
+
+from assistant.audio import float_to_s16, resample, s16_to_float
+from assistant.bench.audio_source import Utterance, load_utterance, now, read_manifest
+from assistant.bench.report import BenchResult, format_summary, format_turns, percentile
+from assistant.bench.v2v import CONNECT_TIMEOUT_S, BenchSession, _Event, bench_v2v, default_audio_files
+from assistant.rtc.jitter import AdaptiveReceiveBuffer
+
+log = logging.getLogger(__name__)
+
+PROTOCOLS = ("page", "realtime", "realtime-ws")
+WS_RATE = 24_000  # PCM16 as the Realtime API takes it
+WS_FRAME_S = 0.02  # one microphone frame per append
+WS_TAIL_S = 2.5  # silence streamed after the speech (the VAD needs its hangover)
+
+
+# --- WebRTC ------------------------------------------------------------------------------------------------
+class RealtimeBenchSession(BenchSession):
+    """A v2v bench peer that talks to ``/v1/realtime/calls`` (see the module docstring)."""
+
+    call_path: str = ""
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        self.realtime_events: list[tuple[float, dict[str, Any]]] = []
+        self._reply_text: dict[str, str] = {}
+        self._turn_of: dict[str, int] = {}
+
+    async def connect(self, timeout_s: float = CONNECT_TIMEOUT_S) -> None:
+        pc = self.pc
+        channel = pc.createDataChannel("oai-events")
+
+        @channel.on("open")
+        def _on_open() -> None:
+            self._open.set()
+
+        @channel.on("message")
+        def _on_message(message: Any) -> None:
+            at = now()
+            try:
+                body = json.loads(message)
+            except (TypeError, ValueError):
+                return
+            if isinstance(body, dict):
+                self.realtime_events.append((at, body))
+                for event in self.as_page_events(body):
+                    self.events.append(_Event(at, event))
+
+        @pc.on("track")
+        def _on_track(track: Any) -> None:
+            if track.kind == "audio":  # received as the page protocol's client does (see BenchSession.connect)
+                if self.low_latency_receive:
+                    self.receive_buffer = AdaptiveReceiveBuffer.for_track(pc, track, 1, 6, adaptive=False)
+                self._tasks.append(asyncio.create_task(self.listener.run(track), name=f"bench-rx-{self.index}"))
+
+        @pc.on("connectionstatechange")
+        def _on_state() -> None:
+            if pc.connectionState in ("failed", "closed") and not self.failed:
+                self.failed = f"peer {pc.connectionState}"
+
+        pc.addTransceiver(self.source, direction="sendrecv")
+        await pc.setLocalDescription(await pc.createOffer())
+        headers = {"Content-Type": "application/sdp", **self._headers()}
+        async with self.http.post(f"{self.url}/v1/realtime/calls?model=default", data=pc.localDescription.sdp,
+                                  headers=headers) as resp:
+            answer = await resp.text()
+            if resp.status != 201:
+                raise RuntimeError(f"call refused: HTTP {resp.status} {answer[:300]}")
+            self.call_path = resp.headers.get("Location", "")
+        self.session_id = self.call_path.rsplit("/", 1)[-1]
+        await pc.setRemoteDescription(RTCSessionDescription(sdp=answer, type="answer"))
+        await asyncio.wait_for(self._open.wait(), timeout_s)
+        log.info("bench.realtime connected session=%d call=%s", self.index, self.session_id)
+
+    def as_page_events(self, event: dict[str, Any]) -> list[dict[str, Any]]:
+        """A Realtime server event in our page protocol's shape (what ``run_turn`` reads), if it has one."""
+        kind = event.get("type")
+        rid = event.get("response_id") or (event.get("response") or {}).get("id", "")
+        if kind == "input_audio_buffer.speech_stopped":
+            return [{"type": "speech_end"}]
+        if kind == "conversation.item.input_audio_transcription.completed":
+            return [{"type": "transcript", "final": True, "text": event.get("transcript", "")}]
+        if kind == "response.output_audio_transcript.delta":
+            self._reply_text[rid] = self._reply_text.get(rid, "") + str(event.get("delta", ""))
+            return [{"type": "reply_text", "text": self._reply_text[rid]}]
+        if kind == "assistant.turn_metrics":
+            self._turn_of[rid] = int(event.get("turn", 0))
+            return [{**event, "type": "turn_metrics"}]
+        if kind == "response.done":
+            return [{"type": "reply_done", "turn": self._turn_of.get(rid)}]
+        if kind == "error":
+            err = event.get("error") or {}
+            if err.get("type") == "server_error":
+                return [{"type": "error", "stage": err.get("code"), "message": err.get("message")}]
+        return []
+
+    async def close(self) -> None:
+        if self.call_path and not self.failed:
+            try:
+                async with self.http.post(f"{self.url}{self.call_path}/hangup", headers=self._headers()) as resp:
+                    await resp.read()
+            except (aiohttp.ClientError, OSError) as exc:
+                log.info("bench.realtime hangup_failed error=%s", exc)
+        self.session_id = ""  # hung up here: the page protocol's DELETE is not needed
+        await super().close()
+
+
+# --- WebSocket ---------------------------------------------------------------------------------------------
+@dataclass
+class WSTurn:
+    """One WebSocket turn: what was measured, in ms, and what was said."""
+
+    file: str
+    mode: str  # "server_vad": the server ends the turn; "commit": the client does
+    first_delta_ms: float | None = None  # the append holding the speech end (or the last append) → first delta
+    transcript: str = ""
+    reply: str = ""
+    error: str = ""
+    server: dict[str, Any] = field(default_factory=dict)
+
+
+def pcm16_frames(utt: Utterance, tail_s: float) -> tuple[list[bytes], int]:
+    """The utterance as 24 kHz PCM16 appends of ``WS_FRAME_S``, ``tail_s`` of silence after it; and the index of
+    the frame that holds the last speech sample."""
+    x = resample(s16_to_float(utt.pcm), 48_000, WS_RATE)
+    x = np.concatenate([x, np.zeros(int(tail_s * WS_RATE), dtype=np.float32)])
+    pcm = float_to_s16(x).astype("<i2").tobytes()
+    step = int(WS_FRAME_S * WS_RATE) * 2
+    frames = [pcm[i : i + step] for i in range(0, len(pcm), step)]
+    return frames, int(utt.speech_end_s / WS_FRAME_S)
+
+
+async def ws_turn(http: aiohttp.ClientSession, url: str, utt: Utterance, *, mode: str = "server_vad",
+                  token: str = "", timeout_s: float = 30.0) -> WSTurn:
+    """One turn over ``/v1/realtime`` (see the module docstring); never raises for a turn that fails."""
+    result = WSTurn(utt.name, mode)
+    ws_url = url.replace("http", "ws", 1) + "/v1/realtime?model=default"
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    mark: float | None = None
+    async with http.ws_connect(ws_url, headers=headers, max_msg_size=0) as ws:
+
+        async def send(event: dict[str, Any]) -> None:
+            await ws.send_str(json.dumps(event))
+
+        if mode == "commit":
+            await send({"type": "session.update", "session": {"audio": {"input": {"turn_detection": None}}}})
+            frames, end = pcm16_frames(utt, 0.0)
+            frames = frames[: end + 1]
+        else:
+            frames, end = pcm16_frames(utt, WS_TAIL_S)
+
+        async def stream() -> None:
+            nonlocal mark
+            t0 = time.perf_counter()
+            for k, frame in enumerate(frames):
+                await asyncio.sleep(max(0.0, t0 + k * WS_FRAME_S - time.perf_counter()))
+                await send({"type": "input_audio_buffer.append", "audio": base64.b64encode(frame).decode()})
+                if k == end or (mode == "commit" and k == len(frames) - 1):
+                    mark = time.perf_counter()
+            if mode == "commit":
+                await send({"type": "input_audio_buffer.commit"})
+                await send({"type": "response.create"})
+
+        sender = asyncio.create_task(stream())
+        try:
+            async with asyncio.timeout(utt.seconds + WS_TAIL_S + timeout_s):
+                async for msg in ws:
+                    if msg.type is not aiohttp.WSMsgType.TEXT:
+                        break
+                    event = json.loads(msg.data)
+                    kind = event.get("type")
+                    if kind == "response.output_audio.delta" and result.first_delta_ms is None and mark:
+                        result.first_delta_ms = round((time.perf_counter() - mark) * 1000, 1)
+                    elif kind == "conversation.item.input_audio_transcription.completed":
+                        result.transcript = event.get("transcript", "")
+                    elif kind == "assistant.turn_metrics":
+                        result.server = event.get("durations_ms", {})
+                    elif kind == "error":
+                        result.error = str((event.get("error") or {}).get("message", ""))
+                    elif kind == "response.done":
+                        out = (event.get("response") or {}).get("output") or [{}]
+                        result.reply = str(((out[0].get("content") or [{}])[0]).get("transcript", ""))
+                        break
+        except TimeoutError:
+            result.error = result.error or "no response.done in time"
+        finally:
+            sender.cancel()
+    return result
+
+
+# --- the comparison ------------------------------------------------------------------------------------------
+def v2v_values(result: BenchResult) -> list[float]:
+    return [float(t.columns["v2v_ms"]) for lv in result.levels for t in lv.turns
+            if t.status == "ok" and t.columns.get("v2v_ms") is not None]
+
+
+def describe(values: Sequence[float]) -> str:
+    if not values:
+        return "n=0"
+    return (f"n={len(values)} median={percentile(values, 50):.0f} p90={percentile(values, 90):.0f} "
+            f"min={min(values):.0f} max={max(values):.0f} ms")
+
+
+async def run_protocols(args: argparse.Namespace) -> int:
+    """``assistant bench v2v --protocol …``: each protocol on the same files, then their medians side by side."""
+    protocols = args.protocol
+    unknown = [p for p in protocols if p not in PROTOCOLS]
+    if unknown:
+        print(f"bench v2v: unknown protocol {unknown[0]!r}; choose from {', '.join(PROTOCOLS)}")
+        return 2
+    url = args.url.rstrip("/")
+    results: dict[str, BenchResult] = {}
+    ws: list[WSTurn] = []
+    for protocol in protocols:
+        if protocol == "realtime-ws":
+            files = [Path(f) for f in (args.audio or default_audio_files())]
+            manifests: dict[Path, dict[str, dict]] = {}
+            utts = [load_utterance(f, manifests.setdefault(f.parent, read_manifest(f.parent))) for f in files]
+            turns = args.turns or len(utts)
+            async with aiohttp.ClientSession() as http:
+                for k in range(turns):
+                    for mode in ("server_vad", "commit"):
+                        ws.append(await ws_turn(http, url, utts[k % len(utts)], mode=mode, token=args.token))
+                        log.info("bench.realtime ws mode=%s file=%s first_delta_ms=%s", mode, ws[-1].file,
+                                 ws[-1].first_delta_ms)
+            continue
+        client = RealtimeBenchSession if protocol == "realtime" else BenchSession
+        results[protocol] = await bench_v2v(
+            url, args.audio, args.turns, args.sessions, Path(args.out) / protocol,
+            threshold_dbfs=args.threshold_dbfs, timeout_s=args.timeout, silence_ms=args.silence_ms,
+            stagger_ms=args.stagger_ms, token=args.token, ready_timeout_s=args.ready_timeout,
+            plot=not args.no_plot, client=client,
+        )
+    bad = 0
+    for protocol, result in results.items():
+        print(f"== protocol {protocol}")
+        for level in result.levels:
+            if len(level.turns) <= 40:
+                print(format_turns(level))
+        print(format_summary(result))
+        bad += sum(1 for lv in result.levels for t in lv.turns if t.status != "ok")
+    print("\n== voice-to-voice (client clock), per protocol")
+    medians = {}
+    for protocol, result in results.items():
+        values = v2v_values(result)
+        print(f"{protocol:10s} {describe(values)}")
+        if values:
+            medians[protocol] = percentile(values, 50)
+    if "page" in medians and "realtime" in medians:
+        print(f"ratio realtime/page (median v2v): {medians['realtime'] / medians['page']:.3f}")
+    if ws:
+        print("\n== Realtime over WebSocket: append holding the speech end (server_vad) or last append (commit) "
+              "→ first response.output_audio.delta")
+        for mode in ("server_vad", "commit"):
+            turns = [t for t in ws if t.mode == mode]
+            values = [t.first_delta_ms for t in turns if t.first_delta_ms is not None]
+            print(f"{mode:10s} {describe(values)}")
+            for t in turns:
+                print(f"  {t.file:24s} {t.first_delta_ms!s:>8} ms  server_v2v={t.server.get('server_v2v_ms')} "
+                      f"{t.error or t.transcript!r}")
+        bad += sum(1 for t in ws if t.first_delta_ms is None)
+        out = Path(args.out)
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "realtime_ws.json").write_text(json.dumps([t.__dict__ for t in ws], indent=1))
+    return 0 if bad == 0 else 1

@@ -1,0 +1,185 @@
+"""The Realtime API over WebRTC: ``POST /v1/realtime/calls`` (the SDKs' ``client.realtime.calls.create()``, and
+browsers that post their offer as OpenAI's WebRTC guide does), ``POST /v1/realtime/calls/{id}/hangup`` and
+``GET /v1/realtime/ice-servers``.
+
+A call is our voice session, peer and all (``server/session.Session``, opened by ``signaling.open_session`` as
+the page's and WHIP's are): audio travels on the track, events on the ``oai-events`` data channel, and the
+Realtime layer translates between that channel and the session's conversation.
+
+The body is the offer as ``application/sdp``, or a multipart form with an ``sdp`` part and an optional
+``session`` part (JSON, what ``session.update`` takes). The answer is ``201`` with the SDP and the call's path
+in ``Location``; the call id is the session id (behind a dispatcher it names the gateway that holds the call).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import secrets
+from collections import deque
+from typing import Any
+
+from aiohttp import web
+
+from assistant.server.http import CONFIG, APIError, read_multipart
+from assistant.server.ice import browser_config
+from assistant.server.openapi import documented, json_body, openai_error
+from assistant.server.realtime.protocol import ClientError, RealtimeProtocol
+from assistant.server.realtime.settings import SettingsError
+from assistant.server.realtime.setup import make_protocol, prepare
+from assistant.server.services import SERVICES
+from assistant.server.session import Session
+from assistant.server.signaling import SESSIONS, check_ready, check_sdp, open_session, read_text
+
+log = logging.getLogger(__name__)
+
+SDP = "application/sdp"
+EVENTS_LABEL = "oai-events"
+MAX_PENDING = 256  # events kept until the data channel opens; older ones go first
+INBOX = 256  # client events waiting to be handled; past it, an error event and the event is dropped
+CALL_ID = [{"name": "session_id", "in": "path", "required": True, "schema": {"type": "string"},
+            "description": "the call id (from the Location of POST /v1/realtime/calls)"}]
+
+
+class ChannelEvents:
+    """Server events on the ``oai-events`` data channel (kept, bounded, until it opens), and client events
+    from it handled one at a time, in order, by one task of the session."""
+
+    def __init__(self, session: Session) -> None:
+        self.session = session
+        self.channel: Any = None
+        self.pending: deque[str] = deque(maxlen=MAX_PENDING)
+        self.inbox: asyncio.Queue[str | bytes] = asyncio.Queue(maxsize=INBOX)
+        self.protocol: RealtimeProtocol | None = None
+
+    def send(self, event: dict[str, Any]) -> None:
+        text = json.dumps(event, ensure_ascii=False)
+        ch = self.channel
+        if ch is not None and ch.readyState == "open":
+            try:
+                ch.send(text)
+            except Exception as exc:  # closed under our feet: the session is going away
+                log.debug("realtime_send_failed session=%s error=%s", self.session.id, exc)
+        else:
+            self.pending.append(text)
+
+    def attach(self, channel: Any) -> None:
+        self.channel = channel
+
+        @channel.on("open")
+        def _on_open() -> None:
+            self._drain()
+
+        @channel.on("message")
+        def _on_message(message: str | bytes) -> None:
+            try:
+                self.inbox.put_nowait(message)
+            except asyncio.QueueFull:
+                if self.protocol is not None:
+                    self.protocol.error("too many events at once: this one was dropped", code="rate_limited")
+
+        if channel.readyState == "open":
+            self._drain()
+        self.session.spawn(self._handle(), "realtime-in")
+
+    def _drain(self) -> None:
+        while self.pending and self.channel is not None and self.channel.readyState == "open":
+            self.channel.send(self.pending.popleft())
+
+    async def _handle(self) -> None:
+        while True:
+            message = await self.inbox.get()
+            if self.protocol is not None:
+                await self.protocol.receive(message)
+
+
+async def read_offer(request: web.Request, max_sdp: int, max_session: int) -> tuple[str, Any]:
+    """The offer's SDP and the optional ``session`` object, from either body shape."""
+    if request.content_type == "multipart/form-data":
+        parts = await read_multipart(request, {"sdp": max_sdp, "session": max_session})
+        if "sdp" not in parts:
+            raise APIError(400, "bad_offer", "the form has no 'sdp' part", param="sdp")
+        try:
+            sdp = parts["sdp"].decode("utf-8")
+            session = json.loads(parts["session"]) if "session" in parts else None
+        except (UnicodeDecodeError, ValueError):
+            raise APIError(400, "bad_offer", "the 'session' part must be JSON (and 'sdp' UTF-8 text)",
+                           param="session") from None
+        return sdp, session
+    return await read_text(request, SDP, max_sdp), None
+
+
+@documented(
+    "Start a Realtime call over WebRTC: the offer in, the SDP answer out (201, Location: the call)",
+    description="Body: the offer as application/sdp, or multipart/form-data with an `sdp` part and an optional "
+                "`session` part (JSON, as in session.update). Events travel on the `oai-events` data channel, "
+                "audio on the track. See docs/realtime.md.",
+    request={"application/sdp": {"schema": {"type": "string", "maxLength": lambda cfg: cfg.server.max_sdp_bytes}},
+             "multipart/form-data": {"schema": {"type": "object", "required": ["sdp"], "properties": {
+                 "sdp": {"type": "string"}, "session": {"type": "object"}}}}},
+    responses={"201": {"description": "the SDP answer; Location: /v1/realtime/calls/{call_id}",
+                       "content": {SDP: {"schema": {"type": "string"}}}},
+               "400": openai_error("bad offer or session"), "413": openai_error("offer too large"),
+               "415": openai_error("neither application/sdp nor multipart/form-data"),
+               "503": openai_error("not ready, or every session slot is taken"),
+               "504": openai_error("ICE gathering timeout")},
+)
+async def create_call(request: web.Request) -> web.Response:
+    """``POST /v1/realtime/calls``."""
+    state = request.config_dict
+    cfg = state[CONFIG]
+    check_ready(state)
+    sdp, session_json = await read_offer(request, cfg.server.max_sdp_bytes, cfg.server.max_body_bytes)
+    check_sdp(sdp, cfg.server.max_sdp_bytes)
+    model = session_json.get("model") if isinstance(session_json, dict) else None
+    try:
+        start = await prepare(state, model if isinstance(model, str) else request.query.get("model"), session_json)
+    except (ClientError, SettingsError) as exc:
+        raise APIError(400, exc.code, str(exc), param=exc.param) from None
+    services = state[SERVICES]
+    session = await open_session(state, sdp, make=lambda on_closed: Session(
+        services, start.cfg, on_closed=on_closed, responder=start.responder))
+    events = ChannelEvents(session)
+    protocol = make_protocol(state, session, start, events.send, webrtc=True, beta=False, query=request.query)
+    events.protocol = protocol
+    session.channels[EVENTS_LABEL] = events.attach
+    session.on_audio = protocol.on_track_audio
+    log.info("realtime_open session=%s transport=webrtc", session.id)
+    location = f"/v1/realtime/calls/{session.id}"
+    return web.Response(status=201, text=session.pc.localDescription.sdp, content_type=SDP,
+                        headers={"Location": location, "Access-Control-Expose-Headers": "Location"})
+
+
+@documented("Hang up a Realtime call", parameters=CALL_ID,
+            responses={"200": {"description": "hung up"}, "404": openai_error("no such call")})
+async def hangup(request: web.Request) -> web.Response:
+    """``POST /v1/realtime/calls/{id}/hangup``."""
+    session = request.config_dict[SESSIONS].get(request.match_info["session_id"])
+    if session is None or session.closed:
+        raise APIError(404, "call_not_found", "no such call", param="call_id")
+    await session.close("hangup")
+    return web.Response(status=200)
+
+
+ICE_SCHEMA = {
+    "type": "object", "required": ["ice_servers"],
+    "properties": {
+        "ice_servers": {"type": "array", "items": {"type": "object", "properties": {
+            "urls": {"type": "array", "items": {"type": "string"}}, "username": {"type": "string"},
+            "credential": {"type": "string"}}}},
+        "ice_transport_policy": {"type": "string", "enum": ["all", "relay"]},
+        "expires_at": {"type": "integer", "description": "when TURN REST credentials expire (Unix time)"},
+    },
+}
+
+
+@documented("STUN/TURN servers for a Realtime WebRTC client (TURN credentials minted per call)",
+            responses={"200": json_body(ICE_SCHEMA, "the ICE servers")})
+async def ice_servers(request: web.Request) -> web.Response:
+    """``GET /v1/realtime/ice-servers``: what ``new RTCPeerConnection({iceServers})`` takes."""
+    ice = browser_config(request.config_dict[CONFIG].ice, f"realtime-{secrets.token_urlsafe(9)}")
+    body: dict[str, Any] = {"ice_servers": ice["iceServers"], "ice_transport_policy": ice["iceTransportPolicy"]}
+    if "expires_at" in ice:
+        body["expires_at"] = ice["expires_at"]
+    return web.json_response(body, headers={"Cache-Control": "no-store"})

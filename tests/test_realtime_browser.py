@@ -1,0 +1,64 @@
+"""A browser client written the way OpenAI's WebRTC guide writes one (tests/data/realtime_page, not shipped) holds a
+turn in headless Chromium against ``/v1/realtime/calls``: its offer posted as it is, with no candidates trickled."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import soundfile as sf
+
+from assistant.audio import read_audio, resample
+from assistant.server.app import SESSIONS
+from tests.conftest import serve, test_config
+from tests.test_page_browser import CHROMIUM, chromium_args
+
+PAGE_DIR = Path(__file__).parent / "data" / "realtime_page"
+pytestmark = [
+    pytest.mark.browser,
+    pytest.mark.slow,
+    pytest.mark.skipif(not Path(CHROMIUM).exists(), reason="Debian chromium is not installed"),
+]
+
+
+@pytest.fixture
+def mic_wav(tmp_path: Path, shared_audio: Path) -> Path:
+    """1 s of silence, en_weather.wav, then 8 s of silence, as Chromium's fake mic wants it (48 kHz 16-bit)."""
+    x, sr = read_audio(shared_audio / "en_weather.wav")
+    silence = np.zeros(48_000, dtype=np.float32)
+    y = np.concatenate([silence, resample(x, sr, 48_000), np.zeros(8 * 48_000, dtype=np.float32)])
+    path = tmp_path / "mic.wav"
+    sf.write(path, y, 48_000, subtype="PCM_16")
+    return path
+
+
+async def test_guide_style_page_holds_a_turn(mic_wav: Path) -> None:
+    playwright = pytest.importorskip("playwright.async_api")
+    cfg = test_config(server={"web_dir": str(PAGE_DIR)})
+    async with serve(cfg) as (url, app), playwright.async_playwright() as pw:
+        browser = await pw.chromium.launch(executable_path=CHROMIUM, headless=True, args=chromium_args(mic_wav))
+        try:
+            page = await browser.new_page()
+            errors: list[str] = []
+            page.on("pageerror", lambda exc: errors.append(str(exc)))
+            await page.goto(url + "/")
+            await page.wait_for_selector("#status:text('open')", timeout=30_000)
+            await page.wait_for_function(
+                "() => window.realtimeEvents.some(e => e.type === 'response.done')", timeout=90_000)
+            events = await page.evaluate("() => window.realtimeEvents")
+            energy = await page.evaluate("() => window.receivedAudioEnergy()")
+            await page.evaluate("() => window.hangUp()")
+            assert not errors, errors
+        finally:
+            await browser.close()
+        assert not app[SESSIONS]  # hung up
+    types = [e["type"] for e in events]
+    assert types[0] == "session.created" and "session.updated" in types
+    said = next(e for e in events if e["type"] == "conversation.item.input_audio_transcription.completed")
+    assert "weather" in said["transcript"].lower()
+    done = next(e for e in events if e["type"] == "response.done")
+    assert done["response"]["status"] == "completed", done
+    assert "weather" in done["response"]["output"][0]["content"][0]["transcript"].lower()
+    assert "output_audio_buffer.started" in types and "output_audio_buffer.stopped" in types
+    assert energy > 0  # the reply was heard on the track

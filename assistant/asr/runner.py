@@ -1,4 +1,4 @@
-"""``ASRRunner``: the async face of a blocking ``ASREngine``, shared by every session.
+"""``ASRRunner``: the async face of a blocking ``ASREngine`` (a ``Transcriber``), shared by every session.
 
 One ``ThreadPoolExecutor(max_workers=asr.workers)`` runs all transcriptions, so ASR never blocks the event
 loop and the number of transcriptions at once is bounded for the whole process.
@@ -7,13 +7,15 @@ loop and the number of transcriptions at once is bounded for the whole process.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import functools
 import logging
+import time
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
-from assistant.asr.base import ASREngine, Transcript
+from assistant.asr.base import ASREngine, PassKind, PassTiming, Transcript
 from assistant.config import ASRConfig
 
 log = logging.getLogger(__name__)
@@ -70,22 +72,34 @@ class ASRRunner:
         self._in_flight = max(0, self._in_flight - 1)
 
     async def transcribe(
-        self, audio: np.ndarray, *, language: str | None = None, prompt: str | None = None
+        self,
+        audio: np.ndarray,
+        *,
+        language: str | None = None,
+        prompt: str | None = None,
+        session: str = "",
+        kind: PassKind = PassKind.FINAL,
     ) -> Transcript:
-        """Final transcript of an utterance. Raises TimeoutError after ``asr.timeout_s``."""
-        fn = functools.partial(self.engine.transcribe, audio, language=language, prompt=prompt)
-        result = await self._run(fn)
+        """Transcript of an utterance, with its pass's timing. Raises TimeoutError after ``asr.timeout_s``."""
+        asked = time.time()
+        started: list[float] = []
+
+        def run() -> Transcript:
+            started.append(time.time())
+            return self.engine.transcribe(audio, language=language, prompt=prompt)
+
+        result = await self._run(functools.partial(run))
         assert isinstance(result, Transcript)
-        return result
+        return dataclasses.replace(result, timing=PassTiming(asked, started[0] if started else asked, time.time()))
 
     async def transcribe_partial(
-        self, audio: np.ndarray, *, language: str | None = None, prompt: str | None = None
+        self, audio: np.ndarray, *, language: str | None = None, prompt: str | None = None, session: str = ""
     ) -> Transcript | None:
         """A partial hypothesis while the user speaks; None (skipped) when all workers are busy, so
         partials never queue up in front of a final transcript."""
         if self.busy:
             return None
-        return await self.transcribe(audio, language=language, prompt=prompt)
+        return await self.transcribe(audio, language=language, prompt=prompt, session=session, kind=PassKind.PARTIAL)
 
     async def warmup(self) -> None:
         await self._run(functools.partial(self.engine.warmup))

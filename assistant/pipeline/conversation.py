@@ -15,7 +15,7 @@ import numpy as np
 from assistant.audio import AudioChunk
 from assistant.config import Config
 from assistant.pipeline.events import EventChannel
-from assistant.pipeline.speech import ReplySink
+from assistant.pipeline.reply import ReplySink
 from assistant.pipeline.turn import TurnDeps
 from assistant.pipeline.turn_runner import TurnRunner
 from assistant.pipeline.turn_taking import TurnTaking

@@ -212,3 +212,23 @@ async def test_runner_serves_finals_first_then_sessions_in_turn_and_drops_passes
         assert t is not None and t.asked <= t.started <= t.done
     finally:
         runner.close()
+
+
+def test_window_fits_the_turn() -> None:
+    window = FasterWhisperEngine._window
+    assert window(16_000) == 1500  # 1 s (+2 s margin): the smallest window, 15 s
+    assert window(int(14.3 * 16_000)) == 1700  # 14.3 s + 2 s → 17 s
+    assert window(28 * 16_000) == 3000
+    assert window(28 * 16_000 + 160) is None  # past Whisper's own window: faster-whisper's 30 s path
+
+
+@pytest.mark.parametrize("name", ["en_weather.wav", "en_timer.wav", "en_story.wav"])
+def test_fitted_window_hears_what_the_full_window_hears(name: str) -> None:
+    """The turn-sized encoder window (asr.fit_window) gives the words of faster-whisper's 30 s window on a
+    whole question (at the end of a cut-off one it may write the last word or the "..." differently:
+    asr/whisper.py), and silence stays silence."""
+    fit = create_asr(ASRConfig(fit_window=True))
+    full = create_asr(ASRConfig(fit_window=False))
+    x, _ = read_audio(AUDIO / name)
+    assert fit.transcribe(x).text == full.transcribe(x).text
+    assert fit.transcribe(np.zeros(16_000, np.float32)).text == ""

@@ -145,7 +145,7 @@ class ASRRunner:
         if job in self._waiting:  # never started: it never will
             self._waiting.remove(job)
             self.passes["dropped"] += 1
-            log.debug("asr.pass_dropped session=%s kind=%s", job.session, job.kind.name.lower())
+            log.info("asr.pass_dropped session=%s kind=%s", job.session, job.kind.name.lower())
         if not job.answer.done():
             job.answer.cancel()
 

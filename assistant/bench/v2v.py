@@ -33,7 +33,7 @@ from aiortc import RTCConfiguration, RTCPeerConnection, RTCSessionDescription
 from aiortc.mediastreams import MediaStreamError
 
 import assistant
-from assistant.audio import WEBRTC_RATE
+from assistant.audio import SILENCE_PEAK_S16, WEBRTC_RATE
 from assistant.bench.audio_source import Utterance, UtteranceSource, load_utterance, now, read_manifest
 from assistant.bench.report import (
     SERVER_COLUMNS,
@@ -46,7 +46,6 @@ from assistant.bench.report import (
     write_json,
 )
 from assistant.rtc.jitter import AdaptiveReceiveBuffer
-from assistant.rtc.outbound import SILENCE_PEAK_S16
 
 log = logging.getLogger(__name__)
 

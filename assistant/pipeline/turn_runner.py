@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import functools
 import logging
 import time
@@ -27,7 +28,7 @@ from typing import Any
 import numpy as np
 
 from assistant.asr.base import PassKind, Transcript
-from assistant.audio import FRAME_MS, float_to_s16
+from assistant.audio import FRAME_MS, S16_SCALE, SILENCE_PEAK_S16, float_to_s16
 from assistant.config import ChunkerConfig, LogConfig, RespondConfig, TTSConfig, TurnConfig
 from assistant.pipeline.events import EventChannel
 from assistant.pipeline.reply import ReplySink
@@ -36,7 +37,7 @@ from assistant.pipeline.trace import Ending, Span
 from assistant.pipeline.turn import StageError, Turn, TurnDeps, stage
 from assistant.respond.base import ResponderError
 from assistant.respond.history import ConversationHistory
-from assistant.tts.base import TTSBusy, TTSRequest
+from assistant.tts.base import PieceByPiece, TTSBusy, TTSRequest, with_streaming
 
 log = logging.getLogger(__name__)
 
@@ -47,6 +48,9 @@ TTS_TEXT_QUEUE = 64
 PCM_AHEAD_CHUNKS = 8
 # The spoken apology after a failed turn must not itself hang the session.
 APOLOGY_TIMEOUT_S = 10.0
+# Of a reply's leading silence (turn.trim_reply_silence), this much is kept before its first audible sample:
+# the voice's own onset ramp, so the cut is never heard.
+LEAD_IN_MS = 10
 
 
 class TurnRunner:
@@ -65,9 +69,14 @@ class TurnRunner:
         self.respond_cfg, self.debug_content = respond, logs.debug_content
         self.deps, self.sink, self.events, self.session_id = deps, sink, events, session_id
         self.history = ConversationHistory(respond.history_turns)
+        if isinstance(with_streaming(deps.tts), PieceByPiece):
+            # An engine that speaks a piece only once it has all of it: the reply's first piece as short as a
+            # clause allows, since the listener waits for it (a streaming engine starts on any text anyway).
+            chunker = dataclasses.replace(chunker, first_min_chars=chunker.reply_first_min_chars)
         self.synthesis = SynthesisPath(deps.tts, sink.sample_rate, timeout_s=tts.timeout_s, chunker=chunker)
         self.request = TTSRequest(text="", voice=deps.voice, language=tts.language or None)
         self.apology = turn.error_message.strip()
+        self.trim_silence = turn.trim_reply_silence
         self.turns = 0
         self.current: Turn | None = None  # the committed turn (preparing or speaking)
         self.paused = False  # its reply is held while the user makes a sound over it
@@ -234,7 +243,8 @@ class TurnRunner:
         )
         t = result.timing
         turn.trace.asr = Span(t.asked, t.started, t.done) if t is not None else Span(asked, asked, time.time())
-        turn.heard.set_result(result)
+        if not turn.heard.done():
+            turn.heard.set_result(result)
         return result.text.strip()
 
     async def _respond(self, turn: Turn, text: str, deltas: asyncio.Queue[str | None]) -> None:
@@ -278,8 +288,13 @@ class TurnRunner:
             reply.spoken.append((reply.samples_made, piece))
 
         async def synthesize() -> None:
+            onset = not self.trim_silence
             with _tts_stage():
                 async for out in self.synthesis.speak(text(), self.request, on_piece=on_piece):
+                    if not onset:  # the reply starts where its voice does: leading silence is only delay
+                        out, onset = _from_onset(out, self.sink.sample_rate * LEAD_IN_MS // 1000)
+                        if not out.size:
+                            continue
                     turn.trace.mark("first_audio")
                     reply.samples_made += len(out)
                     await pcm_q.put(out)
@@ -332,6 +347,15 @@ class TurnRunner:
                 await self.sink.flush(gen)
         except Exception as exc:  # the apology itself failed: the error event already told the page
             log.info("apology_failed session=%s error=%s", self.session_id, type(exc).__name__)
+
+
+def _from_onset(pcm: np.ndarray, lead_in: int) -> tuple[np.ndarray, bool]:
+    """``pcm`` from ``lead_in`` samples before its first audible one (peak ≥ ``SILENCE_PEAK_S16``), and whether
+    it has one; all of it silent gives an empty array."""
+    loud = np.flatnonzero(np.abs(pcm) >= SILENCE_PEAK_S16 / S16_SCALE)
+    if not loud.size:
+        return pcm[:0], False
+    return pcm[max(0, int(loud[0]) - lead_in):], True
 
 
 @contextlib.contextmanager

@@ -17,13 +17,11 @@ import av
 import numpy as np
 from aiortc.mediastreams import MediaStreamError, MediaStreamTrack
 
-from assistant.audio import FRAME_MS, FRAME_SAMPLES, WEBRTC_RATE
+from assistant.audio import FRAME_MS, FRAME_SAMPLES, SILENCE_PEAK_S16, WEBRTC_RATE
 from assistant.rtc.pacing import FramePacer, s16_mono_frame
 
 log = logging.getLogger(__name__)
 
-# A frame whose peak is below this (s16) counts as silence for "first audible frame" marks (≈ −60 dBFS).
-SILENCE_PEAK_S16 = 32
 # A reply track this far behind its clock jumps ahead instead of sending the backlog in a burst.
 RESYNC_AFTER_S = 0.2
 

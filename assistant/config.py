@@ -219,6 +219,12 @@ class TurnConfig:
         True, "at the same pause, ask the audio end-of-turn model (Smart Turn v3.2) whether the user is done"
     )
     end_of_turn_threshold: float = _f(0.5, "end-of-turn model probability from which the turn counts as complete")
+    end_of_turn_sure: float = _f(
+        0.8,
+        "with the transcript asked too, the model probability from which the turn ends at once; between the "
+        "threshold and this the turn waits incomplete_endpoint_ms (on synthetic voices the model calls "
+        "mid-sentence pauses 0.6-0.8 and fast ASR answers within the pause)",
+    )
     max_silence_ms: int = _f(2000, "longest silence waited for when the end-of-turn model says the user is not done")
     wait_for_evidence: bool = _f(
         True,

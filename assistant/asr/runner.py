@@ -19,13 +19,15 @@ Every answer carries its pass's timing (asked, started, done), which the turn's 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
+import functools
 import itertools
 import logging
 import time
 from collections import Counter
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
 import numpy as np
@@ -127,9 +129,10 @@ class ASRRunner:
         self._waiting.append(job)
         self._dispatch()
         try:
-            # shield: on timeout/cancel a running thread goes on (threads cannot be stopped) and frees its
-            # worker when it finishes; only our wait ends.
-            await asyncio.wait_for(asyncio.shield(job.answer), self.cfg.timeout_s)
+            # On timeout or cancel only this wait ends (and the answer with it): a running thread goes on
+            # (threads cannot be stopped) and frees its worker when it finishes.
+            async with asyncio.timeout(self.cfg.timeout_s):
+                await job.answer
         except TimeoutError:
             log.error("asr.timeout timeout_s=%.1f kind=%s", self.cfg.timeout_s, kind.name.lower())
             self._give_up(job)
@@ -151,6 +154,7 @@ class ASRRunner:
 
     def _dispatch(self) -> None:
         """Start waiting passes while workers are free: finals first, then the session served longest ago."""
+        loop = asyncio.get_running_loop()
         while self._running < self.workers and self._waiting:
             job = min(self._waiting, key=lambda j: (j.kind, self._served.get(j.session, 0), j.seq))
             self._waiting.remove(job)
@@ -158,8 +162,9 @@ class ASRRunner:
             self._running += 1
             self.passes[job.kind.name.lower()] += 1
             job.pool = self._pool
-            work = asyncio.get_running_loop().run_in_executor(job.pool, self._timed, job)
-            work.add_done_callback(lambda fut, job=job: self._finished(job, fut))
+            work = job.pool.submit(self._timed, job)
+            # Straight back onto the loop from the worker thread: one hop from the answer to its waiter.
+            work.add_done_callback(functools.partial(_call_soon, loop, self._finished, job))
 
     @staticmethod
     def _timed(job: _Pass) -> object:
@@ -169,7 +174,7 @@ class ASRRunner:
         finally:
             job.done = time.time()
 
-    def _finished(self, job: _Pass, work: asyncio.Future[object]) -> None:
+    def _finished(self, job: _Pass, work: Future[object]) -> None:
         if job.pool is self._pool:  # passes of an abandoned pool no longer count against the workers
             self._running = max(0, self._running - 1)
         if not job.answer.done():
@@ -179,8 +184,6 @@ class ASRRunner:
                 job.answer.set_exception(exc)
             else:
                 job.answer.set_result(work.result())
-        elif not work.cancelled():
-            work.exception()  # retrieved: a dropped pass's failure is nobody's to report
         self._dispatch()
 
     def _replace_stuck_pool(self, pool: ThreadPoolExecutor) -> None:
@@ -194,3 +197,9 @@ class ASRRunner:
         pool.shutdown(wait=False, cancel_futures=True)
         log.warning("asr.pool_replaced abandoned=%d", self._abandoned)
         self._dispatch()
+
+
+def _call_soon(loop: asyncio.AbstractEventLoop, fn: Callable[..., None], *args: object) -> None:
+    """``fn(*args)`` on ``loop`` from a worker thread; nothing when the loop is gone (shutdown)."""
+    with contextlib.suppress(RuntimeError):
+        loop.call_soon_threadsafe(fn, *args)

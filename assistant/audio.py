@@ -25,6 +25,14 @@ log = logging.getLogger(__name__)
 # The rate of the user's speech inside the server: what the inbound reader makes and VAD, ASR and the
 # end-of-turn model take. Named once here.
 SPEECH_RATE = 16_000
+# WebRTC audio on the wire: Opus carries 48 kHz, sent as 20 ms frames. The reply track sends (and the bench
+# microphone plays) frames of this rate and length; the pipeline counts reply audio in these frames.
+WEBRTC_RATE = 48_000
+FRAME_MS = 20
+FRAME_SAMPLES = WEBRTC_RATE * FRAME_MS // 1000  # 960
+# Reply audio whose peak (s16) is below this (≈ −60 dBFS) is silence: the reply track's "first audible frame"
+# and where a reply's leading silence ends.
+SILENCE_PEAK_S16 = 32
 S16_SCALE = 32768.0  # int16 full scale; −32768 maps to exactly −1.0
 # rms_dbfs of digital silence. A finite floor (not −inf) so levels stay valid JSON and metric values.
 SILENCE_DBFS = -120.0

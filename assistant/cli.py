@@ -108,7 +108,7 @@ def cmd_dispatch(args: argparse.Namespace) -> int:
 def cmd_say(args: argparse.Namespace) -> int:
     """Synthesize text with the configured TTS engine into a WAV file."""
     from assistant.audio import write_wav_bytes
-    from assistant.pipeline.speech import SpeechPath
+    from assistant.pipeline.synthesis import SynthesisPath
     from assistant.tts import create_tts
     from assistant.tts.base import TTSRequest
 
@@ -119,7 +119,7 @@ def cmd_say(args: argparse.Namespace) -> int:
         import numpy as np
 
         engine = create_tts(cfg.tts)
-        path = SpeechPath(engine, engine.sample_rate, timeout_s=cfg.tts.timeout_s, chunker=cfg.chunker)
+        path = SynthesisPath(engine, engine.sample_rate, timeout_s=cfg.tts.timeout_s, chunker=cfg.chunker)
         try:
             chunks = [c async for c in path.speak(args.text, TTSRequest(text="", language=args.language))]
         finally:
@@ -179,7 +179,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
         return asyncio.run(run_v2v(args))
     if args.bench_cmd == "features":
-        from assistant.bench.features import run_features
+        from assistant.bench.latency_features import run_features
 
         return asyncio.run(run_features(args))
     if args.bench_cmd == "tts":
@@ -212,8 +212,8 @@ def cmd_doctor(args: argparse.Namespace) -> int:
 
 BENCHES = (  # name, help, module, function adding its flags
     ("v2v", "voice-to-voice latency as a WebRTC client hears it", "assistant.bench.v2v", "add_v2v_arguments"),
-    ("features", "voice-to-voice with each latency feature on and off, vs a baseline", "assistant.bench.features",
-     "add_features_arguments"),
+    ("features", "voice-to-voice with each latency feature on and off, vs a baseline",
+     "assistant.bench.latency_features", "add_features_arguments"),
     ("tts", "TTS first packet / total time tables and concurrency sweep", "assistant.bench.tts",
      "add_tts_bench_arguments"),
     ("ray", "v2v of one process vs gateways sharing engines through Ray Serve, and the hop's cost",

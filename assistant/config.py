@@ -121,8 +121,17 @@ class ASRConfig:
         "CPU cores it competes with the speculative pass that matters for latency; on in configs/gpu.toml)",
     )
     partial_interval_ms: int = _f(700, "time between partial transcriptions of the growing utterance")
+    fit_window: bool = _f(
+        True,
+        "encode a turn in a window of its own length (+2 s, at least 15 s), not Whisper's fixed 30 s: the encoder's "
+        "cost follows the window (turns over 28 s and language detection keep faster-whisper's 30 s window)",
+    )
     cpu_threads: int = _f(2, "CPU threads used by one transcription")
-    workers: int = _f(1, "transcriptions run at once (shared by every session)")
+    workers: int = _f(
+        2,
+        "transcriptions run at once (shared by every session): on 2 cores two passes side by side take about the "
+        "time of one alone plus half, so a speculation the user talked over does not hold up the next pass",
+    )
     timeout_s: float = _f(20.0, "longest a transcription may take before the turn is dropped with an error")
 
 
@@ -178,6 +187,11 @@ class TTSConfig:
 @dataclass
 class ChunkerConfig:
     first_min_chars: int = _f(12, "shortest first clause sent to TTS on a comma/colon break")
+    reply_first_min_chars: int = _f(
+        4,
+        "the same for a voice-chat reply spoken piece by piece (Piper): the listener waits for the first audio, "
+        "which takes time in proportion to the piece, so \"Sure,\" or \"You said:\" is a piece of its own",
+    )
     max_chars: int = _f(220, "longest chunk sent to TTS before a forced break at a space")
 
 
@@ -189,7 +203,11 @@ class TurnConfig:
     speculative: bool = _f(
         True, "on a short pause, start ASR, responder and TTS; heard only if the pause becomes the turn's end"
     )
-    speculative_pause_ms: int = _f(200, "pause that starts a speculative turn")
+    speculative_pause_ms: int = _f(
+        96,
+        "pause that starts a speculative turn (VAD clock): 96 ms is three Silero windows, longer than any dip "
+        "inside a word on the test clips, so the VAD's end is certain",
+    )
     smart_endpoint: bool = _f(
         True, "use the speculative transcript: end sooner after a complete sentence, wait longer mid-sentence"
     )
@@ -201,11 +219,20 @@ class TurnConfig:
         True, "at the same pause, ask the audio end-of-turn model (Smart Turn v3.2) whether the user is done"
     )
     end_of_turn_threshold: float = _f(0.5, "end-of-turn model probability from which the turn counts as complete")
+    end_of_turn_sure: float = _f(
+        0.8,
+        "with the transcript asked too, the model probability from which the turn ends at once; between the "
+        "threshold and this the turn waits incomplete_endpoint_ms (on synthetic voices the model calls "
+        "mid-sentence pauses 0.6-0.8 and fast ASR answers within the pause)",
+    )
     max_silence_ms: int = _f(2000, "longest silence waited for when the end-of-turn model says the user is not done")
     wait_for_evidence: bool = _f(
         True,
         "hold the turn open (up to max_silence_ms) until the transcript and the model have answered; off: the fixed "
         "silence ends it if they are late",
+    )
+    trim_reply_silence: bool = _f(
+        True, "start a reply at its first audible sample (TTS voices begin with tens of ms of silence; 10 ms kept)"
     )
     backchannel_ms: int = _f(
         600, "speech over the reply pauses it; shorter than this (and no stop word), the reply resumes where it was"

@@ -147,3 +147,88 @@ async def test_a_stuck_transcription_does_not_block_the_next_one() -> None:
     finally:
         release.set()
         runner.close()
+
+
+class Gate:
+    """An engine that records which pass ran (the audio's first sample names it) and holds each pass until
+    the test lets it go, so the runner's queue can be filled while its one worker is busy."""
+
+    name = "gate"
+
+    def __init__(self) -> None:
+        import threading
+
+        self.ran: list[int] = []
+        self.go = threading.Semaphore(0)
+
+    def transcribe(self, audio: np.ndarray, **_: object) -> Transcript:
+        self.ran.append(int(audio[0]))
+        self.go.acquire(timeout=10)
+        return Transcript(text=str(int(audio[0])))
+
+    def warmup(self) -> None: ...
+
+
+def _pass(n: int) -> np.ndarray:
+    return np.full(160, n, np.float32)
+
+
+async def _until(cond, timeout_s: float = 5.0) -> None:  # type: ignore[no-untyped-def]
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    while not cond():
+        assert asyncio.get_running_loop().time() < deadline
+        await asyncio.sleep(0.005)
+
+
+async def test_runner_serves_finals_first_then_sessions_in_turn_and_drops_passes_nobody_waits_for() -> None:
+    from assistant.asr.base import PassKind, Transcriber
+
+    gate = Gate()
+    runner = ASRRunner(gate, ASRConfig(workers=1))
+    assert isinstance(runner, Transcriber)
+    spec, final = PassKind.SPECULATIVE, PassKind.FINAL
+    try:
+        first = asyncio.create_task(runner.transcribe(_pass(0), session="a", kind=spec))
+        await _until(lambda: gate.ran == [0])  # the one worker is taken by session a
+        assert runner.busy and await runner.transcribe_partial(_pass(9), session="c") is None  # never queued
+        waiting = {
+            1: asyncio.create_task(runner.transcribe(_pass(1), session="a", kind=spec)),
+            2: asyncio.create_task(runner.transcribe(_pass(2), session="a", kind=spec)),
+            3: asyncio.create_task(runner.transcribe(_pass(3), session="b", kind=spec)),
+            4: asyncio.create_task(runner.transcribe(_pass(4), session="c", kind=final)),
+            5: asyncio.create_task(runner.transcribe(_pass(5), session="b", kind=spec)),
+        }
+        await asyncio.sleep(0.05)
+        waiting[2].cancel()  # the user went on speaking: this speculation is useless
+        for _ in range(5):
+            gate.go.release()
+        assert (await first).text == "0"
+        results = await asyncio.gather(*(t for n, t in waiting.items() if n != 2))
+        assert [r.text for r in results] == ["1", "3", "4", "5"]
+        # The final first; then b (never served) before a (served last); then a's, then b's second pass.
+        assert gate.ran == [0, 4, 3, 1, 5], gate.ran
+        assert runner.passes["dropped"] == 1 and runner.passes["speculative"] == 4 and runner.passes["final"] == 1
+        t = results[0].timing
+        assert t is not None and t.asked <= t.started <= t.done
+    finally:
+        runner.close()
+
+
+def test_window_fits_the_turn() -> None:
+    window = FasterWhisperEngine._window
+    assert window(16_000) == 1500  # 1 s (+2 s margin): the smallest window, 15 s
+    assert window(int(14.3 * 16_000)) == 1700  # 14.3 s + 2 s → 17 s
+    assert window(28 * 16_000) == 3000
+    assert window(28 * 16_000 + 160) is None  # past Whisper's own window: faster-whisper's 30 s path
+
+
+@pytest.mark.parametrize("name", ["en_weather.wav", "en_timer.wav", "en_story.wav"])
+def test_fitted_window_hears_what_the_full_window_hears(name: str) -> None:
+    """The turn-sized encoder window (asr.fit_window) gives the words of faster-whisper's 30 s window on a
+    whole question (at the end of a cut-off one it may write the last word or the "..." differently:
+    asr/whisper.py), and silence stays silence."""
+    fit = create_asr(ASRConfig(fit_window=True))
+    full = create_asr(ASRConfig(fit_window=False))
+    x, _ = read_audio(AUDIO / name)
+    assert fit.transcribe(x).text == full.transcribe(x).text
+    assert fit.transcribe(np.zeros(16_000, np.float32)).text == ""

@@ -21,7 +21,7 @@ from assistant.asr.base import Transcript
 from assistant.audio import read_audio
 from assistant.pipeline.conversation import Conversation, TurnDeps
 from assistant.pipeline.events import EventChannel
-from assistant.pipeline.turn import played_text
+from assistant.pipeline.reply import played_text
 from assistant.respond.base import Message
 from assistant.rtc.outbound import ReplyTrack
 from assistant.tts.base import TTSCapabilities, TTSRequest

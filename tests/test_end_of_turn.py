@@ -15,14 +15,13 @@ from assistant.asr.base import Transcript
 from assistant.audio import read_audio
 from assistant.config import TurnConfig
 from assistant.pipeline.conversation import Conversation, TurnDeps
-from assistant.pipeline.end_of_turn import weigh
+from assistant.pipeline.end_of_turn import TurnEnd, weigh
 from assistant.pipeline.events import EventChannel
-from assistant.pipeline.turn_end import TurnEnd
 from assistant.respond.echo import EchoResponder
 from assistant.rtc.outbound import ReplyTrack
+from assistant.vad.end_of_turn import SmartTurnModel
 from assistant.vad.endpoint import Endpointer
 from assistant.vad.silero import SileroModel
-from assistant.vad.smart_turn import SmartTurnModel
 from tests.conftest import test_config
 from tests.test_turn_taking import ToneTTS
 

@@ -218,7 +218,7 @@ async def test_session_update_changes_voice_and_vad_silence(services: Services, 
         assert updated["audio"]["output"]["voice"] == engine_voice
         assert updated["audio"]["input"]["turn_detection"]["silence_duration_ms"] == 1200
         session = next(iter(app[SESSIONS].values()))
-        assert session.conversation.runner.voice.request.voice == engine_voice
+        assert session.conversation.voice == engine_voice
         await append(conn, pcm24(pause, silence_s=2.5))
         await ev.wait("response.done")
         assert len(ev.of("input_audio_buffer.speech_stopped")) == 1  # the pause did not end the turn
@@ -236,7 +236,7 @@ async def test_session_update_changes_voice_and_vad_silence(services: Services, 
         await conn.session.update(session={"audio": {"output": {"voice": "no-such-voice"}}})
         err = await ev.wait("error", since)
         assert err["error"]["code"] == "unknown_voice" and err["error"]["param"] == "session.audio.output.voice"
-        assert session.conversation.runner.voice.request.voice == engine_voice  # nothing changed
+        assert session.conversation.voice == engine_voice  # nothing changed
 
 
 async def test_bench_ws_turn_measures_the_first_delta(services: Services, shared_audio) -> None:

@@ -15,7 +15,7 @@ import pytest
 
 from assistant.audio import float_to_s16
 from assistant.config import load_config
-from assistant.pipeline.speech import SpeechPath
+from assistant.pipeline.synthesis import SynthesisPath
 from assistant.tts.base import TTSBusy, TTSRequest
 
 pytestmark = [pytest.mark.slow, pytest.mark.asyncio(loop_scope="module")]
@@ -88,7 +88,7 @@ async def test_pcm_through_serve_is_byte_identical(remote: object, local_piper: 
     # and through the speech path (chunking, resampling to the peer's 48 kHz, s16) as a call hears it
     out = []
     for engine in (local_piper, remote):
-        path = SpeechPath(engine, 48_000, timeout_s=30)  # type: ignore[arg-type]
+        path = SynthesisPath(engine, 48_000, timeout_s=30)  # type: ignore[arg-type]
         pcm = await collect(path.speak("One sentence here. And a second, longer one follows it.", request))
         out.append(float_to_s16(pcm).tobytes())
     assert out[0] == out[1]

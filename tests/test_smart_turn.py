@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import soundfile as sf
 
-from assistant.vad.smart_turn import (
+from assistant.vad.end_of_turn import (
     MODEL_FILE,
     N_FRAMES,
     N_MELS,

@@ -16,8 +16,9 @@ from assistant.audio import read_audio
 from assistant.bench.audio_source import load_utterance
 from assistant.bench.v2v import BenchSession, TurnSettings
 from assistant.pipeline.conversation import Conversation, TurnDeps
+from assistant.pipeline.end_of_turn import TurnEnd, judge
 from assistant.pipeline.events import EventChannel
-from assistant.pipeline.turn_end import TurnEnd, judge
+from assistant.pipeline.trace import GAPS, PARTS
 from assistant.respond.echo import EchoResponder
 from assistant.rtc.outbound import ReplyTrack
 from assistant.tts.base import TTSCapabilities, TTSRequest
@@ -104,6 +105,44 @@ async def test_speculation_committed_when_the_pause_is_the_end(shared_audio) -> 
     assert conv.speculations["committed"] == 1, conv.speculations
     assert [e["turn"] for e in seen if e["type"] == "transcript" and e["final"]] == [1]
     assert writes and all(turns == 1 for turns, _ in writes)
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize("speculative", [True, False])
+async def test_turn_metrics_parts_add_up_to_the_server_v2v(shared_audio, speculative: bool) -> None:
+    """The turn_metrics event splits the server's v2v into parts that add up to it exactly."""
+    x, _ = read_audio(shared_audio / "en_weather.wav")
+    cfg = test_config(turn={"speculative": speculative})
+    events = EventChannel()
+    seen: list[dict] = []
+    events.subscribe(seen.append)
+    track = ReplyTrack(queue_ms=60)
+
+    async def listen() -> None:  # the peer: pulls paced frames, so the first audible one is handed over
+        while True:
+            await track.recv()
+
+    deps = TurnDeps(asr=InstantASR(), tts=ToneTTS(), responder=EchoResponder())
+    conv = Conversation(cfg, Endpointer(cfg.vad, SileroModel.shared()), deps, track, events, "m")
+    listener = asyncio.create_task(listen())
+    try:
+        for i in range(0, len(x), CHUNK):
+            conv.feed(x[i : i + CHUNK])
+            await asyncio.sleep(0.002)
+        for _ in range(200):
+            if any(e["type"] == "turn_metrics" for e in seen):
+                break
+            await asyncio.sleep(0.02)
+    finally:
+        await conv.close()
+        listener.cancel()
+    (metrics,) = [e for e in seen if e["type"] == "turn_metrics"]
+    d = metrics["durations_ms"]
+    assert [k for k in d if k in PARTS] == list(PARTS), d
+    assert round(sum(d[k] for k in PARTS) * 10) == round(d["server_v2v_ms"] * 10), d
+    assert all(d[k] >= 0 for k in PARTS), d
+    assert d["endpoint_ms"] > 0
+    assert set(metrics["gaps_ms"]) == set(GAPS)
 
 
 @pytest.mark.asyncio

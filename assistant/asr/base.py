@@ -1,12 +1,15 @@
-"""The ASR protocol: 16 kHz mono float32 audio in, text out.
+"""The ASR protocols: 16 kHz mono float32 audio in, text out.
 
-Engines are synchronous and CPU/GPU bound; the pipeline runs them on a worker thread
-(``asr.workers``) so that the event loop, and with it every session's audio, never waits on them.
+- :class:`ASREngine`: an engine, synchronous and CPU/GPU bound (``asr/whisper.py``);
+- :class:`Transcriber`: its async face the pipeline uses, shared by every session: ``asr/runner.ASRRunner``
+  runs an engine on worker threads (``asr.workers``) so the event loop, and with it every session's audio,
+  never waits on it; ``serve_ray/client.RemoteASR`` calls the Ray Serve deployment.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from enum import IntEnum
 from typing import Protocol, runtime_checkable
 
 import numpy as np
@@ -20,6 +23,23 @@ class Transcript:
     segments: list[tuple[float, float, str]] = field(default_factory=list)
     # Time the engine itself spent, seconds.
     compute_s: float = 0.0
+    # When the pass was asked for, taken by a worker and answered (wall clock; set by the Transcriber).
+    timing: PassTiming | None = None
+
+
+@dataclass(frozen=True)
+class PassTiming:
+    asked: float
+    started: float
+    done: float
+
+
+class PassKind(IntEnum):
+    """What a pass is for, in the order a busy :class:`Transcriber` serves them."""
+
+    FINAL = 0  # the transcript of a turn the user has finished (committed)
+    SPECULATIVE = 1  # the transcript of the audio up to a pause that may be the end
+    PARTIAL = 2  # a hypothesis while the user speaks (shown, never waited for)
 
 
 @runtime_checkable
@@ -34,6 +54,36 @@ class ASREngine(Protocol):
 
     def warmup(self) -> None:
         """Run once at start so the first user turn pays no load or JIT cost."""
+        ...
+
+
+@runtime_checkable
+class Transcriber(Protocol):
+    """The async ASR every session shares. ``session`` names the caller, so a busy transcriber can serve
+    sessions fairly; ``kind`` says what the pass is for (:class:`PassKind`)."""
+
+    @property
+    def busy(self) -> bool:
+        """True when a new pass would wait for a worker."""
+        ...
+
+    async def transcribe(
+        self,
+        audio: np.ndarray,
+        *,
+        language: str | None = None,
+        prompt: str | None = None,
+        session: str = "",
+        kind: PassKind = PassKind.FINAL,
+    ) -> Transcript:
+        """Transcript of ``audio``; raises TimeoutError after ``asr.timeout_s``. Cancelling the call drops
+        a pass that has not started."""
+        ...
+
+    async def transcribe_partial(
+        self, audio: np.ndarray, *, language: str | None = None, prompt: str | None = None, session: str = ""
+    ) -> Transcript | None:
+        """A partial hypothesis while the user speaks; None (skipped) when it would wait for a worker."""
         ...
 
 

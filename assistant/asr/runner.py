@@ -1,19 +1,38 @@
-"""``ASRRunner``: the async face of a blocking ``ASREngine``, shared by every session.
+"""``ASRRunner``: the async face of a blocking ``ASREngine`` (a :class:`~assistant.asr.base.Transcriber`),
+shared by every session.
 
-One ``ThreadPoolExecutor(max_workers=asr.workers)`` runs all transcriptions, so ASR never blocks the event
-loop and the number of transcriptions at once is bounded for the whole process.
+It runs at most ``asr.workers`` passes at once on its own threads, so ASR never blocks the event loop and the
+CPU it takes is bounded for the whole process. Passes that must wait are scheduled, not queued in arrival
+order:
+
+- **finals first**: a committed turn's pass, then speculative passes, then partial hypotheses
+  (:class:`~assistant.asr.base.PassKind`); a partial is not even queued when it would wait;
+- **sessions in turn**: among passes of one kind, the session served longest ago goes first, so no session
+  waits behind another's run of speculative passes;
+- **useless passes never run**: a pass whose caller gave up (a speculation the user talked over, a turn
+  dropped) before a worker was free is dropped from the queue. A pass already running cannot be stopped (a
+  thread); its result is dropped.
+
+Every answer carries its pass's timing (asked, started, done), which the turn's trace splits the wait by.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import dataclasses
 import functools
+import itertools
 import logging
-from concurrent.futures import ThreadPoolExecutor
+import time
+from collections import Counter
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
 
 import numpy as np
 
-from assistant.asr.base import ASREngine, Transcript
+from assistant.asr.base import ASREngine, PassKind, PassTiming, Transcript
 from assistant.config import ASRConfig
 
 log = logging.getLogger(__name__)
@@ -22,38 +41,150 @@ log = logging.getLogger(__name__)
 # A stuck engine call strands one worker pool; past this many the runner stops replacing them (each holds
 # a thread and the memory of its call) and the timeout error is all that is left.
 MAX_ABANDONED_POOLS = 4
+# Passes waiting for a worker, all sessions together; past it a pass is refused at once (an overloaded
+# process answers "busy" rather than queueing work nobody will wait for).
+MAX_WAITING = 256
+
+
+class ASRBusy(RuntimeError):
+    """Too many passes are waiting for a worker."""
+
+
+@dataclass
+class _Pass:
+    kind: PassKind
+    seq: int
+    session: str
+    fn: Callable[[], object]
+    answer: asyncio.Future[object]
+    asked: float
+    started: float = 0.0  # when its thread began (0: still waiting)
+    pool: ThreadPoolExecutor | None = None  # the pool it runs on, once dispatched
+    done: float = 0.0
 
 
 class ASRRunner:
-    """Runs ``engine.transcribe`` on a shared worker pool with a timeout (``asr.timeout_s``)."""
+    """Runs ``engine.transcribe`` on ``asr.workers`` threads, scheduled (module docstring), each pass under
+    ``asr.timeout_s`` counted from when it was asked."""
 
     def __init__(self, engine: ASREngine, cfg: ASRConfig | None = None) -> None:
         self.engine = engine
         self.cfg = cfg or ASRConfig()
         self.workers = max(1, self.cfg.workers)
         self._pool = ThreadPoolExecutor(max_workers=self.workers, thread_name_prefix="asr")
-        self._in_flight = 0
+        self._running = 0  # passes on the current pool
+        self._waiting: list[_Pass] = []
+        self._seq = itertools.count()
+        self._tick = itertools.count(1)
+        self._served: dict[str, int] = {}  # session → tick of its latest dispatched pass
         self._abandoned = 0  # pools left behind a stuck transcription
+        self.passes: Counter[str] = Counter()  # run per kind, and "dropped" (never run)
 
     @property
     def busy(self) -> bool:
-        """True when every worker is taken (a new job would wait in the pool's queue)."""
-        return self._in_flight >= self.workers
+        """True when a new pass would wait for a worker."""
+        return self._running + len(self._waiting) >= self.workers
 
-    async def _run(self, fn: functools.partial[object]) -> object:
+    async def transcribe(
+        self,
+        audio: np.ndarray,
+        *,
+        language: str | None = None,
+        prompt: str | None = None,
+        session: str = "",
+        kind: PassKind = PassKind.FINAL,
+    ) -> Transcript:
+        """Transcript of an utterance, with its pass's timing. Raises TimeoutError after ``asr.timeout_s``."""
+        job = await self._submit(lambda: self.engine.transcribe(audio, language=language, prompt=prompt),
+                                 session, kind)
+        result = job.answer.result()
+        assert isinstance(result, Transcript)
+        return dataclasses.replace(result, timing=PassTiming(job.asked, job.started, job.done))
+
+    async def transcribe_partial(
+        self, audio: np.ndarray, *, language: str | None = None, prompt: str | None = None, session: str = ""
+    ) -> Transcript | None:
+        """A partial hypothesis while the user speaks; None (skipped) when it would wait for a worker, so
+        partials never queue up in front of a final transcript."""
+        if self.busy:
+            return None
+        return await self.transcribe(audio, language=language, prompt=prompt, session=session, kind=PassKind.PARTIAL)
+
+    async def warmup(self) -> None:
+        await self._submit(self.engine.warmup, "", PassKind.FINAL)
+
+    def close(self) -> None:
+        """Stop accepting work; waiting passes are cancelled, a running one finishes in its thread."""
+        for job in self._waiting:
+            job.answer.cancel()
+        self._waiting.clear()
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+    # --- the schedule --------------------------------------------------------------------------------
+    async def _submit(self, fn: Callable[[], object], session: str, kind: PassKind) -> _Pass:
+        if len(self._waiting) >= MAX_WAITING:
+            raise ASRBusy(f"{len(self._waiting)} transcriptions are waiting for a worker")
         loop = asyncio.get_running_loop()
-        pool = self._pool
-        fut = loop.run_in_executor(pool, fn)
-        self._in_flight += 1
-        fut.add_done_callback(lambda _: self._release())
+        job = _Pass(kind, next(self._seq), session, fn, loop.create_future(), time.time())
+        self._waiting.append(job)
+        self._dispatch()
         try:
-            # shield: on timeout/cancel the thread keeps running (threads cannot be stopped) and still
-            # frees its worker slot when it finishes; only our wait ends.
-            return await asyncio.wait_for(asyncio.shield(fut), self.cfg.timeout_s)
+            # On timeout or cancel only this wait ends (and the answer with it): a running thread goes on
+            # (threads cannot be stopped) and frees its worker when it finishes.
+            async with asyncio.timeout(self.cfg.timeout_s):
+                await job.answer
         except TimeoutError:
-            log.error("asr.timeout timeout_s=%.1f", self.cfg.timeout_s)
-            self._replace_stuck_pool(pool)
+            log.error("asr.timeout timeout_s=%.1f kind=%s", self.cfg.timeout_s, kind.name.lower())
+            self._give_up(job)
+            if job.pool is not None:
+                self._replace_stuck_pool(job.pool)
             raise
+        except asyncio.CancelledError:
+            self._give_up(job)
+            raise
+        return job
+
+    def _give_up(self, job: _Pass) -> None:
+        if job in self._waiting:  # never started: it never will
+            self._waiting.remove(job)
+            self.passes["dropped"] += 1
+            log.info("asr.pass_dropped session=%s kind=%s", job.session, job.kind.name.lower())
+        if not job.answer.done():
+            job.answer.cancel()
+
+    def _dispatch(self) -> None:
+        """Start waiting passes while workers are free: finals first, then the session served longest ago."""
+        loop = asyncio.get_running_loop()
+        while self._running < self.workers and self._waiting:
+            job = min(self._waiting, key=lambda j: (j.kind, self._served.get(j.session, 0), j.seq))
+            self._waiting.remove(job)
+            self._served[job.session] = next(self._tick)
+            self._running += 1
+            self.passes[job.kind.name.lower()] += 1
+            job.pool = self._pool
+            work = job.pool.submit(self._timed, job)
+            # Straight back onto the loop from the worker thread: one hop from the answer to its waiter.
+            work.add_done_callback(functools.partial(_call_soon, loop, self._finished, job))
+
+    @staticmethod
+    def _timed(job: _Pass) -> object:
+        job.started = time.time()
+        try:
+            return job.fn()
+        finally:
+            job.done = time.time()
+
+    def _finished(self, job: _Pass, work: Future[object]) -> None:
+        if job.pool is self._pool:  # passes of an abandoned pool no longer count against the workers
+            self._running = max(0, self._running - 1)
+        if not job.answer.done():
+            if work.cancelled():
+                job.answer.cancel()
+            elif (exc := work.exception()) is not None:
+                job.answer.set_exception(exc)
+            else:
+                job.answer.set_result(work.result())
+        self._dispatch()
 
     def _replace_stuck_pool(self, pool: ThreadPoolExecutor) -> None:
         """A transcription that overran its time limit may never return: give the other sessions a fresh
@@ -62,34 +193,13 @@ class ASRRunner:
             return
         self._abandoned += 1
         self._pool = ThreadPoolExecutor(max_workers=self.workers, thread_name_prefix="asr")
-        self._in_flight = 0
+        self._running = 0
         pool.shutdown(wait=False, cancel_futures=True)
         log.warning("asr.pool_replaced abandoned=%d", self._abandoned)
+        self._dispatch()
 
-    def _release(self) -> None:
-        self._in_flight = max(0, self._in_flight - 1)
 
-    async def transcribe(
-        self, audio: np.ndarray, *, language: str | None = None, prompt: str | None = None
-    ) -> Transcript:
-        """Final transcript of an utterance. Raises TimeoutError after ``asr.timeout_s``."""
-        fn = functools.partial(self.engine.transcribe, audio, language=language, prompt=prompt)
-        result = await self._run(fn)
-        assert isinstance(result, Transcript)
-        return result
-
-    async def transcribe_partial(
-        self, audio: np.ndarray, *, language: str | None = None, prompt: str | None = None
-    ) -> Transcript | None:
-        """A partial hypothesis while the user speaks; None (skipped) when all workers are busy, so
-        partials never queue up in front of a final transcript."""
-        if self.busy:
-            return None
-        return await self.transcribe(audio, language=language, prompt=prompt)
-
-    async def warmup(self) -> None:
-        await self._run(functools.partial(self.engine.warmup))
-
-    def close(self) -> None:
-        """Stop accepting work; queued jobs are cancelled, a running one finishes in its thread."""
-        self._pool.shutdown(wait=False, cancel_futures=True)
+def _call_soon(loop: asyncio.AbstractEventLoop, fn: Callable[..., None], *args: object) -> None:
+    """``fn(*args)`` on ``loop`` from a worker thread; nothing when the loop is gone (shutdown)."""
+    with contextlib.suppress(RuntimeError):
+        loop.call_soon_threadsafe(fn, *args)

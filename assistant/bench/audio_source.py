@@ -21,14 +21,10 @@ import av
 import numpy as np
 from aiortc.mediastreams import MediaStreamError, MediaStreamTrack
 
-from assistant.audio import float_to_s16, read_audio, resample
+from assistant.audio import FRAME_MS, FRAME_SAMPLES, WEBRTC_RATE, float_to_s16, read_audio, resample
 from assistant.rtc.pacing import FramePacer, s16_mono_frame
 
 log = logging.getLogger(__name__)
-
-SAMPLE_RATE = 48_000  # what aiortc's Opus encoder takes without resampling
-FRAME_MS = 20  # one Opus packet
-FRAME_SAMPLES = SAMPLE_RATE * FRAME_MS // 1000  # 960
 
 # The bench's clock: epoch seconds (comparable with the server's ``time.time()`` marks on one host) that
 # advance with ``perf_counter`` so an NTP step during a run cannot bend a measured interval.
@@ -52,11 +48,11 @@ class Utterance:
 
     @property
     def seconds(self) -> float:
-        return len(self.pcm) / SAMPLE_RATE
+        return len(self.pcm) / WEBRTC_RATE
 
     @property
     def speech_end_s(self) -> float:
-        return self.speech_end_sample / SAMPLE_RATE
+        return self.speech_end_sample / WEBRTC_RATE
 
 
 def read_manifest(audio_dir: Path) -> dict[str, dict]:
@@ -83,8 +79,8 @@ def load_utterance(path: Path, manifest: dict[str, dict] | None = None) -> Utter
         end_s = _energy_speech_end(x, sr)
         text = ""
         log.warning("bench.audio no_manifest_entry file=%s speech_end_s=%.2f (from level)", path.name, end_s)
-    pcm = float_to_s16(resample(x, sr, SAMPLE_RATE))
-    end = min(len(pcm) - 1, max(0, round(end_s * SAMPLE_RATE)))
+    pcm = float_to_s16(resample(x, sr, WEBRTC_RATE))
+    end = min(len(pcm) - 1, max(0, round(end_s * WEBRTC_RATE)))
     return Utterance(name=path.name, text=text, pcm=pcm, speech_end_sample=end)
 
 
@@ -122,7 +118,7 @@ class UtteranceSource(MediaStreamTrack):
     def __init__(self) -> None:
         super().__init__()
         self._queue: deque[Playback] = deque()
-        self._pacer = FramePacer(SAMPLE_RATE)
+        self._pacer = FramePacer(WEBRTC_RATE)
         self._pts = 0
         self._silence = np.zeros(FRAME_SAMPLES, dtype=np.int16)
         self.frames_sent = 0
@@ -160,7 +156,7 @@ class UtteranceSource(MediaStreamTrack):
         if await self._pacer.wait(self._pts) > FRAME_MS / 1000:
             self.late_frames += 1
         samples, pb, start = self._next_samples()
-        frame = s16_mono_frame(samples, SAMPLE_RATE, self._pts)
+        frame = s16_mono_frame(samples, WEBRTC_RATE, self._pts)
         self._pts += FRAME_SAMPLES
         self.frames_sent += 1
         if pb is not None:

@@ -14,20 +14,24 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from assistant.pipeline.trace import DURATIONS
+from assistant.pipeline.trace import GAPS, PARTS
 
 log = logging.getLogger(__name__)
 
-JSON_VERSION = 1
+JSON_VERSION = 2  # 2: the wait at the end of a turn split (worker_wait, asr, end_of_turn, decide)
 
 # name -> what it measures. Server columns are the server's own ``turn_metrics`` durations.
 COLUMNS: dict[str, str] = {
     "v2v_ms": "client clock: the user's speech end (frame holding the manifest's last speech sample handed "
     "to the client's WebRTC stack) → first reply sample at or above the audible threshold, as played out",
     "server_v2v_ms": "server clock: its speech_end mark → first non-silent reply frame handed to its track",
-    "endpoint_ms": "server: speech end (VAD end minus hangover) → the endpointer closed the turn",
-    "asr_ms": "server: turn closed → final transcript",
-    "llm_first_text_ms": "server: final transcript → first reply text from the responder",
+    "endpoint_ms": "server: silence the turn-taking required (speech end → the pause that asked for the "
+    "evidence, or the silence the verdict needed); the wait's parts split it along its critical path",
+    "worker_wait_ms": "server: the critical ASR pass (or end-of-turn model call) waiting for a free worker",
+    "asr_ms": "server: ASR compute on the critical path (a pass that began before the pause counts from it)",
+    "end_of_turn_ms": "server: the end-of-turn model's call, when its answer was the last evidence the decision used",
+    "decide_ms": "server: the last evidence in → the turn committed (idle time in the decision)",
+    "llm_first_text_ms": "server: turn decided and transcribed → first reply text from the responder",
     "chunker_ms": "server: first reply text → first text chunk handed to TTS",
     "tts_first_audio_ms": "server: first TTS text → first PCM chunk out of TTS",
     "playout_ms": "server: first PCM chunk → first non-silent frame handed to the outgoing track",
@@ -39,8 +43,9 @@ COLUMNS: dict[str, str] = {
     "network, server jitter buffer, decode) plus where the server's VAD put the speech end against the "
     "manifest; negative when the VAD put the end earlier than the uplink took",
 }
-# The server's stage durations, named and ordered as the server's turn trace defines them.
-SERVER_STAGES: tuple[str, ...] = tuple(k for k in DURATIONS if k not in ("server_v2v_ms", "reply_ms"))
+# The server's stage durations, named and ordered as the server's turn trace defines them: they add up to
+# server_v2v_ms.
+SERVER_STAGES: tuple[str, ...] = PARTS
 # Stage columns whose sum, with unaccounted_ms, makes v2v_ms; in the order they happen.
 STAGE_COLUMNS: tuple[str, ...] = (*SERVER_STAGES, "downlink_ms", "onset_ms")
 SERVER_COLUMNS: tuple[str, ...] = ("server_v2v_ms", *SERVER_STAGES)
@@ -63,6 +68,7 @@ class TurnResult:
     transcript: str = ""
     reply_text: str = ""
     speech_ends: int = 0  # speech_end events the server sent while this file played and was answered (1: one turn)
+    gaps_ms: dict[str, float] = field(default_factory=dict)  # the server's idle gaps (pipeline/trace.GAPS)
 
 
 @dataclass
@@ -156,6 +162,7 @@ def summarize_level(level: LevelResult) -> dict[str, Any]:
         "turns": len(level.turns),
         **counts,
         "columns": {name: summarize(t.columns.get(name) for t in heard) for name in COLUMNS},
+        "gaps": {name: summarize(t.gaps_ms.get(name) for t in heard) for name in GAPS},
     }
 
 
@@ -180,11 +187,10 @@ def format_summary(result: BenchResult) -> str:
             f"sessions={lv.sessions}  turns={s['turns']}  ok={s['ok']}  dropped={s['dropped']}  "
             f"errors={s['error']}  connect_failures={lv.connect_failures}  wall={lv.wall_s:.1f}s"
         )
-        lines.append(f"  {'column':<20}{'n':>5}{'p50':>8}{'p90':>8}{'max':>8}{'mean':>8}")
-        for name in COLUMNS:
-            st = s["columns"][name]
+        lines.append(f"  {'column':<28}{'n':>5}{'p50':>8}{'p90':>8}{'max':>8}{'mean':>8}")
+        for name, st in [*s["columns"].items(), *(("gap: " + k, v) for k, v in s["gaps"].items())]:
             lines.append(
-                f"  {name:<20}{st['n']:>5}{_fmt(st['p50'])}{_fmt(st['p90'])}{_fmt(st['max'])}{_fmt(st['mean'])}"
+                f"  {name:<28}{st['n']:>5}{_fmt(st['p50'])}{_fmt(st['p90'])}{_fmt(st['max'])}{_fmt(st['mean'])}"
             )
         lines.append("")
     lines.append(
@@ -203,7 +209,10 @@ _SHORT = {
     "v2v_ms": "v2v",
     "server_v2v_ms": "srv_v2v",
     "endpoint_ms": "endpt",
+    "worker_wait_ms": "wait",
     "asr_ms": "asr",
+    "end_of_turn_ms": "eot",
+    "decide_ms": "decide",
     "llm_first_text_ms": "llm",
     "chunker_ms": "chunk",
     "tts_first_audio_ms": "tts",

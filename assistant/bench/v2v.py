@@ -33,6 +33,7 @@ from aiortc import RTCConfiguration, RTCPeerConnection, RTCSessionDescription
 from aiortc.mediastreams import MediaStreamError
 
 import assistant
+from assistant.audio import SILENCE_PEAK_S16, WEBRTC_RATE
 from assistant.bench.audio_source import Utterance, UtteranceSource, load_utterance, now, read_manifest
 from assistant.bench.report import (
     SERVER_COLUMNS,
@@ -45,7 +46,6 @@ from assistant.bench.report import (
     write_json,
 )
 from assistant.rtc.jitter import AdaptiveReceiveBuffer
-from assistant.rtc.outbound import SILENCE_PEAK_S16
 
 log = logging.getLogger(__name__)
 
@@ -156,7 +156,7 @@ class ReplyListener:
         x = frame_to_mono(frame)
         if x.size == 0:
             return
-        sr = frame.sample_rate or 48_000
+        sr = frame.sample_rate or WEBRTC_RATE
         play_at = received_at if self._play_end is None else max(received_at, self._play_end)
         self._play_end = play_at + x.size / sr
         mag = np.abs(x)
@@ -374,6 +374,7 @@ class BenchSession:
         for name in SERVER_COLUMNS:
             v = durations.get(name)
             cols[name] = float(v) if v is not None else None
+        result.gaps_ms = {k: float(v) for k, v in (metrics.get("gaps_ms", {}) or {}).items()}
         sent = marks.get("first_frame_sent")
         cols["downlink_ms"] = round(first_rx * 1000 - float(sent), 1) if sent is not None else None
         cols["onset_ms"] = round((heard - first_rx) * 1000, 1)

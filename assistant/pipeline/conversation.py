@@ -20,7 +20,8 @@ import numpy as np
 from assistant.audio import AudioChunk
 from assistant.config import Config, TurnConfig, VADConfig
 from assistant.pipeline.events import EventChannel
-from assistant.pipeline.speech import ReplySink
+from assistant.pipeline.reply import ReplySink
+from assistant.pipeline.trace import Ending
 from assistant.pipeline.turn import TurnDeps
 from assistant.pipeline.turn_runner import TurnRunner
 from assistant.pipeline.turn_taking import TurnTaking
@@ -58,10 +59,8 @@ class Conversation:
         self.runner.interrupt("new_turn")
         clip = audio if audio is not None else np.zeros(0, dtype=np.float32)
         turn = self.runner.start(clip, self.policy.clock.samples, speculative=False, heard=text)
-        now = time.time()  # the request is the turn's end: the trace counts from it
-        turn.trace.mark("speech_end", now)
-        turn.trace.mark("vad_end", now)
-        self.runner.commit(turn)
+        now = time.time()  # the request is the turn's end: the trace counts from it, and nothing was waited for
+        self.runner.commit(turn, Ending(speech_end=now, decided=now, silence_met=now, reason="client"))
 
     @property
     def responding(self) -> bool:
@@ -75,9 +74,14 @@ class Conversation:
         self.runner.interrupt(reason)
         return True
 
+    @property
+    def voice(self) -> str | None:
+        """The voice the next reply speaks with (None: the engine's default)."""
+        return self.runner.request.voice
+
     def set_voice(self, voice: str | None, speed: float = 1.0) -> None:
         """Speak the next replies with ``voice`` (None: the engine's default) at ``speed``."""
-        self.runner.voice.request = replace(self.runner.voice.request, voice=voice, speed=speed)
+        self.runner.request = replace(self.runner.request, voice=voice, speed=speed)
 
     def tune(self, *, vad: VADConfig | None = None, turn: TurnConfig | None = None) -> None:
         """New VAD or turn-taking settings for this conversation alone, from its next utterance on."""

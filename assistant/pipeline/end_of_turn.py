@@ -1,31 +1,102 @@
-"""Is the user done? The evidence at a pause, weighed: the transcript rule and the audio end-of-turn model.
+"""Is the user done? The end-of-turn policy: the transcript rule, and the evidence at a pause weighed.
 
-At a pause of ``turn.speculative_pause_ms`` the speculative turn starts (its transcript is the text
-evidence, judged by ``pipeline/turn_end.judge``) and the end-of-turn model (``vad/smart_turn.py``) hears
-the audio so far. Each signal has its switch: ``turn.smart_endpoint`` (text), ``turn.end_of_turn_model``
-(audio). What they say sets how much more silence ends the turn:
+One vocabulary across the family: the **evidence** at a pause is the transcript's word (:func:`judge` →
+:class:`TurnEnd`) and the end-of-turn model's probability (``vad/end_of_turn.py``, Smart Turn v3.2, behind
+the :class:`EndOfTurnModel` protocol); :func:`weigh` turns them into a :class:`Verdict`.
 
-| text \\ audio          | complete (p ≥ threshold) | not complete          | audio off            |
-|-----------------------|--------------------------|-----------------------|----------------------|
-| ends on a continuation | incomplete_endpoint_ms   | incomplete_endpoint_ms | incomplete_endpoint_ms |
-| a finished sentence   | now                      | incomplete_endpoint_ms | complete_endpoint_ms |
-| neither / text off    | now                      | max_silence_ms        | (vad.end_silence_ms) |
+**The transcript rule.** Silence alone cannot tell "What is the weather like today?" (done) from "I would like
+to order …" (thinking). The speculative transcript can: terminal punctuation on a sentence that does not end
+in a word that usually continues it means done; a trailing conjunction, article, preposition, filler or a
+verb that wants an object means the user is most likely still going.
+
+**Weighing.** At a pause of ``turn.speculative_pause_ms`` the speculative turn starts (its transcript is the
+text evidence) and the end-of-turn model hears the audio so far. Each signal has its switch:
+``turn.smart_endpoint`` (text), ``turn.end_of_turn_model`` (audio). What they say sets how much more silence
+ends the turn:
+
+| text \\ audio    | sure (p ≥ sure) | leaning (p ≥ threshold) | not complete | audio off          |
+|-----------------|-----------------|-------------------------|--------------|--------------------|
+| a continuation  | incomplete      | incomplete              | incomplete   | incomplete         |
+| finished        | now             | incomplete              | incomplete   | complete           |
+| neither         | now             | incomplete              | max          | vad.end_silence_ms |
+| text off        | now             | now                     | max          | vad.end_silence_ms |
+
+(incomplete, complete, max: ``turn.incomplete_endpoint_ms``, ``complete_endpoint_ms``, ``max_silence_ms`` of
+silence in all; sure, threshold: ``turn.end_of_turn_sure``, ``end_of_turn_threshold``.) With the transcript asked
+too, only a sure model ends the turn at once: when the ASR answers within a mid-sentence pause (a fast ASR
+does), a sentence Whisper closed with "?" ("What is the distance between?") and a model at 0.6-0.8 on a
+synthetic voice would otherwise cut the user off; measured on the pause files, the model says 0.58-0.81 at
+their mid-sentence pauses and 0.84-0.97 at the finished sentences it recognises.
 
 While an answer the switches ask for is still coming, the turn is held open (up to ``max_silence_ms``):
 the speculative ASR is the turn's own ASR, so waiting for it costs the reply nothing, and a busy machine
-(slow ASR) then never cuts a sentence off only because the evidence came late.
+(slow ASR) then never cuts a sentence off only because the evidence came late. The moment the last answer
+arrives the verdict is taken again (turn-taking hears each answer as it lands, not on the next audio chunk).
 
 A text that ends on a preposition, an article, a conjunction or a verb waiting for its object is never
 complete, whatever the audio says (the model was trained on human speech; on generated voices it calls
-mid-sentence pauses complete). When the two disagree the turn waits as for an unfinished sentence.
+mid-sentence pauses complete). When the two disagree the turn waits as for an unfinished sentence. When the
+transcript was asked for but failed (its ASR raised), the model alone does not end the turn either: the
+fixed silence does, as with no evidence at all.
 """
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
+from enum import Enum
+from typing import Protocol
+
+import numpy as np
 
 from assistant.config import TurnConfig
-from assistant.pipeline.turn_end import TurnEnd
+
+# Words after which an English sentence usually goes on (Whisper often puts a period or "?" after them anyway).
+CONTINUES = frozenset([
+    "a", "an", "the", "and", "or", "but", "so", "because", "if", "when", "while", "although", "though", "than",
+    "then", "to", "of", "for", "with", "in", "on", "at", "from", "by", "about", "into", "onto", "over", "under",
+    "after", "before", "like", "as", "my", "your", "his", "her", "our", "their", "its", "this", "that", "these",
+    "those", "some", "any", "every", "each", "um", "uh", "er", "erm", "hmm", "well", "is", "are", "was", "were",
+    "am", "be", "been", "being", "want", "wants", "need", "needs", "get", "gets", "have", "has", "order", "buy",
+    "make", "take", "give", "tell", "show", "find", "book", "call", "set", "play", "would", "could", "should",
+    "can", "will", "shall", "may", "might", "must", "do", "does", "did",
+    # prepositions that never end a sentence either ("What is the distance between?" is Whisper's "?")
+    "between", "through", "across", "against", "toward", "towards", "among", "amongst", "beneath", "beside",
+    "besides", "within", "without", "via", "upon", "during", "throughout", "versus",
+])
+TERMINAL = ".?!。？！"
+WORD = re.compile(r"[\w']+")
+
+
+class TurnEnd(Enum):
+    COMPLETE = "complete"
+    INCOMPLETE = "incomplete"
+    UNKNOWN = "unknown"
+
+
+def judge(text: str) -> TurnEnd:
+    """Guess from a transcript whether the utterance is finished."""
+    t = text.strip()
+    if not t:
+        return TurnEnd.UNKNOWN
+    if t.endswith(("...", "…", ",", "-", "—", ":")):
+        return TurnEnd.INCOMPLETE
+    words = WORD.findall(t.lower())
+    if words and words[-1] in CONTINUES:
+        return TurnEnd.INCOMPLETE
+    if t[-1] in "?!？！":
+        return TurnEnd.COMPLETE
+    if t[-1] in TERMINAL:
+        # A one-word "Yes." or "Thanks." is as complete as it gets; longer ones too unless they trail off.
+        return TurnEnd.COMPLETE
+    return TurnEnd.UNKNOWN
+
+class EndOfTurnModel(Protocol):
+    """The audio end-of-turn model as the pipeline sees it (``vad/end_of_turn.SmartTurnBatcher``)."""
+
+    async def probability(self, audio: np.ndarray) -> float:
+        """Probability (0…1) that the speech in ``audio`` (16 kHz float32, the turn so far) is a finished turn."""
+        ...
 
 
 @dataclass(frozen=True)
@@ -65,6 +136,8 @@ def weigh(
     audio_complete = None if not use_audio or audio_prob is None else audio_prob >= cfg.end_of_turn_threshold
     if text is TurnEnd.INCOMPLETE:
         return Verdict(end_silence_ms=cfg.incomplete_endpoint_ms, reason="text_incomplete")
+    if audio_complete is True and text is not None and audio_prob is not None and audio_prob < cfg.end_of_turn_sure:
+        return Verdict(end_silence_ms=cfg.incomplete_endpoint_ms, reason="audio_unsure")
     if audio_complete is True:
         return Verdict(commit=True, reason="audio_complete" if text is None else "complete")
     if text is TurnEnd.COMPLETE:

@@ -1,20 +1,34 @@
-"""One turn's state, shared by the turn-taking policy (which starts, commits and drops turns) and the turn
-runner (which plays them out): the user's audio and words, the reply's trace, its gate, what was heard."""
+"""One turn as the turn runner holds it, what a turn needs, and how a stage's failure is told.
+
+The turn's state has two owners, each the only writer of its half:
+
+- **turn-taking** (``pipeline/turn_taking.py``) keeps the evidence at a pause (speech marks, the pause, the
+  model's and the transcript's answers) in its own ``Pause``; at commit it hands the runner a frozen
+  :class:`~assistant.pipeline.trace.Ending`;
+- **the turn runner** (``pipeline/turn_runner.py``) keeps everything else here, in :class:`Turn`: the user's
+  audio and words, the trace, the commit gate, the reply's progress (``pipeline/reply.py``).
+
+Turn-taking reads a turn only through :attr:`Turn.heard` (a future: the ASR's answer as it lands) and tells
+the runner what to do through the runner's methods.
+"""
 
 from __future__ import annotations
 
 import asyncio
-import re
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 
+from assistant.asr.base import Transcriber, Transcript
+from assistant.pipeline.end_of_turn import EndOfTurnModel
+from assistant.pipeline.reply import ReplyProgress
 from assistant.pipeline.trace import TurnTrace
-from assistant.pipeline.turn_end import TurnEnd
 from assistant.respond.base import Responder
 from assistant.tts.base import TTSEngine
+
+T = TypeVar("T")
 
 
 class StageError(RuntimeError):
@@ -27,7 +41,7 @@ class StageError(RuntimeError):
         self.cause = cause
 
 
-async def stage(name: str, message: str, coro: Any) -> Any:
+async def stage(name: str, message: str, coro: Awaitable[T]) -> T:
     """Await one stage's work, turning any failure into a :class:`StageError` for that stage."""
     try:
         return await coro
@@ -43,18 +57,18 @@ async def stage(name: str, message: str, coro: Any) -> Any:
 class TurnDeps:
     """What a turn needs besides the conversation's own state (shared, process-wide engines)."""
 
-    asr: Any  # ASRRunner: ``await transcribe(audio) -> Transcript``
+    asr: Transcriber
     tts: TTSEngine
     responder: Responder
     voice: str | None = None  # TTS voice id for this session (None: the engine's default)
     on_turn_done: Callable[[TurnTrace], None] | None = None
     on_error: Callable[[str], None] | None = None
     on_interrupted: Callable[[], None] | None = None
-    end_of_turn: Any = None  # SmartTurnBatcher: ``await probability(audio) -> float`` (None: no audio model)
+    end_of_turn: EndOfTurnModel | None = None  # the audio end-of-turn model (None: none)
 
 
 class Turn:
-    """One user utterance and its reply: its trace, task, audio, and (while speculative) its gate.
+    """One user utterance and its reply, as the turn runner runs it (the runner is its only writer).
 
     Until committed, events are held back and reply audio waits; a turn that is never committed leaves no
     trace the user can see or hear.
@@ -70,47 +84,18 @@ class Turn:
         self.committed = asyncio.Event()
         self.held_events: list[tuple[str, dict[str, Any]]] = []
         self.task: asyncio.Task[None] | None = None
-        self.transcript: str | None = None  # the user's words (set by ASR, or given: ``heard``)
-        self.heard: str | None = None  # words already transcribed (a backchannel check): ASR is skipped
-        self.verdict: TurnEnd | None = None  # is the transcript a finished sentence? (smart endpoint)
-        self.speaking = False  # its reply audio has started
+        # The ASR's answer (None: it failed), for turn-taking to weigh as it lands; set once, by the runner.
+        self.heard: asyncio.Future[Transcript | None] = asyncio.get_running_loop().create_future()
+        self.transcript: str | None = None  # the user's words
         self.failed: str | None = None  # the stage that failed (the turn then waits to say so if committed)
-        self.carried = 0  # samples of an earlier dropped turn's audio at the start of ``audio``
-        self.eot_prob: float | None = None  # the end-of-turn model's answer at this pause
-        self.eot_task: asyncio.Task[None] | None = None
-        self.reply = ""  # the reply's text so far
-        # What was said, mapped to audio: (sink samples made before this piece, piece), and samples made.
-        self.spoken: list[tuple[int, str]] = []
-        self.samples_made = 0
-        self.frames_base: int | None = None  # the sink's audible_frames_sent when this turn first wrote
+        self.reply = ReplyProgress()
 
     @property
     def active(self) -> bool:
         return self.task is not None and not self.task.done()
 
     def cancel(self) -> None:
-        for task in (self.task, self.eot_task):
-            if task is not None and not task.done():
-                task.cancel()
-
-
-def played_text(spoken: list[tuple[int, str]], made: int, played: int) -> str:
-    """The part of a reply that was heard: whole pieces whose audio was played, and of the piece playing
-    when it stopped the share of its words its played audio covers (cut back to a whole word)."""
-    out: list[str] = []
-    for i, (start, piece) in enumerate(spoken):
-        end = spoken[i + 1][0] if i + 1 < len(spoken) else made
-        if played >= end:
-            out.append(piece)
-            continue
-        if played > start and end > start:
-            share = int(len(piece) * (played - start) / (end - start))
-            cut = piece[:share]
-            if share < len(piece) and not piece[share].isspace():
-                cut = re.sub(r"\S*$", "", cut)  # do not keep half a word
-            out.append(cut.rstrip())
-        break
-    text = ""
-    for piece in out:  # pieces may or may not carry the space between them
-        text += piece if not text or text[-1].isspace() or piece[:1].isspace() else " " + piece
-    return text.strip()
+        if self.task is not None and not self.task.done():
+            self.task.cancel()
+        if not self.heard.done():
+            self.heard.cancel()

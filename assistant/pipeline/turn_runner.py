@@ -1,42 +1,56 @@
-"""The turn runner: one turn's words to the reply's sound. ASR → responder → speech path → reply sink.
+"""The turn runner: one turn's words to the reply's sound. ASR → responder → synthesis path → reply sink.
 
 It knows nothing of voice activity: the turn-taking policy (``turn_taking.py``) starts turns, commits or drops
 them, and pauses, resumes or cancels the reply. What the runner guarantees: a turn not yet committed is
-never seen or heard (its events are held, its audio waits behind ``Turn.committed``); a failed turn says so
-(an ``error`` event and the spoken apology); and the history keeps what was really said, so a reply cut
-short enters it only as far as it was played.
+never seen or heard (its events are held, its audio waits behind ``Turn.committed``, a failure waits there
+too and is dropped with the turn if it never commits); a failed turn says so (an ``error`` event and the
+spoken apology); and the history keeps what was really said, so a reply cut short enters it only as far as
+it was played.
+
+The way out has two queues, each for its own job: the responder's text deltas (so the responder runs ahead
+of a slow voice, bounded), and synthesized audio waiting for the reply sink (so the next sentence is ready
+while this one plays, and so a speculative turn's audio is made before it is committed but written only
+after). The sink itself holds ``audio.reply_queue_ms``, which bounds barge-in. The sink reports the first
+audible frame by resolving a future (:meth:`ReplySink.expect_reply`); it never calls back up.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
+import functools
 import logging
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Iterator
 from typing import Any
 
 import numpy as np
 
-from assistant.audio import float_to_s16
+from assistant.asr.base import PassKind, Transcript
+from assistant.audio import FRAME_MS, S16_SCALE, SILENCE_PEAK_S16, float_to_s16
 from assistant.config import ChunkerConfig, LogConfig, RespondConfig, TTSConfig, TurnConfig
 from assistant.pipeline.events import EventChannel
-from assistant.pipeline.speech import ReplySink, SpeechPath, SpeechTimeout
-from assistant.pipeline.turn import StageError, Turn, TurnDeps, played_text, stage
+from assistant.pipeline.reply import ReplySink
+from assistant.pipeline.synthesis import SynthesisPath, SynthesisTimeout
+from assistant.pipeline.trace import Ending, Span
+from assistant.pipeline.turn import StageError, Turn, TurnDeps, stage
 from assistant.respond.base import ResponderError
 from assistant.respond.history import ConversationHistory
-from assistant.tts.base import TTSBusy, TTSRequest
+from assistant.tts.base import PieceByPiece, TTSBusy, TTSRequest, with_streaming
 
 log = logging.getLogger(__name__)
 
-# Text deltas waiting for the speech path inside one turn; the responder waits when TTS is this far behind.
+# Text deltas waiting for the synthesis path inside one turn; the responder waits when TTS is this far behind.
 TTS_TEXT_QUEUE = 64
 # PCM chunks synthesized ahead of playout (a Piper sentence or a CosyVoice hop each): enough that the
 # next sentence is ready before the current one ends, bounded so a cancelled turn wastes little work.
 PCM_AHEAD_CHUNKS = 8
 # The spoken apology after a failed turn must not itself hang the session.
 APOLOGY_TIMEOUT_S = 10.0
-FRAME_MS = 20  # the reply sink's frames
+# Of a reply's leading silence (turn.trim_reply_silence), this much is kept before its first audible sample:
+# the voice's own onset ramp, so the cut is never heard.
+LEAD_IN_MS = 10
 
 
 class TurnRunner:
@@ -55,36 +69,48 @@ class TurnRunner:
         self.respond_cfg, self.debug_content = respond, logs.debug_content
         self.deps, self.sink, self.events, self.session_id = deps, sink, events, session_id
         self.history = ConversationHistory(respond.history_turns)
-        speech = SpeechPath(deps.tts, sink.sample_rate, timeout_s=tts.timeout_s, chunker=chunker)
-        self.voice = SessionVoice(speech, TTSRequest(text="", voice=deps.voice, language=tts.language or None),
-                                  turn.error_message, sink, session_id)
+        if isinstance(with_streaming(deps.tts), PieceByPiece):
+            # An engine that speaks a piece only once it has all of it: the reply's first piece as short as a
+            # clause allows, since the listener waits for it (a streaming engine starts on any text anyway).
+            chunker = dataclasses.replace(chunker, first_min_chars=chunker.reply_first_min_chars)
+        self.synthesis = SynthesisPath(deps.tts, sink.sample_rate, timeout_s=tts.timeout_s, chunker=chunker)
+        self.request = TTSRequest(text="", voice=deps.voice, language=tts.language or None)
+        self.apology = turn.error_message.strip()
+        self.trim_silence = turn.trim_reply_silence
         self.turns = 0
         self.current: Turn | None = None  # the committed turn (preparing or speaking)
         self.paused = False  # its reply is held while the user makes a sound over it
         self.last_activity_wall = time.time()  # the latest reply (the policy adds speech starts)
-        sink.on_first_audible = self._on_first_audible
 
     # --- the policy's handles ------------------------------------------------------------------------
     def start(self, audio: np.ndarray, audio_end: int, *, speculative: bool, heard: str | None = None) -> Turn:
-        """Start a turn on ``audio``; a speculative one is numbered, seen and heard only once committed."""
+        """Start a turn on ``audio`` (``heard``: its words are known, no ASR); a speculative one is numbered,
+        seen and heard only once committed."""
         number = self.turns + 1 if speculative else self._next_number()
         turn = Turn(number, audio, audio_end, self.sink.generation, speculative)
-        turn.heard = heard
         turn.task = asyncio.get_running_loop().create_task(
-            self._run(turn), name=f"turn-{self.session_id}-{number}{'-spec' if speculative else ''}"
+            self._run(turn, heard), name=f"turn-{self.session_id}-{number}{'-spec' if speculative else ''}"
         )
         return turn
 
-    def commit(self, turn: Turn) -> None:
+    def commit(self, turn: Turn, ending: Ending) -> None:
         """The turn is the user's: it becomes the current one, its held events go out, its audio may play."""
         if turn.speculative:
             turn.number = turn.trace.turn = self._next_number()
+        turn.trace.ending = ending
+        turn.trace.mark("speech_end", ending.speech_end)
+        turn.trace.mark("vad_end", ending.decided)
         self.current = turn
         turn.committed.set()
-        self.sink.expect_reply()
+        self.sink.expect_reply().add_done_callback(functools.partial(self._on_first_audible, turn))
         for kind, fields in turn.held_events:
             self.events.emit(kind, **{**fields, "turn": turn.number})
         turn.held_events.clear()
+
+    def discard(self, turn: Turn) -> None:
+        """Cancel a turn that will never be committed (a speculation the user talked over): nothing of it,
+        not even a failure, reaches the user."""
+        turn.cancel()
 
     @property
     def busy(self) -> bool:
@@ -92,7 +118,7 @@ class TurnRunner:
 
     @property
     def speaking(self) -> bool:
-        return self.busy and self.current is not None and self.current.speaking
+        return self.busy and self.current is not None and self.current.reply.speaking
 
     def drop(self) -> np.ndarray | None:
         """Drop the current turn before its reply was heard (the user was not done); returns its audio."""
@@ -132,7 +158,7 @@ class TurnRunner:
         turn = self.current
         if turn is None or not turn.active:
             return
-        heard = self._played(turn)  # before the sink drops what is queued
+        heard = turn.reply.heard(self.sink)  # before the sink drops what is queued
         turn.cancel()
         self.current = None
         was_paused, self.paused = self.paused, False
@@ -145,27 +171,22 @@ class TurnRunner:
                 self.deps.on_interrupted()
         log.info(
             "turn_interrupted session=%s turn=%d reason=%s dropped_ms=%d heard_chars=%d/%d",
-            self.session_id, turn.number, reason, dropped * FRAME_MS, len(heard), len(turn.reply),
+            self.session_id, turn.number, reason, dropped * FRAME_MS, len(heard), len(turn.reply.text),
         )
 
     async def close(self, *extra: Turn | None) -> None:
-        tasks = [t.task for t in (self.current, *extra) if t is not None and t.task is not None]
+        turns = [t for t in (self.current, *extra) if t is not None]
         self.current = None
-        for task in tasks:
-            task.cancel()
-        for task in tasks:
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await task
+        for turn in turns:
+            turn.cancel()
+        for turn in turns:
+            if turn.task is not None:
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await turn.task
 
     def _next_number(self) -> int:
         self.turns += 1
         return self.turns
-
-    def _played(self, turn: Turn) -> str:
-        if turn.frames_base is None:
-            return ""
-        frames = self.sink.audible_frames_sent - turn.frames_base
-        return played_text(turn.spoken, turn.samples_made, frames * self.sink.sample_rate * FRAME_MS // 1000)
 
     def _emit(self, turn: Turn, kind: str, **fields: Any) -> None:
         if turn.committed.is_set():
@@ -174,14 +195,14 @@ class TurnRunner:
             turn.held_events.append((kind, fields))
 
     # --- one turn ------------------------------------------------------------------------------------
-    async def _run(self, turn: Turn) -> None:
+    async def _run(self, turn: Turn, given: str | None) -> None:
         trace = turn.trace
         try:
-            if turn.heard is None:
-                transcript = await stage("asr", "I could not make that out", self.deps.asr.transcribe(turn.audio))
-                turn.heard = transcript.text.strip()
+            text = given if given is not None else await self._transcribe(turn)
+            if not turn.heard.done():
+                turn.heard.set_result(Transcript(text=text))
             trace.mark("asr_done")
-            text = turn.transcript = turn.heard
+            turn.transcript = text
             self._emit(turn, "transcript", final=True, text=text)
             if not text:
                 log.info("turn_empty session=%s turn=%d", self.session_id, turn.number)
@@ -191,16 +212,18 @@ class TurnRunner:
             deltas: asyncio.Queue[str | None] = asyncio.Queue(maxsize=TTS_TEXT_QUEUE)
             await _side_by_side(self._respond(turn, text, deltas), self._speak(turn, deltas))
             await turn.committed.wait()
-            self.history.add_turn(text, turn.reply)
+            self.history.add_turn(text, turn.reply.text)
         except asyncio.CancelledError:
             raise
         except Exception as exc:
             error = exc if isinstance(exc, StageError) else StageError("turn", "the reply failed", exc)
             turn.failed = error.stage
-            await turn.committed.wait()
+            if not turn.heard.done():
+                turn.heard.set_result(None)
+            await turn.committed.wait()  # a speculative turn that is never committed ends here, unseen
             self._failed(turn, error)
             if error.stage != "tts":
-                await self.voice.apologize(turn.gen)
+                await self._apologize(turn.gen)
         finally:
             if turn.committed.is_set():
                 self.last_activity_wall = time.time()
@@ -210,6 +233,20 @@ class TurnRunner:
                 if self.deps.on_turn_done is not None:
                     self.deps.on_turn_done(trace)
 
+    async def _transcribe(self, turn: Turn) -> str:
+        """The turn's ASR pass; its span goes into the trace and its answer to ``turn.heard`` at once."""
+        asked = time.time()
+        kind = PassKind.SPECULATIVE if turn.speculative and not turn.committed.is_set() else PassKind.FINAL
+        result = await stage(
+            "asr", "I could not make that out",
+            self.deps.asr.transcribe(turn.audio, session=self.session_id, kind=kind),
+        )
+        t = result.timing
+        turn.trace.asr = Span(t.asked, t.started, t.done) if t is not None else Span(asked, asked, time.time())
+        if not turn.heard.done():
+            turn.heard.set_result(result)
+        return result.text.strip()
+
     async def _respond(self, turn: Turn, text: str, deltas: asyncio.Queue[str | None]) -> None:
         """The responder's deltas into ``deltas`` (bounded: the responder waits when TTS is behind)."""
         try:
@@ -218,8 +255,8 @@ class TurnRunner:
                     if not delta:
                         continue
                     turn.trace.mark("first_text")
-                    turn.reply += delta
-                    self._emit(turn, "reply_text", delta=delta, text=turn.reply)
+                    turn.reply.text += delta
+                    self._emit(turn, "reply_text", delta=delta, text=turn.reply.text)
                     await deltas.put(delta)
         except ResponderError as exc:
             raise StageError("responder", str(exc), exc) from exc
@@ -232,12 +269,14 @@ class TurnRunner:
         await deltas.put(None)
 
     async def _speak(self, turn: Turn, deltas: asyncio.Queue[str | None]) -> None:
-        """The reply's text through the speech path into a PCM queue, while a writer feeds the sink.
+        """The reply's text through the synthesis path into a PCM queue, while a writer feeds the sink.
 
         Synthesis runs ahead of playout (``PCM_AHEAD_CHUNKS``), so the next sentence is ready before the
         current one ends. The writer starts only once the turn is committed: nothing speculative is heard.
-        Each piece's place in the audio is kept (``Turn.spoken``), to cut the text where playback stopped.
+        Each piece's place in the audio is kept (``ReplyProgress.spoken``), to cut the text where playback
+        stopped.
         """
+        reply = turn.reply
         pcm_q: asyncio.Queue[np.ndarray | None] = asyncio.Queue(maxsize=PCM_AHEAD_CHUNKS)
 
         async def text() -> AsyncIterator[str]:
@@ -246,32 +285,38 @@ class TurnRunner:
 
         def on_piece(piece: str) -> None:
             turn.trace.mark("first_tts_text")
-            turn.spoken.append((turn.samples_made, piece))
+            reply.spoken.append((reply.samples_made, piece))
 
         async def synthesize() -> None:
-            async for out in self.voice.speak(text(), on_piece):
-                turn.trace.mark("first_audio")
-                turn.samples_made += len(out)
-                await pcm_q.put(out)
+            onset = not self.trim_silence
+            with _tts_stage():
+                async for out in self.synthesis.speak(text(), self.request, on_piece=on_piece):
+                    if not onset:  # the reply starts where its voice does: leading silence is only delay
+                        out, onset = _from_onset(out, self.sink.sample_rate * LEAD_IN_MS // 1000)
+                        if not out.size:
+                            continue
+                    turn.trace.mark("first_audio")
+                    reply.samples_made += len(out)
+                    await pcm_q.put(out)
             await pcm_q.put(None)  # only on success (see _respond)
 
         async def write() -> None:
             await turn.committed.wait()
             while (out := await pcm_q.get()) is not None:
-                if turn.frames_base is None:
-                    turn.frames_base = self.sink.audible_frames_sent
+                if reply.frames_base is None:
+                    reply.frames_base = self.sink.audible_frames_sent
                 if not await self.sink.write(float_to_s16(out), turn.gen):
                     return
             await self.sink.flush(turn.gen)
 
         await _side_by_side(synthesize(), write())
 
-    def _on_first_audible(self, at: float) -> None:
-        turn = self.current
-        if turn is None or turn.trace.has("first_frame_sent"):
+    def _on_first_audible(self, turn: Turn, audible: asyncio.Future[float]) -> None:
+        """The sink handed the first audible frame of this turn's reply (or apology) to the listener."""
+        if audible.cancelled() or turn.trace.has("first_frame_sent"):
             return
-        turn.trace.mark("first_frame_sent", at)
-        turn.speaking = True
+        turn.trace.mark("first_frame_sent", audible.result())
+        turn.reply.speaking = True
         self.events.emit("reply_audio_start", turn=turn.number)
         self.events.emit("turn_metrics", speculative=turn.speculative, **turn.trace.as_event())
 
@@ -289,49 +334,53 @@ class TurnRunner:
         if self.deps.on_error is not None:
             self.deps.on_error(error.stage)
 
-
-class SessionVoice:
-    """The session's voice: the speech path with its failures as the ``tts`` stage's, and the apology."""
-
-    def __init__(self, speech: SpeechPath, request: TTSRequest, apology: str, sink: ReplySink, session_id: str) -> None:
-        self.speech, self.request, self.apology = speech, request, apology.strip()
-        self.sink, self.session_id = sink, session_id
-
-    async def speak(
-        self, text: str | AsyncIterator[str], on_piece: Callable[[str], None] | None = None
-    ) -> AsyncIterator[np.ndarray]:
-        try:
-            async for out in self.speech.speak(text, self.request, on_piece=on_piece):
-                yield out
-        except SpeechTimeout as exc:
-            raise StageError("tts", "the voice took too long", exc) from exc
-        except TTSBusy as exc:
-            raise StageError("tts", "busy: every synthesis place is taken; try again shortly", exc) from exc
-        except Exception as exc:
-            raise StageError("tts", "the voice failed", exc) from exc
-
-    async def apologize(self, gen: int) -> None:
+    async def _apologize(self, gen: int) -> None:
         """Say the configured error message (best effort, short time limit): a failed turn is not silent."""
         if not self.apology or gen != self.sink.generation:
             return
         try:
             async with asyncio.timeout(APOLOGY_TIMEOUT_S):
-                async for out in self.speak(self.apology):
-                    if not await self.sink.write(float_to_s16(out), gen):
-                        return
+                with _tts_stage():
+                    async for out in self.synthesis.speak(self.apology, self.request):
+                        if not await self.sink.write(float_to_s16(out), gen):
+                            return
                 await self.sink.flush(gen)
         except Exception as exc:  # the apology itself failed: the error event already told the page
             log.info("apology_failed session=%s error=%s", self.session_id, type(exc).__name__)
 
 
-async def _side_by_side(first: Any, second: Any) -> None:
+def _from_onset(pcm: np.ndarray, lead_in: int) -> tuple[np.ndarray, bool]:
+    """``pcm`` from ``lead_in`` samples before its first audible one (peak ≥ ``SILENCE_PEAK_S16``), and whether
+    it has one; all of it silent gives an empty array."""
+    loud = np.flatnonzero(np.abs(pcm) >= SILENCE_PEAK_S16 / S16_SCALE)
+    if not loud.size:
+        return pcm[:0], False
+    return pcm[max(0, int(loud[0]) - lead_in):], True
+
+
+@contextlib.contextmanager
+def _tts_stage() -> Iterator[None]:
+    """The synthesis path's failures as the ``tts`` stage's, with a message the user may hear."""
+    try:
+        yield
+    except (asyncio.CancelledError, StageError):
+        raise
+    except SynthesisTimeout as exc:
+        raise StageError("tts", "the voice took too long", exc) from exc
+    except TTSBusy as exc:
+        raise StageError("tts", "busy: every synthesis place is taken; try again shortly", exc) from exc
+    except Exception as exc:
+        raise StageError("tts", "the voice failed", exc) from exc
+
+
+async def _side_by_side(first: Awaitable[None], second: Awaitable[None]) -> None:
     """Run two coroutines together; the first failure cancels the other and is raised."""
     tasks = [asyncio.ensure_future(first), asyncio.ensure_future(second)]
     try:
         done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
         for t in done:
-            if t.exception() is not None:
-                raise t.exception()  # type: ignore[misc]
+            if (exc := t.exception()) is not None:
+                raise exc
         await asyncio.gather(*tasks)
     finally:
         for t in tasks:

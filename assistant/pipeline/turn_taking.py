@@ -3,9 +3,12 @@
 It hears the VAD's events on the session's sample clock and tells the turn runner what to do:
 
 - **speculation** (``turn.speculative``): on a pause of ``speculative_pause_ms`` a turn starts on the audio so
-  far, unseen and unheard until committed; if the user goes on it is dropped without a trace;
+  far, unseen and unheard until committed; if the user goes on it is dropped without a trace (a failure
+  included);
 - **end of turn**: at that pause the transcript rule and the audio end-of-turn model are weighed
-  (``end_of_turn.weigh``): the turn ends early, or the wait grows (up to ``max_silence_ms``);
+  (``end_of_turn.weigh``): the turn ends early, or the wait grows (up to ``max_silence_ms``). The verdict is
+  taken again on every chunk of the pause and the moment each answer lands, so no time passes between the
+  last evidence and the decision;
 - **the user was not done**: speech while a committed turn is still being prepared drops it and carries
   its audio into the next utterance, so nothing said is lost;
 - **barge-in** (``turn.barge_in``): speech over the reply pauses it; if the speech was short or a few words
@@ -17,28 +20,54 @@ It hears the VAD's events on the session's sample clock and tells the turn runne
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import re
 import time
+from dataclasses import dataclass
 
 import numpy as np
 
+from assistant.asr.base import Transcript
 from assistant.audio import SPEECH_RATE, AudioChunk
 from assistant.config import ASRConfig, TurnConfig, VADConfig
 from assistant.pipeline.clock import SampleClock
-from assistant.pipeline.end_of_turn import weigh
+from assistant.pipeline.end_of_turn import TurnEnd, judge, weigh
 from assistant.pipeline.events import EventChannel
+from assistant.pipeline.trace import Ending, Span
 from assistant.pipeline.turn import Turn, TurnDeps
-from assistant.pipeline.turn_end import TurnEnd, judge
 from assistant.pipeline.turn_runner import TurnRunner
 from assistant.vad.endpoint import Endpointer, SpeechEnd, SpeechStart
 
 log = logging.getLogger(__name__)
 
 WORD = re.compile(r"[\w']+")
-FAILED = -1.0  # ``Turn.eot_prob`` when the end-of-turn model raised: its answer is not waited for
 # Short words that stop the bot rather than encourage it: never taken for a backchannel.
 STOP_WORDS = frozenset({"stop", "wait", "no", "pause", "quiet", "shut", "hold", "cancel", "enough", "sorry"})
+
+
+@dataclass
+class Pause:
+    """Turn-taking's evidence at one pause: the speculative turn started on it and what the transcript and the
+    end-of-turn model said. This policy is its only writer; the turn itself is the runner's (read here only
+    through its ``heard`` future)."""
+
+    turn: Turn
+    audio_end: int  # stream sample where the speech before the pause ends
+    carried: int  # samples of an earlier dropped turn's audio at the start of the turn's audio
+    asked_at: float  # wall time the evidence was asked for (the pause was long enough to speculate)
+    text: TurnEnd | None = None  # the transcript rule's answer
+    text_failed: bool = False  # the speculative ASR raised: its answer will not come
+    model_prob: float | None = None  # the end-of-turn model's answer
+    model_failed: bool = False
+    model_span: Span | None = None
+    model_task: asyncio.Task[None] | None = None
+    used_text: bool = False  # the latest verdict used the text's answer
+    used_model: bool = False  # ... and the model's
+
+    def close(self) -> None:
+        if self.model_task is not None and not self.model_task.done():
+            self.model_task.cancel()
 
 
 class TurnTaking:
@@ -57,7 +86,7 @@ class TurnTaking:
         self.endpointer, self.runner, self.deps, self.events = endpointer, runner, deps, events
         self.session_id = session_id
         self.clock = SampleClock()
-        self.spec: Turn | None = None  # a speculative turn started on the current pause
+        self.pause: Pause | None = None  # the evidence at the current pause (its speculative turn)
         self._carry = np.zeros(0, dtype=np.float32)  # audio of a dropped turn, for the next utterance
         self._barge_in_at: int | None = None  # stream sample at which pending speech may interrupt
         self._check: asyncio.Task[None] | None = None  # is the sound over the reply a backchannel?
@@ -90,33 +119,43 @@ class TurnTaking:
         """Per chunk while the user talks: partial transcripts, speculation, the end of turn."""
         cfg = self.cfg
         pause_ms = self.endpointer.silence_samples * 1000 // SPEECH_RATE
-        spec = self.spec
         if pause_ms == 0:
-            if spec is not None:  # the user went on: the pause was not the end
+            if self.pause is not None:  # the user went on: the pause was not the end
                 self._drop_speculation("resumed")
             self.endpointer.set_end_silence(None)
             self._maybe_partial()
             return
-        if spec is None:
+        if self.pause is None:
             if cfg.speculative and pause_ms >= cfg.speculative_pause_ms and not self.runner.busy:
                 self._start_speculation()
             return
-        text: TurnEnd | None = None
-        if cfg.smart_endpoint and spec.transcript is not None:
-            if spec.verdict is None:  # judged once per speculation, not on every chunk of the pause
-                spec.verdict = judge(spec.transcript)
-            text = spec.verdict
-        use_text = cfg.smart_endpoint and (spec.transcript is not None or spec.failed is None)  # ASR may fail
-        use_audio = cfg.end_of_turn_model and self.deps.end_of_turn is not None and spec.eot_prob != FAILED
-        verdict = weigh(cfg, text, spec.eot_prob, use_text=use_text, use_audio=use_audio)
+        self._decide()
+
+    def _decide(self) -> None:
+        """Weigh the evidence at the current pause: end the turn now, or set how much silence will end it.
+        Called on every chunk of the pause and as soon as an answer lands."""
+        pause, cfg = self.pause, self.cfg
+        if pause is None or not self.endpointer.speaking or self.endpointer.silence_samples == 0:
+            return
+        pause_ms = self.endpointer.silence_samples * 1000 // SPEECH_RATE
+        use_text = cfg.smart_endpoint and not pause.text_failed
+        # A transcript asked for but failed: the model alone does not end the turn (end_of_turn.py).
+        use_audio = (cfg.end_of_turn_model and self.deps.end_of_turn is not None and not pause.model_failed
+                     and not (cfg.smart_endpoint and pause.text_failed))
+        verdict = weigh(cfg, pause.text, pause.model_prob, use_text=use_text, use_audio=use_audio)
+        pause.used_text = use_text and pause.text is not None
+        pause.used_model = use_audio and pause.model_prob is not None
         end_ms = verdict.end_silence_ms
         if verdict.pending and cfg.wait_for_evidence:  # hold the turn open until the evidence is in
             end_ms = cfg.max_silence_ms
         if verdict.commit or (end_ms is not None and end_ms <= self.end_silence_ms and pause_ms >= end_ms):
             reason = "complete_sentence" if verdict.reason == "text_complete" else "end_of_turn"
+            # The silence the verdict needed: none beyond the pause that asked for the evidence, or end_ms.
+            silence_met = (pause.asked_at if verdict.commit or end_ms is None
+                           else self.clock.wall_time(self.endpointer.utterance_end + end_ms * SPEECH_RATE // 1000))
             ev = self.endpointer.force_end(reason)
             if ev is not None:
-                self._on_speech_end(ev)
+                self._on_speech_end(ev, silence_met=min(silence_met, time.time()))
         else:
             self.endpointer.set_end_silence(end_ms if end_ms is not None and end_ms > self.end_silence_ms else None)
 
@@ -154,7 +193,12 @@ class TurnTaking:
         else:
             self.runner.interrupt("barge_in")
 
-    def _on_speech_end(self, ev: SpeechEnd) -> None:
+    def _on_speech_end(self, ev: SpeechEnd, silence_met: float | None = None) -> None:
+        """The utterance is over (by silence, by the evidence, or cut): commit its turn.
+
+        ``silence_met``: when the silence the deciding verdict needed had passed (default: now, the
+        endpointer's own silence decided)."""
+        decided = time.time()
         speech_end = self.clock.wall_time(ev.speech_end)
         self.events.emit(
             "speech_end",
@@ -162,7 +206,7 @@ class TurnTaking:
             at_ms=round(speech_end * 1000, 1),
             # How long ago the speech ended, by the server's clock: the page finds the same moment on its
             # own clock (its last loud mic sample before event arrival − ago_ms) without sharing clocks.
-            ago_ms=round(max(0.0, time.time() - speech_end) * 1000, 1),
+            ago_ms=round(max(0.0, decided - speech_end) * 1000, 1),
             duration_ms=round(len(ev.audio) * 1000 / SPEECH_RATE, 1),
             reason=ev.reason,
         )
@@ -178,26 +222,30 @@ class TurnTaking:
                 self._check = asyncio.get_running_loop().create_task(self._backchannel_or_turn(ev, speech_end))
                 return
             self.runner.interrupt("new_turn")
-        spec, self.spec = self.spec, None
-        if spec is not None and spec.audio_end == ev.sample_index and spec.carried == self._carry.size:
-            turn = spec  # the pause was the end: the speculative turn becomes the turn
+        pause, self.pause = self.pause, None
+        ending = Ending(speech_end=speech_end, decided=decided, silence_met=silence_met or decided, reason=ev.reason)
+        if pause is not None and pause.audio_end == ev.sample_index and pause.carried == self._carry.size:
+            turn = pause.turn  # the pause was the end: the speculative turn becomes the turn
             self.speculations["committed"] += 1
+            pause.close()
+            ending = Ending(speech_end=speech_end, decided=decided, silence_met=ending.silence_met,
+                            text=pause.used_text, model=pause.model_span if pause.used_model else None,
+                            reason=ev.reason)
         else:
-            if spec is not None:
-                self._drop_speculation("changed", spec)
+            if pause is not None:
+                self.pause = pause
+                self._drop_speculation("changed")
             audio = np.concatenate([self._carry, ev.audio]) if self._carry.size else ev.audio
             turn = self.runner.start(audio, ev.sample_index, speculative=False)
         self._carry = np.zeros(0, dtype=np.float32)
-        turn.trace.mark("speech_end", speech_end)
-        turn.trace.mark("vad_end")
-        self.runner.commit(turn)
+        self.runner.commit(turn, ending)
 
     async def _backchannel_or_turn(self, ev: SpeechEnd, speech_end: float) -> None:
         """Speech over the (paused) reply has ended: resume the reply after a backchannel, else cancel it
         and make the speech the next turn (its transcript is reused)."""
         vad_end = time.time()
         try:
-            text = (await self.deps.asr.transcribe(ev.audio)).text.strip()
+            text = (await self.deps.asr.transcribe(ev.audio, session=self.session_id)).text.strip()
         except Exception as exc:  # cannot tell what was said: the length decides
             log.info("backchannel_asr_failed session=%s error=%s", self.session_id, type(exc).__name__)
             text = None
@@ -213,9 +261,7 @@ class TurnTaking:
         audio = np.concatenate([self._carry, ev.audio]) if self._carry.size else ev.audio
         self._carry = np.zeros(0, dtype=np.float32)
         turn = self.runner.start(audio, ev.sample_index, speculative=False, heard=text)
-        turn.trace.mark("speech_end", speech_end)
-        turn.trace.mark("vad_end", vad_end)
-        self.runner.commit(turn)
+        self.runner.commit(turn, Ending(speech_end=speech_end, decided=vad_end, silence_met=vad_end, reason=ev.reason))
 
     # --- speculation and the end-of-turn model -------------------------------------------------------
     def _start_speculation(self) -> None:
@@ -223,28 +269,44 @@ class TurnTaking:
         if utterance is None or not utterance.size:
             return
         audio = np.concatenate([self._carry, utterance]) if self._carry.size else utterance
-        spec = self.spec = self.runner.start(audio, self.endpointer.utterance_end, speculative=True)
-        spec.carried = self._carry.size
+        turn = self.runner.start(audio, self.endpointer.utterance_end, speculative=True)
+        pause = self.pause = Pause(turn, self.endpointer.utterance_end, self._carry.size, time.time())
         self.speculations["started"] += 1
+        turn.heard.add_done_callback(functools.partial(self._on_transcript, pause))
         if self.cfg.end_of_turn_model and self.deps.end_of_turn is not None:
-            spec.eot_task = asyncio.get_running_loop().create_task(self._hear_end_of_turn(spec, audio))
+            pause.model_task = asyncio.get_running_loop().create_task(self._hear_end_of_turn(pause, audio))
 
-    async def _hear_end_of_turn(self, spec: Turn, audio: np.ndarray) -> None:
+    def _on_transcript(self, pause: Pause, heard: asyncio.Future[Transcript | None]) -> None:
+        """The speculative turn's ASR answered: judge the text once, and decide at once."""
+        if heard.cancelled() or pause is not self.pause:
+            return
+        result = heard.result()
+        if result is None:
+            pause.text_failed = True
+        elif self.cfg.smart_endpoint:
+            pause.text = judge(result.text.strip())
+        self._decide()
+
+    async def _hear_end_of_turn(self, pause: Pause, audio: np.ndarray) -> None:
         """Ask the audio end-of-turn model about this pause; a failure leaves the decision to the rest."""
+        assert self.deps.end_of_turn is not None
+        asked = time.time()
         try:
-            spec.eot_prob = await self.deps.end_of_turn.probability(audio)
+            prob = await self.deps.end_of_turn.probability(audio)
         except Exception as exc:
             log.warning("end_of_turn_failed session=%s error=%s", self.session_id, type(exc).__name__)
-            spec.eot_prob = FAILED
-            return
-        log.debug("end_of_turn session=%s prob=%.3f", self.session_id, spec.eot_prob)
+            pause.model_failed = True
+        else:
+            log.debug("end_of_turn session=%s prob=%.3f", self.session_id, prob)
+            pause.model_prob, pause.model_span = prob, Span(asked, asked, time.time())
+        if pause is self.pause:
+            self._decide()
 
-    def _drop_speculation(self, reason: str, spec: Turn | None = None) -> None:
-        spec = spec or self.spec
-        if spec is self.spec:
-            self.spec = None
-        if spec is not None:
-            spec.cancel()
+    def _drop_speculation(self, reason: str) -> None:
+        pause, self.pause = self.pause, None
+        if pause is not None:
+            pause.close()
+            self.runner.discard(pause.turn)
             self.speculations["dropped"] += 1
             log.debug("speculation_dropped session=%s reason=%s", self.session_id, reason)
 
@@ -262,7 +324,7 @@ class TurnTaking:
 
     async def _run_partial(self, audio: np.ndarray) -> None:
         try:
-            result = await self.deps.asr.transcribe_partial(audio)
+            result = await self.deps.asr.transcribe_partial(audio, session=self.session_id)
         except Exception as exc:  # a partial is a nicety: never let it hurt the turn
             log.debug("partial_failed session=%s error=%s", self.session_id, type(exc).__name__)
             return
@@ -282,8 +344,10 @@ class TurnTaking:
         for task in (self._partial, self._check):
             if task is not None and not task.done():
                 task.cancel()
-        spec, self.spec = self.spec, None
-        await self.runner.close(spec)
+        pause, self.pause = self.pause, None
+        if pause is not None:
+            pause.close()
+        await self.runner.close(pause.turn if pause is not None else None)
 
 
 def _common_prefix(a: str, b: str) -> str:

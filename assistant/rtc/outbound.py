@@ -12,21 +12,16 @@ import asyncio
 import logging
 import time
 from collections import deque
-from collections.abc import Callable
 
 import av
 import numpy as np
 from aiortc.mediastreams import MediaStreamError, MediaStreamTrack
 
+from assistant.audio import FRAME_MS, FRAME_SAMPLES, SILENCE_PEAK_S16, WEBRTC_RATE
 from assistant.rtc.pacing import FramePacer, s16_mono_frame
 
 log = logging.getLogger(__name__)
 
-OUT_SAMPLE_RATE = 48_000
-FRAME_MS = 20
-FRAME_SAMPLES = OUT_SAMPLE_RATE * FRAME_MS // 1000  # 960
-# A frame whose peak is below this (s16) counts as silence for "first audible frame" marks (≈ −60 dBFS).
-SILENCE_PEAK_S16 = 32
 # A reply track this far behind its clock jumps ahead instead of sending the backlog in a burst.
 RESYNC_AFTER_S = 0.2
 
@@ -35,21 +30,20 @@ class ReplyTrack(MediaStreamTrack):
     """The bot's voice: the pipeline's reply sink (``pipeline/speech.ReplySink``) as an aiortc track."""
 
     kind = "audio"
-    sample_rate = OUT_SAMPLE_RATE
+    sample_rate = WEBRTC_RATE
 
-    def __init__(self, queue_ms: int = 60, on_first_audible: Callable[[float], None] | None = None) -> None:
+    def __init__(self, queue_ms: int = 60) -> None:
         super().__init__()
         self._max_frames = max(1, queue_ms // FRAME_MS)
         self._frames: deque[np.ndarray] = deque()
         self._partial = np.zeros(0, dtype=np.int16)
         self._space = asyncio.Event()
         self._space.set()
-        self._pacer = FramePacer(OUT_SAMPLE_RATE)
+        self._pacer = FramePacer(WEBRTC_RATE)
         self._pts = 0
         self._generation = 0  # bumped by interrupt(); writers of an older generation stop
         self._silence = np.zeros(FRAME_SAMPLES, dtype=np.int16)
-        self.on_first_audible = on_first_audible
-        self._await_audible = False
+        self._first_audible: asyncio.Future[float] | None = None  # armed by expect_reply()
         self._paused = False  # held by pause(): idle silence goes out, the queue waits
         self.frames_sent = 0
         self.audible_frames_sent = 0  # reply frames (queued audio, not idle silence) handed to the peer
@@ -60,9 +54,20 @@ class ReplyTrack(MediaStreamTrack):
     def generation(self) -> int:
         return self._generation
 
-    def expect_reply(self) -> None:
-        """Arm the ``on_first_audible`` callback for the next audible frame."""
-        self._await_audible = True
+    def expect_reply(self) -> asyncio.Future[float]:
+        """A future that the next audible frame handed to the peer resolves with its wall time (``time.time()``).
+
+        The track only sets the result; whoever waits on it (the turn runner) does the rest on its own time.
+        Arming again, or :meth:`interrupt`, cancels the future armed before.
+        """
+        self._disarm()
+        self._first_audible = asyncio.get_running_loop().create_future()
+        return self._first_audible
+
+    def _disarm(self) -> None:
+        if self._first_audible is not None and not self._first_audible.done():
+            self._first_audible.cancel()
+        self._first_audible = None
 
     async def write(self, pcm: np.ndarray, generation: int | None = None) -> bool:
         """Queue 48 kHz mono int16 samples; waits while the queue is full.
@@ -112,7 +117,7 @@ class ReplyTrack(MediaStreamTrack):
         self._frames.clear()
         self._partial = np.zeros(0, dtype=np.int16)
         self._generation += 1
-        self._await_audible = False
+        self._disarm()
         self._space.set()
         return dropped
 
@@ -127,27 +132,28 @@ class ReplyTrack(MediaStreamTrack):
         late = await self._pacer.wait(self._pts)
         if late > RESYNC_AFTER_S:
             # The loop stalled (GC, a slow callback): skip ahead rather than bursting frames.
-            skipped = int(late * OUT_SAMPLE_RATE) // FRAME_SAMPLES * FRAME_SAMPLES
+            skipped = int(late * WEBRTC_RATE) // FRAME_SAMPLES * FRAME_SAMPLES
             self._pts += skipped
-            log.debug("reply_track_resync skipped_ms=%d", skipped * 1000 // OUT_SAMPLE_RATE)
+            log.debug("reply_track_resync skipped_ms=%d", skipped * 1000 // WEBRTC_RATE)
         if self._frames and not self._paused:
             samples = self._frames.popleft()
             self._space.set()
             if int(np.abs(samples).max()) > SILENCE_PEAK_S16:
                 self.last_audible_sent_at = time.time()
-                if self._await_audible:
-                    self._await_audible = False
-                    if self.on_first_audible is not None:
-                        self.on_first_audible(self.last_audible_sent_at)
+                if self._first_audible is not None:
+                    if not self._first_audible.done():
+                        self._first_audible.set_result(self.last_audible_sent_at)
+                    self._first_audible = None
             self.audible_frames_sent += 1
         else:
             samples = self._silence
-        frame = s16_mono_frame(samples, OUT_SAMPLE_RATE, self._pts)
+        frame = s16_mono_frame(samples, WEBRTC_RATE, self._pts)
         self._pts += FRAME_SAMPLES
         self.frames_sent += 1
         return frame
 
     def stop(self) -> None:
         super().stop()
+        self._disarm()
         self._frames.clear()
         self._space.set()

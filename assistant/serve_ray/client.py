@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import time
 from collections import OrderedDict
@@ -35,7 +36,7 @@ import numpy as np
 from ray import serve
 from ray.serve.exceptions import BackPressureError
 
-from assistant.asr.base import Transcript
+from assistant.asr.base import PassKind, PassTiming, Transcript
 from assistant.config import Config
 from assistant.serve_ray.app import (
     ASR_DEPLOYMENT,
@@ -185,8 +186,10 @@ class RemoteASR:
     def busy(self) -> bool:
         return self._in_flight >= self.workers
 
-    async def transcribe(self, audio: np.ndarray, *, language: str | None = None,
-                         prompt: str | None = None) -> Transcript:
+    async def transcribe(self, audio: np.ndarray, *, language: str | None = None, prompt: str | None = None,
+                         session: str = "", kind: PassKind = PassKind.FINAL) -> Transcript:
+        """A transcription on a replica (``session`` and ``kind`` are this gateway's to weigh: Serve queues
+        calls in order)."""
         called = time.time()
         response = self._handle.transcribe.remote(np.asarray(audio, dtype=np.float32), language, prompt)
         self._in_flight += 1
@@ -200,16 +203,17 @@ class RemoteASR:
             raise RuntimeError("every ASR replica is full; the turn is dropped") from exc
         finally:
             self._in_flight -= 1
+        now = time.time()
         if self.on_hop is not None:
-            self.on_hop("asr", (arrived - called) + (time.time() - done))
+            self.on_hop("asr", (arrived - called) + (now - done))
             self.on_hop("asr_wait", waited)
-        return result
+        return dataclasses.replace(result, timing=PassTiming(called, max(called, arrived + waited), now))
 
     async def transcribe_partial(self, audio: np.ndarray, *, language: str | None = None,
-                                 prompt: str | None = None) -> Transcript | None:
+                                 prompt: str | None = None, session: str = "") -> Transcript | None:
         if self.busy:
             return None
-        return await self.transcribe(audio, language=language, prompt=prompt)
+        return await self.transcribe(audio, language=language, prompt=prompt, session=session, kind=PassKind.PARTIAL)
 
     async def warmup(self) -> None:
         """The replicas warmed themselves up when they started."""

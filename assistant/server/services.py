@@ -99,7 +99,7 @@ class Services:
         if self.vad_model is None:
             self.vad_model = await timed("vad", asyncio.to_thread(SileroModel))
         if self.end_of_turn is None:
-            from assistant.vad.smart_turn import SmartTurnBatcher, SmartTurnModel
+            from assistant.vad.end_of_turn import SmartTurnBatcher, SmartTurnModel
 
             model = await timed("end_of_turn", asyncio.to_thread(SmartTurnModel))
             self.end_of_turn = SmartTurnBatcher(model)

@@ -22,7 +22,7 @@ from assistant.audio import AudioChunk
 from assistant.config import Config
 from assistant.pipeline.conversation import Conversation, TurnDeps
 from assistant.pipeline.events import EventChannel
-from assistant.pipeline.speech import ReplySink
+from assistant.pipeline.reply import ReplySink
 from assistant.respond.base import Responder
 from assistant.rtc.inbound import read_track
 from assistant.rtc.jitter import AdaptiveReceiveBuffer

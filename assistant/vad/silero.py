@@ -13,12 +13,11 @@ from __future__ import annotations
 
 import importlib.util
 import logging
-import threading
 from pathlib import Path
-from typing import ClassVar
 
 import numpy as np
-import onnxruntime as ort
+
+from assistant.vad.onnx import SharedModel, cpu_session
 
 log = logging.getLogger(__name__)
 
@@ -47,33 +46,17 @@ def find_model_path() -> Path:
     return path
 
 
-class SileroModel:
-    """One onnxruntime session, shared by every session's ``SileroStream`` (``InferenceSession.run`` is
-    thread-safe). Use ``SileroModel.shared()`` to get the process-wide instance."""
-
-    _shared: ClassVar[SileroModel | None] = None
-    _shared_lock: ClassVar[threading.Lock] = threading.Lock()
+class SileroModel(SharedModel):
+    """One onnxruntime session, shared by every session's ``SileroStream``. Use ``SileroModel.shared()`` to get
+    the process-wide instance (``vad/onnx.py``)."""
 
     def __init__(self, path: str | Path | None = None) -> None:
         self.path = Path(path) if path else find_model_path()
-        opts = ort.SessionOptions()
-        opts.intra_op_num_threads = INTRA_OP_THREADS
-        opts.inter_op_num_threads = 1
-        opts.log_severity_level = 3  # errors only: the shipped graph triggers harmless init warnings
-        self.session = ort.InferenceSession(
-            str(self.path), sess_options=opts, providers=["CPUExecutionProvider"]
-        )
+        self.session = cpu_session(self.path, INTRA_OP_THREADS)
         names = {i.name for i in self.session.get_inputs()}
         if names != {"input", "h", "c"}:
             raise RuntimeError(f"unexpected Silero ONNX inputs {sorted(names)} in {self.path}")
         log.info("vad.model_loaded path=%s", self.path)
-
-    @classmethod
-    def shared(cls) -> SileroModel:
-        with cls._shared_lock:
-            if cls._shared is None:
-                cls._shared = cls()
-            return cls._shared
 
     def run(self, x: np.ndarray, state: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """x (windows, CONTEXT_SAMPLES + WINDOW_SAMPLES) of one stream, in order; state (2, 1, 128) (h, c)

@@ -39,7 +39,7 @@ from typing import Any
 import numpy as np
 
 from assistant.audio import SPEECH_RATE, AudioChunk
-from assistant.pipeline.turn import played_text
+from assistant.pipeline.reply import played_text
 from assistant.server.realtime.formats import FormatError, InputDecoder, OutputEncoder, decode_clip
 from assistant.server.realtime.items import Item, ItemError, Items, new_id, parse_item
 from assistant.server.realtime.responder import RealtimeResponder, ReplyContext

@@ -1,6 +1,6 @@
 """The reply sink of a session without a peer (the Realtime API's WebSocket): audio goes out as events.
 
-It is the pipeline's :class:`~assistant.pipeline.speech.ReplySink`, as ``rtc/outbound.ReplyTrack`` is for a peer,
+It is the pipeline's :class:`~assistant.pipeline.reply.ReplySink`, as ``rtc/outbound.ReplyTrack`` is for a peer,
 so a WebSocket session's turns run exactly as a peer's do. The difference is who plays the audio: the client,
 from a buffer of its own. The sink sends each chunk as soon as it is made, but never more than ``lead_ms``
 ahead of where the client's playout is by the server's clock (playout starts when the first chunk of a run
@@ -34,10 +34,9 @@ class StreamSink:
     def __init__(self, lead_ms: int, send_audio: Callable[[np.ndarray], None] | None = None) -> None:
         self.lead = max(PIECE, lead_ms * SAMPLE_RATE // 1000)
         self.send_audio = send_audio
-        self.on_first_audible: Callable[[float], None] | None = None
+        self._first_audible: asyncio.Future[float] | None = None  # armed by expect_reply()
         self.discard = False  # text-only output: the reply is made (and timed) but its audio is not sent
         self._generation = 0
-        self._await_audible = False
         self._paused = False
         self._stopped = False
         self._run_start: float | None = None  # when the client's playout of the current run began
@@ -70,8 +69,16 @@ class StreamSink:
     def generation(self) -> int:
         return self._generation
 
-    def expect_reply(self) -> None:
-        self._await_audible = True
+    def expect_reply(self) -> asyncio.Future[float]:
+        """A future the next audible piece sent resolves with its wall time (arming again cancels the last)."""
+        self._disarm()
+        self._first_audible = asyncio.get_running_loop().create_future()
+        return self._first_audible
+
+    def _disarm(self) -> None:
+        if self._first_audible is not None and not self._first_audible.done():
+            self._first_audible.cancel()
+        self._first_audible = None
 
     async def write(self, pcm: np.ndarray, generation: int | None = None) -> bool:
         gen = self._generation if generation is None else generation
@@ -85,10 +92,11 @@ class StreamSink:
                 if self._run_start is None:
                     self._run_start = now
                 self._run_sent += len(piece)
-            if self._await_audible and piece.size and int(np.abs(piece).max()) > SILENCE_PEAK_S16:
-                self._await_audible = False
-                if self.on_first_audible is not None:
-                    self.on_first_audible(time.time())
+            waiter = self._first_audible
+            if waiter is not None and piece.size and int(np.abs(piece).max()) > SILENCE_PEAK_S16:
+                self._first_audible = None
+                if not waiter.done():
+                    waiter.set_result(time.time())
             if not self.discard and self.send_audio is not None:
                 self.send_audio(piece)
         return gen == self._generation
@@ -127,7 +135,7 @@ class StreamSink:
         self._settle(now)
         self._generation += 1
         self._paused = False
-        self._await_audible = False
+        self._disarm()
         return dropped // FRAME
 
     def pause(self) -> None:
@@ -139,3 +147,4 @@ class StreamSink:
     def stop(self) -> None:
         self._stopped = True
         self._generation += 1
+        self._disarm()

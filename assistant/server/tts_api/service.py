@@ -31,7 +31,7 @@ import numpy as np
 
 from assistant.audio import float_to_s16
 from assistant.config import Config
-from assistant.pipeline.speech import SpeechPath, SpeechTimeout
+from assistant.pipeline.synthesis import SynthesisPath, SynthesisTimeout
 from assistant.server.metrics import Metrics
 from assistant.server.tts_api.request import SynthesisParams, TTSError, bad_field
 from assistant.server.tts_api.voice_prep import VoiceSources
@@ -227,7 +227,7 @@ class TTSService:
             t0 = time.perf_counter()
             first = True
             engine = _TagOnEveryPiece(job.engine, job.tag) if job.tag else job.engine
-            path = SpeechPath(engine, job.sample_rate, timeout_s=self.cfg.tts.timeout_s, chunker=self.cfg.chunker)
+            path = SynthesisPath(engine, job.sample_rate, timeout_s=self.cfg.tts.timeout_s, chunker=self.cfg.chunker)
             dsp = job.speed_dsp != 1.0 or job.pitch_dsp
             source = self._dsp_chunks(job, path) if dsp else path.speak(job.request.text, job.request)
             try:
@@ -236,7 +236,7 @@ class TTSService:
                         chunk = await anext(source)
                     except StopAsyncIteration:
                         break
-                    except SpeechTimeout:
+                    except SynthesisTimeout:
                         raise TTSError(504, "timeout", f"synthesis took over {self.cfg.tts.timeout_s:g} s") from None
                     except TTSUnsupported as exc:
                         raise TTSError(400, "unsupported", str(exc)) from None
@@ -251,7 +251,7 @@ class TTSService:
             finally:
                 await source.aclose()  # type: ignore[attr-defined]
 
-    async def _dsp_chunks(self, job: Job, path: SpeechPath) -> AsyncIterator[np.ndarray]:
+    async def _dsp_chunks(self, job: Job, path: SynthesisPath) -> AsyncIterator[np.ndarray]:
         """Per sentence: synthesise whole, then stretch/shift it with full context (no seams inside)."""
         fx = _effects()
         for sentence in split_sentences(job.request.text):

@@ -1,4 +1,6 @@
-"""The speech path: text as it arrives → audio at the listener's rate. The one place that does it.
+"""The synthesis path: the bot's text as it arrives → audio at the listener's rate. The one place that does it.
+
+(The user's audio is "speech" everywhere else in the pipeline; this is the bot's voice being made.)
 
     text deltas ─▶ TextChunker (once) ─▶ engine.synthesize_stream(pieces) ─▶ finite check ─▶ resample ─▶ chunks
 
@@ -17,7 +19,7 @@ import contextlib
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import replace
-from typing import Any, Protocol
+from typing import Any
 
 import numpy as np
 
@@ -26,55 +28,15 @@ from assistant.tts.base import TTSEngine, TTSRequest, with_streaming
 from assistant.tts.chunker import TextChunker
 
 
-class ReplySink(Protocol):
-    """Where a session's reply audio goes (the peer's outgoing track, in ``rtc/outbound.py``).
-
-    Writes carry the sink's ``generation``; :meth:`interrupt` bumps it, and writers of an older generation
-    get False and stop, so a cancelled reply can never be heard.
-    """
-
-    sample_rate: int
-    on_first_audible: Callable[[float], None] | None
-
-    @property
-    def generation(self) -> int: ...
-
-    def expect_reply(self) -> None:
-        """Arm ``on_first_audible`` for the next audible frame."""
-
-    async def write(self, pcm: np.ndarray, generation: int | None = None) -> bool:
-        """Queue int16 samples at ``sample_rate``; False if interrupted since ``generation``."""
-        ...
-
-    async def flush(self, generation: int | None = None) -> bool:
-        """Wait until everything queued has been played out."""
-        ...
-
-    def interrupt(self) -> int:
-        """Drop what is queued now; returns the number of 20 ms frames dropped."""
-        ...
-
-    def pause(self) -> None:
-        """Hold what is queued (silence goes out meanwhile); writers wait."""
-
-    def resume(self) -> None:
-        """Play on from where :meth:`pause` held."""
-
-    @property
-    def audible_frames_sent(self) -> int:
-        """Queued (reply) frames handed to the listener so far: how much of a reply was heard."""
-        ...
-
-
-class SpeechTimeout(TimeoutError):
+class SynthesisTimeout(TimeoutError):
     """The engine took longer than the time budget."""
 
 
-class SpeechFailed(RuntimeError):
+class SynthesisFailed(RuntimeError):
     """The engine failed or made unusable audio (non-finite samples)."""
 
 
-class SpeechPath:
+class SynthesisPath:
     """One engine, one output rate, one time budget; :meth:`speak` makes one utterance's audio."""
 
     def __init__(self, engine: TTSEngine, out_rate: int, *, timeout_s: float,
@@ -96,7 +58,7 @@ class SpeechPath:
         ``text`` is a whole text or the deltas of one reply as they arrive; either way it is chunked here,
         once, and every piece reaches the engine as soon as the chunker releases it. ``request`` carries
         voice, language, speed, instruction and seed (its ``text`` is ignored). ``on_piece`` sees each
-        piece as it goes to the engine. Raises :class:`SpeechTimeout`, :class:`SpeechFailed`, or the
+        piece as it goes to the engine. Raises :class:`SynthesisTimeout`, :class:`SynthesisFailed`, or the
         engine's ``TTSUnsupported`` for a request it cannot honour.
         """
         import soxr  # not at module level: the TTS service's import must not need it on a GPU box
@@ -119,12 +81,12 @@ class SpeechPath:
                 except StopAsyncIteration:
                     break
                 except TimeoutError as exc:
-                    raise SpeechTimeout(f"synthesis took over {self.timeout_s:g} s") from exc
+                    raise SynthesisTimeout(f"synthesis took over {self.timeout_s:g} s") from exc
                 x = np.asarray(pcm, dtype=np.float32).reshape(-1)
                 if x.size == 0:
                     continue
                 if not np.isfinite(x).all():
-                    raise SpeechFailed("non-finite audio from the TTS engine")
+                    raise SynthesisFailed("non-finite audio from the TTS engine")
                 if resampler is not None:
                     x = resampler.resample_chunk(x)
                 if x.size:

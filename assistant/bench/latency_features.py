@@ -1,4 +1,5 @@
-"""``assistant bench features``: each latency feature on and off, in one run, as ratios to a baseline.
+"""``assistant bench features``: the latency features compared — each on and off, in one run, as ratios to a
+baseline; with ``--endpointing``, the ways to end a turn compared on sentences and on mid-sentence pauses.
 
 Every variant is the same in-process server (models loaded once and shared) with a few settings changed,
 measured by the same voice-to-voice client on the same utterances, one after another. Ratios are to the
@@ -41,7 +42,7 @@ VARIANTS: dict[str, dict[str, dict[str, Any]]] = {
     "+ speculative + smart endpoint": {**OFF, "turn": {"speculative": True, "smart_endpoint": True}},
     "all on (default)": {},
 }
-COLUMNS = ("v2v_ms", "server_v2v_ms", "endpoint_ms", "asr_ms", "tts_first_audio_ms", "unaccounted_ms")
+COLUMNS = ("v2v_ms", "server_v2v_ms", "endpoint_ms", "worker_wait_ms", "asr_ms", "tts_first_audio_ms", "unaccounted_ms")
 
 # ``--endpointing``: what ends a turn, each on the same speculative pause (turn.speculative_pause_ms).
 _SIGNALS = {"speculative": True}
@@ -90,13 +91,14 @@ async def run_variants(
                 )
                 summary = summarize_level(result.levels[0])
                 turns = [
-                    {"file": t.file, "status": t.status, "speech_ends": t.speech_ends, "columns": t.columns}
+                    {"file": t.file, "status": t.status, "speech_ends": t.speech_ends, "columns": t.columns,
+                     "gaps": t.gaps_ms}
                     for t in result.levels[0].turns
                 ]
             finally:
                 await runner.cleanup()
             results.append(VariantResult(name, settings, summary, turns))
-            log.info("bench.features variant=%r v2v_p50=%s", name, summary["columns"]["v2v_ms"]["p50"])
+            log.info("bench.latency_features variant=%r v2v_p50=%s", name, summary["columns"]["v2v_ms"]["p50"])
     finally:
         await services.close()
     return results
@@ -127,13 +129,22 @@ def _p50(values: list[float]) -> str:
     return f"{statistics.median(values):.0f}" if values else "–"
 
 
+# The wait at the end of a turn, split (pipeline/trace.py), and the idle gaps: the --endpointing columns.
+WAIT_COLUMNS = ("endpoint_ms", "worker_wait_ms", "asr_ms", "end_of_turn_ms", "decide_ms")
+GAP_COLUMNS = ("evidence_to_commit_ms", "commit_to_tts_text_ms")
+
+
 def format_endpointing(results: list[VariantResult], pause_names: set[str]) -> str:
-    """Markdown: per endpointing variant, on whole sentences and on the mid-sentence pause files."""
+    """Markdown: per endpointing variant, on whole sentences (v2v, the wait split into its parts, the idle
+    gaps; p50) and on the mid-sentence pause files (turns kept whole, false cut-offs, v2v)."""
     head = (
-        "| endpointing | sentences: endpoint_ms p50 | sentences: v2v_ms p50 | sentences: server_v2v_ms p50 "
-        "| pause files: one turn | pause files: false cut-off rate | pause files: v2v_ms p50 |"
+        "| endpointing | sentences: v2v_ms | server_v2v_ms | "
+        + " | ".join(WAIT_COLUMNS)
+        + " | gap: " + " | gap: ".join(GAP_COLUMNS)
+        + " | pause files: one turn | pause files: false cut-off rate | pause files: v2v_ms |"
     )
-    rows = [head, "|---|---|---|---|---|---|---|"]
+    n = 3 + len(WAIT_COLUMNS) + len(GAP_COLUMNS) + 3
+    rows = [head, "|" + "---|" * n]
     for r in results:
         whole = [t for t in r.turns if t["file"] not in pause_names and t["columns"].get("v2v_ms") is not None]
         pauses = [t for t in r.turns if t["file"] in pause_names]
@@ -142,12 +153,14 @@ def format_endpointing(results: list[VariantResult], pause_names: set[str]) -> s
         heard = [t["columns"]["v2v_ms"] for t in pauses if t["columns"].get("v2v_ms") is not None]
         rate = f"{cut / len(pauses):.0%}" if pauses else "–"
 
-        def col(name: str, turns: list[dict[str, Any]] = whole) -> list[float]:
-            return [v for t in turns if (v := t["columns"].get(name)) is not None]
+        def col(name: str, key: str = "columns", turns: list[dict[str, Any]] = whole) -> str:
+            return _p50([v for t in turns if (v := t.get(key, {}).get(name)) is not None])
 
         rows.append(
-            f"| {r.name} | {_p50(col('endpoint_ms'))} | {_p50(col('v2v_ms'))} | {_p50(col('server_v2v_ms'))} "
-            f"| {one}/{len(pauses)} | {rate} | {_p50(heard)} |"
+            f"| {r.name} | {col('v2v_ms')} | {col('server_v2v_ms')} | "
+            + " | ".join(col(c) for c in WAIT_COLUMNS) + " | "
+            + " | ".join(col(c, "gaps") for c in GAP_COLUMNS)
+            + f" | {one}/{len(pauses)} | {rate} | {_p50(heard)} |"
         )
     return "\n".join(rows)
 

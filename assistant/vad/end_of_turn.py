@@ -1,4 +1,7 @@
-"""Smart Turn v3.2: an audio end-of-turn model (is the user done, judged from how the speech sounds).
+"""The end-of-turn model: Smart Turn v3.2, which judges from how the speech sounds whether the user is done.
+
+One of the end-of-turn family: this module hears the audio; ``pipeline/end_of_turn.py`` reads the transcript
+and weighs both (its ``EndOfTurnModel`` protocol is the face :class:`SmartTurnBatcher` shows the pipeline).
 
 The model (8 M parameters, BSD-2-Clause, by Daily; ``data/smart-turn-v3.2-cpu.onnx`` with its licence
 beside it) ships inside this package, so ``pip install -e .`` sets it up and nothing downloads at run time.
@@ -10,21 +13,20 @@ zero-mean unit-variance normalisation. Output ``logits`` [batch, 1]: already a s
 the turn is complete. Runs through onnxruntime only (no torch, no transformers).
 
 Trained on human speech: on synthetic voices it misses prosodic cues, so the turn-taking policy combines it
-with the transcript rule (``pipeline/turn_end.py``) rather than trusting it alone.
+with the transcript rule (``pipeline/end_of_turn.py``) rather than trusting it alone; the threshold that
+counts as "done" is ``turn.end_of_turn_threshold``.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import threading
 from pathlib import Path
-from typing import ClassVar
 
 import numpy as np
-import onnxruntime as ort
 
 from assistant.audio import SPEECH_RATE
+from assistant.vad.onnx import SharedModel, cpu_session
 
 log = logging.getLogger(__name__)
 
@@ -35,7 +37,6 @@ N_FFT = 400  # 25 ms
 HOP = 160  # 10 ms
 N_MELS = 80
 N_FRAMES = WINDOW_SAMPLES // HOP  # 800
-COMPLETE_THRESHOLD = 0.5
 # A 200 ms pause costs one call of ~40 ms on one core; more threads would only steal from ASR and TTS.
 INTRA_OP_THREADS = 1
 # Requests from other sessions that arrive within this long of the first are run in the same batch.
@@ -99,34 +100,19 @@ def log_mel(audio: np.ndarray) -> np.ndarray:
     return ((mel + 4.0) / 4.0).astype(np.float32)
 
 
-class SmartTurnModel:
+class SmartTurnModel(SharedModel):
     """One onnxruntime session shared by every session (``run`` is thread-safe); ``shared()`` for the
-    process-wide one."""
-
-    _shared: ClassVar[SmartTurnModel | None] = None
-    _shared_lock: ClassVar[threading.Lock] = threading.Lock()
+    process-wide one (``vad/onnx.py``)."""
 
     def __init__(self, path: str | Path | None = None, threads: int = INTRA_OP_THREADS) -> None:
         self.path = Path(path) if path else MODEL_FILE
         if not self.path.is_file():
             raise SmartTurnMissing(f"Smart Turn model missing at {self.path}: reinstall the assistant package")
-        opts = ort.SessionOptions()
-        opts.intra_op_num_threads = threads
-        opts.inter_op_num_threads = 1
-        opts.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
-        opts.log_severity_level = 3
-        self.session = ort.InferenceSession(str(self.path), sess_options=opts, providers=["CPUExecutionProvider"])
+        self.session = cpu_session(self.path, threads)
         inputs = {i.name: i.shape for i in self.session.get_inputs()}
         if list(inputs) != ["input_features"] or list(inputs["input_features"])[1:] != [N_MELS, N_FRAMES]:
             raise RuntimeError(f"unexpected Smart Turn ONNX inputs {inputs} in {self.path}")
-        log.info("smart_turn.model_loaded path=%s", self.path)
-
-    @classmethod
-    def shared(cls) -> SmartTurnModel:
-        with cls._shared_lock:
-            if cls._shared is None:
-                cls._shared = cls()
-            return cls._shared
+        log.info("end_of_turn.model_loaded path=%s", self.path)
 
     def predict(self, audios: list[np.ndarray]) -> np.ndarray:
         """Probability that each turn is complete, one per 16 kHz float32 audio (batched in one run)."""

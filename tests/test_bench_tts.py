@@ -34,7 +34,7 @@ def test_bench_tts_tiny_sweep(tmp_path: Path, capsys: pytest.CaptureFixture[str]
     # decoding runs beside the chunk work, so more than first hop + look-ahead may exist at the first packet
     assert row["fast"]["tokens_at_first_packet"] >= 13 and row["official"]["tokens_at_first_packet"] >= 28
     cold, first = row["fast_cold"], result["first_after_start"]
-    assert cold["prefix_ms"] > 0 and first["prefix_ms"] > 0          # a new voice builds its flow prefix
+    assert cold["cold_voice"] == first["cold_voice"] == 1 and row["fast"]["cold_voice"] == 0  # new voices start cold
     for r in (row["fast"], cold, first):
         assert r["prefill_ms"] > 0 and r["first_flow_ms"] > 0 and r["decode_ms_per_token"] > 0
         assert r["llm_wall_ms"] >= r["llm_decode_ms"] > 0

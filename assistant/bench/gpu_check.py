@@ -181,7 +181,7 @@ def stage_env(stage: Stage, device: str) -> None:
 def _tiny(device: str, dtype: str) -> tuple[Any, Any, dict[str, Any]]:
     import torch
 
-    from assistant.tts.cosyvoice.model import CosyVoice2
+    from assistant.tts.cosyvoice.cosyvoice2 import CosyVoice2
     from assistant.tts.cosyvoice.voice import CosyVoicePrompt
 
     model = CosyVoice2.from_dir(TINY, device, dtype)
@@ -218,22 +218,23 @@ def _flow_mel(model: Any, voice: Any, tokens: Any, streaming: bool, finalize: bo
 @contextlib.contextmanager
 def _recorded_draws(g: dict[str, Any], device: Any) -> Iterator[None]:
     """The official schedule's vocoder calls take the reference's recorded random draws, in order."""
-    import assistant.tts.cosyvoice.streaming as streaming
+    import assistant.tts.cosyvoice.vocoding as vocoding
     from assistant.tts.cosyvoice.hift_source import SourceNoise
 
     draws = iter([SourceNoise(g[f"e2e.hift_call{i}_rand_ini"].to(device), g[f"e2e.hift_call{i}_sine_noise"].to(device))
                   for i in range(3)])
-    orig = streaming.draw_noise
-    streaming.draw_noise = lambda *a, **k: next(draws)
+    orig = vocoding.draw_noise
+    vocoding.draw_noise = lambda *a, **k: next(draws)
     try:
         yield
     finally:
-        streaming.draw_noise = orig
+        vocoding.draw_noise = orig
 
 
 def _official_e2e(model: Any, voice: Any, g: dict[str, Any]) -> list[Any]:
     """The official schedule over the reference's 100 e2e tokens with its recorded draws → 3 audio chunks."""
-    from assistant.tts.cosyvoice.streaming import StreamSchedule, run_stream
+    from assistant.tts.cosyvoice.schedule import StreamSchedule
+    from assistant.tts.cosyvoice.streaming import run_stream
 
     with _recorded_draws(g, model.device):
         chunks = run_stream(model.flow, model.hift, voice, g["e2e.speech_tokens"].tolist(), StreamSchedule.official())

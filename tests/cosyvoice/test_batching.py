@@ -11,8 +11,11 @@ from cv_fixtures import need_fixtures, tiny_model_and_voice
 
 from assistant.config import TTSConfig
 from assistant.tts.base import TTSRequest
-from assistant.tts.cosyvoice.batching import EngineBusy, SlotDecoder
-from assistant.tts.cosyvoice.streaming import StreamSchedule
+from assistant.tts.cosyvoice.admission import EngineBusy
+from assistant.tts.cosyvoice.schedule import StreamSchedule
+from assistant.tts.cosyvoice.slot_decoder import SlotDecoder
+
+AUDIO_ATOL = 1e-4  # float32 summation order (batched vs one stream: 2e-5 seen)
 
 
 @pytest.fixture(scope="module")
@@ -78,6 +81,7 @@ def test_concurrent_requests_equal_each_alone(setup):
     engine = _engine(model, max_concurrent=2)
 
     async def run():
+        await engine.prepare_voice(voice)                 # warm: every request forks the same prefix
         alone = await _collect(engine, voice, g)
         both = await asyncio.gather(_collect(engine, voice, g), _collect(engine, voice, g, tokens=60))
         alone60 = await _collect(engine, voice, g, tokens=60)
@@ -89,10 +93,12 @@ def test_concurrent_requests_equal_each_alone(setup):
     assert alone[0].covers == (0, 10) and alone[0].tokens_seen >= 13
     audio = np.concatenate([c.audio for c in alone])
     assert audio.size == 100 * 960  # the golden e2e: 100 greedy tokens, eos never sampled
-    np.testing.assert_allclose(np.concatenate([c.audio for c in a]), audio, atol=1e-5)
+    # batched flow and vocoder calls sum in another order than one stream's: float32 rounding only
+    np.testing.assert_allclose(np.concatenate([c.audio for c in a]), audio, atol=AUDIO_ATOL)
     np.testing.assert_allclose(np.concatenate([c.audio for c in b]), np.concatenate([c.audio for c in alone60]),
-                               atol=1e-5)
-    assert engine.batcher.batch_rows > engine.batcher.steps  # some steps really were batched
+                               atol=AUDIO_ATOL)
+    assert engine.batcher.batch_rows > engine.batcher.steps  # some decode steps really were batched
+    assert engine.stats()["max_flow_batch"] >= 2               # and some flow / vocoder calls
 
 
 def test_cancel_frees_slot_and_busy_when_full(setup):

@@ -174,3 +174,61 @@ def test_synthesize_stream_speaks_clauses_as_text_arrives(setup, monkeypatch):
     total = asyncio.run(run())
     assert total > 0 and len(spoken) >= 2
     assert "".join(spoken).replace(" ", "") == "Hellothere,myfriend.Howareyoutoday?"
+
+
+def test_static_decode_step_traced_on_cpu_equals_eager(setup):
+    """The decode step a GPU replays as a CUDA graph (every slot, static buffers, the whole cache as keys),
+    run through the same code on the CPU with the capture skipped: the same greedy tokens as eager decoding,
+    with a free slot among the live ones, and every run counted."""
+    from assistant.tts.cosyvoice.slot_decoder import StaticDecodeStep
+
+    model, _, g = setup
+    lm = model.llm
+    inputs = [lm.build_lm_input(g["in.text_token"], g["in.prompt_text_token"], g["in.prompt_speech_token"]),
+              lm.build_lm_input(g["in.e2e_text_token"], None, None)]
+    eager = _greedy_slot_tokens(model, SlotDecoder(lm, 2, 128), inputs, 20)
+    dec = SlotDecoder(lm, 3, 128)
+    emb = lm.speech_embedding.weight
+    x = torch.zeros(3, emb.size(1))
+    pos = torch.zeros(3, dtype=torch.long)
+    step = StaticDecodeStep(dec, x, pos, cuda_graph=True)
+    assert step.capture()["path"] == "static step (cpu, capture skipped)"
+    out: list[list[int]] = [[], []]
+    with torch.inference_mode():
+        for slot, inp in zip((0, 2), inputs, strict=True):          # slot 1 stays free
+            h = dec.prefill(slot, inp[0])
+            out[slot // 2].append(int(lm.logp_from_hidden(h).argmax()))
+            x[slot] = emb[out[slot // 2][-1]]
+            pos[slot] = inp.size(1)
+        for _ in range(19):
+            h = step()
+            for row, slot in enumerate((0, 2)):
+                out[row].append(int(lm.logp_from_hidden(h[slot]).argmax()))
+                x[slot] = emb[out[row][-1]]
+            pos[[0, 2]] += 1
+    assert out == eager
+    assert step.record["direct_steps"] == 19 and step.record["replays"] == 0
+
+
+def test_batcher_on_the_static_step(setup):
+    """The decode worker's graphed path, traced on the CPU: a seeded request gives the same audio as on the
+    eager path, and the record says which path ran."""
+    from assistant.tts.cosyvoice.batching import SpeechBatcher
+    from assistant.tts.cosyvoice.job_runner import job_args, run_job
+
+    model, voice, g = setup
+
+    async def one(static: bool):
+        batcher = SpeechBatcher(model.llm, model.flow, model.hift, slots=2, max_positions=256, static_step=static)
+        args = job_args(model, g["in.e2e_text_token"], voice, None, 1.0, 5, StreamSchedule.fast(), tokens=40)
+        audio = np.concatenate([c.audio async for c in run_job(batcher, args)])
+        stats = batcher.stats()
+        batcher.close()
+        return audio, stats
+
+    eager, eager_stats = asyncio.run(one(False))
+    static, static_stats = asyncio.run(one(True))
+    assert eager_stats["decode_path"]["path"] == "eager (cpu)"
+    assert static_stats["decode_path"]["path"] == "static step (cpu, capture skipped)"
+    assert static_stats["decode_path"]["direct_steps"] == static_stats["decode_steps"] > 0
+    np.testing.assert_allclose(static, eager, atol=AUDIO_ATOL)

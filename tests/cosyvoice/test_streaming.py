@@ -225,21 +225,22 @@ def test_cold_voice_builds_its_prefix_for_the_next_request(setup):
     assert cache.stats()["bytes"] > before and cache.stats()["entries"] == 1
 
 
-def test_prefix_built_chunk_by_chunk_equals_one_sealing_pass(setup):
+@pytest.mark.parametrize("n", [61, 51])
+def test_prefix_built_chunk_by_chunk_equals_one_pass(setup, n):
     """The prefix is built one encoder chunk per step (so the scheduler can interleave it); its keys and
-    values equal one pass over the whole (cut) prompt."""
+    values equal one pass over the same tokens. 61 tokens: two exact chunks, 11 left pending for each
+    request; 51: one token dropped, two chunks, the last sealed."""
+    from assistant.tts.cosyvoice.batch_work import run_alone
     from assistant.tts.cosyvoice.flow import StreamingFlow
     from assistant.tts.cosyvoice.flow_prefix import flow_prompt, kv_prefixes
 
     model, _, _ = setup
-    gen = torch.Generator().manual_seed(5)
-    voice = _voice(61, gen)                                   # 61 tokens: cut to 50, built in two steps
+    voice = _voice(n, torch.Generator().manual_seed(5))
     built = FlowPrefix(model.flow, voice)
-    assert built.prompt_tokens == 50
-    t, feat = flow_prompt(voice, 25)
-    one = StreamingFlow(model.flow, t, feat, voice.embedding)
-    with torch.inference_mode():
-        one.seal()
+    t, feat, sealed = flow_prompt(voice, 25, 3)
+    assert (built.prompt_tokens, built.sealed, built.state.encoded) == ((61, False, 50) if n == 61 else (50, True, 50))
+    one = StreamingFlow(model.flow, t, feat, voice.embedding, noise_offset=2 * (n - t.size(1)))
+    run_alone(one.encode_steps(50, look_ahead=not sealed))
     for got, want in zip(built._kv, kv_prefixes(one.step_caches), strict=True):
         assert got.keys() == want.keys()
         for key in got:

@@ -15,7 +15,8 @@ own, flow solves and vocoder windows yielded as `batch_work.Work`). One round of
 So a batch never waits for a stream that is not due, the most urgent stream is always in the batch, and the
 others ride along for the price of one call. When no chunk is due, the round builds a cold voice's flow
 prefix one encoder chunk at a time (`flow_prefix.FlowPrefix.build_steps`), so later requests of that voice are
-warm while no stream ever waits for a whole prefix.
+warm while no stream ever waits for a whole prefix (and no first chunk waits for a piece of one: builds pause
+while a job has not played its first chunk).
 
 On CUDA the thread runs on its own stream; it synchronises that stream only (for stage timings), never the
 device, so the decode thread's steps and a graph capture there are not disturbed.
@@ -151,7 +152,7 @@ class ChunkWorker:
 
     def _has_work(self) -> bool:
         """Anything to do (called under the lock)?"""
-        if self._tasks or self._builds:
+        if self._tasks or self._may_build(self._jobs):
             return True
         for job in self._jobs:
             if job.cancelled.is_set() or job.stream is None:
@@ -182,8 +183,13 @@ class ChunkWorker:
         ready = sorted((j for j in live if j in self._tasks or j.stream.due()), key=SpeechJob.deadline)
         if ready:
             self._run_batch(ready)
-        elif self._builds:
+        elif self._may_build(live):
             self._run_builds()
+
+    def _may_build(self, jobs: list[SpeechJob]) -> bool:
+        """Prefix builds go on only while every job has played its first chunk: a piece of a build is not
+        interrupted, and a first packet should not wait behind one."""
+        return bool(self._builds) and all(j.t_first_audio is not None or j.cancelled.is_set() for j in jobs)
 
     def _feed(self, job: SpeechJob) -> None:
         """Hand the job's new tokens to its stream (creating it on first use; a cold voice's prefix build is

@@ -356,10 +356,13 @@ class StreamingFlow:
         prompt_feat: torch.Tensor,
         embedding: torch.Tensor,
         capacity: int = 0,
+        noise_offset: int = 0,
     ):
         """prompt_token [1, P]; prompt_feat [1, 2P, 80] (prompt mel); embedding [1, 192] speaker x-vector;
-        capacity: frames to reserve in each estimator buffer up front (0: grow as needed)."""
+        capacity: frames to reserve in each estimator buffer up front (0: grow as needed); noise_offset: where
+        frame 0 sits in the fixed noise (a prompt cut at its start keeps the frames' noise of the whole one)."""
         self.flow = flow
+        self.noise_offset = noise_offset
         cfg = flow.cfg
         dtype = flow.spk_embed_affine_layer.weight.dtype
         dev = flow.spk_embed_affine_layer.weight.device
@@ -372,6 +375,14 @@ class StreamingFlow:
         self.encoder_cache: Cache = {}
         self.step_caches: list[Cache] = [{"capacity": capacity} for _ in range(cfg.n_timesteps)]
         self.finished = False
+
+    def noise(self, start: int, end: int) -> torch.Tensor:
+        """The fixed starting noise of this stream's frames [start, end): [1, 80, end - start]."""
+        table = self.flow.noise
+        lo, hi = self.noise_offset + start, self.noise_offset + end
+        if hi > table.size(2):
+            raise ValueError(f"utterance too long for the fixed noise: {hi} > {table.size(2)} frames")
+        return table[:, :, lo:hi].to(self.prompt_feat.dtype)
 
     def ready_tokens(self, finalize: bool) -> int:
         """How many pending tokens the next call would encode."""
@@ -418,14 +429,12 @@ class StreamingFlow:
         mu = flow.encoder_proj(h).transpose(1, 2)  # [1, 80, 2n]
         start, n_frames = self.frames, mu.size(2)
         end = start + n_frames
-        if end > flow.noise.size(2):
-            raise ValueError(f"utterance too long for the fixed noise: {end} > {flow.noise.size(2)} frames")
+        z = self.noise(start, end)
 
         cond = torch.zeros_like(mu)
         n_prompt = self.prompt_feat.size(1)
         if start < n_prompt:
             cond[:, :, : n_prompt - start] = self.prompt_feat[:, start:end].transpose(1, 2)
-        z = flow.noise[:, :, start:end].to(mu.dtype)
         solve = FlowSolve(flow, z, mu, self.spks, cond, self.step_caches)
         yield solve
         mel = solve.result

@@ -1,12 +1,20 @@
 """A voice prompt's share of the flow's streaming state, computed once per voice and forked per request.
 
-`FlowPrefix` pushes the voice's prompt (cut to whole encoder chunks, `flow_prompt`) through a `StreamingFlow`
-and seals it: its last tokens look ahead into zeros, not into a request's first tokens as one
-whole-utterance call would. That is its approximation: the encoder's look-ahead conv changes the prompt's
-last 3 tokens, and attention inside the encoder's last 25-token chunk carries that to the whole last prompt
-chunk (50 frames), which every request frame attends to (measured in `fidelity.py`). In exchange every
-prompt frame's encoder output and estimator keys/values at every Euler step are computed once per voice and
-shared read-only by all forks.
+`FlowPrefix` pushes the voice's prompt through a `StreamingFlow` one 25-token encoder chunk at a time, as far
+as the chunks are exact: a chunk is final once the 3 tokens its look-ahead reads exist, and attention never
+reaches past a chunk. What is left of the prompt (``P mod 25`` tokens) stays pending in the prefix and goes
+through each request's first chunk together with its first tokens, exactly as one whole-utterance call
+would compute it: at most 2 x 24 more frames in a request's first solve. So every frame a request computes is
+the official one (up to the streaming approximations of `vocoding.py`) when ``P mod 25 >= 3``.
+
+When ``P mod 25`` is 0, 1 or 2, the prompt's last whole chunk has no 3 known tokens after it. Then the first
+``P mod 25`` tokens are dropped (`flow_prompt`; 80 ms at most) and the prompt is sealed: its last tokens
+look ahead into zeros, not into a request's first tokens. That is the prefix's one approximation: the
+encoder's look-ahead conv changes the prompt's last 3 tokens, and attention inside the encoder's last
+25-token chunk carries that to the whole last prompt chunk (50 frames), which every request frame attends to
+(measured in `fidelity.py`). Dropped or not, every frame keeps the fixed noise of its place in the whole
+prompt. Either way the prompt's frames (encoder output, estimator keys and values at every Euler step) are
+computed once per voice and shared read-only by all forks.
 
 The prefix is built chunk by chunk (`build_steps`: one 25-token encoder chunk, i.e. one 50-frame solve, per
 step), so the chunk scheduler can build it between other streams' chunks instead of making a request wait.
@@ -57,17 +65,19 @@ def tensor_bytes(obj: Any) -> int:
     return 0
 
 
-def flow_prompt(voice: CosyVoicePrompt, chunk: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """The voice's flow prompt cut to whole encoder chunks (tokens [1, P'], mel [1, 2P', 80]).
+def flow_prompt(voice: CosyVoicePrompt, chunk: int, lookahead: int) -> tuple[torch.Tensor, torch.Tensor, bool]:
+    """The voice's flow prompt as the prefix holds it: (tokens [1, P'], mel [1, 2P', 80], sealed).
 
-    The first ``P mod chunk`` tokens (under a second) are dropped so the prompt ends on a chunk boundary:
-    then no prompt frame shares an attention chunk with the request's tokens, and the whole prompt can be
-    computed once per voice. Prompts shorter than one chunk are kept whole.
+    Whole when its last partial chunk holds the look-ahead of the last whole one (``P mod chunk >=
+    lookahead``) or it is shorter than a chunk (not sealed: the rest goes through each request). Otherwise its
+    first ``P mod chunk`` tokens are dropped and it is sealed (see the module doc).
     """
     tokens, feat = voice.speech_tokens, voice.speech_feat
     p = tokens.size(1)
-    cut = p % chunk if p >= chunk else 0
-    return tokens[:, cut:], feat[:, 2 * cut :]
+    rest = p % chunk
+    if p < chunk or rest >= lookahead:
+        return tokens, feat, False
+    return tokens[:, rest:], feat[:, 2 * rest :], True
 
 
 def prefix_key(flow: CausalFlow, voice: CosyVoicePrompt) -> str:
@@ -83,10 +93,12 @@ class FlowPrefix:
         dev = next(flow.parameters()).device
         dtype = next(flow.parameters()).dtype
         self.flow = flow
-        tokens, feat = flow_prompt(voice, flow.cfg.encoder_chunk_size)
+        tokens, feat, self.sealed = flow_prompt(voice, flow.cfg.encoder_chunk_size, flow.cfg.pre_lookahead_len)
         self.prompt_tokens = tokens.size(1)
         self._tokens = tokens.to(dev, torch.int32)                          # [1, P']
-        self.state = StreamingFlow(flow, self._tokens, feat.to(dev, dtype), voice.embedding.to(dev, dtype))
+        cut = voice.speech_tokens.size(1) - self.prompt_tokens              # every frame keeps the official noise
+        self.state = StreamingFlow(flow, self._tokens, feat.to(dev, dtype), voice.embedding.to(dev, dtype),
+                                   noise_offset=flow.cfg.token_mel_ratio * cut)
         self._kv: KVPrefixes | None = None
         self._reduced: dict[int, tuple[list[Cache], KVPrefixes]] = {}
         if build:
@@ -99,12 +111,14 @@ class FlowPrefix:
 
     def build_steps(self, reduced_steps: int | None = None) -> WorkSteps[FlowPrefix]:
         """Encode and solve the prompt one encoder chunk per step (each with its known look-ahead, so equal
-        to one whole pass), then seal the rest; with ``reduced_steps`` the first-chunk solver's caches too."""
+        to one whole pass), then seal the last chunk or leave the rest pending (module doc); with
+        ``reduced_steps`` the first-chunk solver's caches too."""
         st, cfg = self.state, self.flow.cfg
         chunk, look = cfg.encoder_chunk_size, cfg.pre_lookahead_len
         while st.pending.size(1) - look >= chunk:
             yield from st.encode_steps(chunk, look_ahead=True)
-        yield from st.encode_steps(st.pending.size(1), look_ahead=False)
+        if self.sealed:
+            yield from st.encode_steps(st.pending.size(1), look_ahead=False)
         self._kv = kv_prefixes(st.step_caches)
         if reduced_steps and reduced_steps != cfg.n_timesteps:
             yield from self._reduced_steps(reduced_steps)
@@ -149,7 +163,7 @@ class FlowPrefix:
             h = flow.encoder(emb, None, streaming=True, cache={})
             mu = flow.encoder_proj(h).transpose(1, 2)                       # [1, 80, 2n]
             cond = st.prompt_feat[:, : 2 * n].transpose(1, 2).to(mu.dtype)
-            z = flow.noise[:, :, : 2 * n].to(mu.dtype)
+            z = st.noise(0, 2 * n)
             yield FlowSolve(flow, z, mu, st.spks, cond, caches, n_steps)
         self._reduced[n_steps] = (caches, kv_prefixes(caches))
 

@@ -262,7 +262,7 @@ class CachedVocoding:
         cond = torch.zeros_like(mu)
         if start < self.n_prompt_frames:
             cond[:, :, : self.n_prompt_frames - start] = st.prompt_feat[:, start:end].transpose(1, 2)
-        z = flow.noise[:, :, start:end].to(mu.dtype)
+        z = st.noise(start, end)
         if n_steps is None or self.prefix is None:  # written past the committed frames, left uncommitted
             steps, caches = flow.cfg.n_timesteps, [{**c, "provisional": True} for c in st.step_caches]
         else:

@@ -264,7 +264,7 @@ class DecodeWorker:
         t0 = time.perf_counter()
         busy = self.chunks.busy
         rows = self._rows(decoding)
-        if self.static is not None:
+        if self.static is not None and self.static.active:
             hidden = self.static()[rows]                                                  # every slot
         else:  # rows 0..max slot; idle rows below it carry their last input to their own free slot
             n = max(j.slot for j in decoding) + 1

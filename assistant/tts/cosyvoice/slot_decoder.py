@@ -172,8 +172,15 @@ class StaticDecodeStep:
         self.out: torch.Tensor | None = None
         self.replays = 0
         self.direct = 0
-        path = "cuda-graph (not captured yet)" if self.want_graph else f"static step ({x.device.type}, capture skipped)"
+        path = "eager until captured" if self.want_graph else f"static step ({x.device.type}, capture skipped)"
         self.info: dict[str, Any] = {"path": path, "capture_s": None, "error": None}
+
+    @property
+    def active(self) -> bool:
+        """Whether steps run here: the captured graph, or the traced step; else the caller decodes eagerly
+        (before the capture, or after it failed: the static step attends over the whole cache, which only a
+        replayed graph makes worth it)."""
+        return self.graph is not None or not self.want_graph
 
     @property
     def record(self) -> dict[str, Any]:
@@ -205,10 +212,8 @@ class StaticDecodeStep:
             self.graph = graph
             self.info = {"path": "cuda-graph", "capture_s": time.perf_counter() - t0, "error": None}
         except Exception as exc:  # pragma: no cover - depends on the device stack
-            log.warning("cosyvoice decode graph capture failed (%s); running the static step directly", exc)
-            self.want_graph = False
-            self.info = {"path": "static step (capture failed)", "capture_s": time.perf_counter() - t0,
-                         "error": str(exc)}
+            log.warning("cosyvoice decode graph capture failed (%s); decoding eagerly", exc)
+            self.info = {"path": "eager (capture failed)", "capture_s": time.perf_counter() - t0, "error": str(exc)}
         log.info("cosyvoice decode path=%s capture_s=%s", self.info["path"], self.info["capture_s"])
         return self.record
 

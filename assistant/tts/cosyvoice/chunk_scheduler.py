@@ -164,6 +164,8 @@ class ChunkWorker:
         return False
 
     def _round(self, jobs: list[SpeechJob]) -> None:
+        if self._stream is not None:  # voices and prefixes made elsewhere on the default stream are complete
+            self._stream.wait_stream(torch.cuda.default_stream(self.device))
         for job in [j for j in self._tasks if j.cancelled.is_set()]:
             del self._tasks[job]                   # its chunk is dropped half made
         for job in jobs:

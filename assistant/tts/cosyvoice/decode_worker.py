@@ -8,15 +8,16 @@
 
 The tokens reach the host one step late (the copy of step k overlaps step k+1), so there is no host sync per
 step; a job's end (eos) is therefore seen one step after it was sampled and the extra step's token is
-discarded. The thread waits on the events of its own steps only, never on the device (the chunk thread's
-work runs on its own stream meanwhile). Each step's time is counted apart for steps that ran while the chunk
-thread was busy and steps that ran alone (``stats``), so contention shows.
+discarded. On CUDA the thread runs on its own stream and waits on the events of its own steps only, never on
+the device (the chunk thread's work runs on another stream meanwhile). Each step's time is counted apart for
+steps that ran while the chunk thread was busy and steps that ran alone (``stats``), so contention shows.
 
 Cancelling a request frees its KV slot at the next iteration (within one decode step).
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import random
 import threading
@@ -80,6 +81,7 @@ class DecodeWorker:
         self.decode_s = 0.0             # wall time of decode steps
         self.busy_steps = 0             # steps that ran while the chunk thread was working
         self.busy_s = 0.0
+        self._stream = torch.cuda.Stream(dev) if dev.type == "cuda" else None
         self._thread = threading.Thread(target=self._run, name="cosyvoice-decode", daemon=True)
 
     @property
@@ -141,6 +143,14 @@ class DecodeWorker:
         torch.set_grad_enabled(False)
         if self.device.type == "cpu":
             torch.set_num_threads(self.cpu_threads)
+        with torch.cuda.stream(self._stream) if self._stream is not None else contextlib.nullcontext():
+            self._loop()
+        for done in self._captures:
+            done.set()
+        for job in self._decoding + self._waiting + self._incoming:
+            self.chunks.fail(job, EngineBusy("the synthesis engine was closed"))
+
+    def _loop(self) -> None:
         while True:
             with self._cond:
                 while (not self._stop and not self._incoming and not self._waiting and not self._decoding
@@ -151,6 +161,8 @@ class DecodeWorker:
                 self._waiting.extend(self._incoming)
                 self._incoming.clear()
                 captures, self._captures = self._captures, []
+            if self._stream is not None:  # inputs made elsewhere (voices, warm-up) on the default stream
+                self._stream.wait_stream(torch.cuda.default_stream(self.device))
             for done in captures:
                 try:
                     if self.static is not None:
@@ -165,10 +177,6 @@ class DecodeWorker:
                 self._inflight = None
                 for job in self._decoding + self._waiting:
                     self.chunks.fail(job, exc)
-        for done in self._captures:
-            done.set()
-        for job in self._decoding + self._waiting + self._incoming:
-            self.chunks.fail(job, EngineBusy("the synthesis engine was closed"))
 
     def _iteration(self) -> None:
         for job in [j for j in self._waiting if j.cancelled.is_set()]:

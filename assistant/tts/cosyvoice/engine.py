@@ -37,6 +37,7 @@ from assistant.tts.cosyvoice.job_runner import job_args, run_job
 from assistant.tts.cosyvoice.prompt_cache import PromptCache, digest
 from assistant.tts.cosyvoice.schedule import StreamSchedule
 from assistant.tts.cosyvoice.streaming import Chunk
+from assistant.tts.cosyvoice.vocoding import stream_sync
 from assistant.tts.cosyvoice.voice import CosyVoicePrompt, VoiceCloningUnavailable
 
 log = logging.getLogger(__name__)
@@ -157,8 +158,12 @@ class CosyVoiceEngine:
         request is then warm. A request never waits for this: without the prefix it starts cold."""
         model = await self.model()
         steps = self.schedule.first_chunk_steps
-        await asyncio.get_running_loop().run_in_executor(
-            self._executor, flow_prefix, model.flow, voice, self.prompt_cache, steps)
+
+        def build() -> None:
+            flow_prefix(model.flow, voice, self.prompt_cache, steps)
+            stream_sync(torch.device(model.device))      # complete before another stream reads it
+
+        await asyncio.get_running_loop().run_in_executor(self._executor, build)
 
     async def close(self) -> None:
         if self._batcher is not None:

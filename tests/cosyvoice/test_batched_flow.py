@@ -93,6 +93,41 @@ def test_batched_streams_equal_each_alone(setup, warm, first_hops, buckets, monk
         np.testing.assert_allclose(b, a, atol=AUDIO_ATOL)
 
 
+@pytest.mark.parametrize("buckets", [(), (14, 20, 50, 100)])
+def test_streams_of_one_voice_share_its_prefix_in_one_attention(setup, buckets, monkeypatch):
+    """Streams of the same warm voice start with no frames of their own: their first solves attend to the
+    shared prefix in one batched attention (`attend_shared`); audio as each alone."""
+    model, voices, token_lists = setup
+    prefix = FlowPrefix(model.flow, voices[0])
+
+    def streams() -> list[StreamingSynthesis]:
+        out = []
+        for i, (toks, hop) in enumerate(zip(token_lists, (10, 10, 7), strict=True)):
+            s = StreamingSynthesis(model.flow, model.hift, voices[0], StreamSchedule.fast(hop), prefix=prefix,
+                                   seed=i)
+            for t in toks:
+                s.add(t)
+            s.finish()
+            out.append(s)
+        return out
+
+    import assistant.tts.cosyvoice.flow_decoder as flow_decoder
+
+    shared = []
+    orig = flow_decoder.attend_shared
+
+    def spy(*a, **k):
+        shared.append(len(a[4]))
+        return orig(*a, **k)
+
+    alone = _drive(streams(), buckets, together=False)
+    monkeypatch.setattr(flow_decoder, "attend_shared", spy)
+    batched = _drive(streams(), buckets, together=True)
+    assert shared and max(shared) >= 2
+    for a, b in zip(alone, batched, strict=True):
+        np.testing.assert_allclose(b, a, atol=AUDIO_ATOL)
+
+
 def test_padded_solve_equals_unpadded(setup):
     """One batched solve of streams with 20, 13 and 7 new frames (padded to 20) against each stream's own
     solve: the real frames and every stream's caches afterwards agree."""

@@ -232,3 +232,22 @@ def test_batcher_on_the_static_step(setup):
     assert static_stats["decode_path"]["path"] == "static step (cpu, capture skipped)"
     assert static_stats["decode_path"]["direct_steps"] == static_stats["decode_steps"] > 0
     np.testing.assert_allclose(static, eager, atol=AUDIO_ATOL)
+
+
+def test_prefills_of_different_lengths_in_one_forward_equal_each_alone(setup):
+    """Jobs starting together are prefilled in one forward: each row's last hidden state and its slot's keys
+    and values equal its own prefill (one with a cached prompt start, one without, different lengths)."""
+    model, _, g = setup
+    lm = model.llm
+    head, rest = lm.build_lm_input_parts(g["in.text_token"], g["in.prompt_text_token"], g["in.prompt_speech_token"])
+    other = lm.build_lm_input(g["in.e2e_text_token"], None, None)
+    alone = SlotDecoder(lm, 3, 128)
+    past = alone.prefix_kv(head[0])
+    want = [alone.prefill(0, rest[0], past), alone.prefill(2, other[0])]
+    together = SlotDecoder(lm, 3, 128)
+    got = together.prefill_many([0, 2], [rest[0], other[0]], [past, None])
+    for i, slot, n in ((0, 0, head.size(1) + rest.size(1)), (1, 2, other.size(1))):
+        torch.testing.assert_close(got[i], want[i], atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(together.k_cache[:, slot, :, :n], alone.k_cache[:, slot, :, :n], atol=1e-5,
+                                   rtol=1e-5)
+    assert rest.size(1) != other.size(1)

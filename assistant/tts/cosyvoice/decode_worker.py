@@ -183,14 +183,17 @@ class DecodeWorker:
             self._waiting.remove(job)
         for job in [j for j in self._decoding if j.cancelled.is_set()]:
             self._end_decoding(job)
-        while self._waiting and self._free:
-            job = self._waiting.pop(0)
+        starting = []
+        while self._waiting and len(starting) < len(self._free):
+            starting.append(self._waiting.pop(0))
+        if starting:
             try:
-                self._start(job)
+                self._start(starting)
             except Exception as exc:
-                log.exception("cosyvoice job failed to start")
-                self.chunks.fail(job, exc)
-                self._end_decoding(job)
+                log.exception("cosyvoice jobs failed to start")
+                for job in starting:
+                    self.chunks.fail(job, exc)
+                    self._end_decoding(job)
         previous, self._inflight = self._inflight, None
         decoding = [j for j in self._decoding if j.slot >= 0]
         if decoding:
@@ -201,10 +204,10 @@ class DecodeWorker:
             inflight, self._inflight = self._inflight, None  # CPU: nothing runs ahead, take the tokens now
             self._collect(*inflight)
 
-    def _start(self, job: SpeechJob) -> None:
-        """Prefill the prompt into a free slot (the prompt start from the cache) and sample the first token."""
+    def _prompt(self, job: SpeechJob) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor] | None, int]:
+        """The job's prompt after its cached start ([L, D]), that start's keys/values, and the whole length;
+        the job's token limits set (within the slot's positions)."""
         lm = self.lm
-        t0 = time.perf_counter()
         prefix, rest = lm.build_lm_input_parts(job.text_ids, job.prompt_text, job.prompt_speech)
         lo, hi = lm.length_limits(int(job.text_ids.numel()))
         job.lo = lo if job.min_tokens is None else job.min_tokens
@@ -218,25 +221,46 @@ class DecodeWorker:
             job.hi = room
         key = digest(id(lm), job.prompt_text if job.prompt_text is not None else "none")
         past = self.cache.get_or_make("llm", key, lambda: self.decoder.prefix_kv(prefix[0]))
-        job.slot = self._free.pop(0)
+        return rest[0], past, length
+
+    def _start(self, jobs: list[SpeechJob]) -> None:
+        """Prefill the jobs' prompts into free slots in one forward (each prompt's start from the cache) and
+        sample their first tokens."""
+        t0 = time.perf_counter()
+        prompts = []
+        for job in list(jobs):
+            try:
+                prompts.append(self._prompt(job))
+            except Exception as exc:  # this job only (a prompt too long for a slot, ...)
+                log.exception("cosyvoice job failed to start")
+                jobs.remove(job)
+                self.chunks.fail(job, exc)
+                self._end_decoding(job)
+        if not jobs:
+            return
+        for job in jobs:
+            job.slot = self._free.pop(0)
         self._free.sort()
-        hidden = self.decoder.prefill(job.slot, rest[0], past)
-        job.pos = length
-        s = job.slot
-        self._pos[s] = length
-        self._seeds[s] = int(job.seed or 0) & ((1 << 62) - 1)
-        self._steps[s] = 0
-        self._lo[s] = job.lo
-        self._ignore_eos[s] = job.ignore_eos
-        self._greedy[s] = job.greedy
-        self._recent[s] = -1
-        self._decoding.append(job)
-        tokens = self._sample(hidden.unsqueeze(0), [job])
-        self._collect(tokens, [job], None)                   # one read-back per request, at its start
-        job.stats["admit_wait_ms"] = 1000 * (t0 - job.t_submit)
-        job.stats["prefill_ms"] = 1000 * (time.perf_counter() - t0)
-        job.stats["decode_ms"] = 0.0
-        self.chunks.add(job)
+        hidden = self.decoder.prefill_many([j.slot for j in jobs], [p[0] for p in prompts], [p[1] for p in prompts])
+        for job, (_, _, length) in zip(jobs, prompts, strict=True):
+            job.pos = length
+            s = job.slot
+            self._pos[s] = length
+            self._seeds[s] = int(job.seed or 0) & ((1 << 62) - 1)
+            self._steps[s] = 0
+            self._lo[s] = job.lo
+            self._ignore_eos[s] = job.ignore_eos
+            self._greedy[s] = job.greedy
+            self._recent[s] = -1
+            self._decoding.append(job)
+        tokens = self._sample(hidden, jobs)
+        self._collect(tokens, jobs, None)                    # one read-back per start, not per step
+        for job in jobs:
+            job.stats["admit_wait_ms"] = 1000 * (t0 - job.t_submit)
+            job.stats["prefill_ms"] = 1000 * (time.perf_counter() - t0)
+            job.stats["decode_ms"] = 0.0
+            job.stats["prefill_batch"] = float(len(jobs))
+            self.chunks.add(job)
 
     def _rows(self, jobs: list[SpeechJob]) -> torch.Tensor:
         """The jobs' slots as a device index (made once per combination, not copied every step)."""

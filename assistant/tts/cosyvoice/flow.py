@@ -343,7 +343,7 @@ class StreamingFlow:
     utterance (up to float summation order), while each call costs only its new frames.
 
     `seal` encodes every pending token as a finished sequence (no look-ahead) without closing the stream:
-    a voice prompt is sealed once (`streaming.FlowPrefix`) and continued by every request of that voice.
+    a voice prompt is pushed once (`flow_prefix.FlowPrefix`) and continued by every request of that voice.
 
     Memory grows with the utterance: for every frame, K and V of every attention layer, per Euler step,
     for the 2 CFG rows (written in place into per-layer buffers). Never share one between requests.

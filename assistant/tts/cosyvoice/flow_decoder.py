@@ -138,6 +138,10 @@ class RowCaches:
         else:
             past = torch.cat([t if t is not None else x.new_zeros(self.group, x.size(1), n) for t in tails])
         out = torch.cat([past, x], dim=2)
+        if len(self.caches) == 1:
+            end = n + self.lengths[0]
+            self.caches[0][key] = out[:, :, end - n : end]
+            return out
         for i, c in enumerate(self.caches):
             end = n + self.lengths[i]
             c[key] = out[self.rows(i), :, end - n : end]
@@ -179,10 +183,10 @@ def attend(
     own_k, own_v = kv.append(k[:, :, :n], v[:, :, :n], commit)     # [B, H, past + n, d]
     if kv.prefix is None and past == 0:
         return F.scaled_dot_product_attention(q, k, v, attn_mask=bias)
-    scale = 1.0 / math.sqrt(q.size(-1))
+    q = q * (1.0 / math.sqrt(q.size(-1)))
     parts_k = ([kv.prefix[0]] if kv.prefix is not None else []) + [own_k]
     parts_v = ([kv.prefix[1]] if kv.prefix is not None else []) + [own_v]
-    scores = [torch.matmul(q, pk.transpose(-2, -1)) * scale for pk in parts_k]
+    scores = [torch.matmul(q, pk.transpose(-2, -1)) for pk in parts_k]
     scores[-1][..., past:] += bias[..., :n]                  # only new keys can be masked
     weights = torch.softmax(torch.cat(scores, dim=-1).float(), dim=-1).to(q.dtype)
     out = None
@@ -194,6 +198,29 @@ def attend(
         start += m
     assert out is not None
     return out
+
+
+def attend_shared(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor, kvs: list[KVCache], rows: RowCaches
+) -> torch.Tensor:
+    """`attend` for a batch of streams that share their cached frames: the same voice prefix (or none) and no
+    frames of their own yet (a stream's first solves). One attention for the whole batch: the prefix's keys
+    broadcast over the streams, the new frames masked by ``bias`` [B, 1, T, T] (padding included); each
+    stream's new frames are still written to its own cache."""
+    for i, kv in enumerate(kvs):
+        r, n = rows.rows(i), rows.lengths[i]
+        kv.append(k[r, :, :n], v[r, :, :n], rows.commits(i))
+    prefix = kvs[0].prefix
+    if prefix is None:
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=bias)
+    b, h, t, d = q.shape
+    n, g, p = len(kvs), rows.group, prefix[0].size(2)
+    q = q * (1.0 / math.sqrt(d))
+    on_prefix = torch.matmul(q.view(n, g, h, t, d), prefix[0].transpose(-2, -1)).view(b, h, t, p)  # [B, H, T, P]
+    on_new = torch.matmul(q, k.transpose(-2, -1)) + bias                                            # [B, H, T, T]
+    weights = torch.softmax(torch.cat([on_prefix, on_new], dim=-1).float(), dim=-1).to(q.dtype)
+    from_prefix = torch.matmul(weights[..., :p].reshape(n, g, h, t, p), prefix[1]).view(b, h, t, d)
+    return from_prefix + torch.matmul(weights[..., p:], v)
 
 
 class CausalConv1d(nn.Conv1d):
@@ -281,12 +308,16 @@ class SelfAttention(nn.Module):
         bias = bias.unsqueeze(1)
         if rows is None:
             out = attend(q, k, v, bias, None, True)
-        else:  # each stream over its own cached frames
-            parts = []
-            for i in range(len(rows.caches)):
-                r = rows.rows(i)
-                parts.append(attend(q[r], k[r], v[r], bias[r], rows.kv(i, self), rows.commits(i), rows.lengths[i]))
-            out = parts[0] if len(parts) == 1 else torch.cat(parts)
+        elif len(rows.caches) == 1:
+            out = attend(q, k, v, bias, rows.kv(0, self), rows.commits(0), rows.lengths[0])
+        else:
+            kvs = [rows.kv(i, self) for i in range(len(rows.caches))]
+            if all(kv.length == 0 and kv.prefix is kvs[0].prefix for kv in kvs):
+                out = attend_shared(q, k, v, bias, kvs, rows)
+            else:  # each stream over its own cached frames
+                parts = [attend(q[rows.rows(i)], k[rows.rows(i)], v[rows.rows(i)], bias[rows.rows(i)], kv,
+                                rows.commits(i), rows.lengths[i]) for i, kv in enumerate(kvs)]
+                out = torch.cat(parts)
         return self.to_out[0](out.transpose(1, 2).reshape(b, t, self.heads * self.head_dim))
 
 

@@ -107,6 +107,44 @@ class SlotDecoder(nn.Module):
         return self.norm(h)[0, -1]
 
     @torch.inference_mode()
+    def prefill_many(
+        self, slots: list[int], xs: list[torch.Tensor], pasts: list[tuple[torch.Tensor, torch.Tensor] | None]
+    ) -> torch.Tensor:
+        """Several requests' prompts at once (one forward for all; one request: `prefill`) → last hidden
+        states [B, D]. Rows are padded at the end to the longest; each row is masked to its own past and
+        causal positions, so a padded position never reaches a real one, and only real positions are written
+        to a slot (a padded one's keys would land past the row's end, where decoding overwrites before it reads).
+        """
+        if len(xs) == 1:
+            return self.prefill(slots[0], xs[0], pasts[0]).unsqueeze(0)
+        dev = xs[0].device
+        starts = [0 if p is None else p[0].size(2) for p in pasts]
+        lengths = [x.size(0) for x in xs]
+        length = max(lengths)
+        span = max(s + n for s, n in zip(starts, lengths, strict=True))
+        for slot, start, past in zip(slots, starts, pasts, strict=True):
+            if past is not None:
+                self.k_cache[:, slot, :, :start] = past[0]
+                self.v_cache[:, slot, :, :start] = past[1]
+        h = torch.stack([F.pad(x, (0, 0, 0, length - x.size(0))) for x in xs])           # [B, L, D]
+        pos = torch.tensor(starts, device=dev).unsqueeze(1) + torch.arange(length, device=dev)  # [B, L]
+        mask = (torch.arange(span, device=dev) <= pos.unsqueeze(2)).unsqueeze(1)         # [B, 1, L, S]
+        rows = torch.tensor(slots, device=dev)
+        group = self.n_heads // self.n_kv
+        for li, layer in enumerate(self.layers):
+            q, k, v = self._qkv(layer, layer.input_layernorm(h), pos)
+            for i, (slot, start, n) in enumerate(zip(slots, starts, lengths, strict=True)):
+                self.k_cache[li, slot, :, start : start + n] = k[i, :, :n]
+                self.v_cache[li, slot, :, start : start + n] = v[i, :, :n]
+            keys = self.k_cache[li, rows, :, :span].repeat_interleave(group, dim=1)       # [B, H, S, d]
+            vals = self.v_cache[li, rows, :, :span].repeat_interleave(group, dim=1)
+            o = F.scaled_dot_product_attention(q, keys, vals, attn_mask=mask)             # [B, H, L, d]
+            h = h + layer.self_attn.o_proj(o.transpose(1, 2).reshape(len(xs), length, -1))
+            h = h + layer.mlp(layer.post_attention_layernorm(h))
+        last = torch.tensor([n - 1 for n in lengths], device=dev)
+        return self.norm(h)[torch.arange(len(xs), device=dev), last]
+
+    @torch.inference_mode()
     def prefix_kv(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Keys and values [layers, KV, L, d] of a prompt start x [L, D] at positions 0..L-1 (to cache)."""
         length = x.size(0)

@@ -377,11 +377,12 @@ async def _bench(args: argparse.Namespace, model: Any, notes: list[str], save: A
 
     # 7. Fidelity: the fast schedule against the official one on the sweep text's length, warm and cold.
     if args.fidelity:
-        from assistant.tts.cosyvoice.fidelity import compare
+        from assistant.tts.cosyvoice.fidelity import compare, stream_tokens
 
         toks = torch.randint(0, 6561, (tokens_for(sweep_text),), generator=torch.Generator().manual_seed(5)).tolist()
+        official = stream_tokens(model.flow, model.hift, voice, toks, StreamSchedule.official())
         for warm in (True, False):
-            result["fidelity"].append(compare(model.flow, model.hift, voice, toks, warm=warm))
+            result["fidelity"].append(compare(model.flow, model.hift, voice, toks, warm=warm, official=official))
             save(result)
     return result
 

@@ -110,13 +110,14 @@ def spectrum_db(audio: np.ndarray, spf: int, frames: int) -> np.ndarray:
 @torch.inference_mode()
 def compare(
     flow: CausalFlow, hift: HiFTVocoder, voice: CosyVoicePrompt, tokens: list[int], *, warm: bool,
-    schedule: StreamSchedule | None = None, seed: int = 0,
+    schedule: StreamSchedule | None = None, seed: int = 0, official: Streamed | None = None,
 ) -> dict[str, object]:
-    """The fast schedule (warm: the voice's sealed prefix; cold: its own state) against the official one."""
+    """The fast schedule (warm: the voice's prefix; cold: its own state) against the official one (``official``:
+    its run over the same tokens, when already made)."""
     schedule = schedule or StreamSchedule.fast()
     prefix = FlowPrefix(flow, voice) if warm else None
     fast = stream_tokens(flow, hift, voice, tokens, schedule, prefix, seed)
-    official = stream_tokens(flow, hift, voice, tokens, StreamSchedule.official(), seed=seed)
+    official = official or stream_tokens(flow, hift, voice, tokens, StreamSchedule.official(), seed=seed)
     frames = fast.mel.size(2)
     if official.mel.size(2) != frames:
         raise ValueError(f"the schedules made {official.mel.size(2)} and {frames} frames")

@@ -8,10 +8,15 @@
 # wetext, faster-whisper, piper, matplotlib). A module that is missing is installed only from ./.whl/ (a
 # folder of wheels, gitignored) when that folder exists: pip never goes to the network.
 #
+# Data: the fixtures (fixtures/cosyvoice2/tiny, tiny_tokenizer) and texts are looked for in $ASSISTANT_SHARED,
+# then shared/ in this tree, then ../shared beside it; the env stage fails loudly (and says where it looked)
+# when none holds them. To run a copied tree: copy shared/ into it, or set ASSISTANT_SHARED.
+#
 # Output (OUT_DIR, else $OUT, else ./gpu-check-out): gpu_check.md and gpu_check.json (every stage so far,
 # rewritten as each stage ends), <stage>.json, bench_<run>/ (tts_bench.json of each bench run) and
 # gpu_check.log. Stages: env, parity (tiny model fp32 vs the reference's goldens), bf16 (deltas), frontend,
-# bench (full-size random weights, bf16, 1/4/16 streams, CUDA graphs on then off). The whole run is cut at
+# bench (full-size random weights, bf16; the fast schedule first, warm and cold at 1/4/16/64 streams with
+# continuity; the decode graph on, then off at 1/16). The whole run is cut at
 # $GPU_CHECK_TIMEOUT seconds (default 480); what finished before is on disk.
 # Without CUDA it runs the CPU mode (tiny model, about a minute on an idle 2-core machine); CI runs that.
 set -uo pipefail
@@ -27,6 +32,7 @@ PY="${PYTHON:-python3}"
 exec > >(tee -a "$OUT/gpu_check.log") 2>&1
 
 echo "== gpu_check $(date -u +%FT%TZ) on $(hostname) from $(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null || echo '?')"
+echo "== shared data: ${ASSISTANT_SHARED:-unset} | $ROOT/shared | $(dirname "$ROOT")/shared (first that holds the fixtures)"
 command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv
 
 # Modules the check needs (wetext is optional: without it normalisation is skipped), found without importing.

@@ -3,9 +3,10 @@
 It needs only torch, numpy, transformers and pyyaml (no aiortc, av, soxr, soundfile, wetext, matplotlib), runs
 from the working tree, and writes every stage's result to the output folder the moment the stage ends
 (``<stage>.json``, and ``gpu_check.json`` + ``gpu_check.md`` with every stage so far), so a run cut short
-keeps what it had. Stages, in order:
+keeps what it had. Its fixtures and texts are found in ``$ASSISTANT_SHARED``, else ``shared/`` in the tree,
+else ``../shared`` (`shared_data.py`); the env stage fails loudly when none holds them. Stages, in order:
 
-``env``        Python, torch, CUDA device, versions, which optional modules are missing.
+``env``        Python, torch, CUDA device, versions, which optional modules are missing, where the data is.
 ``parity``     the tiny fixture model in float32 on the device against the reference's goldens: LLM
                log-probs, greedy and end-to-end tokens, flow mels (whole and first streaming chunk), the
                vocoder with the recorded draws, and the official schedule's three streamed chunks.
@@ -14,10 +15,13 @@ keeps what it had. Stages, in order:
 ``bf16_full_size`` (CUDA) full-size shapes, random weights: flow mel and LLM log-probs, bf16 against fp32.
 ``frontend``   the text front end on the reference's ten texts (texts with digits need wetext: skipped
                without it, and the stage says so).
-``bench_*``    on CUDA: ``assistant bench tts`` on full-size random weights, bfloat16, at 1/4/16 streams,
-               CUDA graphs on (``bench_graphs_on``), then off (``bench_graphs_off``), each in a child process
-               with an equal share of the time left; on CPU: the tiny model at one stream (``bench_tiny_cpu``,
-               keeps the bench's code path alive in CI).
+``bench_*``    on CUDA: ``assistant bench tts`` on full-size random weights, bfloat16: the decode graph on
+               (``bench_graphs_on``: the fast schedule's sweep first, warm and cold at 1/4/16/64 streams with
+               continuity and p50/p90, the official schedule at one stream, op counts; the decode path, its
+               capture time, graph replays and the first request after start among the facts), then off
+               (``bench_graphs_off``, 1/16 streams), each in a child process (the first gets 3/4 of the time
+               left); on CPU: the tiny model at one stream (``bench_tiny_cpu``, keeps the bench's code path
+               alive in CI).
 
 ``python -m assistant.bench.gpu_check --out DIR [--device auto|cpu|cuda] [--budget-s 450]``
 """
@@ -41,11 +45,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from assistant.bench.shared_data import ENV as SHARED_ENV
+from assistant.bench.shared_data import shared_candidates, shared_dir
+
 log = logging.getLogger(__name__)
 
-SHARED = Path(__file__).resolve().parents[2].parent / "shared"
-TINY = SHARED / "fixtures/cosyvoice2/tiny"
-TOKENIZER = SHARED / "fixtures/cosyvoice2/tiny_tokenizer"
+TINY = "fixtures/cosyvoice2/tiny"                   # inside the shared folder (`shared_data.py`)
+TOKENIZER = "fixtures/cosyvoice2/tiny_tokenizer"
 OPTIONAL_MODULES = ("wetext", "soxr", "soundfile", "av", "aiortc", "faster_whisper", "piper", "matplotlib",
                     "onnxruntime", "scipy", "aiohttp")
 # float32 parity: the README's 1-vs-2-thread noise is 2e-6 (log-probs), 3e-6 (mels), 2e-5 (audio). On CUDA
@@ -173,19 +179,35 @@ def stage_env(stage: Stage, device: str) -> None:
         props = torch.cuda.get_device_properties(0)
         f.update(gpu=props.name, gpu_memory_gb=round(props.total_memory / 2**30, 1),
                  capability=f"{props.major}.{props.minor}")
-    if not (TINY / "golden.pt").is_file():
+    found = shared_dir(f"{TINY}/golden.pt")
+    f["shared"] = str(found) if found else None
+    if found is None:
         stage.status = "fail"
-        stage.notes.append(f"tiny fixtures not found at {TINY}: parity and bf16 stages cannot run")
+        looked = ", ".join(str(p) for p in shared_candidates())
+        stage.notes.append(f"SHARED DATA NOT FOUND: no {TINY}/golden.pt in {looked}. Set {SHARED_ENV} to the "
+                           "folder holding fixtures/, texts/ and audio/ (or copy it to shared/ in this tree); "
+                           "parity, bf16, frontend and the bench's texts need it")
+        log.error("gpu_check.shared_missing looked=%s", looked)
+
+
+def _fixture(relative: str) -> Path:
+    """A shared fixture folder, or a loud error naming where it was looked for."""
+    found = shared_dir(relative)
+    if found is None:
+        raise FileNotFoundError(f"{relative} not found in any of {', '.join(map(str, shared_candidates()))} "
+                                f"(set {SHARED_ENV})")
+    return found / relative
 
 
 def _tiny(device: str, dtype: str) -> tuple[Any, Any, dict[str, Any]]:
     import torch
 
-    from assistant.tts.cosyvoice.model import CosyVoice2
+    from assistant.tts.cosyvoice.cosyvoice2 import CosyVoice2
     from assistant.tts.cosyvoice.voice import CosyVoicePrompt
 
-    model = CosyVoice2.from_dir(TINY, device, dtype)
-    g = torch.load(TINY / "golden.pt", weights_only=True)
+    tiny = _fixture(TINY)
+    model = CosyVoice2.from_dir(tiny, device, dtype)
+    g = torch.load(tiny / "golden.pt", weights_only=True)
     dev = torch.device(device)
     voice = CosyVoicePrompt("golden", "", g["in.prompt_speech_token"].to(dev), g["in.prompt_feat"].to(dev),
                             g["in.embedding"].to(dev))
@@ -218,22 +240,23 @@ def _flow_mel(model: Any, voice: Any, tokens: Any, streaming: bool, finalize: bo
 @contextlib.contextmanager
 def _recorded_draws(g: dict[str, Any], device: Any) -> Iterator[None]:
     """The official schedule's vocoder calls take the reference's recorded random draws, in order."""
-    import assistant.tts.cosyvoice.streaming as streaming
+    import assistant.tts.cosyvoice.vocoding as vocoding
     from assistant.tts.cosyvoice.hift_source import SourceNoise
 
     draws = iter([SourceNoise(g[f"e2e.hift_call{i}_rand_ini"].to(device), g[f"e2e.hift_call{i}_sine_noise"].to(device))
                   for i in range(3)])
-    orig = streaming.draw_noise
-    streaming.draw_noise = lambda *a, **k: next(draws)
+    orig = vocoding.draw_noise
+    vocoding.draw_noise = lambda *a, **k: next(draws)
     try:
         yield
     finally:
-        streaming.draw_noise = orig
+        vocoding.draw_noise = orig
 
 
 def _official_e2e(model: Any, voice: Any, g: dict[str, Any]) -> list[Any]:
     """The official schedule over the reference's 100 e2e tokens with its recorded draws → 3 audio chunks."""
-    from assistant.tts.cosyvoice.streaming import StreamSchedule, run_stream
+    from assistant.tts.cosyvoice.schedule import StreamSchedule
+    from assistant.tts.cosyvoice.streaming import run_stream
 
     with _recorded_draws(g, model.device):
         chunks = run_stream(model.flow, model.hift, voice, g["e2e.speech_tokens"].tolist(), StreamSchedule.official())
@@ -382,13 +405,10 @@ def full_size_bf16(stage: Stage, device: str) -> None:
 def stage_frontend(stage: Stage) -> None:
     from assistant.tts.cosyvoice.frontend import TextFrontend
 
-    golden_file = TOKENIZER / "frontend_golden.json"
-    if not golden_file.is_file():
-        stage.status = "skipped"
-        stage.notes.append(f"{golden_file} not found")
-        return
+    tokenizer = _fixture(TOKENIZER)
+    golden_file = tokenizer / "frontend_golden.json"
     cases = json.loads(golden_file.read_text("utf-8"))["cases"]
-    fe = TextFrontend(TOKENIZER)
+    fe = TextFrontend(tokenizer)
     wetext = fe.normalizes
     stage.facts["wetext"] = "yes" if wetext else "no (normalisation skipped; texts with digits not compared)"
     for i, c in enumerate(cases):
@@ -400,28 +420,51 @@ def stage_frontend(stage: Stage) -> None:
         stage.check({"case": i, "text": c["text"][:30], "segments": segs == c["segments"], "ids": ids_ok}, ids_ok)
 
 
+SWEEP_FIRST = ("schedule", "voice", "streams", "first_packet_p50_ms", "first_packet_p90_ms", "continuity")
+# nested results reported as facts: what really ran, what the capture cost, the first request after start
+NESTED_FACTS = {
+    "decode_path": ("path", "capture_s", "error"),
+    "first_after_start": ("first_packet_ms", "schedule", "cold_voice"),
+    "engine_stats": ("decode_path", "decode_step_ms_alone", "decode_step_ms_beside_chunks", "mean_batch",
+                     "flow_batches", "mean_flow_batch", "max_flow_batch", "prefixes_built"),
+}
+
+
 def _bench_rows(result: dict[str, Any], label: str) -> tuple[list[dict[str, Any]], dict[str, Any]]:
-    """The bench's sweep rows (every field it gives, cold/warm when present) and its scalar facts."""
-    first = ("schedule", "streams", "first_packet_p50_ms", "first_packet_p90_ms")
+    """The bench's sweep rows (schedule, voice, streams, p50, p90 and continuity first) and its facts."""
     rows = []
     for r in result.get("sweep", []):
-        keys = [k for k in first if k in r]
-        keys += sorted(k for k in r if k not in keys and ("cold" in k or "warm" in k))
-        keys += [k for k in r if k not in keys]
+        keys = [k for k in SWEEP_FIRST if k in r] + [k for k in r if k not in SWEEP_FIRST]
         rows.append({"run": label, **{k: r[k] for k in keys if not isinstance(r[k], (dict, list))}})
     facts = {k: v for k, v in result.items() if isinstance(v, (int, float, str, bool)) and v is not None}
+    for name, keys in NESTED_FACTS.items():
+        nested = result.get(name) or {}
+        for k in keys:
+            v = nested.get(k)
+            if isinstance(v, dict):  # the decode path as it ended: graph replays and direct steps
+                facts.update({f"{name}.{k}.{kk}": vv for kk, vv in v.items() if not isinstance(vv, (dict, list))})
+            elif v is not None:
+                facts[f"{name}.{k}"] = v
+    for r in result.get("op_counts", []):
+        facts[f"first_chunk_ops_per_stream.x{r['streams']}"] = r["aten_ops_per_stream"]
+        facts[f"first_chunk_kernel_launches_per_stream.x{r['streams']}"] = r["kernel_launches_per_stream"]
     return rows, facts
 
 
 def bench_runs(device: str) -> list[tuple[str, list[str]]]:
-    """(label, ``bench tts`` arguments) of each bench run: on CUDA full size with graphs on, then off."""
+    """(label, ``bench tts`` arguments) of each bench run. On CUDA: full size, bf16, the decode graph on, the
+    fast schedule's sweep first (warm and cold at 1/4/16/64 streams, each with continuity), the official
+    schedule at one stream for the ratio, op counts; then a short run with the graph off."""
     if device == "cuda":
-        full = ["--device", "cuda", "--random-full-size", "--dtype", "bfloat16", "--streams", "1,4,16",
-                "--texts", "zh_50", "--repeats", "1"]
-        return [("graphs_on", full), ("graphs_off", [*full, "--no-cuda-graphs"])]
+        full = ["--device", "cuda", "--random-full-size", "--dtype", "bfloat16", "--texts", "zh_50",
+                "--sweep-text", "zh_50", "--repeats", "1", "--schedules", "fast,official", "--sweep-schedules", "fast",
+                "--skip-steps"]
+        return [("graphs_on", [*full, "--streams", "1,4,16,64", "--sweep-cold", "--op-counts", "1,16"]),
+                ("graphs_off", [*full, "--streams", "1,16", "--no-cuda-graphs"])]
     # the bench's code path on the tiny model, kept short for CI
     return [("tiny_cpu", ["--device", "cpu", "--streams", "1", "--texts", "zh_20", "--sweep-text", "zh_20",
-                          "--tokens-per-char", "1", "--schedules", "fast", "--repeats", "1"])]
+                          "--tokens-per-char", "1", "--schedules", "fast", "--repeats", "1", "--sweep-cold",
+                          "--skip-steps", "--op-counts", "1"])]
 
 
 def stage_bench(stage: Stage, out: Path, bench_args: list[str], seconds: float) -> None:
@@ -462,9 +505,12 @@ def stage_bench(stage: Stage, out: Path, bench_args: list[str], seconds: float) 
             if isinstance(v, dict):
                 stage.check({"run": label, "schedule": sched, "streams": 1, "text": t.get("text"),
                              **{k: x for k, x in v.items() if not isinstance(x, (dict, list))}}, None)
-    if not any("cold" in k or "warm" in k for r in rows for k in r):
-        stage.notes.append("the bench reports no cold/warm split (fields absent): first packets are after "
-                           "warm-up, with one voice")
+    if not any(r.get("voice") == "cold" for r in rows):
+        stage.notes.append("the bench's sweep has no cold rows (warm voice only)")
+    fallback = [n for n in result.get("notes", []) if n.startswith("texts:")]
+    if fallback:
+        stage.status = "fail"
+        stage.notes.append(f"the bench could not find its texts: {fallback[0]}")
     if not rows:
         stage.status = "fail"
         stage.notes.append("the bench gave no sweep rows")
@@ -529,7 +575,8 @@ def main(argv: list[str] | None = None) -> int:
         torch.cuda.empty_cache()  # the bench children get the GPU as it was
     runs = [] if args.skip_bench else bench_runs(device)
     for i, (label, bench_args) in enumerate(runs):
-        seconds = (deadline - time.monotonic()) / (len(runs) - i)  # an equal share of what is left
+        share = 0.75 if i < len(runs) - 1 else 1.0   # the headline run first, with most of the time
+        seconds = (deadline - time.monotonic()) * share
         report.run(f"bench_{label}", lambda s, a=bench_args, t=seconds: stage_bench(s, out, a, t))
     print(report.markdown())
     print(f"gpu_check: wrote {out}/gpu_check.md and .json in {time.monotonic() - t_start:.0f} s")

@@ -1,27 +1,30 @@
 """``assistant bench tts``: CosyVoice2 streaming latency — first packet and total time per text, and a
-concurrency sweep — for the official schedule and ours, measured in the same run on the same engine.
+concurrency sweep with continuity — for our fast schedule and the official one, measured in the same run on
+the same engine.
 
 Timing does not depend on the weights' values, so the bench runs on the tiny fixture model, on a real
 model directory, or on full-size modules with random weights (``--random-full-size``). The number of speech
 tokens is forced (``--tokens-per-char`` x characters, eos ignored) so every run speaks the same length.
 Without a text tokenizer (tiny fixture, random model) the text ids are random ids, one per character; without
 the ONNX front end the 10 s reference voice is replaced by fixed random prompt tokens/features of the same
-length (250 tokens, 500 mel frames). The report says which.
+length (250 tokens, 500 mel frames); without the shared texts, made-up texts of the same lengths. The
+report's notes say which.
 
 Three first packets are told apart: **first after start** (the very first request of a fresh engine: nothing
-warm, a new voice), **cold** (a voice never seen: its prompt is computed inside the request; with the ONNX
-front end that includes encoding the clip) and **warm** (a registered voice: its prompt comes from the
-prompt cache). Each first packet is split into the stages the engine records: waiting for a slot, LLM
-prefill, decoding the first hop (ms per token), the voice's flow prefix (cold only), the first chunk's flow
-and vocoder, and the chunk's wait behind other chunks. The LLM's wall time is set against its decode time
-(how much decoding was stalled), and memory per stream is printed (flow buffers; GPU peak on CUDA).
-Results are written after every phase, so a run cut short keeps what it measured.
+warm, a new voice, before the decode graph is captured), **cold** (a voice never seen: it starts on its own
+flow state; with the ONNX front end that includes encoding the clip) and **warm** (a registered voice: its
+flow prefix is in the prompt cache). Each first packet is split into the stages the engine records. The
+sweep starts N requests together (warm, and with ``--sweep-cold`` N new voices) and reports first packet
+p50/p90 and **continuity**: the share of streams whose every chunk arrived before the audio before it had
+played out (a player that starts at the first chunk and never drops audio). Results are written after every
+phase, so a run cut short keeps what it measured. Tables: `tts_report.py`.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import json
 import logging
 import platform
@@ -33,15 +36,18 @@ from typing import Any
 import numpy as np
 import torch
 
+from assistant.bench.shared_data import shared_candidates, shared_path
+from assistant.bench.tts_report import plot, tables
+
 log = logging.getLogger(__name__)
 
-TEXTS_FILE = Path(__file__).resolve().parents[2].parent / "shared/texts/bench_texts.json"
-REFERENCE_WAV = Path(__file__).resolve().parents[2].parent / "shared/audio/en_reference_voice.wav"
-TINY_MODEL = Path(__file__).resolve().parents[2].parent / "shared/fixtures/cosyvoice2/tiny"
+TEXTS_FILE = "texts/bench_texts.json"
+REFERENCE_WAV = "audio/en_reference_voice.wav"
+TINY_MODEL = "fixtures/cosyvoice2/tiny"
 TEXT_NAMES = ("seed_benchmark_zh", "zh_20", "zh_50", "zh_100", "zh_200")
 TOKEN_RATE = 25          # speech tokens per second of audio
 PROMPT_SECONDS = 10.0    # the reference voice's length
-FALLBACK_TEXTS = {       # used when the shared texts file is absent (same lengths)
+FALLBACK_TEXTS = {       # used when the shared texts file is absent (same lengths; the notes say so)
     "seed_benchmark_zh": "欢" * 40, "zh_20": "今" * 20, "zh_50": "今" * 50, "zh_100": "今" * 100, "zh_200": "今" * 200,
 }
 
@@ -57,7 +63,9 @@ def add_tts_bench_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--texts", default=None,
                         help="bench_texts.json names to time (default all; on CPU all but zh_200, to stay short)")
     parser.add_argument("--sweep-text", default="seed_benchmark_zh", help="text of the concurrency sweep")
-    parser.add_argument("--schedules", default="official,fast", help="streaming schedules to compare")
+    parser.add_argument("--schedules", default="fast,official", help="streaming schedules to compare, in order")
+    parser.add_argument("--sweep-schedules", default=None, help="schedules of the sweep (default: --schedules)")
+    parser.add_argument("--sweep-cold", action="store_true", help="the sweep also with a new voice per stream")
     parser.add_argument("--tokens-per-char", type=float, default=4.0, help="forced speech tokens per character")
     parser.add_argument("--first-chunk-tokens", type=int, default=10, help="fast schedule: first hop")
     parser.add_argument("--first-chunk-steps", type=int, default=0, help="fast: Euler steps of chunk 1 (0: 10)")
@@ -67,6 +75,10 @@ def add_tts_bench_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: leave as is)")
     parser.add_argument("--skip-steps", action="store_true", help="skip the first-chunk Euler steps table")
     parser.add_argument("--skip-sweep", action="store_true", help="skip the concurrency sweep")
+    parser.add_argument("--op-counts", default="",
+                        help="stream counts whose first chunks to profile together (ops dispatched), e.g. 1,4")
+    parser.add_argument("--fidelity", action="store_true",
+                        help="the fast schedule against the official one by region (warm and cold, sweep text)")
     parser.add_argument("--prompt-cache-mb", type=int, default=6144,
                         help="prompt cache budget: room for the warm voice and one cold one (full size, float32: "
                         "~2.3 GB per 10 s voice) so a cold request never evicts the warm voice")
@@ -77,11 +89,11 @@ def add_tts_bench_arguments(parser: argparse.ArgumentParser) -> None:
 
 def _random_full_size(device: str, dtype: str) -> Any:
     """CosyVoice2 with the official 0.5B shapes and random weights (timing only)."""
+    from assistant.tts.cosyvoice.cosyvoice2 import CosyVoice2
     from assistant.tts.cosyvoice.flow import CausalFlow, FlowConfig
     from assistant.tts.cosyvoice.hift import HiFTConfig, HiFTVocoder
     from assistant.tts.cosyvoice.llm import QWEN2_05B_CONFIG, SpeechLM, SpeechLMConfig, qwen_config_from_dict
     from assistant.tts.cosyvoice.loader import LoadedModel, ModelSpec, parse_dtype
-    from assistant.tts.cosyvoice.model import CosyVoice2
 
     dev, dt = torch.device(device), parse_dtype(dtype)
     torch.manual_seed(0)
@@ -93,8 +105,11 @@ def _random_full_size(device: str, dtype: str) -> Any:
     llm = llm.to(dtype=dt).eval()
     llm.llm.rebuild_rotary(dev)
     flow = flow.to(dtype=dt).eval()
+    hift = hift.eval()
+    if hasattr(hift, "remove_weight_norm"):  # as the loader does
+        hift.remove_weight_norm()
     spec = ModelSpec({}, SpeechLMConfig(), qwen, FlowConfig(), HiFTConfig())
-    return CosyVoice2(LoadedModel(Path("random-full-size"), spec, llm, flow, hift.eval(), dev, dt))
+    return CosyVoice2(LoadedModel(Path("random-full-size"), spec, llm, flow, hift, dev, dt))
 
 
 def _voice(model: Any, notes: list[str] | None, variant: int = 0, engine: Any = None) -> Any:
@@ -102,13 +117,14 @@ def _voice(model: Any, notes: list[str] | None, variant: int = 0, engine: Any = 
     voice never seen before (a clip cut ``variant`` x 10 ms shorter, or another random prompt): a cold voice."""
     from assistant.tts.cosyvoice.voice import CosyVoicePrompt
 
-    if model.voice_encoder.available and REFERENCE_WAV.is_file():
+    wav = shared_path(REFERENCE_WAV)
+    if model.voice_encoder.available and wav.is_file():
         from assistant.audio import read_audio
         from assistant.tts.base import ReferenceClip
 
-        audio, sr = read_audio(REFERENCE_WAV)
+        audio, sr = read_audio(wav)
         if notes is not None:
-            notes.append(f"voice: {REFERENCE_WAV.name} encoded by the ONNX front end (cold: front end included)")
+            notes.append(f"voice: {wav.name} encoded by the ONNX front end (cold: front end included)")
         audio = audio[: len(audio) - variant * sr // 100]
         if engine is not None:
             return engine.clip_voice(model, ReferenceClip(audio, sr, ""))
@@ -136,18 +152,33 @@ def _text_ids(model: Any, text: str, seed: int) -> torch.Tensor:
     return torch.randint(0, min(vocab, 150000), (1, len(text)), generator=gen)
 
 
-def _load_texts() -> dict[str, str]:
-    if TEXTS_FILE.is_file():
-        return json.loads(TEXTS_FILE.read_text(encoding="utf-8"))["texts"]
+def _load_texts(notes: list[str]) -> dict[str, str]:
+    path = shared_path(TEXTS_FILE)
+    if path.is_file():
+        return json.loads(path.read_text(encoding="utf-8"))["texts"]
+    notes.append(f"texts: {TEXTS_FILE} not found (looked in {', '.join(map(str, shared_candidates()))}): "
+                 "made-up texts of the same lengths")
     return dict(FALLBACK_TEXTS)
 
 
 # --- measuring -------------------------------------------------------------------------------------------
 
 
+def continuity(arrivals: list[float], durations: list[float]) -> tuple[int, float]:
+    """Underruns and their total gap (s) for chunks arriving at ``arrivals`` with ``durations`` of audio, played
+    by a player that starts at the first chunk and waits (never drops) when it runs dry."""
+    underruns, gap, end = 0, 0.0, None
+    for t, d in zip(arrivals, durations, strict=True):
+        if end is not None and t > end:
+            underruns += 1
+            gap += t - end
+        end = (t if end is None else max(end, t)) + d
+    return underruns, gap
+
+
 async def _one(engine: Any, text_ids: torch.Tensor, voice: Any, schedule: Any, tokens: int, seed: int,
                make_voice: Any = None) -> dict:
-    """One streamed request: first packet (its stage split), total time, audio length, LLM wall vs decode.
+    """One streamed request: first packet (its stage split), total time, continuity, LLM wall vs decode.
 
     ``make_voice`` (a cold request): a callable run first, inside the timed span, that returns the voice.
     """
@@ -159,15 +190,22 @@ async def _one(engine: Any, text_ids: torch.Tensor, voice: Any, schedule: Any, t
     first = None
     samples = 0
     first_chunk = last = None
+    arrivals: list[float] = []
+    durations: list[float] = []
     async for chunk in engine.stream_ids(text_ids, voice, schedule=schedule, seed=seed, tokens=tokens):
-        if first is None and chunk.audio.size:
-            first, first_chunk = time.perf_counter() - t0, chunk
+        if chunk.audio.size:
+            arrivals.append(time.perf_counter())
+            durations.append(chunk.audio.size / engine.sample_rate)
+            if first is None:
+                first, first_chunk = arrivals[-1] - t0, chunk
         samples += chunk.audio.size
         last = chunk
     total = time.perf_counter() - t0
     audio_s = samples / engine.sample_rate
+    underruns, gap = continuity(arrivals, durations)
     out = {"first_packet_ms": 1000 * (first or total), "total_ms": 1000 * total, "audio_s": audio_s,
-           "rtf": total / max(audio_s, 1e-9), "front_end_ms": front_ms}
+           "rtf": total / max(audio_s, 1e-9), "front_end_ms": front_ms, "underruns": underruns,
+           "gap_ms": 1000 * gap}
     fs = (first_chunk.stats or {}) if first_chunk is not None else {}
     decoded = max(fs.get("decoded_at_first_packet", 0.0), 1.0)
     out.update({
@@ -179,15 +217,12 @@ async def _one(engine: Any, text_ids: torch.Tensor, voice: Any, schedule: Any, t
         "first_flow_ms": fs.get("first_flow_ms", 0.0),
         "first_vocoder_ms": fs.get("first_vocoder_ms", 0.0),
         "first_queue_ms": fs.get("first_queue_ms", 0.0),
+        "cold_voice": fs.get("cold_voice", 0.0),
     })
     ls = (last.stats or {}) if last is not None else {}
     out.update({"llm_wall_ms": ls.get("llm_wall_ms", 0.0), "llm_decode_ms": ls.get("decode_ms", 0.0),
                 "stream_mb": ls.get("stream_bytes", 0.0) / 2**20})
     return out
-
-
-SPLIT = ("front_end_ms", "admit_wait_ms", "prefill_ms", "decode_ms_per_token", "prefix_ms", "first_flow_ms",
-         "first_vocoder_ms", "first_queue_ms")
 
 
 def _pct(values: list[float], q: float) -> float:
@@ -199,28 +234,49 @@ def _sync(device: str) -> None:
         torch.cuda.synchronize()
 
 
+def _sweep_row(sname: str, n: int, voice: str, runs: list[dict], wall: float, cuda: bool) -> dict:
+    fp = [r["first_packet_ms"] for r in runs]
+    return {
+        "schedule": sname, "voice": voice, "streams": n,
+        "first_packet_p50_ms": _pct(fp, 50), "first_packet_p90_ms": _pct(fp, 90),
+        "continuity": sum(r["underruns"] == 0 for r in runs) / len(runs),
+        "gap_ms_mean": statistics.mean(r["gap_ms"] for r in runs),
+        "rtf_mean": statistics.mean(r["rtf"] for r in runs),
+        "aggregate_rtf": wall / sum(r["audio_s"] for r in runs),
+        "wall_s": wall,
+        "stream_mb": statistics.mean(r["stream_mb"] for r in runs),
+        "gpu_peak_mb": torch.cuda.max_memory_allocated() / 2**20 if cuda else None,
+    }
+
+
 async def _bench(args: argparse.Namespace, model: Any, notes: list[str], save: Any) -> dict:
     from assistant.config import TTSConfig
     from assistant.tts.cosyvoice.engine import CosyVoiceEngine
-    from assistant.tts.cosyvoice.streaming import FlowPrefix, StreamSchedule, first_chunk_mel
+    from assistant.tts.cosyvoice.flow_prefix import FlowPrefix
+    from assistant.tts.cosyvoice.schedule import StreamSchedule
+    from assistant.tts.cosyvoice.streaming import first_chunk_mel
 
     streams = [int(s) for s in str(args.streams).split(",") if s.strip()]
     names = [n.strip() for n in str(args.texts).split(",") if n.strip()]
-    texts = _load_texts()
+    texts = _load_texts(notes)
     schedules = {
         name: StreamSchedule.named(name, args.first_chunk_tokens, args.first_chunk_steps or None)
         for name in str(args.schedules).split(",")
     }
+    sweep_schedules = [s for s in str(args.sweep_schedules or args.schedules).split(",") if s in schedules]
     cuda = args.device.startswith("cuda")
     cfg = TTSConfig(engine="cosyvoice2", device=args.device, dtype=args.dtype, max_concurrent=max(streams),
                     max_waiting=0, cuda_graphs=cuda and not args.no_cuda_graphs, prompt_cache_mb=args.prompt_cache_mb)
     engine = CosyVoiceEngine(cfg)
     engine.attach(model)
-    result: dict[str, Any] = {"per_text": [], "sweep": [], "steps_quality": []}
+    result: dict[str, Any] = {"per_text": [], "sweep": [], "steps_quality": [], "op_counts": [], "fidelity": []}
     variants = iter(range(1, 10_000))
 
     def tokens_for(text: str) -> int:
         return max(1, round(args.tokens_per_char * len(text)))
+
+    def new_voice() -> Any:
+        return _voice(model, None, next(variants), engine)
 
     first_name = names[0] if names else args.sweep_text
     first_text = texts.get(first_name, FALLBACK_TEXTS.get(first_name, first_name))
@@ -228,21 +284,24 @@ async def _bench(args: argparse.Namespace, model: Any, notes: list[str], save: A
 
     # 1. The first request after start: nothing captured or warm, a voice never seen.
     r = await _one(engine, _text_ids(model, first_text, 1), None, schedules[main_sched], tokens_for(first_text), 0,
-                   make_voice=lambda: _voice(model, None, next(variants), engine))
+                   make_voice=new_voice)
     result["first_after_start"] = {"schedule": main_sched, "text": first_name, **r}
     print(f"  first request after start ({main_sched}): first packet {r['first_packet_ms']:.0f} ms", flush=True)
     save(result)
 
-    # 2. Warm-up: graph capture (timed, once), then every schedule on every slot at once.
+    # 2. Warm-up: graph capture (timed, apart), the registered voice's prefix, every schedule on every slot it
+    #    is measured at (a schedule left out of the sweep runs at one stream only).
     t0 = time.perf_counter()
-    graph = await asyncio.get_running_loop().run_in_executor(None, engine.batcher.capture)
+    result["decode_path"] = await asyncio.get_running_loop().run_in_executor(None, engine.batcher.capture)
     voice = _voice(model, notes, 0, engine)
+    if hasattr(engine, "prepare_voice"):
+        await engine.prepare_voice(voice)
     warm_ids = _text_ids(model, "warm up text", 0)
-    for sched in schedules.values():
-        await asyncio.gather(*(_one(engine, warm_ids, voice, sched, 60, i) for i in range(max(streams))))
+    for sname, sched in schedules.items():
+        n = max(streams) if sname in sweep_schedules and not args.skip_sweep else 1
+        await asyncio.gather(*(_one(engine, warm_ids, voice, sched, 60, i) for i in range(n)))
     _sync(args.device)
     result["warmup_s"] = time.perf_counter() - t0
-    result["decode_path"] = graph
     save(result)
 
     # 3. Per text: warm first packet (registered voice) per schedule, and cold (a new voice) for ours.
@@ -253,8 +312,7 @@ async def _bench(args: argparse.Namespace, model: Any, notes: list[str], save: A
         for sname, sched in schedules.items():
             runs = [await _one(engine, ids, voice, sched, tokens_for(text), r) for r in range(args.repeats)]
             row[sname] = {k: statistics.median(r[k] for r in runs) for k in runs[0]}
-        cold = [await _one(engine, ids, None, schedules[main_sched], tokens_for(text), r,
-                           make_voice=lambda: _voice(model, None, next(variants), engine))
+        cold = [await _one(engine, ids, None, schedules[main_sched], tokens_for(text), r, make_voice=new_voice)
                 for r in range(args.repeats)]
         row[f"{main_sched}_cold"] = {k: statistics.median(r[k] for r in cold) for k in cold[0]}
         result["per_text"].append(row)
@@ -262,32 +320,44 @@ async def _bench(args: argparse.Namespace, model: Any, notes: list[str], save: A
               + f", {main_sched} cold {row[f'{main_sched}_cold']['first_packet_ms']:.0f} ms", flush=True)
         save(result)
 
-    # 4. Concurrency sweep (warm voice).
+    # 4. Concurrency sweep: N requests started together, warm (and cold: N new voices).
     sweep_text = texts.get(args.sweep_text, FALLBACK_TEXTS.get(args.sweep_text, args.sweep_text))
     ids = _text_ids(model, sweep_text, 2)
-    for sname, sched in schedules.items():
-        for n in [] if args.skip_sweep else streams:
-            if cuda:
-                torch.cuda.reset_peak_memory_stats()
-            t0 = time.perf_counter()
-            runs = await asyncio.gather(*(_one(engine, ids, voice, sched, tokens_for(sweep_text), 100 + i)
-                                          for i in range(n)))
-            wall = time.perf_counter() - t0
-            fp = [r["first_packet_ms"] for r in runs]
-            result["sweep"].append({
-                "schedule": sname, "streams": n,
-                "first_packet_p50_ms": _pct(fp, 50), "first_packet_p90_ms": _pct(fp, 90),
-                "rtf_mean": statistics.mean(r["rtf"] for r in runs),
-                "aggregate_rtf": wall / sum(r["audio_s"] for r in runs),
-                "wall_s": wall,
-                "stream_mb": statistics.mean(r["stream_mb"] for r in runs),
-                "gpu_peak_mb": torch.cuda.max_memory_allocated() / 2**20 if cuda else None,
-            })
-            print(f"  sweep {sname} x{n}: first packet p50 {result['sweep'][-1]['first_packet_p50_ms']:.0f} ms",
+    for sname in [] if args.skip_sweep else sweep_schedules:
+        sched = schedules[sname]
+        for n in streams:
+            for kind in ("warm", "cold") if args.sweep_cold else ("warm",):
+                if cuda:
+                    torch.cuda.reset_peak_memory_stats()
+                t0 = time.perf_counter()
+                runs = await asyncio.gather(*(
+                    _one(engine, ids, voice if kind == "warm" else None, sched, tokens_for(sweep_text), 100 + i,
+                         make_voice=new_voice if kind == "cold" else None) for i in range(n)))
+                row = _sweep_row(sname, n, kind, runs, time.perf_counter() - t0, cuda)
+                result["sweep"].append(row)
+                print(f"  sweep {sname} {kind} x{n}: first packet p50 {row['first_packet_p50_ms']:.0f} ms, "
+                      f"continuity {row['continuity']:.0%}", flush=True)
+                save(result)
+
+    # The engine's record, then its memory back (a full-size voice prefix is 2.3 GB) for the direct probes.
+    result["engine_stats"] = _jsonable(engine.stats())
+    await engine.close()
+    engine.prompt_cache.clear()
+    gc.collect()
+    save(result)
+
+    # 5. Ops dispatched by a first chunk, alone and batched (torch profiler).
+    if args.op_counts:
+        from assistant.bench.op_counts import first_chunk_ops
+
+        toks = torch.randint(0, 6561, (64,), generator=torch.Generator().manual_seed(4)).tolist()
+        for n in (int(x) for x in str(args.op_counts).split(",") if x.strip()):
+            result["op_counts"].append(first_chunk_ops(model, voice, toks, n, args.first_chunk_tokens))
+            print(f"  first chunk x{n}: {result['op_counts'][-1]['aten_ops_per_stream']:.0f} ops per stream",
                   flush=True)
             save(result)
 
-    # 5. Quality of fewer Euler steps for the first chunk (mel difference vs 10 steps, same tokens).
+    # 6. Quality of fewer Euler steps for the first chunk (mel difference vs 10 steps, same tokens).
     if not args.skip_steps:
         gen = torch.Generator().manual_seed(3)
         toks = torch.randint(0, 6561, (64,), generator=gen).tolist()
@@ -304,8 +374,16 @@ async def _bench(args: argparse.Namespace, model: Any, notes: list[str], save: A
             result["steps_quality"].append({"steps": k, "mean_abs": float(d.mean()), "max_abs": float(d.max()),
                                             "ref_std": float(ref.std()), "first_chunk_flow_ms": 1000 * dt})
         save(result)
-    result["engine_stats"] = _jsonable(engine.stats())
-    await engine.close()
+
+    # 7. Fidelity: the fast schedule against the official one on the sweep text's length, warm and cold.
+    if args.fidelity:
+        from assistant.tts.cosyvoice.fidelity import compare, stream_tokens
+
+        toks = torch.randint(0, 6561, (tokens_for(sweep_text),), generator=torch.Generator().manual_seed(5)).tolist()
+        official = stream_tokens(model.flow, model.hift, voice, toks, StreamSchedule.official())
+        for warm in (True, False):
+            result["fidelity"].append(compare(model.flow, model.hift, voice, toks, warm=warm, official=official))
+            save(result)
     return result
 
 
@@ -315,105 +393,6 @@ def _jsonable(obj: Any) -> Any:
     if isinstance(obj, (list, tuple)):
         return [_jsonable(v) for v in obj]
     return obj if isinstance(obj, (int, float, str, bool)) or obj is None else str(obj)
-
-
-# --- reporting -------------------------------------------------------------------------------------------
-
-
-def _split_row(label: str, r: dict) -> str:
-    cells = [label, f"{r['first_packet_ms']:.0f}"] + [f"{r.get(k, 0.0):.1f}" for k in SPLIT]
-    cells += [f"{r.get('tokens_at_first_packet', 0):.0f}", f"{r.get('llm_wall_ms', 0):.0f}",
-              f"{r.get('llm_decode_ms', 0):.0f}", f"{r.get('stream_mb', 0):.0f}"]
-    return "| " + " | ".join(cells) + " |"
-
-
-def _tables(result: dict, schedules: list[str]) -> str:
-    main = "fast" if "fast" in schedules else schedules[0]
-    lines = ["First packet / total time per text (ms; one stream; warm = registered voice, cold = a new voice)", ""]
-    head = "| text | chars | tokens | " + " | ".join(f"{s} first | {s} total" for s in schedules)
-    head += f" | {main} cold first |"
-    ratio = "official/fast" if {"official", "fast"} <= set(schedules) else ""
-    lines += [head + (f" {ratio} first (warm) | {ratio} first (cold) |" if ratio else ""),
-              "|" + "---|" * (4 + 2 * len(schedules) + (2 if ratio else 0))]
-    for row in result["per_text"]:
-        cells = [row["text"], str(row["chars"]), str(row["speech_tokens"])]
-        for s in schedules:
-            cells += [f"{row[s]['first_packet_ms']:.0f}", f"{row[s]['total_ms']:.0f}"]
-        cold = row.get(f"{main}_cold")
-        cells.append(f"{cold['first_packet_ms']:.0f}" if cold else "-")
-        if ratio:
-            off = row["official"]["first_packet_ms"]
-            cells.append(f"{off / row['fast']['first_packet_ms']:.2f}x")
-            cells.append(f"{off / cold['first_packet_ms']:.2f}x" if cold else "-")
-        lines.append("| " + " | ".join(cells) + " |")
-    lines += ["", "Where the first packet goes (ms; decode per token in ms; LLM wall vs decode over the whole request; "
-              "flow buffers per stream in MB)", "",
-              "| request | first packet | front end | slot wait | LLM prefill | decode/token | voice prefix | "
-              "1st chunk flow | 1st chunk vocoder | chunk queue | tokens at 1st | LLM wall | LLM decode | stream MB |",
-              "|" + "---|" * 14]
-    if "first_after_start" in result:
-        r = result["first_after_start"]
-        lines.append(_split_row(f"first after start ({r['schedule']}, {r['text']})", r))
-    for row in result["per_text"]:
-        for s in schedules:
-            lines.append(_split_row(f"{row['text']} {s} warm", row[s]))
-        if f"{main}_cold" in row:
-            lines.append(_split_row(f"{row['text']} {main} cold", row[f"{main}_cold"]))
-    path = result.get("decode_path") or {}
-    if path:
-        cap = path.get("capture_s")
-        lines += ["", f"decode path: {path.get('path')}" + (f", capture {cap:.2f} s" if cap is not None else "")
-                  + (f" (error: {path['error']})" if path.get("error") else "")]
-    lines += ["", "Concurrency sweep (first packet p50 / p90 ms, mean per-stream RTF, flow MB per stream, GPU peak MB)",
-              "", "| schedule | streams | p50 | p90 | RTF | aggregate RTF | MB/stream | GPU MB |",
-              "|---|---|---|---|---|---|---|---|"]
-    for r in result["sweep"]:
-        gpu = f"{r['gpu_peak_mb']:.0f}" if r["gpu_peak_mb"] is not None else "-"
-        lines.append(f"| {r['schedule']} | {r['streams']} | {r['first_packet_p50_ms']:.0f} | "
-                     f"{r['first_packet_p90_ms']:.0f} | {r['rtf_mean']:.2f} | {r['aggregate_rtf']:.3f} | "
-                     f"{r.get('stream_mb', 0):.0f} | {gpu} |")
-    if ratio:
-        by = {(r["schedule"], r["streams"]): r for r in result["sweep"]}
-        ns = sorted({r["streams"] for r in result["sweep"]})
-        lines += ["", "official/fast first packet p50: " + ", ".join(
-            f"x{n} {by[('official', n)]['first_packet_p50_ms'] / by[('fast', n)]['first_packet_p50_ms']:.2f}"
-            for n in ns if ("official", n) in by and ("fast", n) in by)]
-    cache = (result.get("engine_stats") or {}).get("prompt_cache")
-    if cache:
-        lines += ["", f"prompt cache: {cache['entries']} entries, {cache['bytes'] / 2**20:.0f} MB, "
-                  f"hits {cache['hits']}, misses {cache['misses']}, evictions {cache['evictions']}"]
-    if result["steps_quality"]:
-        lines += ["", "First chunk with fewer Euler steps (mel vs 10 steps)", "",
-                  "| steps | mean abs | max abs | mel std | flow ms |", "|---|---|---|---|---|"]
-        for q in result["steps_quality"]:
-            lines.append(f"| {q['steps']} | {q['mean_abs']:.3f} | {q['max_abs']:.3f} | {q['ref_std']:.3f} | "
-                         f"{q['first_chunk_flow_ms']:.1f} |")
-    return "\n".join(lines)
-
-
-def _plot(result: dict, schedules: list[str], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4))
-    for s in schedules:
-        xs = [r["chars"] for r in result["per_text"]]
-        order = np.argsort(xs)
-        a.plot(np.asarray(xs)[order], np.asarray([r[s]["first_packet_ms"] for r in result["per_text"]])[order],
-               "o-", label=f"{s} first packet")
-        rows = [r for r in result["sweep"] if r["schedule"] == s]
-        b.plot([r["streams"] for r in rows], [r["first_packet_p50_ms"] for r in rows], "o-", label=f"{s} p50")
-        b.plot([r["streams"] for r in rows], [r["first_packet_p90_ms"] for r in rows], "x--", label=f"{s} p90")
-    a.set(xlabel="characters", ylabel="ms", title="first packet vs text length")
-    b.set(xlabel="concurrent streams", ylabel="ms", title="first packet vs concurrency", xscale="log", yscale="log")
-    for ax in (a, b):
-        ax.grid(True, alpha=0.3)
-        ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
 
 
 def run_tts_bench(args: argparse.Namespace) -> int:
@@ -433,9 +412,9 @@ def run_tts_bench(args: argparse.Namespace) -> int:
         model = _random_full_size(args.device, args.dtype)
         notes.append("model: full-size CosyVoice2-0.5B shapes, random weights")
     else:
-        from assistant.tts.cosyvoice.model import CosyVoice2
+        from assistant.tts.cosyvoice.cosyvoice2 import CosyVoice2
 
-        model_dir = Path(args.model_dir) if args.model_dir else TINY_MODEL
+        model_dir = Path(args.model_dir) if args.model_dir else shared_path(TINY_MODEL)
         model = CosyVoice2.from_dir(model_dir, args.device, args.dtype)
         notes.append(f"model: {model_dir}")
     if not model.frontend.has_tokenizer:
@@ -462,10 +441,10 @@ def run_tts_bench(args: argparse.Namespace) -> int:
     result = asyncio.run(_bench(args, model, notes, save))
     result.update(meta)
     save(result)
-    table = _tables(result, schedules)
+    table = tables(result, schedules)
     (out / "tts_bench.md").write_text(table + "\n", encoding="utf-8")
     try:
-        _plot(result, schedules, out / "tts_bench.png")
+        plot(result, schedules, out / "tts_bench.png")
     except (ImportError, ValueError) as exc:  # matplotlib is optional (not on every GPU machine); no sweep
         print(f"no plot: {exc}")
     print()
@@ -474,4 +453,4 @@ def run_tts_bench(args: argparse.Namespace) -> int:
     return 0
 
 
-__all__ = ["add_tts_bench_arguments", "run_tts_bench"]
+__all__ = ["add_tts_bench_arguments", "continuity", "run_tts_bench"]

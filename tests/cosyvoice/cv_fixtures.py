@@ -47,7 +47,7 @@ def tiny_model_and_voice() -> tuple[Any, Any, dict[str, torch.Tensor]]:
     """The tiny CosyVoice2 on CPU (fp32, one thread), the golden prompt as a voice, and golden.pt."""
     need_part_b()
     torch.set_num_threads(1)
-    from assistant.tts.cosyvoice.model import CosyVoice2
+    from assistant.tts.cosyvoice.cosyvoice2 import CosyVoice2
     from assistant.tts.cosyvoice.voice import CosyVoicePrompt
 
     model = CosyVoice2.from_dir(need_fixtures(), "cpu", "float32")

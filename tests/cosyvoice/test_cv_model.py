@@ -21,7 +21,7 @@ from assistant.tts.cosyvoice.voice import CosyVoicePrompt
 def model():
     need_part_b()
     torch.set_num_threads(1)
-    from assistant.tts.cosyvoice.model import CosyVoice2
+    from assistant.tts.cosyvoice.cosyvoice2 import CosyVoice2
 
     return CosyVoice2.from_dir(need_fixtures(), "cpu", "float32")
 

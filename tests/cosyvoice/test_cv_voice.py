@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from assistant.tts.cosyvoice.features import (
+from assistant.tts.cosyvoice.prompt_features import (
     kaldi_fbank,
     prompt_mel,
     slaney_mel_filterbank,
@@ -147,7 +147,7 @@ def test_voice_store_roundtrip(tmp_path: Path) -> None:
 
 def test_resample_without_soxr_matches_soxr(monkeypatch: pytest.MonkeyPatch) -> None:
     """The GPU machine has no soxr: prompts are resampled by scipy instead, to the same signal."""
-    from assistant.tts.cosyvoice.features import resample
+    from assistant.tts.cosyvoice.prompt_features import resample
 
     t = np.arange(48000) / 48000
     x = (0.5 * np.sin(2 * np.pi * 220 * t) + 0.2 * np.sin(2 * np.pi * 3100 * t)).astype(np.float32)

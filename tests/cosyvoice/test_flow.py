@@ -101,9 +101,42 @@ def test_fixed_noise(golden):
     torch.testing.assert_close(fixed_noise()[:, :, :300], golden["flow.cfm_rand_noise_first300"], rtol=0, atol=0)
 
 
-def _run(flow: CausalFlow, golden, n_new: int, streaming: bool, finalize: bool):
+def _traced(flow: CausalFlow) -> tuple[dict[str, torch.Tensor], list[torch.Tensor], list[Any]]:
+    """Forward hooks that record what the reference's trace holds: the encoder's output, mu, the speaker
+    projection, the estimator's inputs and output at step 0 and its t at every step."""
     trace: dict[str, torch.Tensor] = {}
-    mel = flow.inference(
+    ts: list[torch.Tensor] = []
+
+    def estimator(module, args, out):
+        x, mask, mu, t, spks, cond = args[:6]
+        if not ts:
+            trace.update(est_step0_in_x=x, est_step0_in_mask=mask, est_step0_in_mu=mu, est_step0_in_t=t,
+                         est_step0_in_spks=spks, est_step0_in_cond=cond, est_step0_out=out)
+        ts.append(t[0])
+
+    handles = [
+        flow.encoder.register_forward_hook(lambda m, a, out: trace.update(encoder_out=out)),
+        flow.encoder_proj.register_forward_hook(lambda m, a, out: trace.update(mu=out)),
+        flow.spk_embed_affine_layer.register_forward_hook(lambda m, a, out: trace.update(spk_proj=out)),
+        flow.decoder.estimator.register_forward_hook(estimator),
+    ]
+    return trace, ts, handles
+
+
+def _run(flow: CausalFlow, golden, n_new: int, streaming: bool, finalize: bool):
+    trace, ts, handles = _traced(flow)
+    try:
+        mel = _infer(flow, golden, n_new, streaming, finalize)
+    finally:
+        for h in handles:
+            h.remove()
+    trace["est_t_all"] = torch.stack(ts)
+    trace["mel"] = mel
+    return trace
+
+
+def _infer(flow: CausalFlow, golden, n_new: int, streaming: bool, finalize: bool) -> torch.Tensor:
+    return flow.inference(
         token=golden["in.flow_token"][:, :n_new],
         token_len=torch.tensor([n_new], dtype=torch.int32),
         prompt_token=golden["in.prompt_speech_token"],
@@ -113,10 +146,7 @@ def _run(flow: CausalFlow, golden, n_new: int, streaming: bool, finalize: bool):
         embedding=golden["in.embedding"],
         streaming=streaming,
         finalize=finalize,
-        trace=trace,
     )
-    trace["mel"] = mel
-    return trace
 
 
 TRACED = [

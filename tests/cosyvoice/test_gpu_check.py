@@ -50,6 +50,10 @@ def test_cpu_mode_runs_offline_without_the_projects_other_dependencies(tmp_path:
     # the bench ran through its public entry and gave a first packet
     sweep = [r for r in stages["bench_tiny_cpu"]["rows"] if "first_packet_p50_ms" in r]
     assert sweep and all(r["first_packet_p50_ms"] > 0 for r in sweep)
+    assert {r["voice"] for r in sweep} == {"warm", "cold"} and all(0 <= r["continuity"] <= 1 for r in sweep)
+    facts = stages["bench_tiny_cpu"]["facts"]
+    assert facts["decode_path.path"] == "eager (cpu)" and facts["first_after_start.first_packet_ms"] > 0
+    assert facts["engine_stats.decode_path.path"] == "eager (cpu)" and facts["first_chunk_ops_per_stream.x1"] > 0
     assert (out / "bench_tiny_cpu/tts_bench.json").is_file() and (out / "bench_tiny_cpu.log").is_file()
 
 
@@ -63,3 +67,36 @@ def test_stage_and_table_helpers() -> None:
     table = markdown_table(s.rows)
     assert table.splitlines()[0] == "| what | max_abs | ok | value |"
     assert "| c |  | NO |  |" in table
+
+
+def test_shared_data_is_found_from_the_env_then_the_tree_then_beside_it(tmp_path: Path, monkeypatch) -> None:
+    from assistant.bench import shared_data
+
+    tree = tmp_path / "tree"
+    monkeypatch.setattr(shared_data, "TREE", tree)
+    monkeypatch.delenv(shared_data.ENV, raising=False)
+    assert shared_data.shared_candidates() == [tree / "shared", tmp_path / "shared"]
+    assert shared_data.shared_dir() is None
+    (tmp_path / "shared/fixtures").mkdir(parents=True)
+    assert shared_data.shared_dir("fixtures") == tmp_path / "shared"
+    (tree / "shared/fixtures").mkdir(parents=True)
+    assert shared_data.shared_dir("fixtures") == tree / "shared"
+    env = tmp_path / "elsewhere"
+    (env / "fixtures").mkdir(parents=True)
+    monkeypatch.setenv(shared_data.ENV, str(env))
+    assert shared_data.shared_dir("fixtures") == env
+    assert shared_data.shared_dir("texts") is None          # nothing holds it
+    assert shared_data.shared_path("texts/x.json") == env / "texts/x.json"
+
+
+def test_env_stage_fails_loudly_without_the_fixtures(tmp_path: Path, monkeypatch) -> None:
+    from assistant.bench import gpu_check
+
+    monkeypatch.setattr(gpu_check, "shared_candidates", lambda: [tmp_path / "a", tmp_path / "b"])
+    monkeypatch.setattr(gpu_check, "shared_dir", lambda must_hold="": None)
+    stage = Stage("env")
+    gpu_check.stage_env(stage, "cpu")
+    assert stage.status == "fail" and "SHARED DATA NOT FOUND" in stage.notes[0]
+    assert str(tmp_path / "b") in stage.notes[0]
+    with pytest.raises(FileNotFoundError, match="ASSISTANT_SHARED"):
+        gpu_check._tiny("cpu", "float32")

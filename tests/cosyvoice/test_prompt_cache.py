@@ -11,8 +11,9 @@ from cv_fixtures import need_fixtures, tiny_model_and_voice
 
 from assistant.config import TTSConfig
 from assistant.tts.base import ReferenceClip
-from assistant.tts.cosyvoice.batching import SlotDecoder, sample_tokens, uniforms
 from assistant.tts.cosyvoice.prompt_cache import PromptCache, digest
+from assistant.tts.cosyvoice.sampling import sample_tokens, uniforms
+from assistant.tts.cosyvoice.slot_decoder import SlotDecoder
 
 
 @pytest.fixture(scope="module")
@@ -216,6 +217,7 @@ def test_seeded_sampling_is_reproducible_batched_and_voices_are_reused(setup):
         return np.concatenate(out)
 
     async def run():
+        await engine.prepare_voice(voice)                 # the voice's flow prefix once (a miss), then hits
         alone = await one(7)
         together, _ = await asyncio.gather(one(7), one(8, tokens=40))
         other = await one(8)
@@ -223,8 +225,8 @@ def test_seeded_sampling_is_reproducible_batched_and_voices_are_reused(setup):
         return alone, together, other
 
     alone, together, other = asyncio.run(run())
-    np.testing.assert_allclose(together, alone, atol=1e-5)
+    np.testing.assert_allclose(together, alone, atol=1e-4)   # batched: float32 summation order only
     assert other.shape != alone.shape or not np.allclose(other, alone)
     st = engine.cache_stats()
-    assert st["misses"]["flow"] == 1 and st["hits"]["flow"] == 3
+    assert st["misses"]["flow"] == 1 and st["hits"]["flow"] == 4
     assert st["misses"]["llm"] == 1 and st["hits"]["llm"] == 3

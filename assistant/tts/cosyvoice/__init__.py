@@ -1,1 +1,11 @@
-"""tts/cosyvoice."""
+"""Our CosyVoice2 inference: the official checkpoints in our own modules, streamed by one engine per process.
+
+Model code: `llm.py` (speech LLM), `flow.py` with `flow_encoder.py` and `flow_decoder.py` (tokens to mel),
+`hift.py` with `hift_source.py` (mel to audio), `cosyvoice2.py` (the loaded model, text front end, voices).
+Streaming: `schedule.py` (when a chunk is due), `vocoding.py` (how a chunk is made), `flow_prefix.py` (a
+voice's share of the flow state), `streaming.py` (one request's stream). Serving: `engine.py` (the TTS
+engine protocol), `batching.py` with `admission.py`, `decode_worker.py`, `slot_decoder.py`, `sampling.py`,
+`chunk_scheduler.py` and `batch_work.py` (the two worker threads and what they batch).
+"""
+
+SAMPLE_RATE = 24000  # CosyVoice2's audio rate: HiFT's output, and the rate a prompt clip is analysed at

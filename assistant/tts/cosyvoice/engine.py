@@ -1,9 +1,8 @@
 """``CosyVoiceEngine``: CosyVoice2 behind the ``TTSEngine`` protocol, streaming, many sessions per process.
 
 One `SpeechBatcher` (a decode thread and a chunk thread, one device) serves every session: it batches the LLM
-decode steps of all active requests and, beside them, makes each request's audio chunks on its streaming
-schedule (`streaming.py`). Chunks travel from the worker to the awaiting consumer through an ``asyncio.Queue``
-filled with ``loop.call_soon_threadsafe``: nothing sleeps or polls.
+decode steps of all active requests and, beside them, the flow and vocoder work of their audio chunks, each
+request on its streaming schedule (`streaming.py`). Jobs are submitted and awaited by `job_runner.py`.
 
 A voice costs its prompt once: the engine's `PromptCache` (LRU by bytes, ``tts.prompt_cache_mb``) keeps by
 content hash the voice of a reference clip, the flow's prompt state and the LLM's prompt start; `cache_stats`
@@ -28,11 +27,17 @@ import numpy as np
 import torch
 
 from assistant.config import TTSConfig
-from assistant.tts.base import LANGUAGES, SPEED_RANGE, ReferenceClip, TTSCapabilities, TTSRequest, TTSUnsupported
-from assistant.tts.cosyvoice.batching import EngineBusy, SpeechBatcher, SpeechJob, Ticket
-from assistant.tts.cosyvoice.model import CosyVoice2
+from assistant.tts.base import LANGUAGES, ReferenceClip, TTSCapabilities, TTSRequest, TTSUnsupported
+from assistant.tts.cosyvoice import SAMPLE_RATE
+from assistant.tts.cosyvoice.admission import EngineBusy, Ticket
+from assistant.tts.cosyvoice.batching import SpeechBatcher
+from assistant.tts.cosyvoice.cosyvoice2 import CosyVoice2, empty_voice
+from assistant.tts.cosyvoice.flow_prefix import flow_prefix
+from assistant.tts.cosyvoice.job_runner import job_args, run_job
 from assistant.tts.cosyvoice.prompt_cache import PromptCache, digest
-from assistant.tts.cosyvoice.streaming import Chunk, StreamSchedule
+from assistant.tts.cosyvoice.schedule import StreamSchedule
+from assistant.tts.cosyvoice.streaming import Chunk
+from assistant.tts.cosyvoice.vocoding import stream_sync
 from assistant.tts.cosyvoice.voice import CosyVoicePrompt, VoiceCloningUnavailable
 
 log = logging.getLogger(__name__)
@@ -46,7 +51,7 @@ class CosyVoiceEngine:
     """Streaming TTS engine over our CosyVoice2 implementation."""
 
     name = "cosyvoice2"
-    sample_rate = 24000
+    sample_rate = SAMPLE_RATE
     capabilities = TTSCapabilities(
         voice_cloning=True, instruct=True, native_speed=True, native_pitch=False, languages=LANGUAGES,
         vocoders=VOCODERS,
@@ -83,6 +88,11 @@ class CosyVoiceEngine:
                 vocoders=VOCODERS,
             )
         cuda = torch.device(model.device).type == "cuda"
+        # On CUDA a stream's solve is padded up to the fast schedule's own lengths (first chunk, one and two
+        # encoder chunks of frames), so streams at different points share calls; on the CPU padding would
+        # only add work.
+        ratio, chunk = model.flow.cfg.token_mel_ratio, model.flow.cfg.encoder_chunk_size
+        buckets = (ratio * self.schedule.first_hop, ratio * chunk, 2 * ratio * chunk) if cuda else ()
         self._batcher = SpeechBatcher(
             model.llm,
             model.flow,
@@ -93,6 +103,7 @@ class CosyVoiceEngine:
             cuda_graphs=self.cfg.cuda_graphs and cuda,
             sample_rate=model.sample_rate,
             cache=self.prompt_cache,
+            buckets=buckets,
         )
 
     async def model(self) -> CosyVoice2:
@@ -121,15 +132,17 @@ class CosyVoiceEngine:
         return out
 
     async def warmup(self) -> None:
-        """Capture the decode step's CUDA graph (once, timed), then run every slot once with fixed-length dummy
-        text so kernels, allocator and the default voice's prompt are warm."""
+        """Capture the decode step's CUDA graph (once, timed, before any request), then run every slot at once
+        with fixed-length dummy text so kernels, allocator, the batched flow and vocoder calls and the default
+        voice's prompt are warm."""
         model = await self.model()
         t0 = time.perf_counter()
         await asyncio.get_running_loop().run_in_executor(self._executor, self.batcher.capture)
         try:
             voice = model.resolve_voice(self.cfg.voice or None)
         except KeyError:
-            voice = self._dummy_voice(model)
+            voice = empty_voice(model.device)
+        await self.prepare_voice(voice)
         n = max(1, min(self.cfg.max_concurrent, 4))
         text = torch.randint(0, 100, (1, 8), generator=torch.Generator().manual_seed(0))
 
@@ -140,11 +153,17 @@ class CosyVoiceEngine:
         await asyncio.gather(*(one() for _ in range(n)))
         log.info("cosyvoice2 warm-up (%d streams) took %.2f s", n, time.perf_counter() - t0)
 
-    @staticmethod
-    def _dummy_voice(model: CosyVoice2) -> CosyVoicePrompt:
-        from assistant.tts.cosyvoice.model import empty_voice
+    async def prepare_voice(self, voice: CosyVoicePrompt) -> None:
+        """Build the voice's flow prefix now (in the loading thread) unless the prompt cache has it: its first
+        request is then warm. A request never waits for this: without the prefix it starts cold."""
+        model = await self.model()
+        steps = self.schedule.first_chunk_steps
 
-        return empty_voice(model.device)
+        def build() -> None:
+            flow_prefix(model.flow, voice, self.prompt_cache, steps)
+            stream_sync(torch.device(model.device))      # complete before another stream reads it
+
+        await asyncio.get_running_loop().run_in_executor(self._executor, build)
 
     async def close(self) -> None:
         if self._batcher is not None:
@@ -195,71 +214,6 @@ class CosyVoiceEngine:
 
     # --- the streaming core -------------------------------------------------------------------------------
 
-    async def _run_job(self, job_args: dict, ticket: Ticket | None = None) -> AsyncIterator[Chunk]:
-        """Submit one job and yield its chunks as the worker makes them; closing the iterator cancels it.
-
-        Without a ``ticket`` one is reserved (and released) here; `EngineBusy` when none is free.
-        """
-        await self.model()
-        batcher = self.batcher
-        own = ticket is None
-        ticket = ticket or batcher.reserve()
-        loop = asyncio.get_running_loop()
-        queue: asyncio.Queue[Chunk | BaseException | None] = asyncio.Queue()
-
-        def deliver(item: Chunk | BaseException | None) -> None:  # worker thread
-            loop.call_soon_threadsafe(queue.put_nowait, item)
-
-        job = SpeechJob(deliver=deliver, **job_args)
-        batcher.submit(job)
-        try:
-            while True:
-                item = await queue.get()
-                if item is None:
-                    return
-                if isinstance(item, BaseException):
-                    raise item
-                yield item
-        finally:
-            batcher.cancel(job)  # no-op once finished; frees the slot of an abandoned stream
-            if own:
-                ticket.release()
-
-    def _job_args(
-        self,
-        model: CosyVoice2,
-        text_ids: torch.Tensor,
-        voice: CosyVoicePrompt,
-        instruct_ids: torch.Tensor | None,
-        speed: float,
-        seed: int | None,
-        greedy: bool = False,
-        schedule: StreamSchedule | None = None,
-        tokens: int | None = None,
-    ) -> dict:
-        """Keyword arguments of a `SpeechJob` in the mode the inputs select (see model.py's table)."""
-        if instruct_ids is not None:
-            prompt_text, prompt_speech = instruct_ids, None
-        else:
-            prompt_text = model._prompt_text_ids(voice)
-            prompt_speech = voice.speech_tokens if prompt_text is not None else None
-        lo, hi = SPEED_RANGE
-        if not lo <= speed <= hi:
-            raise TTSUnsupported(f"speed {speed} outside {lo}-{hi}")
-        return dict(
-            text_ids=text_ids,
-            voice=voice,
-            prompt_text=prompt_text,
-            prompt_speech=prompt_speech,
-            schedule=schedule or self.schedule,
-            greedy=greedy,
-            min_tokens=tokens,
-            max_tokens=tokens,
-            ignore_eos=tokens is not None,
-            speed=speed,
-            seed=seed,
-        )
-
     async def stream_ids(
         self,
         text_ids: torch.Tensor,
@@ -280,8 +234,8 @@ class CosyVoiceEngine:
         model = await self.model()
         if prompt_text_ids is not None:
             voice = CosyVoicePrompt(**{**voice.__dict__, "prompt_text_tokens": prompt_text_ids})
-        args = self._job_args(model, text_ids, voice, None, speed, seed, greedy, schedule, tokens)
-        async with aclosing(self._run_job(args)) as chunks:  # closing us closes the job at once
+        args = job_args(model, text_ids, voice, None, speed, seed, schedule or self.schedule, greedy, tokens)
+        async with aclosing(run_job(self.batcher, args)) as chunks:  # closing us closes the job at once
             async for chunk in chunks:
                 yield chunk
 
@@ -300,8 +254,8 @@ class CosyVoiceEngine:
         instruct_ids = torch.tensor([model.frontend.encode(instruct)], dtype=torch.long) if instruct else None
         for sentence in sentences:
             text_ids = torch.tensor([model.frontend.encode(sentence)], dtype=torch.long)
-            args = self._job_args(model, text_ids, voice, instruct_ids, request.speed, request.seed)
-            async with aclosing(self._run_job(args, ticket)) as chunks:
+            args = job_args(model, text_ids, voice, instruct_ids, request.speed, request.seed, self.schedule)
+            async with aclosing(run_job(self.batcher, args, ticket)) as chunks:
                 async for chunk in chunks:
                     if chunk.audio.size:
                         yield chunk.audio

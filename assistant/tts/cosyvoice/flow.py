@@ -15,6 +15,7 @@ always give the same mel, also chunk after chunk in streaming.
 from __future__ import annotations
 
 import logging
+from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -22,6 +23,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from assistant.tts.cosyvoice.batch_work import Work, WorkSteps, bucket, run_alone
 from assistant.tts.cosyvoice.flow_decoder import CausalUNetEstimator
 from assistant.tts.cosyvoice.flow_encoder import Cache, UpsampleConformerEncoder
 
@@ -115,6 +117,57 @@ def time_schedule(n_steps: int, scheduler: str, device=None, dtype=torch.float32
     return t
 
 
+def guided_euler(
+    estimator: nn.Module,
+    z: torch.Tensor,
+    mu: torch.Tensor,
+    spks: torch.Tensor,
+    cond: torch.Tensor,
+    *,
+    n_steps: int,
+    rate: float,
+    scheduler: str,
+    streaming: bool = False,
+    mask: torch.Tensor | None = None,
+    caches: Sequence[list[Cache]] | None = None,
+    lengths: list[int] | None = None,
+) -> torch.Tensor:
+    """The flow's classifier-free-guided Euler solve for N streams at once → mel [N, 80, T] (float32).
+
+    z, mu, cond [N, 80, T]; spks [N, 80]; mask [N, 1, T] (default: ones, or each stream's ``lengths`` real
+    frames). Every stream runs as a conditional row and an unconditional one (mu, spks and cond zeroed), in
+    pairs, and moves by v = (1 + rate) * v_cond - rate * v_uncond. The state x and the time stay float32
+    whatever the weights' dtype (as the reference under autocast: bf16 would round both). ``caches[i][step]``:
+    stream i's estimator cache at each step (streaming), so its T frames continue its earlier calls'.
+    """
+    n, _, frames = z.shape
+    dtype = mu.dtype
+    t_span = time_schedule(n_steps, scheduler, mu.device, torch.float32)
+
+    def pair(a: torch.Tensor) -> torch.Tensor:  # [N, ...] → [2N, ...]: each row, then its unconditional twin
+        return torch.stack([a, torch.zeros_like(a)], dim=1).flatten(0, 1)
+
+    mu_in, spks_in, cond_in = pair(mu), pair(spks), pair(cond)
+    if mask is None:
+        mask = torch.ones(n, 1, frames, device=mu.device, dtype=dtype)
+        for i, length in enumerate(lengths or []):
+            mask[i, :, length:] = 0
+    mask_in = mask.repeat_interleave(2, dim=0)
+    x = z.float()
+    t, dt = t_span[0], t_span[1] - t_span[0]
+    for step in range(1, n_steps + 1):
+        step_caches = None if caches is None else [c[step - 1] for c in caches]
+        v = estimator(x.to(dtype).repeat_interleave(2, dim=0), mask_in, mu_in, t.expand(2 * n), spks_in, cond_in,
+                      streaming, step_caches, lengths)
+        v = v.float().view(n, 2, *v.shape[1:])
+        x = x + dt * ((1.0 + rate) * v[:, 0] - rate * v[:, 1])
+        # Accumulate t and take dt from the schedule, in the reference's order of float operations.
+        t = t + dt
+        if step < n_steps:
+            dt = t_span[step + 1] - t
+    return x
+
+
 class FlowMatchingDecoder(nn.Module):
     """Euler solver with classifier-free guidance around the velocity estimator (checkpoint: `decoder.`)."""
 
@@ -140,50 +193,17 @@ class FlowMatchingDecoder(nn.Module):
         spks: torch.Tensor,
         cond: torch.Tensor,
         streaming: bool = False,
-        trace: dict[str, torch.Tensor] | None = None,
         caches: list[Cache] | None = None,
     ) -> torch.Tensor:
-        """z, mu, cond [1, 80, T]; mask [1, 1, T]; spks [1, 80] -> mel [1, 80, T].
+        """z, mu, cond [1, 80, T]; mask [1, 1, T]; spks [1, 80] -> mel [1, 80, T] (float32).
 
-        `trace`, when given, receives the estimator inputs/output of step 0 and every t (for tests).
         `caches` (streaming): one estimator cache per Euler step, so T frames continue earlier calls'.
         """
-        rate = self.cfg.inference_cfg_rate
-        # The schedule and t stay float32 whatever the model's dtype (bf16 would round t to 8 bits).
-        t_span = time_schedule(self.cfg.n_timesteps, self.cfg.t_scheduler, mu.device, torch.float32)
-        # Batch row 0 is conditional, row 1 unconditional (mu, spks, cond zero); x, mask, t are shared.
-        mu_in = torch.cat([mu, torch.zeros_like(mu)])
-        spks_in = torch.cat([spks, torch.zeros_like(spks)])
-        cond_in = torch.cat([cond, torch.zeros_like(cond)])
-        mask_in = mask.expand(2, -1, -1)
-        x = z
-        t, dt = t_span[0], t_span[1] - t_span[0]
-        ts = []
-        for step in range(1, len(t_span)):
-            x_in = x.expand(2, -1, -1)
-            t_in = t.expand(2)
-            cache = caches[step - 1] if caches is not None else None
-            v = self.estimator(x_in, mask_in, mu_in, t_in, spks_in, cond_in, streaming, cache)
-            if trace is not None and step == 1:
-                trace.update(
-                    est_step0_in_x=x_in,
-                    est_step0_in_mask=mask_in,
-                    est_step0_in_mu=mu_in,
-                    est_step0_in_t=t_in,
-                    est_step0_in_spks=spks_in,
-                    est_step0_in_cond=cond_in,
-                    est_step0_out=v,
-                )
-            ts.append(t)
-            v_cond, v_uncond = v.chunk(2)
-            x = x + dt * ((1.0 + rate) * v_cond - rate * v_uncond)
-            # Accumulate t and take dt from the schedule, in the reference's order of float operations.
-            t = t + dt
-            if step < len(t_span) - 1:
-                dt = t_span[step + 1] - t
-        if trace is not None:
-            trace["est_t_all"] = torch.stack(ts)
-        return x
+        return guided_euler(
+            self.estimator, z, mu, spks, cond, n_steps=self.cfg.n_timesteps, rate=self.cfg.inference_cfg_rate,
+            scheduler=self.cfg.t_scheduler, streaming=streaming, mask=mask,
+            caches=None if caches is None else [caches],
+        )
 
 
 class CausalFlow(nn.Module):
@@ -228,7 +248,6 @@ class CausalFlow(nn.Module):
         embedding: torch.Tensor,
         streaming: bool,
         finalize: bool,
-        trace: dict[str, torch.Tensor] | None = None,
     ) -> torch.Tensor:
         """Mel of the new tokens [1, 80, 2*(T_new - lookahead if not finalize)]; prompt frames removed.
 
@@ -259,10 +278,58 @@ class CausalFlow(nn.Module):
         if n_frames > self.noise.size(2):
             raise ValueError(f"utterance too long for the fixed noise: {n_frames} > {self.noise.size(2)} frames")
         z = self.noise[:, :, :n_frames].to(mu.dtype)
-        if trace is not None:
-            trace.update(encoder_out=h, mu=mu, spk_proj=spks)
-        mel = self.decoder(z, mu.transpose(1, 2), mask, spks, cond.transpose(1, 2), streaming, trace)
+        mel = self.decoder(z, mu.transpose(1, 2), mask, spks, cond.transpose(1, 2), streaming)
         return mel[:, :, n_prompt:].float()
+
+
+class FlowSolve(Work):
+    """One stream's guided Euler solve of T new frames (`guided_euler`), batchable with other streams'.
+
+    z, mu, cond [1, 80, T]; spks [1, 80]; ``caches``: the stream's estimator cache per step (None: a solve
+    without streaming state). ``result``: mel [1, 80, T] float32.
+    """
+
+    def __init__(
+        self,
+        flow: CausalFlow,
+        z: torch.Tensor,
+        mu: torch.Tensor,
+        spks: torch.Tensor,
+        cond: torch.Tensor,
+        caches: list[Cache] | None,
+        n_steps: int | None = None,
+    ) -> None:
+        self.flow, self.z, self.mu, self.spks, self.cond, self.caches = flow, z, mu, spks, cond, caches
+        self.n_steps = n_steps or flow.cfg.n_timesteps
+
+    @property
+    def frames(self) -> int:
+        return self.z.size(2)
+
+    def batch_key(self, buckets: Sequence[int] = ()) -> Hashable:
+        return id(self.flow), self.n_steps, self.caches is None, bucket(self.frames, buckets), self.mu.dtype
+
+    @classmethod
+    def run_batch(cls, items: list[FlowSolve]) -> None:
+        flow = items[0].flow
+        lengths = [it.frames for it in items]
+        frames = max(lengths)
+
+        def stack(name: str) -> torch.Tensor:
+            parts = [getattr(it, name) for it in items]
+            if name != "spks":
+                parts = [F.pad(x, (0, frames - x.size(2))) for x in parts]
+            return parts[0] if len(parts) == 1 else torch.cat(parts)
+
+        cfg = flow.cfg
+        mel = guided_euler(
+            flow.decoder.estimator, stack("z"), stack("mu"), stack("spks"), stack("cond"),
+            n_steps=items[0].n_steps, rate=cfg.inference_cfg_rate, scheduler=cfg.t_scheduler, streaming=True,
+            caches=None if items[0].caches is None else [it.caches for it in items],
+            lengths=lengths if min(lengths) < frames else None,
+        )
+        for i, it in enumerate(items):
+            it.result = mel[i : i + 1, :, : lengths[i]]
 
 
 class StreamingFlow:
@@ -276,7 +343,7 @@ class StreamingFlow:
     utterance (up to float summation order), while each call costs only its new frames.
 
     `seal` encodes every pending token as a finished sequence (no look-ahead) without closing the stream:
-    a voice prompt is sealed once (`streaming.FlowPrefix`) and continued by every request of that voice.
+    a voice prompt is pushed once (`flow_prefix.FlowPrefix`) and continued by every request of that voice.
 
     Memory grows with the utterance: for every frame, K and V of every attention layer, per Euler step,
     for the 2 CFG rows (written in place into per-layer buffers). Never share one between requests.
@@ -289,10 +356,13 @@ class StreamingFlow:
         prompt_feat: torch.Tensor,
         embedding: torch.Tensor,
         capacity: int = 0,
+        noise_offset: int = 0,
     ):
         """prompt_token [1, P]; prompt_feat [1, 2P, 80] (prompt mel); embedding [1, 192] speaker x-vector;
-        capacity: frames to reserve in each estimator buffer up front (0: grow as needed)."""
+        capacity: frames to reserve in each estimator buffer up front (0: grow as needed); noise_offset: where
+        frame 0 sits in the fixed noise (a prompt cut at its start keeps the frames' noise of the whole one)."""
         self.flow = flow
+        self.noise_offset = noise_offset
         cfg = flow.cfg
         dtype = flow.spk_embed_affine_layer.weight.dtype
         dev = flow.spk_embed_affine_layer.weight.device
@@ -305,6 +375,14 @@ class StreamingFlow:
         self.encoder_cache: Cache = {}
         self.step_caches: list[Cache] = [{"capacity": capacity} for _ in range(cfg.n_timesteps)]
         self.finished = False
+
+    def noise(self, start: int, end: int) -> torch.Tensor:
+        """The fixed starting noise of this stream's frames [start, end): [1, 80, end - start]."""
+        table = self.flow.noise
+        lo, hi = self.noise_offset + start, self.noise_offset + end
+        if hi > table.size(2):
+            raise ValueError(f"utterance too long for the fixed noise: {hi} > {table.size(2)} frames")
+        return table[:, :, lo:hi].to(self.prompt_feat.dtype)
 
     def ready_tokens(self, finalize: bool) -> int:
         """How many pending tokens the next call would encode."""
@@ -322,19 +400,25 @@ class StreamingFlow:
         finalize=True encodes every remaining token (the end of the utterance has zeros as look-ahead).
         Prompt frames are never returned.
         """
+        return run_alone(self.push_steps(token, finalize))
+
+    def push_steps(self, token: torch.Tensor, finalize: bool = False) -> WorkSteps[torch.Tensor]:
+        """`push` as work steps (its solve can be batched with other streams')."""
         if self.finished:
             raise RuntimeError("this StreamingFlow was finalized")
         self.pending = torch.cat([self.pending, token.long().clamp(min=0).to(self.pending.device)], dim=1)
-        mel = self._encode(self.ready_tokens(finalize), look_ahead=not finalize)
+        mel = yield from self.encode_steps(self.ready_tokens(finalize), look_ahead=not finalize)
         self.finished = finalize
         return mel
 
     @torch.inference_mode()
     def seal(self) -> torch.Tensor:
         """Encode every pending token as if the sequence ended there (zeros look-ahead); the stream stays open."""
-        return self._encode(self.pending.size(1), look_ahead=False)
+        return run_alone(self.encode_steps(self.pending.size(1), look_ahead=False))
 
-    def _encode(self, n: int, look_ahead: bool) -> torch.Tensor:
+    def encode_steps(self, n: int, look_ahead: bool) -> WorkSteps[torch.Tensor]:
+        """Encode the next n pending tokens (with the following ones as look-ahead, or zeros) and solve their
+        frames; yields the solve, returns the new frames' mel (prompt frames left out)."""
         flow, cfg = self.flow, self.flow.cfg
         if n == 0:
             return self.prompt_feat.new_zeros(1, cfg.output_size, 0).float()
@@ -345,16 +429,15 @@ class StreamingFlow:
         mu = flow.encoder_proj(h).transpose(1, 2)  # [1, 80, 2n]
         start, n_frames = self.frames, mu.size(2)
         end = start + n_frames
-        if end > flow.noise.size(2):
-            raise ValueError(f"utterance too long for the fixed noise: {end} > {flow.noise.size(2)} frames")
+        z = self.noise(start, end)
 
         cond = torch.zeros_like(mu)
         n_prompt = self.prompt_feat.size(1)
         if start < n_prompt:
             cond[:, :, : n_prompt - start] = self.prompt_feat[:, start:end].transpose(1, 2)
-        z = flow.noise[:, :, start:end].to(mu.dtype)
-        mask = torch.ones(1, 1, n_frames, device=mu.device, dtype=mu.dtype)
-        mel = flow.decoder(z, mu, mask, self.spks, cond, streaming=True, caches=self.step_caches)
+        solve = FlowSolve(flow, z, mu, self.spks, cond, self.step_caches)
+        yield solve
+        mel = solve.result
 
         self.pending = self.pending[:, n:]
         self.encoded += n

@@ -8,17 +8,25 @@ earlier chunks.
 Module and parameter names follow the official checkpoint (`flow.pt`, prefix `decoder.estimator.`);
 the transformer blocks reproduce the diffusers `BasicTransformerBlock` used by Matcha-TTS
 (LayerNorm -> self-attention -> LayerNorm -> GELU feed-forward, both residual).
+
+Streaming (one cache per stream and Euler step) works on a batch of streams at once: the streams' rows are
+stacked (``group`` consecutive rows per stream: its conditional and unconditional CFG rows), every layer runs
+once over the whole batch, and only what is a stream's own is done per stream: its convolutions' left tails
+and its attention over its own cached frames (`RowCaches`). Rows may be padded at the end to a common length
+(``lengths``): padded frames are masked as keys and never written to a cache, so a stream's frames come out
+the same alone or in a batch (up to float summation order; tested).
 """
 
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from assistant.tts.cosyvoice.flow_encoder import Cache, causal_left_pad, chunk_attention_mask
+from assistant.tts.cosyvoice.flow_encoder import Cache, chunk_attention_mask
 
 MASK_BIAS = -1.0e10  # additive attention bias of a blocked position (as the reference, not -inf)
 
@@ -99,33 +107,120 @@ class KVCache:
         return torch.cat(parts_k, dim=2).clone(), torch.cat(parts_v, dim=2).clone()
 
 
+class RowCaches:
+    """The streaming caches of a batch: ``caches[i]`` belongs to stream i, whose rows are
+    ``[i * group, (i + 1) * group)``; ``lengths[i]`` of the T frames of this call are real (the rest pad)."""
+
+    def __init__(self, caches: list[Cache], rows: int, frames: int, lengths: list[int] | None = None) -> None:
+        if rows % len(caches):
+            raise ValueError(f"{rows} batch rows do not split into {len(caches)} streams")
+        self.caches = caches
+        self.group = rows // len(caches)
+        self.frames = frames
+        self.lengths = list(lengths) if lengths is not None else [frames] * len(caches)
+        self.padded = any(n != frames for n in self.lengths)
+
+    def rows(self, i: int) -> slice:
+        return slice(i * self.group, (i + 1) * self.group)
+
+    def past(self, i: int) -> int:
+        """Frames stream i has computed before this call."""
+        return int(self.caches[i].get("frames", 0))
+
+    def left_pad(self, x: torch.Tensor, n: int, key: Any) -> torch.Tensor:
+        """x [B, C, T] with each stream's previous n input frames prepended (zeros at its start); each stream
+        keeps its last n real frames for its next call."""
+        tails = [c.get(key) for c in self.caches]
+        if len(tails) == 1 and tails[0] is not None:
+            past = tails[0]
+        elif all(t is None for t in tails):
+            past = x.new_zeros(x.size(0), x.size(1), n)
+        else:
+            past = torch.cat([t if t is not None else x.new_zeros(self.group, x.size(1), n) for t in tails])
+        out = torch.cat([past, x], dim=2)
+        if len(self.caches) == 1:
+            end = n + self.lengths[0]
+            self.caches[0][key] = out[:, :, end - n : end]
+            return out
+        for i, c in enumerate(self.caches):
+            end = n + self.lengths[i]
+            c[key] = out[self.rows(i), :, end - n : end]
+        return out
+
+    def kv(self, i: int, layer: nn.Module) -> KVCache:
+        cache = self.caches[i]
+        kv = cache.get(layer)
+        if kv is None:
+            kv = cache[layer] = KVCache(capacity=cache.get("capacity", 0))
+        return kv
+
+    def commits(self, i: int) -> bool:
+        """False for a provisional solve: its keys and values are overwritten by the next call."""
+        return not self.caches[i].get("provisional", False)
+
+    def advance(self) -> None:
+        for i, c in enumerate(self.caches):
+            c["frames"] = self.past(i) + self.lengths[i]
+
+
 def attend(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor, kv: KVCache | None, commit: bool
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    bias: torch.Tensor,
+    kv: KVCache | None,
+    commit: bool,
+    length: int | None = None,
 ) -> torch.Tensor:
     """Attention of q [B, H, T, d] over the cached frames (all visible) and the new k, v [B, H, T, d] (``bias``
-    [B, 1, T, T] between new frames); the new frames are written into ``kv``."""
+    [B, 1, T, T] between new frames); the first ``length`` new frames (default all; the rest is padding,
+    masked by ``bias``) are written into ``kv``."""
     if kv is None:
         return F.scaled_dot_product_attention(q, k, v, attn_mask=bias)
+    t = q.size(2)
+    n = t if length is None else length
     past = kv.length
-    own_k, own_v = kv.append(k, v, commit)                  # [B, H, past + T, d]
+    own_k, own_v = kv.append(k[:, :, :n], v[:, :, :n], commit)     # [B, H, past + n, d]
     if kv.prefix is None and past == 0:
         return F.scaled_dot_product_attention(q, k, v, attn_mask=bias)
-    scale = 1.0 / math.sqrt(q.size(-1))
+    q = q * (1.0 / math.sqrt(q.size(-1)))
     parts_k = ([kv.prefix[0]] if kv.prefix is not None else []) + [own_k]
     parts_v = ([kv.prefix[1]] if kv.prefix is not None else []) + [own_v]
-    scores = [torch.matmul(q, pk.transpose(-2, -1)) * scale for pk in parts_k]
-    t = q.size(2)
-    scores[-1][..., -t:] += bias                            # only new keys can be masked
+    scores = [torch.matmul(q, pk.transpose(-2, -1)) for pk in parts_k]
+    scores[-1][..., past:] += bias[..., :n]                  # only new keys can be masked
     weights = torch.softmax(torch.cat(scores, dim=-1).float(), dim=-1).to(q.dtype)
     out = None
     start = 0
     for pv in parts_v:
-        n = pv.size(2)
-        part = torch.matmul(weights[..., start : start + n], pv)
+        m = pv.size(2)
+        part = torch.matmul(weights[..., start : start + m], pv)
         out = part if out is None else out + part
-        start += n
+        start += m
     assert out is not None
     return out
+
+
+def attend_shared(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor, kvs: list[KVCache], rows: RowCaches
+) -> torch.Tensor:
+    """`attend` for a batch of streams that share their cached frames: the same voice prefix (or none) and no
+    frames of their own yet (a stream's first solves). One attention for the whole batch: the prefix's keys
+    broadcast over the streams, the new frames masked by ``bias`` [B, 1, T, T] (padding included); each
+    stream's new frames are still written to its own cache."""
+    for i, kv in enumerate(kvs):
+        r, n = rows.rows(i), rows.lengths[i]
+        kv.append(k[r, :, :n], v[r, :, :n], rows.commits(i))
+    prefix = kvs[0].prefix
+    if prefix is None:
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=bias)
+    b, h, t, d = q.shape
+    n, g, p = len(kvs), rows.group, prefix[0].size(2)
+    q = q * (1.0 / math.sqrt(d))
+    on_prefix = torch.matmul(q.view(n, g, h, t, d), prefix[0].transpose(-2, -1)).view(b, h, t, p)  # [B, H, T, P]
+    on_new = torch.matmul(q, k.transpose(-2, -1)) + bias                                            # [B, H, T, T]
+    weights = torch.softmax(torch.cat([on_prefix, on_new], dim=-1).float(), dim=-1).to(q.dtype)
+    from_prefix = torch.matmul(weights[..., :p].reshape(n, g, h, t, p), prefix[1]).view(b, h, t, d)
+    return from_prefix + torch.matmul(weights[..., p:], v)
 
 
 class CausalConv1d(nn.Conv1d):
@@ -134,8 +229,9 @@ class CausalConv1d(nn.Conv1d):
     def __init__(self, in_channels: int, out_channels: int, kernel_size: int):
         super().__init__(in_channels, out_channels, kernel_size)
 
-    def forward(self, x: torch.Tensor, cache: Cache | None = None) -> torch.Tensor:
-        return super().forward(causal_left_pad(x, self.kernel_size[0] - 1, cache, self))
+    def forward(self, x: torch.Tensor, rows: RowCaches | None = None) -> torch.Tensor:
+        n = self.kernel_size[0] - 1
+        return super().forward(F.pad(x, (n, 0)) if rows is None else rows.left_pad(x, n, self))
 
 
 class ChannelLayerNorm(nn.LayerNorm):
@@ -155,9 +251,9 @@ class CausalConvBlock(nn.Module):
             CausalConv1d(dim, dim_out, 3), nn.Identity(), ChannelLayerNorm(dim_out), nn.Identity(), nn.Mish()
         )
 
-    def forward(self, x: torch.Tensor, mask: torch.Tensor, cache: Cache | None = None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, mask: torch.Tensor, rows: RowCaches | None = None) -> torch.Tensor:
         conv, _, norm, _, act = self.block
-        return act(norm(conv(x * mask, cache))) * mask
+        return act(norm(conv(x * mask, rows))) * mask
 
 
 class CausalResnetBlock(nn.Module):
@@ -171,10 +267,10 @@ class CausalResnetBlock(nn.Module):
         self.res_conv = nn.Conv1d(dim, dim_out, 1)
 
     def forward(
-        self, x: torch.Tensor, mask: torch.Tensor, t_emb: torch.Tensor, cache: Cache | None = None
+        self, x: torch.Tensor, mask: torch.Tensor, t_emb: torch.Tensor, rows: RowCaches | None = None
     ) -> torch.Tensor:
-        h = self.block1(x, mask, cache) + self.mlp(t_emb).unsqueeze(-1)
-        h = self.block2(h, mask, cache)
+        h = self.block1(x, mask, rows) + self.mlp(t_emb).unsqueeze(-1)
+        h = self.block2(h, mask, rows)
         return h + self.res_conv(x * mask)
 
 
@@ -202,19 +298,26 @@ class SelfAttention(nn.Module):
         self.to_v = nn.Linear(dim, inner, bias=False)
         self.to_out = nn.ModuleList([nn.Linear(inner, dim)])  # `to_out.1` was dropout
 
-    def forward(self, x: torch.Tensor, bias: torch.Tensor, cache: Cache | None = None) -> torch.Tensor:
-        """x [B, T, C] new frames, bias [B, T, S] over S = cached + T keys."""
+    def forward(self, x: torch.Tensor, bias: torch.Tensor, rows: RowCaches | None = None) -> torch.Tensor:
+        """x [B, T, C] new frames, bias [B, T, T] among them (cached frames are all visible)."""
         b, t, _ = x.shape
         q, k, v = (
             proj(x).view(b, t, self.heads, self.head_dim).transpose(1, 2)  # [B, H, T, hd]
             for proj in (self.to_q, self.to_k, self.to_v)
         )
-        kv = None
-        if cache is not None:
-            kv = cache.get(self)
-            if kv is None:
-                kv = cache[self] = KVCache(capacity=cache.get("capacity", 0))
-        out = attend(q, k, v, bias.unsqueeze(1), kv, not cache.get("provisional", False) if cache else True)
+        bias = bias.unsqueeze(1)
+        if rows is None:
+            out = attend(q, k, v, bias, None, True)
+        elif len(rows.caches) == 1:
+            out = attend(q, k, v, bias, rows.kv(0, self), rows.commits(0), rows.lengths[0])
+        else:
+            kvs = [rows.kv(i, self) for i in range(len(rows.caches))]
+            if all(kv.length == 0 and kv.prefix is kvs[0].prefix for kv in kvs):
+                out = attend_shared(q, k, v, bias, kvs, rows)
+            else:  # each stream over its own cached frames
+                parts = [attend(q[rows.rows(i)], k[rows.rows(i)], v[rows.rows(i)], bias[rows.rows(i)], kv,
+                                rows.commits(i), rows.lengths[i]) for i, kv in enumerate(kvs)]
+                out = torch.cat(parts)
         return self.to_out[0](out.transpose(1, 2).reshape(b, t, self.heads * self.head_dim))
 
 
@@ -251,8 +354,8 @@ class TransformerBlock(nn.Module):
         self.norm3 = nn.LayerNorm(dim)
         self.ff = GeluFeedForward(dim)
 
-    def forward(self, x: torch.Tensor, bias: torch.Tensor, cache: Cache | None = None) -> torch.Tensor:
-        x = x + self.attn1(self.norm1(x), bias, cache)
+    def forward(self, x: torch.Tensor, bias: torch.Tensor, rows: RowCaches | None = None) -> torch.Tensor:
+        x = x + self.attn1(self.norm1(x), bias, rows)
         return x + self.ff(self.norm3(x))
 
 
@@ -334,37 +437,46 @@ class CausalUNetEstimator(nn.Module):
         spks: torch.Tensor,
         cond: torch.Tensor,
         streaming: bool = False,
-        cache: Cache | None = None,
+        cache: Cache | list[Cache] | None = None,
+        lengths: list[int] | None = None,
     ) -> torch.Tensor:
         """x, mu, cond [B, 80, T]; mask [B, 1, T]; t [B]; spks [B, 80] -> velocity [B, 80, T].
 
-        With a cache (streaming only; one per Euler step) the T frames continue earlier calls'.
+        With caches (streaming only; one per stream and Euler step: a dict, or a list for a batch of
+        streams, each owning B / len(list) consecutive rows) the T frames continue earlier calls'. ``lengths``:
+        each stream's real frames (the rest are padding, zero in ``mask``).
         """
         if cache is not None and not streaming:
             raise ValueError("an estimator cache needs streaming=True")
-        past = cache.get("frames", 0) if cache is not None else 0
+        rows = None
+        if cache is not None:
+            rows = RowCaches(cache if isinstance(cache, list) else [cache], x.size(0), x.size(2), lengths)
         dtype = self.time_mlp.linear_1.weight.dtype
         t_emb = self.time_mlp(timestep_features(t, self.in_channels).to(dtype))  # [B, 4C]
         h = torch.cat([x, mu, spks.unsqueeze(-1).expand(-1, -1, x.size(-1)), cond], dim=1)  # [B, 320, T]
-        bias = self.attention_bias(mask, streaming, h.dtype, past)
+        if rows is None or len({rows.past(i) for i in range(len(rows.caches))}) == 1:
+            bias = self.attention_bias(mask, streaming, h.dtype, rows.past(0) if rows else 0)
+        else:  # the chunk grid is counted from each stream's own frame 0
+            bias = torch.cat([self.attention_bias(mask[rows.rows(i)], streaming, h.dtype, rows.past(i))
+                              for i in range(len(rows.caches))])
 
         def run(blocks: nn.ModuleList, h: torch.Tensor) -> torch.Tensor:
             h = h.transpose(1, 2)  # [B, T, C]
             for block in blocks:
-                h = block(h, bias, cache)
+                h = block(h, bias, rows)
             return h.transpose(1, 2)
 
         resnet, blocks, conv = self.down_blocks[0]
-        h = run(blocks, resnet(h, mask, t_emb, cache))
+        h = run(blocks, resnet(h, mask, t_emb, rows))
         skip = h
-        h = conv(h * mask, cache)
+        h = conv(h * mask, rows)
         for resnet, blocks in self.mid_blocks:
-            h = run(blocks, resnet(h, mask, t_emb, cache))
+            h = run(blocks, resnet(h, mask, t_emb, rows))
         resnet, blocks, conv = self.up_blocks[0]
         h = torch.cat([h, skip], dim=1)
-        h = run(blocks, resnet(h, mask, t_emb, cache))
-        h = conv(h * mask, cache)
-        h = self.final_block(h, mask, cache)
-        if cache is not None:
-            cache["frames"] = past + x.size(-1)
+        h = run(blocks, resnet(h, mask, t_emb, rows))
+        h = conv(h * mask, rows)
+        h = self.final_block(h, mask, rows)
+        if rows is not None:
+            rows.advance()
         return self.final_proj(h * mask) * mask

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import logging
 import math
+from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -29,8 +30,11 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.nn.utils import parametrize
 from torch.nn.utils.parametrizations import weight_norm
 
+from assistant.tts.cosyvoice import SAMPLE_RATE
+from assistant.tts.cosyvoice.batch_work import Work, WorkSteps, run_alone
 from assistant.tts.cosyvoice.hift_source import F0Predictor, SineSource, SourceNoise
 
 log = logging.getLogger(__name__)
@@ -43,7 +47,7 @@ class HiFTConfig:
     in_channels: int = 80
     base_channels: int = 512
     nb_harmonics: int = 8
-    sampling_rate: int = 24000
+    sampling_rate: int = SAMPLE_RATE
     nsf_alpha: float = 0.1  # sine amplitude
     nsf_sigma: float = 0.003  # noise std in voiced regions
     nsf_voiced_threshold: float = 10.0  # Hz
@@ -179,6 +183,15 @@ class HiFTVocoder(nn.Module):
         window = (0.5 - 0.5 * torch.cos(2 * math.pi * n / cfg.n_fft)).float()
         self.register_buffer("stft_window", window, persistent=False)
 
+    @torch.no_grad()
+    def remove_weight_norm(self) -> HiFTVocoder:
+        """Fold every weight-norm parametrisation into a plain weight (after loading): the same outputs,
+        without recomputing g * v / |v| in every call. The state dict then no longer has the checkpoint's keys."""
+        for module in self.modules():
+            if parametrize.is_parametrized(module, "weight"):
+                parametrize.remove_parametrizations(module, "weight", leave_parametrized=True)
+        return self
+
     def cast_decoder(self, dtype: torch.dtype) -> HiFTVocoder:
         """Cast the upsampling stack (nearly all the compute) to `dtype`; keep F0 and source in float32.
 
@@ -219,9 +232,9 @@ class HiFTVocoder(nn.Module):
         return self.m_source(per_sample, noise, phase_offset).transpose(1, 2)
 
     def decode(self, mel: torch.Tensor, source: torch.Tensor) -> torch.Tensor:
-        """mel [1, 80, T], source [1, 1, N] -> waveform [1, N] clamped to ±audio_limit (float32)."""
+        """mel [B, 80, T], source [B, 1, N] -> waveform [B, N] clamped to ±audio_limit (float32)."""
         cfg = self.cfg
-        dtype = self.conv_pre.parametrizations.weight.original1.dtype
+        dtype = self.conv_pre.bias.dtype
         s_spec = self.stft(source.squeeze(1)).to(dtype)  # [1, 18, N/4 + 1]
         x = self.conv_pre(mel.to(dtype))
         n_kernels = len(cfg.resblock_kernel_sizes)
@@ -308,6 +321,25 @@ class HiFTVocoder(nn.Module):
         return self.decode(speech_feat, s), s
 
 
+class VocoderDecode(Work):
+    """One stream's decoder window (`HiFTVocoder.decode`): mel [1, 80, W], source [1, 1, W * 480] →
+    ``result`` audio [W * 480]; windows of equal length from several streams run as one batch."""
+
+    def __init__(self, vocoder: HiFTVocoder, mel: torch.Tensor, source: torch.Tensor) -> None:
+        self.vocoder, self.mel, self.source = vocoder, mel, source
+
+    def batch_key(self, buckets: Sequence[int] = ()) -> Hashable:
+        return id(self.vocoder), self.mel.size(2), self.mel.dtype
+
+    @classmethod
+    def run_batch(cls, items: list[VocoderDecode]) -> None:
+        mel = torch.cat([it.mel for it in items]) if len(items) > 1 else items[0].mel
+        source = torch.cat([it.source for it in items]) if len(items) > 1 else items[0].source
+        audio = items[0].vocoder.decode(mel, source)                      # [B, N]
+        for i, it in enumerate(items):
+            it.result = audio[i]
+
+
 def crossfade_window(overlap: int) -> torch.Tensor:
     """Hamming window of 2*overlap points (float64): rising half for the new chunk, falling for the old."""
     return torch.from_numpy(np.hamming(2 * overlap))
@@ -380,6 +412,7 @@ class StreamingHiFT:
         self.rand_ini: torch.Tensor | None = None  # [1, H], of the utterance's first push
         # harmonic phase summed over frames [0, f0_start), in cycles per sample, modulo 1 (float64)
         self.cycles = torch.zeros(1, self.n_harmonics, dtype=torch.float64, device=dev)
+        self.spoken: list[torch.Tensor] | None = None  # set to [] to record the mel each returned frame came from
 
     @property
     def held_frames(self) -> int:
@@ -399,8 +432,12 @@ class StreamingHiFT:
 
         noise: the draws of the new frames (sine_noise [1, n*480, H]); default: the global generator.
         """
-        if finalize is not None:
-            final = final or finalize
+        return run_alone(self.push_steps(mel, final or bool(finalize), noise))
+
+    def push_steps(
+        self, mel: torch.Tensor, final: bool = False, noise: SourceNoise | None = None
+    ) -> WorkSteps[torch.Tensor]:
+        """`push` as work steps (its decoder window can be batched with other streams')."""
         if self.closed:
             raise RuntimeError("StreamingHiFT: push after the final chunk")
         spf, n_new = self.spf, mel.size(2)
@@ -420,9 +457,24 @@ class StreamingHiFT:
             return torch.zeros(0, device=device)
         f0_more = self._f0(final)  # [1, received - f0_start]: exact, then provisional
         source_more = self._source(f0_more, final)  # [1, 1, (received - src_end) * spf] provisional
-        audio = self._decode(source_more, final)
+        audio = yield from self._decode(source_more, final)
         self._trim()
         return audio
+
+    def revise(self, mel: torch.Tensor, start: int) -> int:
+        """Replace received mel frames [start, start + n) by better ones (mel [1, 80, n]: the exact recompute
+        of frames first made provisionally). Only frames still in the buffer change, and only what is not
+        final yet uses them: audio not yet returned (the held-back frames), their decoder context and the
+        provisional F0; returned audio, exact F0 and exact source stay. Returns the frames replaced."""
+        if self.mel is None:
+            return 0
+        lo = max(start, self.mel_start)
+        hi = min(start + mel.size(2), self.received)
+        if hi <= lo:
+            return 0
+        self.mel = self.mel.clone()
+        self.mel[:, :, lo - self.mel_start : hi - self.mel_start] = mel[:, :, lo - start : hi - start].to(self.mel)
+        return hi - lo
 
     # --- steps of one push ----------------------------------------------------------------------------
 
@@ -464,7 +516,7 @@ class StreamingHiFT:
         self.f0, self.f0_start = self.f0[:, new_ws - ws :], new_ws
         return source[:, :, n_exact:]
 
-    def _decode(self, source_more: torch.Tensor, final: bool) -> torch.Tensor:
+    def _decode(self, source_more: torch.Tensor, final: bool) -> WorkSteps[torch.Tensor]:
         """Vocode [emitted - context, received); return the audio of the frames now complete [N]."""
         assert self.mel is not None
         spf, received = self.spf, self.received
@@ -474,8 +526,12 @@ class StreamingHiFT:
         w0 = min(max(self.emitted - self.context, self.mel_start, self.src_start), self.src_end)
         mel = self.mel[:, :, w0 - self.mel_start :]  # [1, 80, received - w0]
         source = torch.cat([self.source[:, :, (w0 - self.src_start) * spf :], source_more], dim=2)
-        audio = self.vocoder.decode(mel, source)[0]  # [(received - w0) * spf]
+        work = VocoderDecode(self.vocoder, mel, source)
+        yield work
+        audio = work.result  # [(received - w0) * spf]
         out = audio[(self.emitted - w0) * spf : (end - w0) * spf]
+        if self.spoken is not None:
+            self.spoken.append(self.mel[:, :, self.emitted - self.mel_start : end - self.mel_start].clone())
         log.debug("hift stream: frames %d-%d of %d (window from %d)", self.emitted, end, received, w0)
         self.emitted = end
         return out.float()

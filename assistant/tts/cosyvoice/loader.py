@@ -21,6 +21,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from assistant.tts.cosyvoice import SAMPLE_RATE
 from assistant.tts.cosyvoice.llm import (
     SpeechLM,
     SpeechLMConfig,
@@ -151,7 +152,7 @@ class ModelSpec:
     qwen: Any
     flow: Any
     hift: Any
-    sample_rate: int = 24000
+    sample_rate: int = SAMPLE_RATE
 
 
 def read_spec(model_dir: Path) -> ModelSpec:
@@ -169,7 +170,7 @@ def read_spec(model_dir: Path) -> ModelSpec:
         qwen = load_qwen_config(model_dir / QWEN_DIR)
     except Exception as exc:
         raise ModelDirError(f"{model_dir / QWEN_DIR / 'config.json'}: not a Qwen2 config: {exc}") from exc
-    return ModelSpec(raw, llm_cfg, qwen, flow_cfg, hift_cfg, int(raw.get("sample_rate", 24000)))
+    return ModelSpec(raw, llm_cfg, qwen, flow_cfg, hift_cfg, int(raw.get("sample_rate", SAMPLE_RATE)))
 
 
 def build_flow(spec: ModelSpec, device: str | torch.device = "cpu") -> nn.Module:
@@ -297,7 +298,7 @@ def load_model_dir(
 
     hift = build_hift(spec, "cpu")
     _load_into(hift, model_dir / "hift.pt")
-    hift = hift.to(dev).eval()
+    hift = hift.to(dev).eval().remove_weight_norm()  # checked against the checkpoint's keys: fold g * v / |v| once
 
     loaded = LoadedModel(model_dir, spec, llm, flow, hift, dev, dt)
     for name in ONNX_FILES:

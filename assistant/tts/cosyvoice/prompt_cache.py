@@ -4,7 +4,7 @@ Three kinds of entries, all derived from a voice (or its reference clip) and not
 
 ``clip``  reference clip bytes + rate + transcript → the voice's prompt (speech tokens, prompt mel, x-vector):
           the same clip passed again as ``speaker_wav`` skips the ONNX front end.
-``flow``  the prompt's flow state (`streaming.FlowPrefix`): encoder output and estimator keys/values of every
+``flow``  the prompt's flow state (`flow_prefix.FlowPrefix`): encoder output and estimator keys/values of every
           prompt frame at every Euler step. By far the largest (≈ 4.6 MB per prompt frame for the 0.5B flow
           in float32: 56 attention layers x 10 steps x 2 CFG rows x K and V x 512), and what a cold first
           chunk would otherwise recompute.

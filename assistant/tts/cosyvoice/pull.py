@@ -10,7 +10,6 @@ from assistant.tts.cosyvoice.loader import ModelDirError, verify_model_dir
 log = logging.getLogger(__name__)
 
 REPOS = {"huggingface": "FunAudioLLM/CosyVoice2-0.5B", "modelscope": "iic/CosyVoice2-0.5B"}
-MODELSCOPE_ENDPOINT = "https://www.modelscope.cn"
 
 
 class PullError(RuntimeError):

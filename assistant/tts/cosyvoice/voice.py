@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from assistant.tts.cosyvoice.features import (
+from assistant.tts.cosyvoice.prompt_features import (
     PROMPT_SAMPLE_RATE,
     TOKENIZER_SAMPLE_RATE,
     prompt_mel,

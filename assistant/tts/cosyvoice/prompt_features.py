@@ -18,7 +18,9 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-PROMPT_SAMPLE_RATE = 24000
+from assistant.tts.cosyvoice import SAMPLE_RATE
+
+PROMPT_SAMPLE_RATE = SAMPLE_RATE  # the prompt mel is made at the model's own rate
 TOKENIZER_SAMPLE_RATE = 16000
 
 # prompt mel (the yaml's feat_extractor)

@@ -74,7 +74,8 @@ class CosyVoice2:
             raise KeyError(f"unknown voice {voice!r}")
         return found
 
-    def _prompt_text_ids(self, voice: CosyVoicePrompt) -> torch.Tensor | None:
+    def prompt_text_ids(self, voice: CosyVoicePrompt) -> torch.Tensor | None:
+        """The ids of the voice's transcript (zero-shot mode), or None (cross-lingual)."""
         if voice.prompt_text_tokens is not None:
             return voice.prompt_text_tokens
         if voice.prompt_text and self.frontend.has_tokenizer:

@@ -1,0 +1,358 @@
+"""The chunk thread: every running request's audio, chunks batched across streams, earliest deadline first.
+
+Each request's stream makes its chunks as work steps (`StreamingSynthesis.chunk_steps`: encoder work of its
+own, flow solves and vocoder windows yielded as `batch_work.Work`). One round of this thread:
+
+1. feed every job the tokens decoded since the last round (a job's first tokens create its stream);
+2. take the most urgent job with a chunk due or under way — the one whose audio so far runs out first
+   (`SpeechJob.deadline`; a job that has played nothing yet before all others) — and advance it to its next
+   piece of work;
+3. fill the batch with other due or started jobs whose next piece has the same key (same solve length and
+   step count, or the same vocoder window), in deadline order, up to ``max_batch``;
+4. run the batch as one model call, then advance each member to its next piece (or to its finished chunk,
+   which is delivered at once).
+
+So a batch never waits for a stream that is not due, the most urgent stream is always in the batch, and the
+others ride along for the price of one call. When no chunk is due, the round builds a cold voice's flow
+prefix one encoder chunk at a time (`flow_prefix.FlowPrefix.build_steps`), so later requests of that voice are
+warm while no stream ever waits for a whole prefix (and no first chunk waits for a piece of one: builds pause
+while a job has not played its first chunk).
+
+On CUDA the thread runs on its own stream; it synchronises that stream only (for stage timings), never the
+device, so the decode thread's steps and a graph capture there are not disturbed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from assistant.tts.cosyvoice.admission import EngineBusy
+from assistant.tts.cosyvoice.batch_work import Work, WorkSteps, run_grouped
+from assistant.tts.cosyvoice.jobs import SpeechJob
+from assistant.tts.cosyvoice.prompt_cache import PromptCache
+from assistant.tts.cosyvoice.streaming import Chunk, MissingPrefix, StreamingSynthesis
+
+log = logging.getLogger(__name__)
+
+MAX_PREFIX_BUILDS = 2   # cold voices' prefixes built at once (each holds a voice's whole flow state)
+
+
+@dataclass(eq=False)
+class _Task:
+    """A chunk (or a prefix build) under way: its steps and the piece of work it waits for."""
+
+    steps: WorkSteps[Any]
+    job: SpeechJob | None            # None: a prefix build
+    pending: Work | None = None
+    t_start: float = 0.0
+    queue_ms: float = 0.0
+    build: MissingPrefix | None = None
+
+
+class ChunkWorker:
+    """Owns the jobs' streams; see the module doc for one round."""
+
+    def __init__(
+        self, flow: nn.Module, hift: nn.Module, cache: PromptCache, *, sample_rate: int, max_batch: int,
+        buckets: tuple[int, ...] = (), cpu_threads: int = 1,
+    ) -> None:
+        self.flow, self.hift, self.cache = flow, hift, cache
+        self.sample_rate, self.max_batch, self.buckets = sample_rate, max(1, max_batch), buckets
+        self.cpu_threads = cpu_threads
+        p = next(flow.parameters())
+        self.device = p.device
+        self.wake_decoder: Callable[[], None] = lambda: None
+        self._cond = threading.Condition()
+        self._stop = False
+        self._jobs: list[SpeechJob] = []
+        self._tasks: dict[SpeechJob, _Task] = {}
+        self._builds: list[_Task] = []
+        self._building: set[str] = set()
+        self.busy = False                # read by the decode thread (its step time with or without us)
+        self.chunk_s = 0.0               # wall time of rounds that did work
+        self.batches = 0                 # model calls made
+        self.batched_items = 0           # pieces of work in them (mean batch = batched_items / batches)
+        self.max_seen_batch = 0
+        self.prefixes_built = 0
+        self._stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
+        self._thread = threading.Thread(target=self._run, name="cosyvoice-chunks", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def add(self, job: SpeechJob) -> None:
+        with self._cond:
+            self._jobs.append(job)
+            self._cond.notify()
+
+    def wake(self) -> None:
+        with self._cond:
+            self._cond.notify()
+
+    def close(self) -> None:
+        with self._cond:
+            self._stop = True
+            self._cond.notify()
+        self._thread.join(timeout=5)
+
+    def running(self) -> set[int]:
+        with self._cond:
+            return set(map(id, self._jobs))
+
+    def stats(self) -> dict[str, Any]:
+        return {"chunk_s": self.chunk_s, "flow_batches": self.batches,
+                "mean_flow_batch": self.batched_items / max(self.batches, 1), "max_flow_batch": self.max_seen_batch,
+                "prefixes_built": self.prefixes_built}
+
+    def fail(self, job: SpeechJob, exc: BaseException) -> None:
+        self._send(job, exc)
+        job.cancel()
+        self._finish(job)
+
+    # --- the thread ----------------------------------------------------------------------------------------
+
+    def _run(self) -> None:
+        torch.set_grad_enabled(False)
+        if self.device.type == "cpu":
+            torch.set_num_threads(self.cpu_threads)
+        ctx = torch.cuda.stream(self._stream) if self._stream is not None else contextlib.nullcontext()
+        with ctx:
+            while True:
+                with self._cond:
+                    while not self._stop and not self._has_work():
+                        self._cond.wait()
+                    if self._stop:
+                        break
+                    jobs = list(self._jobs)
+                t0 = time.perf_counter()
+                self.busy = True
+                try:
+                    with torch.inference_mode():
+                        self._round(jobs)
+                except Exception as exc:  # pragma: no cover - defensive: fail the jobs, keep serving
+                    log.exception("cosyvoice chunk round failed")
+                    for job in jobs:
+                        self.fail(job, exc)
+                finally:
+                    self.busy = False
+                    self.chunk_s += time.perf_counter() - t0
+        with self._cond:
+            jobs, self._jobs = list(self._jobs), []
+        for job in jobs:
+            self._send(job, EngineBusy("the synthesis engine was closed"))
+
+    def _has_work(self) -> bool:
+        """Anything to do (called under the lock)?"""
+        if self._tasks or self._may_build(self._jobs):
+            return True
+        for job in self._jobs:
+            if job.cancelled.is_set() or job.stream is None:
+                return True
+            if job.fed < len(job.decoded) or (job.decode_done and not job.stream.llm_done):
+                return True
+            if job.stream.due():
+                return True
+        return False
+
+    def _round(self, jobs: list[SpeechJob]) -> None:
+        if self._stream is not None:  # voices and prefixes made elsewhere on the default stream are complete
+            self._stream.wait_stream(torch.cuda.default_stream(self.device))
+        for job in [j for j in self._tasks if j.cancelled.is_set()]:
+            del self._tasks[job]                   # its chunk is dropped half made
+        for job in jobs:
+            if job.cancelled.is_set():
+                self._finish(job)
+                continue
+            try:
+                self._feed(job)
+            except Exception as exc:
+                log.exception("cosyvoice stream failed to start")
+                self.fail(job, exc)
+                continue
+            assert job.stream is not None
+            if job.t_due is None and job not in self._tasks and job.stream.due():
+                job.t_due = time.perf_counter()
+        live = [j for j in jobs if not j.cancelled.is_set() and j.stream is not None]
+        ready = sorted((j for j in live if j in self._tasks or j.stream.due()), key=SpeechJob.deadline)
+        if ready:
+            self._run_batch(ready)
+        elif self._may_build(live):
+            self._run_builds()
+
+    def _may_build(self, jobs: list[SpeechJob]) -> bool:
+        """Prefix builds go on only while every job has played its first chunk: a piece of a build is not
+        interrupted, and a first packet should not wait behind one."""
+        return bool(self._builds) and all(j.t_first_audio is not None or j.cancelled.is_set() for j in jobs)
+
+    def _feed(self, job: SpeechJob) -> None:
+        """Hand the job's new tokens to its stream (creating it on first use; a cold voice's prefix build is
+        queued here)."""
+        if job.stream is None:
+            job.stream = StreamingSynthesis(
+                self.flow, self.hift, job.voice, job.schedule, cache=self.cache, seed=job.seed, speed=job.speed,
+                capacity_tokens=min(job.hi, 8 * int(job.text_ids.numel()) + 50),
+            )
+            job.stats["setup_ms"] = job.stream.setup_ms
+            job.stats["cold_voice"] = float(job.stream.cold)
+            missing = job.stream.missing_prefix
+            if missing is not None and missing.key not in self._building and len(self._builds) < MAX_PREFIX_BUILDS:
+                self._building.add(missing.key)
+                self._builds.append(_Task(missing.build_steps(), None, build=missing))
+        done = job.decode_done                    # read before the tokens: all of them are there once set
+        decoded = job.decoded
+        while job.fed < len(decoded):
+            job.stream.add(decoded[job.fed])
+            job.fed += 1
+        if done and not job.stream.llm_done and job.fed == len(job.decoded):
+            job.stream.finish()
+
+    def _start(self, job: SpeechJob) -> _Task | None:
+        """Start the job's due chunk and advance it to its first piece of work (None: it finished already)."""
+        assert job.stream is not None
+        now = time.perf_counter()
+        task = _Task(job.stream.chunk_steps(), job, t_start=now,
+                     queue_ms=1000 * (now - job.t_due) if job.t_due is not None else 0.0)
+        job.t_due = None
+        self._tasks[job] = task
+        return task if self._advance(task, first=True) else None
+
+    def _advance(self, task: _Task, first: bool = False) -> bool:
+        """Run the task to its next piece of work; False when it ended (chunk delivered, or failed)."""
+        try:
+            task.pending = next(task.steps) if first else task.steps.send(None)
+            return True
+        except StopIteration as stop:
+            task.pending = None
+            if task.job is not None:
+                del self._tasks[task.job]
+                self._deliver(task.job, stop.value, task.queue_ms)
+            else:
+                self._built(task, stop.value)
+            return False
+        except Exception as exc:
+            task.pending = None
+            if task.job is None:
+                log.exception("cosyvoice prefix build failed")
+                self._builds.remove(task)
+                assert task.build is not None
+                self._building.discard(task.build.key)
+            else:
+                log.exception("cosyvoice chunk failed")
+                self._tasks.pop(task.job, None)
+                self.fail(task.job, exc)
+            return False
+
+    def _run_batch(self, ready: list[SpeechJob]) -> None:
+        """Steps 2-4 of a round (module doc): the leader, its batch-mates, one model call, advance each."""
+        leader: _Task | None = None
+        batch: list[_Task] = []
+        key: Any = None
+        for job in ready:
+            task = self._tasks.get(job)
+            if task is None:
+                if leader is not None and len(batch) >= self.max_batch:
+                    break
+                task = self._start(job)
+                if task is None:
+                    continue
+            assert task.pending is not None
+            if leader is None:
+                leader, key = task, task.pending.batch_key(self.buckets)
+                batch.append(task)
+            elif len(batch) < self.max_batch and type(task.pending) is type(leader.pending) \
+                    and task.pending.batch_key(self.buckets) == key:
+                batch.append(task)
+        if not batch:
+            return
+        self._run_work(batch)
+
+    def _run_builds(self) -> None:
+        """Nothing due: one step of the oldest prefix build, with other builds whose next piece matches."""
+        leader = self._builds[0]
+        if leader.pending is None and not self._advance(leader, first=True):
+            return
+        for task in self._builds[1:]:
+            if task.pending is None:
+                self._advance(task, first=True)
+        assert leader.pending is not None
+        key = (type(leader.pending), leader.pending.batch_key(self.buckets))
+        batch = [t for t in self._builds if t.pending is not None
+                 and (type(t.pending), t.pending.batch_key(self.buckets)) == key][: self.max_batch]
+        self._run_work(batch)
+
+    def _run_work(self, batch: list[_Task]) -> None:
+        try:
+            run_grouped([t.pending for t in batch if t.pending is not None], self.buckets)
+        except Exception as exc:
+            log.exception("cosyvoice batched work failed")
+            for task in batch:
+                if task.job is not None:
+                    self._tasks.pop(task.job, None)
+                    self.fail(task.job, exc)
+                elif task in self._builds:
+                    self._builds.remove(task)
+                    assert task.build is not None
+                    self._building.discard(task.build.key)
+            return
+        self.batches += 1
+        self.batched_items += len(batch)
+        self.max_seen_batch = max(self.max_seen_batch, len(batch))
+        for task in batch:
+            self._advance(task)
+
+    def _built(self, task: _Task, prefix: Any) -> None:
+        assert task.build is not None
+        self._builds.remove(task)
+        self._building.discard(task.build.key)
+        self.cache.put("flow", task.build.key, prefix)
+        self.prefixes_built += 1
+        log.info("cosyvoice voice prefix built (%d prompt tokens)", prefix.prompt_tokens)
+
+    def _deliver(self, job: SpeechJob, chunk: Chunk, queue_ms: float) -> None:
+        assert job.stream is not None
+        chunk.queue_ms = queue_ms
+        if chunk.audio.size == 0 and not chunk.final:
+            return  # everything held back for context (vocoder look-ahead): nothing to play yet
+        if job.t_first_audio is None:
+            job.t_first_audio = time.perf_counter()
+            chunk.setup_ms = job.stats.get("setup_ms", 0.0)
+            job.stats.update(first_flow_ms=chunk.flow_ms, first_vocoder_ms=chunk.vocoder_ms,
+                             first_queue_ms=queue_ms, first_packet_ms=1000 * (job.t_first_audio - job.t_submit),
+                             tokens_at_first_packet=float(chunk.tokens_seen),
+                             decoded_at_first_packet=float(len(job.decoded)))
+        job.audio_s += chunk.audio.size / self.sample_rate
+        if chunk.final:
+            job.stats["stream_bytes"] = float(job.stream.nbytes)
+        chunk.stats = dict(job.stats, tokens=float(len(job.decoded)))
+        self._send(job, chunk)
+        if chunk.final:
+            self._send(job, None)
+            self._finish(job)
+
+    def _send(self, job: SpeechJob, item: Chunk | BaseException | None) -> None:
+        try:
+            job.deliver(item)
+        except RuntimeError:  # the consumer's event loop is gone
+            job.cancel()
+
+    def _finish(self, job: SpeechJob) -> None:
+        """Drop the job (any thread; the decode thread frees its slot on `cancelled`, the next round drops
+        its chunk under way)."""
+        job.cancel()
+        with self._cond:
+            if job in self._jobs:
+                self._jobs.remove(job)
+        self.wake_decoder()
+        job.stream = None
+
+
+__all__ = ["ChunkWorker"]

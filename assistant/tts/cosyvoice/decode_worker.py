@@ -1,0 +1,363 @@
+"""The decode thread: one batched speech-LLM step for every active request per iteration.
+
+    submit(job) ──▶ waiting ──prefill into a free KV slot──▶ decoding ──eos──▶ (slot freed)
+                                      │  ONE step for all decoding jobs per iteration (stacked, sampled on
+                                      │  the device; a replayed CUDA graph on CUDA)
+                                      ▼
+                        the chunk thread (`chunk_scheduler.py`) turns each job's tokens into audio
+
+The tokens reach the host one step late (the copy of step k overlaps step k+1), so there is no host sync per
+step; a job's end (eos) is therefore seen one step after it was sampled and the extra step's token is
+discarded. On CUDA the thread runs on its own stream and waits on the events of its own steps only, never on
+the device (the chunk thread's work runs on another stream meanwhile). Each step's time is counted apart for
+steps that ran while the chunk thread was busy and steps that ran alone (``stats``), so contention shows.
+
+Cancelling a request frees its KV slot at the next iteration (within one decode step).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import random
+import threading
+import time
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from assistant.tts.cosyvoice.admission import EngineBusy
+from assistant.tts.cosyvoice.jobs import SpeechJob
+from assistant.tts.cosyvoice.llm import SpeechLM
+from assistant.tts.cosyvoice.prompt_cache import PromptCache, digest
+from assistant.tts.cosyvoice.sampling import sample_tokens
+from assistant.tts.cosyvoice.slot_decoder import SlotDecoder, StaticDecodeStep
+
+if TYPE_CHECKING:
+    from assistant.tts.cosyvoice.chunk_scheduler import ChunkWorker
+
+log = logging.getLogger(__name__)
+
+Inflight = tuple[torch.Tensor, list[SpeechJob], Any]   # tokens (host or device), their jobs, a CUDA event
+
+
+class DecodeWorker:
+    """Owns the KV slots and the per-slot decode state on the device; hands tokens to the chunk worker."""
+
+    def __init__(
+        self, lm: SpeechLM, cache: PromptCache, chunks: ChunkWorker, *, slots: int, max_positions: int,
+        cuda_graphs: bool, static_step: bool, cpu_threads: int,
+    ) -> None:
+        self.lm, self.cache, self.chunks, self.cpu_threads = lm, cache, chunks, cpu_threads
+        self.decoder = SlotDecoder(lm, slots, max_positions)
+        p = lm.llm_decoder.weight
+        self.device = dev = p.device
+        # per-slot decode state on the device (no host round trip per step)
+        self._next = torch.zeros(slots, p.size(1), device=dev, dtype=p.dtype)       # next input embedding
+        self._pos = torch.zeros(slots, dtype=torch.long, device=dev)
+        self._seeds = torch.zeros(slots, dtype=torch.long, device=dev)
+        self._steps = torch.zeros(slots, dtype=torch.long, device=dev)
+        self._lo = torch.zeros(slots, dtype=torch.long, device=dev)
+        self._ignore_eos = torch.zeros(slots, dtype=torch.bool, device=dev)
+        self._greedy = torch.zeros(slots, dtype=torch.bool, device=dev)
+        self._recent = torch.full((slots, lm.cfg.win_size), -1, dtype=torch.long, device=dev)
+        stop = torch.zeros(lm.cfg.speech_token_size + 3, dtype=torch.bool, device=dev)
+        stop[list(lm.cfg.stop_ids)] = True
+        self._stop_rows = stop
+        # the graphed (CUDA) or traced (static step run directly) path, else eager
+        self.static = StaticDecodeStep(self.decoder, self._next, self._pos, cuda_graphs) \
+            if (cuda_graphs and dev.type == "cuda") or static_step else None
+        self._cond = threading.Condition()
+        self._incoming: list[SpeechJob] = []
+        self._captures: list[threading.Event] = []
+        self._stop = False
+        self._waiting: list[SpeechJob] = []
+        self._decoding: list[SpeechJob] = []
+        self._inflight: Inflight | None = None
+        self._free = list(range(slots))
+        self._row_index: dict[tuple[int, ...], torch.Tensor] = {}
+        self.steps = 0                  # decode steps run
+        self.batch_rows = 0             # sum of rows over steps (mean batch = batch_rows / steps)
+        self.decode_s = 0.0             # wall time of decode steps
+        self.busy_steps = 0             # steps that ran while the chunk thread was working
+        self.busy_s = 0.0
+        self._stream = torch.cuda.Stream(dev) if dev.type == "cuda" else None
+        self._thread = threading.Thread(target=self._run, name="cosyvoice-decode", daemon=True)
+
+    @property
+    def path(self) -> dict[str, Any]:
+        """Which decode step runs: the CUDA graph (with its capture time and replays), the static step, eager."""
+        if self.static is not None:
+            return self.static.record
+        return {"path": f"eager ({self.device.type})", "capture_s": None, "error": None}
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def submit(self, job: SpeechJob) -> None:
+        job.t_submit = time.perf_counter()
+        if job.seed is None:
+            job.seed = random.getrandbits(62)
+        with self._cond:
+            self._incoming.append(job)
+            self._cond.notify()
+
+    def wake(self) -> None:
+        with self._cond:
+            self._cond.notify()
+
+    def capture(self, timeout: float | None = None) -> dict[str, Any]:
+        """Capture the decode graph now, in the decode thread (a graph belongs to the thread that records it,
+        between two steps); returns `path`."""
+        done = threading.Event()
+        with self._cond:
+            self._captures.append(done)
+            self._cond.notify()
+        done.wait(timeout)
+        return self.path
+
+    def close(self) -> None:
+        with self._cond:
+            self._stop = True
+            self._cond.notify()
+        self._thread.join(timeout=5)
+
+    def running(self) -> set[int]:
+        return set(map(id, self._decoding))
+
+    def stats(self) -> dict[str, Any]:
+        alone = self.steps - self.busy_steps
+        return {
+            "decode_steps": self.steps,
+            "mean_batch": self.batch_rows / max(self.steps, 1),
+            "decode_s": self.decode_s,
+            "decode_step_ms_alone": 1000 * (self.decode_s - self.busy_s) / alone if alone else None,
+            "decode_step_ms_beside_chunks": 1000 * self.busy_s / self.busy_steps if self.busy_steps else None,
+            "kv_cache_mb": self.decoder.cache_bytes / 2**20,
+            "decode_path": self.path,
+        }
+
+    # --- the thread ----------------------------------------------------------------------------------------
+
+    def _run(self) -> None:
+        torch.set_grad_enabled(False)
+        if self.device.type == "cpu":
+            torch.set_num_threads(self.cpu_threads)
+        with torch.cuda.stream(self._stream) if self._stream is not None else contextlib.nullcontext():
+            self._loop()
+        for done in self._captures:
+            done.set()
+        for job in self._decoding + self._waiting + self._incoming:
+            self.chunks.fail(job, EngineBusy("the synthesis engine was closed"))
+
+    def _loop(self) -> None:
+        while True:
+            with self._cond:
+                while (not self._stop and not self._incoming and not self._waiting and not self._decoding
+                       and not self._captures):
+                    self._cond.wait()
+                if self._stop:
+                    break
+                self._waiting.extend(self._incoming)
+                self._incoming.clear()
+                captures, self._captures = self._captures, []
+            if self._stream is not None:  # inputs made elsewhere (voices, warm-up) on the default stream
+                self._stream.wait_stream(torch.cuda.default_stream(self.device))
+            for done in captures:
+                try:
+                    if self.static is not None:
+                        self.static.capture()
+                finally:
+                    done.set()
+            try:
+                with torch.inference_mode():
+                    self._iteration()
+            except Exception as exc:  # a bug here must not kill every session: fail the jobs involved
+                log.exception("cosyvoice decode iteration failed")
+                self._inflight = None
+                for job in self._decoding + self._waiting:
+                    self.chunks.fail(job, exc)
+
+    def _iteration(self) -> None:
+        for job in [j for j in self._waiting if j.cancelled.is_set()]:
+            self._waiting.remove(job)
+        for job in [j for j in self._decoding if j.cancelled.is_set()]:
+            self._end_decoding(job)
+        starting = []
+        while self._waiting and len(starting) < len(self._free):
+            starting.append(self._waiting.pop(0))
+        if starting:
+            try:
+                self._start(starting)
+            except Exception as exc:
+                log.exception("cosyvoice jobs failed to start")
+                for job in starting:
+                    self.chunks.fail(job, exc)
+                    self._end_decoding(job)
+        previous, self._inflight = self._inflight, None
+        decoding = [j for j in self._decoding if j.slot >= 0]
+        if decoding:
+            self._inflight = self._step(decoding)           # queued on the device, not waited for
+        if previous is not None:
+            self._collect(*previous)                         # the step before: its tokens are ready by now
+        if self._inflight is not None and self._inflight[2] is None:
+            inflight, self._inflight = self._inflight, None  # CPU: nothing runs ahead, take the tokens now
+            self._collect(*inflight)
+
+    def _prompt(self, job: SpeechJob) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor] | None, int]:
+        """The job's prompt after its cached start ([L, D]), that start's keys/values, and the whole length;
+        the job's token limits set (within the slot's positions)."""
+        lm = self.lm
+        prefix, rest = lm.build_lm_input_parts(job.text_ids, job.prompt_text, job.prompt_speech)
+        lo, hi = lm.length_limits(int(job.text_ids.numel()))
+        job.lo = lo if job.min_tokens is None else job.min_tokens
+        job.hi = hi if job.max_tokens is None else job.max_tokens
+        length = prefix.size(1) + rest.size(1)
+        room = self.decoder.max_positions - length
+        if room < 1:
+            raise ValueError(f"prompt of {length} positions exceeds max_positions {self.decoder.max_positions}")
+        if job.hi > room:
+            log.warning("speech tokens capped at %d (max_positions %d)", room, self.decoder.max_positions)
+            job.hi = room
+        key = digest(id(lm), job.prompt_text if job.prompt_text is not None else "none")
+        past = self.cache.get_or_make("llm", key, lambda: self.decoder.prefix_kv(prefix[0]))
+        return rest[0], past, length
+
+    def _start(self, jobs: list[SpeechJob]) -> None:
+        """Prefill the jobs' prompts into free slots in one forward (each prompt's start from the cache) and
+        sample their first tokens."""
+        t0 = time.perf_counter()
+        prompts = []
+        for job in list(jobs):
+            try:
+                prompts.append(self._prompt(job))
+            except Exception as exc:  # this job only (a prompt too long for a slot, ...)
+                log.exception("cosyvoice job failed to start")
+                jobs.remove(job)
+                self.chunks.fail(job, exc)
+                self._end_decoding(job)
+        if not jobs:
+            return
+        for job in jobs:
+            job.slot = self._free.pop(0)
+        self._free.sort()
+        hidden = self.decoder.prefill_many([j.slot for j in jobs], [p[0] for p in prompts], [p[1] for p in prompts])
+        for job, (_, _, length) in zip(jobs, prompts, strict=True):
+            job.pos = length
+            s = job.slot
+            self._pos[s] = length
+            self._seeds[s] = int(job.seed or 0) & ((1 << 62) - 1)
+            self._steps[s] = 0
+            self._lo[s] = job.lo
+            self._ignore_eos[s] = job.ignore_eos
+            self._greedy[s] = job.greedy
+            self._recent[s] = -1
+            self._decoding.append(job)
+        tokens = self._sample(hidden, jobs)
+        self._collect(tokens, jobs, None)                    # one read-back per start, not per step
+        for job in jobs:
+            job.stats["admit_wait_ms"] = 1000 * (t0 - job.t_submit)
+            job.stats["prefill_ms"] = 1000 * (time.perf_counter() - t0)
+            job.stats["decode_ms"] = 0.0
+            job.stats["prefill_batch"] = float(len(jobs))
+            self.chunks.add(job)
+
+    def _rows(self, jobs: list[SpeechJob]) -> torch.Tensor:
+        """The jobs' slots as a device index (made once per combination, not copied every step)."""
+        key = tuple(j.slot for j in jobs)
+        rows = self._row_index.get(key)
+        if rows is None:
+            rows = self._row_index[key] = torch.tensor(key, dtype=torch.long, device=self.device)
+        return rows
+
+    def _sample(self, hidden: torch.Tensor, jobs: list[SpeechJob]) -> torch.Tensor:
+        """hidden [B, D] of jobs' rows → their next tokens [B] on the device; device state updated."""
+        rows = self._rows(jobs)
+
+        def sel(t: torch.Tensor) -> torch.Tensor:
+            return t[rows]
+
+        logp = self.lm.logp_from_hidden(hidden)                                          # [B, V]
+        cfg = self.lm.cfg
+        steps, lo, ignore = sel(self._steps), sel(self._lo), sel(self._ignore_eos)
+        eos_block = torch.zeros_like(self._stop_rows).unsqueeze(0).expand(len(jobs), -1).clone()
+        eos_block[:, cfg.eos_id] = steps < lo
+        eos_block |= ignore.unsqueeze(1) & self._stop_rows.unsqueeze(0)
+        logp = logp.masked_fill(eos_block, -float("inf"))
+        tokens = sample_tokens(logp, sel(self._recent), sel(self._seeds), steps, sel(self._greedy), cfg)
+        self._recent[rows] = torch.cat([self._recent[rows][:, 1:], tokens.unsqueeze(1)], dim=1)
+        self._steps[rows] += 1
+        emb = self.lm.speech_embedding.weight
+        self._next[rows] = emb[tokens.clamp(max=emb.size(0) - 1)]
+        return tokens
+
+    def _step(self, decoding: list[SpeechJob]) -> Inflight:
+        """One decode step for every decoding job; tokens stay on the device (a pinned copy on CUDA)."""
+        t0 = time.perf_counter()
+        busy = self.chunks.busy
+        rows = self._rows(decoding)
+        if self.static is not None and self.static.active:
+            hidden = self.static()[rows]                                                  # every slot
+        else:  # rows 0..max slot; idle rows below it carry their last input to their own free slot
+            n = max(j.slot for j in decoding) + 1
+            kv_len = max(j.pos for j in decoding) + 1
+            hidden = self.decoder.decode(self._next[:n], self._pos[:n], kv_len)[rows]    # [B, D]
+        self._pos[rows] += 1
+        for j in decoding:
+            j.pos += 1
+        tokens = self._sample(hidden, decoding)
+        event = None
+        if self.device.type == "cuda":
+            host = torch.empty(tokens.shape, dtype=tokens.dtype, pin_memory=True)
+            host.copy_(tokens, non_blocking=True)
+            event = torch.cuda.Event()
+            event.record()
+            tokens = host
+        self.steps += 1
+        self.batch_rows += len(decoding)
+        dt = time.perf_counter() - t0
+        self.decode_s += dt
+        if busy:
+            self.busy_steps += 1
+            self.busy_s += dt
+        for j in decoding:
+            j.stats["decode_ms"] = j.stats.get("decode_ms", 0.0) + 1000 * dt
+        return tokens, list(decoding), event
+
+    def _collect(self, tokens: torch.Tensor, jobs: list[SpeechJob], event: Any) -> None:
+        """A step's tokens on the host: hand them to the jobs' streams, end jobs at a stop id or their limit."""
+        t0 = time.perf_counter()
+        if event is not None:
+            event.synchronize()
+        values = tokens.tolist()
+        if event is not None:
+            self.decode_s += time.perf_counter() - t0
+        stop_ids = self.lm.cfg.stop_ids
+        notify = False
+        for job, token in zip(jobs, values, strict=True):
+            if job.decode_done or job.slot < 0:
+                continue  # ended a step ago: this row's token is the discarded extra step
+            job.steps += 1
+            if token in stop_ids:
+                self._end_decoding(job)
+            else:
+                job.decoded.append(token)
+                if len(job.decoded) >= job.hi:
+                    self._end_decoding(job)
+            notify = True
+        if notify:
+            self.chunks.wake()
+
+    def _end_decoding(self, job: SpeechJob) -> None:
+        job.decode_done = True
+        job.stats["llm_wall_ms"] = 1000 * (time.perf_counter() - job.t_submit)
+        if job in self._decoding:
+            self._decoding.remove(job)
+        if job.slot >= 0:
+            self._free.append(job.slot)
+            self._free.sort()
+            job.slot = -1
+        self.chunks.wake()
+
+
+__all__ = ["DecodeWorker"]

@@ -1,0 +1,275 @@
+"""The speech LLM's decoder over a static per-slot KV cache, and its decode step as a replayable graph.
+
+`SlotDecoder` keeps a static KV cache with one row (slot) per concurrent request,
+``[layers, slots, kv_heads, max_positions, head_dim]``, and runs Qwen2's layers over all rows at once with
+its own attention (each row masked to its own length and at its own RoPE position). Rows never see each
+other, so a request decodes to the same tokens alone or in a batch (tested).
+
+`StaticDecodeStep` is the decode step of every slot over static buffers with the whole cache as keys: its
+shapes never change, so on CUDA it is captured once as a ``torch.cuda.CUDAGraph`` (at warm-up, before the
+engine says ready) and each step is one replay instead of hundreds of kernel launches, which dominate a
+0.5B model's step on a big GPU. Elsewhere the same static step runs directly (capture skipped): that is how
+the CPU tests trace the GPU's path. The record (`record`) says what really runs and counts the replays.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from assistant.tts.cosyvoice.llm import SpeechLM
+
+log = logging.getLogger(__name__)
+
+GRAPH_WARMUP_RUNS = 3  # eager runs on a side stream before capture (allocator and lazy inits settle)
+
+
+class SlotDecoder(nn.Module):
+    """Qwen2 decoding over a static per-slot KV cache (gpt-fast style), sharing the LM's weights.
+
+    The layers' projections, norms and MLPs are HF's own modules (so numerics match the reference); only
+    the attention over the cache and the cache writes are ours.
+    """
+
+    def __init__(self, lm: SpeechLM, slots: int, max_positions: int) -> None:
+        super().__init__()
+        qwen = lm.llm.model.model                      # HF Qwen2Model
+        cfg = qwen.config
+        self.lm = [lm]                                 # not a submodule: keep state_dict and .to() apart
+        self.layers, self.norm, self.rotary = qwen.layers, qwen.norm, qwen.rotary_emb
+        self.n_heads = cfg.num_attention_heads
+        self.n_kv = cfg.num_key_value_heads
+        self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+        self.slots, self.max_positions = slots, max_positions
+        p = lm.llm_decoder.weight
+        shape = (len(self.layers), slots, self.n_kv, max_positions, self.head_dim)
+        self.register_buffer("k_cache", torch.zeros(shape, device=p.device, dtype=p.dtype), persistent=False)
+        self.register_buffer("v_cache", torch.zeros(shape, device=p.device, dtype=p.dtype), persistent=False)
+
+    @property
+    def cache_bytes(self) -> int:
+        return 2 * self.k_cache.numel() * self.k_cache.element_size()
+
+    def _qkv(self, layer: nn.Module, h: torch.Tensor, pos: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """h [n, T, D] normed, pos [n, T] → q [n, H, T, d], k and v [n, KV, T, d] (RoPE applied)."""
+        n, t, _ = h.shape
+        attn = layer.self_attn
+        q = attn.q_proj(h).view(n, t, -1, self.head_dim).transpose(1, 2)
+        k = attn.k_proj(h).view(n, t, -1, self.head_dim).transpose(1, 2)
+        v = attn.v_proj(h).view(n, t, -1, self.head_dim).transpose(1, 2)
+        cos, sin = self.rotary(h, pos)                 # [n, T, d]
+        cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
+        q = q * cos + _rotate_half(q) * sin
+        k = k * cos + _rotate_half(k) * sin
+        return q, k, v
+
+    @torch.inference_mode()
+    def prefill(
+        self, slot: int, x: torch.Tensor, past: tuple[torch.Tensor, torch.Tensor] | None = None
+    ) -> torch.Tensor:
+        """Run one request's prompt x [L, D] into ``slot`` → last hidden state [D].
+
+        ``past`` (from `prefix_kv`): keys/values [layers, KV, P, d] of the positions before x (a cached
+        prompt start); they are copied into the slot and x continues at position P.
+        """
+        start = 0 if past is None else past[0].size(2)
+        length = x.size(0)
+        end = start + length
+        if past is not None:
+            self.k_cache[:, slot, :, :start] = past[0]
+            self.v_cache[:, slot, :, :start] = past[1]
+        pos = torch.arange(start, end, device=x.device).unsqueeze(0)  # [1, L]
+        h = x.unsqueeze(0)                                             # [1, L, D]
+        group = self.n_heads // self.n_kv
+        mask = None
+        if start:
+            keys = torch.arange(end, device=x.device)
+            mask = keys.unsqueeze(0) <= pos.view(-1, 1)                  # [L, P + L]: the past and causal
+        for li, layer in enumerate(self.layers):
+            q, k, v = self._qkv(layer, layer.input_layernorm(h), pos)
+            self.k_cache[li, slot, :, start:end] = k[0]
+            self.v_cache[li, slot, :, start:end] = v[0]
+            if start:
+                k = self.k_cache[li, slot : slot + 1, :, :end]
+                v = self.v_cache[li, slot : slot + 1, :, :end]
+            k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
+            if mask is None:
+                o = F.scaled_dot_product_attention(q, k, v, is_causal=True)  # [1, H, L, d]
+            else:
+                o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+            h = h + layer.self_attn.o_proj(o.transpose(1, 2).reshape(1, length, -1))
+            h = h + layer.mlp(layer.post_attention_layernorm(h))
+        return self.norm(h)[0, -1]
+
+    @torch.inference_mode()
+    def prefill_many(
+        self, slots: list[int], xs: list[torch.Tensor], pasts: list[tuple[torch.Tensor, torch.Tensor] | None]
+    ) -> torch.Tensor:
+        """Several requests' prompts at once (one forward for all; one request: `prefill`) → last hidden
+        states [B, D]. Rows are padded at the end to the longest; each row is masked to its own past and
+        causal positions, so a padded position never reaches a real one, and only real positions are written
+        to a slot (a padded one's keys would land past the row's end, where decoding overwrites before it reads).
+        """
+        if len(xs) == 1:
+            return self.prefill(slots[0], xs[0], pasts[0]).unsqueeze(0)
+        dev = xs[0].device
+        starts = [0 if p is None else p[0].size(2) for p in pasts]
+        lengths = [x.size(0) for x in xs]
+        length = max(lengths)
+        span = max(s + n for s, n in zip(starts, lengths, strict=True))
+        for slot, start, past in zip(slots, starts, pasts, strict=True):
+            if past is not None:
+                self.k_cache[:, slot, :, :start] = past[0]
+                self.v_cache[:, slot, :, :start] = past[1]
+        h = torch.stack([F.pad(x, (0, 0, 0, length - x.size(0))) for x in xs])           # [B, L, D]
+        pos = torch.tensor(starts, device=dev).unsqueeze(1) + torch.arange(length, device=dev)  # [B, L]
+        mask = (torch.arange(span, device=dev) <= pos.unsqueeze(2)).unsqueeze(1)         # [B, 1, L, S]
+        rows = torch.tensor(slots, device=dev)
+        group = self.n_heads // self.n_kv
+        for li, layer in enumerate(self.layers):
+            q, k, v = self._qkv(layer, layer.input_layernorm(h), pos)
+            for i, (slot, start, n) in enumerate(zip(slots, starts, lengths, strict=True)):
+                self.k_cache[li, slot, :, start : start + n] = k[i, :, :n]
+                self.v_cache[li, slot, :, start : start + n] = v[i, :, :n]
+            keys = self.k_cache[li, rows, :, :span].repeat_interleave(group, dim=1)       # [B, H, S, d]
+            vals = self.v_cache[li, rows, :, :span].repeat_interleave(group, dim=1)
+            o = F.scaled_dot_product_attention(q, keys, vals, attn_mask=mask)             # [B, H, L, d]
+            h = h + layer.self_attn.o_proj(o.transpose(1, 2).reshape(len(xs), length, -1))
+            h = h + layer.mlp(layer.post_attention_layernorm(h))
+        last = torch.tensor([n - 1 for n in lengths], device=dev)
+        return self.norm(h)[torch.arange(len(xs), device=dev), last]
+
+    @torch.inference_mode()
+    def prefix_kv(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Keys and values [layers, KV, L, d] of a prompt start x [L, D] at positions 0..L-1 (to cache)."""
+        length = x.size(0)
+        pos = torch.arange(length, device=x.device).unsqueeze(0)
+        h = x.unsqueeze(0)
+        group = self.n_heads // self.n_kv
+        ks, vs = [], []
+        for layer in self.layers:
+            q, k, v = self._qkv(layer, layer.input_layernorm(h), pos)
+            ks.append(k[0])
+            vs.append(v[0])
+            k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
+            o = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+            h = h + layer.self_attn.o_proj(o.transpose(1, 2).reshape(1, length, -1))
+            h = h + layer.mlp(layer.post_attention_layernorm(h))
+        return torch.stack(ks), torch.stack(vs)
+
+    def step(self, x: torch.Tensor, pos: torch.Tensor, kv_len: int) -> torch.Tensor:
+        """One token for rows 0..n-1: x [n, D], pos [n] (where each row's token goes) → hidden [n, D];
+        keys up to ``kv_len`` (the longest row + 1, or the whole cache for a static step)."""
+        n = x.size(0)
+        rows = torch.arange(n, device=x.device)
+        keys = torch.arange(kv_len, device=x.device)
+        mask = (keys.unsqueeze(0) <= pos.unsqueeze(1)).view(n, 1, 1, kv_len)  # each row sees its own past
+        h = x.unsqueeze(1)                                                      # [n, 1, D]
+        group = self.n_heads // self.n_kv
+        for li, layer in enumerate(self.layers):
+            q, k, v = self._qkv(layer, layer.input_layernorm(h), pos.unsqueeze(1))
+            self.k_cache[li, rows, :, pos] = k[:, :, 0]                          # [n, KV, d]
+            self.v_cache[li, rows, :, pos] = v[:, :, 0]
+            keys_ = self.k_cache[li, :n, :, :kv_len]                             # [n, KV, S, d]
+            vals_ = self.v_cache[li, :n, :, :kv_len]
+            qg = q.reshape(n, self.n_kv, group, self.head_dim)                   # heads of one KV head together
+            o = F.scaled_dot_product_attention(qg, keys_, vals_, attn_mask=mask)  # [n, KV, G, d]
+            h = h + layer.self_attn.o_proj(o.reshape(n, 1, -1))
+            h = h + layer.mlp(layer.post_attention_layernorm(h))
+        return self.norm(h)[:, 0]
+
+    @torch.inference_mode()
+    def decode(self, x: torch.Tensor, pos: torch.Tensor, kv_len: int | None = None) -> torch.Tensor:
+        """Eager step: x [n, D], pos [n] for rows 0..n-1 (n <= slots) → hidden [n, D]; only those rows and
+        the keys up to ``kv_len`` (the caller knows it, so nothing is read back from the device)."""
+        if kv_len is None:
+            kv_len = int(pos.max().item()) + 1
+        return self.step(x, pos, kv_len)
+
+
+class StaticDecodeStep:
+    """Every slot's decode step over the caller's static buffers ``x`` [slots, D] and ``pos`` [slots] (updated
+    in place between steps), with the whole cache as keys; captured as a CUDA graph by `capture` on CUDA,
+    run directly elsewhere (see the module doc).
+
+    Rows of free slots decode a stale input at a stale position of their own slot: harmless, since a slot's
+    prefill overwrites its prompt positions and a row only ever attends to positions it has written since.
+    The same holds for `capture` itself, which therefore is safe while requests run: it writes each slot
+    exactly what that slot's next real step writes.
+    """
+
+    def __init__(self, decoder: SlotDecoder, x: torch.Tensor, pos: torch.Tensor, cuda_graph: bool) -> None:
+        self.decoder, self.x, self.pos = decoder, x, pos
+        self.want_graph = cuda_graph and x.device.type == "cuda"
+        self.graph: Any = None
+        self.out: torch.Tensor | None = None
+        self.replays = 0
+        self.direct = 0
+        path = "eager until captured" if self.want_graph else f"static step ({x.device.type}, capture skipped)"
+        self.info: dict[str, Any] = {"path": path, "capture_s": None, "error": None}
+
+    @property
+    def active(self) -> bool:
+        """Whether steps run here: the captured graph, or the traced step; else the caller decodes eagerly
+        (before the capture, or after it failed: the static step attends over the whole cache, which only a
+        replayed graph makes worth it)."""
+        return self.graph is not None or not self.want_graph
+
+    @property
+    def record(self) -> dict[str, Any]:
+        """What runs (path), what the capture cost, and how often the graph was replayed or the step run."""
+        return {**self.info, "replays": self.replays, "direct_steps": self.direct}
+
+    def _run(self) -> torch.Tensor:
+        return self.decoder.step(self.x, self.pos, self.decoder.max_positions)
+
+    @torch.inference_mode()
+    def capture(self) -> dict[str, Any]:
+        """Capture the step (CUDA; once) and time it; on failure fall back to the direct step and say why."""
+        if not self.want_graph or self.graph is not None:
+            return self.record
+        t0 = time.perf_counter()
+        try:
+            side = torch.cuda.Stream(self.x.device)
+            side.wait_stream(torch.cuda.current_stream(self.x.device))
+            with torch.cuda.stream(side):
+                for _ in range(GRAPH_WARMUP_RUNS):
+                    self._run()
+            torch.cuda.current_stream(self.x.device).wait_stream(side)
+            graph = torch.cuda.CUDAGraph()
+            # thread_local: the chunk thread may keep launching work on its own stream meanwhile
+            with torch.cuda.graph(graph, capture_error_mode="thread_local"):
+                self.out = self._run()
+            graph.replay()
+            torch.cuda.current_stream(self.x.device).synchronize()
+            self.graph = graph
+            self.info = {"path": "cuda-graph", "capture_s": time.perf_counter() - t0, "error": None}
+        except Exception as exc:  # pragma: no cover - depends on the device stack
+            log.warning("cosyvoice decode graph capture failed (%s); decoding eagerly", exc)
+            self.info = {"path": "eager (capture failed)", "capture_s": time.perf_counter() - t0, "error": str(exc)}
+        log.info("cosyvoice decode path=%s capture_s=%s", self.info["path"], self.info["capture_s"])
+        return self.record
+
+    def __call__(self) -> torch.Tensor:
+        """Hidden states [slots, D] of the step on the buffers' current contents (the graph's static output:
+        read it before the next step)."""
+        if self.graph is not None:
+            self.graph.replay()
+            self.replays += 1
+            assert self.out is not None
+            return self.out
+        self.direct += 1
+        return self._run()
+
+
+def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+    half = x.size(-1) // 2
+    return torch.cat([-x[..., half:], x[..., :half]], dim=-1)
+
+
+__all__ = ["SlotDecoder", "StaticDecodeStep"]

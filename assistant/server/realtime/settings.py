@@ -118,14 +118,13 @@ class Settings:
 
     def turn_config(self, base: TurnConfig) -> TurnConfig:
         td = self.turn_detection
-        cut = {"backchannel_ms": 0, "backchannel_words": 0}  # barge-in cancels at once, as the reference does
+        cut = replace(base, backchannel_ms=0, backchannel_words=0)  # barge-in cancels at once, as the reference does
         if td is None:
-            return replace(base, **cut)
+            return cut
         if td.type == "server_vad":
-            return replace(base, **cut, barge_in=td.interrupt_response, smart_endpoint=False,
-                           end_of_turn_model=False)
+            return replace(cut, barge_in=td.interrupt_response, smart_endpoint=False, end_of_turn_model=False)
         scale = EAGERNESS[td.eagerness]
-        return replace(base, **cut, barge_in=td.interrupt_response,
+        return replace(cut, barge_in=td.interrupt_response,
                        max_silence_ms=int(base.max_silence_ms * scale),
                        incomplete_endpoint_ms=int(base.incomplete_endpoint_ms * scale))
 

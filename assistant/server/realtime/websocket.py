@@ -111,8 +111,10 @@ async def realtime_ws(request: web.Request) -> web.StreamResponse:
                                                             responder=start.responder))
     await ws.prepare(request)
     session.ws = ws
-    outbox = Outbox(ws, rt.max_pending_events,
-                    lambda: session.spawn(session.close("client_too_slow"), "close"))
+    def too_slow() -> None:
+        session.spawn(session.close("client_too_slow"), "close")
+
+    outbox = Outbox(ws, rt.max_pending_events, too_slow)
     protocol = make_protocol(state, session, start, outbox.put, webrtc=False, beta=is_beta(request),
                              query=request.query)
     session.spawn(outbox.run(), "realtime-out")

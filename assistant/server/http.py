@@ -11,6 +11,7 @@ from typing import Any
 
 from aiohttp import web
 
+from assistant.body import BodyTooLarge, read_capped
 from assistant.config import Config
 from assistant.server.services import Services
 
@@ -53,14 +54,12 @@ class HTTPJSONError(web.HTTPException):
 
 
 async def read_body(request: web.Request, max_bytes: int) -> bytes:
-    """The whole body, or 413 ``too_large`` past ``max_bytes`` (refused from its Content-Length when it says so,
-    else after reading one byte more than allowed: never more)."""
-    if request.content_length is not None and request.content_length > max_bytes:
-        raise HTTPJSONError(413, "too_large", f"request body over {max_bytes} bytes")
-    raw = await request.content.read(max_bytes + 1)
-    if len(raw) > max_bytes:
-        raise HTTPJSONError(413, "too_large", f"request body over {max_bytes} bytes")
-    return raw
+    """The whole body, however it arrives (in pieces, slowly), or 413 ``too_large`` past ``max_bytes`` (refused
+    from its Content-Length when it says so, else after reading one byte more than allowed: never more)."""
+    try:
+        return await read_capped(request, max_bytes)
+    except BodyTooLarge:
+        raise HTTPJSONError(413, "too_large", f"request body over {max_bytes} bytes") from None
 
 
 async def read_json(request: web.Request, max_bytes: int) -> dict[str, Any]:

@@ -17,6 +17,7 @@ import aiohttp
 from aiohttp import WSMsgType, web
 from yarl import URL
 
+from assistant.body import read_capped
 from assistant.server.dispatch.gateways import (
     CONNECT_TIMEOUT_S,
     DISPATCHER,
@@ -50,10 +51,8 @@ def forward_headers(request: web.Request, names: Iterable[str] = FORWARD_HEADERS
 
 
 async def read_answer(up: aiohttp.ClientResponse) -> bytes:
-    raw = await up.content.read(ANSWER_CAP + 1)
-    if len(raw) > ANSWER_CAP:
-        raise ValueError(f"the gateway's answer is over {ANSWER_CAP} bytes")
-    return raw
+    """A gateway's whole answer (``BodyTooLarge``, a ValueError, past ANSWER_CAP: a broken gateway)."""
+    return await read_capped(up, ANSWER_CAP)
 
 
 def relay(up: aiohttp.ClientResponse, body: bytes, names: Iterable[str] = OFFER_HEADERS) -> web.Response:

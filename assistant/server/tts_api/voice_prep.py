@@ -17,7 +17,8 @@ from collections import OrderedDict
 from pathlib import Path
 from urllib.parse import urljoin, urlsplit
 
-from assistant.audio import AudioFormatError, read_audio
+from assistant.audio import AudioFormatError, ClipTooLong, read_audio
+from assistant.body import BodyTooLarge, read_capped
 from assistant.config import Config
 from assistant.server.tts_api.request import MAX_NAME_CHARS, SynthesisParams, TTSError, bad_field
 from assistant.server.tts_api.voice_lookup import NamedVoice, VoiceFolder, file_voice_key, resolve_name
@@ -48,19 +49,21 @@ class VoiceSources:
         api = self.cfg.tts_api
         if len(data) > api.max_upload_bytes:
             raise TTSError(413, "too_large", f"reference clip is over {api.max_upload_bytes} bytes")
+        allowed = f"allowed {api.min_upload_seconds:g} to {api.max_upload_seconds:g} s"
         try:
-            audio, sr = await asyncio.to_thread(read_audio, data)
+            # Bounded before it decodes: a declared duration over the limit is refused from the header, and any
+            # other decode stops just past it (a small file of hours of silence must not become gigabytes).
+            audio, sr = await asyncio.to_thread(read_audio, data, api.max_upload_seconds)
+        except ClipTooLong as exc:
+            what = f"{exc.seconds:.1f} s" if exc.declared else f"over {exc.max_seconds:g} s"
+            raise TTSError(413, "clip_too_long", f"reference clip is {what}; {allowed}") from None
         except AudioFormatError as exc:
             raise TTSError(400, "bad_audio", f"reference clip is not decodable audio ({exc})") from None
         seconds = len(audio) / sr if sr else 0.0
         if seconds > api.max_upload_seconds:
-            raise TTSError(413, "clip_too_long",
-                           f"reference clip is {seconds:.1f} s; allowed {api.min_upload_seconds:g} to "
-                           f"{api.max_upload_seconds:g} s")
+            raise TTSError(413, "clip_too_long", f"reference clip is {seconds:.1f} s; {allowed}")
         if seconds < api.min_upload_seconds:
-            raise TTSError(400, "clip_too_short",
-                           f"reference clip is {seconds:.1f} s; allowed {api.min_upload_seconds:g} to "
-                           f"{api.max_upload_seconds:g} s")
+            raise TTSError(400, "clip_too_short", f"reference clip is {seconds:.1f} s; {allowed}")
         return ReferenceClip(audio=audio, sample_rate=sr, text=text)
 
     async def _speaker_bytes(self, value: bytes | str) -> bytes:
@@ -110,12 +113,11 @@ class VoiceSources:
                             continue
                         if resp.status != 200:
                             raise TTSError(400, "url_fetch_failed", f"speaker_wav URL answered HTTP {resp.status}")
-                        if (resp.content_length or 0) > api.max_upload_bytes:
-                            raise TTSError(413, "too_large", f"reference clip is over {api.max_upload_bytes} bytes")
-                        data = await resp.content.read(api.max_upload_bytes + 1)
-                        if len(data) > api.max_upload_bytes:
-                            raise TTSError(413, "too_large", f"reference clip is over {api.max_upload_bytes} bytes")
-                        return data
+                        try:
+                            return await read_capped(resp, api.max_upload_bytes)
+                        except BodyTooLarge:
+                            raise TTSError(413, "too_large",
+                                           f"reference clip is over {api.max_upload_bytes} bytes") from None
                 raise TTSError(400, "url_fetch_failed", "speaker_wav URL redirects too often")
         except TimeoutError:
             raise TTSError(400, "url_fetch_failed", f"speaker_wav URL took over {api.url_timeout_s:g} s") from None

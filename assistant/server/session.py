@@ -19,7 +19,7 @@ from aiortc import RTCIceCandidate, RTCPeerConnection, RTCSessionDescription
 from assistant.config import Config
 from assistant.pipeline.conversation import Conversation, TurnDeps
 from assistant.pipeline.events import EventChannel
-from assistant.rtc.inbound import read_track
+from assistant.rtc.inbound import InboundAudio, read_track
 from assistant.rtc.jitter import AdaptiveReceiveBuffer
 from assistant.rtc.outbound import ReplyTrack
 from assistant.server.ice import ice_servers, rtc_configuration
@@ -81,6 +81,7 @@ class Session:
         self.audio_started = False
         self.connected = False  # the peer reached "connected" at least once
         self.receive_buffer: AdaptiveReceiveBuffer | None = None
+        self.inbound = InboundAudio()
         self._wire_peer()
 
     # --- lifecycle ---------------------------------------------------------------------------------
@@ -182,30 +183,40 @@ class Session:
         """Each decoded frame goes straight to the conversation (VAD inline: no queue, no added delay)."""
         buffer = self.receive_buffer.buffer if self.receive_buffer is not None else None
         # Chunks carry their packets' arrival times: the time our receive buffer held them counts.
-        await read_track(track, self.conversation.feed, arrival=buffer.arrival if buffer is not None else None)
+        await read_track(track, self.conversation.feed, self.inbound,
+                         arrival=buffer.arrival if buffer is not None else None)
         if not self.closed:
             self.spawn(self.close("audio_ended"), "close")
 
-    async def _watchdog(self) -> None:
-        """Close a peer that never connects, that stopped sending audio, or in which nobody spoke for long."""
+    def media_abuse(self) -> str:
+        """What the peer's media did that no real client does (a flood, garbage, jumps), or empty."""
+        buffer = self.receive_buffer.buffer if self.receive_buffer is not None else None
+        return (buffer.abuse() if buffer is not None else "") or self.inbound.abuse()
+
+    def _timed_out(self) -> str:
+        """The timeout this session has run past, or empty."""
         cfg = self.cfg.server
         conv = self.conversation
+        now = time.time()
+        # Not audio_started: aiortc announces the remote track as soon as the offer is applied, before
+        # any packet or connection exists; only the connection state tells a peer that never came.
+        if not self.connected:
+            return "connect_timeout" if time.monotonic() - self.created > cfg.connect_timeout_s else ""
+        if now - conv.last_audio_wall > cfg.idle_timeout_s:
+            return "idle_timeout"
+        if now - conv.last_activity_wall > cfg.max_silence_s:
+            return "silence_timeout"
+        return ""
+
+    async def _watchdog(self) -> None:
+        """Close a peer that never connects, that stopped sending audio, in which nobody spoke for long, or whose
+        media is hostile (named by :meth:`media_abuse`)."""
+        cfg = self.cfg.server
         while not self.closed:
             await asyncio.sleep(min(1.0, cfg.idle_timeout_s / 4))
             if self.receive_buffer is not None:
                 self.receive_buffer.adapt()
-            now = time.time()
-            age = time.monotonic() - self.created
-            reason = ""
-            # Not audio_started: aiortc announces the remote track as soon as the offer is applied, before
-            # any packet or connection exists; only the connection state tells a peer that never came.
-            if not self.connected:
-                if age > cfg.connect_timeout_s:
-                    reason = "connect_timeout"
-            elif now - conv.last_audio_wall > cfg.idle_timeout_s:
-                reason = "idle_timeout"
-            elif now - conv.last_activity_wall > cfg.max_silence_s:
-                reason = "silence_timeout"
+            reason = self.media_abuse() or self._timed_out()
             if reason:
                 await self.close(reason)
                 return

@@ -119,10 +119,10 @@ def test_no_import_cycle_at_module_level() -> None:
 
 # Inside ``server/``: each product is a room of its own. The TTS API and the dispatcher use only the shared pieces,
 # never the voice session's modules (so the TTS API runs without aiortc and the dispatcher without the engines).
-SHARED_SERVER = {"http", "front", "metrics", "services", "routes", "openapi", "openai_front"}
+SHARED_SERVER = {"http", "front", "limits", "metrics", "services", "routes", "openapi", "openai_front"}
 PRODUCT_ALLOWED = {
     "tts_api": SHARED_SERVER,
-    "dispatch": {"http", "front", "routes", "openapi", "openai_front"},
+    "dispatch": {"http", "front", "limits", "routes", "openapi", "openai_front"},
 }
 
 

@@ -278,7 +278,8 @@ BAD_TTS = [
 async def test_bad_requests_get_clear_errors_and_the_server_goes_on(tmp_path, piper):
     async with serve(make_cfg(tmp_path), piper) as (base, app), aiohttp.ClientSession() as http:
         for body, status, error, needle in BAD_TTS:
-            kw = {"data": body} if isinstance(body, bytes) else {"json": body}
+            kw = {"data": body, "headers": {"Content-Type": "application/json"}} if isinstance(body, bytes) \
+                else {"json": body}
             async with http.post(f"{base}/api/tts", **kw) as r:
                 got = await r.json()
                 assert (r.status, got["error"]) == (status, error), got
@@ -314,6 +315,9 @@ async def test_bad_requests_get_clear_errors_and_the_server_goes_on(tmp_path, pi
 
         async with http.delete(f"{base}/api/voices/..%2F..%2Fetc") as r:
             assert r.status == 404
+        # A body of another media type is refused before it is read (the route table says what each takes).
+        async with http.post(f"{base}/api/tts", data=b'{"text": "hi"}', headers={"Content-Type": "text/plain"}) as r:
+            assert r.status == 415 and (await r.json())["error"] == "unsupported_media_type"
         metrics = app[SERVICES].metrics.render()[0].decode()
         assert 'assistant_tts_requests_total{outcome="ok"}' in metrics
         assert 'assistant_tts_requests_total{outcome="bad_request"}' in metrics

@@ -18,6 +18,7 @@ from assistant.server import tts_api
 from assistant.server.front import add_static_routes, middlewares
 from assistant.server.http import CONFIG, SERVICES
 from assistant.server.ice import check_ice_config
+from assistant.server.limits import LIMITS, Limits
 from assistant.server.openai_front import create_openai_app
 from assistant.server.openapi import documented, json_body
 from assistant.server.routes import OPENAI_PREFIX, register, routes
@@ -78,8 +79,10 @@ def create_app(cfg: Config, services: Services | None = None) -> web.Application
     check_gateway_id(cfg.server.gateway_id)
     # Uploads (reference clips) are bounded by the TTS API's own cap; everything else by max_body_bytes.
     client_max = max(cfg.server.max_body_bytes, cfg.tts_api.max_upload_bytes + 65_536)
-    app = web.Application(middlewares=middlewares(cfg.server), client_max_size=client_max)
+    limits = Limits(cfg)
+    app = web.Application(middlewares=middlewares(cfg, limits), client_max_size=client_max)
     app[CONFIG] = cfg
+    app[LIMITS] = limits
     app[SERVICES] = services or Services(cfg)
     # Services passed in belong to the caller (tests share one set across apps); ours we close.
     app[OWNS_SERVICES] = services is None

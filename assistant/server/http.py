@@ -6,7 +6,9 @@ no cycle.
 
 from __future__ import annotations
 
+import asyncio
 import json
+from collections.abc import Awaitable
 from typing import Any
 
 from aiohttp import web
@@ -72,3 +74,19 @@ async def read_json(request: web.Request, max_bytes: int) -> dict[str, Any]:
     if not isinstance(data, dict):
         raise HTTPJSONError(400, "bad_json", "body must be a JSON object")
     return data
+
+
+class WriteStalled(Exception):
+    """A streamed answer's reader stopped reading: a write waited past its time limit and the connection was cut."""
+
+
+async def write_within(request: web.Request, write: Awaitable[None], timeout_s: float) -> None:
+    """Await one write of a streamed answer (HTTP or WebSocket), at most ``timeout_s``: a reader that stopped reading
+    would otherwise hold the writer, and whatever it holds (a synthesis slot), for ever. Past it the connection is
+    cut and :class:`WriteStalled` raised."""
+    try:
+        await asyncio.wait_for(write, timeout_s)
+    except TimeoutError:
+        if request.transport is not None:
+            request.transport.abort()
+        raise WriteStalled(f"the reader took no data for {timeout_s:g} s") from None

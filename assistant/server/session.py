@@ -47,10 +47,12 @@ class Session:
         *,
         responder: str | None = None,
         voice: str | None = None,
+        client: str = "",
     ) -> None:
         cfg = cfg or services.cfg
         self.cfg = cfg
         self.id = new_session_id(cfg.server.gateway_id)
+        self.client = client  # who opened it (the key of the per-client limits)
         self.services = services
         self.created = time.monotonic()
         self.closed = False

@@ -90,7 +90,10 @@ class ICEConfig:
         "TURN REST shared secret (coturn static-auth-secret with use-auth-secret): each session gets its own "
         "username and HMAC credential that expire; the secret never leaves the server",
     )
-    turn_ttl_s: int = _f(3600, "lifetime of a TURN REST credential (a call cannot start after it expires)")
+    turn_ttl_s: int = _f(
+        300, "lifetime of a TURN REST credential: a call must set up its relay within it (coturn checks the "
+        "expiry when a relay is allocated; one made in time lives on while the call refreshes it)",
+    )
     transport_policy: str = _f("all", "ICE transport policy for both peers: all, or relay (only TURN paths)")
     trickle: bool = _f(True, "the page sends its offer at once and its candidates as they come (off: gathered first)")
     max_fragment_bytes: int = _f(16_384, "largest trickle ICE fragment (PATCH body) accepted")

@@ -50,6 +50,10 @@ class ServerConfig:
     tls_cert: str = _f("", "PEM certificate chain file: serve HTTPS and WSS directly (with server.tls_key)")
     tls_key: str = _f("", "PEM private key file for server.tls_cert")
     shutdown_timeout_s: float = _f(5.0, "time given to sessions to close at shutdown")
+    exit_on_load_failure: bool = _f(
+        True, "`assistant serve` stops (exit status 1) when a model fails to load; false: stay up, /readyz 503 "
+        "with the reason",
+    )
     gateway_id: str = _f(
         "",
         "this gateway's name behind `assistant dispatch` (letters, digits, - and _, at most 32): every session id "

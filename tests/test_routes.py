@@ -60,3 +60,22 @@ def test_gateway_and_dispatcher_register_exactly_the_table(tmp_path) -> None:
     assert _registered(gateway) | sub == table
     cfg.dispatch.gateways = ["http://127.0.0.1:9"]
     assert _registered(create_dispatch_app(cfg)) == table
+
+
+def test_the_guard_reads_each_route_from_its_row() -> None:
+    """Every route with a body names the media types it takes; the costly ones spend a per-client budget that
+    exists; every state-changing route (and the TTS WebSocket) refuses a foreign Origin."""
+    from assistant.server.limits import BUDGETS
+    from assistant.server.routes import SAFE_METHODS
+
+    for route in ROUTES:
+        if route.max_body is not None:
+            assert route.content_types, f"{route.method} {route.path}: which media types does its body take?"
+        assert route.budget is None or route.budget in BUDGETS, route
+        if route.method not in SAFE_METHODS:
+            assert route.refuses_foreign_origin, route
+    budgeted = {(r.method, r.path) for r in ROUTES if r.budget}
+    assert {("POST", "/api/offer"), ("POST", "/api/whip"), ("PATCH", "/api/sessions/{session_id}"),
+            ("GET", "/api/ice"), ("POST", "/api/tts"), ("POST", "/v1/audio/speech"), ("POST", "/api/voices"),
+            ("DELETE", "/api/voices/{voice_id}")} <= budgeted
+    assert next(r for r in ROUTES if r.path == "/ws/tts").refuses_foreign_origin

@@ -56,9 +56,27 @@ async def error_middleware(request: web.Request, handler: Any) -> web.StreamResp
         raise
     except asyncio.CancelledError:
         raise
+    except ConnectionResetError:  # the client went away mid-answer: an event, not a failure
+        log.info("client_gone method=%s path=%s", request.method, request.path)
+        return _after_headers(request)
     except Exception:
         log.exception("request_failed method=%s path=%s", request.method, request.path)
+        if _headers_sent(request):  # a status is out already: cut the connection rather than send a second one
+            return _after_headers(request)
         return json_error(500, "internal_error", "the server could not handle this request")
+
+
+def _headers_sent(request: web.Request) -> bool:
+    writer = request.writer
+    return writer is not None and writer.output_size > 0
+
+
+def _after_headers(request: web.Request) -> web.StreamResponse:
+    """What a handler that can no longer answer returns: the connection is cut, and aiohttp, finding nothing it
+    can write, sends nothing (no second status, no 500 after the headers)."""
+    if request.transport is not None:
+        request.transport.abort()
+    return web.Response(status=499)
 
 
 def auth_middleware(token: str, protected: tuple[str, ...] = PROTECTED) -> Any:

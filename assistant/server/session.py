@@ -16,6 +16,7 @@ from typing import Any
 
 from aiortc import RTCIceCandidate, RTCPeerConnection, RTCSessionDescription
 
+from assistant.audio import AudioChunk
 from assistant.config import Config
 from assistant.pipeline.conversation import Conversation, TurnDeps
 from assistant.pipeline.events import EventChannel
@@ -130,6 +131,9 @@ class Session:
         )
 
     async def close(self, reason: str = "closed") -> None:
+        """Close in one fixed order: input stops (from the first line on, no audio reaches the conversation, so
+        no turn can start after close), the client is told why, the session's own tasks end (inbound reader,
+        watchdog), then the conversation (its turn), the reply track, the peer; last, the session table."""
         if self.closed:
             return
         self.closed = True
@@ -137,7 +141,6 @@ class Session:
         log.info("session_close session=%s reason=%s turns=%d", self.id, reason, self.conversation.turns)
         with contextlib.suppress(Exception):
             self.events.emit("close", reason=reason)
-        await self.conversation.close()
         current = asyncio.current_task()
         tasks = [t for t in self._tasks if t is not current]
         for t in tasks:
@@ -145,11 +148,20 @@ class Session:
         for t in tasks:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await t
+        try:
+            await self.conversation.close()
+        except Exception as exc:  # the rest must close all the same
+            log.warning("session_close_step_failed session=%s step=conversation error=%r", self.id, exc)
         self.track.stop()
         with contextlib.suppress(Exception):
             await self.pc.close()
         if self._on_closed is not None:
             self._on_closed(self)
+
+    def feed(self, chunk: AudioChunk) -> None:
+        """Inbound audio to the conversation, while the session is open (a frame decoded after close is dropped)."""
+        if not self.closed:
+            self.conversation.feed(chunk)
 
     # --- peer events -------------------------------------------------------------------------------
     def _wire_peer(self) -> None:
@@ -185,7 +197,7 @@ class Session:
         """Each decoded frame goes straight to the conversation (VAD inline: no queue, no added delay)."""
         buffer = self.receive_buffer.buffer if self.receive_buffer is not None else None
         # Chunks carry their packets' arrival times: the time our receive buffer held them counts.
-        await read_track(track, self.conversation.feed, self.inbound,
+        await read_track(track, self.feed, self.inbound,
                          arrival=buffer.arrival if buffer is not None else None)
         if not self.closed:
             self.spawn(self.close("audio_ended"), "close")

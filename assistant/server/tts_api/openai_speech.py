@@ -185,7 +185,10 @@ async def speech(request: web.Request) -> web.StreamResponse:
     except _Aborted as exc:
         outcome = exc.outcome
         return exc.response
-    except (ConnectionResetError, asyncio.CancelledError):
+    except ConnectionResetError:
+        outcome = "client_gone"
+        raise
+    except asyncio.CancelledError:
         outcome = "cancelled"
         raise
     finally:
@@ -252,8 +255,10 @@ async def _respond(request: web.Request, sp: SpeechParams, encoder: StreamEncode
                      "total_tokens": len(sp.input) + out_tokens}
             done = {"type": "speech.audio.done", "usage": usage}
             await write_within(request, resp.write(f"data: {json.dumps(done)}\n\n".encode()), timeout)
-    except (ConnectionResetError, asyncio.CancelledError):
+    except asyncio.CancelledError:
         raise
+    except ConnectionResetError:  # the client went away: its request line says so, at info
+        raise _Aborted("client_gone", resp) from None
     except WriteStalled:
         log.warning("tts_stream_aborted transport=openai outcome=write_timeout")
         raise _Aborted("write_timeout", resp) from None  # the connection is already cut

@@ -220,7 +220,10 @@ async def tts_http(request: web.Request) -> web.StreamResponse:
     except HTTPJSONError as exc:
         outcome = _outcome_of(exc)
         raise
-    except (ConnectionResetError, asyncio.CancelledError):
+    except ConnectionResetError:
+        outcome = "client_gone"
+        raise  # the error middleware logs nothing more than this request's line below
+    except asyncio.CancelledError:
         outcome = "cancelled"
         raise
     except Exception as exc:
@@ -277,8 +280,10 @@ async def _stream_http(request: web.Request, params: SynthesisParams, sample_rat
             await write_within(request, resp.write(pcm_bytes(first)), timeout)
             async for chunk in chunks:
                 await write_within(request, resp.write(pcm_bytes(chunk)), timeout)
-    except (ConnectionResetError, asyncio.CancelledError):
+    except asyncio.CancelledError:
         raise
+    except ConnectionResetError:  # the client went away: its request line says so, at info
+        raise StreamAborted("client_gone", resp) from None
     except Exception as exc:
         # Headers are gone: the only honest signal left is to cut the connection (no final chunk).
         outcome = _aborted_outcome(exc)
@@ -476,7 +481,7 @@ async def _ws_synthesize(request: web.Request, ws: web.WebSocketResponse, data: 
         with contextlib.suppress(ConnectionResetError, RuntimeError):
             await ws.send_bytes(END)
     except ConnectionResetError:
-        outcome = "cancelled"
+        outcome = "client_gone"
     except Exception as exc:
         log.warning("tts_failed transport=ws kind=%s", type(exc).__name__)
         await _ws_fail(ws, opts, TTSError(500, "synthesis_failed", "the engine failed to synthesise this text"))

@@ -45,6 +45,8 @@ class ServerConfig:
     connect_timeout_s: float = _f(20.0, "close a peer that has not connected this long after the offer")
     max_body_bytes: int = _f(262_144, "largest JSON request body accepted (offers, TTS requests)")
     max_sdp_bytes: int = _f(65_536, "largest SDP accepted in an offer")
+    body_timeout_s: float = _f(60.0, "a request body still arriving after this long is refused (408): a body "
+                               "trickled in forever would hold its handler forever")
     auth_token: str = _f("", "bearer token required on /api/* and /ws/* (empty: no auth)")
     cors_origins: list[str] = _f([], "origins allowed to call the API cross-site (empty: CORS off)")
     tls_cert: str = _f("", "PEM certificate chain file: serve HTTPS and WSS directly (with server.tls_key)")

@@ -78,3 +78,23 @@ async def test_a_client_response_is_read_whole_under_its_cap() -> None:
         async with http.get(url) as r:
             with pytest.raises(BodyTooLarge):
                 await read_capped(r, 9_999)
+
+
+async def test_a_body_that_never_finishes_arriving_is_refused_in_time() -> None:
+    from assistant.config import Config
+    from assistant.server.http import CONFIG
+
+    cfg = Config()
+    cfg.server.body_timeout_s = 0.3
+    app = web.Application()
+    app[CONFIG] = cfg
+    app.router.add_post("/", _echo_length)
+    async with serve_on_loopback(app) as url:
+        host, port = url.removeprefix("http://").split(":")
+        reader, writer = await asyncio.open_connection(host, int(port))
+        writer.write(b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 1000\r\nConnection: close\r\n\r\n{\"k\"")
+        await writer.drain()  # ... and the rest never comes
+        status = int((await asyncio.wait_for(reader.readline(), 10)).split()[1])
+        body = (await reader.read()).split(b"\r\n\r\n", 1)[1]
+        writer.close()
+        assert status == 408 and json.loads(body)["error"] == "body_timeout"

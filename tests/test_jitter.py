@@ -103,7 +103,7 @@ def test_repeated_jumps_a_flood_and_garbage_each_name_the_peer() -> None:
     released = _play(flood, list(range(PACKET_BURST + FLOOD_CLOSE_PACKETS + 10)))
     assert flood.flooded >= FLOOD_CLOSE_PACKETS and flood.abuse() == "rtp_flood"
     assert len(released) <= PACKET_BURST + 10  # the rest was dropped before any decoding
-    garbage = AudioReceiveBuffer(1, opus_payload_types=frozenset({111}))
+    garbage = AudioReceiveBuffer(1, is_opus=lambda payload_type: payload_type == 111)
     for seq in range(GARBAGE_CLOSE_PACKETS):
         p = _packet(seq)
         p._data = bytes([0x03])  # type: ignore[attr-defined]  # code 3 without its frame-count byte (R5)

@@ -26,6 +26,7 @@ import collections
 import logging
 import math
 import time
+from collections.abc import Callable
 from typing import Any
 
 from aiortc.jitterbuffer import JitterFrame
@@ -161,9 +162,10 @@ class AudioReceiveBuffer:
     """Drop-in for aiortc's ``JitterBuffer`` on an audio receiver (``add(packet) -> (pli, frame)``)."""
 
     def __init__(self, hole_packets: int = 1, emit_extra: Any = None,
-                 opus_payload_types: frozenset[int] = frozenset()) -> None:
+                 is_opus: Callable[[int], bool] = lambda payload_type: False) -> None:
         self.hole_packets = max(0, hole_packets)
-        self.opus_payload_types = opus_payload_types  # packets of these types must be well-formed Opus
+        self.is_opus = is_opus  # payload types whose packets must be well-formed Opus (asked per packet: the
+        # receiver learns its codecs only once the call is negotiated)
         # Called with each frame when one packet releases several: aiortc takes only one frame from ``add`` and
         # maps its timestamp after ``add`` returns, so all of them go this way, in order (a frame returned
         # after its successors were mapped would look like a timestamp wrap: a 2**32-tick jump).
@@ -206,7 +208,7 @@ class AudioReceiveBuffer:
             self.flooded += 1
             return False, None
         data = getattr(packet, "_data", b"")  # the depayloaded frame aiortc put there
-        if data and packet.payload_type in self.opus_payload_types and not is_valid_opus(data):
+        if data and self.is_opus(packet.payload_type) and not is_valid_opus(data):
             self.garbage += 1
             return False, None
         seq = packet.sequence_number
@@ -270,9 +272,7 @@ class AdaptiveReceiveBuffer:
         self.packets = max(0, min(initial_packets, self.max_packets))
         self.buffer: AudioReceiveBuffer | None = None
         if all(hasattr(receiver, _RECEIVER + a) for a in ("jitter_buffer", "decoder_queue", "codecs")):
-            codecs = getattr(receiver, _RECEIVER + "codecs")
-            opus = frozenset(pt for pt, c in codecs.items() if c.mimeType.lower() == "audio/opus")
-            self.buffer = AudioReceiveBuffer(self.packets, emit_extra=self._to_decoder, opus_payload_types=opus)
+            self.buffer = AudioReceiveBuffer(self.packets, emit_extra=self._to_decoder, is_opus=self._is_opus)
             setattr(receiver, _RECEIVER + "jitter_buffer", self.buffer)
         else:  # pragma: no cover - depends on aiortc internals
             log.warning("receive_buffer_unavailable aiortc internals changed; using aiortc's own buffer")
@@ -284,6 +284,10 @@ class AdaptiveReceiveBuffer:
         """Install on the receiver of ``track`` (a remote audio track of ``pc``); None if it has none."""
         receiver = next((t.receiver for t in pc.getTransceivers() if t.receiver.track is track), None)
         return None if receiver is None else cls(receiver, initial_packets, max_packets, adaptive)
+
+    def _is_opus(self, payload_type: int) -> bool:
+        codec = getattr(self.receiver, _RECEIVER + "codecs").get(payload_type)
+        return codec is not None and codec.mimeType.lower() == "audio/opus"
 
     def _to_decoder(self, frame: JitterFrame, packet: RtpPacket) -> None:
         """Queue a frame for decoding the way aiortc queues the one ``add`` returns."""

@@ -7,8 +7,9 @@ no cycle.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
-from collections.abc import Awaitable
+from collections.abc import AsyncIterator, Awaitable
 from typing import Any
 
 from aiohttp import web
@@ -19,6 +20,7 @@ from assistant.server.services import Services
 
 SERVICES: web.AppKey[Services] = web.AppKey("services", Services)
 CONFIG: web.AppKey[Config] = web.AppKey("config", Config)
+DEFAULT_BODY_TIMEOUT_S = 60.0
 
 
 def json_error(status: int, error: str, detail: str = "", **extra: Any) -> web.Response:
@@ -57,11 +59,26 @@ class HTTPJSONError(web.HTTPException):
 
 async def read_body(request: web.Request, max_bytes: int) -> bytes:
     """The whole body, however it arrives (in pieces, slowly), or 413 ``too_large`` past ``max_bytes`` (refused
-    from its Content-Length when it says so, else after reading one byte more than allowed: never more)."""
+    from its Content-Length when it says so, else after reading one byte more than allowed: never more), or 408
+    ``body_timeout`` when it takes longer than ``server.body_timeout_s`` (a body trickled in forever would hold
+    its handler forever)."""
+    async with body_deadline(request):
+        try:
+            return await read_capped(request, max_bytes)
+        except BodyTooLarge:
+            raise HTTPJSONError(413, "too_large", f"request body over {max_bytes} bytes") from None
+
+
+@contextlib.asynccontextmanager
+async def body_deadline(request: web.Request) -> AsyncIterator[None]:
+    """Read a body within ``server.body_timeout_s``, else 408 ``body_timeout``."""
+    cfg = request.config_dict.get(CONFIG)
+    timeout_s = cfg.server.body_timeout_s if cfg is not None else DEFAULT_BODY_TIMEOUT_S
     try:
-        return await read_capped(request, max_bytes)
-    except BodyTooLarge:
-        raise HTTPJSONError(413, "too_large", f"request body over {max_bytes} bytes") from None
+        async with asyncio.timeout(timeout_s):
+            yield
+    except TimeoutError:
+        raise HTTPJSONError(408, "body_timeout", f"the request body took over {timeout_s:g} s to arrive") from None
 
 
 async def read_json(request: web.Request, max_bytes: int) -> dict[str, Any]:

@@ -34,7 +34,15 @@ from aiohttp.http_exceptions import HttpProcessingError
 
 from assistant.audio import write_wav_bytes
 from assistant.config import Config
-from assistant.server.http import CONFIG, APIError, HTTPJSONError, WriteStalled, read_json, write_within
+from assistant.server.http import (
+    CONFIG,
+    APIError,
+    HTTPJSONError,
+    WriteStalled,
+    body_deadline,
+    read_json,
+    write_within,
+)
 from assistant.server.limits import LIMITS
 from assistant.server.openapi import documented, error, json_body, ref
 from assistant.server.tts_api import TTS_SERVICE
@@ -104,29 +112,35 @@ async def _read_multipart(request: web.Request, limits: dict[str, int]) -> dict[
     if request.content_length is not None and request.content_length > total:
         raise HTTPJSONError(413, "too_large", f"request body over {total} bytes")
     try:
-        reader = await request.multipart()
-        out: dict[str, bytes] = {}
-        while (part := await reader.next()) is not None:
-            if not isinstance(part, BodyPartReader) or part.name not in limits:
-                name = getattr(part, "name", None)
-                raise HTTPJSONError(400, "bad_request",
-                                    f"unexpected form part {name!r}; allowed: {', '.join(limits)}")
-            if part.name in out:
-                raise HTTPJSONError(400, "bad_request", f"form part {part.name!r} given twice")
-            cap = limits[part.name]
-            data = bytearray()
-            while chunk := await part.read_chunk(65_536):
-                data += chunk
-                if len(data) > cap:
-                    what = "reference clip" if part.filename else f"form part {part.name!r}"
-                    raise HTTPJSONError(413, "too_large", f"{what} is over {cap} bytes")
-            out[part.name] = bytes(data)
-        return out
+        async with body_deadline(request):
+            return await _read_parts(request, limits)
     except HTTPJSONError:
         raise
     except (ValueError, AssertionError, KeyError, HttpProcessingError) as exc:
         # HttpProcessingError: a part's headers are malformed (aiohttp raises InvalidHeader / LineTooLong).
         raise HTTPJSONError(400, "bad_multipart", f"malformed multipart body ({type(exc).__name__})") from None
+
+
+async def _read_parts(request: web.Request, limits: dict[str, int]) -> dict[str, bytes]:
+    """The parts, each bounded by ``limits[name]``; unknown or repeated parts are refused."""
+    reader = await request.multipart()
+    out: dict[str, bytes] = {}
+    while (part := await reader.next()) is not None:
+        if not isinstance(part, BodyPartReader) or part.name not in limits:
+            name = getattr(part, "name", None)
+            raise HTTPJSONError(400, "bad_request",
+                                f"unexpected form part {name!r}; allowed: {', '.join(limits)}")
+        if part.name in out:
+            raise HTTPJSONError(400, "bad_request", f"form part {part.name!r} given twice")
+        cap = limits[part.name]
+        data = bytearray()
+        while chunk := await part.read_chunk(65_536):
+            data += chunk
+            if len(data) > cap:
+                what = "reference clip" if part.filename else f"form part {part.name!r}"
+                raise HTTPJSONError(413, "too_large", f"{what} is over {cap} bytes")
+        out[part.name] = bytes(data)
+    return out
 
 
 def _text_part(parts: dict[str, bytes], name: str) -> str | None:

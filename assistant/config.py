@@ -67,7 +67,8 @@ class ServerConfig:
     )
     allowed_hosts: list[str] = _f(
         [], "host names this server answers to (421 otherwise; loopback names always); empty: any, except that a "
-        "server listening on a loopback address answers only to loopback names (no DNS rebinding)",
+        "server listening on a loopback address with no auth_token answers only to loopback names and trusted "
+        "proxies (no DNS rebinding)",
     )
     offers_per_minute: int = _f(20, "offers (POST /api/offer, WHIP) per client per minute (0: unlimited)")
     trickle_per_minute: int = _f(600, "trickle PATCHes per client per minute (0: unlimited)")

@@ -451,6 +451,15 @@ async def test_a_foreign_origin_and_a_rebound_host_are_refused(services, tmp_pat
             assert r.status == 421 and (await r.json())["error"] == "wrong_host"
         async with http.post(f"{url}/api/offer", data=b"{}", headers={"Content-Type": "text/plain"}) as r:
             assert r.status == 415 and (await r.json())["error"] == "unsupported_media_type"
+    # Behind a trusted proxy (Caddy on the same machine) the public host and the page's origin are the proxy's.
+    c = cfg(tmp_path, server={"trusted_proxies": ["127.0.0.1/32"]})
+    async with serve(c, services) as (url, _), aiohttp.ClientSession() as http:
+        public = {"Host": "voice.example.com", "X-Forwarded-Host": "voice.example.com",
+                  "Origin": "https://voice.example.com", "Content-Type": "application/json"}
+        async with http.post(f"{url}/api/offer", data=b"{", headers=public) as r:
+            assert r.status == 400, await r.text()  # past the guard: the handler's bad_json
+        async with http.post(f"{url}/api/offer", data=b"{", headers=public | {"Origin": "https://evil.example"}) as r:
+            assert r.status == 403
 
 
 async def test_tts_websockets_are_capped_per_client_and_idle_ones_closed(tmp_path) -> None:

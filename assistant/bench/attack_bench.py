@@ -50,6 +50,10 @@ async def attack_server(tree: Path | None, names: list[str], audio: Path, out: P
                     if child.proc.poll() is not None:
                         outcomes.append(Outcome(name, f"server gone (exit {child.proc.returncode})"))
                         continue
+                    if bystander.failed:  # an earlier attack cost it its call: each row gets a live bystander
+                        await bystander.close()
+                        bystander = BenchSession(index=0, url=child.url, http=http)
+                        await bystander.connect()
                     try:
                         outcome = await asyncio.wait_for(run_scenario(Target(child.url, child.pid, audio), name,
                                                                       http, bystander), 240)
@@ -64,8 +68,14 @@ async def attack_server(tree: Path | None, names: list[str], audio: Path, out: P
     return outcomes
 
 
+def _heard(o: Outcome) -> str:
+    if o.heard is None:
+        return "-"
+    return "yes" if o.heard else f"no ({o.heard_reason})" if o.heard_reason else "no"
+
+
 def row(o: Outcome) -> str:
-    heard = {True: "yes", False: "no", None: "-"}[o.heard]
+    heard = _heard(o)
     return (f"| {o.name} | {o.got} | {o.rss_growth_mb:+.0f} | {o.lag_p99_ms:.0f} / {o.lag_max_ms:.0f} | {heard} |")
 
 
@@ -76,11 +86,10 @@ def table(before: list[Outcome] | None, after: list[Outcome]) -> str:
         return "\n".join(lines + [row(o) for o in after])
     lines = ["| attack | before: answer | after: answer | RSS growth MB before → after | loop lag p99 / max ms "
              "before → after | bystander heard before → after |", "| --- | --- | --- | --- | --- | --- |"]
-    yes = {True: "yes", False: "no", None: "-"}
     for b, a in zip(before, after, strict=True):
         lines.append(f"| {a.name} | {b.got} | {a.got} | {b.rss_growth_mb:+.0f} → {a.rss_growth_mb:+.0f} | "
                      f"{b.lag_p99_ms:.0f} / {b.lag_max_ms:.0f} → {a.lag_p99_ms:.0f} / {a.lag_max_ms:.0f} | "
-                     f"{yes[b.heard]} → {yes[a.heard]} |")
+                     f"{_heard(b)} → {_heard(a)} |")
     return "\n".join(lines)
 
 

@@ -323,11 +323,13 @@ class HostilePeer:
             header[4:8] = struct.pack(">I", self._ts)
         elif self.mode == "garbage":
             payload = bytes([0x03, 0x00]) + os.urandom(max(1, len(payload) - 2))  # code 3, zero frames: malformed
-        elif self.mode == "flood":
+        elif self.mode == "flood":  # fresh sequence numbers, always forward (SRTP's replay check lets them in)
             out = []
-            base = struct.unpack(">H", header[2:4])[0]
-            for k in range(self.copies):
-                header[2:4] = struct.pack(">H", (base * self.copies + k) % 65_536)
+            if not self._seq:
+                self._seq = struct.unpack(">H", header[2:4])[0]
+            for _ in range(self.copies):
+                self._seq = (self._seq + 1) % 65_536
+                header[2:4] = struct.pack(">H", self._seq)
                 out.append(bytes(header) + payload)
             return out
         return [bytes(header) + payload]

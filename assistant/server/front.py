@@ -162,15 +162,17 @@ class Guard:
         self.limits = limits
         self.origins = set(server.cors_origins)
         self.hosts = {h.lower().strip("[]") for h in server.allowed_hosts}
-        self.loopback_only = not self.hosts and _is_loopback(server.host)
+        # DNS rebinding reaches a local server without a token; with one, a foreign page has nothing to send.
+        self.loopback_only = not self.hosts and _is_loopback(server.host) and not server.auth_token
 
     def check_host(self, request: web.Request) -> None:
         name, _ = _split_host(request.host)
         if self.hosts and name not in self.hosts and not _is_loopback(name):
             raise APIError(421, "wrong_host", f"this server does not answer to {name!r} (server.allowed_hosts)")
-        if self.loopback_only and not _is_loopback(name):
-            raise APIError(421, "wrong_host", f"this server listens on a loopback address and answers only to "
-                           f"loopback names, not {name!r} (server.allowed_hosts)")
+        if self.loopback_only and not _is_loopback(name) and not self.limits.via_trusted_proxy(request):
+            raise APIError(421, "wrong_host", f"this server listens on a loopback address without a token and "
+                           f"answers only to loopback names, not {name!r}: behind a proxy, name it in "
+                           "server.trusted_proxies (or the host in server.allowed_hosts)")
 
     def check_origin(self, request: web.Request) -> None:
         """A browser's Origin must be this server's own (as its Host header names it) or allow-listed."""
@@ -181,9 +183,13 @@ class Guard:
             url = URL(origin)
         except ValueError:
             url = URL()
-        name, port = _split_host(request.host)
-        if url.host is not None and url.host.lower().strip("[]") == name and url.port == (port or url.port):
-            return
+        hosts = [request.host]
+        if self.limits.via_trusted_proxy(request):  # the Host the browser used, as the proxy passes it on
+            hosts += request.headers.getall("X-Forwarded-Host", [])
+        for host in hosts:
+            name, port = _split_host(host.split(",")[0])
+            if url.host is not None and url.host.lower().strip("[]") == name and url.port == (port or url.port):
+                return
         raise APIError(403, "forbidden_origin", f"requests from the page at {origin!r} are refused (the server's "
                        "own origin and server.cors_origins may call it)")
 

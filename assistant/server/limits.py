@@ -127,6 +127,10 @@ class Limits:
     def _trusted(self, address: Address | None) -> bool:
         return address is not None and any(address in net for net in self.trusted)
 
+    def via_trusted_proxy(self, request: web.Request) -> bool:
+        """Whether the request came through one of ``server.trusted_proxies``."""
+        return self._trusted(_address(request.remote or ""))
+
     def client_address(self, request: web.Request) -> str:
         """The client's address: the peer's, or past trusted proxies the one their headers name."""
         peer = _address(request.remote or "")

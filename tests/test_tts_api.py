@@ -101,6 +101,7 @@ class FakeCloner:
 @pytest.fixture(scope="module")
 def piper() -> Shared:
     cfg = Config()
+    cfg.tts.deterministic = True  # no sampling noise: lengths and pitch compare the same on every run
     engine = create_tts(cfg.tts)
     asyncio.run(engine.warmup())
     yield Shared(engine)

@@ -16,7 +16,7 @@ import os
 import wave
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import BinaryIO
+from typing import Any, BinaryIO
 
 import numpy as np
 
@@ -56,12 +56,17 @@ def to_mono(x: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(x, dtype=np.float32)
 
 
-def read_audio(src: AudioSource) -> tuple[np.ndarray, int]:
+def read_audio(src: AudioSource, max_seconds: float | None = None) -> tuple[np.ndarray, int]:
     """Decode a file path, bytes or binary file object into (float32 mono, sample rate).
 
     soundfile (libsndfile: WAV, FLAC, OGG/Vorbis/Opus, MP3 in recent versions) is tried first because it is
     exact and fast; PyAV (FFmpeg) decodes the rest (webm, m4a, …). Non-audio input raises AudioFormatError,
     a missing path FileNotFoundError.
+
+    With ``max_seconds`` the decode is bounded before it starts: a container that declares a longer duration
+    is refused from its header, and any other is decoded a block at a time and stopped ``DECODE_MARGIN_S`` past
+    the limit (a header may lie), so a small file of hours of silence never turns into gigabytes. Too long
+    raises :class:`ClipTooLong`. Channels are mixed down block by block, so many channels cost no more.
     """
     data: bytes | None = None
     path: Path | None = None
@@ -79,15 +84,67 @@ def read_audio(src: AudioSource) -> tuple[np.ndarray, int]:
     import soundfile as sf  # here, not at import: the GPU check runs where soundfile is absent
 
     try:
-        x, sr = sf.read(path if path is not None else io.BytesIO(data or b""), dtype="float32", always_2d=True)
-        return to_mono(x), int(sr)
+        f = sf.SoundFile(path if path is not None else io.BytesIO(data or b""))
     except (sf.LibsndfileError, RuntimeError, TypeError) as exc:
         log.debug("audio.read soundfile_failed err=%s; trying PyAV", exc)
-    return _read_with_av(path if path is not None else io.BytesIO(data or b""))
+        return _read_with_av(path if path is not None else io.BytesIO(data or b""), max_seconds)
+    with f:
+        rate = int(f.samplerate)
+        _check_layout(rate, f.channels)
+        limit = _frame_limit(max_seconds, rate)
+        declared = f.frames if 0 < f.frames < UNKNOWN_FRAMES else None
+        if declared is not None and max_seconds is not None and declared / rate > max_seconds:
+            raise ClipTooLong(declared / rate, max_seconds, declared=True)
+        parts: list[np.ndarray] = []
+        count = 0
+        try:
+            while len(block := f.read(DECODE_BLOCK_FRAMES, dtype="float32", always_2d=True)):
+                parts.append(to_mono(block))
+                count += len(block)
+                if limit is not None and count > limit:
+                    raise ClipTooLong(count / rate, max_seconds or 0.0, declared=False)
+        except (sf.LibsndfileError, RuntimeError) as exc:
+            raise AudioFormatError(f"not a decodable audio file: {exc}") from exc
+    if not parts:
+        raise AudioFormatError("audio stream holds no samples")
+    return np.concatenate(parts), rate
 
 
-def _read_with_av(src: Path | BinaryIO) -> tuple[np.ndarray, int]:
-    """Decode the first audio stream with PyAV into float32 mono at the stream's own rate."""
+class ClipTooLong(ValueError):
+    """A clip over ``max_seconds``: ``declared`` when its container said so (nothing was decoded), else
+    ``seconds`` is how far the bounded decode got before it stopped."""
+
+    def __init__(self, seconds: float, max_seconds: float, *, declared: bool) -> None:
+        what = f"is {seconds:.1f} s" if declared else f"runs over {seconds:.1f} s"
+        super().__init__(f"audio {what}; the limit is {max_seconds:g} s")
+        self.seconds = seconds
+        self.max_seconds = max_seconds
+        self.declared = declared
+
+
+# What a clip may be before anything is decoded: more channels or a higher rate only multiply the memory a
+# decode takes, and no voice needs them.
+MAX_CHANNELS = 8
+RATE_RANGE = (4_000, 192_000)
+DECODE_BLOCK_FRAMES = 65_536
+DECODE_MARGIN_S = 1.0      # a bounded decode stops this far past the limit (a header may have understated it)
+UNKNOWN_FRAMES = 1 << 62   # libsndfile's frame count of a stream that does not say its length
+
+
+def _check_layout(rate: int, channels: int) -> None:
+    if not RATE_RANGE[0] <= rate <= RATE_RANGE[1]:
+        raise AudioFormatError(f"sample rate {rate} Hz is outside {RATE_RANGE[0]}–{RATE_RANGE[1]} Hz")
+    if not 1 <= channels <= MAX_CHANNELS:
+        raise AudioFormatError(f"{channels} channels; at most {MAX_CHANNELS}")
+
+
+def _frame_limit(max_seconds: float | None, rate: int) -> int | None:
+    return None if max_seconds is None else int((max_seconds + DECODE_MARGIN_S) * rate)
+
+
+def _read_with_av(src: Path | BinaryIO, max_seconds: float | None = None) -> tuple[np.ndarray, int]:
+    """Decode the first audio stream with PyAV into float32 mono at the stream's own rate (bounded as
+    :func:`read_audio` says)."""
     import av  # lazy: only compressed formats that libsndfile lacks need FFmpeg
 
     try:
@@ -95,22 +152,40 @@ def _read_with_av(src: Path | BinaryIO) -> tuple[np.ndarray, int]:
             if not container.streams.audio:
                 raise AudioFormatError("no audio stream in input")
             stream = container.streams.audio[0]
-            rate = stream.rate or stream.codec_context.sample_rate
+            rate = int(stream.rate or stream.codec_context.sample_rate or 0)
+            _check_layout(rate, stream.codec_context.channels or 1)
+            declared = _av_duration_s(container, stream)
+            if declared is not None and max_seconds is not None and declared > max_seconds:
+                raise ClipTooLong(declared, max_seconds, declared=True)
+            limit = _frame_limit(max_seconds, rate)
             # Same rate in and out: only the sample format and layout change, so no filter delay.
             resampler = av.AudioResampler(format="flt", layout="mono", rate=rate)
             parts: list[np.ndarray] = []
+            count = 0
             for frame in container.decode(stream):
                 for out in resampler.resample(frame):
                     parts.append(out.to_ndarray().reshape(-1))
+                    count += len(parts[-1])
+                if limit is not None and count > limit:
+                    raise ClipTooLong(count / rate, max_seconds or 0.0, declared=False)
             for out in resampler.resample(None):
                 parts.append(out.to_ndarray().reshape(-1))
-    except AudioFormatError:
+    except (AudioFormatError, ClipTooLong):
         raise
     except (av.FFmpegError, ValueError, OSError) as exc:
         raise AudioFormatError(f"not a decodable audio file: {exc}") from exc
     if not parts:
         raise AudioFormatError("audio stream holds no samples")
-    return np.concatenate(parts).astype(np.float32, copy=False), int(rate)
+    return np.concatenate(parts).astype(np.float32, copy=False), rate
+
+
+def _av_duration_s(container: Any, stream: Any) -> float | None:
+    """The duration the container or stream header declares, if any."""
+    if stream.duration is not None and stream.time_base is not None and stream.duration > 0:
+        return float(stream.duration * stream.time_base)
+    if container.duration is not None and container.duration > 0:
+        return container.duration / 1_000_000  # AV_TIME_BASE
+    return None
 
 
 def resample(x: np.ndarray, sr_in: int, sr_out: int) -> np.ndarray:

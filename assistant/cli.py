@@ -7,12 +7,15 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import importlib
 import json
 import logging
 import os
+import signal
 import sys
 from pathlib import Path
+from typing import Any
 
 # LOOPBACK_ICE_ENV: not a setting; only for tests and benchmarks that run clients and servers on one machine
 # (aioice leaves 127.0.0.1 out of its candidates; with it set to 1, `assistant serve` offers it).
@@ -20,6 +23,7 @@ from assistant.bench.processes import LOOPBACK_ICE_ENV
 from assistant.config import ConfigError, add_config_flags, flag_overrides, load_config
 
 log = logging.getLogger("assistant")
+WATCHERS: set[asyncio.Task[None]] = set()  # background tasks of a command (kept referenced while they run)
 
 
 def _setup_logging(level: str) -> None:
@@ -45,7 +49,7 @@ def _load(args: argparse.Namespace):
 def cmd_serve(args: argparse.Namespace) -> int:
     from aiohttp import web
 
-    from assistant.server.app import create_app
+    from assistant.server.app import create_app, load_failure
     from assistant.server.tls import ssl_context
 
     cfg = _load(args)
@@ -58,6 +62,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
         allow_loopback_ice()
         log.warning("loopback_ice on (%s=1): 127.0.0.1 is offered as an ICE candidate", LOOPBACK_ICE_ENV)
+    if cfg.server.exit_on_load_failure:
+        app.on_startup.append(_exit_if_loading_fails)
     log.info("serving url=%s://%s:%d gateway=%s", "https" if tls else "http", cfg.server.host, cfg.server.port,
              cfg.server.gateway_id or "-")
     web.run_app(
@@ -68,7 +74,25 @@ def cmd_serve(args: argparse.Namespace) -> int:
         print=None,
         shutdown_timeout=cfg.server.shutdown_timeout_s,
     )
+    failed = load_failure(app)
+    if failed:
+        log.error("serve_exit reason=load_failed error=%s", failed)
+        return 1
     return 0
+
+
+async def _exit_if_loading_fails(app: Any) -> None:
+    """A server whose models failed to load cannot serve: stop it (``cmd_serve`` then exits non-zero) instead
+    of answering 503 for ever, so a supervisor sees it fail and restarts it."""
+    from assistant.server.app import load_failure, wait_ready
+
+    async def watch() -> None:
+        with contextlib.suppress(Exception):
+            await wait_ready(app)
+        if load_failure(app):
+            os.kill(os.getpid(), signal.SIGTERM)  # run_app's own shutdown: sessions and engines closed cleanly
+
+    WATCHERS.add(asyncio.get_running_loop().create_task(watch(), name="exit-if-loading-fails"))
 
 
 def cmd_engines(args: argparse.Namespace) -> int:
@@ -190,6 +214,10 @@ def cmd_bench(args: argparse.Namespace) -> int:
         from assistant.bench.ray_hop import run_ray_bench
 
         return asyncio.run(run_ray_bench(args))
+    if args.bench_cmd == "attacks":
+        from assistant.bench.attack_bench import run_attack_bench
+
+        return asyncio.run(run_attack_bench(args))
     return 2
 
 
@@ -218,6 +246,8 @@ BENCHES = (  # name, help, module, function adding its flags
      "add_tts_bench_arguments"),
     ("ray", "v2v of one process vs gateways sharing engines through Ray Serve, and the hop's cost",
      "assistant.bench.ray_hop", "add_ray_arguments"),
+    ("attacks", "hostile clients against a real server: answers, RSS, event-loop lag, a bystander's turn "
+     "(--before DIR: the same against another checkout)", "assistant.bench.attack_bench", "add_attack_arguments"),
 )
 
 

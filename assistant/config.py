@@ -45,16 +45,39 @@ class ServerConfig:
     connect_timeout_s: float = _f(20.0, "close a peer that has not connected this long after the offer")
     max_body_bytes: int = _f(262_144, "largest JSON request body accepted (offers, TTS requests)")
     max_sdp_bytes: int = _f(65_536, "largest SDP accepted in an offer")
+    body_timeout_s: float = _f(60.0, "a request body still arriving after this long is refused (408): a body "
+                               "trickled in forever would hold its handler forever")
     auth_token: str = _f("", "bearer token required on /api/* and /ws/* (empty: no auth)")
     cors_origins: list[str] = _f([], "origins allowed to call the API cross-site (empty: CORS off)")
     tls_cert: str = _f("", "PEM certificate chain file: serve HTTPS and WSS directly (with server.tls_key)")
     tls_key: str = _f("", "PEM private key file for server.tls_cert")
     shutdown_timeout_s: float = _f(5.0, "time given to sessions to close at shutdown")
+    exit_on_load_failure: bool = _f(
+        True, "`assistant serve` stops (exit status 1) when a model fails to load; false: stay up, /readyz 503 "
+        "with the reason",
+    )
     gateway_id: str = _f(
         "",
         "this gateway's name behind `assistant dispatch` (letters, digits, - and _, at most 32): every session id "
         "becomes ID.TOKEN, so the dispatcher routes a session's PATCH/DELETE here (empty: no prefix)",
     )
+    trusted_proxies: list[str] = _f(
+        [], "CIDRs of proxies in front (Caddy, nginx, `assistant dispatch`) whose X-Forwarded-For or Forwarded "
+        "header names the client; the per-client limits key on that client (empty: the peer address)",
+    )
+    allowed_hosts: list[str] = _f(
+        [], "host names this server answers to (421 otherwise; loopback names always); empty: any, except that a "
+        "server listening on a loopback address with no auth_token answers only to loopback names and trusted "
+        "proxies (no DNS rebinding)",
+    )
+    offers_per_minute: int = _f(20, "offers (POST /api/offer, WHIP) per client per minute (0: unlimited)")
+    trickle_per_minute: int = _f(600, "trickle PATCHes per client per minute (0: unlimited)")
+    ice_per_minute: int = _f(60, "GET /api/ice (fresh TURN credentials) per client per minute (0: unlimited)")
+    max_connecting: int = _f(
+        16, "sessions not yet connected at once; when these or all session slots are taken, a new offer replaces "
+        "the oldest one still connecting after 5 s (else 503)",
+    )
+    max_connecting_per_client: int = _f(4, "sessions not yet connected per client; past it 429")
 
 
 @dataclass
@@ -74,7 +97,10 @@ class ICEConfig:
         "TURN REST shared secret (coturn static-auth-secret with use-auth-secret): each session gets its own "
         "username and HMAC credential that expire; the secret never leaves the server",
     )
-    turn_ttl_s: int = _f(3600, "lifetime of a TURN REST credential (a call cannot start after it expires)")
+    turn_ttl_s: int = _f(
+        300, "lifetime of a TURN REST credential: a call must set up its relay within it (coturn checks the "
+        "expiry when a relay is allocated; one made in time lives on while the call refreshes it)",
+    )
     transport_policy: str = _f("all", "ICE transport policy for both peers: all, or relay (only TURN paths)")
     trickle: bool = _f(True, "the page sends its offer at once and its candidates as they come (off: gathered first)")
     max_fragment_bytes: int = _f(16_384, "largest trickle ICE fragment (PATCH body) accepted")
@@ -247,7 +273,17 @@ class TTSAPIConfig:
     max_upload_bytes: int = _f(5_000_000, "largest reference clip upload")
     max_upload_seconds: float = _f(30.0, "longest reference clip")
     min_upload_seconds: float = _f(3.0, "shortest reference clip (3 s: less is too little voice to clone)")
-    rate_per_minute: int = _f(120, "TTS requests per client per minute (0: unlimited)")
+    rate_per_minute: int = _f(120, "TTS requests per client per minute, over HTTP and WebSocket (0: unlimited)")
+    voices_per_minute: int = _f(20, "voice registrations and deletions per client per minute (0: unlimited)")
+    max_ws_connections: int = _f(64, "/ws/tts sockets open at once; past it the upgrade gets 503")
+    max_ws_per_client: int = _f(8, "/ws/tts sockets one client may hold open; past it 429")
+    ws_idle_timeout_s: float = _f(
+        120.0, "close a /ws/tts socket with no request in flight and no message for this long"
+    )
+    write_timeout_s: float = _f(
+        10.0, "a streamed TTS answer whose reader stops reading is cut after a write waits this long (its "
+        "synthesis slot goes back)",
+    )
     url_allowlist: list[str] = _f([], "hosts a speaker_wav URL may be fetched from (empty: URLs refused)")
     url_timeout_s: float = _f(10.0, "time limit for fetching an allowed speaker_wav URL")
     max_voices: int = _f(200, "voices stored at most")

@@ -12,8 +12,12 @@ import pytest
 import soundfile as sf
 
 from assistant.audio import (
+    DECODE_BLOCK_FRAMES,
+    DECODE_MARGIN_S,
+    MAX_CHANNELS,
     SILENCE_DBFS,
     AudioFormatError,
+    ClipTooLong,
     float_to_s16,
     read_audio,
     resample,
@@ -110,3 +114,69 @@ def test_rms_dbfs() -> None:
     assert rms_dbfs(np.full(10, 0.1, np.float32)) == pytest.approx(-20.0)
     assert rms_dbfs(np.zeros(10, np.float32)) == SILENCE_DBFS
     assert rms_dbfs(np.zeros(0, np.float32)) == SILENCE_DBFS
+
+
+# --- bounded decoding: a clip is refused before it can become gigabytes ----------------------------------------
+def _flac(seconds: float, sr: int = 8000) -> bytes:
+    buf = io.BytesIO()
+    with sf.SoundFile(buf, "w", samplerate=sr, channels=1, format="FLAC", subtype="PCM_16") as f:
+        f.write(np.zeros(int(sr * seconds), np.int16))
+    return buf.getvalue()
+
+
+def _without_flac_length(data: bytes) -> bytes:
+    """The same FLAC with STREAMINFO's total-samples field zeroed: a stream that does not say its length."""
+    d = bytearray(data)
+    field = int.from_bytes(d[18:26], "big") & ~((1 << 36) - 1)  # STREAMINFO at 8; total samples: its low 36 bits
+    d[18:26] = field.to_bytes(8, "big")
+    return bytes(d)
+
+
+def test_a_declared_duration_over_the_limit_is_refused_before_decoding() -> None:
+    with pytest.raises(ClipTooLong) as ei:
+        read_audio(_flac(60.0), max_seconds=2.0)
+    assert ei.value.declared and ei.value.seconds == pytest.approx(60.0)
+
+
+def test_an_undeclared_length_is_decoded_only_up_to_the_limit_and_a_margin() -> None:
+    data = _without_flac_length(_flac(60.0))
+    assert sf.info(io.BytesIO(data)).frames > 1 << 62  # libsndfile: length unknown
+    with pytest.raises(ClipTooLong) as ei:
+        read_audio(data, max_seconds=2.0)
+    assert not ei.value.declared
+    assert 2.0 < ei.value.seconds <= 2.0 + DECODE_MARGIN_S + DECODE_BLOCK_FRAMES / 8000
+
+
+def test_a_wav_whose_header_says_more_data_than_it_holds_reads_what_is_there() -> None:
+    wav = bytearray(write_wav_bytes(np.zeros(16000, np.float32), 16000))
+    k = wav.find(b"data")
+    wav[k + 4:k + 8] = (0xFFFFFFF0).to_bytes(4, "little")  # the header lies: 4 GB of data
+    x, sr = read_audio(bytes(wav), max_seconds=2.0)
+    assert sr == 16000 and len(x) == 16000
+
+
+def test_within_the_limit_decodes_whole_and_layouts_past_the_bounds_are_refused() -> None:
+    x, sr = read_audio(_flac(1.5), max_seconds=2.0)
+    assert sr == 8000 and len(x) == 12000
+    buf = io.BytesIO()
+    with sf.SoundFile(buf, "w", samplerate=8000, channels=MAX_CHANNELS + 1, format="WAV", subtype="PCM_16") as f:
+        f.write(np.zeros((800, MAX_CHANNELS + 1), np.int16))
+    with pytest.raises(AudioFormatError, match="channels"):
+        read_audio(buf.getvalue(), max_seconds=2.0)
+
+
+def test_compressed_input_through_pyav_is_bounded_too(tmp_path: Path) -> None:
+    path = tmp_path / "long.m4a"
+    with av.open(str(path), "w") as c:
+        s = c.add_stream("aac", rate=16000, layout="mono")
+        for i in range(20):  # 20 s
+            frame = av.AudioFrame.from_ndarray(np.zeros((1, 16000), np.float32), format="fltp", layout="mono")
+            frame.sample_rate, frame.pts = 16000, i * 16000
+            for p in s.encode(frame):
+                c.mux(p)
+        for p in s.encode(None):
+            c.mux(p)
+    with pytest.raises(ClipTooLong):
+        read_audio(path.read_bytes(), max_seconds=5.0)
+    x, sr = read_audio(path.read_bytes(), max_seconds=30.0)
+    assert sr == 16000 and len(x) >= 20 * 16000 - 2048

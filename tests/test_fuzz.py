@@ -65,8 +65,12 @@ class Server:
         from assistant.server.services import Services
         from assistant.vad.silero import SileroModel
 
-        cfg = test_config(server={"data_dir": tmp, "max_body_bytes": 16_384, "max_sessions": 1000},
-                          tts={"max_text_chars": 300}, tts_api={"rate_per_minute": 0, "max_upload_bytes": 100_000})
+        # No per-client budgets: every case from this one client must reach its handler.
+        cfg = test_config(server={"data_dir": tmp, "max_body_bytes": 16_384, "max_sessions": 1000,
+                                  "offers_per_minute": 0, "trickle_per_minute": 0, "max_connecting": 1000,
+                                  "max_connecting_per_client": 1000},
+                          tts={"max_text_chars": 300},
+                          tts_api={"rate_per_minute": 0, "voices_per_minute": 0, "max_upload_bytes": 100_000})
         services = Services(cfg)  # type: ignore[arg-type]
         services.vad_model = await asyncio.to_thread(SileroModel)
         services.tts = ToneTTS(chunks=1)

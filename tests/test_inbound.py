@@ -110,6 +110,25 @@ def test_frames_without_pts_are_contiguous_and_backward_jump_reanchors() -> None
     assert len(y) == 16_000 and inbound.discontinuities == 1 and inbound.gaps == 0
 
 
+def test_timestamp_jumps_fill_no_faster_than_time_passes_and_name_the_peer() -> None:
+    """A peer that jumps its timestamps by 4.9 s on every packet gets one fill, then re-anchors, then a verdict."""
+    now = [0.0]
+    inbound = InboundAudio(clock=lambda: now[0])
+    out = []
+    for i in range(20):
+        out.append(inbound.push(make_frame(i * FRAME, pts=i * (FRAME + int(4.9 * RATE)))))
+        now[0] += 0.02
+    assert inbound.gaps == 1 and inbound.gap_fill_s == pytest.approx(4.9)  # the first jump only
+    assert inbound.discontinuities == 18 and inbound.abuse() == "timestamp_jumps"
+    assert sum(map(len, out)) < 16_000 * (4.9 + 20 * 0.02 + 0.1)
+    # A real loss after time passed is filled as before.
+    honest = InboundAudio(clock=lambda: now[0])
+    honest.push(make_frame(0))
+    now[0] += 10.0
+    honest.push(make_frame(10 * FRAME))
+    assert honest.gaps == 1 and honest.abuse() == ""
+
+
 def test_rate_change_keeps_every_sample() -> None:
     frames = [make_frame(i * FRAME) for i in range(50)]
     frames += [make_frame(i * 320, n=320, rate=16_000, pts=None) for i in range(50)]

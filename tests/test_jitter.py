@@ -15,7 +15,15 @@ from aiortc.rtp import RtpPacket
 
 from assistant.bench.audio_source import load_utterance
 from assistant.bench.v2v import BenchSession, TurnSettings
-from assistant.rtc.jitter import AdaptiveReceiveBuffer, AudioReceiveBuffer
+from assistant.rtc.jitter import (
+    FLOOD_CLOSE_PACKETS,
+    GARBAGE_CLOSE_PACKETS,
+    MAX_JUMPS,
+    PACKET_BURST,
+    AdaptiveReceiveBuffer,
+    AudioReceiveBuffer,
+    is_valid_opus,
+)
 from assistant.server.app import SESSIONS
 from tests.conftest import serve, test_config
 
@@ -75,6 +83,54 @@ def _receiver(jitter_ts: int = 0) -> SimpleNamespace:
     return r
 
 
+# --- hostile peers ---------------------------------------------------------------------------------------------
+def test_a_sequence_jump_is_given_up_in_one_step(monkeypatch: pytest.MonkeyPatch) -> None:
+    buf = AudioReceiveBuffer(1)
+    checks = []
+    original = AudioReceiveBuffer._hole_expired
+    monkeypatch.setattr(AudioReceiveBuffer, "_hole_expired", lambda self: checks.append(1) or original(self))
+    got = [r for _, r in _play(buf, [*range(10), *range(32_777, 32_780)])]
+    assert got == [*range(10), *range(32_777, 32_780)]
+    assert buf.lost == 32_767 and len(checks) == 1  # one check for the whole jump, not one per missing packet
+    assert buf.abuse() == ""  # one jump is not yet a pattern
+
+
+def test_repeated_jumps_a_flood_and_garbage_each_name_the_peer() -> None:
+    jumper = AudioReceiveBuffer(1)
+    _play(jumper, [(k * 20_000) % 65_536 for k in range(MAX_JUMPS + 1)])
+    assert jumper.abuse() == "rtp_jumps"
+    flood = AudioReceiveBuffer(1)
+    released = _play(flood, list(range(PACKET_BURST + FLOOD_CLOSE_PACKETS + 10)))
+    assert flood.flooded >= FLOOD_CLOSE_PACKETS and flood.abuse() == "rtp_flood"
+    assert len(released) <= PACKET_BURST + 10  # the rest was dropped before any decoding
+    garbage = AudioReceiveBuffer(1, is_opus=lambda payload_type: payload_type == 111)
+    for seq in range(GARBAGE_CLOSE_PACKETS):
+        p = _packet(seq)
+        p._data = bytes([0x03])  # type: ignore[attr-defined]  # code 3 without its frame-count byte (R5)
+        assert garbage.add(p) == (False, None)
+    assert garbage.abuse() == "rtp_garbage"
+
+
+def test_opus_framing_rules() -> None:
+    import av
+    import numpy as np
+
+    enc = av.CodecContext.create("libopus", "w")
+    enc.sample_rate, enc.layout, enc.format, enc.bit_rate = 48_000, "stereo", "s16", 96_000
+    packets = []
+    for i in range(10):
+        frame = av.AudioFrame.from_ndarray((np.random.randn(1, 1920) * 3000).astype(np.int16), format="s16",
+                                           layout="stereo")
+        frame.sample_rate, frame.pts = 48_000, i * 960
+        packets += [bytes(p) for p in enc.encode(frame)]
+    assert packets and all(is_valid_opus(p) for p in packets)
+    assert not is_valid_opus(b"")                       # R1
+    assert not is_valid_opus(bytes([0x01, 1, 2, 3]))    # R3: code 1 with an odd frame split
+    assert not is_valid_opus(bytes([0x02, 250, 1]))     # R4: first frame longer than the packet
+    assert not is_valid_opus(bytes([0xFB, 0x07]))       # R5: 7 x 20 ms > 120 ms
+    assert is_valid_opus(bytes([0xFB, 0x03, 1, 2, 3]))  # CBR 3 x 1 byte
+
+
 def test_hole_wait_grows_with_jitter_and_shrinks_slowly() -> None:
     receiver = _receiver(jitter_ts=0)
     rb = AdaptiveReceiveBuffer(receiver, initial_packets=1, max_packets=6, adaptive=True)
@@ -119,7 +175,8 @@ async def test_turn_survives_reordering_and_loss(shared_audio, monkeypatch: pyte
     async with serve(test_config()) as (url, app), aiohttp.ClientSession() as http:
         client = BenchSession(index=0, url=url, http=http)
         await client.connect()
-        buffer = next(iter(app[SESSIONS].values())).receive_buffer.buffer
+        session = next(iter(app[SESSIONS].values()))
+        buffer = session.receive_buffer.buffer
         try:
             result = await client.run_turn(
                 load_utterance(shared_audio / "en_weather.wav"), 0, TurnSettings(timeout_s=40.0)
@@ -130,3 +187,5 @@ async def test_turn_survives_reordering_and_loss(shared_audio, monkeypatch: pyte
     assert result.status == "ok", result.reason
     assert "weather" in result.transcript.lower()
     assert buffer.lost > 0  # holes were given up, and the frames behind them went to the decoder at once
+    # ... in order: frames released together reach the decoder in sequence, so the sample clock never jumps.
+    assert session.inbound.discontinuities == 0 and session.close_reason != "timestamp_jumps"

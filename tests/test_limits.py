@@ -84,16 +84,24 @@ def events(client: BenchSession, kind: str) -> list[dict]:
 
 # --- sessions and bodies -------------------------------------------------------------------------------
 async def test_sessions_past_max_get_503_with_a_reason(services: Services, tmp_path) -> None:
-    async with serve(cfg(tmp_path, server={"max_sessions": 2}), services) as (url, app), \
+    c = cfg(tmp_path, server={"max_sessions": 2, "max_connecting_per_client": 4})
+    async with serve(c, services) as (url, app), \
             aiohttp.ClientSession() as http:
         pcs = []
         for _ in range(2):
             pc, status, body = await raw_offer(http, url)
             pcs.append(pc)
             assert status == 200, body
+        for session in app[SESSIONS].values():  # still connecting, and within the grace an offer cannot take
+            session.created = time.monotonic() + 60
         pc, status, body = await raw_offer(http, url)
         pcs.append(pc)
         assert status == 503 and body["error"] == "busy" and "2 session slots" in body["detail"], body
+        stale = next(iter(app[SESSIONS].values()))
+        stale.created -= 120.0  # past the grace: a real call may take its slot
+        pc, status, body = await raw_offer(http, url)
+        pcs.append(pc)
+        assert status == 200 and stale.close_reason == "connect_evicted", body
         assert len(app[SESSIONS]) == 2
         first = next(iter(app[SESSIONS]))
         async with http.delete(f"{url}/api/sessions/{first}") as r:
@@ -231,13 +239,11 @@ async def test_half_open_and_never_connected_peers_are_reaped(services: Services
         assert status == 200
         ghost = app[SESSIONS][body["session_id"]]
         await asyncio.sleep(0.5)
-        t0 = time.monotonic()
         vanish(gone)
         half_open = by_id[gone.session_id]
-        assert await wait_for(lambda: half_open.closed and ghost.closed, c.server.idle_timeout_s + 3)
-        took = time.monotonic() - t0
-        assert half_open.close_reason == "idle_timeout" and took <= c.server.idle_timeout_s + 2.0, took
-        assert ghost.close_reason == "connect_timeout"
+        assert await wait_for(lambda: half_open.closed and ghost.closed, 60)
+        assert half_open.close_reason == "idle_timeout" and ghost.close_reason == "connect_timeout"
+        assert not by_id[stays.session_id].closed  # the one that keeps sending outlives both
         # Both leave the session table once their close has finished (it frees the peer first); the peer that
         # keeps sending (silence) is left alone.
         assert await wait_for(lambda: list(app[SESSIONS]) == [stays.session_id], 5), list(app[SESSIONS])
@@ -307,6 +313,7 @@ async def test_cors_only_for_allow_listed_origins(services: Services, tmp_path) 
             assert "Access-Control-Allow-Origin" not in r.headers
         # Errors reach an allowed page too (else the browser hides the reason behind a CORS failure).
         for method, path, headers in (("GET", "/api/voices", {}), ("POST", "/api/tts", auth)):
+            headers |= {"Content-Type": "application/json"}
             async with http.request(method, f"{url}{path}", headers={"Origin": ok, **headers}, data=b"{") as r:
                 assert r.status in (400, 401) and r.headers.get("Access-Control-Allow-Origin") == ok, r.status
 
@@ -355,3 +362,119 @@ async def test_voice_ids_with_path_characters_are_refused(services: Services, tm
                 assert 400 <= r.status < 500, path
         assert not app[SESSIONS]
         assert not any(p.name not in ("voices",) for p in (tmp_path / "data").glob("*")), list(tmp_path.rglob("*"))
+
+
+# --- limits that see the real client ---------------------------------------------------------------------------
+def _mocked(headers: dict[str, str], peer: str) -> Any:
+    from unittest import mock
+
+    from aiohttp.test_utils import make_mocked_request
+
+    transport = mock.Mock()
+    transport.get_extra_info.side_effect = lambda name, default=None: (peer, 1234) if name == "peername" else default
+    return make_mocked_request("GET", "/api/ice", headers=headers, transport=transport)
+
+
+async def test_the_client_is_the_peer_unless_a_trusted_proxy_names_it() -> None:
+    from assistant.server.dispatch.forward import forward_headers
+    from assistant.server.limits import LIMITS, Limits
+
+    limits = Limits(test_config(server={"trusted_proxies": ["10.0.0.0/8", "::1/128"]}))
+    xff = {"X-Forwarded-For": "6.6.6.6, 203.0.113.7, 10.0.0.3"}
+    assert limits.client_address(_mocked(xff, "198.51.100.1")) == "198.51.100.1"  # not a proxy: headers ignored
+    assert limits.client_address(_mocked(xff, "10.0.0.2")) == "203.0.113.7"  # past every trusted hop; 6.6.6.6 forged
+    fwd = {"Forwarded": 'for=6.6.6.6, for="[2001:db8:1:2::9]:443";proto=https'}
+    request = _mocked(fwd, "::1")
+    assert limits.client_address(request) == "2001:db8:1:2::9"
+    assert limits.client(request) == "2001:db8:1:2::/64"  # an IPv6 subscriber is one client
+    assert limits.client_address(_mocked({"X-Forwarded-For": "garbage"}, "10.0.0.2")) == "10.0.0.2"
+    # The dispatcher passes on the address it worked out, never the client's own header.
+    request = _mocked(xff, "10.0.0.2")
+    request.app[LIMITS] = limits
+    assert forward_headers(request)["X-Forwarded-For"] == "203.0.113.7"
+
+
+async def test_offers_spend_a_per_client_budget_and_connecting_sessions_have_their_own(services, tmp_path) -> None:
+    c = cfg(tmp_path, server={"offers_per_minute": 3, "max_connecting_per_client": 2})
+    async with serve(c, services) as (url, app), aiohttp.ClientSession() as http:
+        pcs, answers = [], []
+        for _ in range(4):
+            pc, status, body = await raw_offer(http, url)
+            pcs.append(pc)
+            answers.append((status, body.get("error")))
+        # Two unconnected sessions per client; the third offer is refused for that, the fourth by the budget.
+        assert answers == [(200, None), (200, None), (429, "too_many_connecting"), (429, "rate_limited")], answers
+        async with http.post(f"{url}/api/offer", json={}) as r:
+            assert r.status == 429 and int(r.headers["Retry-After"]) >= 1
+        assert len(app[SESSIONS]) == 2
+        for pc in pcs:
+            await pc.close()
+    # Unconnected sessions cannot hold the slots real calls need: past max_connecting, the oldest one older than
+    # the grace period gives its place up.
+    c = cfg(tmp_path, server={"max_connecting": 2, "max_connecting_per_client": 8})
+    async with serve(c, services) as (url, app), aiohttp.ClientSession() as http:
+        pcs = []
+        for _ in range(2):
+            pcs.append((await raw_offer(http, url))[0])
+        for session in app[SESSIONS].values():  # within the grace (offers take seconds on a loaded machine)
+            session.created = time.monotonic() + 60
+        pc, status, body = await raw_offer(http, url)
+        pcs.append(pc)
+        assert (status, body.get("error")) == (503, "busy") and "still connecting" in body["detail"], body
+        oldest = min(app[SESSIONS].values(), key=lambda s: s.created)
+        oldest.created -= 120.0  # as if it had been waiting for its peer a minute
+        pc, status, body = await raw_offer(http, url)
+        pcs.append(pc)
+        assert status == 200 and oldest.closed and oldest.close_reason == "connect_evicted"
+        for pc in pcs:
+            await pc.close()
+
+
+async def test_a_foreign_origin_and_a_rebound_host_are_refused(services, tmp_path) -> None:
+    ok = "https://app.example"
+    async with serve(cfg(tmp_path, server={"cors_origins": [ok]}), services) as (url, _), \
+            aiohttp.ClientSession() as http:
+        for origin, status in (("https://evil.example", 403), ("null", 403), (url, 400), (ok, 400), (None, 400)):
+            headers = {"Content-Type": "application/json"} | ({"Origin": origin} if origin else {})
+            async with http.post(f"{url}/api/offer", data=b"{", headers=headers) as r:
+                body = await r.json()
+                assert r.status == status, (origin, body)
+                if status == 403:
+                    assert body["error"] == "forbidden_origin"
+        async with http.get(f"{url}/api/voices", headers={"Origin": "https://evil.example"}) as r:
+            assert r.status == 200  # reading is not changing: the browser keeps the answer from that page
+        with pytest.raises(aiohttp.WSServerHandshakeError) as err:
+            await http.ws_connect(f"{url}/ws/tts", headers={"Origin": "https://evil.example"})
+        assert err.value.status == 403
+        # DNS rebinding: a name that resolves to 127.0.0.1 is not a loopback name; the server answers 421.
+        async with http.get(f"{url}/api/voices", headers={"Host": "rebind.evil.example"}) as r:
+            assert r.status == 421 and (await r.json())["error"] == "wrong_host"
+        async with http.post(f"{url}/api/offer", data=b"{}", headers={"Content-Type": "text/plain"}) as r:
+            assert r.status == 415 and (await r.json())["error"] == "unsupported_media_type"
+    # Behind a trusted proxy (Caddy on the same machine) the public host and the page's origin are the proxy's.
+    c = cfg(tmp_path, server={"trusted_proxies": ["127.0.0.1/32"]})
+    async with serve(c, services) as (url, _), aiohttp.ClientSession() as http:
+        public = {"Host": "voice.example.com", "X-Forwarded-Host": "voice.example.com",
+                  "Origin": "https://voice.example.com", "Content-Type": "application/json"}
+        async with http.post(f"{url}/api/offer", data=b"{", headers=public) as r:
+            assert r.status == 400, await r.text()  # past the guard: the handler's bad_json
+        async with http.post(f"{url}/api/offer", data=b"{", headers=public | {"Origin": "https://evil.example"}) as r:
+            assert r.status == 403
+
+
+async def test_tts_websockets_are_capped_per_client_and_idle_ones_closed(tmp_path) -> None:
+    from tests.conftest import tts_only_services
+
+    c = cfg(tmp_path, tts_api={"max_ws_per_client": 2, "ws_idle_timeout_s": 0.5})
+    async with serve(c, tts_only_services(c, ToneTTS())) as (url, _), aiohttp.ClientSession() as http:
+        a = await http.ws_connect(f"{url}/ws/tts")
+        b = await http.ws_connect(f"{url}/ws/tts")
+        with pytest.raises(aiohttp.WSServerHandshakeError) as err:
+            await http.ws_connect(f"{url}/ws/tts")
+        assert err.value.status == 429
+        msg = await a.receive(timeout=10)  # idle past ws_idle_timeout_s: closed with a reason
+        assert msg.type == aiohttp.WSMsgType.CLOSE and a.close_code == 4408
+        assert msg.extra.startswith("idle_timeout")
+        await b.close()
+        c2 = await http.ws_connect(f"{url}/ws/tts")  # the places are given back
+        await c2.close()

@@ -136,3 +136,24 @@ async def test_page_figure_never_below_the_server_next_to_the_bench(tmp_path: Pa
     # the machine is busy.
     print(f"outside the server: page {[round(g) for g in gaps]} ms, bench client median {bench_gap:.0f} ms")
     assert heard, "the bench client heard no reply on the same audio"
+
+
+async def test_the_page_takes_its_token_from_the_url_and_removes_it(mic_wav: Path) -> None:
+    """Opened as /?token=T: the token leaves the address bar at once (history, Referer, proxy logs), and every
+    request the page makes carries it as a header, never in its URL (only a WebSocket may)."""
+    playwright = pytest.importorskip("playwright.async_api")
+    cfg = test_config(server={"auth_token": "page-secret"})
+    async with serve(cfg) as (url, _app), playwright.async_playwright() as pw:
+        browser = await pw.chromium.launch(executable_path=CHROMIUM, headless=True, args=chromium_args(mic_wav))
+        try:
+            page = await browser.new_page()
+            seen: list[tuple[str, str]] = []
+            page.on("request", lambda r: seen.append((r.url, r.headers.get("authorization", ""))))
+            async with page.expect_response(lambda r: r.url.endswith("/api/voices")) as voices:
+                await page.goto(url + "/?token=page-secret&trickle=1")
+            assert (await voices.value).status == 200  # the panel's list, authorised by the header
+            assert await page.evaluate("location.search") == "?trickle=1"  # this history entry no longer holds it
+            api = [(u, auth) for u, auth in seen if "/api/" in u]
+            assert api and all(auth == "Bearer page-secret" and "page-secret" not in u for u, auth in api), api
+        finally:
+            await browser.close()

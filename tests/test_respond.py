@@ -7,7 +7,6 @@ import contextlib
 import datetime as dt
 import json
 import socket
-import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 
@@ -248,34 +247,39 @@ async def test_openai_http_error(status: int) -> None:
 
 
 async def test_openai_first_token_timeout() -> None:
+    answered = asyncio.Event()
+
     async def handler(request: web.Request) -> web.StreamResponse:
         await asyncio.sleep(30)  # never answers in time
+        answered.set()
         return web.Response()
 
     async with FakeLLM(handler) as srv:
         r = OpenAIResponder(srv.cfg(first_token_timeout_s=0.3))
-        t0 = time.monotonic()
         try:
             with pytest.raises(ResponderError, match="too long to answer"):
                 await collect(r.respond("x", []))
         finally:
             await r.aclose()
-        assert time.monotonic() - t0 < 1.5
+        assert not answered.is_set()  # the client's limit ended it, before the server ever answered
 
 
 async def test_openai_headers_then_silence_is_first_token_timeout() -> None:
+    finished = asyncio.Event()
+
     async def handler(request: web.Request) -> web.StreamResponse:
-        return await stream(request, [b": still thinking\n\n", b""], delay=30)
+        resp = await stream(request, [b": still thinking\n\n", b""], delay=30)
+        finished.set()
+        return resp
 
     async with FakeLLM(handler) as srv:
         r = OpenAIResponder(srv.cfg(first_token_timeout_s=0.3))
-        t0 = time.monotonic()
         try:
             with pytest.raises(ResponderError, match="too long to answer"):
                 await collect(r.respond("x", []))
         finally:
             await r.aclose()
-        assert time.monotonic() - t0 < 1.5
+        assert not finished.is_set()  # ended by the first-token limit while the server was still silent
 
 
 async def test_openai_total_timeout_after_first_token() -> None:
@@ -285,14 +289,13 @@ async def test_openai_total_timeout_after_first_token() -> None:
     async with FakeLLM(handler) as srv:
         r = OpenAIResponder(srv.cfg(total_timeout_s=0.4))
         got: list[str] = []
-        t0 = time.monotonic()
         try:
             with pytest.raises(ResponderError, match="too long to finish"):
                 async for d in r.respond("x", []):
                     got.append(d)
         finally:
             await r.aclose()
-        assert got == ["Hi"] and time.monotonic() - t0 < 1.5
+        assert got == ["Hi"]  # the first delta, then the total limit: " there" (30 s later) never came
 
 
 async def test_openai_server_closes_mid_stream() -> None:
@@ -354,13 +357,11 @@ async def test_openai_unreachable_port() -> None:
     port = free_port()  # nothing listens there now
     r = OpenAIResponder(RespondConfig(engine="openai", base_url=f"http://127.0.0.1:{port}/v1",
                                       connect_timeout_s=1.0))
-    t0 = time.monotonic()
     try:
         with pytest.raises(ResponderError, match="could not reach"):
             await collect(r.respond("x", []))
     finally:
         await r.aclose()
-    assert time.monotonic() - t0 < 2.0
 
 
 async def test_openai_consumer_stops_early_closes_stream() -> None:

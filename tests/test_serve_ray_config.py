@@ -11,7 +11,7 @@ from ray.serve.schema import ServeDeploySchema
 
 from assistant.config import load_config
 from assistant.serve_ray import caller_queue, tts_capacity, tts_gateway_capacity
-from assistant.serve_ray.app import asr_app_name, tts_app_name
+from assistant.serve_ray.app import asr_app_name, build_asr, build_tts, tts_app_name
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -46,3 +46,16 @@ def test_gateway_bound_leaves_busy_to_the_deployment() -> None:
     # the gateway's own bound lets through one more than the deployment takes (9 running + 11 queued), so
     # the deployment is the one that says busy
     assert tts_gateway_capacity(cfg) == 9 + 11 + 1
+
+
+def test_replicas_are_handed_only_the_settings_they_read() -> None:
+    """No secret of the gateway crosses to Ray: a replica's config holds only the sections its engine reads."""
+    cfg = load_config(environ={}, overrides={
+        "server": {"auth_token": "gateway-secret", "data_dir": "/srv/voices"},
+        "ice": {"turn_secret": "turn-secret"}, "respond": {"api_key": "llm-secret"}})
+    for build, sections in ((build_tts, {"tts", "tts_api", "ray", "server"}), (build_asr, {"asr"})):
+        (settings,) = build(cfg)._bound_deployment.init_args
+        assert set(settings) == sections
+        assert "secret" not in repr(settings)
+    (tts_settings,) = build_tts(cfg)._bound_deployment.init_args
+    assert tts_settings["server"] == {"data_dir": "/srv/voices"}

@@ -323,8 +323,12 @@ async def test_openai_bad_inputs_get_openai_shaped_errors(tmp_path, piper):
             assert set(err) == {"message", "type", "param", "code"} and err["message"], got
             assert (err["param"], err["code"]) == (param, code), got
             assert err["type"] == "invalid_request_error"
-        async with http.post(f"{base}/v1/audio/speech", data=b"{nope") as r:
+        json_type = {"Content-Type": "application/json"}
+        async with http.post(f"{base}/v1/audio/speech", data=b"{nope", headers=json_type) as r:
             assert r.status == 400 and (await r.json())["error"]["code"] == "bad_json"
+        async with http.post(f"{base}/v1/audio/speech", data=b"{}") as r:  # not JSON by its Content-Type
+            got = await r.json()
+            assert r.status == 415 and got["error"]["code"] == "unsupported_media_type", got
         async with http.get(f"{base}/v1/audio/speech") as r:
             assert r.status == 405 and "error" in await r.json()
         async with http.get(f"{base}/v1/nope") as r:

@@ -13,7 +13,7 @@ import pytest
 from assistant.audio import read_audio, rms_dbfs
 from assistant.config import VADConfig
 from assistant.vad.endpoint import Endpointer, SpeechEnd, SpeechStart, VADEvent
-from assistant.vad.silero import WINDOW_SAMPLES, SileroModel, SileroStream
+from assistant.vad.silero import WINDOW_SAMPLES, ZERO_RUN_WINDOWS, SileroModel, SileroStream
 
 AUDIO = Path("/work/shared/audio")
 MANIFEST = {m["file"]: m for m in json.loads((AUDIO / "manifest.json").read_text())}
@@ -196,3 +196,23 @@ def test_48k_stereo_frames_through_inbound_keep_event_times(model: SileroModel) 
     assert [type(e) for e in via] == [type(e) for e in direct] == [SpeechStart, SpeechEnd]
     for a, b in zip(via, direct, strict=True):
         assert abs(a.time_s - b.time_s) <= WINDOW_SAMPLES / SR
+
+
+def test_digital_silence_stops_running_the_model_and_speech_after_it_is_heard(model: SileroModel) -> None:
+    """Seconds of filled silence (all-zero windows) cost ZERO_RUN_WINDOWS model runs, not one per window; the
+    utterance that follows is found as it is without the silence in front."""
+    runs = []
+
+    class Counting:
+        def run(self, x: np.ndarray, state: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+            runs.append(len(x))
+            return model.run(x, state)
+
+    speech, _ = read_audio(AUDIO / "en_weather.wav")
+    silence = np.zeros(5 * SR, np.float32)
+    ep = Endpointer(VADConfig(), Counting())  # type: ignore[arg-type]
+    assert ep.feed(silence) == [] and len(runs) == ZERO_RUN_WINDOWS
+    events = ep.feed(speech) + ep.finish()
+    alone = _events(speech, VADConfig(), model)
+    assert [type(e) for e in events] == [type(e) for e in alone]
+    assert abs(events[0].sample_index - len(silence) - alone[0].sample_index) <= WINDOW_SAMPLES

@@ -8,8 +8,9 @@ import numpy as np
 import pytest
 
 from assistant.config import Config
+from assistant.server.limits import RateLimiter
 from assistant.server.tts_api.request import TTSError, parse_params
-from assistant.server.tts_api.service import RateLimiter, split_leading_tag, split_sentences
+from assistant.server.tts_api.service import split_leading_tag, split_sentences
 from assistant.tts.voice_store import TMP_PREFIX, ReferenceClipStore, VoiceLimitError, valid_voice_id
 
 SR = 16000

@@ -1,6 +1,8 @@
 // Voice chat page: one WebRTC peer to the server, the `events` data channel, transcripts, and latency
 // as this page hears it. Plain modern JS, no build step.
 
+import { authHeaders } from './token.js';
+
 let STAGES = [];  // [name, colour, label] of each server stage, from GET /api/stages (pipeline/trace.py)
 
 const $ = (id) => document.getElementById(id);
@@ -133,8 +135,6 @@ function onProbe(msg) {
 }
 
 const params = new URLSearchParams(location.search);
-const token = params.get('token');
-function authHeaders(extra = {}) { return token ? { ...extra, Authorization: `Bearer ${token}` } : extra; }
 
 async function apiError(res, what) {
   const body = await res.json().catch(() => ({}));

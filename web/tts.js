@@ -6,9 +6,9 @@
 // tts-speak, tts-stop, tts-status, tts-first-packet, tts-total, tts-audio-seconds, tts-error,
 // tts-clip, tts-record, tts-transcript, tts-voice-name, tts-add-voice, tts-voices.
 
+import { authHeaders, token } from './token.js';
+
 const $ = (id) => document.getElementById(id);
-const token = new URLSearchParams(location.search).get('token');
-const authHeaders = () => (token ? { Authorization: `Bearer ${token}` } : {});
 const END = 'END';
 
 const tts = {

@@ -27,6 +27,7 @@ from typing import Any
 
 import aiohttp
 
+from assistant.body import BodyTooLarge, read_capped
 from assistant.config import RespondConfig
 from assistant.respond.base import Message, ResponderError, ToolCall
 
@@ -296,13 +297,13 @@ class OpenAIResponder:
 
     async def _read_json_answer(self, resp: aiohttp.ClientResponse, timeout: float, on_timeout: Any) -> str:
         try:
-            body = await asyncio.wait_for(resp.content.read(MAX_JSON_BODY_BYTES + 1), timeout)
+            body = await asyncio.wait_for(read_capped(resp, MAX_JSON_BODY_BYTES), timeout)
         except TimeoutError as exc:
             raise on_timeout(True) from exc
         except aiohttp.ClientError as exc:
             raise ResponderError(MSG_CUT) from exc
-        if len(body) > MAX_JSON_BODY_BYTES:
-            raise ResponderError(MSG_BAD_STREAM)
+        except BodyTooLarge as exc:
+            raise ResponderError(MSG_BAD_STREAM) from exc
         try:
             obj = json.loads(body)
             content = obj["choices"][0]["message"]["content"]

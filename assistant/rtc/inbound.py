@@ -22,6 +22,7 @@ import soxr
 from aiortc.mediastreams import MediaStreamError
 
 from assistant.audio import S16_SCALE, SPEECH_RATE, AudioChunk
+from assistant.rtc.jitter import JUMP_WINDOW_S, MAX_JUMPS, RecentEvents
 
 log = logging.getLogger(__name__)
 
@@ -34,6 +35,9 @@ GAP_TOLERANCE_S = 0.001
 # Longer pts jumps (or backwards ones: RTP timestamp wrap, stream restart) are a discontinuity: the clock is
 # re-anchored instead of filled, so a long mute never turns into minutes of synthetic silence.
 MAX_GAP_FILL_S = 5.0
+# Silence is filled at most as fast as time passes (a real loss of packets is a stretch of time that went by),
+# with MAX_GAP_FILL_S to start with: a peer that jumps its timestamps on every packet gets discontinuities, not
+# seconds of silence for each packet.
 
 # Scale of each integer sample format to −1…1 (PyAV format name without the planar "p").
 _INT_SCALE = {"u8": 128.0, "s16": S16_SCALE, "s32": 2147483648.0, "s64": 9223372036854775808.0}
@@ -64,13 +68,18 @@ class InboundAudio:
     Frame timing comes from ``frame.pts`` · ``frame.time_base``. When a frame's pts is later than where the
     previous frame ended (a lost packet, a late start), the gap is filled with silence before the frame is
     resampled, so sample positions — the clock every VAD timestamp is measured on — keep matching the
-    sender's time. Gaps up to ``MAX_GAP_FILL_S`` are filled; larger or backwards jumps re-anchor the clock
-    (logged). Frames without pts are taken as contiguous. A change of input rate flushes the old resampler
-    and starts a new one.
+    sender's time. Gaps up to ``MAX_GAP_FILL_S`` are filled, no faster than time passes; larger or backwards
+    jumps, or a gap past what time allows, re-anchor the clock (logged). Frames without pts are taken as
+    contiguous. A change of input rate flushes the old resampler and starts a new one. ``abuse()`` says
+    ``timestamp_jumps`` once re-anchoring happens more often than any real sender makes it.
     """
 
-    def __init__(self, out_rate: int = SPEECH_RATE) -> None:
+    def __init__(self, out_rate: int = SPEECH_RATE, clock: Callable[[], float] = time.monotonic) -> None:
         self.out_rate = out_rate
+        self.clock = clock
+        self._fill_budget_s = MAX_GAP_FILL_S
+        self._budget_stamp = clock()
+        self._jumps = RecentEvents(MAX_JUMPS, JUMP_WINDOW_S, clock)
         self.position = 0  # samples emitted at out_rate: the stream clock
         self.frames = 0
         self.gaps = 0
@@ -92,6 +101,20 @@ class InboundAudio:
     @property
     def position_s(self) -> float:
         return self.position / self.out_rate
+
+    def abuse(self) -> str:
+        """``timestamp_jumps`` when the sender's clock jumped more often than a real one does; else empty."""
+        return "timestamp_jumps" if self._jumps.too_many else ""
+
+    def _fill_allowed(self, gap_s: float) -> bool:
+        """Spend ``gap_s`` of the fill budget (time passed since the last frame, at most MAX_GAP_FILL_S)."""
+        now = self.clock()
+        self._fill_budget_s = min(MAX_GAP_FILL_S, self._fill_budget_s + (now - self._budget_stamp))
+        self._budget_stamp = now
+        if gap_s > self._fill_budget_s:
+            return False
+        self._fill_budget_s -= gap_s
+        return True
 
     def push(self, frame: Any) -> np.ndarray:
         """Convert one frame; returns the 16 kHz samples that are ready (may be empty at first)."""
@@ -129,9 +152,11 @@ class InboundAudio:
         gap_s = t - expected
         if abs(gap_s) < GAP_TOLERANCE_S:
             return 0
-        if gap_s < 0 or gap_s > MAX_GAP_FILL_S:
+        if gap_s < 0 or gap_s > MAX_GAP_FILL_S or not self._fill_allowed(float(gap_s)):
             self.discontinuities += 1
-            log.warning("inbound.discontinuity jump_s=%.3f action=reanchor", float(gap_s))
+            self._jumps.add()
+            if self.discontinuities <= MAX_JUMPS:  # past that the peer is closed; its jumps are not logged each
+                log.warning("inbound.discontinuity jump_s=%.3f action=reanchor", float(gap_s))
             return 0
         self.gaps += 1
         self.gap_fill_s += float(gap_s)

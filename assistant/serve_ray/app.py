@@ -42,10 +42,25 @@ def asr_app_name(cfg: Config) -> str:
     return f"{cfg.ray.app_name}-asr"
 
 
+# What each deployment's replicas are handed: only the settings they read (a section, or some of its keys), so
+# that no secret of the gateway (server.auth_token, ice.turn_secret, respond.api_key) is given to Ray, its logs
+# or its dashboard.
+TTS_SETTINGS: dict[str, tuple[str, ...] | None] = {"tts": None, "tts_api": None, "ray": None,
+                                                   "server": ("data_dir",)}
+ASR_SETTINGS: dict[str, tuple[str, ...] | None] = {"asr": None}
+
+
+def replica_settings(cfg: Config, wanted: dict[str, tuple[str, ...] | None]) -> dict[str, Any]:
+    """The named sections (or keys of them) of ``cfg``, as the overrides a replica's config is made from."""
+    full = cfg.to_dict()
+    return {name: dict(full[name]) if keys is None else {k: full[name][k] for k in keys}
+            for name, keys in wanted.items()}
+
+
 def _application(cfg: Config, cls: type, name: str, replicas: int, num_cpus: float, num_gpus: float,
-                 per_replica: int) -> Application:
+                 per_replica: int, settings: dict[str, tuple[str, ...] | None]) -> Application:
     """One deployment of ``cls`` with ``per_replica`` requests at once on each replica and the caller queue
-    of :func:`~assistant.serve_ray.caller_queue`; the replicas get the whole config."""
+    of :func:`~assistant.serve_ray.caller_queue`; the replicas get only ``settings`` of the config."""
     deployment = serve.deployment(name=name)(cls).options(
         num_replicas=max(1, replicas),
         ray_actor_options={"num_cpus": num_cpus, "num_gpus": num_gpus},
@@ -54,19 +69,19 @@ def _application(cfg: Config, cls: type, name: str, replicas: int, num_cpus: flo
         health_check_period_s=5.0,
         graceful_shutdown_timeout_s=5.0,
     )
-    return deployment.bind(cfg.to_dict())
+    return deployment.bind(replica_settings(cfg, settings))
 
 
 def build_tts(cfg: Config) -> Application:
     r = cfg.ray
     return _application(cfg, TTSReplica, TTS_DEPLOYMENT, r.tts_replicas, r.tts_num_cpus, r.tts_num_gpus,
-                        tts_capacity(cfg))
+                        tts_capacity(cfg), TTS_SETTINGS)
 
 
 def build_asr(cfg: Config) -> Application:
     r = cfg.ray
     return _application(cfg, ASRReplica, ASR_DEPLOYMENT, r.asr_replicas, r.asr_num_cpus, r.asr_num_gpus,
-                        asr_capacity(cfg))
+                        asr_capacity(cfg), ASR_SETTINGS)
 
 
 def _config_from_args(args: dict[str, Any]) -> Config:

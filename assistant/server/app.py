@@ -18,6 +18,7 @@ from assistant.server import tts_api
 from assistant.server.front import add_static_routes, middlewares
 from assistant.server.http import CONFIG
 from assistant.server.ice import check_ice_config
+from assistant.server.limits import LIMITS, Limits
 from assistant.server.openai_front import create_openai_app
 from assistant.server.openapi import documented, json_body
 from assistant.server.routes import OPENAI_PREFIX, register, routes
@@ -32,7 +33,8 @@ OWNS_SERVICES: web.AppKey[bool] = web.AppKey("owns_services", bool)
 READYZ_SCHEMA = {
     "type": "object", "required": ["status", "gateway", "sessions", "max_sessions"],
     "properties": {
-        "status": {"type": "string", "enum": ["ready", "loading"]},
+        "status": {"type": "string", "enum": ["ready", "loading", "failed"]},
+        "reason": {"type": "string", "description": "why loading failed (status failed)"},
         "gateway": {"type": "string", "description": "server.gateway_id (empty: none)"},
         "sessions": {"type": "integer", "description": "open voice sessions"},
         "max_sessions": {"type": "integer"},
@@ -44,7 +46,8 @@ READYZ_SCHEMA = {
 # --- handlers ------------------------------------------------------------------------------------------
 @documented("Readiness: models loaded and warmed; with this gateway's load (the heartbeat `assistant dispatch` "
             "reads)", public=True,
-            responses={"200": json_body(READYZ_SCHEMA, "ready"), "503": json_body(READYZ_SCHEMA, "still loading")})
+            responses={"200": json_body(READYZ_SCHEMA, "ready"),
+                       "503": json_body(READYZ_SCHEMA, "still loading, or loading failed (the reason)")})
 async def readyz(request: web.Request) -> web.Response:
     """Readiness, and this gateway's load: the heartbeat ``assistant dispatch`` polls."""
     app = request.app
@@ -54,6 +57,9 @@ async def readyz(request: web.Request) -> web.Response:
         "sessions": len(app[SESSIONS]),
         "max_sessions": app[CONFIG].server.max_sessions,
     }
+    failed = services.load_error
+    if failed:
+        return web.json_response({"status": "failed", "reason": failed, **load}, status=503)
     if not services.ready:
         return web.json_response({"status": "loading", **load}, status=503)
     return web.json_response({"status": "ready", "load_seconds": services.load_seconds, **load})
@@ -78,8 +84,10 @@ def create_app(cfg: Config, services: Services | None = None) -> web.Application
     check_gateway_id(cfg.server.gateway_id)
     # Uploads (reference clips) are bounded by the TTS API's own cap; everything else by max_body_bytes.
     client_max = max(cfg.server.max_body_bytes, cfg.tts_api.max_upload_bytes + 65_536)
-    app = web.Application(middlewares=middlewares(cfg.server), client_max_size=client_max)
+    limits = Limits(cfg)
+    app = web.Application(middlewares=middlewares(cfg, limits), client_max_size=client_max)
     app[CONFIG] = cfg
+    app[LIMITS] = limits
     app[SERVICES] = services or Services(cfg)
     # Services passed in belong to the caller (tests share one set across apps); ours we close.
     app[OWNS_SERVICES] = services is None
@@ -104,7 +112,8 @@ async def _start_loading(app: web.Application) -> None:
         try:
             await app[SERVICES].load()
             log.info("Service Ready")
-        except Exception:
+        except Exception as exc:
+            app[SERVICES].load_error = f"{type(exc).__name__}: {exc}"[:500]
             log.exception("service_load_failed")
             raise
 
@@ -134,3 +143,8 @@ async def _close_services(app: web.Application) -> None:
 async def wait_ready(app: web.Application) -> None:
     """Wait until every model is loaded (raises what loading raised)."""
     await app[LOADER]
+
+
+def load_failure(app: web.Application) -> str:
+    """Why loading failed ("" while it has not)."""
+    return app[SERVICES].load_error

@@ -7,16 +7,21 @@ no cycle.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
+from collections.abc import AsyncIterator, Awaitable
 from typing import Any
 
 from aiohttp import BodyPartReader, web
 from aiohttp.http_exceptions import HttpProcessingError
 
+from assistant.body import BodyTooLarge, read_capped
 from assistant.config import Config
 
 MULTIPART_SLACK = 65_536  # headers and boundaries around the parts of a multipart body
 CONFIG: web.AppKey[Config] = web.AppKey("config", Config)
+DEFAULT_BODY_TIMEOUT_S = 60.0
 
 
 def json_error(status: int, error: str, detail: str = "", **extra: Any) -> web.Response:
@@ -54,14 +59,27 @@ class HTTPJSONError(web.HTTPException):
 
 
 async def read_body(request: web.Request, max_bytes: int) -> bytes:
-    """The whole body, or 413 ``too_large`` past ``max_bytes`` (refused from its Content-Length when it says so,
-    else after reading one byte more than allowed: never more)."""
-    if request.content_length is not None and request.content_length > max_bytes:
-        raise HTTPJSONError(413, "too_large", f"request body over {max_bytes} bytes")
-    raw = await request.content.read(max_bytes + 1)
-    if len(raw) > max_bytes:
-        raise HTTPJSONError(413, "too_large", f"request body over {max_bytes} bytes")
-    return raw
+    """The whole body, however it arrives (in pieces, slowly), or 413 ``too_large`` past ``max_bytes`` (refused
+    from its Content-Length when it says so, else after reading one byte more than allowed: never more), or 408
+    ``body_timeout`` when it takes longer than ``server.body_timeout_s`` (a body trickled in forever would hold
+    its handler forever)."""
+    async with body_deadline(request):
+        try:
+            return await read_capped(request, max_bytes)
+        except BodyTooLarge:
+            raise HTTPJSONError(413, "too_large", f"request body over {max_bytes} bytes") from None
+
+
+@contextlib.asynccontextmanager
+async def body_deadline(request: web.Request) -> AsyncIterator[None]:
+    """Read a body within ``server.body_timeout_s``, else 408 ``body_timeout``."""
+    cfg = request.config_dict.get(CONFIG)
+    timeout_s = cfg.server.body_timeout_s if cfg is not None else DEFAULT_BODY_TIMEOUT_S
+    try:
+        async with asyncio.timeout(timeout_s):
+            yield
+    except TimeoutError:
+        raise HTTPJSONError(408, "body_timeout", f"the request body took over {timeout_s:g} s to arrive") from None
 
 
 async def read_json(request: web.Request, max_bytes: int) -> dict[str, Any]:
@@ -77,31 +95,52 @@ async def read_json(request: web.Request, max_bytes: int) -> dict[str, Any]:
 
 
 async def read_multipart(request: web.Request, limits: dict[str, int]) -> dict[str, bytes]:
-    """Read a multipart body part by part, each bounded by ``limits[name]``; unknown parts are refused."""
+    """Read a multipart body part by part, each bounded by ``limits[name]``, within the body deadline; unknown or
+    repeated parts are refused."""
     total = sum(limits.values()) + MULTIPART_SLACK
     if request.content_length is not None and request.content_length > total:
         raise HTTPJSONError(413, "too_large", f"request body over {total} bytes")
     try:
-        reader = await request.multipart()
-        out: dict[str, bytes] = {}
-        while (part := await reader.next()) is not None:
-            if not isinstance(part, BodyPartReader) or part.name not in limits:
-                name = getattr(part, "name", None)
-                raise HTTPJSONError(400, "bad_request",
-                                    f"unexpected form part {name!r}; allowed: {', '.join(limits)}")
-            if part.name in out:
-                raise HTTPJSONError(400, "bad_request", f"form part {part.name!r} given twice")
-            cap = limits[part.name]
-            data = bytearray()
-            while chunk := await part.read_chunk(65_536):
-                data += chunk
-                if len(data) > cap:
-                    what = "reference clip" if part.filename else f"form part {part.name!r}"
-                    raise HTTPJSONError(413, "too_large", f"{what} is over {cap} bytes")
-            out[part.name] = bytes(data)
-        return out
+        async with body_deadline(request):
+            return await _read_parts(request, limits)
     except HTTPJSONError:
         raise
     except (ValueError, AssertionError, KeyError, HttpProcessingError) as exc:
         # HttpProcessingError: a part's headers are malformed (aiohttp raises InvalidHeader / LineTooLong).
         raise HTTPJSONError(400, "bad_multipart", f"malformed multipart body ({type(exc).__name__})") from None
+
+
+async def _read_parts(request: web.Request, limits: dict[str, int]) -> dict[str, bytes]:
+    reader = await request.multipart()
+    out: dict[str, bytes] = {}
+    while (part := await reader.next()) is not None:
+        if not isinstance(part, BodyPartReader) or part.name not in limits:
+            name = getattr(part, "name", None)
+            raise HTTPJSONError(400, "bad_request", f"unexpected form part {name!r}; allowed: {', '.join(limits)}")
+        if part.name in out:
+            raise HTTPJSONError(400, "bad_request", f"form part {part.name!r} given twice")
+        cap = limits[part.name]
+        data = bytearray()
+        while chunk := await part.read_chunk(65_536):
+            data += chunk
+            if len(data) > cap:
+                what = "reference clip" if part.filename else f"form part {part.name!r}"
+                raise HTTPJSONError(413, "too_large", f"{what} is over {cap} bytes")
+        out[part.name] = bytes(data)
+    return out
+
+
+class WriteStalled(Exception):
+    """A streamed answer's reader stopped reading: a write waited past its time limit and the connection was cut."""
+
+
+async def write_within(request: web.Request, write: Awaitable[None], timeout_s: float) -> None:
+    """Await one write of a streamed answer (HTTP or WebSocket), at most ``timeout_s``: a reader that stopped reading
+    would otherwise hold the writer, and whatever it holds (a synthesis slot), for ever. Past it the connection is
+    cut and :class:`WriteStalled` raised."""
+    try:
+        await asyncio.wait_for(write, timeout_s)
+    except TimeoutError:
+        if request.transport is not None:
+            request.transport.abort()
+        raise WriteStalled(f"the reader took no data for {timeout_s:g} s") from None

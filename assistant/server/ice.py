@@ -6,7 +6,13 @@ answer), so a browser behind a symmetric NAT or a strict firewall can fall back 
 TURN credentials are either static (``ice.turn_username`` / ``ice.turn_credential``) or time-limited TURN REST
 credentials (coturn's ``use-auth-secret``): username ``<expiry unix time>:<name>``, credential
 ``base64(HMAC-SHA1(secret, username))``. The TURN server recomputes the HMAC with the same secret and refuses
-the credential after its expiry, so the secret stays on the server and each session's credential dies with it.
+the credential after its expiry, so the secret stays on the server.
+
+A credential does not die with its session: nothing tells the TURN server that a call hung up. Until its expiry
+(``ice.turn_ttl_s``, 5 minutes by default: enough to set a call up) whoever holds it can allocate relays on the
+TURN server, within that server's own quotas and ``denied-peer-ip`` rules; coturn checks the expiry only when a
+relay is allocated, so a relay allocated in time lives on for as long as its holder refreshes it. Short
+lifetimes, the bearer token on ``GET /api/ice`` and its per-client budget are what bound that.
 """
 
 from __future__ import annotations

@@ -5,7 +5,10 @@ A row names its handler as ``"module:function"`` under ``assistant.server`` (``"
 the voice session or the TTS engines. Each handler carries its own OpenAPI description, written beside it with
 :func:`assistant.server.openapi.documented`.
 
-How the dispatcher (``assistant dispatch``) handles a route is its :class:`Forward` kind.
+How the dispatcher (``assistant dispatch``) handles a route is its :class:`Forward` kind. What every request
+passes before its handler (``front.guard_middleware``, on the gateway and the dispatcher alike) is read from the
+row too: the per-client budget it spends, the media types its body may have, whether a foreign ``Origin`` is
+refused.
 """
 
 from __future__ import annotations
@@ -24,6 +27,10 @@ if TYPE_CHECKING:
 Handler = Callable[["web.Request"], Awaitable["web.StreamResponse"]]
 HANDLER_PACKAGE = "assistant.server"
 OPENAI_PREFIX = "/v1"  # OpenAI's API family: its own error shape and token check (``openai_front``)
+SAFE_METHODS = ("GET", "HEAD", "OPTIONS")
+# Media types a body may have (``Route.content_types``).
+JSON, SDP, FORM = "application/json", "application/sdp", "multipart/form-data"
+SDPFRAG = "application/trickle-ice-sdpfrag"  # RFC 8840
 
 
 class Forward(StrEnum):
@@ -46,6 +53,13 @@ class Route:
     forward: Forward
     product: str  # "front", "voice" (the voice session), "tts" (the TTS API), "realtime" (OpenAI's Realtime API)
     max_body: Callable[[Config], int] | None = None  # the largest body the dispatcher passes on (None: no body)
+    budget: str | None = None  # the per-client budget a request spends (``limits.BUDGETS``); None: none
+    content_types: tuple[str, ...] = ()  # what its body's Content-Type must be (415 otherwise); (): not checked
+    checks_origin: bool | None = None  # refuse a foreign Origin (403); None: when the method changes state
+
+    @property
+    def refuses_foreign_origin(self) -> bool:
+        return self.checks_origin if self.checks_origin is not None else self.method not in SAFE_METHODS
 
     def resolve(self) -> Handler:
         """The handler function (imports its module)."""
@@ -89,28 +103,36 @@ ROUTES: tuple[Route, ...] = (
     Route("GET", "/metrics", "app:metrics", F.FRONT, "front"),
     Route("GET", "/api/openapi.json", "openapi:serve_openapi", F.PROXY, "front"),
     # The voice session: signaling (JSON and WHIP), the session resource, ICE, the page's stage legend.
-    Route("POST", "/api/offer", "signaling:offer", F.OFFER, "voice", _json),
-    Route("POST", "/api/whip", "whip:whip_offer", F.OFFER, "voice", _sdp),
+    Route("POST", "/api/offer", "signaling:offer", F.OFFER, "voice", _json, budget="offer", content_types=(JSON,)),
+    Route("POST", "/api/whip", "whip:whip_offer", F.OFFER, "voice", _sdp, budget="offer", content_types=(SDP,)),
     Route("GET", "/api/sessions", "signaling:list_sessions", F.GATHER, "voice"),
-    Route("PATCH", "/api/sessions/{session_id}", "signaling:trickle", F.OWNER, "voice", _fragment),
-    Route("DELETE", "/api/sessions/{session_id}", "signaling:hang_up", F.OWNER, "voice"),
-    Route("GET", "/api/ice", "ice:get_ice", F.PROXY, "voice"),
+    Route("PATCH", "/api/sessions/{session_id}", "signaling:trickle", F.OWNER, "voice", _fragment,
+          budget="trickle", content_types=(SDPFRAG,)),
+    Route("DELETE", "/api/sessions/{session_id}", "signaling:hang_up", F.OWNER, "voice", budget="trickle"),
+    Route("GET", "/api/ice", "ice:get_ice", F.PROXY, "voice", budget="ice"),
     Route("GET", "/api/stages", "app:stages", F.PROXY, "voice"),
     # The TTS API.
-    Route("POST", "/api/tts", "tts_api.routes:tts_http", F.PROXY, "tts", tts_body),
-    Route("GET", "/ws/tts", "tts_api.routes:tts_ws", F.WEBSOCKET, "tts"),
+    Route("POST", "/api/tts", "tts_api.routes:tts_http", F.PROXY, "tts", tts_body, budget="tts",
+          content_types=(JSON, FORM)),
+    # A WebSocket upgrade is a GET, but a page on another site could open one to spend this server's voice.
+    Route("GET", "/ws/tts", "tts_api.routes:tts_ws", F.WEBSOCKET, "tts", checks_origin=True),
     Route("GET", "/api/voices", "tts_api.routes:list_voices", F.PROXY, "tts"),
-    Route("POST", "/api/voices", "tts_api.routes:create_voice", F.GATEWAY, "tts", _upload),
-    Route("DELETE", "/api/voices/{voice_id}", "tts_api.routes:delete_voice", F.GATEWAY, "tts"),
-    Route("POST", "/v1/audio/speech", "tts_api.openai_speech:speech", F.PROXY, "tts", _json),
+    Route("POST", "/api/voices", "tts_api.routes:create_voice", F.GATEWAY, "tts", _upload, budget="voices",
+          content_types=(FORM,)),
+    Route("DELETE", "/api/voices/{voice_id}", "tts_api.routes:delete_voice", F.GATEWAY, "tts", budget="voices"),
+    Route("POST", "/v1/audio/speech", "tts_api.openai_speech:speech", F.PROXY, "tts", _json, budget="tts",
+          content_types=(JSON,)),
     Route("GET", "/v1/models", "tts_api.openai_speech:list_models", F.PROXY, "tts"),
     Route("GET", "/v1/models/{model}", "tts_api.openai_speech:get_model", F.PROXY, "tts"),
     Route("GET", "/v1/audio/models", "tts_api.openai_speech:list_audio_models", F.PROXY, "tts"),
     Route("GET", "/v1/audio/voices", "tts_api.openai_speech:list_voices", F.PROXY, "tts"),
     # OpenAI's Realtime API: a WebSocket session, or a WebRTC call (our voice session with the oai-events channel).
-    Route("GET", "/v1/realtime", "realtime.websocket:realtime_ws", F.WEBSOCKET, "realtime"),
-    Route("POST", "/v1/realtime/calls", "realtime.calls:create_call", F.OFFER, "realtime", _call),
-    Route("POST", "/v1/realtime/calls/{session_id}/hangup", "realtime.calls:hangup", F.OWNER, "realtime", _json),
+    Route("GET", "/v1/realtime", "realtime.websocket:realtime_ws", F.WEBSOCKET, "realtime", budget="offer",
+          checks_origin=True),
+    Route("POST", "/v1/realtime/calls", "realtime.calls:create_call", F.OFFER, "realtime", _call, budget="offer",
+          content_types=(SDP, FORM)),
+    Route("POST", "/v1/realtime/calls/{session_id}/hangup", "realtime.calls:hangup", F.OWNER, "realtime",
+          budget="trickle"),  # no body
     Route("GET", "/v1/realtime/ice-servers", "realtime.calls:ice_servers", F.PROXY, "realtime"),
 )
 

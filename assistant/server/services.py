@@ -49,6 +49,7 @@ class Services:
     responder: Responder | None = None
     end_of_turn: Any = None  # SmartTurnBatcher: the audio end-of-turn model, shared by every session
     ready: bool = False
+    load_error: str = ""  # why loading failed (``/readyz`` says it; ``assistant serve`` exits on it)
     load_seconds: dict[str, float] = field(default_factory=dict)
 
     _responders: dict[str, Responder] = field(default_factory=dict)

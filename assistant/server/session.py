@@ -24,7 +24,7 @@ from assistant.pipeline.conversation import Conversation, TurnDeps
 from assistant.pipeline.events import EventChannel
 from assistant.pipeline.reply import ReplySink
 from assistant.respond.base import Responder
-from assistant.rtc.inbound import read_track
+from assistant.rtc.inbound import InboundAudio, read_track
 from assistant.rtc.jitter import AdaptiveReceiveBuffer
 from assistant.rtc.outbound import ReplyTrack
 from assistant.server.ice import ice_servers, rtc_configuration
@@ -60,10 +60,13 @@ class ConversationSession:
         *,
         responder: str | Responder | None = None,
         voice: str | None = None,
+        client: str = "",
     ) -> None:
         cfg = cfg or services.cfg
         self.cfg = cfg
         self.id = new_session_id(cfg.server.gateway_id)
+        self.client = client  # who opened it (the key of the per-client limits)
+        self.connected = True  # a peerless session is connected once admitted; a peer's says when it is
         self.services = services
         self.created = time.monotonic()
         self.closed = False
@@ -105,6 +108,10 @@ class ConversationSession:
         return sum(1 for t in self._tasks if not t.done())
 
     async def close(self, reason: str = "closed") -> None:
+        """Close in one fixed order: input stops (from the first line on, no audio reaches the conversation, so
+        no turn can start after close: see :meth:`feed`), the client is told why, the session's own tasks end
+        (inbound reader, watchdog), then the conversation (its turn), what the transport holds (track, peer);
+        last, the session table."""
         if self.closed:
             return
         self.closed = True
@@ -112,7 +119,6 @@ class ConversationSession:
         log.info("session_close session=%s reason=%s turns=%d", self.id, reason, self.conversation.turns)
         with contextlib.suppress(Exception):
             self.events.emit("close", reason=reason)
-        await self.conversation.close()
         current = asyncio.current_task()
         tasks = [t for t in self._tasks if t is not current]
         for t in tasks:
@@ -120,12 +126,21 @@ class ConversationSession:
         for t in tasks:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await t
+        try:
+            await self.conversation.close()
+        except Exception as exc:  # the rest must close all the same
+            log.warning("session_close_step_failed session=%s step=conversation error=%r", self.id, exc)
         await self._release()
         if self._on_closed is not None:
             self._on_closed(self)
 
     async def _release(self) -> None:
         """What the transport holds besides tasks (a peer, a track): let go of it at close."""
+
+    def feed(self, chunk: AudioChunk) -> None:
+        """Inbound audio to the conversation, while the session is open (a frame decoded after close is dropped)."""
+        if not self.closed:
+            self.conversation.feed(chunk)
 
     def watch(self) -> None:
         """Start the watchdog: the session closes itself when :meth:`_stale` names a reason."""
@@ -161,10 +176,11 @@ class Session(ConversationSession):
         *,
         responder: str | Responder | None = None,
         voice: str | None = None,
+        client: str = "",
     ) -> None:
         cfg = cfg or services.cfg
         self.track = ReplyTrack(queue_ms=cfg.audio.reply_queue_ms)
-        super().__init__(services, cfg, self.track, on_closed, responder=responder, voice=voice)
+        super().__init__(services, cfg, self.track, on_closed, responder=responder, voice=voice, client=client)
         # The server's peer gets TURN credentials of its own, minted for this session and expiring with it.
         self.pc = RTCPeerConnection(rtc_configuration(ice_servers(cfg.ice, self.id), cfg.ice.transport_policy))
         self.etag = f'"{secrets.token_urlsafe(9)}"'  # names this ICE session for trickle PATCHes (If-Match)
@@ -172,11 +188,12 @@ class Session(ConversationSession):
         self.remote_candidates = 0
         self.channels: dict[str, Callable[[Any], None]] = {"events": self._attach_events}
         # Where the peer's audio goes: the conversation (the Realtime API may hold it back while turn detection is off).
-        self.on_audio: Callable[[AudioChunk], None] = self.conversation.feed
+        self.on_audio: Callable[[AudioChunk], None] = self.feed
         self.last_audio_wall = time.time()  # the latest audio frame from the peer
         self.audio_started = False
         self.connected = False  # the peer reached "connected" at least once
         self.receive_buffer: AdaptiveReceiveBuffer | None = None
+        self.inbound = InboundAudio()
         self._wire_peer()
 
     async def accept(self, sdp: str, type_: str) -> RTCSessionDescription:
@@ -249,18 +266,28 @@ class Session(ConversationSession):
         """Each decoded frame goes straight to the conversation (VAD inline: no queue, no added delay)."""
         buffer = self.receive_buffer.buffer if self.receive_buffer is not None else None
         # Chunks carry their packets' arrival times: the time our receive buffer held them counts.
-        await read_track(track, self._on_chunk, arrival=buffer.arrival if buffer is not None else None)
+        await read_track(track, self._on_chunk, self.inbound, arrival=buffer.arrival if buffer is not None else None)
         if not self.closed:
             self.spawn(self.close("audio_ended"), "close")
 
     def _on_chunk(self, chunk: AudioChunk) -> None:
+        if self.closed:  # a frame decoded after close goes nowhere
+            return
         self.last_audio_wall = time.time()
         self.on_audio(chunk)
 
+    def media_abuse(self) -> str:
+        """What the peer's media did that no real client does (a flood, garbage, jumps), or empty."""
+        buffer = self.receive_buffer.buffer if self.receive_buffer is not None else None
+        return (buffer.abuse() if buffer is not None else "") or self.inbound.abuse()
+
     def _stale(self) -> str:
-        """Close a peer that never connects, that stopped sending audio, or in which nobody spoke for long."""
+        """Close a peer whose media is hostile (:meth:`media_abuse`), that never connects, that stopped sending
+        audio, or in which nobody spoke for long."""
         if self.receive_buffer is not None:
             self.receive_buffer.adapt()
+        if reason := self.media_abuse():
+            return reason
         # Not audio_started: aiortc announces the remote track as soon as the offer is applied, before
         # any packet or connection exists; only the connection state tells a peer that never came.
         if not self.connected:

@@ -11,6 +11,7 @@ import asyncio
 import hmac
 import logging
 import re
+import time
 from collections.abc import Callable
 from typing import TypeVar
 
@@ -18,6 +19,7 @@ from aiohttp import web
 from aiohttp.helpers import ChainMapProxy
 
 from assistant.server.http import CONFIG, HTTPJSONError, read_body, read_json
+from assistant.server.limits import LIMITS
 from assistant.server.openapi import documented, error, json_body, ref
 from assistant.server.sdpfrag import CONTENT_TYPE as SDPFRAG
 from assistant.server.sdpfrag import FragmentError, parse_sdpfrag
@@ -30,6 +32,7 @@ SESSIONS: web.AppKey[dict[str, ConversationSession]] = web.AppKey("sessions", di
 # Where handlers read the app's state: the app itself, or ``request.config_dict`` in a sub-app (``/v1``).
 AppState = web.Application | ChainMapProxy
 VOICE_ID = re.compile(r"[A-Za-z0-9_-]{1,64}")
+CONNECT_GRACE_S = 5.0  # a real peer connects within this; an older unconnected session may give its place up
 
 
 def check_sdp(sdp: object, max_bytes: int) -> str:
@@ -56,6 +59,27 @@ def check_ready(app: AppState) -> None:
         raise HTTPJSONError(503, "not_ready", "models are still loading; retry shortly", headers={"Retry-After": "2"})
 
 
+async def make_room_to_connect(app: AppState, client: str) -> None:
+    """Sessions still connecting have a budget of their own (``server.max_connecting``, and per client
+    ``max_connecting_per_client``), so offers that never connect cannot hold the slots real calls need: when that
+    budget or the session slots are full, the oldest one that had CONNECT_GRACE_S to connect gives its place up."""
+    server = app[CONFIG].server
+    sessions = app[SESSIONS]
+    connecting = [s for s in sessions.values() if not s.connected and not s.closed]
+    if sum(s.client == client for s in connecting) >= server.max_connecting_per_client:
+        raise HTTPJSONError(429, "too_many_connecting", f"this client already has {server.max_connecting_per_client} "
+                            "sessions that have not connected yet", headers={"Retry-After": "5"})
+    if len(connecting) < server.max_connecting and len(sessions) < server.max_sessions:
+        return
+    stale = [s for s in connecting if time.monotonic() - s.created >= CONNECT_GRACE_S]
+    if stale:
+        await min(stale, key=lambda s: s.created).close("connect_evicted")
+    elif len(connecting) >= server.max_connecting:
+        app[SERVICES].metrics.errors_total.labels(stage="capacity").inc()
+        raise HTTPJSONError(503, "busy", f"{server.max_connecting} sessions are still connecting; retry shortly",
+                            headers={"Retry-After": "2"})
+
+
 S = TypeVar("S", bound=ConversationSession)
 OnClosed = Callable[[ConversationSession], None]
 
@@ -78,16 +102,18 @@ def admit(app: AppState, make: Callable[[OnClosed], S]) -> S:
 
 
 async def open_session(
-    app: AppState, sdp: str, *, responder: str | None = None, voice: str | None = None,
+    app: AppState, sdp: str, *, client: str = "", responder: str | None = None, voice: str | None = None,
     make: Callable[[OnClosed], Session] | None = None,
 ) -> Session:
     """Start a session for this offer and apply it; the answer is ``session.pc.localDescription``.
 
-    ``make(on_closed)`` builds the session (default: a :class:`Session` with ``responder`` and ``voice``)."""
+    ``make(on_closed)`` builds the session (default: a :class:`Session` with ``responder``, ``voice`` and
+    ``client``, the key of the per-client limits)."""
     cfg = app[CONFIG]
     services = app[SERVICES]
-    session = admit(app, make or (
-        lambda on_closed: Session(services, cfg, on_closed=on_closed, responder=responder, voice=voice)))
+    await make_room_to_connect(app, client)
+    session = admit(app, make or (lambda on_closed: Session(
+        services, cfg, on_closed=on_closed, responder=responder, voice=voice, client=client)))
     try:
         await asyncio.wait_for(session.accept(sdp, "offer"), timeout=cfg.server.connect_timeout_s)
     except Exception as exc:
@@ -168,7 +194,7 @@ async def offer(request: web.Request) -> web.Response:
     check_sdp(sdp, cfg.server.max_sdp_bytes)
     responder, voice = data.get("responder"), data.get("voice")
     check_choices(app, responder, voice)
-    session = await open_session(app, sdp, responder=responder, voice=voice)
+    session = await open_session(app, sdp, client=app[LIMITS].client(request), responder=responder, voice=voice)
     answer = session.pc.localDescription
     return web.json_response(
         {

@@ -17,6 +17,7 @@ from aiohttp import web
 
 from assistant.server.http import CONFIG
 from assistant.server.ice import ice_servers, link_headers
+from assistant.server.limits import LIMITS
 from assistant.server.openapi import documented, error
 from assistant.server.sdpfrag import CONTENT_TYPE as SDPFRAG
 from assistant.server.signaling import check_choices, check_ready, check_sdp, open_session, read_text
@@ -42,7 +43,7 @@ async def whip_offer(request: web.Request) -> web.Response:
     sdp = check_sdp(await read_text(request, SDP, cfg.server.max_sdp_bytes), cfg.server.max_sdp_bytes)
     responder, voice = request.query.get("responder"), request.query.get("voice")
     check_choices(app, responder, voice)
-    session = await open_session(app, sdp, responder=responder, voice=voice)
+    session = await open_session(app, sdp, client=app[LIMITS].client(request), responder=responder, voice=voice)
     location = f"/api/sessions/{session.id}"
     headers = {
         "Location": location,

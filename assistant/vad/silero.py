@@ -27,6 +27,10 @@ STATE_SHAPE = (2, 1, 128)  # the LSTM's (h, c) for one stream
 # One intra-op thread: a 32 ms window costs well under a millisecond, and many sessions share few cores.
 INTRA_OP_THREADS = 1
 ONNX_FILE = "assets/silero_vad_v6.onnx"  # inside the faster_whisper package
+# Digital silence (all-zero windows: the inbound reader's fill for lost or skipped audio, a muted sender) runs
+# through the model this many windows (0.5 s); after that the stream starts afresh and further zero windows cost
+# nothing, so seconds of filled silence never run the model window by window.
+ZERO_RUN_WINDOWS = 16
 
 
 class SileroModelMissing(RuntimeError):
@@ -78,12 +82,23 @@ class SileroStream:
     def reset(self) -> None:
         self._state = np.zeros(STATE_SHAPE, dtype=np.float32)
         self._context = np.zeros(CONTEXT_SAMPLES, dtype=np.float32)
+        self._zero_run = 0
+        self._zero_prob = 0.0
 
     def prob(self, window: np.ndarray) -> float:
         """Speech probability of one 512-sample (32 ms) 16 kHz float32 window."""
         if window.shape != (WINDOW_SAMPLES,):
             raise ValueError(f"Silero needs {WINDOW_SAMPLES}-sample windows at 16 kHz, got {window.shape}")
+        if window.any():
+            self._zero_run = 0
+        else:
+            self._zero_run += 1
+            if self._zero_run > ZERO_RUN_WINDOWS:
+                return self._zero_prob
         x = np.concatenate([self._context, window.astype(np.float32, copy=False)])[None, :]
         probs, self._state = self.model.run(x, self._state)
         self._context = x[0, -CONTEXT_SAMPLES:].copy()
+        if self._zero_run == ZERO_RUN_WINDOWS:  # a long digital silence: afresh, as a new stream after it
+            self._zero_prob = float(probs[0])
+            self._state = np.zeros(STATE_SHAPE, dtype=np.float32)
         return float(probs[0])

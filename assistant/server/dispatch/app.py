@@ -12,6 +12,7 @@ from assistant.server.dispatch import forward
 from assistant.server.dispatch.gateways import DISPATCHER, Dispatcher
 from assistant.server.front import PROTECTED, add_static_routes, middlewares
 from assistant.server.http import CONFIG
+from assistant.server.limits import LIMITS, Limits
 from assistant.server.routes import ROUTES, Forward, Handler, Route
 
 log = logging.getLogger(__name__)
@@ -56,8 +57,10 @@ def create_dispatch_app(cfg: Config) -> web.Application:
     dispatcher = Dispatcher(cfg)
     client_max = max(r.max_body(cfg) for r in ROUTES if r.max_body)
     # The token guards /v1 here too: gateways behind a dispatcher may leave it off on their private network.
-    app = web.Application(middlewares=middlewares(cfg.server, (*PROTECTED, "/v1/")), client_max_size=client_max)
+    limits = Limits(cfg)
+    app = web.Application(middlewares=middlewares(cfg, limits, (*PROTECTED, "/v1/")), client_max_size=client_max)
     app[CONFIG] = cfg
+    app[LIMITS] = limits
     app[DISPATCHER] = dispatcher
     for route in ROUTES:
         app.router.add_route(route.method, route.path, handler_for(route, cfg))

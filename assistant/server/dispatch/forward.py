@@ -17,6 +17,7 @@ import aiohttp
 from aiohttp import WSMsgType, web
 from yarl import URL
 
+from assistant.body import read_capped
 from assistant.server.dispatch.gateways import (
     CONNECT_TIMEOUT_S,
     DISPATCHER,
@@ -25,10 +26,12 @@ from assistant.server.dispatch.gateways import (
     Gateway,
     failure_text,
 )
-from assistant.server.http import HTTPJSONError, json_error, read_body
+from assistant.server.http import CONFIG, HTTPJSONError, WriteStalled, json_error, read_body, write_within
+from assistant.server.limits import LIMITS
 
 log = logging.getLogger(__name__)
 
+TOKEN_PARAM = "token"  # the WebSocket's query-string token (browsers cannot set headers on an upgrade)
 ANSWER_CAP = 1 << 20  # an SDP answer, a session list or a JSON error: a few KB; more is a broken gateway
 WS_HEARTBEAT_S = 30.0  # as the gateway's /ws/tts: a peer silent this long is dead
 WS_CLOSE_TIMEOUT_S = 5.0
@@ -46,14 +49,17 @@ HOP_BY_HOP = frozenset(h.lower() for h in (
 
 # --- helpers ---------------------------------------------------------------------------------------------
 def forward_headers(request: web.Request, names: Iterable[str] = FORWARD_HEADERS) -> dict[str, str]:
-    return {n: request.headers[n] for n in names if n in request.headers}
+    """The named headers, and the client's address as X-Forwarded-For (a gateway that trusts the dispatcher in
+    ``server.trusted_proxies`` keys its per-client limits on it). The client's own X-Forwarded-For is not passed
+    on: the address is the one the dispatcher worked out (past the proxies it trusts)."""
+    out = {n: request.headers[n] for n in names if n in request.headers}
+    out["X-Forwarded-For"] = request.app[LIMITS].client_address(request)
+    return out
 
 
 async def read_answer(up: aiohttp.ClientResponse) -> bytes:
-    raw = await up.content.read(ANSWER_CAP + 1)
-    if len(raw) > ANSWER_CAP:
-        raise ValueError(f"the gateway's answer is over {ANSWER_CAP} bytes")
-    return raw
+    """A gateway's whole answer (``BodyTooLarge``, a ValueError, past ANSWER_CAP: a broken gateway)."""
+    return await read_capped(up, ANSWER_CAP)
 
 
 def relay(up: aiohttp.ClientResponse, body: bytes, names: Iterable[str] = OFFER_HEADERS) -> web.Response:
@@ -72,7 +78,9 @@ def _error_of(body: bytes) -> str:
 
 
 def _target(g: Gateway, request: web.Request) -> URL:
-    return g.url(request.rel_url.raw_path, request.rel_url.raw_query_string)
+    """The request's path and query on ``g``; a ``token`` query parameter is never passed on (a WebSocket's is
+    sent as a header instead: :func:`ws_proxy`)."""
+    return g.url(request.rel_url.raw_path, request.rel_url.without_query_params(TOKEN_PARAM).raw_query_string)
 
 
 
@@ -233,7 +241,11 @@ async def _stream_back(request: web.Request, up: aiohttp.ClientResponse, g: Gate
             return resp
         if not chunk:
             break
-        await resp.write(chunk)  # a client that went away raises here, and the gateway's answer is dropped
+        try:  # a client that went away raises here, and the gateway's answer is dropped
+            await write_within(request, resp.write(chunk), request.app[CONFIG].tts_api.write_timeout_s)
+        except WriteStalled:  # nor may a client that stopped reading hold the gateway's stream
+            log.info("dispatch_stream_cut gateway=%s path=%s error=write_timeout", g.id, request.path)
+            return resp
     await resp.write_eof()
     return resp
 
@@ -253,10 +265,13 @@ async def ws_proxy(request: web.Request, cap: int) -> web.StreamResponse:
     if not ws.can_prepare(request).ok:
         raise HTTPJSONError(400, "bad_request", "expected a WebSocket upgrade")
     upstream: aiohttp.ClientWebSocketResponse | None = None
+    headers = forward_headers(request, ("Authorization",))
+    if "Authorization" not in headers and TOKEN_PARAM in request.query:  # the page's ?token=, as a header
+        headers["Authorization"] = f"Bearer {request.query[TOKEN_PARAM]}"
     for g in d.for_request():
         try:
             upstream = await d.http.ws_connect(
-                _target(g, request), headers=forward_headers(request, ("Authorization",)), max_msg_size=cap,
+                _target(g, request), headers=headers, max_msg_size=cap,
                 heartbeat=WS_HEARTBEAT_S, timeout=aiohttp.ClientWSTimeout(ws_close=WS_CLOSE_TIMEOUT_S),
             )
         except aiohttp.WSServerHandshakeError as exc:  # the gateway refused the upgrade: tell the client why

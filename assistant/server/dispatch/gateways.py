@@ -21,6 +21,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from yarl import URL
 
+from assistant.body import read_capped
 from assistant.config import GATEWAY_ID, Config, ConfigError
 
 log = logging.getLogger(__name__)
@@ -182,9 +183,9 @@ class Dispatcher:
         try:
             async with self.http.get(g.url("/readyz"), allow_redirects=False,
                                      timeout=aiohttp.ClientTimeout(total=self.cfg.dispatch.poll_timeout_s)) as r:
-                raw = await r.content.read(READYZ_CAP + 1)
+                raw = await read_capped(r, READYZ_CAP)  # BodyTooLarge is a ValueError: not a readiness report
                 status = r.status
-            data = json.loads(raw) if len(raw) <= READYZ_CAP else None
+            data = json.loads(raw)
             if status not in (200, 503) or not isinstance(data, dict):
                 raise ValueError(f"HTTP {status}, not a readiness report")
             gid, sessions, cap = data.get("gateway", ""), data.get("sessions"), data.get("max_sessions")

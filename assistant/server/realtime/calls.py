@@ -24,6 +24,7 @@ from aiohttp import web
 
 from assistant.server.http import CONFIG, APIError, read_multipart
 from assistant.server.ice import browser_config
+from assistant.server.limits import LIMITS
 from assistant.server.openapi import documented, json_body, openai_error
 from assistant.server.realtime.protocol import ClientError, RealtimeProtocol
 from assistant.server.realtime.settings import SettingsError
@@ -138,8 +139,9 @@ async def create_call(request: web.Request) -> web.Response:
     except (ClientError, SettingsError) as exc:
         raise APIError(400, exc.code, str(exc), param=exc.param) from None
     services = state[SERVICES]
-    session = await open_session(state, sdp, make=lambda on_closed: Session(
-        services, start.cfg, on_closed=on_closed, responder=start.responder))
+    client = state[LIMITS].client(request)
+    session = await open_session(state, sdp, client=client, make=lambda on_closed: Session(
+        services, start.cfg, on_closed=on_closed, responder=start.responder, client=client))
     events = ChannelEvents(session)
     protocol = make_protocol(state, session, start, events.send, webrtc=True, beta=False, query=request.query)
     events.protocol = protocol

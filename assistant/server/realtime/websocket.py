@@ -22,6 +22,7 @@ from typing import Any
 from aiohttp import WSMsgType, web
 
 from assistant.server.http import CONFIG, APIError
+from assistant.server.limits import LIMITS
 from assistant.server.openapi import documented, openai_error
 from assistant.server.realtime.setup import DEFAULT_MODEL, make_protocol, prepare
 from assistant.server.realtime.sink import StreamSink
@@ -107,8 +108,9 @@ async def realtime_ws(request: web.Request) -> web.StreamResponse:
     start = await prepare(state, request.query.get("model", DEFAULT_MODEL))
     services = state[SERVICES]
     sink = StreamSink(rt.audio_lead_ms)
+    client = state[LIMITS].client(request)
     session = admit(state, lambda on_closed: SocketSession(services, start.cfg, sink, on_closed,
-                                                            responder=start.responder))
+                                                            responder=start.responder, client=client))
     await ws.prepare(request)
     session.ws = ws
     def too_slow() -> None:

@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 from aiohttp import web
 
-from assistant.server.http import CONFIG, read_json
+from assistant.server.http import CONFIG, WriteStalled, read_json, write_within
 from assistant.server.openai_front import from_api_error, openai_error
 from assistant.server.openapi import documented, json_body, ref
 from assistant.server.openapi import openai_error as oai
@@ -146,7 +146,6 @@ async def speech(request: web.Request) -> web.StreamResponse:
     t0 = time.perf_counter()
     outcome = "error"
     try:
-        svc.check_rate(request.remote or "unknown")
         data = await read_json(request, MAX_BODY_BYTES + 4 * cfg.tts.max_text_chars)  # HTTPJSONError: see middleware
         sp = parse(SpeechParams, data, cfg)
         if sp.model not in model_ids(svc):
@@ -186,7 +185,10 @@ async def speech(request: web.Request) -> web.StreamResponse:
     except _Aborted as exc:
         outcome = exc.outcome
         return exc.response
-    except (ConnectionResetError, asyncio.CancelledError):
+    except ConnectionResetError:
+        outcome = "client_gone"
+        raise
+    except asyncio.CancelledError:
         outcome = "cancelled"
         raise
     finally:
@@ -229,15 +231,15 @@ async def _respond(request: web.Request, sp: SpeechParams, encoder: StreamEncode
     resp.enable_chunked_encoding()
     await resp.prepare(request)
     samples = 0
+    timeout = request.config_dict[CONFIG].tts_api.write_timeout_s
 
     async def send(data: bytes) -> None:
         if not data:
             return
         if sse:
             event = {"type": "speech.audio.delta", "audio": base64.b64encode(data).decode()}
-            await resp.write(f"data: {json.dumps(event)}\n\n".encode())
-        else:
-            await resp.write(data)
+            data = f"data: {json.dumps(event)}\n\n".encode()
+        await write_within(request, resp.write(data), timeout)
 
     try:
         if first is not None:
@@ -251,9 +253,15 @@ async def _respond(request: web.Request, sp: SpeechParams, encoder: StreamEncode
             out_tokens = round(samples / encoder.sample_rate / SSE_USAGE_FRAME_S)
             usage = {"input_tokens": len(sp.input), "output_tokens": out_tokens,
                      "total_tokens": len(sp.input) + out_tokens}
-            await resp.write(f"data: {json.dumps({'type': 'speech.audio.done', 'usage': usage})}\n\n".encode())
-    except (ConnectionResetError, asyncio.CancelledError):
+            done = {"type": "speech.audio.done", "usage": usage}
+            await write_within(request, resp.write(f"data: {json.dumps(done)}\n\n".encode()), timeout)
+    except asyncio.CancelledError:
         raise
+    except ConnectionResetError:  # the client went away: its request line says so, at info
+        raise _Aborted("client_gone", resp) from None
+    except WriteStalled:
+        log.warning("tts_stream_aborted transport=openai outcome=write_timeout")
+        raise _Aborted("write_timeout", resp) from None  # the connection is already cut
     except Exception as exc:
         outcome = exc.error if isinstance(exc, TTSError) else "synthesis_failed"
         log.warning("tts_stream_aborted transport=openai outcome=%s", outcome)

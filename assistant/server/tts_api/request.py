@@ -94,8 +94,9 @@ class SynthesisParams:
         description="the voice to speak in: what 'voice' takes, or a reference clip to clone as base64, a data: "
                     "URI, an http(s) URL whose host is on tts_api.url_allowlist, or (multipart) a file part")
     prompt_text: str = spec("", kind="string", max_chars=_text_limit,
-                            description="what the reference clip says (improves cloning); for a file in the "
-                                        "voices folder, a <name>.txt next to it is used when this is empty")
+                            description="what the reference clip says (improves cloning); a file in the voices "
+                                        "folder says it in a <name>.txt next to it, and this is used only where "
+                                        "there is none (the file's voice is prepared once, with the first text)")
     language: str | None = spec(kind="string", choices=LANGUAGES, description="must also be one the engine speaks")
     instruct: str | None = spec(kind="string", max_chars=MAX_INSTRUCT_CHARS,
                                 description="style instruction; 400 unsupported on engines without instruct mode")

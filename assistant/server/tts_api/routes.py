@@ -33,7 +33,16 @@ from aiohttp import WSMsgType, web
 
 from assistant.audio import write_wav_bytes
 from assistant.config import Config
-from assistant.server.http import CONFIG, HTTPJSONError, read_json, read_multipart
+from assistant.server.http import (
+    CONFIG,
+    APIError,
+    HTTPJSONError,
+    WriteStalled,
+    read_json,
+    read_multipart,
+    write_within,
+)
+from assistant.server.limits import LIMITS
 from assistant.server.openapi import documented, error, json_body, ref
 from assistant.server.tts_api import TTS_SERVICE
 from assistant.server.tts_api.formats import streaming_wav_header
@@ -77,11 +86,6 @@ WS_START_SCHEMA = {
 
 def _ws_request_schema(cfg: Config) -> dict[str, Any]:
     return schema(SynthesisParams, cfg, extra=schema(WSOptions, cfg)["properties"])
-
-
-def _client(request: web.Request) -> str:
-    """The rate-limit key: the peer address (a proxy in front should do its own limiting)."""
-    return request.remote or "unknown"
 
 
 def _json_cap(cfg: Config) -> int:
@@ -169,7 +173,6 @@ async def tts_http(request: web.Request) -> web.StreamResponse:
     t0 = time.perf_counter()
     outcome = "error"
     try:
-        svc.check_rate(_client(request))
         data, upload = await _read_tts_body(request, cfg)
         params = parse_params(data, cfg, upload)
         job = await svc.prepare(params)
@@ -192,7 +195,10 @@ async def tts_http(request: web.Request) -> web.StreamResponse:
     except HTTPJSONError as exc:
         outcome = _outcome_of(exc)
         raise
-    except (ConnectionResetError, asyncio.CancelledError):
+    except ConnectionResetError:
+        outcome = "client_gone"
+        raise  # the error middleware logs nothing more than this request's line below
+    except asyncio.CancelledError:
         outcome = "cancelled"
         raise
     except Exception as exc:
@@ -241,24 +247,33 @@ async def _stream_http(request: web.Request, params: SynthesisParams, sample_rat
     })
     resp.enable_chunked_encoding()
     await resp.prepare(request)
+    timeout = request.app[CONFIG].tts_api.write_timeout_s
     try:
         if explicit_wav:
-            await resp.write(streaming_wav_header(sample_rate))
+            await write_within(request, resp.write(streaming_wav_header(sample_rate)), timeout)
         if first is not None:
-            await resp.write(pcm_bytes(first))
+            await write_within(request, resp.write(pcm_bytes(first)), timeout)
             async for chunk in chunks:
-                await resp.write(pcm_bytes(chunk))
-    except (ConnectionResetError, asyncio.CancelledError):
+                await write_within(request, resp.write(pcm_bytes(chunk)), timeout)
+    except asyncio.CancelledError:
         raise
+    except ConnectionResetError:  # the client went away: its request line says so, at info
+        raise StreamAborted("client_gone", resp) from None
     except Exception as exc:
         # Headers are gone: the only honest signal left is to cut the connection (no final chunk).
-        outcome = exc.error if isinstance(exc, TTSError) else "synthesis_failed"
+        outcome = _aborted_outcome(exc)
         log.warning("tts_stream_aborted outcome=%s", outcome)
         if request.transport is not None:
             request.transport.abort()
         raise StreamAborted(outcome, resp) from None
     await resp.write_eof()
     return resp
+
+
+def _aborted_outcome(exc: Exception) -> str:
+    if isinstance(exc, TTSError):
+        return exc.error
+    return "write_timeout" if isinstance(exc, WriteStalled) else "synthesis_failed"
 
 
 class StreamAborted(Exception):
@@ -308,18 +323,38 @@ async def tts_ws(request: web.Request) -> web.WebSocketResponse:
     """Requests one at a time per socket; the protocol (plain by default) is in the module docstring."""
     cfg = request.app[CONFIG]
     svc = request.app[TTS_SERVICE]
+    limits = request.app[LIMITS]
     try:
         opts = ws_options(_ws_query(request), {}, cfg)
         engine = svc.engine()
     except TTSError as exc:  # before the upgrade: a plain HTTP error the client's handshake reports
         raise _as_http(exc) from None
-    ws = web.WebSocketResponse(heartbeat=WS_HEARTBEAT_S, max_msg_size=_json_cap(cfg))
-    ws.headers.update(_audio_headers(engine.sample_rate))
-    await ws.prepare(request)
-    client = _client(request)
+    client = limits.client(request)
+    api = cfg.tts_api
+    # Held for the socket's life: past the caps the upgrade gets 429 (this client) or 503 (everyone).
+    with limits.holding("ws", client, api.max_ws_per_client, api.max_ws_connections, "TTS WebSockets"):
+        ws = web.WebSocketResponse(heartbeat=WS_HEARTBEAT_S, max_msg_size=_json_cap(cfg))
+        ws.headers.update(_audio_headers(engine.sample_rate))
+        await ws.prepare(request)
+        await _ws_serve(request, ws, client, opts)
+    return ws
+
+
+async def _ws_serve(request: web.Request, ws: web.WebSocketResponse, client: str, opts: WSOptions) -> None:
+    """Read the socket's messages until it closes, or until it sat idle (no message, nothing in flight) too long."""
+    cfg = request.app[CONFIG]
+    idle_s = cfg.tts_api.ws_idle_timeout_s
     task: asyncio.Task[None] | None = None
     try:
-        async for msg in ws:
+        while not ws.closed:
+            try:
+                msg = await ws.receive(timeout=idle_s)
+            except TimeoutError:
+                if task is not None and not task.done():
+                    continue
+                await ws.close(code=WS_CLOSE_BASE + 408,
+                               message=_close_reason("idle_timeout", f"no request for {idle_s:g} s"))
+                break
             if msg.type == WSMsgType.TEXT:
                 try:
                     data = json.loads(msg.data)
@@ -349,14 +384,13 @@ async def tts_ws(request: web.Request) -> web.WebSocketResponse:
                 task = asyncio.create_task(_ws_synthesize(request, ws, data, client, opts), name="tts-ws")
             elif msg.type == WSMsgType.BINARY:
                 await _ws_fail(ws, opts, TTSError(400, "bad_request", "send requests as JSON text messages"))
-            elif msg.type == WSMsgType.ERROR:
+            elif msg.type in (WSMsgType.CLOSE, WSMsgType.CLOSING, WSMsgType.CLOSED, WSMsgType.ERROR):
                 break
     finally:
         if task is not None and not task.done():
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
-    return ws
 
 
 def _close_reason(error: str, detail: str) -> bytes:
@@ -367,7 +401,7 @@ def _close_reason(error: str, detail: str) -> bytes:
     return reason[: WS_REASON_BYTES - 3].decode("utf-8", "ignore").encode() + b"..."
 
 
-async def _ws_fail(ws: web.WebSocketResponse, opts: WSOptions, exc: TTSError) -> None:
+async def _ws_fail(ws: web.WebSocketResponse, opts: WSOptions, exc: APIError) -> None:
     """One JSON error message; then, unless the client opted into keep_open, a close naming the problem."""
     if ws.closed:
         return
@@ -382,15 +416,17 @@ async def _ws_synthesize(request: web.Request, ws: web.WebSocketResponse, data: 
     """One request on a socket: (start message,) PCM chunks, END; or one error message (and a close)."""
     svc = request.app[TTS_SERVICE]
     cfg = request.app[CONFIG]
+    timeout = cfg.tts_api.write_timeout_s
     t0 = time.perf_counter()
     outcome = "error"
 
     async def start(rate: int) -> None:
         if opts.metadata:
-            await ws.send_json({"type": "start", "sample_rate": rate, "channels": 1, "format": "s16le"})
+            await write_within(request, ws.send_json(
+                {"type": "start", "sample_rate": rate, "channels": 1, "format": "s16le"}), timeout)
 
     try:
-        svc.check_rate(client)
+        request.app[LIMITS].take("tts", client)  # the same budget as POST /api/tts, once per request
         params = parse_params(data, cfg)
         job = await svc.prepare(params)
         chunks = svc.stream(job)
@@ -400,16 +436,18 @@ async def _ws_synthesize(request: web.Request, ws: web.WebSocketResponse, data: 
                 if not started:
                     started = True
                     await start(job.sample_rate)
-                await ws.send_bytes(pcm_bytes(chunk))
+                await write_within(request, ws.send_bytes(pcm_bytes(chunk)), timeout)
         finally:
             await chunks.aclose()
         if not started:
             await start(job.sample_rate)
-        await ws.send_bytes(END)
+        await write_within(request, ws.send_bytes(END), timeout)
         outcome = "ok"
-    except TTSError as exc:
+    except APIError as exc:
         outcome = exc.error
         await _ws_fail(ws, opts, exc)
+    except WriteStalled:
+        outcome = "write_timeout"  # the connection is cut; the slot went back when the stream closed
     except asyncio.CancelledError:
         outcome = "cancelled"
         if ws.closed:
@@ -418,7 +456,7 @@ async def _ws_synthesize(request: web.Request, ws: web.WebSocketResponse, data: 
         with contextlib.suppress(ConnectionResetError, RuntimeError):
             await ws.send_bytes(END)
     except ConnectionResetError:
-        outcome = "cancelled"
+        outcome = "client_gone"
     except Exception as exc:
         log.warning("tts_failed transport=ws kind=%s", type(exc).__name__)
         await _ws_fail(ws, opts, TTSError(500, "synthesis_failed", "the engine failed to synthesise this text"))
@@ -486,7 +524,6 @@ async def create_voice(request: web.Request) -> web.Response:
     svc = request.app[TTS_SERVICE]
     cfg = request.app[CONFIG]
     try:
-        svc.check_rate(_client(request))
         engine = svc.engine()
         if request.content_type != "multipart/form-data":
             raise HTTPJSONError(400, "bad_request", "send multipart/form-data with 'clip', 'transcript', 'name'")

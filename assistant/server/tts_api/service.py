@@ -20,9 +20,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import math
 import time
-from collections import OrderedDict
 from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any
@@ -51,7 +49,6 @@ from assistant.tts.voice_store import ReferenceClipStore
 log = logging.getLogger(__name__)
 
 BUSY_WAIT_S = 1.0                     # how long a request waits for a synthesis slot before 429 busy
-MAX_RATE_CLIENTS = 10_000             # rate-limiter buckets kept; the least recently seen go first
 
 # A leading tag like "[cheerful] " or "【关心】": an emotion/style instruction, not words to speak.
 MIN_SENTENCE_CHARS = 12               # shorter pieces are glued to the next one
@@ -61,34 +58,6 @@ def split_sentences(text: str) -> list[str]:
     """Sentences for per-sentence DSP (the one splitter, `assistant.tts.text`); pieces shorter than
     ``MIN_SENTENCE_CHARS`` join the next one."""
     return join_short(text_sentences(text), MIN_SENTENCE_CHARS) or [text]
-
-
-# --- rate limiting ---------------------------------------------------------------------------------------
-class RateLimiter:
-    """Token bucket per client: ``per_minute`` requests of burst, refilled evenly over a minute."""
-
-    def __init__(self, per_minute: int, clock: Callable[[], float] = time.monotonic) -> None:
-        self.per_minute = per_minute
-        self.clock = clock
-        self._buckets: OrderedDict[str, tuple[float, float]] = OrderedDict()  # client → (tokens, stamp)
-
-    def take(self, client: str) -> float:
-        """Spend one token; return 0.0 if allowed, else the seconds until a token is back."""
-        if self.per_minute <= 0:
-            return 0.0
-        now = self.clock()
-        rate = self.per_minute / 60.0
-        tokens, stamp = self._buckets.pop(client, (float(self.per_minute), now))
-        tokens = min(float(self.per_minute), tokens + (now - stamp) * rate)
-        wait = 0.0
-        if tokens >= 1.0:
-            tokens -= 1.0
-        else:
-            wait = (1.0 - tokens) / rate
-        self._buckets[client] = (tokens, now)
-        while len(self._buckets) > MAX_RATE_CLIENTS:
-            self._buckets.popitem(last=False)
-        return wait
 
 
 # --- the service ---------------------------------------------------------------------------------------
@@ -108,7 +77,8 @@ class Job:
 
 
 class TTSService:
-    """Validation against the engine, the process-wide concurrency slots, rate limits, effects, streaming."""
+    """Validation against the engine, the process-wide concurrency slots, effects, streaming (per-client rate
+    limits are the guard's: ``server/limits.py``)."""
 
     def __init__(self, cfg: Config, metrics: Metrics, voices: ReferenceClipStore,
                  engine: Callable[[], TTSEngine | None]) -> None:
@@ -123,7 +93,6 @@ class TTSService:
 
             self.max_slots = tts_gateway_capacity(cfg)
         self._slots = asyncio.Semaphore(self.max_slots)
-        self.rate = RateLimiter(cfg.tts_api.rate_per_minute)
 
     # --- admission -------------------------------------------------------------------------------------
     def current_engine(self) -> TTSEngine | None:
@@ -147,13 +116,6 @@ class TTSService:
             raise TTSError(400, "unsupported", f"{name!r} is a clip the engine {engine.name} cannot keep as a voice",
                            param=field)
         return voice
-
-    def check_rate(self, client: str) -> None:
-        wait = self.rate.take(client)
-        if wait > 0:
-            raise TTSError(429, "rate_limited",
-                           f"more than {self.cfg.tts_api.rate_per_minute} TTS requests per minute from this client",
-                           {"Retry-After": str(max(1, math.ceil(wait)))})
 
     @contextlib.asynccontextmanager
     async def slot(self) -> AsyncIterator[None]:

@@ -93,11 +93,16 @@ class VoiceFolder:
         return ""
 
 
-def file_voice_key(path: Path, prompt_text: str) -> str:
-    """An engine voice id for a clip file as it is now (path, size, mtime, transcript): edits make a new one."""
-    st = path.stat()
-    raw = f"{path}\0{st.st_size}\0{st.st_mtime_ns}\0{prompt_text}".encode()
+def file_voice_key(content_digest: str, transcript: str) -> str:
+    """An engine voice id for a clip file: what the clip holds (its bytes' digest) and what its own ``.txt`` says.
+    Never a request's ``prompt_text``: a client that sends a new text each time must not make the engine prepare
+    the same clip again (and push other voices out)."""
+    raw = f"{content_digest}\0{transcript}".encode()
     return FILE_VOICE_PREFIX + hashlib.sha256(raw).hexdigest()[:16]
+
+
+def content_digest(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
 
 
 def resolve_name(name: str, field: str, store: ReferenceClipStore, engine: TTSEngine,

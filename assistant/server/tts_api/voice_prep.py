@@ -11,16 +11,25 @@ from __future__ import annotations
 import asyncio
 import base64
 import binascii
+import contextlib
 import logging
 import re
 from collections import OrderedDict
+from collections.abc import AsyncIterator
 from pathlib import Path
 from urllib.parse import urljoin, urlsplit
 
-from assistant.audio import AudioFormatError, read_audio
+from assistant.audio import AudioFormatError, ClipTooLong, read_audio
+from assistant.body import BodyTooLarge, read_capped
 from assistant.config import Config
 from assistant.server.tts_api.request import MAX_NAME_CHARS, SynthesisParams, TTSError, bad_field
-from assistant.server.tts_api.voice_lookup import NamedVoice, VoiceFolder, file_voice_key, resolve_name
+from assistant.server.tts_api.voice_lookup import (
+    NamedVoice,
+    VoiceFolder,
+    content_digest,
+    file_voice_key,
+    resolve_name,
+)
 from assistant.tts.base import ReferenceClip, TTSEngine, TTSUnsupported, VoiceCloner
 from assistant.tts.voice_store import ReferenceClipStore
 
@@ -29,6 +38,31 @@ log = logging.getLogger(__name__)
 MAX_URL_REDIRECTS = 3                 # same-host redirects followed when fetching an allowed speaker_wav URL
 FILE_VOICES_KEPT = 32                 # clip files of the voices folder an engine keeps prepared (least recent go)
 _URL = re.compile(r"^[a-zA-Z][a-zA-Z0-9+.-]*://")
+
+
+class KeyedLocks:
+    """One lock per key while anyone holds it or waits for it; forgotten when the last one leaves, on every path
+    (an error or a cancel included), so the map holds only keys in use."""
+
+    def __init__(self) -> None:
+        self._locks: dict[str, tuple[asyncio.Lock, int]] = {}
+
+    def __len__(self) -> int:
+        return len(self._locks)
+
+    @contextlib.asynccontextmanager
+    async def hold(self, key: str) -> AsyncIterator[None]:
+        lock, users = self._locks.get(key, (asyncio.Lock(), 0))
+        self._locks[key] = (lock, users + 1)
+        try:
+            async with lock:
+                yield
+        finally:
+            lock, users = self._locks[key]
+            if users <= 1:
+                del self._locks[key]
+            else:
+                self._locks[key] = (lock, users - 1)
 
 
 class VoiceSources:
@@ -40,7 +74,8 @@ class VoiceSources:
         self.folder = VoiceFolder(cfg.tts_api.voices_dir)
         self._file_voices: OrderedDict[str, None] = OrderedDict()  # clip files the engine holds prepared
         self._engine_voices: set[str] = set()      # stored voices the engine has prepared in this process
-        self._voice_locks: dict[str, asyncio.Lock] = {}
+        self._voice_locks = KeyedLocks()           # one preparation of a voice at a time
+        self._digests: OrderedDict[tuple[str, int, int], str] = OrderedDict()  # a clip file's state → its digest
 
     # --- reference clips -------------------------------------------------------------------------------
     async def decode_clip(self, data: bytes, text: str = "") -> ReferenceClip:
@@ -48,19 +83,21 @@ class VoiceSources:
         api = self.cfg.tts_api
         if len(data) > api.max_upload_bytes:
             raise TTSError(413, "too_large", f"reference clip is over {api.max_upload_bytes} bytes")
+        allowed = f"allowed {api.min_upload_seconds:g} to {api.max_upload_seconds:g} s"
         try:
-            audio, sr = await asyncio.to_thread(read_audio, data)
+            # Bounded before it decodes: a declared duration over the limit is refused from the header, and any
+            # other decode stops just past it (a small file of hours of silence must not become gigabytes).
+            audio, sr = await asyncio.to_thread(read_audio, data, api.max_upload_seconds)
+        except ClipTooLong as exc:
+            what = f"{exc.seconds:.1f} s" if exc.declared else f"over {exc.max_seconds:g} s"
+            raise TTSError(413, "clip_too_long", f"reference clip is {what}; {allowed}") from None
         except AudioFormatError as exc:
             raise TTSError(400, "bad_audio", f"reference clip is not decodable audio ({exc})") from None
         seconds = len(audio) / sr if sr else 0.0
         if seconds > api.max_upload_seconds:
-            raise TTSError(413, "clip_too_long",
-                           f"reference clip is {seconds:.1f} s; allowed {api.min_upload_seconds:g} to "
-                           f"{api.max_upload_seconds:g} s")
+            raise TTSError(413, "clip_too_long", f"reference clip is {seconds:.1f} s; {allowed}")
         if seconds < api.min_upload_seconds:
-            raise TTSError(400, "clip_too_short",
-                           f"reference clip is {seconds:.1f} s; allowed {api.min_upload_seconds:g} to "
-                           f"{api.max_upload_seconds:g} s")
+            raise TTSError(400, "clip_too_short", f"reference clip is {seconds:.1f} s; {allowed}")
         return ReferenceClip(audio=audio, sample_rate=sr, text=text)
 
     async def _speaker_bytes(self, value: bytes | str) -> bytes:
@@ -110,12 +147,11 @@ class VoiceSources:
                             continue
                         if resp.status != 200:
                             raise TTSError(400, "url_fetch_failed", f"speaker_wav URL answered HTTP {resp.status}")
-                        if (resp.content_length or 0) > api.max_upload_bytes:
-                            raise TTSError(413, "too_large", f"reference clip is over {api.max_upload_bytes} bytes")
-                        data = await resp.content.read(api.max_upload_bytes + 1)
-                        if len(data) > api.max_upload_bytes:
-                            raise TTSError(413, "too_large", f"reference clip is over {api.max_upload_bytes} bytes")
-                        return data
+                        try:
+                            return await read_capped(resp, api.max_upload_bytes)
+                        except BodyTooLarge:
+                            raise TTSError(413, "too_large",
+                                           f"reference clip is over {api.max_upload_bytes} bytes") from None
                 raise TTSError(400, "url_fetch_failed", "speaker_wav URL redirects too often")
         except TimeoutError:
             raise TTSError(400, "url_fetch_failed", f"speaker_wav URL took over {api.url_timeout_s:g} s") from None
@@ -128,14 +164,12 @@ class VoiceSources:
         recomputation), else from its clip (and cache the result)."""
         if voice_id in self._engine_voices:
             return
-        lock = self._voice_locks.setdefault(voice_id, asyncio.Lock())
-        async with lock:
+        async with self._voice_locks.hold(voice_id):
             if voice_id in self._engine_voices:
                 return
             if not await self._load_cached_voice(engine, voice_id):
                 clip = await asyncio.to_thread(self.voices.load_clip, voice_id)
                 await self.prepare_voice(engine, voice_id, clip)
-        self._voice_locks.pop(voice_id, None)
 
     async def _load_cached_voice(self, engine: TTSEngine, voice_id: str) -> bool:
         """Hand the engine the prepared form saved when the voice was made; False if there is none (or bad)."""
@@ -178,18 +212,19 @@ class VoiceSources:
 
     async def _file_voice(self, engine: TTSEngine, path: Path, prompt_text: str) -> tuple[str | None,
                                                                                           ReferenceClip | None]:
-        """A clip file of the voices folder as the engine's voice (prepared once per file version), or as a
-        reference clip for cloning engines that cannot keep voices."""
-        text = prompt_text or await asyncio.to_thread(self.folder.transcript, path)
+        """A clip file of the voices folder as the engine's voice (prepared once per clip content and transcript),
+        or as a reference clip for cloning engines that cannot keep voices. The file's own ``.txt`` says what it
+        says; a request's ``prompt_text`` is used only where there is none."""
+        own = await asyncio.to_thread(self.folder.transcript, path)
+        text = own or prompt_text
         if not isinstance(engine, VoiceCloner):
             data = await asyncio.to_thread(self._read_clip_file, path)
             return None, await self.decode_clip(data, text)
-        key = await asyncio.to_thread(file_voice_key, path, text)
+        key = file_voice_key(await self._clip_digest(path), own)
         if key in self._file_voices:
             self._file_voices.move_to_end(key)
             return key, None
-        lock = self._voice_locks.setdefault(key, asyncio.Lock())
-        async with lock:
+        async with self._voice_locks.hold(key):
             if key not in self._file_voices:
                 data = await asyncio.to_thread(self._read_clip_file, path)
                 clip = await self.decode_clip(data, text)
@@ -201,8 +236,17 @@ class VoiceSources:
                 while len(self._file_voices) > FILE_VOICES_KEPT:
                     old, _ = self._file_voices.popitem(last=False)
                     engine.forget_voice(old)
-        self._voice_locks.pop(key, None)
         return key, None
+
+    async def _clip_digest(self, path: Path) -> str:
+        """The digest of a clip file's content, read again only when the file changed (size or mtime)."""
+        st = await asyncio.to_thread(path.stat)
+        state = (str(path), st.st_size, st.st_mtime_ns)
+        if state not in self._digests:
+            self._digests[state] = await asyncio.to_thread(lambda: content_digest(self._read_clip_file(path)))
+            while len(self._digests) > 4 * FILE_VOICES_KEPT:
+                self._digests.popitem(last=False)
+        return self._digests[state]
 
     def _read_clip_file(self, path: Path) -> bytes:
         """A clip file's bytes, refused before reading if it is over the upload limit."""

@@ -334,6 +334,29 @@ async def test_tts_http_and_websocket_through_the_dispatcher(front, http) -> Non
 
 @pytest.mark.slow
 @pytest.mark.asyncio(loop_scope="module")
+async def test_realtime_websocket_through_the_dispatcher(gateways, http) -> None:
+    """OpenAI's Realtime WebSocket through the front: the subprotocols the client offers reach the gateway (the
+    beta marker picks the beta dialect), the one it picks comes back, and a browser's key as a subprotocol passes
+    the front's token check."""
+    token = "s3cret-front"
+    async with dispatcher([g.url for g in gateways.values()], server={"auth_token": token}) as (url, _app):
+        ws_url = url.replace("http://", "ws://") + "/v1/realtime?model=gpt-realtime"
+        with pytest.raises(aiohttp.WSServerHandshakeError) as refused:
+            await http.ws_connect(ws_url, protocols=("realtime",))
+        assert refused.value.status == 401
+        offered = ("realtime", "openai-beta.realtime-v1", f"openai-insecure-api-key.{token}")
+        async with http.ws_connect(ws_url, protocols=offered) as ws:
+            assert ws.protocol == "realtime"
+            first = await ws.receive_json(timeout=30)
+            assert first["type"] == "session.created", first
+            assert "turn_detection" in first["session"]  # the beta dialect's flat session object
+            await ws.send_json({"type": "no.such.event"})
+            error = await ws.receive_json(timeout=30)
+            assert error["type"] == "error", error
+
+
+@pytest.mark.slow
+@pytest.mark.asyncio(loop_scope="module")
 async def test_down_gateway_is_skipped(front, gateways, http) -> None:
     """Last: kills gB. Offers land on gA whether the dispatcher has noticed yet or not."""
     await wait_idle(http, front)

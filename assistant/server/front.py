@@ -27,7 +27,7 @@ from yarl import URL
 from assistant.config import PROJECT_ROOT, Config, ServerConfig
 from assistant.server.http import CONFIG, APIError, HTTPJSONError, json_error
 from assistant.server.limits import Limits
-from assistant.server.openai_front import from_api_error
+from assistant.server.openai_front import from_api_error, subprotocol_key
 from assistant.server.openapi import documented, json_body
 from assistant.server.routes import OPENAI_PREFIX, ROUTES, Route
 
@@ -91,6 +91,9 @@ def auth_middleware(token: str, protected: tuple[str, ...] = PROTECTED) -> Any:
             if not got and request.path.startswith("/ws/"):
                 # Browsers cannot set headers on WebSocket upgrades: accept ?token= there.
                 got = f"Bearer {request.query.get('token', '')}"
+            elif not got and request.path.startswith(OPENAI_PREFIX + "/"):
+                # OpenAI's browser clients send the key as a WebSocket subprotocol (the /v1 front accepts it too).
+                got = subprotocol_key(request).decode()
             if not hmac.compare_digest(got.encode(), expected):
                 return json_error(
                     401,

@@ -46,7 +46,7 @@ def _auth_and_errors(token: str) -> Any:
     @web.middleware
     async def middleware(request: web.Request, handler: Any) -> web.StreamResponse:
         if token and request.method != "OPTIONS":
-            got = request.headers.get("Authorization", "").encode() or _subprotocol_key(request)
+            got = request.headers.get("Authorization", "").encode() or subprotocol_key(request)
             if not hmac.compare_digest(got, expected):
                 return openai_error(401, "missing or wrong bearer token (Authorization: Bearer <token>)",
                                     "invalid_api_key")
@@ -75,7 +75,7 @@ def _auth_and_errors(token: str) -> Any:
     return middleware
 
 
-def _subprotocol_key(request: web.Request) -> bytes:
+def subprotocol_key(request: web.Request) -> bytes:
     """``Bearer <token>`` from a WebSocket upgrade's ``openai-insecure-api-key.<token>`` subprotocol, or b""."""
     offered = request.headers.get("Sec-WebSocket-Protocol", "")
     for proto in offered.split(","):

@@ -36,7 +36,8 @@ ANSWER_CAP = 1 << 20  # an SDP answer, a session list or a JSON error: a few KB;
 WS_HEARTBEAT_S = 30.0  # as the gateway's /ws/tts: a peer silent this long is dead
 WS_CLOSE_TIMEOUT_S = 5.0
 # Request headers a gateway needs; nothing else (cookies, Origin, hop-by-hop) leaves the dispatcher.
-FORWARD_HEADERS = ("Authorization", "Content-Type", "If-Match", "Accept")
+FORWARD_HEADERS = ("Authorization", "Content-Type", "If-Match", "Accept", "OpenAI-Beta")
+WS_FORWARD_HEADERS = ("Authorization", "OpenAI-Beta")
 # Answer headers of the signaling routes (WHIP: RFC 9725) relayed to the client.
 OFFER_HEADERS = ("Content-Type", "Location", "ETag", "Link", "Accept-Patch", "Access-Control-Expose-Headers",
                  "Retry-After")
@@ -261,17 +262,19 @@ async def kept_on_gateways(request: web.Request, cap: int) -> web.Response:
 async def ws_proxy(request: web.Request, cap: int) -> web.StreamResponse:
     """``/ws/*``: the client's WebSocket joined to one on a ready gateway; frames both ways, closes propagated."""
     d = request.app[DISPATCHER]
-    ws = web.WebSocketResponse(heartbeat=WS_HEARTBEAT_S, max_msg_size=cap)
-    if not ws.can_prepare(request).ok:
+    if not web.WebSocketResponse().can_prepare(request).ok:
         raise HTTPJSONError(400, "bad_request", "expected a WebSocket upgrade")
     upstream: aiohttp.ClientWebSocketResponse | None = None
-    headers = forward_headers(request, ("Authorization",))
+    headers = forward_headers(request, WS_FORWARD_HEADERS)
+    # The subprotocols the client offers go to the gateway (OpenAI's Realtime clients name the API, a beta
+    # marker, and from a browser the key); the one it picks is the one the client gets.
+    offered = tuple(p.strip() for p in request.headers.get("Sec-WebSocket-Protocol", "").split(",") if p.strip())
     if "Authorization" not in headers and TOKEN_PARAM in request.query:  # the page's ?token=, as a header
         headers["Authorization"] = f"Bearer {request.query[TOKEN_PARAM]}"
     for g in d.for_request():
         try:
             upstream = await d.http.ws_connect(
-                _target(g, request), headers=headers, max_msg_size=cap,
+                _target(g, request), headers=headers, max_msg_size=cap, protocols=offered,
                 heartbeat=WS_HEARTBEAT_S, timeout=aiohttp.ClientWSTimeout(ws_close=WS_CLOSE_TIMEOUT_S),
             )
         except aiohttp.WSServerHandshakeError as exc:  # the gateway refused the upgrade: tell the client why
@@ -288,6 +291,8 @@ async def ws_proxy(request: web.Request, cap: int) -> web.StreamResponse:
         break
     if upstream is None:
         raise HTTPJSONError(503, "not_ready", "no gateway is ready; retry shortly", headers={"Retry-After": "2"})
+    ws = web.WebSocketResponse(heartbeat=WS_HEARTBEAT_S, max_msg_size=cap,
+                               protocols=(upstream.protocol,) if upstream.protocol else ())
     # The handshake's own headers (/ws/tts: X-Sample-Rate, X-Channels, X-Sample-Format) are part of the protocol.
     handshake = getattr(upstream, "_response", None)  # aiohttp keeps the upgrade response only privately
     if handshake is not None:

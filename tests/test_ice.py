@@ -18,8 +18,8 @@ from assistant.server.ice import (
     rtc_configuration,
     turn_rest_credential,
 )
-from assistant.server.sdpfrag import FragmentError, ice_credentials, parse_sdpfrag
-from tests.webrtc_client import build_sdpfrag, rtc_configuration_from_json
+from assistant.server.sdpfrag import FragmentError, build_sdpfrag, ice_credentials, parse_sdpfrag
+from tests.webrtc_client import rtc_configuration_from_json
 
 CAND = "candidate:1 1 udp 2122260223 192.0.2.1 61764 typ host generation 0"
 

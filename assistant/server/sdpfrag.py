@@ -105,3 +105,19 @@ def ice_credentials(sdp: str) -> tuple[str | None, str | None]:
         elif pwd is None and line.startswith("a=ice-pwd:"):
             pwd = line[len("a=ice-pwd:") :].strip()
     return ufrag, pwd
+
+
+def build_sdpfrag(
+    ufrag: str, pwd: str, candidates: list[tuple[str, str]], end_of_candidates: bool = False
+) -> str:
+    """A fragment for ``(mid, "candidate:...")`` pairs, one media section per mid (what a WHIP client sends)."""
+    lines = [f"a=ice-ufrag:{ufrag}", f"a=ice-pwd:{pwd}"]
+    mids: dict[str, list[str]] = {}
+    for mid, cand in candidates:
+        mids.setdefault(mid, []).append(cand)
+    for mid, cands in mids.items() or [("0", [])]:
+        lines += ["m=audio 9 UDP/TLS/RTP/SAVPF 0", f"a=mid:{mid}"]
+        lines += [f"a={c}" if not c.startswith("a=") else c for c in cands]
+    if end_of_candidates:
+        lines.append("a=end-of-candidates")
+    return "\r\n".join(lines) + "\r\n"

@@ -10,7 +10,7 @@ import dataclasses
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
@@ -18,6 +18,12 @@ from assistant.config import Config, VADConfig
 from assistant.respond.base import Responder
 from assistant.server.metrics import Metrics
 from assistant.tts.base import TTSEngine
+
+if TYPE_CHECKING:
+    from assistant.asr.base import Transcriber
+    from assistant.pipeline.end_of_turn import EndOfTurnModel
+    from assistant.vad.endpoint import Endpointer
+    from assistant.vad.silero import SileroModel
 
 log = logging.getLogger(__name__)
 
@@ -43,11 +49,11 @@ def _ray_client() -> Any:
 class Services:
     cfg: Config
     metrics: Metrics = field(default_factory=Metrics)
-    vad_model: Any = None
-    asr: Any = None  # ASRRunner
+    vad_model: SileroModel | None = None
+    asr: Transcriber | None = None  # asr.runner.ASRRunner, or serve_ray.client.RemoteASR
     tts: TTSEngine | None = None
     responder: Responder | None = None
-    end_of_turn: Any = None  # SmartTurnBatcher: the audio end-of-turn model, shared by every session
+    end_of_turn: EndOfTurnModel | None = None  # vad.end_of_turn.SmartTurnBatcher, shared by every session
     ready: bool = False
     load_error: str = ""  # why loading failed (``/readyz`` says it; ``assistant serve`` exits on it)
     load_seconds: dict[str, float] = field(default_factory=dict)
@@ -75,7 +81,7 @@ class Services:
             self._responders[name] = create_responder(cfg, debug_content=self.cfg.log.debug_content)
         return self._responders[name]
 
-    def make_endpointer(self, vad: VADConfig | None = None) -> Any:
+    def make_endpointer(self, vad: VADConfig | None = None) -> Endpointer:
         """A session's endpointer on the shared VAD model, with ``vad`` settings (default: the config's)."""
         from assistant.vad.endpoint import Endpointer
 
@@ -132,8 +138,9 @@ class Services:
             aclose = getattr(responder, "aclose", None)
             if aclose is not None:
                 await aclose()
-        if self.asr is not None and hasattr(self.asr, "close"):
-            self.asr.close()
+        close = getattr(self.asr, "close", None)  # the local runner's worker threads (a remote one has none)
+        if close is not None:
+            close()
 
 
 SERVICES: web.AppKey[Services] = web.AppKey("services", Services)

@@ -76,9 +76,11 @@ class ConversationSession:
         self.sink = sink
         self.events = EventChannel()
         metrics = services.metrics
+        # Sessions are admitted only once the engines are loaded (signaling.check_ready).
+        assert services.asr is not None and services.tts is not None, "a session before the engines loaded"
         deps = TurnDeps(
             asr=services.asr,
-            tts=services.tts,  # type: ignore[arg-type]
+            tts=services.tts,
             responder=responder if responder is not None and not isinstance(responder, str)
             else services.responder_for(responder),
             voice=voice,

@@ -220,8 +220,8 @@ async def ws_turn(http: aiohttp.ClientSession, url: str, utt: Utterance, *, mode
 
 # --- the comparison ------------------------------------------------------------------------------------------
 def v2v_values(result: BenchResult) -> list[float]:
-    return [float(t.columns["v2v_ms"]) for lv in result.levels for t in lv.turns
-            if t.status == "ok" and t.columns.get("v2v_ms") is not None]
+    return [v for lv in result.levels for t in lv.turns
+            if t.status == "ok" and (v := t.columns.get("v2v_ms")) is not None]
 
 
 def describe(values: Sequence[float]) -> str:

@@ -239,17 +239,22 @@ class TurnConfig:
     )
     complete_endpoint_ms: int = _f(300, "end-of-speech silence after a transcript that looks complete")
     incomplete_endpoint_ms: int = _f(
-        1000, "end-of-speech silence after a transcript that looks unfinished (or when text and audio disagree)"
+        1000, "end-of-speech silence after a transcript that looks unfinished (it ends on 'to', 'the', 'order', ...)"
+    )
+    unsure_endpoint_ms: int = _f(
+        800,
+        "end-of-speech silence after a finished-looking transcript the end-of-turn model is not sure of (or calls "
+        "unfinished): longer than any mid-sentence pause of the pause files after such a text (672 ms)",
     )
     end_of_turn_model: bool = _f(
         True, "at the same pause, ask the audio end-of-turn model (Smart Turn v3.2) whether the user is done"
     )
     end_of_turn_threshold: float = _f(0.5, "end-of-turn model probability from which the turn counts as complete")
     end_of_turn_sure: float = _f(
-        0.8,
+        0.85,
         "with the transcript asked too, the model probability from which the turn ends at once; between the "
-        "threshold and this the turn waits incomplete_endpoint_ms (on synthetic voices the model calls "
-        "mid-sentence pauses 0.6-0.8 and fast ASR answers within the pause)",
+        "threshold and this the turn waits unsure_endpoint_ms (on synthetic voices over WebRTC the model said up "
+        "to 0.8 at mid-sentence pauses and 0.85-0.98 at the ends it recognised)",
     )
     max_silence_ms: int = _f(2000, "longest silence waited for when the end-of-turn model says the user is not done")
     wait_for_evidence: bool = _f(

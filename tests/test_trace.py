@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-from assistant.pipeline.trace import PARTS, WAIT_PARTS, Ending, Span, TurnTrace, split_wait
+from assistant.pipeline.trace import GAPS, PARTS, WAIT_PARTS, Ending, Span, TurnTrace, split_wait
 
 S = 1000.0  # the speech end (wall seconds)
 
@@ -103,3 +103,42 @@ def test_turn_durations_add_up_to_the_server_v2v_exactly() -> None:
         marks = trace.effective_marks()
         assert d["server_v2v_ms"] == pytest.approx((marks["first_frame_sent"] - S) * 1000, abs=0.05)
         assert all(d[p] >= 0 for p in PARTS), d
+
+
+def test_gaps_are_never_negative_and_name_a_speculative_lead() -> None:
+    """A speculative turn's first text for TTS made before its commit is a lead, not a negative gap."""
+    trace = TurnTrace(1)
+    trace.mark("speech_end", S)
+    trace.asr = Span(S + 0.1, S + 0.1, S + 0.35)
+    trace.ending = Ending(speech_end=S, decided=S + 0.6, silence_met=S + 0.6, text=True)
+    trace.mark("asr_done", S + 0.35)
+    trace.mark("first_text", S + 0.36)
+    trace.mark("first_tts_text", S + 0.37)  # handed to TTS 230 ms before the commit below
+    trace.mark("vad_end", S + 0.6)
+    gaps = trace.gaps_ms()
+    assert set(gaps) == set(GAPS)
+    assert gaps == {"evidence_to_commit_ms": 0.0, "commit_to_tts_text_ms": 0.0, "tts_text_before_commit_ms": 230.0}
+
+    later = TurnTrace(2)  # the usual order: commit, then text
+    later.mark("speech_end", S)
+    later.ending = Ending(speech_end=S, decided=S + 0.5, silence_met=S + 0.5)
+    for stage, at in (("vad_end", 0.5), ("asr_done", 0.8), ("first_text", 0.801), ("first_tts_text", 0.803)):
+        later.mark(stage, S + at)
+    gaps = later.gaps_ms()
+    assert gaps["commit_to_tts_text_ms"] == pytest.approx(3.0) and gaps["tts_text_before_commit_ms"] == 0.0
+    assert all(v >= 0 for v in gaps.values())
+
+
+def test_metrics_and_the_page_legend_name_the_same_gaps() -> None:
+    """/metrics keeps a histogram per gap under the turn_metrics names; /api/stages lists them for the page."""
+    from assistant.pipeline.trace import gap_legend
+    from assistant.server.metrics import Metrics
+
+    metrics = Metrics()
+    metrics.observe_turn({"endpoint_ms": 100.0}, {"evidence_to_commit_ms": 0.0, "commit_to_tts_text_ms": 0.0,
+                                                  "tts_text_before_commit_ms": 230.0})
+    text = metrics.render()[0].decode()
+    for name in GAPS:
+        assert f'assistant_turn_gap_seconds_count{{gap="{name.removesuffix("_ms")}"}} 1.0' in text, name
+    assert 'assistant_turn_gap_seconds_bucket{gap="tts_text_before_commit",le="0.2"} 0.0' in text
+    assert [g["name"] for g in gap_legend()] == list(GAPS)

@@ -4,6 +4,7 @@
 import { authHeaders } from './token.js';
 
 let STAGES = [];  // [name, colour, label] of each server stage, from GET /api/stages (pipeline/trace.py)
+let GAPS = [];  // [name, label] of each idle gap (turn_metrics gaps_ms), from the same answer
 
 const $ = (id) => document.getElementById(id);
 const state = { pc: null, channel: null, sessionId: null, ctx: null, stream: null, probe: null,
@@ -50,6 +51,9 @@ function renderBar(t) {
     span.title = `${label}: ${d[name].toFixed(0)} ms`;
     bar.appendChild(span);
   }
+  const g = t.metrics?.gaps_ms || {};
+  const gaps = GAPS.filter(([name]) => name in g).map(([name, label]) => `${label}: ${g[name].toFixed(0)} ms`);
+  t.tr.title = gaps.join('\n');
   t.tr.querySelector('.server').textContent = d.server_v2v_ms != null ? `${d.server_v2v_ms.toFixed(0)} ms` : '…';
   t.tr.querySelector('.v2v').textContent = t.v2v != null ? `${t.v2v.toFixed(0)} ms` : '…';
 }
@@ -310,7 +314,9 @@ async function legend() {
   try {
     const resp = await fetch('/api/stages', { headers: authHeaders() });
     if (!resp.ok) throw new Error(`HTTP ${resp.status}`);
-    STAGES = (await resp.json()).stages.map((s) => [s.name, s.color, s.label]);
+    const body = await resp.json();
+    STAGES = body.stages.map((s) => [s.name, s.color, s.label]);
+    GAPS = (body.gaps || []).map((g) => [g.name, g.label]);
   } catch (err) {
     console.warn('stage legend unavailable', err);
   }

@@ -23,6 +23,7 @@ from aiohttp import web
 from assistant.bench.report import summarize_level
 from assistant.bench.v2v import allow_loopback_ice, bench_v2v, default_audio_files
 from assistant.config import Config, apply_overrides, load_config
+from assistant.pipeline.trace import GAPS
 from assistant.server.app import create_app, wait_ready
 from assistant.server.services import Services
 
@@ -131,7 +132,7 @@ def _p50(values: list[float]) -> str:
 
 # The wait at the end of a turn, split (pipeline/trace.py), and the idle gaps: the --endpointing columns.
 WAIT_COLUMNS = ("endpoint_ms", "worker_wait_ms", "asr_ms", "end_of_turn_ms", "decide_ms")
-GAP_COLUMNS = ("evidence_to_commit_ms", "commit_to_tts_text_ms")
+GAP_COLUMNS = GAPS
 
 
 def format_endpointing(results: list[VariantResult], pause_names: set[str]) -> str:

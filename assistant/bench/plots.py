@@ -44,7 +44,7 @@ def _plot_turns(ax: plt.Axes, level: LevelResult) -> None:
                 neg_base[i] += v
             else:
                 pos_base[i] += v
-    ax.scatter(x, [t.columns["v2v_ms"] for t in turns], marker="_", s=300, color="black", zorder=3,
+    ax.scatter(x, [t.columns.get("v2v_ms") or 0.0 for t in turns], marker="_", s=300, color="black", zorder=3,
                label="v2v (client)")
     ax.axhline(0, color="black", linewidth=0.5)
     ax.set_xticks(x, labels, rotation=90 if len(x) > 12 else 0, fontsize=7)

@@ -187,10 +187,10 @@ def format_summary(result: BenchResult) -> str:
             f"sessions={lv.sessions}  turns={s['turns']}  ok={s['ok']}  dropped={s['dropped']}  "
             f"errors={s['error']}  connect_failures={lv.connect_failures}  wall={lv.wall_s:.1f}s"
         )
-        lines.append(f"  {'column':<28}{'n':>5}{'p50':>8}{'p90':>8}{'max':>8}{'mean':>8}")
+        lines.append(f"  {'column':<32}{'n':>5}{'p50':>8}{'p90':>8}{'max':>8}{'mean':>8}")
         for name, st in [*s["columns"].items(), *(("gap: " + k, v) for k, v in s["gaps"].items())]:
             lines.append(
-                f"  {name:<28}{st['n']:>5}{_fmt(st['p50'])}{_fmt(st['p90'])}{_fmt(st['max'])}{_fmt(st['mean'])}"
+                f"  {name:<32}{st['n']:>5}{_fmt(st['p50'])}{_fmt(st['p90'])}{_fmt(st['max'])}{_fmt(st['mean'])}"
             )
         lines.append("")
     lines.append(

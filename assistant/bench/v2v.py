@@ -98,7 +98,7 @@ def is_same_host(url: str) -> bool:
     """True when ``url`` names this machine, so server epoch marks share the client's clock."""
     host = urlsplit(url).hostname or ""
     try:
-        addrs = {info[4][0] for info in socket.getaddrinfo(host, None)}
+        addrs = {str(info[4][0]) for info in socket.getaddrinfo(host, None)}
     except OSError:
         return False
     if all(ipaddress.ip_address(a.split("%")[0]).is_loopback for a in addrs):
@@ -122,7 +122,7 @@ def frame_to_mono(frame: av.AudioFrame) -> np.ndarray:
     else:
         x = a.reshape(-1, channels).astype(np.float32).mean(axis=1)
     if np.issubdtype(a.dtype, np.integer):
-        x /= float(np.iinfo(a.dtype).max + 1)
+        x /= float(np.iinfo(a.dtype.name).max + 1)
     return x
 
 

@@ -17,16 +17,19 @@ ends the turn:
 | text \\ audio    | sure (p ≥ sure) | leaning (p ≥ threshold) | not complete | audio off          |
 |-----------------|-----------------|-------------------------|--------------|--------------------|
 | a continuation  | incomplete      | incomplete              | incomplete   | incomplete         |
-| finished        | now             | incomplete              | incomplete   | complete           |
-| neither         | now             | incomplete              | max          | vad.end_silence_ms |
+| finished        | now             | unsure                  | unsure       | complete           |
+| neither         | now             | unsure                  | max          | vad.end_silence_ms |
 | text off        | now             | now                     | max          | vad.end_silence_ms |
 
-(incomplete, complete, max: ``turn.incomplete_endpoint_ms``, ``complete_endpoint_ms``, ``max_silence_ms`` of
-silence in all; sure, threshold: ``turn.end_of_turn_sure``, ``end_of_turn_threshold``.) With the transcript asked
-too, only a sure model ends the turn at once: when the ASR answers within a mid-sentence pause (a fast ASR
-does), a sentence Whisper closed with "?" ("What is the distance between?") and a model at 0.6-0.8 on a
-synthetic voice would otherwise cut the user off; measured on the pause files, the model says 0.58-0.81 at
-their mid-sentence pauses and 0.84-0.97 at the finished sentences it recognises.
+(incomplete, unsure, complete, max: ``turn.incomplete_endpoint_ms``, ``unsure_endpoint_ms``,
+``complete_endpoint_ms``, ``max_silence_ms`` of silence in all; sure, threshold: ``turn.end_of_turn_sure``,
+``end_of_turn_threshold``.) With the transcript asked too, only a sure model ends the turn at once: when the ASR
+answers within a mid-sentence pause (a fast ASR does), a sentence Whisper closed with "?" or "." ("Can you book
+a table for it?", "Please add eggs, milk.") and a model at 0.6-0.8 on a synthetic voice would otherwise cut the
+user off. Measured on the pause files over WebRTC, the model says up to 0.8 at their mid-sentence pauses after
+such a text and 0.85-0.98 at the finished sentences it recognises; a finished text the model is not sure of
+waits ``unsure_endpoint_ms`` (800 ms), past the longest such pause (672 ms), and a text that trails off the
+longer ``incomplete_endpoint_ms``.
 
 While an answer the switches ask for is still coming, the turn is held open (up to ``max_silence_ms``):
 the speculative ASR is the turn's own ASR, so waiting for it costs the reply nothing, and a busy machine
@@ -35,7 +38,7 @@ arrives the verdict is taken again (turn-taking hears each answer as it lands, n
 
 A text that ends on a preposition, an article, a conjunction or a verb waiting for its object is never
 complete, whatever the audio says (the model was trained on human speech; on generated voices it calls
-mid-sentence pauses complete). When the two disagree the turn waits as for an unfinished sentence. When the
+mid-sentence pauses complete). When the two disagree the turn waits ``unsure_endpoint_ms``. When the
 transcript was asked for but failed (its ASR raised), the model alone does not end the turn either: the
 fixed silence does, as with no evidence at all.
 """
@@ -137,12 +140,12 @@ def weigh(
     if text is TurnEnd.INCOMPLETE:
         return Verdict(end_silence_ms=cfg.incomplete_endpoint_ms, reason="text_incomplete")
     if audio_complete is True and text is not None and audio_prob is not None and audio_prob < cfg.end_of_turn_sure:
-        return Verdict(end_silence_ms=cfg.incomplete_endpoint_ms, reason="audio_unsure")
+        return Verdict(end_silence_ms=cfg.unsure_endpoint_ms, reason="audio_unsure")
     if audio_complete is True:
         return Verdict(commit=True, reason="audio_complete" if text is None else "complete")
     if text is TurnEnd.COMPLETE:
         if audio_complete is False:
-            return Verdict(end_silence_ms=cfg.incomplete_endpoint_ms, reason="disagree")
+            return Verdict(end_silence_ms=cfg.unsure_endpoint_ms, reason="disagree")
         return Verdict(end_silence_ms=cfg.complete_endpoint_ms, reason="text_complete")
     if audio_complete is False:
         return Verdict(end_silence_ms=cfg.max_silence_ms, reason="audio_incomplete")

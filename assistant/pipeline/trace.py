@@ -53,8 +53,15 @@ AFTER_WAIT: dict[str, tuple[str, str]] = {
 PARTS: tuple[str, ...] = (*WAIT_PARTS, *AFTER_WAIT)
 # Every duration a turn reports (turn_metrics, /metrics, the bench): the parts, their total, the reply.
 DURATIONS: tuple[str, ...] = (*PARTS, "server_v2v_ms", "reply_ms")
-# Gaps between evidence and decision, and decision and speech (diagnostics: each should be ~0).
-GAPS: tuple[str, ...] = ("evidence_to_commit_ms", "commit_to_tts_text_ms")
+# Idle gaps between evidence and decision, and decision and speech (diagnostics), each ≥ 0: name -> label.
+# A speculative turn's first text for TTS is often ready before its commit; that lead is not a gap, so it has
+# a column of its own instead of making commit_to_tts_text_ms negative.
+GAP_LABELS: dict[str, str] = {
+    "evidence_to_commit_ms": "last evidence in → turn committed (idle in the decision)",
+    "commit_to_tts_text_ms": "turn committed (and transcribed) → first text handed to TTS (0 if it was ready)",
+    "tts_text_before_commit_ms": "first text for TTS ready this long before the commit (speculation ran ahead)",
+}
+GAPS: tuple[str, ...] = tuple(GAP_LABELS)
 
 # How the page (which reads it from ``GET /api/stages``) and the bench plots draw the parts that add up to
 # the server's voice-to-voice: duration name → (colour, label), in the order they happen.
@@ -75,6 +82,11 @@ assert tuple(STAGE_STYLE) == PARTS
 def stage_legend() -> list[dict[str, str]]:
     """The stages as the page draws them: ``[{"name", "color", "label"}, ...]`` in order."""
     return [{"name": name, "color": color, "label": label} for name, (color, label) in STAGE_STYLE.items()]
+
+
+def gap_legend() -> list[dict[str, str]]:
+    """The idle gaps as the page lists them: ``[{"name", "label"}, ...]`` in :data:`GAPS` order."""
+    return [{"name": name, "label": label} for name, label in GAP_LABELS.items()]
 
 
 @dataclass(frozen=True)
@@ -210,8 +222,9 @@ class TurnTrace:
         return out
 
     def gaps_ms(self) -> dict[str, float]:
-        """The idle gaps :data:`GAPS` names: last evidence → commit, and commit (with its transcript) → the
-        first text handed to TTS. A negative one means the later step was done first (speculation)."""
+        """The gaps :data:`GAPS` names, each ≥ 0: last evidence → commit; commit (with its transcript) → the
+        first text handed to TTS; and, when that text was handed over before the commit (a speculative turn
+        runs ahead), by how much. One of the last two is always 0."""
         marks, out = self.marks, {}
         if self.ending is not None:
             evidence = [self.ending.silence_met]
@@ -219,10 +232,11 @@ class TurnTrace:
                 evidence.append(self.asr.done)
             if self.ending.model is not None:
                 evidence.append(self.ending.model.done)
-            out["evidence_to_commit_ms"] = round((self.ending.decided - max(evidence)) * 1000, 1)
+            out["evidence_to_commit_ms"] = _ms(self.ending.decided - max(evidence))
         if "vad_end" in marks and "first_tts_text" in marks:
             ready = max(marks["vad_end"], marks.get("asr_done", marks["vad_end"]))
-            out["commit_to_tts_text_ms"] = round((marks["first_tts_text"] - ready) * 1000, 1)
+            out["commit_to_tts_text_ms"] = _ms(marks["first_tts_text"] - ready)
+            out["tts_text_before_commit_ms"] = _ms(ready - marks["first_tts_text"])
         return out
 
     def as_event(self) -> dict[str, Any]:
@@ -233,3 +247,8 @@ class TurnTrace:
             "durations_ms": self.durations_ms(),
             "gaps_ms": self.gaps_ms(),
         }
+
+
+def _ms(seconds: float) -> float:
+    """A gap in ms (0.1 ms steps), 0 when the interval is empty or reversed."""
+    return round(max(0.0, seconds) * 1000, 1)

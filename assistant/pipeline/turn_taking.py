@@ -8,7 +8,8 @@ It hears the VAD's events on the session's sample clock and tells the turn runne
 - **end of turn**: at that pause the transcript rule and the audio end-of-turn model are weighed
   (``end_of_turn.weigh``): the turn ends early, or the wait grows (up to ``max_silence_ms``). The verdict is
   taken again on every chunk of the pause and the moment each answer lands, so no time passes between the
-  last evidence and the decision;
+  last evidence and the decision; a transcript of one or two words never ends the turn at once (the fixed
+  silence does: ``SHORT_TURN_WORDS``);
 - **the user was not done**: speech while a committed turn is still being prepared drops it and carries
   its audio into the next utterance, so nothing said is lost;
 - **barge-in** (``turn.barge_in``): speech over the reply pauses it; if the speech was short or a few words
@@ -32,7 +33,7 @@ from assistant.asr.base import Transcript
 from assistant.audio import SPEECH_RATE, AudioChunk
 from assistant.config import ASRConfig, TurnConfig, VADConfig
 from assistant.pipeline.clock import SampleClock
-from assistant.pipeline.end_of_turn import TurnEnd, judge, weigh
+from assistant.pipeline.end_of_turn import TurnEnd, Verdict, judge, weigh
 from assistant.pipeline.events import EventChannel
 from assistant.pipeline.trace import Ending, Span
 from assistant.pipeline.turn import Turn, TurnDeps
@@ -42,6 +43,10 @@ from assistant.vad.endpoint import Endpointer, SpeechEnd, SpeechStart
 log = logging.getLogger(__name__)
 
 WORD = re.compile(r"[\w']+")
+# A transcript of fewer words than this never ends the turn at once, whatever the evidence: it waits the fixed
+# silence (vad.end_silence_ms). On fragments like "Hello?" Whisper's punctuation and the model are least
+# reliable, and "Hello, [pause] what is the weather like today?" is the commonest pause a turn must survive.
+SHORT_TURN_WORDS = 3
 # Short words that stop the bot rather than encourage it: never taken for a backchannel.
 STOP_WORDS = frozenset({"stop", "wait", "no", "pause", "quiet", "shut", "hold", "cancel", "enough", "sorry"})
 
@@ -58,12 +63,18 @@ class Pause:
     asked_at: float  # wall time the evidence was asked for (the pause was long enough to speculate)
     text: TurnEnd | None = None  # the transcript rule's answer
     text_failed: bool = False  # the speculative ASR raised: its answer will not come
-    model_prob: float | None = None  # the end-of-turn model's answer
+    model_prob: float | None = None  # the end-of-turn model's answer (None: still coming)
     model_failed: bool = False
     model_span: Span | None = None
     model_task: asyncio.Task[None] | None = None
+    words: int = 0  # words in the transcript
     used_text: bool = False  # the latest verdict used the text's answer
     used_model: bool = False  # ... and the model's
+
+    def evidence(self) -> str:
+        """What the pause's evidence said, for a log line (no content: the rule's answer and word count)."""
+        model = "-" if self.model_prob is None else f"{self.model_prob:.2f}"
+        return f"text={self.text.value if self.text else '-'} words={self.words} model={model}"
 
     def close(self) -> None:
         if self.model_task is not None and not self.model_task.done():
@@ -143,6 +154,8 @@ class TurnTaking:
         use_audio = (cfg.end_of_turn_model and self.deps.end_of_turn is not None and not pause.model_failed
                      and not (cfg.smart_endpoint and pause.text_failed))
         verdict = weigh(cfg, pause.text, pause.model_prob, use_text=use_text, use_audio=use_audio)
+        if verdict.commit and use_text and pause.text is not None and pause.words < SHORT_TURN_WORDS:
+            verdict = Verdict(reason="short")  # the fixed silence ends it (SHORT_TURN_WORDS)
         pause.used_text = use_text and pause.text is not None
         pause.used_model = use_audio and pause.model_prob is not None
         end_ms = verdict.end_silence_ms
@@ -153,6 +166,8 @@ class TurnTaking:
             # The silence the verdict needed: none beyond the pause that asked for the evidence, or end_ms.
             silence_met = (pause.asked_at if verdict.commit or end_ms is None
                            else self.clock.wall_time(self.endpointer.utterance_end + end_ms * SPEECH_RATE // 1000))
+            log.info("turn_end_decided session=%s verdict=%s pause_ms=%d %s", self.session_id,
+                     verdict.reason or "silence", pause_ms, pause.evidence())
             ev = self.endpointer.force_end(reason)
             if ev is not None:
                 self._on_speech_end(ev, silence_met=min(silence_met, time.time()))
@@ -285,6 +300,7 @@ class TurnTaking:
             pause.text_failed = True
         elif self.cfg.smart_endpoint:
             pause.text = judge(result.text.strip())
+            pause.words = len(WORD.findall(result.text))
         self._decide()
 
     async def _hear_end_of_turn(self, pause: Pause, audio: np.ndarray) -> None:
@@ -308,7 +324,7 @@ class TurnTaking:
             pause.close()
             self.runner.discard(pause.turn)
             self.speculations["dropped"] += 1
-            log.debug("speculation_dropped session=%s reason=%s", self.session_id, reason)
+            log.debug("speculation_dropped session=%s reason=%s %s", self.session_id, reason, pause.evidence())
 
     # --- partial transcripts -----------------------------------------------------------------------
     def _maybe_partial(self) -> None:

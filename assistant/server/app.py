@@ -13,7 +13,7 @@ import logging
 from aiohttp import web
 
 from assistant.config import Config, check_gateway_id
-from assistant.pipeline.trace import stage_legend
+from assistant.pipeline.trace import gap_legend, stage_legend
 from assistant.server import tts_api
 from assistant.server.front import add_static_routes, middlewares
 from assistant.server.http import CONFIG
@@ -74,8 +74,9 @@ async def metrics(request: web.Request) -> web.Response:
 @documented("The turn stages the page draws: names, colours, labels", responses={
     "200": json_body({"type": "object"}, "{stages: [...]}")})
 async def stages(request: web.Request) -> web.Response:
-    """The turn stages the page draws (names, colours, labels): one source, ``pipeline/trace.py``."""
-    return web.json_response({"stages": stage_legend()})
+    """The turn stages the page draws (names, colours, labels) and the idle gaps it lists: one source,
+    ``pipeline/trace.py``."""
+    return web.json_response({"stages": stage_legend(), "gaps": gap_legend()})
 
 
 # --- app -----------------------------------------------------------------------------------------------

@@ -5,11 +5,13 @@ from __future__ import annotations
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
-from assistant.pipeline.trace import DURATIONS
+from assistant.pipeline.trace import DURATIONS, GAPS
 
 # Buckets in seconds, dense where conversational latency lives (50 ms … 2 s).
 # The Ray hop: sub-millisecond to tens of milliseconds on loopback and in one data centre.
 HOP_BUCKETS = (0.0005, 0.001, 0.002, 0.003, 0.005, 0.0075, 0.01, 0.015, 0.02, 0.03, 0.05, 0.1, 0.25, 1.0, 2.5, 10.0)
+# Idle gaps: exactly 0 (the usual case), a few ms (a loop hop), up to a speculative turn's lead of a second or two.
+GAP_BUCKETS = (0.0, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0)
 LATENCY_BUCKETS = (0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0, 10.0)
 
 
@@ -30,6 +32,14 @@ class Metrics:
             "duration of each turn stage (names as in turn_metrics)",
             ["stage"],
             buckets=LATENCY_BUCKETS,
+            registry=self.registry,
+        )
+        self.gap_seconds = Histogram(
+            "assistant_turn_gap_seconds",
+            "idle gaps of a turn, each >= 0 (names as in turn_metrics gaps_ms): evidence_to_commit, "
+            "commit_to_tts_text, and tts_text_before_commit (a speculative turn's text was ready that early)",
+            ["gap"],
+            buckets=GAP_BUCKETS,
             registry=self.registry,
         )
         self.tts_requests_total = Counter(
@@ -54,11 +64,14 @@ class Metrics:
     def observe_ray_hop(self, kind: str, seconds: float) -> None:
         self.ray_hop_seconds.labels(kind=kind).observe(max(seconds, 0.0))
 
-    def observe_turn(self, durations_ms: dict[str, float]) -> None:
+    def observe_turn(self, durations_ms: dict[str, float], gaps_ms: dict[str, float] | None = None) -> None:
         self.turns_total.inc()
         for name, value in durations_ms.items():
             if name in DURATIONS:
                 self.stage_seconds.labels(stage=name.removesuffix("_ms")).observe(max(value, 0.0) / 1000.0)
+        for name, value in (gaps_ms or {}).items():
+            if name in GAPS:
+                self.gap_seconds.labels(gap=name.removesuffix("_ms")).observe(max(value, 0.0) / 1000.0)
 
     def render(self) -> tuple[bytes, str]:
         return generate_latest(self.registry), CONTENT_TYPE_LATEST

@@ -84,7 +84,7 @@ class ConversationSession:
             responder=responder if responder is not None and not isinstance(responder, str)
             else services.responder_for(responder),
             voice=voice,
-            on_turn_done=lambda trace: metrics.observe_turn(trace.durations_ms()),
+            on_turn_done=lambda trace: metrics.observe_turn(trace.durations_ms(), trace.gaps_ms()),
             on_error=lambda stage: metrics.errors_total.labels(stage=stage).inc(),
             on_interrupted=metrics.interruptions_total.inc,
             end_of_turn=services.end_of_turn,

@@ -37,4 +37,4 @@ class SharedModel:
         with SharedModel._lock:
             if cls not in SharedModel._instances:
                 SharedModel._instances[cls] = cls()
-            return SharedModel._instances[cls]  # type: ignore[no-any-return]
+            return SharedModel._instances[cls]

@@ -126,7 +126,8 @@ class Settings:
         scale = EAGERNESS[td.eagerness]
         return replace(cut, barge_in=td.interrupt_response,
                        max_silence_ms=int(base.max_silence_ms * scale),
-                       incomplete_endpoint_ms=int(base.incomplete_endpoint_ms * scale))
+                       incomplete_endpoint_ms=int(base.incomplete_endpoint_ms * scale),
+                       unsure_endpoint_ms=int(base.unsure_endpoint_ms * scale))
 
     # --- session.update -------------------------------------------------------------------------------
     def updated(self, update: object) -> Settings:

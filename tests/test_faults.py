@@ -32,7 +32,9 @@ from tests.test_limits import events, own_tasks, vanish, wait_for
 
 pytestmark = [pytest.mark.asyncio(loop_scope="module"), pytest.mark.timeout(180), pytest.mark.slow]
 
-SETTINGS = TurnSettings(timeout_s=20.0, silence_ms=900, settle_ms=300)
+# A turn ends on reply_done, an error, or this long without audio after some was heard: longer than the TTS time
+# limit below, since a short first piece may play before the piece that hangs (and only the limit ends that one).
+SETTINGS = TurnSettings(timeout_s=20.0, silence_ms=3000, settle_ms=300)
 LIMITS = {
     "tts": {"timeout_s": 1.5},
     "asr": {"timeout_s": 3.0},

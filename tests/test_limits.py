@@ -24,6 +24,7 @@ from assistant.bench.v2v import BenchSession
 from assistant.pipeline.turn_runner import PCM_AHEAD_CHUNKS, TTS_TEXT_QUEUE
 from assistant.server.app import SESSIONS
 from assistant.server.services import Services
+from assistant.server.signaling import CONNECT_GRACE_S
 from tests.conftest import serve, test_config
 from tests.fault_engines import FaultyTTS, FloodResponder, ToneTTS
 
@@ -422,7 +423,9 @@ async def test_offers_spend_a_per_client_budget_and_connecting_sessions_have_the
         pcs.append(pc)
         assert (status, body.get("error")) == (503, "busy") and "still connecting" in body["detail"], body
         oldest = min(app[SESSIONS].values(), key=lambda s: s.created)
-        oldest.created -= 120.0  # as if it had been waiting for its peer a minute
+        # As if it had been waiting for its peer past the grace, yet short of connect_timeout_s (where the
+        # session's own watchdog would close it first, as "connect_timeout").
+        oldest.created = time.monotonic() - (CONNECT_GRACE_S + c.server.connect_timeout_s) / 2
         pc, status, body = await raw_offer(http, url)
         pcs.append(pc)
         assert status == 200 and oldest.closed and oldest.close_reason == "connect_evicted"

@@ -27,7 +27,7 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 from urllib.parse import urlsplit
 
 import aiohttp
@@ -170,6 +170,7 @@ def opus_of_silence(hours: float = 3.0) -> bytes:
         frame.sample_rate, frame.pts = 48_000, 0
         packets = list(stream.encode(frame))
         model = packets[len(packets) // 2]
+        assert model.duration is not None, "libopus gives every packet a duration"
         duration = int(model.duration)
         for i in range(int(hours * 3600 * 48_000 / duration)):
             packet = av.Packet(bytes(model))
@@ -215,7 +216,7 @@ class Stalled:
         """Stay stalled ``after_s``, then read what is there: True if the connection ends (EOF or reset) without
         the answer's last chunk, that is, the server cut it; False if the answer ends whole or never ends."""
         await asyncio.sleep(after_s)
-        self.writer.transport.resume_reading()
+        cast(asyncio.Transport, self.writer.transport).resume_reading()
         tail = b""
         deadline = time.monotonic() + drain_s
         try:
@@ -244,7 +245,7 @@ async def stalled_reader(url: str, method: str, body: bytes, headers: dict[str, 
     await writer.drain()
     line = await asyncio.wait_for(reader.readline(), 120)
     status = int(line.split()[1]) if line else 0
-    writer.transport.pause_reading()
+    cast(asyncio.Transport, writer.transport).pause_reading()
     return Stalled(reader, writer, status)
 
 
@@ -273,7 +274,7 @@ async def stalled_websocket(url: str, message: dict[str, Any], rcvbuf: int = 409
     frame += mask + bytes(b ^ mask[i % 4] for i, b in enumerate(payload))
     writer.write(bytes(frame))
     await writer.drain()
-    writer.transport.pause_reading()
+    cast(asyncio.Transport, writer.transport).pause_reading()
     return Stalled(reader, writer, int(line.split()[1]) if line else 0)
 
 
@@ -305,7 +306,7 @@ class HostilePeer:
                 with contextlib.suppress(ConnectionError):
                     await original(packet)
 
-        transport._send_rtp = hostile
+        transport._send_rtp = hostile  # type: ignore[method-assign]  # the hostile peer's whole point
 
     def _rewrite(self, data: bytes) -> list[bytes]:
         if len(data) < 12 or (data[1] & 0x7F >= 72 and data[1] & 0x7F <= 76):  # not RTP (RTCP types 200-204)

@@ -17,10 +17,10 @@ import sys
 from pathlib import Path
 from typing import Any
 
-# LOOPBACK_ICE_ENV: not a setting; only for tests and benchmarks that run clients and servers on one machine
-# (aioice leaves 127.0.0.1 out of its candidates; with it set to 1, `assistant serve` offers it).
-from assistant.bench.processes import LOOPBACK_ICE_ENV
 from assistant.config import ConfigError, add_config_flags, flag_overrides, load_config
+
+# Not a setting: only for tests and benchmarks that run clients and servers on one machine.
+from assistant.rtc.loopback_ice import LOOPBACK_ICE_ENV
 
 log = logging.getLogger("assistant")
 WATCHERS: set[asyncio.Task[None]] = set()  # background tasks of a command (kept referenced while they run)
@@ -58,7 +58,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     app = create_app(cfg)
     if os.environ.get(LOOPBACK_ICE_ENV) == "1":
         # For tests and benchmarks on one machine (clients in other processes reach the peers over 127.0.0.1).
-        from assistant.bench.v2v import allow_loopback_ice
+        from assistant.rtc.loopback_ice import allow_loopback_ice
 
         allow_loopback_ice()
         log.warning("loopback_ice on (%s=1): 127.0.0.1 is offered as an ICE candidate", LOOPBACK_ICE_ENV)

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 import pytest_asyncio
 
+from assistant.rtc.loopback_ice import allow_loopback_ice
 from tests.turnserver import TURNSERVER, TurnServer, run_turnserver
 
 REPO = Path(__file__).resolve().parents[1]
@@ -41,17 +42,9 @@ def shared_audio() -> Path:
 @pytest.fixture(scope="session", autouse=True)
 def loopback_ice() -> None:
     """aioice leaves 127.0.0.1 out of its host candidates; peers in tests talk over loopback."""
-    import aioice.ice
-
-    original = aioice.ice.get_host_addresses
-
-    def with_loopback(use_ipv4: bool, use_ipv6: bool) -> list[str]:
-        found = original(use_ipv4=use_ipv4, use_ipv6=use_ipv6)
-        return (["127.0.0.1"] if use_ipv4 else []) + found
-
-    aioice.ice.get_host_addresses = with_loopback
+    undo = allow_loopback_ice()
     yield
-    aioice.ice.get_host_addresses = original
+    undo()
 
 
 @pytest.fixture(scope="session")

@@ -101,7 +101,7 @@ async def run_attack_bench(args: argparse.Namespace) -> int:
         return 2
     args.out.mkdir(parents=True, exist_ok=True)
     os.environ.setdefault("OMP_NUM_THREADS", "1")
-    from assistant.bench.v2v import allow_loopback_ice
+    from assistant.rtc.loopback_ice import allow_loopback_ice
 
     allow_loopback_ice()
     before = None

@@ -13,18 +13,19 @@ import contextlib
 import copy
 import json
 import logging
+import re
 import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from aiohttp import web
-
 from assistant.bench.report import summarize_level
-from assistant.bench.v2v import allow_loopback_ice, bench_v2v, default_audio_files
+from assistant.bench.v2v import bench_v2v, default_audio_files
 from assistant.config import Config, apply_overrides, load_config
 from assistant.pipeline.trace import GAPS
+from assistant.rtc.loopback_ice import allow_loopback_ice
 from assistant.server.app import create_app, wait_ready
+from assistant.server.local import serve_on_loopback
 from assistant.server.services import Services
 
 log = logging.getLogger(__name__)
@@ -80,24 +81,15 @@ async def run_variants(
         for name, settings in variants.items():
             cfg = _variant_config(base, settings)
             app = create_app(cfg, services)
-            runner = web.AppRunner(app)
-            await runner.setup()
-            site = web.TCPSite(runner, "127.0.0.1", 0)
-            await site.start()
-            port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-            try:
+            async with serve_on_loopback(app) as url:
                 await wait_ready(app)
-                result = await bench_v2v(
-                    f"http://127.0.0.1:{port}", files * repeats, None, 1, out / _slug(name), plot=False
-                )
+                result = await bench_v2v(url, files * repeats, None, 1, out / _slug(name), plot=False)
                 summary = summarize_level(result.levels[0])
                 turns = [
                     {"file": t.file, "status": t.status, "speech_ends": t.speech_ends, "columns": t.columns,
                      "gaps": t.gaps_ms}
                     for t in result.levels[0].turns
                 ]
-            finally:
-                await runner.cleanup()
             results.append(VariantResult(name, settings, summary, turns))
             log.info("bench.latency_features variant=%r v2v_p50=%s", name, summary["columns"]["v2v_ms"]["p50"])
     finally:
@@ -106,7 +98,8 @@ async def run_variants(
 
 
 def _slug(name: str) -> str:
-    return "".join(c if c.isalnum() else "-" for c in name).strip("-").lower()
+    """A variant's folder name: "model + transcript" → "model-transcript"."""
+    return re.sub(r"[^0-9a-z]+", "-", name.lower()).strip("-")
 
 
 def format_table(results: list[VariantResult]) -> str:

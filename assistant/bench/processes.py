@@ -19,8 +19,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-# Not a setting: with this set to 1, `assistant serve` offers 127.0.0.1 as an ICE candidate (cli.py).
-LOOPBACK_ICE_ENV = "ASSISTANT_LOOPBACK_ICE"
+from assistant.rtc.loopback_ice import LOOPBACK_ICE_ENV
 
 
 def free_port() -> int:

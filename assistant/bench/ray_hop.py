@@ -263,7 +263,7 @@ async def _levels_with_cpu(url: str, pids: Sequence[int], out: Path, args: argpa
 async def run_ray_bench(args: argparse.Namespace) -> int:
     out = Path(args.out)
     flags = ["--respond.engine", args.responder]
-    from assistant.bench.v2v import allow_loopback_ice
+    from assistant.rtc.loopback_ice import allow_loopback_ice
 
     allow_loopback_ice()
     with one_process(out, flags) as server:

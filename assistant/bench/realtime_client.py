@@ -28,13 +28,11 @@ from typing import Any
 
 import aiohttp
 import numpy as np
-from aiortc import RTCSessionDescription
 
 from assistant.audio import float_to_s16, resample, s16_to_float
-from assistant.bench.audio_source import Utterance, load_utterance, now, read_manifest
+from assistant.bench.audio_source import Utterance, load_utterance, read_manifest
 from assistant.bench.report import BenchResult, format_summary, format_turns, percentile
-from assistant.bench.v2v import CONNECT_TIMEOUT_S, BenchSession, _Event, bench_v2v, default_audio_files
-from assistant.rtc.jitter import AdaptiveReceiveBuffer
+from assistant.bench.v2v import BenchSession, _Event, bench_v2v, default_audio_files
 
 log = logging.getLogger(__name__)
 
@@ -56,51 +54,24 @@ class RealtimeBenchSession(BenchSession):
         self._reply_text: dict[str, str] = {}
         self._turn_of: dict[str, int] = {}
 
-    async def connect(self, timeout_s: float = CONNECT_TIMEOUT_S) -> None:
-        pc = self.pc
-        channel = pc.createDataChannel("oai-events")
+    channel_label = "oai-events"
 
-        @channel.on("open")
-        def _on_open() -> None:
-            self._open.set()
-
-        @channel.on("message")
-        def _on_message(message: Any) -> None:
-            at = now()
-            try:
-                body = json.loads(message)
-            except (TypeError, ValueError):
-                return
-            if isinstance(body, dict):
-                self.realtime_events.append((at, body))
-                for event in self.as_page_events(body):
-                    self.events.append(_Event(at, event))
-
-        @pc.on("track")
-        def _on_track(track: Any) -> None:
-            if track.kind == "audio":  # received as the page protocol's client does (see BenchSession.connect)
-                if self.low_latency_receive:
-                    self.receive_buffer = AdaptiveReceiveBuffer.for_track(pc, track, 1, 6, adaptive=False)
-                self._tasks.append(asyncio.create_task(self.listener.run(track), name=f"bench-rx-{self.index}"))
-
-        @pc.on("connectionstatechange")
-        def _on_state() -> None:
-            if pc.connectionState in ("failed", "closed") and not self.failed:
-                self.failed = f"peer {pc.connectionState}"
-
-        pc.addTransceiver(self.source, direction="sendrecv")
-        await pc.setLocalDescription(await pc.createOffer())
+    async def exchange(self, offer: str) -> str:
+        """The Realtime API's way: the SDP itself to ``/v1/realtime/calls``; the call's path comes back."""
         headers = {"Content-Type": "application/sdp", **self._headers()}
-        async with self.http.post(f"{self.url}/v1/realtime/calls?model=default", data=pc.localDescription.sdp,
+        async with self.http.post(f"{self.url}/v1/realtime/calls?model=default", data=offer,
                                   headers=headers) as resp:
             answer = await resp.text()
             if resp.status != 201:
                 raise RuntimeError(f"call refused: HTTP {resp.status} {answer[:300]}")
             self.call_path = resp.headers.get("Location", "")
         self.session_id = self.call_path.rsplit("/", 1)[-1]
-        await pc.setRemoteDescription(RTCSessionDescription(sdp=answer, type="answer"))
-        await asyncio.wait_for(self._open.wait(), timeout_s)
-        log.info("bench.realtime connected session=%d call=%s", self.index, self.session_id)
+        return answer
+
+    def on_event(self, at: float, body: dict[str, Any]) -> None:
+        self.realtime_events.append((at, body))
+        for event in self.as_page_events(body):
+            self.events.append(_Event(at, event))
 
     def as_page_events(self, event: dict[str, Any]) -> list[dict[str, Any]]:
         """A Realtime server event in our page protocol's shape (what ``run_turn`` reads), if it has one."""

@@ -46,6 +46,7 @@ from assistant.bench.report import (
     write_json,
 )
 from assistant.rtc.jitter import AdaptiveReceiveBuffer
+from assistant.rtc.loopback_ice import allow_loopback_ice
 
 log = logging.getLogger(__name__)
 
@@ -70,28 +71,6 @@ CONNECT_TIMEOUT_S = 20.0
 def default_audio_files() -> list[Path]:
     """``../shared/audio/en_*.wav`` minus the voice-cloning clip, sorted by name."""
     return sorted(p for p in SHARED_AUDIO.glob("en_*.wav") if p.name not in EXCLUDED_DEFAULT_FILES)
-
-
-def allow_loopback_ice() -> None:
-    """Let aioice offer 127.0.0.1 as a host candidate (it leaves loopback out).
-
-    Needed when the machine has no other interface; it patches this process only, so a server in
-    another process must do the same for the two to meet on loopback.
-    """
-    import aioice.ice
-
-    original = aioice.ice.get_host_addresses
-    if getattr(original, "_bench_loopback", False):
-        return
-
-    def get_host_addresses(use_ipv4: bool, use_ipv6: bool) -> list[str]:
-        addrs = original(use_ipv4, use_ipv6)
-        if use_ipv4 and "127.0.0.1" not in addrs:
-            addrs.append("127.0.0.1")
-        return addrs
-
-    get_host_addresses._bench_loopback = True  # type: ignore[attr-defined]
-    aioice.ice.get_host_addresses = get_host_addresses
 
 
 def is_same_host(url: str) -> bool:
@@ -224,10 +203,13 @@ class BenchSession:
     def _headers(self) -> dict[str, str]:
         return {"Authorization": f"Bearer {self.token}"} if self.token else {}
 
+    channel_label = "events"  # the data channel the server's events come on
+
     async def connect(self, timeout_s: float = CONNECT_TIMEOUT_S) -> None:
-        """Offer (data channel first, then audio), post it, apply the answer, wait until both flow."""
+        """Offer (data channel first, then audio), send it (:meth:`exchange`), apply the answer, wait until both
+        flow."""
         pc = self.pc
-        channel = pc.createDataChannel("events")
+        channel = pc.createDataChannel(self.channel_label)
 
         @channel.on("open")
         def _on_open() -> None:
@@ -242,7 +224,7 @@ class BenchSession:
                 log.warning("bench.v2v bad_event session=%d", self.index)
                 return
             if isinstance(body, dict):
-                self.events.append(_Event(at, body))
+                self.on_event(at, body)
 
         @pc.on("track")
         def _on_track(track: Any) -> None:
@@ -260,15 +242,24 @@ class BenchSession:
 
         pc.addTransceiver(self.source, direction="sendrecv")
         await pc.setLocalDescription(await pc.createOffer())  # gathers host candidates into the SDP
-        body = {"sdp": pc.localDescription.sdp, "type": pc.localDescription.type}
+        answer = await self.exchange(pc.localDescription.sdp)
+        await pc.setRemoteDescription(RTCSessionDescription(sdp=answer, type="answer"))
+        await asyncio.wait_for(self._open.wait(), timeout_s)
+        log.info("bench.v2v connected session=%d id=%s", self.index, self.session_id)
+
+    async def exchange(self, offer: str) -> str:
+        """Send the offer the page's way (``POST /api/offer``); sets :attr:`session_id`, returns the answer SDP."""
+        body = {"sdp": offer, "type": "offer"}
         async with self.http.post(f"{self.url}/api/offer", json=body, headers=self._headers()) as resp:
             data = await resp.json(content_type=None)
             if resp.status != 200:
                 raise RuntimeError(f"offer refused: HTTP {resp.status} {data}")
         self.session_id = data.get("session_id", "")
-        await pc.setRemoteDescription(RTCSessionDescription(sdp=data["sdp"], type=data["type"]))
-        await asyncio.wait_for(self._open.wait(), timeout_s)
-        log.info("bench.v2v connected session=%d id=%s", self.index, self.session_id)
+        return str(data["sdp"])
+
+    def on_event(self, at: float, body: dict[str, Any]) -> None:
+        """One server event, stamped on arrival."""
+        self.events.append(_Event(at, body))
 
     def _events_since(self, start: int, kind: str) -> list[_Event]:
         return [e for e in self.events[start:] if e.body.get("type") == kind]

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Set up everything the tests need on a fresh machine, then run them.
 #   - a virtual environment in .venv with the package and its test extras
+#   - mypy over the package, then pytest
 #   - Debian's chromium for the browser tests and coturn (turnserver) for the TURN relay tests
 #     (when apt-get is available and we are root)
 # Extra arguments go to pytest (e.g. scripts/test.sh -k vad, scripts/test.sh --soak).
@@ -27,4 +28,6 @@ if [ "${#missing[@]}" -gt 0 ]; then
   fi
 fi
 
+# The type check ([tool.mypy] in pyproject.toml: the whole package, default strictness) before the tests.
+python -m mypy
 exec python -m pytest -q "$@"

@@ -14,7 +14,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from assistant.audio import SPEECH_RATE
 from assistant.pipeline.trace import GAPS, PARTS
+from assistant.vad.silero import WINDOW_SAMPLES
 
 log = logging.getLogger(__name__)
 
@@ -41,8 +43,12 @@ COLUMNS: dict[str, str] = {
     "(position inside the frame, quiet first frames, client playout queue)",
     "unaccounted_ms": "v2v_ms minus every stage column it contains (endpoint … onset): the uplink (encode, "
     "network, server jitter buffer, decode) plus where the server's VAD put the speech end against the "
-    "manifest; negative when the VAD put the end earlier than the uplink took",
+    "manifest; negative when the VAD put the end earlier than the uplink took (by less than one VAD window, "
+    "SPEECH_END_RESOLUTION_MS)",
 }
+# How finely the server's VAD places a speech end (one Silero window): the server's speech_end mark may fall
+# this much before the manifest's, so unaccounted_ms (uplink + that offset) may be negative by up to this much.
+SPEECH_END_RESOLUTION_MS = WINDOW_SAMPLES * 1000 / SPEECH_RATE
 # The server's stage durations, named and ordered as the server's turn trace defines them: they add up to
 # server_v2v_ms.
 SERVER_STAGES: tuple[str, ...] = PARTS

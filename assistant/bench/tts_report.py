@@ -60,7 +60,7 @@ def _engine(result: dict) -> list[str]:
     lines = []
     path = result.get("decode_path") or {}
     stats = result.get("engine_stats") or {}
-    final = stats.get("decode_path") if isinstance(stats.get("decode_path"), dict) else path
+    final = stats["decode_path"] if isinstance(stats.get("decode_path"), dict) else path
     if path:
         cap = path.get("capture_s")
         lines += ["", f"decode path: {final.get('path')}" + (f", capture {float(cap):.2f} s at warm-up"

@@ -25,12 +25,13 @@ import sys
 from typing import Any
 
 import torch
-from torch import nn
 
 from assistant.tts.cosyvoice import SAMPLE_RATE
 from assistant.tts.cosyvoice.admission import Admission, EngineBusy, Ticket
 from assistant.tts.cosyvoice.chunk_scheduler import ChunkWorker
 from assistant.tts.cosyvoice.decode_worker import DecodeWorker
+from assistant.tts.cosyvoice.flow import CausalFlow
+from assistant.tts.cosyvoice.hift import HiFTVocoder
 from assistant.tts.cosyvoice.jobs import SpeechJob
 from assistant.tts.cosyvoice.llm import SpeechLM
 from assistant.tts.cosyvoice.prompt_cache import DEFAULT_MAX_BYTES, PromptCache
@@ -52,8 +53,8 @@ class SpeechBatcher:
     def __init__(
         self,
         lm: SpeechLM,
-        flow: nn.Module,
-        hift: nn.Module,
+        flow: CausalFlow,
+        hift: HiFTVocoder,
         *,
         slots: int = 4,
         max_waiting: int = 4,

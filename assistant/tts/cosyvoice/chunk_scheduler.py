@@ -77,6 +77,7 @@ class ChunkWorker:
         self._tasks: dict[SpeechJob, _Task] = {}
         self._builds = PrefixBuilds(cache)
         self.busy = False                # read by the decode thread (its step time with or without us)
+        self.first_chunks = False        # read by the decode thread: a job's first chunk is under way
         self.chunk_s = 0.0               # wall time of rounds that did work
         self.batches = 0                 # model calls made
         self.batched_items = 0           # pieces of work in them (mean batch = batched_items / batches)
@@ -192,6 +193,14 @@ class ChunkWorker:
             self._run_batch(ready)
         elif self._may_build(live):
             self._run_builds()
+        self._note_first_chunks()
+
+    def _note_first_chunks(self) -> None:
+        """Publish whether a first chunk is under way (the decode thread may hold jobs meanwhile: see
+        `decode_worker.first_packets_first`); wake the decode thread when none is any more."""
+        was, self.first_chunks = self.first_chunks, any(j.t_first_audio is None for j in self._tasks)
+        if was and not self.first_chunks:
+            self.wake_decoder()
 
     def _may_build(self, jobs: list[SpeechJob]) -> bool:
         """Prefix builds go on only while every job, submitted or running, has played its first chunk: a piece
@@ -273,6 +282,7 @@ class ChunkWorker:
                 batch.append(task)
         if not batch:
             return
+        self._note_first_chunks()
         self._run_work(batch)
 
     def _run_builds(self) -> None:

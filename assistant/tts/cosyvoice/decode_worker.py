@@ -13,6 +13,11 @@ the device (the chunk thread's work runs on another stream meanwhile). Each step
 steps that ran while the chunk thread was busy and steps that ran alone (``stats``), so contention shows.
 
 Cancelling a request frees its KV slot at the next iteration (within one decode step).
+
+First packets first (``hold_ahead``, the default on the CPU, where both threads share the cores and the memory
+bandwidth): while a job's first chunk is under way, only jobs still short of their own first chunk's tokens
+are stepped; the others' later tokens would only slow that chunk down (`first_packets_first`). On a GPU the
+steps cost the chunk thread little and are not held.
 """
 
 from __future__ import annotations
@@ -40,16 +45,32 @@ log = logging.getLogger(__name__)
 Inflight = tuple[torch.Tensor, list[SpeechJob], Any]   # tokens (host or device), their jobs, a CUDA event
 
 
+def first_chunk_tokens(job: SpeechJob, lookahead: int) -> int:
+    """Tokens the job's first chunk needs: its first hop and the flow encoder's look-ahead."""
+    return job.schedule.first_hop + lookahead
+
+
+def first_packets_first(decoding: list[SpeechJob], first_chunks: bool, lookahead: int) -> list[SpeechJob]:
+    """The jobs to step now: all, unless a first chunk is under way (``first_chunks``); then only those that
+    have played nothing and still lack tokens for their first chunk."""
+    if not first_chunks:
+        return decoding
+    return [j for j in decoding
+            if j.t_first_audio is None and len(j.decoded) < first_chunk_tokens(j, lookahead)]
+
+
 class DecodeWorker:
     """Owns the KV slots (which job holds which) and the decode thread; the model side is `DecodeState`."""
 
     def __init__(
         self, lm: SpeechLM, cache: PromptCache, chunks: ChunkWorker, *, slots: int, max_positions: int,
-        cuda_graphs: bool, static_step: bool, cpu_threads: int,
+        cuda_graphs: bool, static_step: bool, cpu_threads: int, lookahead: int = 3, hold_ahead: bool | None = None,
     ) -> None:
         self.cache, self.chunks, self.cpu_threads = cache, chunks, cpu_threads
         self.state = DecodeState(lm, slots, max_positions, cuda_graphs=cuda_graphs, static_step=static_step)
         self.device = dev = self.state.device
+        self.lookahead = lookahead
+        self.hold_ahead = dev.type == "cpu" if hold_ahead is None else hold_ahead
         self._cond = threading.Condition()
         self._incoming: list[SpeechJob] = []
         self._captures: list[threading.Event] = []
@@ -63,6 +84,8 @@ class DecodeWorker:
         self.decode_s = 0.0             # wall time of decode steps
         self.busy_steps = 0             # steps that ran while the chunk thread was working
         self.busy_s = 0.0
+        self.held_rows = 0              # job-steps held back while a first chunk was under way (others stepped)
+        self.held_s = 0.0               # time no job was stepped because all were held
         self._stream = torch.cuda.Stream(dev) if dev.type == "cuda" else None
         self._thread = threading.Thread(target=self._run, name="cosyvoice-decode", daemon=True)
 
@@ -114,6 +137,8 @@ class DecodeWorker:
             "decode_s": self.decode_s,
             "decode_step_ms_alone": 1000 * (self.decode_s - self.busy_s) / alone if alone else None,
             "decode_step_ms_beside_chunks": 1000 * self.busy_s / self.busy_steps if self.busy_steps else None,
+            "decode_rows_held": self.held_rows,
+            "decode_held_s": self.held_s,
             "kv_cache_mb": self.state.cache_bytes / 2**20,
             "decode_path": self.path,
         }
@@ -134,9 +159,13 @@ class DecodeWorker:
     def _loop(self) -> None:
         while True:
             with self._cond:
-                while (not self._stop and not self._incoming and not self._waiting and not self._decoding
-                       and not self._captures):
+                t_wait = None
+                while (not self._stop and not self._incoming and not self._waiting and not self._captures
+                       and self._inflight is None and not self._stepping()):
+                    t_wait = t_wait or time.perf_counter()
                     self._cond.wait()
+                if t_wait is not None and self._decoding:  # jobs were decoding: held (first packets first)
+                    self.held_s += time.perf_counter() - t_wait
                 if self._stop:
                     break
                 self._waiting.extend(self._incoming)
@@ -158,6 +187,15 @@ class DecodeWorker:
                 for job in self._decoding + self._waiting:
                     self.chunks.fail(job, exc)
 
+    def _stepping(self) -> list[SpeechJob]:
+        """The decoding jobs to step now (`first_packets_first` when holding ahead); cancelled ones too, so
+        that the iteration ends them."""
+        decoding = [j for j in self._decoding if j.slot >= 0]
+        if not self.hold_ahead:
+            return decoding
+        now = first_packets_first(decoding, self.chunks.first_chunks, self.lookahead)
+        return now + [j for j in decoding if j.cancelled.is_set() and j not in now]
+
     def _iteration(self) -> None:
         for job in [j for j in self._waiting if j.cancelled.is_set()]:
             self._waiting.remove(job)
@@ -175,7 +213,9 @@ class DecodeWorker:
                     self.chunks.fail(job, exc)
                     self._end_decoding(job)
         previous, self._inflight = self._inflight, None
-        decoding = [j for j in self._decoding if j.slot >= 0]
+        active = [j for j in self._decoding if j.slot >= 0]
+        decoding = [j for j in self._stepping() if not j.cancelled.is_set()]
+        self.held_rows += len(active) - len(decoding)
         if decoding:
             self._inflight = self._step(decoding)           # queued on the device, not waited for
         if previous is not None:

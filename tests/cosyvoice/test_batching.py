@@ -253,8 +253,8 @@ def test_prefills_of_different_lengths_in_one_forward_equal_each_alone(setup):
     assert rest.size(1) != other.size(1)
 
 
-def test_first_packets_first_holds_only_jobs_past_their_first_chunk_tokens(setup):
-    from assistant.tts.cosyvoice.decode_worker import first_packets_first
+def test_first_packets_first_holds_jobs_past_their_first_chunk_tokens_and_admits_one_at_a_time(setup):
+    from assistant.tts.cosyvoice.decode_worker import admissible, first_packets_first
     from assistant.tts.cosyvoice.jobs import SpeechJob
 
     _, voice, g = setup
@@ -269,6 +269,10 @@ def test_first_packets_first_holds_only_jobs_past_their_first_chunk_tokens(setup
     jobs = [short, ready, playing]
     assert first_packets_first(jobs, first_chunks=False, lookahead=3) == jobs        # no first chunk under way
     assert first_packets_first(jobs, first_chunks=True, lookahead=3) == [short]      # only tokens a first needs
+    # waiting jobs start one at a time, once no running job is short of its first chunk's tokens
+    assert admissible(3, jobs, lookahead=3) == 0
+    assert admissible(3, [ready, playing], lookahead=3) == 1
+    assert admissible(0, [ready, playing], lookahead=3) == 0
 
 
 def test_held_decoding_changes_no_audio_and_ends(setup):

@@ -16,8 +16,10 @@ Cancelling a request frees its KV slot at the next iteration (within one decode 
 
 First packets first (``hold_ahead``, the default on the CPU, where both threads share the cores and the memory
 bandwidth): while a job's first chunk is under way, only jobs still short of their own first chunk's tokens
-are stepped; the others' later tokens would only slow that chunk down (`first_packets_first`). On a GPU the
-steps cost the chunk thread little and are not held.
+are stepped; the others' later tokens would only slow that chunk down (`first_packets_first`). And waiting
+jobs are prefilled one at a time, each once the jobs before it have their first chunk's tokens
+(`admissible`): a job's first chunk then runs beside the next one's prefill, where one prefill of all of them
+would have made every first packet wait for the whole batch. On a GPU neither is held: batching is cheap there.
 """
 
 from __future__ import annotations
@@ -50,13 +52,26 @@ def first_chunk_tokens(job: SpeechJob, lookahead: int) -> int:
     return job.schedule.first_hop + lookahead
 
 
+def short_of_first_chunk(job: SpeechJob, lookahead: int) -> bool:
+    """Has the job played nothing and still too few tokens for its first chunk?"""
+    return job.t_first_audio is None and len(job.decoded) < first_chunk_tokens(job, lookahead)
+
+
 def first_packets_first(decoding: list[SpeechJob], first_chunks: bool, lookahead: int) -> list[SpeechJob]:
     """The jobs to step now: all, unless a first chunk is under way (``first_chunks``); then only those that
-    have played nothing and still lack tokens for their first chunk."""
+    still lack tokens for their first chunk."""
     if not first_chunks:
         return decoding
-    return [j for j in decoding
-            if j.t_first_audio is None and len(j.decoded) < first_chunk_tokens(j, lookahead)]
+    return [j for j in decoding if short_of_first_chunk(j, lookahead)]
+
+
+def admissible(free: int, decoding: list[SpeechJob], lookahead: int) -> int:
+    """How many waiting jobs to prefill now when first packets go first: one, once no job is short of its
+    first chunk's tokens. On shared cores a prefill batch costs the sum of its prompts; one at a time, each
+    job's first chunk (chunk thread) runs beside the next job's prefill (decode thread)."""
+    if free == 0 or any(short_of_first_chunk(j, lookahead) for j in decoding):
+        return 0
+    return 1
 
 
 class DecodeWorker:
@@ -160,8 +175,8 @@ class DecodeWorker:
         while True:
             with self._cond:
                 t_wait = None
-                while (not self._stop and not self._incoming and not self._waiting and not self._captures
-                       and self._inflight is None and not self._stepping()):
+                while (not self._stop and not self._incoming and not self._captures and self._inflight is None
+                       and not self._stepping() and not self._startable()):
                     t_wait = t_wait or time.perf_counter()
                     self._cond.wait()
                 if t_wait is not None and self._decoding:  # jobs were decoding: held (first packets first)
@@ -187,6 +202,16 @@ class DecodeWorker:
                 for job in self._decoding + self._waiting:
                     self.chunks.fail(job, exc)
 
+    def _room(self) -> int:
+        """How many waiting jobs may start now (free slots; `admissible` when first packets go first)."""
+        if not self.hold_ahead:
+            return len(self._free)
+        return admissible(len(self._free), [j for j in self._decoding if j.slot >= 0], self.lookahead)
+
+    def _startable(self) -> bool:
+        """Waiting jobs to start now, or cancelled ones to drop."""
+        return bool(self._waiting) and (self._room() > 0 or any(j.cancelled.is_set() for j in self._waiting))
+
     def _stepping(self) -> list[SpeechJob]:
         """The decoding jobs to step now (`first_packets_first` when holding ahead); cancelled ones too, so
         that the iteration ends them."""
@@ -201,8 +226,9 @@ class DecodeWorker:
             self._waiting.remove(job)
         for job in [j for j in self._decoding if j.cancelled.is_set()]:
             self._end_decoding(job)
+        room = self._room()
         starting: list[SpeechJob] = []
-        while self._waiting and len(starting) < len(self._free):
+        while self._waiting and len(starting) < room:
             starting.append(self._waiting.pop(0))
         if starting:
             try:

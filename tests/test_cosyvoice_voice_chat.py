@@ -2,13 +2,15 @@
 
 A real server and a real aiortc client; the tiny random-weight model with the tiny tokenizer, so text goes
 through our front end end to end. The responder writes three sentences a few characters at a time, as an LLM
-does: the first reply audio must leave the server before the responder's last delta, and each piece the
-engine speaks must keep its spaces (no second chunker gluing sentences together).
+does, and holds its last delta until the engine has yielded reply audio: that audio must come (the engine
+speaks the first sentence before the reply is whole; an order, not a duration), and each piece the engine
+speaks must keep its spaces (no second chunker gluing sentences together).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import shutil
 import time
 from collections.abc import AsyncIterator, Sequence
@@ -31,22 +33,29 @@ pytestmark = [pytest.mark.asyncio(loop_scope="module"), pytest.mark.slow]
 FIXTURES = Path(__file__).resolve().parents[1].parent / "shared/fixtures/cosyvoice2"
 REPLY = "Sure, I can help with that. The weather in Tokyo is sunny today. Anything else?"
 DELTA_CHARS = 4
-DELTA_GAP_S = 0.15  # an LLM writing ~25 characters a second: the reply takes ~3 s to write
+DELTA_GAP_S = 0.05  # an LLM writing a few characters at a time
+LAST_DELTA_HOLD_S = 45.0  # a guard only: how long the last delta waits for reply audio before giving up
 
 
 class SlowWriter:
-    """A responder that streams ``REPLY`` in 4-character deltas, noting when it sent the last one."""
+    """A responder that streams ``REPLY`` in 4-character deltas and holds the last one until ``audio`` is set
+    (the engine yielded reply audio), noting whether it was."""
 
     name = "slow-writer"
 
-    def __init__(self) -> None:
-        self.last_delta_at = 0.0
+    def __init__(self, audio: asyncio.Event) -> None:
+        self.audio = audio
+        self.audio_before_last_delta: bool | None = None
 
     async def respond(self, text: str, history: Sequence[Message]) -> AsyncIterator[str]:
-        for i in range(0, len(REPLY), DELTA_CHARS):
+        deltas = [REPLY[i : i + DELTA_CHARS] for i in range(0, len(REPLY), DELTA_CHARS)]
+        for delta in deltas[:-1]:
             await asyncio.sleep(DELTA_GAP_S)
-            self.last_delta_at = time.time()
-            yield REPLY[i : i + DELTA_CHARS]
+            yield delta
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self.audio.wait(), LAST_DELTA_HOLD_S)
+        self.audio_before_last_delta = self.audio.is_set()
+        yield deltas[-1]
 
 
 def tiny_model_dir(tmp: Path) -> Path:
@@ -65,9 +74,10 @@ async def test_reply_streams_into_cosyvoice_chunked_once(services: Services, sha
     from assistant.tts.cosyvoice.engine import CosyVoiceEngine
 
     spoken: list[str] = []
+    audio = asyncio.Event()
 
     class RecordingEngine(CosyVoiceEngine):
-        """The real engine, noting each piece of text it is handed."""
+        """The real engine, noting each piece of text it is handed and when it has yielded audio."""
 
         async def synthesize_stream(self, pieces: AsyncIterator[str], request: TTSRequest | None = None
                                     ) -> AsyncIterator[np.ndarray]:
@@ -77,12 +87,13 @@ async def test_reply_streams_into_cosyvoice_chunked_once(services: Services, sha
                     yield piece
 
             async for chunk in super().synthesize_stream(noted(), request):
+                audio.set()
                 yield chunk
 
     engine = RecordingEngine(TTSConfig(engine="cosyvoice2", model_dir=str(tiny_model_dir(tmp_path)),
                                        device="cpu", dtype="float32", max_concurrent=1, cuda_graphs=False))
     await engine.warmup()
-    writer = SlowWriter()
+    writer = SlowWriter(audio)
     saved = services.tts, services.responder
     services.tts, services.responder = engine, writer
     try:
@@ -103,6 +114,6 @@ async def test_reply_streams_into_cosyvoice_chunked_once(services: Services, sha
         services.tts, services.responder = saved
         await engine.close()
     assert result.status == "ok", result.reason
-    first_sent_ms = result.server_marks_ms["first_frame_sent"]
-    assert first_sent_ms < writer.last_delta_at * 1000, "first audio waited for the whole reply"
+    assert "first_frame_sent" in result.server_marks_ms
+    assert writer.audio_before_last_delta, "first audio waited for the whole reply"
     assert spoken == ["Sure, I can help with that.", "The weather in Tokyo is sunny today.", "Anything else?"], spoken

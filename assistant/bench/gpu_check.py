@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import importlib
 import importlib.util
 import json
@@ -169,10 +170,10 @@ def stage_env(stage: Stage, device: str) -> None:
     missing = []
     for mod in OPTIONAL_MODULES:
         try:
-            found = importlib.util.find_spec(mod) is not None
+            present = importlib.util.find_spec(mod) is not None
         except (ImportError, ValueError):
-            found = False
-        if not found:
+            present = False
+        if not present:
             missing.append(mod)
     f["missing_modules"] = ", ".join(missing) or "none"
     if device == "cuda":
@@ -437,9 +438,9 @@ def _bench_rows(result: dict[str, Any], label: str) -> tuple[list[dict[str, Any]
         keys = [k for k in SWEEP_FIRST if k in r] + [k for k in r if k not in SWEEP_FIRST]
         rows.append({"run": label, **{k: r[k] for k in keys if not isinstance(r[k], (dict, list))}})
     facts = {k: v for k, v in result.items() if isinstance(v, (int, float, str, bool)) and v is not None}
-    for name, keys in NESTED_FACTS.items():
+    for name, nested_keys in NESTED_FACTS.items():
         nested = result.get(name) or {}
-        for k in keys:
+        for k in nested_keys:
             v = nested.get(k)
             if isinstance(v, dict):  # the decode path as it ended: graph replays and direct steps
                 facts.update({f"{name}.{k}.{kk}": vv for kk, vv in v.items() if not isinstance(vv, (dict, list))})
@@ -524,8 +525,6 @@ def bench_child(out: Path, bench_args: list[str]) -> int:
 
     from assistant.bench import tts as bench
 
-    if importlib.util.find_spec("matplotlib") is None and hasattr(bench, "_plot"):
-        bench._plot = lambda *a, **k: log.warning("gpu_check.plot_skipped reason=no_matplotlib")  # type: ignore
     parser = argparse.ArgumentParser()
     bench.add_tts_bench_arguments(parser)
     args = parser.parse_args(bench_args)
@@ -577,7 +576,7 @@ def main(argv: list[str] | None = None) -> int:
     for i, (label, bench_args) in enumerate(runs):
         share = 0.75 if i < len(runs) - 1 else 1.0   # the headline run first, with most of the time
         seconds = (deadline - time.monotonic()) * share
-        report.run(f"bench_{label}", lambda s, a=bench_args, t=seconds: stage_bench(s, out, a, t))
+        report.run(f"bench_{label}", functools.partial(stage_bench, out=out, bench_args=bench_args, seconds=seconds))
     print(report.markdown())
     print(f"gpu_check: wrote {out}/gpu_check.md and .json in {time.monotonic() - t_start:.0f} s")
     return 0 if all(s.status in ("pass", "skipped") for s in report.stages) else 1

@@ -234,6 +234,10 @@ def _sync(device: str) -> None:
         torch.cuda.synchronize()
 
 
+SWEEP_SPLIT = ("admit_wait_ms", "prefill_ms", "decode_ms_per_token", "tokens_at_first_packet", "first_flow_ms",
+               "first_vocoder_ms", "first_queue_ms")
+
+
 def _sweep_row(sname: str, n: int, voice: str, runs: list[dict], wall: float, cuda: bool) -> dict:
     fp = [r["first_packet_ms"] for r in runs]
     return {
@@ -246,6 +250,8 @@ def _sweep_row(sname: str, n: int, voice: str, runs: list[dict], wall: float, cu
         "wall_s": wall,
         "stream_mb": statistics.mean(r["stream_mb"] for r in runs),
         "gpu_peak_mb": torch.cuda.max_memory_allocated() / 2**20 if cuda else None,
+        # where the first packets went, mean over the streams (the same split as one request's)
+        "split": {k: statistics.mean(r.get(k, 0.0) for r in runs) for k in SWEEP_SPLIT},
     }
 
 

@@ -60,7 +60,7 @@ def _engine(result: dict) -> list[str]:
     lines = []
     path = result.get("decode_path") or {}
     stats = result.get("engine_stats") or {}
-    final = stats.get("decode_path") if isinstance(stats.get("decode_path"), dict) else path
+    final = stats["decode_path"] if isinstance(stats.get("decode_path"), dict) else path
     if path:
         cap = path.get("capture_s")
         lines += ["", f"decode path: {final.get('path')}" + (f", capture {float(cap):.2f} s at warm-up"
@@ -75,7 +75,8 @@ def _engine(result: dict) -> list[str]:
         lines += [f"decode step: {ms('decode_step_ms_alone')} ms alone, {ms('decode_step_ms_beside_chunks')} ms "
                   f"while chunk work ran; flow/vocoder calls {stats.get('flow_batches', '-')}, mean batch "
                   f"{float(stats.get('mean_flow_batch', 0)):.2f}, largest {stats.get('max_flow_batch', '-')}; "
-                  f"voice prefixes built beside streams {stats.get('prefixes_built', '-')}"]
+                  f"voice prefixes built beside streams {stats.get('prefixes_built', '-')}; decode held "
+                  f"{ms('decode_held_s')} s while first chunks ran (first packets first)"]
     if "first_after_start" in result and path.get("capture_s") not in (None, "None"):
         lines.append(f"first request after start {result['first_after_start']['first_packet_ms']:.0f} ms "
                      "(before the capture; the capture is not in any request)")
@@ -96,6 +97,20 @@ def _sweep(result: dict) -> list[str]:
                      f"{r.get('continuity', float('nan')):.0%} | "
                      f"{r.get('gap_ms_mean', float('nan')):.0f} | {r['rtf_mean']:.2f} | {r['aggregate_rtf']:.3f} | "
                      f"{r.get('stream_mb', 0):.0f} | {gpu} |")
+    split = [r for r in result["sweep"] if r.get("split")]
+    if split:
+        lines += ["", "Where the sweep's first packets go (ms, mean over the streams; flow and vocoder times of a "
+                  "batched chunk are its whole batch's)", "",
+                  "| schedule | voice | streams | slot wait | LLM prefill | decode/token | tokens at 1st | "
+                  "1st chunk flow | 1st chunk vocoder | chunk queue |", "|" + "---|" * 10]
+        for r in split:
+            sp = r["split"]
+            lines.append(f"| {r['schedule']} | {r.get('voice', 'warm')} | {r['streams']} | "
+                         + " | ".join(f"{sp.get(k, 0.0):.1f}" for k in ("admit_wait_ms", "prefill_ms",
+                                                                           "decode_ms_per_token"))
+                         + f" | {sp.get('tokens_at_first_packet', 0.0):.0f} | "
+                         + " | ".join(f"{sp.get(k, 0.0):.1f}" for k in ("first_flow_ms", "first_vocoder_ms",
+                                                                           "first_queue_ms")) + " |")
     by = {(r["schedule"], r.get("voice", "warm"), r["streams"]): r for r in result["sweep"]}
     for (s, v, n), r in by.items():
         one = by.get((s, v, 1))

@@ -251,3 +251,49 @@ def test_prefills_of_different_lengths_in_one_forward_equal_each_alone(setup):
         torch.testing.assert_close(together.k_cache[:, slot, :, :n], alone.k_cache[:, slot, :, :n], atol=1e-5,
                                    rtol=1e-5)
     assert rest.size(1) != other.size(1)
+
+
+def test_first_packets_first_holds_jobs_past_their_first_chunk_tokens_and_admits_one_at_a_time(setup):
+    from assistant.tts.cosyvoice.decode_worker import admissible, first_packets_first
+    from assistant.tts.cosyvoice.jobs import SpeechJob
+
+    _, voice, g = setup
+
+    def job(decoded: int, played: bool) -> SpeechJob:
+        j = SpeechJob(g["in.e2e_text_token"], voice, None, None, StreamSchedule.fast(), lambda item: None)
+        j.decoded = list(range(decoded))
+        j.t_first_audio = 1.0 if played else None
+        return j
+
+    short, ready, playing = job(5, False), job(13, False), job(40, True)
+    jobs = [short, ready, playing]
+    assert first_packets_first(jobs, first_chunks=False, lookahead=3) == jobs        # no first chunk under way
+    assert first_packets_first(jobs, first_chunks=True, lookahead=3) == [short]      # only tokens a first needs
+    # waiting jobs start one at a time, once no running job is short of its first chunk's tokens
+    assert admissible(3, jobs, lookahead=3) == 0
+    assert admissible(3, [ready, playing], lookahead=3) == 1
+    assert admissible(0, [ready, playing], lookahead=3) == 0
+
+
+def test_held_decoding_changes_no_audio_and_ends(setup):
+    """With the hold on (the CPU default) and off, two concurrent requests give the same audio; with it on,
+    the decode thread really did wait while the first chunks ran."""
+    model, voice, g = setup
+
+    async def run(hold: bool) -> tuple[list, dict]:
+        engine = _engine(model, max_concurrent=2)
+        engine.batcher.decoder.hold_ahead = hold
+        await engine.prepare_voice(voice)
+        # long enough that the LLM is still decoding while the first chunks run
+        both = await asyncio.gather(_collect(engine, voice, g, seed=1, tokens=400),
+                                    _collect(engine, voice, g, seed=2, tokens=300))
+        stats = engine.stats()
+        await engine.close()
+        return both, stats
+
+    held, stats_held = asyncio.run(run(True))
+    free, stats_free = asyncio.run(run(False))
+    assert stats_held["decode_held_s"] > 0 and stats_free["decode_held_s"] == 0
+    for a, b in zip(held, free, strict=True):
+        np.testing.assert_allclose(np.concatenate([c.audio for c in a]), np.concatenate([c.audio for c in b]),
+                                   atol=AUDIO_ATOL)

@@ -1,5 +1,6 @@
 """The chunk scheduler's rounds on the tiny model, driven by hand (no thread): earliest deadline first, batches
-filled with streams whose next piece matches, a cold voice's prefix built only when nothing is due."""
+filled with streams whose next piece matches, a cold voice's prefix built only when nothing is due and no request
+waits for its first audio."""
 
 from __future__ import annotations
 
@@ -83,7 +84,14 @@ def test_cold_voice_starts_at_once_and_its_prefix_is_built_when_idle(setup):
     worker = _worker(model, cache, max_batch=4)
     _rounds(worker, [job], log, 1)
     assert job.stats["cold_voice"] == 1.0 and cache.get("flow", prefix_key(model.flow, voice)) is None
+    arriving = _job(voice, tokens, "arriving", log, None)
+    worker.expect(arriving)                        # submitted, still in its prefill: no first audio yet
+    batches = worker.batches
+    with torch.inference_mode():
+        worker._round([job])
+    assert worker.batches == batches, "a build piece ran while a request waited for its first audio"
+    arriving.cancel()                              # gone before it started: the builds go on
     with torch.inference_mode():
         while worker._builds:                      # nothing due: each round builds one piece of the prefix
             worker._round([job])
-    assert worker.prefixes_built == 1 and cache.get("flow", prefix_key(model.flow, voice)) is not None
+    assert worker.stats()["prefixes_built"] == 1 and cache.get("flow", prefix_key(model.flow, voice)) is not None

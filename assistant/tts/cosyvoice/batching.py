@@ -25,12 +25,13 @@ import sys
 from typing import Any
 
 import torch
-from torch import nn
 
 from assistant.tts.cosyvoice import SAMPLE_RATE
 from assistant.tts.cosyvoice.admission import Admission, EngineBusy, Ticket
 from assistant.tts.cosyvoice.chunk_scheduler import ChunkWorker
 from assistant.tts.cosyvoice.decode_worker import DecodeWorker
+from assistant.tts.cosyvoice.flow import CausalFlow
+from assistant.tts.cosyvoice.hift import HiFTVocoder
 from assistant.tts.cosyvoice.jobs import SpeechJob
 from assistant.tts.cosyvoice.llm import SpeechLM
 from assistant.tts.cosyvoice.prompt_cache import DEFAULT_MAX_BYTES, PromptCache
@@ -46,14 +47,16 @@ class SpeechBatcher:
     ``cuda_graphs``: replay the decode step as a CUDA graph (captured by `capture`, at warm-up);
     ``static_step``: run that same static step without capturing (any device: how the CPU tests trace the
     graphed path). ``flow_batch``: most streams in one flow or vocoder call (default ``slots``);
-    ``buckets``: solve lengths a stream's frames may be padded up to so more streams share a call.
+    ``buckets``: solve lengths a stream's frames may be padded up to so more streams share a call;
+    ``hold_ahead``: hold LLM steps of jobs that have their first chunk's tokens while a first chunk is under
+    way (default: on the CPU, where the two threads share cores and memory bandwidth; `decode_worker.py`).
     """
 
     def __init__(
         self,
         lm: SpeechLM,
-        flow: nn.Module,
-        hift: nn.Module,
+        flow: CausalFlow,
+        hift: HiFTVocoder,
         *,
         slots: int = 4,
         max_waiting: int = 4,
@@ -65,6 +68,7 @@ class SpeechBatcher:
         cpu_threads: tuple[int, int] | None = None,
         flow_batch: int | None = None,
         buckets: tuple[int, ...] = (),
+        hold_ahead: bool | None = None,
     ) -> None:
         self.lm, self.flow, self.hift = lm, flow, hift
         n = torch.get_num_threads()
@@ -80,7 +84,8 @@ class SpeechBatcher:
         self.chunks = ChunkWorker(flow, hift, self.cache, sample_rate=sample_rate, max_batch=flow_batch or slots,
                                   buckets=buckets, cpu_threads=self.cpu_threads[1])
         self.decoder = DecodeWorker(lm, self.cache, self.chunks, slots=slots, max_positions=max_positions,
-                                    cuda_graphs=cuda_graphs, static_step=static_step, cpu_threads=self.cpu_threads[0])
+                                    cuda_graphs=cuda_graphs, static_step=static_step, cpu_threads=self.cpu_threads[0],
+                                    lookahead=flow.cfg.pre_lookahead_len, hold_ahead=hold_ahead)
         self.chunks.wake_decoder = self.decoder.wake
         self.decoder.start()
         self.chunks.start()

@@ -14,9 +14,9 @@ own, flow solves and vocoder windows yielded as `batch_work.Work`). One round of
 
 So a batch never waits for a stream that is not due, the most urgent stream is always in the batch, and the
 others ride along for the price of one call. When no chunk is due, the round builds a cold voice's flow
-prefix one encoder chunk at a time (`flow_prefix.FlowPrefix.build_steps`), so later requests of that voice are
-warm while no stream ever waits for a whole prefix (and no first chunk waits for a piece of one: builds pause
-while a job has not played its first chunk).
+prefix one encoder chunk at a time (`prefix_builds.py`), so later requests of that voice are warm while no
+stream ever waits for a whole prefix; and no first chunk waits for a piece of one: builds pause while any
+request, from its submission (`expect`) on, has not played its first chunk.
 
 On CUDA the thread runs on its own stream; it synchronises that stream only (for stage timings), never the
 device, so the decode thread's steps and a graph capture there are not disturbed.
@@ -33,36 +33,35 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-from torch import nn
 
 from assistant.tts.cosyvoice.admission import EngineBusy
 from assistant.tts.cosyvoice.batch_work import Work, WorkSteps, run_grouped
+from assistant.tts.cosyvoice.flow import CausalFlow
+from assistant.tts.cosyvoice.hift import HiFTVocoder
 from assistant.tts.cosyvoice.jobs import SpeechJob
+from assistant.tts.cosyvoice.prefix_builds import PrefixBuilds
 from assistant.tts.cosyvoice.prompt_cache import PromptCache
-from assistant.tts.cosyvoice.streaming import Chunk, MissingPrefix, StreamingSynthesis
+from assistant.tts.cosyvoice.streaming import Chunk, StreamingSynthesis
 
 log = logging.getLogger(__name__)
-
-MAX_PREFIX_BUILDS = 2   # cold voices' prefixes built at once (each holds a voice's whole flow state)
 
 
 @dataclass(eq=False)
 class _Task:
-    """A chunk (or a prefix build) under way: its steps and the piece of work it waits for."""
+    """A job's chunk under way: its steps and the piece of work it waits for."""
 
-    steps: WorkSteps[Any]
-    job: SpeechJob | None            # None: a prefix build
+    steps: WorkSteps[Chunk]
+    job: SpeechJob
     pending: Work | None = None
     t_start: float = 0.0
     queue_ms: float = 0.0
-    build: MissingPrefix | None = None
 
 
 class ChunkWorker:
     """Owns the jobs' streams; see the module doc for one round."""
 
     def __init__(
-        self, flow: nn.Module, hift: nn.Module, cache: PromptCache, *, sample_rate: int, max_batch: int,
+        self, flow: CausalFlow, hift: HiFTVocoder, cache: PromptCache, *, sample_rate: int, max_batch: int,
         buckets: tuple[int, ...] = (), cpu_threads: int = 1,
     ) -> None:
         self.flow, self.hift, self.cache = flow, hift, cache
@@ -74,23 +73,29 @@ class ChunkWorker:
         self._cond = threading.Condition()
         self._stop = False
         self._jobs: list[SpeechJob] = []
+        self._arriving: set[SpeechJob] = set()   # submitted, not handed over yet (in prefill or decoding)
         self._tasks: dict[SpeechJob, _Task] = {}
-        self._builds: list[_Task] = []
-        self._building: set[str] = set()
+        self._builds = PrefixBuilds(cache)
         self.busy = False                # read by the decode thread (its step time with or without us)
+        self.first_chunks = False        # read by the decode thread: a job's first chunk is under way
         self.chunk_s = 0.0               # wall time of rounds that did work
         self.batches = 0                 # model calls made
         self.batched_items = 0           # pieces of work in them (mean batch = batched_items / batches)
         self.max_seen_batch = 0
-        self.prefixes_built = 0
         self._stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
         self._thread = threading.Thread(target=self._run, name="cosyvoice-chunks", daemon=True)
 
     def start(self) -> None:
         self._thread.start()
 
+    def expect(self, job: SpeechJob) -> None:
+        """A job was submitted (its tokens come later, by `add`): prefix builds wait for its first chunk."""
+        with self._cond:
+            self._arriving.add(job)
+
     def add(self, job: SpeechJob) -> None:
         with self._cond:
+            self._arriving.discard(job)
             self._jobs.append(job)
             self._cond.notify()
 
@@ -111,7 +116,7 @@ class ChunkWorker:
     def stats(self) -> dict[str, Any]:
         return {"chunk_s": self.chunk_s, "flow_batches": self.batches,
                 "mean_flow_batch": self.batched_items / max(self.batches, 1), "max_flow_batch": self.max_seen_batch,
-                "prefixes_built": self.prefixes_built}
+                "prefixes_built": self._builds.built}
 
     def fail(self, job: SpeechJob, exc: BaseException) -> None:
         self._send(job, exc)
@@ -182,16 +187,31 @@ class ChunkWorker:
             if job.t_due is None and job not in self._tasks and job.stream.due():
                 job.t_due = time.perf_counter()
         live = [j for j in jobs if not j.cancelled.is_set() and j.stream is not None]
-        ready = sorted((j for j in live if j in self._tasks or j.stream.due()), key=SpeechJob.deadline)
+        ready = sorted((j for j in live if j in self._tasks or (j.stream is not None and j.stream.due())),
+                       key=SpeechJob.deadline)
         if ready:
             self._run_batch(ready)
         elif self._may_build(live):
             self._run_builds()
+        self._note_first_chunks()
+
+    def _note_first_chunks(self) -> None:
+        """Publish whether a first chunk is under way (the decode thread may hold jobs meanwhile: see
+        `decode_worker.first_packets_first`); wake the decode thread when none is any more."""
+        was, self.first_chunks = self.first_chunks, any(j.t_first_audio is None for j in self._tasks)
+        if was and not self.first_chunks:
+            self.wake_decoder()
 
     def _may_build(self, jobs: list[SpeechJob]) -> bool:
-        """Prefix builds go on only while every job has played its first chunk: a piece of a build is not
-        interrupted, and a first packet should not wait behind one."""
-        return bool(self._builds) and all(j.t_first_audio is not None or j.cancelled.is_set() for j in jobs)
+        """Prefix builds go on only while every job, submitted or running, has played its first chunk: a piece
+        of a build is not interrupted, and a first packet should not wait behind one (called under the lock,
+        or with ``jobs`` a copy taken under it)."""
+        if not self._builds:
+            return False
+        with self._cond:
+            self._arriving = {j for j in self._arriving if not j.cancelled.is_set()}
+            arriving = bool(self._arriving)
+        return not arriving and all(j.t_first_audio is not None or j.cancelled.is_set() for j in jobs)
 
     def _feed(self, job: SpeechJob) -> None:
         """Hand the job's new tokens to its stream (creating it on first use; a cold voice's prefix build is
@@ -203,10 +223,8 @@ class ChunkWorker:
             )
             job.stats["setup_ms"] = job.stream.setup_ms
             job.stats["cold_voice"] = float(job.stream.cold)
-            missing = job.stream.missing_prefix
-            if missing is not None and missing.key not in self._building and len(self._builds) < MAX_PREFIX_BUILDS:
-                self._building.add(missing.key)
-                self._builds.append(_Task(missing.build_steps(), None, build=missing))
+            if job.stream.missing_prefix is not None:
+                self._builds.want(job.stream.missing_prefix)
         done = job.decode_done                    # read before the tokens: all of them are there once set
         decoded = job.decoded
         while job.fed < len(decoded):
@@ -232,23 +250,14 @@ class ChunkWorker:
             return True
         except StopIteration as stop:
             task.pending = None
-            if task.job is not None:
-                del self._tasks[task.job]
-                self._deliver(task.job, stop.value, task.queue_ms)
-            else:
-                self._built(task, stop.value)
+            del self._tasks[task.job]
+            self._deliver(task.job, stop.value, task.queue_ms)
             return False
         except Exception as exc:
             task.pending = None
-            if task.job is None:
-                log.exception("cosyvoice prefix build failed")
-                self._builds.remove(task)
-                assert task.build is not None
-                self._building.discard(task.build.key)
-            else:
-                log.exception("cosyvoice chunk failed")
-                self._tasks.pop(task.job, None)
-                self.fail(task.job, exc)
+            log.exception("cosyvoice chunk failed")
+            self._tasks.pop(task.job, None)
+            self.fail(task.job, exc)
             return False
 
     def _run_batch(self, ready: list[SpeechJob]) -> None:
@@ -273,21 +282,18 @@ class ChunkWorker:
                 batch.append(task)
         if not batch:
             return
+        self._note_first_chunks()
         self._run_work(batch)
 
     def _run_builds(self) -> None:
-        """Nothing due: one step of the oldest prefix build, with other builds whose next piece matches."""
-        leader = self._builds[0]
-        if leader.pending is None and not self._advance(leader, first=True):
-            return
-        for task in self._builds[1:]:
-            if task.pending is None:
-                self._advance(task, first=True)
-        assert leader.pending is not None
-        key = (type(leader.pending), leader.pending.batch_key(self.buckets))
-        batch = [t for t in self._builds if t.pending is not None
-                 and (type(t.pending), t.pending.batch_key(self.buckets)) == key][: self.max_batch]
-        self._run_work(batch)
+        """Nothing due: one batched piece of the cold voices' prefix builds."""
+        self._count(self._builds.step(self.max_batch, self.buckets))
+
+    def _count(self, items: int) -> None:
+        if items:
+            self.batches += 1
+            self.batched_items += items
+            self.max_seen_batch = max(self.max_seen_batch, items)
 
     def _run_work(self, batch: list[_Task]) -> None:
         try:
@@ -295,27 +301,12 @@ class ChunkWorker:
         except Exception as exc:
             log.exception("cosyvoice batched work failed")
             for task in batch:
-                if task.job is not None:
-                    self._tasks.pop(task.job, None)
-                    self.fail(task.job, exc)
-                elif task in self._builds:
-                    self._builds.remove(task)
-                    assert task.build is not None
-                    self._building.discard(task.build.key)
+                self._tasks.pop(task.job, None)
+                self.fail(task.job, exc)
             return
-        self.batches += 1
-        self.batched_items += len(batch)
-        self.max_seen_batch = max(self.max_seen_batch, len(batch))
+        self._count(len(batch))
         for task in batch:
             self._advance(task)
-
-    def _built(self, task: _Task, prefix: Any) -> None:
-        assert task.build is not None
-        self._builds.remove(task)
-        self._building.discard(task.build.key)
-        self.cache.put("flow", task.build.key, prefix)
-        self.prefixes_built += 1
-        log.info("cosyvoice voice prefix built (%d prompt tokens)", prefix.prompt_tokens)
 
     def _deliver(self, job: SpeechJob, chunk: Chunk, queue_ms: float) -> None:
         assert job.stream is not None
@@ -349,6 +340,7 @@ class ChunkWorker:
         its chunk under way)."""
         job.cancel()
         with self._cond:
+            self._arriving.discard(job)
             if job in self._jobs:
                 self._jobs.remove(job)
         self.wake_decoder()

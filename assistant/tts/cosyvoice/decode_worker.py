@@ -13,6 +13,13 @@ the device (the chunk thread's work runs on another stream meanwhile). Each step
 steps that ran while the chunk thread was busy and steps that ran alone (``stats``), so contention shows.
 
 Cancelling a request frees its KV slot at the next iteration (within one decode step).
+
+First packets first (``hold_ahead``, the default on the CPU, where both threads share the cores and the memory
+bandwidth): while a job's first chunk is under way, only jobs still short of their own first chunk's tokens
+are stepped; the others' later tokens would only slow that chunk down (`first_packets_first`). And waiting
+jobs are prefilled one at a time, each once the jobs before it have their first chunk's tokens
+(`admissible`): a job's first chunk then runs beside the next one's prefill, where one prefill of all of them
+would have made every first packet wait for the whole batch. On a GPU neither is held: batching is cheap there.
 """
 
 from __future__ import annotations
@@ -27,11 +34,10 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from assistant.tts.cosyvoice.admission import EngineBusy
+from assistant.tts.cosyvoice.decode_state import DecodeState
 from assistant.tts.cosyvoice.jobs import SpeechJob
 from assistant.tts.cosyvoice.llm import SpeechLM
-from assistant.tts.cosyvoice.prompt_cache import PromptCache, digest
-from assistant.tts.cosyvoice.sampling import sample_tokens
-from assistant.tts.cosyvoice.slot_decoder import SlotDecoder, StaticDecodeStep
+from assistant.tts.cosyvoice.prompt_cache import PromptCache
 
 if TYPE_CHECKING:
     from assistant.tts.cosyvoice.chunk_scheduler import ChunkWorker
@@ -41,32 +47,45 @@ log = logging.getLogger(__name__)
 Inflight = tuple[torch.Tensor, list[SpeechJob], Any]   # tokens (host or device), their jobs, a CUDA event
 
 
+def first_chunk_tokens(job: SpeechJob, lookahead: int) -> int:
+    """Tokens the job's first chunk needs: its first hop and the flow encoder's look-ahead."""
+    return job.schedule.first_hop + lookahead
+
+
+def short_of_first_chunk(job: SpeechJob, lookahead: int) -> bool:
+    """Has the job played nothing and still too few tokens for its first chunk?"""
+    return job.t_first_audio is None and len(job.decoded) < first_chunk_tokens(job, lookahead)
+
+
+def first_packets_first(decoding: list[SpeechJob], first_chunks: bool, lookahead: int) -> list[SpeechJob]:
+    """The jobs to step now: all, unless a first chunk is under way (``first_chunks``); then only those that
+    still lack tokens for their first chunk."""
+    if not first_chunks:
+        return decoding
+    return [j for j in decoding if short_of_first_chunk(j, lookahead)]
+
+
+def admissible(free: int, decoding: list[SpeechJob], lookahead: int) -> int:
+    """How many waiting jobs to prefill now when first packets go first: one, once no job is short of its
+    first chunk's tokens. On shared cores a prefill batch costs the sum of its prompts; one at a time, each
+    job's first chunk (chunk thread) runs beside the next job's prefill (decode thread)."""
+    if free == 0 or any(short_of_first_chunk(j, lookahead) for j in decoding):
+        return 0
+    return 1
+
+
 class DecodeWorker:
-    """Owns the KV slots and the per-slot decode state on the device; hands tokens to the chunk worker."""
+    """Owns the KV slots (which job holds which) and the decode thread; the model side is `DecodeState`."""
 
     def __init__(
         self, lm: SpeechLM, cache: PromptCache, chunks: ChunkWorker, *, slots: int, max_positions: int,
-        cuda_graphs: bool, static_step: bool, cpu_threads: int,
+        cuda_graphs: bool, static_step: bool, cpu_threads: int, lookahead: int = 3, hold_ahead: bool | None = None,
     ) -> None:
-        self.lm, self.cache, self.chunks, self.cpu_threads = lm, cache, chunks, cpu_threads
-        self.decoder = SlotDecoder(lm, slots, max_positions)
-        p = lm.llm_decoder.weight
-        self.device = dev = p.device
-        # per-slot decode state on the device (no host round trip per step)
-        self._next = torch.zeros(slots, p.size(1), device=dev, dtype=p.dtype)       # next input embedding
-        self._pos = torch.zeros(slots, dtype=torch.long, device=dev)
-        self._seeds = torch.zeros(slots, dtype=torch.long, device=dev)
-        self._steps = torch.zeros(slots, dtype=torch.long, device=dev)
-        self._lo = torch.zeros(slots, dtype=torch.long, device=dev)
-        self._ignore_eos = torch.zeros(slots, dtype=torch.bool, device=dev)
-        self._greedy = torch.zeros(slots, dtype=torch.bool, device=dev)
-        self._recent = torch.full((slots, lm.cfg.win_size), -1, dtype=torch.long, device=dev)
-        stop = torch.zeros(lm.cfg.speech_token_size + 3, dtype=torch.bool, device=dev)
-        stop[list(lm.cfg.stop_ids)] = True
-        self._stop_rows = stop
-        # the graphed (CUDA) or traced (static step run directly) path, else eager
-        self.static = StaticDecodeStep(self.decoder, self._next, self._pos, cuda_graphs) \
-            if (cuda_graphs and dev.type == "cuda") or static_step else None
+        self.cache, self.chunks, self.cpu_threads = cache, chunks, cpu_threads
+        self.state = DecodeState(lm, slots, max_positions, cuda_graphs=cuda_graphs, static_step=static_step)
+        self.device = dev = self.state.device
+        self.lookahead = lookahead
+        self.hold_ahead = dev.type == "cpu" if hold_ahead is None else hold_ahead
         self._cond = threading.Condition()
         self._incoming: list[SpeechJob] = []
         self._captures: list[threading.Event] = []
@@ -75,21 +94,20 @@ class DecodeWorker:
         self._decoding: list[SpeechJob] = []
         self._inflight: Inflight | None = None
         self._free = list(range(slots))
-        self._row_index: dict[tuple[int, ...], torch.Tensor] = {}
         self.steps = 0                  # decode steps run
         self.batch_rows = 0             # sum of rows over steps (mean batch = batch_rows / steps)
         self.decode_s = 0.0             # wall time of decode steps
         self.busy_steps = 0             # steps that ran while the chunk thread was working
         self.busy_s = 0.0
+        self.held_rows = 0              # job-steps held back while a first chunk was under way (others stepped)
+        self.held_s = 0.0               # time no job was stepped because all were held
         self._stream = torch.cuda.Stream(dev) if dev.type == "cuda" else None
         self._thread = threading.Thread(target=self._run, name="cosyvoice-decode", daemon=True)
 
     @property
     def path(self) -> dict[str, Any]:
         """Which decode step runs: the CUDA graph (with its capture time and replays), the static step, eager."""
-        if self.static is not None:
-            return self.static.record
-        return {"path": f"eager ({self.device.type})", "capture_s": None, "error": None}
+        return self.state.path
 
     def start(self) -> None:
         self._thread.start()
@@ -98,6 +116,7 @@ class DecodeWorker:
         job.t_submit = time.perf_counter()
         if job.seed is None:
             job.seed = random.getrandbits(62)
+        self.chunks.expect(job)
         with self._cond:
             self._incoming.append(job)
             self._cond.notify()
@@ -133,7 +152,9 @@ class DecodeWorker:
             "decode_s": self.decode_s,
             "decode_step_ms_alone": 1000 * (self.decode_s - self.busy_s) / alone if alone else None,
             "decode_step_ms_beside_chunks": 1000 * self.busy_s / self.busy_steps if self.busy_steps else None,
-            "kv_cache_mb": self.decoder.cache_bytes / 2**20,
+            "decode_rows_held": self.held_rows,
+            "decode_held_s": self.held_s,
+            "kv_cache_mb": self.state.cache_bytes / 2**20,
             "decode_path": self.path,
         }
 
@@ -153,9 +174,13 @@ class DecodeWorker:
     def _loop(self) -> None:
         while True:
             with self._cond:
-                while (not self._stop and not self._incoming and not self._waiting and not self._decoding
-                       and not self._captures):
+                t_wait = None
+                while (not self._stop and not self._incoming and not self._captures and self._inflight is None
+                       and not self._stepping() and not self._startable()):
+                    t_wait = t_wait or time.perf_counter()
                     self._cond.wait()
+                if t_wait is not None and self._decoding:  # jobs were decoding: held (first packets first)
+                    self.held_s += time.perf_counter() - t_wait
                 if self._stop:
                     break
                 self._waiting.extend(self._incoming)
@@ -165,8 +190,7 @@ class DecodeWorker:
                 self._stream.wait_stream(torch.cuda.default_stream(self.device))
             for done in captures:
                 try:
-                    if self.static is not None:
-                        self.static.capture()
+                    self.state.capture()
                 finally:
                     done.set()
             try:
@@ -178,13 +202,33 @@ class DecodeWorker:
                 for job in self._decoding + self._waiting:
                     self.chunks.fail(job, exc)
 
+    def _room(self) -> int:
+        """How many waiting jobs may start now (free slots; `admissible` when first packets go first)."""
+        if not self.hold_ahead:
+            return len(self._free)
+        return admissible(len(self._free), [j for j in self._decoding if j.slot >= 0], self.lookahead)
+
+    def _startable(self) -> bool:
+        """Waiting jobs to start now, or cancelled ones to drop."""
+        return bool(self._waiting) and (self._room() > 0 or any(j.cancelled.is_set() for j in self._waiting))
+
+    def _stepping(self) -> list[SpeechJob]:
+        """The decoding jobs to step now (`first_packets_first` when holding ahead); cancelled ones too, so
+        that the iteration ends them."""
+        decoding = [j for j in self._decoding if j.slot >= 0]
+        if not self.hold_ahead:
+            return decoding
+        now = first_packets_first(decoding, self.chunks.first_chunks, self.lookahead)
+        return now + [j for j in decoding if j.cancelled.is_set() and j not in now]
+
     def _iteration(self) -> None:
         for job in [j for j in self._waiting if j.cancelled.is_set()]:
             self._waiting.remove(job)
         for job in [j for j in self._decoding if j.cancelled.is_set()]:
             self._end_decoding(job)
-        starting = []
-        while self._waiting and len(starting) < len(self._free):
+        room = self._room()
+        starting: list[SpeechJob] = []
+        while self._waiting and len(starting) < room:
             starting.append(self._waiting.pop(0))
         if starting:
             try:
@@ -195,7 +239,9 @@ class DecodeWorker:
                     self.chunks.fail(job, exc)
                     self._end_decoding(job)
         previous, self._inflight = self._inflight, None
-        decoding = [j for j in self._decoding if j.slot >= 0]
+        active = [j for j in self._decoding if j.slot >= 0]
+        decoding = [j for j in self._stepping() if not j.cancelled.is_set()]
+        self.held_rows += len(active) - len(decoding)
         if decoding:
             self._inflight = self._step(decoding)           # queued on the device, not waited for
         if previous is not None:
@@ -204,33 +250,14 @@ class DecodeWorker:
             inflight, self._inflight = self._inflight, None  # CPU: nothing runs ahead, take the tokens now
             self._collect(*inflight)
 
-    def _prompt(self, job: SpeechJob) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor] | None, int]:
-        """The job's prompt after its cached start ([L, D]), that start's keys/values, and the whole length;
-        the job's token limits set (within the slot's positions)."""
-        lm = self.lm
-        prefix, rest = lm.build_lm_input_parts(job.text_ids, job.prompt_text, job.prompt_speech)
-        lo, hi = lm.length_limits(int(job.text_ids.numel()))
-        job.lo = lo if job.min_tokens is None else job.min_tokens
-        job.hi = hi if job.max_tokens is None else job.max_tokens
-        length = prefix.size(1) + rest.size(1)
-        room = self.decoder.max_positions - length
-        if room < 1:
-            raise ValueError(f"prompt of {length} positions exceeds max_positions {self.decoder.max_positions}")
-        if job.hi > room:
-            log.warning("speech tokens capped at %d (max_positions %d)", room, self.decoder.max_positions)
-            job.hi = room
-        key = digest(id(lm), job.prompt_text if job.prompt_text is not None else "none")
-        past = self.cache.get_or_make("llm", key, lambda: self.decoder.prefix_kv(prefix[0]))
-        return rest[0], past, length
-
     def _start(self, jobs: list[SpeechJob]) -> None:
-        """Prefill the jobs' prompts into free slots in one forward (each prompt's start from the cache) and
-        sample their first tokens."""
+        """Give the jobs free slots, prefill their prompts in one forward (each prompt's start from the cache)
+        and hand their first tokens on."""
         t0 = time.perf_counter()
         prompts = []
         for job in list(jobs):
             try:
-                prompts.append(self._prompt(job))
+                prompts.append(self.state.prompt(job, self.cache))
             except Exception as exc:  # this job only (a prompt too long for a slot, ...)
                 log.exception("cosyvoice job failed to start")
                 jobs.remove(job)
@@ -241,19 +268,8 @@ class DecodeWorker:
         for job in jobs:
             job.slot = self._free.pop(0)
         self._free.sort()
-        hidden = self.decoder.prefill_many([j.slot for j in jobs], [p[0] for p in prompts], [p[1] for p in prompts])
-        for job, (_, _, length) in zip(jobs, prompts, strict=True):
-            job.pos = length
-            s = job.slot
-            self._pos[s] = length
-            self._seeds[s] = int(job.seed or 0) & ((1 << 62) - 1)
-            self._steps[s] = 0
-            self._lo[s] = job.lo
-            self._ignore_eos[s] = job.ignore_eos
-            self._greedy[s] = job.greedy
-            self._recent[s] = -1
-            self._decoding.append(job)
-        tokens = self._sample(hidden, jobs)
+        tokens = self.state.start(jobs, prompts)
+        self._decoding.extend(jobs)
         self._collect(tokens, jobs, None)                    # one read-back per start, not per step
         for job in jobs:
             job.stats["admit_wait_ms"] = 1000 * (t0 - job.t_submit)
@@ -262,50 +278,11 @@ class DecodeWorker:
             job.stats["prefill_batch"] = float(len(jobs))
             self.chunks.add(job)
 
-    def _rows(self, jobs: list[SpeechJob]) -> torch.Tensor:
-        """The jobs' slots as a device index (made once per combination, not copied every step)."""
-        key = tuple(j.slot for j in jobs)
-        rows = self._row_index.get(key)
-        if rows is None:
-            rows = self._row_index[key] = torch.tensor(key, dtype=torch.long, device=self.device)
-        return rows
-
-    def _sample(self, hidden: torch.Tensor, jobs: list[SpeechJob]) -> torch.Tensor:
-        """hidden [B, D] of jobs' rows → their next tokens [B] on the device; device state updated."""
-        rows = self._rows(jobs)
-
-        def sel(t: torch.Tensor) -> torch.Tensor:
-            return t[rows]
-
-        logp = self.lm.logp_from_hidden(hidden)                                          # [B, V]
-        cfg = self.lm.cfg
-        steps, lo, ignore = sel(self._steps), sel(self._lo), sel(self._ignore_eos)
-        eos_block = torch.zeros_like(self._stop_rows).unsqueeze(0).expand(len(jobs), -1).clone()
-        eos_block[:, cfg.eos_id] = steps < lo
-        eos_block |= ignore.unsqueeze(1) & self._stop_rows.unsqueeze(0)
-        logp = logp.masked_fill(eos_block, -float("inf"))
-        tokens = sample_tokens(logp, sel(self._recent), sel(self._seeds), steps, sel(self._greedy), cfg)
-        self._recent[rows] = torch.cat([self._recent[rows][:, 1:], tokens.unsqueeze(1)], dim=1)
-        self._steps[rows] += 1
-        emb = self.lm.speech_embedding.weight
-        self._next[rows] = emb[tokens.clamp(max=emb.size(0) - 1)]
-        return tokens
-
     def _step(self, decoding: list[SpeechJob]) -> Inflight:
         """One decode step for every decoding job; tokens stay on the device (a pinned copy on CUDA)."""
         t0 = time.perf_counter()
         busy = self.chunks.busy
-        rows = self._rows(decoding)
-        if self.static is not None and self.static.active:
-            hidden = self.static()[rows]                                                  # every slot
-        else:  # rows 0..max slot; idle rows below it carry their last input to their own free slot
-            n = max(j.slot for j in decoding) + 1
-            kv_len = max(j.pos for j in decoding) + 1
-            hidden = self.decoder.decode(self._next[:n], self._pos[:n], kv_len)[rows]    # [B, D]
-        self._pos[rows] += 1
-        for j in decoding:
-            j.pos += 1
-        tokens = self._sample(hidden, decoding)
+        tokens = self.state.step(decoding)
         event = None
         if self.device.type == "cuda":
             host = torch.empty(tokens.shape, dtype=tokens.dtype, pin_memory=True)
@@ -332,7 +309,7 @@ class DecodeWorker:
         values = tokens.tolist()
         if event is not None:
             self.decode_s += time.perf_counter() - t0
-        stop_ids = self.lm.cfg.stop_ids
+        stop_ids = self.state.lm.cfg.stop_ids
         notify = False
         for job, token in zip(jobs, values, strict=True):
             if job.decode_done or job.slot < 0:

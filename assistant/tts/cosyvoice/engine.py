@@ -19,7 +19,7 @@ import asyncio
 import concurrent.futures
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from contextlib import aclosing
 from pathlib import Path
 
@@ -225,7 +225,7 @@ class CosyVoiceEngine:
         greedy: bool = False,
         tokens: int | None = None,
         speed: float = 1.0,
-    ) -> AsyncIterator[Chunk]:
+    ) -> AsyncGenerator[Chunk, None]:
         """Token-level streaming (no tokenizer needed): text ids [1, T] → `Chunk`s with their statistics.
 
         ``prompt_text_ids`` selects zero-shot mode with the voice's speech tokens; ``tokens`` forces exactly
@@ -249,7 +249,7 @@ class CosyVoiceEngine:
 
     async def _speak(
         self, model: CosyVoice2, text: str, request: TTSRequest, voice: CosyVoicePrompt, ticket: Ticket
-    ) -> AsyncIterator[np.ndarray]:
+    ) -> AsyncGenerator[np.ndarray, None]:
         sentences, instruct = model.plan(text, request.instruct, request.language)
         instruct_ids = torch.tensor([model.frontend.encode(instruct)], dtype=torch.long) if instruct else None
         for sentence in sentences:

@@ -209,6 +209,8 @@ class FlowMatchingDecoder(nn.Module):
 class CausalFlow(nn.Module):
     """Token-to-mel flow of CosyVoice2 (the official `CausalMaskedDiffWithXvec`, inference only)."""
 
+    noise: torch.Tensor  # the fixed starting noise, a buffer (registered below)
+
     def __init__(self, cfg: FlowConfig | None = None):
         super().__init__()
         self.cfg = cfg = cfg or FlowConfig()
@@ -325,7 +327,7 @@ class FlowSolve(Work):
         mel = guided_euler(
             flow.decoder.estimator, stack("z"), stack("mu"), stack("spks"), stack("cond"),
             n_steps=items[0].n_steps, rate=cfg.inference_cfg_rate, scheduler=cfg.t_scheduler, streaming=True,
-            caches=None if items[0].caches is None else [it.caches for it in items],
+            caches=None if items[0].caches is None else [it.caches for it in items if it.caches is not None],
             lengths=lengths if min(lengths) < frames else None,
         )
         for i, it in enumerate(items):

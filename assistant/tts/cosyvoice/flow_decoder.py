@@ -216,10 +216,18 @@ def attend_shared(
     b, h, t, d = q.shape
     n, g, p = len(kvs), rows.group, prefix[0].size(2)
     q = q * (1.0 / math.sqrt(d))
-    on_prefix = torch.matmul(q.view(n, g, h, t, d), prefix[0].transpose(-2, -1)).view(b, h, t, p)  # [B, H, T, P]
+
+    def streams_as_queries(x: torch.Tensor) -> torch.Tensor:  # [n*g, h, t, k] → [g, h, n*t, k]
+        return x.reshape(n, g, h, t, -1).permute(1, 2, 0, 3, 4).reshape(g, h, n * t, -1)
+
+    def back(x: torch.Tensor) -> torch.Tensor:                # [g, h, n*t, k] → [n*g, h, t, k]
+        return x.reshape(g, h, n, t, -1).permute(2, 0, 1, 3, 4).reshape(b, h, t, -1)
+
+    # the streams' queries stacked as rows against the one prefix (a broadcast would copy it per stream)
+    on_prefix = back(torch.matmul(streams_as_queries(q), prefix[0].transpose(-2, -1)))            # [B, H, T, P]
     on_new = torch.matmul(q, k.transpose(-2, -1)) + bias                                            # [B, H, T, T]
     weights = torch.softmax(torch.cat([on_prefix, on_new], dim=-1).float(), dim=-1).to(q.dtype)
-    from_prefix = torch.matmul(weights[..., :p].reshape(n, g, h, t, p), prefix[1]).view(b, h, t, d)
+    from_prefix = back(torch.matmul(streams_as_queries(weights[..., :p]), prefix[1]))               # [B, H, T, d]
     return from_prefix + torch.matmul(weights[..., p:], v)
 
 
@@ -460,19 +468,24 @@ class CausalUNetEstimator(nn.Module):
             bias = torch.cat([self.attention_bias(mask[rows.rows(i)], streaming, h.dtype, rows.past(i))
                               for i in range(len(rows.caches))])
 
-        def run(blocks: nn.ModuleList, h: torch.Tensor) -> torch.Tensor:
+        def level(blocks: nn.Module) -> list[nn.Module]:  # a ModuleList's members (a level, its transformers)
+            assert isinstance(blocks, nn.ModuleList)
+            return list(blocks)
+
+        def run(blocks: nn.Module, h: torch.Tensor) -> torch.Tensor:
             h = h.transpose(1, 2)  # [B, T, C]
-            for block in blocks:
+            for block in level(blocks):
                 h = block(h, bias, rows)
             return h.transpose(1, 2)
 
-        resnet, blocks, conv = self.down_blocks[0]
+        resnet, blocks, conv = level(self.down_blocks[0])
         h = run(blocks, resnet(h, mask, t_emb, rows))
         skip = h
         h = conv(h * mask, rows)
-        for resnet, blocks in self.mid_blocks:
+        for mid in self.mid_blocks:
+            resnet, blocks = level(mid)
             h = run(blocks, resnet(h, mask, t_emb, rows))
-        resnet, blocks, conv = self.up_blocks[0]
+        resnet, blocks, conv = level(self.up_blocks[0])
         h = torch.cat([h, skip], dim=1)
         h = run(blocks, resnet(h, mask, t_emb, rows))
         h = conv(h * mask, rows)

@@ -117,13 +117,22 @@ class ResBlock(nn.Module):
         return x
 
 
+def _conv(module: nn.Module) -> nn.Conv1d | nn.ConvTranspose1d:
+    """A layer of a ModuleList as the convolution it is (a ModuleList's items are typed as plain modules)."""
+    assert isinstance(module, (nn.Conv1d, nn.ConvTranspose1d)), type(module)
+    return module
+
+
 def _pad(conv: nn.Module) -> int:
     """One-sided reach of a 'same'-padded Conv1d: its padding."""
-    return int(conv.padding[0])
+    padding = _conv(conv).padding
+    assert not isinstance(padding, str), padding  # every conv here has explicit padding
+    return int(padding[0])
 
 
-def _resblock_reach(block: ResBlock) -> int:
+def _resblock_reach(block: nn.Module) -> int:
     """One-sided reach of a ResBlock in samples of its rate (its convolutions run in series)."""
+    assert isinstance(block, ResBlock), type(block)
     return sum(_pad(c) for c in [*block.convs1, *block.convs2])
 
 
@@ -141,6 +150,8 @@ class HiFTReach:
 
 class HiFTVocoder(nn.Module):
     """The official `HiFTGenerator` (inference only)."""
+
+    stft_window: torch.Tensor  # a buffer (registered below)
 
     def __init__(self, cfg: HiFTConfig | None = None):
         super().__init__()
@@ -275,14 +286,14 @@ class HiFTVocoder(nn.Module):
             lo, hi = lo - reach, hi + reach
             # source branch at this stage: resblock, then a (strided) conv over STFT frames, then the STFT
             s_reach = _resblock_reach(self.source_resblocks[i])
-            down = self.source_downs[i]
-            k, u, p = down.kernel_size[0], down.stride[0], down.padding[0]
+            down = _conv(self.source_downs[i])
+            k, u, p = down.kernel_size[0], down.stride[0], _pad(down)
             f_lo, f_hi = (lo - s_reach) * u - p, (hi + s_reach) * u - p + k - 1
             src_lo, src_hi = min(src_lo, f_lo * hop - n_fft // 2), max(src_hi, f_hi * hop + n_fft // 2 - 1)
             if i == len(self.ups) - 1:
                 lo, hi = lo - 1, hi - 1  # reflection pad (1, 0): index k is the upsampler's k - 1
-            up = self.ups[i]
-            k, u, p = up.kernel_size[0], up.stride[0], up.padding[0]
+            up = _conv(self.ups[i])
+            k, u, p = up.kernel_size[0], up.stride[0], _pad(up)
             lo, hi = -((-(lo + p - k + 1)) // u), (hi + p) // u  # transposed conv: o = i*u - p + tap
         lo, hi = lo - _pad(self.conv_pre), hi + _pad(self.conv_pre)
         f0 = sum(_pad(m) for m in self.f0_predictor.condnet if isinstance(m, nn.Conv1d))

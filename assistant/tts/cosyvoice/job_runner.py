@@ -8,7 +8,7 @@ Chunks travel from the chunk thread to the awaiting consumer through an ``asynci
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from typing import Any
 
 import torch
@@ -36,6 +36,8 @@ def job_args(
 ) -> dict[str, Any]:
     """Keyword arguments of a `SpeechJob` in the mode the inputs select (see cosyvoice2.py's table);
     ``tokens`` forces exactly that many speech tokens (eos ignored; benchmarks)."""
+    prompt_text: torch.Tensor | None
+    prompt_speech: torch.Tensor | None
     if instruct_ids is not None:
         prompt_text, prompt_speech = instruct_ids, None
     else:
@@ -59,7 +61,9 @@ def job_args(
     )
 
 
-async def run_job(batcher: SpeechBatcher, args: dict[str, Any], ticket: Ticket | None = None) -> AsyncIterator[Chunk]:
+async def run_job(
+    batcher: SpeechBatcher, args: dict[str, Any], ticket: Ticket | None = None
+) -> AsyncGenerator[Chunk, None]:
     """Submit one job and yield its chunks as the workers make them; closing the iterator cancels it.
 
     Without a ``ticket`` one is reserved (and released) here; `EngineBusy` when none is free.

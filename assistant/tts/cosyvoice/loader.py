@@ -16,7 +16,7 @@ import logging
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
@@ -30,6 +30,10 @@ from assistant.tts.cosyvoice.llm import (
     load_qwen_config,
 )
 from assistant.tts.cosyvoice.yaml_config import YamlConfigError, read_model_yaml
+
+if TYPE_CHECKING:  # imported where built (loading the config needs neither)
+    from assistant.tts.cosyvoice.flow import CausalFlow
+    from assistant.tts.cosyvoice.hift import HiFTVocoder
 
 log = logging.getLogger(__name__)
 
@@ -173,14 +177,14 @@ def read_spec(model_dir: Path) -> ModelSpec:
     return ModelSpec(raw, llm_cfg, qwen, flow_cfg, hift_cfg, int(raw.get("sample_rate", SAMPLE_RATE)))
 
 
-def build_flow(spec: ModelSpec, device: str | torch.device = "cpu") -> nn.Module:
+def build_flow(spec: ModelSpec, device: str | torch.device = "cpu") -> CausalFlow:
     from assistant.tts.cosyvoice.flow import CausalFlow
 
     with torch.device(device):
         return CausalFlow(spec.flow)
 
 
-def build_hift(spec: ModelSpec, device: str | torch.device = "cpu") -> nn.Module:
+def build_hift(spec: ModelSpec, device: str | torch.device = "cpu") -> HiFTVocoder:
     from assistant.tts.cosyvoice.hift import HiFTVocoder
 
     with torch.device(device):
@@ -242,8 +246,8 @@ class LoadedModel:
     model_dir: Path
     spec: ModelSpec
     llm: SpeechLM
-    flow: nn.Module
-    hift: nn.Module
+    flow: CausalFlow
+    hift: HiFTVocoder
     device: torch.device
     dtype: torch.dtype
     campplus_path: Path | None = None

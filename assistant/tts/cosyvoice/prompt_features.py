@@ -59,7 +59,7 @@ def _as_tensor(audio: np.ndarray | torch.Tensor) -> torch.Tensor:
 # --- slaney mel filterbank (librosa.filters.mel with htk=False, norm="slaney") --------------------------------
 
 
-def _hz_to_mel_slaney(f: np.ndarray) -> np.ndarray:
+def _hz_to_mel_slaney(f: np.ndarray | float) -> np.ndarray:
     f = np.asarray(f, dtype=np.float64)
     f_sp = 200.0 / 3
     mel = f / f_sp

@@ -20,7 +20,7 @@ def _download(repo: str, dest: Path, source: str) -> None:
     """snapshot_download into ``dest``; ModelScope through its own client when installed."""
     if source == "modelscope":
         try:
-            from modelscope import snapshot_download as ms_download  # type: ignore[import-not-found]
+            from modelscope import snapshot_download as ms_download
         except ImportError:
             ms_download = None
         if ms_download is not None:

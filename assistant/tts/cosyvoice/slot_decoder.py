@@ -21,6 +21,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from torch import nn
+from transformers.models.qwen2.modeling_qwen2 import Qwen2DecoderLayer
 
 from assistant.tts.cosyvoice.llm import SpeechLM
 
@@ -35,6 +36,9 @@ class SlotDecoder(nn.Module):
     The layers' projections, norms and MLPs are HF's own modules (so numerics match the reference); only
     the attention over the cache and the cache writes are ours.
     """
+
+    k_cache: torch.Tensor                              # buffers (registered below)
+    v_cache: torch.Tensor
 
     def __init__(self, lm: SpeechLM, slots: int, max_positions: int) -> None:
         super().__init__()
@@ -55,7 +59,7 @@ class SlotDecoder(nn.Module):
     def cache_bytes(self) -> int:
         return 2 * self.k_cache.numel() * self.k_cache.element_size()
 
-    def _qkv(self, layer: nn.Module, h: torch.Tensor, pos: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    def _qkv(self, layer: Qwen2DecoderLayer, h: torch.Tensor, pos: torch.Tensor) -> tuple[torch.Tensor, ...]:
         """h [n, T, D] normed, pos [n, T] → q [n, H, T, d], k and v [n, KV, T, d] (RoPE applied)."""
         n, t, _ = h.shape
         attn = layer.self_attn

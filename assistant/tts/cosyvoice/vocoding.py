@@ -133,7 +133,7 @@ class RecomputeVocoding:
         final = upto is None
         t0 = time.perf_counter()
         lookahead = self.flow.cfg.pre_lookahead_len
-        used = tokens if final else tokens[: upto + lookahead]
+        used = tokens if upto is None else tokens[: upto + lookahead]
         dev, v = self.device, self.voice
         token = torch.tensor([used], dtype=torch.int32, device=dev)
         prompt = v.speech_tokens.to(dev, torch.int32)
@@ -287,17 +287,17 @@ class CachedVocoding:
         first_reduced = self.first_steps is not None and self.emitted == 0 and not final
         if not first_reduced:  # only what this chunk needs: the work and the audio do not depend on timing
             look = self.flow.cfg.pre_lookahead_len
-            yield from self._commit_steps(tokens, len(tokens) if final else min(len(tokens), upto + look), final)
+            yield from self._commit_steps(tokens, len(tokens) if upto is None else min(len(tokens), upto + look), final)
         self._revise()
         exact_end = max(self.state.frames - self.n_prompt_frames, 0)  # new-token frames known exactly
-        target = exact_end if final else ratio * upto
+        target = exact_end if upto is None else ratio * upto
         parts = []
         if self.exact is not None:
             lo = max(self.emitted - self.exact_start, 0)
             hi = min(target, exact_end) - self.exact_start
             if hi > lo:
                 parts.append(self.exact[:, :, lo:hi])
-        if not final and target > max(exact_end, self.emitted):
+        if upto is not None and target > max(exact_end, self.emitted):
             prov = yield from self._provisional_steps(tokens, upto, self.first_steps if first_reduced else None)
             skip = max(self.emitted - exact_end, 0)                 # prov starts at frame exact_end
             parts.append(prov[:, :, skip : target - exact_end])

@@ -3,7 +3,9 @@
     websocket.py  GET /v1/realtime: a session without a peer (audio in append events, out in delta events)
     calls.py      POST /v1/realtime/calls (our peer Session with the oai-events channel), hangup, ice-servers
     setup.py      what both transports do to start one: settings, responder, the conversation's own config
-    protocol.py   client events → the conversation; the conversation's events → the reference's server events
+    protocol.py   one session's Realtime API: client events → calls on the conversation
+    conversation_events.py  the conversation's events → the reference's server events (user audio items)
+    responses.py  each response's lifecycle: opened, its message and function calls, closed with response.done
     settings.py   the session object: session.update in the GA and beta shapes, and what turn_detection means
     items.py      the Realtime conversation's items: the responder's history
     responder.py  the configured responder, given the session's instructions, items and tools

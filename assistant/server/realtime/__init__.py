@@ -5,6 +5,7 @@
     setup.py      what both transports do to start one: settings, responder, the conversation's own config
     protocol.py   one session's Realtime API: client events → calls on the conversation
     conversation_events.py  the conversation's events → the reference's server events (user audio items)
+    input_audio.py  the input audio: to turn-taking, or held for a commit while turn detection is off
     responses.py  each response's lifecycle: opened, its message and function calls, closed with response.done
     settings.py   the session object: session.update in the GA and beta shapes, and what turn_detection means
     items.py      the Realtime conversation's items: the responder's history

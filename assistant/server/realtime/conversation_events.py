@@ -46,7 +46,8 @@ class ConversationEvents:
     def _speech_start(self, event: dict[str, Any]) -> None:
         cfg = self.owner.session.cfg.vad
         self.speech_item = new_id("item")
-        self.speech_start_ms = max(0.0, self.owner.fed * 1000 / SPEECH_RATE - cfg.min_speech_ms - cfg.speech_pad_ms)
+        fed_ms = self.owner.input.fed * 1000 / SPEECH_RATE
+        self.speech_start_ms = max(0.0, fed_ms - cfg.min_speech_ms - cfg.speech_pad_ms)
         if self.owner.responses.current is not None:
             self.owner.responses.current.speech_after = True
         self.emit("input_audio_buffer.speech_started", audio_start_ms=round(self.speech_start_ms),

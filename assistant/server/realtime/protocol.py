@@ -32,16 +32,16 @@ import base64
 import binascii
 import json
 import logging
-import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
 import numpy as np
 
-from assistant.audio import SPEECH_RATE, AudioChunk
+from assistant.audio import AudioChunk
 from assistant.pipeline.reply import played_text
 from assistant.server.realtime.conversation_events import ConversationEvents
 from assistant.server.realtime.formats import FormatError, InputDecoder, OutputEncoder, decode_clip
+from assistant.server.realtime.input_audio import InputAudio
 from assistant.server.realtime.items import Item, ItemError, Items, new_id, parse_item
 from assistant.server.realtime.responder import RealtimeResponder, ReplyContext
 from assistant.server.realtime.responses import Response, Responses
@@ -110,9 +110,7 @@ class RealtimeProtocol:
         self.items = Items(max_items)
         self.decoder = InputDecoder(settings.input_format)
         self.encoder = OutputEncoder(settings.output_format)
-        self.buffer: list[np.ndarray] = []  # appended audio while turn detection is off (16 kHz)
-        self.buffer_samples = 0
-        self.fed = 0  # 16 kHz samples given to the conversation (the input stream's clock)
+        self.input = InputAudio(self.conversation, max_buffer_s)
         self.pending: list[Item] = []  # user items created since the last response: its input
         self.user_items: dict[int, Item] = {}  # turn → its user audio item
         self.given_words: set[int] = set()  # turns whose words were given (no transcription events)
@@ -122,9 +120,8 @@ class RealtimeProtocol:
         if isinstance(self.sink, StreamSink):
             self.sink.send_audio = self.events.on_reply_audio
             self.sink.discard = not settings.audio_out
-        context.instructions = settings.instructions
         context.history = self.items.history
-        context.tools, context.tool_choice = settings.tools, settings.tool_choice
+        self.session_context()
         session.events.subscribe(self.events.on_event)
 
     # --- sending ---------------------------------------------------------------------------------------
@@ -198,7 +195,7 @@ class RealtimeProtocol:
             cfg = self.session.cfg
             self.conversation.tune(vad=new.vad_config(cfg.vad), turn=new.turn_config(cfg.turn))
             if (old.turn_detection is None) != (new.turn_detection is None):
-                self._clear_buffer()
+                self.input.clear()
         if new.input_format != old.input_format:
             self.decoder = InputDecoder(new.input_format)
         if new.output_format != old.output_format:
@@ -213,30 +210,19 @@ class RealtimeProtocol:
     async def _append(self, event: dict[str, Any]) -> None:
         data = self.audio_bytes(event.get("audio"), "audio")
         samples = self.decoder.decode(data)
-        if self.settings.turn_detection is None:
-            if (self.buffer_samples + samples.size) / SPEECH_RATE > self.max_buffer_s:
-                raise ClientError(f"the input audio buffer holds at most {self.max_buffer_s:g} s: commit or clear it",
-                                  code="input_audio_buffer_full", param="audio")
-            self.buffer.append(samples)
-            self.buffer_samples += samples.size
-            return
-        self.feed(samples)
-
-    def feed(self, samples: np.ndarray, arrived: float = 0.0) -> None:
-        """16 kHz audio to the conversation's turn-taking (WebSocket appends; the track over WebRTC)."""
-        if samples.size:
-            chunk = AudioChunk(self.fed, samples, arrived or time.time())
-            self.fed += samples.size
-            self.conversation.feed(chunk)
+        if self.settings.turn_detection is not None:
+            self.input.feed(samples)
+        elif not self.input.hold(samples):
+            raise ClientError(f"the input audio buffer holds at most {self.max_buffer_s:g} s: commit or clear it",
+                              code="input_audio_buffer_full", param="audio")
 
     def on_track_audio(self, chunk: AudioChunk) -> None:
-        """The peer's audio (WebRTC): to turn-taking, or to the input buffer while turn detection is off."""
+        """The peer's audio (WebRTC): to turn-taking, or to the input buffer while turn detection is off (what
+        passes its size is dropped: a track cannot be refused)."""
         if self.settings.turn_detection is not None:
-            self.fed = chunk.end
-            self.conversation.feed(chunk)
-        elif (self.buffer_samples + chunk.samples.size) / SPEECH_RATE <= self.max_buffer_s:
-            self.buffer.append(chunk.samples)
-            self.buffer_samples += chunk.samples.size
+            self.input.feed_chunk(chunk)
+        else:
+            self.input.hold(chunk.samples)
 
     def audio_bytes(self, value: object, param: str) -> bytes:
         """Base64 audio in the session's input format (raw samples: a WAV or other container is refused)."""
@@ -257,12 +243,11 @@ class RealtimeProtocol:
             raise ClientError("with turn detection on, the server commits the input at the end of speech; set "
                               "audio.input.turn_detection to null to commit it yourself",
                               code="input_audio_buffer_commit_empty")
-        ms = self.buffer_samples * 1000 / SPEECH_RATE
+        ms = self.input.held_ms
         if ms < MIN_COMMIT_MS:
             raise ClientError(f"buffer too small. Expected at least {MIN_COMMIT_MS}ms of audio, but buffer only has "
                               f"{ms:.2f}ms of audio.", code="input_audio_buffer_commit_empty")
-        clip = np.concatenate(self.buffer)
-        self._clear_buffer()
+        clip = self.input.take()
         item = Item(id=new_id("item"), type="message", role="user", audio=True, clip=clip, audio_ms=ms)
         previous = self.items.add(item)
         self.pending.append(item)
@@ -270,12 +255,8 @@ class RealtimeProtocol:
         self.emit("conversation.item.added", previous_item_id=previous, item=item.to_json(self.beta))
 
     async def _clear(self, event: dict[str, Any]) -> None:
-        self._clear_buffer()
+        self.input.clear()
         self.emit("input_audio_buffer.cleared")
-
-    def _clear_buffer(self) -> None:
-        self.buffer.clear()
-        self.buffer_samples = 0
 
     async def _item_create(self, event: dict[str, Any]) -> None:
         fmt = self.settings.input_format
@@ -432,7 +413,13 @@ class RealtimeProtocol:
         item.transcript = heard
         item.audio_ms = min(total, float(end_ms)) if total else float(end_ms)
 
-    def _out_format(self) -> dict[str, Any]:
+    def session_context(self) -> None:
+        """The responder's context back to the session's settings (a server turn, or a client response done)."""
+        ctx, settings = self.context, self.settings
+        ctx.instructions, ctx.tools, ctx.tool_choice = settings.instructions, settings.tools, settings.tool_choice
+        ctx.continuation = False
+
+    def out_format(self) -> dict[str, Any]:
         fmt = self.settings.output_format
         return fmt.beta_name if self.beta else fmt.to_json()  # type: ignore[return-value]
 

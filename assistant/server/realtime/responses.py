@@ -16,7 +16,6 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from assistant.server.realtime.items import Item, new_id
-from assistant.server.realtime.settings import Settings
 
 if TYPE_CHECKING:
     from assistant.server.realtime.protocol import RealtimeProtocol
@@ -72,14 +71,6 @@ class Responses:
         self.by_turn: dict[int, Response] = {}
         self.watcher: asyncio.Task[None] | None = None
 
-    @property
-    def beta(self) -> bool:
-        return self.owner.beta
-
-    @property
-    def settings(self) -> Settings:
-        return self.owner.settings
-
     def emit(self, kind: str, **fields: Any) -> None:
         self.owner.emit(kind, **fields)
 
@@ -87,7 +78,7 @@ class Responses:
         if self.current is not None:
             self.finish(self.current, "cancelled", {"type": "cancelled", "reason": "turn_detected"})
         resp = Response(id=new_id("resp"), turn=turn, input_text=input_text, client=client,
-                        modalities=list(self.settings.output_modalities),
+                        modalities=list(self.owner.settings.output_modalities),
                         frames_base=self.owner.sink.audible_frames_sent)
         self.current = self.by_turn[turn] = resp
         for old in [t for t in self.by_turn if t < turn - TURNS_KEPT]:  # bounded: only recent turns get events
@@ -96,11 +87,8 @@ class Responses:
             self.owner.user_items.pop(old)
         self.owner.given_words = {t for t in self.owner.given_words if t >= turn - TURNS_KEPT}
         if not client:
-            self.owner.context.instructions = self.settings.instructions
-            self.owner.context.tools, self.owner.context.tool_choice = self.settings.tools, self.settings.tool_choice
-            self.owner.context.continuation = False
-        self.emit("response.created", response=resp.to_json("in_progress", None, self.beta, self.owner._out_format(),
-                                                           self.settings.voice))
+            self.owner.session_context()
+        self.emit("response.created", response=self._json(resp, "in_progress", None))
         self.watcher = asyncio.get_running_loop().create_task(self._watch(resp), name=f"rt-watch-{turn}")
         return resp
 
@@ -125,8 +113,9 @@ class Responses:
             resp.message = item
             resp.output.append(item)
             previous = self.owner.items.add(item)
-            self.emit("response.output_item.added", response_id=resp.id, output_index=0, item=item.to_json(self.beta))
-            self.emit("conversation.item.added", previous_item_id=previous, item=item.to_json(self.beta))
+            self.emit("response.output_item.added", response_id=resp.id, output_index=0,
+                      item=item.to_json(self.owner.beta))
+            self.emit("conversation.item.added", previous_item_id=previous, item=item.to_json(self.owner.beta))
         if not resp.part_open:
             resp.part_open = True
             part = {"type": "audio", "transcript": ""} if resp.message.audio else {"type": "text", "text": ""}
@@ -158,10 +147,11 @@ class Responses:
                 self.emit("response.content_part.done", item_id=msg.id, content_index=0, part=part, **ids)
             msg.status = "completed" if status == "completed" else "incomplete"
             msg.current = False
-            self.emit("response.output_item.done", response_id=resp.id, output_index=0, item=msg.to_json(self.beta))
-            if not self.beta:
+            self.emit("response.output_item.done", response_id=resp.id, output_index=0,
+                      item=msg.to_json(self.owner.beta))
+            if not self.owner.beta:
                 self.emit("conversation.item.done", previous_item_id=self.owner.items.previous_id(msg),
-                          item=msg.to_json(self.beta))
+                          item=msg.to_json(self.owner.beta))
         if status != "failed":
             for call in self.owner.context.take_calls(resp.input_text):
                 self._function_call(resp, call.call_id, call.name, call.arguments)
@@ -170,15 +160,12 @@ class Responses:
         user = self.owner.user_items.get(resp.turn)
         if user is not None:
             user.current = False
-        self.emit("response.done", response=resp.to_json(status, details, self.beta, self.owner._out_format(),
-                                                        self.settings.voice))
+        self.emit("response.done", response=self._json(resp, status, details))
         if self.owner.webrtc and status == "completed" and resp.audio_started:
             self.emit("output_audio_buffer.stopped", response_id=resp.id)
         if self.current is resp:
             self.current = None
-            ctx = self.owner.context
-            ctx.instructions = self.settings.instructions
-            ctx.tools, ctx.tool_choice, ctx.continuation = self.settings.tools, self.settings.tool_choice, False
+            self.owner.session_context()
         log.info("realtime_response session=%s turn=%d status=%s chars=%d audio_bytes=%d", self.owner.session.id,
                  resp.turn, status, len(resp.transcript), resp.audio_bytes)
 
@@ -188,15 +175,19 @@ class Responses:
         resp.output.append(item)
         previous = self.owner.items.add(item)
         ids = {"response_id": resp.id, "output_index": index}
-        self.emit("response.output_item.added", item=item.to_json(self.beta), **ids)
-        self.emit("conversation.item.added", previous_item_id=previous, item=item.to_json(self.beta))
+        self.emit("response.output_item.added", item=item.to_json(self.owner.beta), **ids)
+        self.emit("conversation.item.added", previous_item_id=previous, item=item.to_json(self.owner.beta))
         self.emit("response.function_call_arguments.delta", item_id=item.id, call_id=call_id, delta=arguments, **ids)
         item.arguments, item.status = arguments, "completed"
         self.emit("response.function_call_arguments.done", item_id=item.id, call_id=call_id, name=name,
                   arguments=arguments, **ids)
-        self.emit("response.output_item.done", item=item.to_json(self.beta), **ids)
-        if not self.beta:
-            self.emit("conversation.item.done", previous_item_id=previous, item=item.to_json(self.beta))
+        self.emit("response.output_item.done", item=item.to_json(self.owner.beta), **ids)
+        if not self.owner.beta:
+            self.emit("conversation.item.done", previous_item_id=previous, item=item.to_json(self.owner.beta))
+
+    def _json(self, resp: Response, status: str, details: dict[str, Any] | None) -> dict[str, Any]:
+        owner = self.owner
+        return resp.to_json(status, details, owner.beta, owner.out_format(), owner.settings.voice)
 
     async def close(self) -> None:
         if self.watcher is not None and not self.watcher.done():

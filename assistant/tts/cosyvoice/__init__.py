@@ -4,8 +4,9 @@ Model code: `llm.py` (speech LLM), `flow.py` with `flow_encoder.py` and `flow_de
 `hift.py` with `hift_source.py` (mel to audio), `cosyvoice2.py` (the loaded model, text front end, voices).
 Streaming: `schedule.py` (when a chunk is due), `vocoding.py` (how a chunk is made), `flow_prefix.py` (a
 voice's share of the flow state), `streaming.py` (one request's stream). Serving: `engine.py` (the TTS
-engine protocol), `batching.py` with `admission.py`, `decode_worker.py`, `slot_decoder.py`, `sampling.py`,
-`chunk_scheduler.py` and `batch_work.py` (the two worker threads and what they batch).
+engine protocol), `batching.py` with `admission.py`, `decode_worker.py` (the decode thread) over
+`decode_state.py`, `slot_decoder.py` and `sampling.py` (its model side), `chunk_scheduler.py` with
+`prefix_builds.py` and `batch_work.py` (the chunk thread and what it batches).
 """
 
 SAMPLE_RATE = 24000  # CosyVoice2's audio rate: HiFT's output, and the rate a prompt clip is analysed at

@@ -26,6 +26,32 @@ log = logging.getLogger(__name__)
 RESYNC_AFTER_S = 0.2
 
 
+
+class FirstAudible:
+    """The future a reply sink's ``expect_reply`` hands out, resolved with the wall time of the first audible
+    piece sent after it was armed; arming again or disarming cancels the one armed before."""
+
+    def __init__(self) -> None:
+        self._future: asyncio.Future[float] | None = None
+
+    def arm(self) -> asyncio.Future[float]:
+        self.disarm()
+        self._future = asyncio.get_running_loop().create_future()
+        return self._future
+
+    def disarm(self) -> None:
+        if self._future is not None and not self._future.done():
+            self._future.cancel()
+        self._future = None
+
+    def heard(self, at: float) -> None:
+        """An audible piece went out at wall time ``at``."""
+        if self._future is not None:
+            if not self._future.done():
+                self._future.set_result(at)
+            self._future = None
+
+
 class ReplyTrack(MediaStreamTrack):
     """The bot's voice: the pipeline's reply sink (``pipeline/speech.ReplySink``) as an aiortc track."""
 
@@ -43,7 +69,7 @@ class ReplyTrack(MediaStreamTrack):
         self._pts = 0
         self._generation = 0  # bumped by interrupt(); writers of an older generation stop
         self._silence = np.zeros(FRAME_SAMPLES, dtype=np.int16)
-        self._first_audible: asyncio.Future[float] | None = None  # armed by expect_reply()
+        self._first_audible = FirstAudible()  # armed by expect_reply()
         self._paused = False  # held by pause(): idle silence goes out, the queue waits
         self.frames_sent = 0
         self.audible_frames_sent = 0  # reply frames (queued audio, not idle silence) handed to the peer
@@ -60,14 +86,7 @@ class ReplyTrack(MediaStreamTrack):
         The track only sets the result; whoever waits on it (the turn runner) does the rest on its own time.
         Arming again, or :meth:`interrupt`, cancels the future armed before.
         """
-        self._disarm()
-        self._first_audible = asyncio.get_running_loop().create_future()
-        return self._first_audible
-
-    def _disarm(self) -> None:
-        if self._first_audible is not None and not self._first_audible.done():
-            self._first_audible.cancel()
-        self._first_audible = None
+        return self._first_audible.arm()
 
     async def write(self, pcm: np.ndarray, generation: int | None = None) -> bool:
         """Queue 48 kHz mono int16 samples; waits while the queue is full.
@@ -117,7 +136,7 @@ class ReplyTrack(MediaStreamTrack):
         self._frames.clear()
         self._partial = np.zeros(0, dtype=np.int16)
         self._generation += 1
-        self._disarm()
+        self._first_audible.disarm()
         self._space.set()
         return dropped
 
@@ -140,10 +159,7 @@ class ReplyTrack(MediaStreamTrack):
             self._space.set()
             if int(np.abs(samples).max()) > SILENCE_PEAK_S16:
                 self.last_audible_sent_at = time.time()
-                if self._first_audible is not None:
-                    if not self._first_audible.done():
-                        self._first_audible.set_result(self.last_audible_sent_at)
-                    self._first_audible = None
+                self._first_audible.heard(self.last_audible_sent_at)
             self.audible_frames_sent += 1
         else:
             samples = self._silence
@@ -154,6 +170,6 @@ class ReplyTrack(MediaStreamTrack):
 
     def stop(self) -> None:
         super().stop()
-        self._disarm()
+        self._first_audible.disarm()
         self._frames.clear()
         self._space.set()

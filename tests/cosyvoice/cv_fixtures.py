@@ -86,3 +86,11 @@ def synthesize_ids(
     sampler = model.llm.make_sampler(seed=seed, greedy=greedy)
     tokens = list(model.llm.generate(text_ids, prompt_text_ids, prompt_speech, sampler=sampler))
     return tokens, tokens_to_audio(model, tokens, voice)
+
+
+def random_voice(gen: torch.Generator, n: int) -> Any:
+    """A voice with an ``n``-token prompt of random tokens, mel and embedding (prompts not a multiple of 25)."""
+    from assistant.tts.cosyvoice.voice import CosyVoicePrompt
+
+    return CosyVoicePrompt(f"v{n}", "", torch.randint(0, 6561, (1, n), generator=gen, dtype=torch.int32),
+                           torch.randn(1, 2 * n, 80, generator=gen), torch.randn(1, 192, generator=gen))

@@ -7,14 +7,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from cv_fixtures import tiny_model_and_voice
+from cv_fixtures import random_voice, tiny_model_and_voice
 
 from assistant.tts.cosyvoice.batch_work import run_grouped, run_together
 from assistant.tts.cosyvoice.flow import FlowSolve
 from assistant.tts.cosyvoice.flow_prefix import FlowPrefix
 from assistant.tts.cosyvoice.schedule import StreamSchedule
 from assistant.tts.cosyvoice.streaming import StreamingSynthesis
-from assistant.tts.cosyvoice.voice import CosyVoicePrompt
 
 AUDIO_ATOL = 1e-4   # float32 summation order (batched matmuls block differently)
 MEL_ATOL = 1e-4
@@ -25,11 +24,7 @@ def setup():
     model, voice, g = tiny_model_and_voice()
     gen = torch.Generator().manual_seed(11)
 
-    def random_voice(n: int) -> CosyVoicePrompt:
-        return CosyVoicePrompt(f"v{n}", "", torch.randint(0, 6561, (1, n), generator=gen, dtype=torch.int32),
-                               torch.randn(1, 2 * n, 80, generator=gen), torch.randn(1, 192, generator=gen))
-
-    voices = [voice, random_voice(37), random_voice(61)]
+    voices = [voice, random_voice(gen, 37), random_voice(gen, 61)]
     tokens = g["e2e.speech_tokens"].tolist()
     token_lists = [tokens, tokens[::-1][:83], torch.randint(0, 6561, (71,), generator=gen).tolist()]
     return model, voices, token_lists

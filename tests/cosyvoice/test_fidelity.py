@@ -7,10 +7,9 @@ from __future__ import annotations
 
 import pytest
 import torch
-from cv_fixtures import tiny_model_and_voice
+from cv_fixtures import random_voice, tiny_model_and_voice
 
 from assistant.tts.cosyvoice.fidelity import compare, table
-from assistant.tts.cosyvoice.voice import CosyVoicePrompt
 
 # mel: mean |fast - official| / std(official mel); today (warm, 25 / 37 / 61 tokens) first chunk 0.107 /
 # 0.056 / 0.031 (provisional frames), last chunk 0.031 / 0.062 / 0.052 (chunk-masked, the official: full
@@ -27,11 +26,7 @@ def setup():
     model, voice, g = tiny_model_and_voice()
     gen = torch.Generator().manual_seed(11)
 
-    def random_voice(n: int) -> CosyVoicePrompt:
-        return CosyVoicePrompt(f"v{n}", "", torch.randint(0, 6561, (1, n), generator=gen, dtype=torch.int32),
-                               torch.randn(1, 2 * n, 80, generator=gen), torch.randn(1, 192, generator=gen))
-
-    voices = {25: voice, 37: random_voice(37), 61: random_voice(61)}
+    voices = {25: voice, 37: random_voice(gen, 37), 61: random_voice(gen, 61)}
     return model, voices, g["e2e.speech_tokens"].tolist()
 
 

@@ -18,7 +18,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from assistant.rtc.outbound import FRAME_MS, SILENCE_PEAK_S16
+from assistant.rtc.outbound import FRAME_MS, SILENCE_PEAK_S16, FirstAudible
 
 SAMPLE_RATE = 24_000  # the Realtime API's PCM rate: the speech path makes the reply at it directly
 FRAME = SAMPLE_RATE * FRAME_MS // 1000  # the pipeline counts what was heard in 20 ms frames
@@ -34,7 +34,7 @@ class StreamSink:
     def __init__(self, lead_ms: int, send_audio: Callable[[np.ndarray], None] | None = None) -> None:
         self.lead = max(PIECE, lead_ms * SAMPLE_RATE // 1000)
         self.send_audio = send_audio
-        self._first_audible: asyncio.Future[float] | None = None  # armed by expect_reply()
+        self._first_audible = FirstAudible()  # armed by expect_reply()
         self.discard = False  # text-only output: the reply is made (and timed) but its audio is not sent
         self._generation = 0
         self._paused = False
@@ -71,14 +71,7 @@ class StreamSink:
 
     def expect_reply(self) -> asyncio.Future[float]:
         """A future the next audible piece sent resolves with its wall time (arming again cancels the last)."""
-        self._disarm()
-        self._first_audible = asyncio.get_running_loop().create_future()
-        return self._first_audible
-
-    def _disarm(self) -> None:
-        if self._first_audible is not None and not self._first_audible.done():
-            self._first_audible.cancel()
-        self._first_audible = None
+        return self._first_audible.arm()
 
     async def write(self, pcm: np.ndarray, generation: int | None = None) -> bool:
         gen = self._generation if generation is None else generation
@@ -92,11 +85,8 @@ class StreamSink:
                 if self._run_start is None:
                     self._run_start = now
                 self._run_sent += len(piece)
-            waiter = self._first_audible
-            if waiter is not None and piece.size and int(np.abs(piece).max()) > SILENCE_PEAK_S16:
-                self._first_audible = None
-                if not waiter.done():
-                    waiter.set_result(time.time())
+            if piece.size and int(np.abs(piece).max()) > SILENCE_PEAK_S16:
+                self._first_audible.heard(time.time())
             if not self.discard and self.send_audio is not None:
                 self.send_audio(piece)
         return gen == self._generation
@@ -135,7 +125,7 @@ class StreamSink:
         self._settle(now)
         self._generation += 1
         self._paused = False
-        self._disarm()
+        self._first_audible.disarm()
         return dropped // FRAME
 
     def pause(self) -> None:
@@ -147,4 +137,4 @@ class StreamSink:
     def stop(self) -> None:
         self._stopped = True
         self._generation += 1
-        self._disarm()
+        self._first_audible.disarm()

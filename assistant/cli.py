@@ -199,7 +199,7 @@ def cmd_models(args: argparse.Namespace) -> int:
 def cmd_bench(args: argparse.Namespace) -> int:
     _setup_logging(args.log_level)
     if args.bench_cmd == "v2v":
-        from assistant.bench.v2v import run_v2v
+        from assistant.bench.v2v_cli import run_v2v
 
         return asyncio.run(run_v2v(args))
     if args.bench_cmd == "features":
@@ -239,7 +239,7 @@ def cmd_doctor(args: argparse.Namespace) -> int:
 
 
 BENCHES = (  # name, help, module, function adding its flags
-    ("v2v", "voice-to-voice latency as a WebRTC client hears it", "assistant.bench.v2v", "add_v2v_arguments"),
+    ("v2v", "voice-to-voice latency as a WebRTC client hears it", "assistant.bench.v2v_cli", "add_v2v_arguments"),
     ("features", "voice-to-voice with each latency feature on and off, vs a baseline",
      "assistant.bench.latency_features", "add_features_arguments"),
     ("tts", "TTS first packet / total time tables and concurrency sweep", "assistant.bench.tts",

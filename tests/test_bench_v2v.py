@@ -39,12 +39,12 @@ from assistant.bench.report import (
 )
 from assistant.bench.v2v import (
     ReplyListener,
-    add_v2v_arguments,
     bench_v2v,
     default_audio_files,
     frame_to_mono,
     is_same_host,
 )
+from assistant.bench.v2v_cli import add_v2v_arguments
 from assistant.server.services import Services
 from tests.conftest import serve, test_config
 

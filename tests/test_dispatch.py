@@ -26,8 +26,8 @@ from assistant.cli import main
 from assistant.config import ConfigError, check_gateway_id
 from assistant.server.dispatch.app import create_dispatch_app
 from assistant.server.local import serve_on_loopback
-from assistant.server.sdpfrag import build_sdpfrag, ice_credentials
-from assistant.server.session import new_session_id
+from assistant.server.voice.sdpfrag import build_sdpfrag, ice_credentials
+from assistant.server.voice.session import new_session_id
 from tests.conftest import REPO, test_config
 
 SETTINGS = TurnSettings(timeout_s=40.0, silence_ms=1200, settle_ms=300)

@@ -346,7 +346,7 @@ async def test_no_audio_reaches_the_conversation_after_close(services, tmp_path,
     """Close stops input first: frames decoded after it (the inbound task is still being cancelled) are dropped,
     so no turn can start on a closed session."""
     from assistant.audio import AudioChunk, read_audio
-    from assistant.server.session import Session
+    from assistant.server.voice.session import Session
 
     session = Session(services, cfg(tmp_path))
     fed: list[int] = []

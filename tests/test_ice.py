@@ -10,7 +10,7 @@ import pytest
 from aiortc import RTCPeerConnection
 
 from assistant.config import ConfigError, ICEConfig
-from assistant.server.ice import (
+from assistant.server.voice.ice import (
     browser_config,
     check_ice_config,
     ice_servers,
@@ -18,7 +18,7 @@ from assistant.server.ice import (
     rtc_configuration,
     turn_rest_credential,
 )
-from assistant.server.sdpfrag import FragmentError, build_sdpfrag, ice_credentials, parse_sdpfrag
+from assistant.server.voice.sdpfrag import FragmentError, build_sdpfrag, ice_credentials, parse_sdpfrag
 from tests.webrtc_client import rtc_configuration_from_json
 
 CAND = "candidate:1 1 udp 2122260223 192.0.2.1 61764 typ host generation 0"

@@ -95,47 +95,83 @@ def test_imports_only_point_down_the_layers() -> None:
     assert not bad, "imports against the layering:\n" + "\n".join(sorted(set(bad)))
 
 
-def test_no_import_cycle_at_module_level() -> None:
-    graph = {m: sorted({t for t, top in edges if top}) for m, edges in _graph().items()}
-    state: dict[str, int] = {}
+def _circles(graph: dict[str, list[str]]) -> list[list[str]]:
+    """The strongly connected groups of more than one module (Tarjan), each sorted."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
     stack: list[str] = []
+    on_stack: set[str] = set()
+    groups: list[list[str]] = []
 
-    def visit(node: str) -> list[str] | None:
-        state[node] = 1
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
         stack.append(node)
+        on_stack.add(node)
         for nxt in graph.get(node, []):
-            if state.get(nxt) == 1:
-                return [*stack[stack.index(nxt):], nxt]
-            if nxt not in state and (cycle := visit(nxt)):
-                return cycle
-        stack.pop()
-        state[node] = 2
-        return None
+            if nxt not in index:
+                visit(nxt)
+                low[node] = min(low[node], low[nxt])
+            elif nxt in on_stack:
+                low[node] = min(low[node], index[nxt])
+        if low[node] == index[node]:
+            group = []
+            while True:
+                member = stack.pop()
+                on_stack.discard(member)
+                group.append(member)
+                if member == node:
+                    break
+            if len(group) > 1:
+                groups.append(sorted(group))
 
     for module in graph:
-        if module not in state and (cycle := visit(module)):
-            raise AssertionError("import cycle: " + " → ".join(cycle))
+        if module not in index:
+            visit(module)
+    return groups
 
 
-# Inside ``server/``: each product is a room of its own. The TTS API and the dispatcher use only the shared pieces,
+# Circles being taken apart (issue 33): each entry names the work that removes it. Do not add to this list.
+KNOWN_CIRCLES = [
+    # the Realtime protocol's halves share one back-pointer; the Realtime rework (issue 31) gives them narrow seams
+    ["assistant.server.realtime.conversation_events", "assistant.server.realtime.protocol",
+     "assistant.server.realtime.responses"],
+]
+
+
+def test_no_import_cycle() -> None:
+    """No circle between modules, lazy imports included: a lazy import only hides a circle until it runs."""
+    graph = {m: sorted({t for t, _ in edges}) for m, edges in _graph().items()}
+    circles = [c for c in _circles(graph) if c not in KNOWN_CIRCLES]
+    assert not circles, "import circles:\n" + "\n".join(" ↔ ".join(c) for c in circles)
+
+
+def test_the_circle_finder_finds_lazy_circles() -> None:
+    assert _circles({"a": ["b"], "b": ["c"], "c": ["a"], "d": ["a"]}) == [["a", "b", "c"]]
+    assert _circles({"a": ["b"], "b": []}) == []
+
+
+# Inside ``server/``: each product is a room of its own. The TTS API and the dispatcher use only the shared floor,
 # never the voice session's modules (so the TTS API runs without aiortc and the dispatcher without the engines).
-# The Realtime API is the voice session under another protocol: it uses the session, signaling and ICE, and the
-# TTS API's voice names (so ``voice`` means what it means there).
-SHARED_SERVER = {"http", "front", "limits", "metrics", "services", "routes", "openapi", "openai_front"}
+# The Realtime API is the voice session under another protocol: it uses the voice room, and the TTS API's voice
+# names (so ``voice`` means what it means there). ``app`` assembles the rooms into one gateway.
+SHARED_SERVER = {"http", "front", "limits", "metrics", "services", "routes", "openapi", "openai_front", "tls", "local"}
+ASSEMBLY = {"app"}
 PRODUCT_ALLOWED = {
+    "voice": SHARED_SERVER,
     "tts_api": SHARED_SERVER,
-    "dispatch": {"http", "front", "limits", "routes", "openapi", "openai_front"},
-    "realtime": SHARED_SERVER | {"session", "signaling", "ice", "sdpfrag", "tts_api"},
+    "dispatch": {"http", "front", "limits", "routes", "openapi", "openai_front", "tls"},
+    "realtime": SHARED_SERVER | {"voice", "tts_api"},
 }
+MAX_SERVER_TOP = 12  # modules at the top of server/ (the shared floor and the assembly), __init__ aside
 
 
 def _server_room(module: str) -> str | None:
-    """``assistant.server.tts_api.routes`` → ``tts_api``; ``assistant.server.session`` → ``session``."""
+    """``assistant.server.tts_api.routes`` → ``tts_api``; ``assistant.server.http`` → ``http``."""
     parts = module.split(".")
     return parts[2] if len(parts) > 2 and parts[1] == "server" else None
 
 
-def test_server_products_do_not_import_the_voice_session() -> None:
+def test_server_products_do_not_import_each_other_beyond_the_map() -> None:
     bad = []
     for module, edges in _graph().items():
         room = _server_room(module)
@@ -161,3 +197,13 @@ def test_shared_server_pieces_import_no_product() -> None:
             if other is not None and other not in SHARED_SERVER:
                 bad.append(f"{module} → {target}")
     assert not bad, "\n".join(sorted(set(bad)))
+
+
+def test_server_top_is_the_floor_and_the_rooms() -> None:
+    """Only the shared floor and the assembly sit at the top of ``server/``; everything else is in a room."""
+    server = PACKAGE / "server"
+    top = {p.stem for p in server.glob("*.py")} - {"__init__"}
+    rooms = {p.name for p in server.iterdir() if (p / "__init__.py").exists()}
+    assert top <= SHARED_SERVER | ASSEMBLY, f"not on the map: {sorted(top - SHARED_SERVER - ASSEMBLY)}"
+    assert len(top) <= MAX_SERVER_TOP, sorted(top)
+    assert rooms <= set(PRODUCT_ALLOWED), f"rooms not on the map: {sorted(rooms - set(PRODUCT_ALLOWED))}"

@@ -24,7 +24,7 @@ from assistant.bench.v2v import BenchSession
 from assistant.pipeline.turn_runner import PCM_AHEAD_CHUNKS, TTS_TEXT_QUEUE
 from assistant.server.app import SESSIONS
 from assistant.server.services import Services
-from assistant.server.signaling import CONNECT_GRACE_S
+from assistant.server.voice.signaling import CONNECT_GRACE_S
 from tests.conftest import serve, test_config
 from tests.fault_engines import FaultyTTS, FloodResponder, ToneTTS
 

@@ -15,8 +15,8 @@ from aiortc import RTCConfiguration, RTCPeerConnection, RTCSessionDescription
 from assistant.bench.audio_source import UtteranceSource, load_utterance
 from assistant.bench.v2v import BenchSession, ReplyListener, TurnSettings
 from assistant.server.app import SESSIONS
-from assistant.server.sdpfrag import build_sdpfrag, ice_credentials
 from assistant.server.services import Services
+from assistant.server.voice.sdpfrag import build_sdpfrag, ice_credentials
 from tests.conftest import self_signed_cert, serve, test_config
 from tests.turnserver import TurnServer
 from tests.webrtc_client import rtc_configuration_from_json

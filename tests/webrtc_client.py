@@ -7,7 +7,7 @@ from typing import Any
 
 from aiortc import RTCConfiguration
 
-from assistant.server.ice import IceServer, rtc_configuration
+from assistant.server.voice.ice import IceServer, rtc_configuration
 
 
 def rtc_configuration_from_json(payload: dict[str, Any]) -> RTCConfiguration:

@@ -493,7 +493,7 @@ async def no_attack(t: Target, http: aiohttp.ClientSession) -> Outcome:
 
 async def bodies_in_pieces(t: Target, http: aiohttp.ClientSession) -> Outcome:
     """Every body route, its body in 8 KB pieces 10 ms apart (small bodies in 64-byte pieces)."""
-    from assistant.server.sdpfrag import build_sdpfrag, ice_credentials
+    from assistant.server.voice.sdpfrag import build_sdpfrag, ice_credentials
 
     got: dict[str, tuple[int, str]] = {}
     js = {"Content-Type": "application/json", **t.attacker}

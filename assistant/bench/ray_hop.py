@@ -307,9 +307,9 @@ def _cores(value: float | None) -> str:
 
 
 def add_ray_arguments(parser: argparse.ArgumentParser) -> None:
-    from assistant.bench.v2v import _levels
+    from assistant.bench.v2v import session_levels
 
-    parser.add_argument("--sessions", type=_levels, default=[1, 4], help="concurrency levels (default: 1,4)")
+    parser.add_argument("--sessions", type=session_levels, default=[1, 4], help="concurrency levels (default: 1,4)")
     parser.add_argument("--turns", type=int, default=None, help="turns per session (default: one per audio file)")
     parser.add_argument("--audio", nargs="+", type=Path, default=None, metavar="WAV", help="speech files to play")
     parser.add_argument("--gateways", type=int, default=2, help="gateway processes (default: %(default)s)")

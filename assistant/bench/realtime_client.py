@@ -9,34 +9,27 @@
   microphone: 20 ms of PCM16 per ``input_audio_buffer.append``, in real time. It measures the time from the
   append that carried the end of the speech (server VAD), or from the last append (the client commits), to the
   first ``response.output_audio.delta``.
-- :func:`run_protocols` runs ``assistant bench v2v --protocol page,realtime[,realtime-ws]``: each protocol in
-  turn on the same files, and the ratio of their medians.
 """
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import base64
 import json
 import logging
 import time
-from collections.abc import Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import aiohttp
 import numpy as np
 
 from assistant.audio import float_to_s16, resample, s16_to_float
-from assistant.bench.audio_source import Utterance, load_utterance, read_manifest
-from assistant.bench.report import BenchResult, format_summary, format_turns, percentile
-from assistant.bench.v2v import BenchSession, _Event, bench_v2v, default_audio_files
+from assistant.bench.audio_source import Utterance
+from assistant.bench.v2v import BenchEvent, BenchSession
 
 log = logging.getLogger(__name__)
 
-PROTOCOLS = ("page", "realtime", "realtime-ws")
 WS_RATE = 24_000  # PCM16 as the Realtime API takes it
 WS_FRAME_S = 0.02  # one microphone frame per append
 WS_TAIL_S = 2.5  # silence streamed after the speech (the VAD needs its hangover)
@@ -71,7 +64,7 @@ class RealtimeBenchSession(BenchSession):
     def on_event(self, at: float, body: dict[str, Any]) -> None:
         self.realtime_events.append((at, body))
         for event in self.as_page_events(body):
-            self.events.append(_Event(at, event))
+            self.events.append(BenchEvent(at, event))
 
     def as_page_events(self, event: dict[str, Any]) -> list[dict[str, Any]]:
         """A Realtime server event in our page protocol's shape (what ``run_turn`` reads), if it has one."""
@@ -187,80 +180,3 @@ async def ws_turn(http: aiohttp.ClientSession, url: str, utt: Utterance, *, mode
         finally:
             sender.cancel()
     return result
-
-
-# --- the comparison ------------------------------------------------------------------------------------------
-def v2v_values(result: BenchResult) -> list[float]:
-    return [float(v) for lv in result.levels for t in lv.turns
-            if t.status == "ok" and (v := t.columns.get("v2v_ms")) is not None]
-
-
-def describe(values: Sequence[float]) -> str:
-    if not values:
-        return "n=0"
-    return (f"n={len(values)} median={percentile(values, 50):.0f} p90={percentile(values, 90):.0f} "
-            f"min={min(values):.0f} max={max(values):.0f} ms")
-
-
-async def run_protocols(args: argparse.Namespace) -> int:
-    """``assistant bench v2v --protocol …``: each protocol on the same files, then their medians side by side."""
-    protocols = args.protocol
-    unknown = [p for p in protocols if p not in PROTOCOLS]
-    if unknown:
-        print(f"bench v2v: unknown protocol {unknown[0]!r}; choose from {', '.join(PROTOCOLS)}")
-        return 2
-    url = args.url.rstrip("/")
-    results: dict[str, BenchResult] = {}
-    ws: list[WSTurn] = []
-    for protocol in protocols:
-        if protocol == "realtime-ws":
-            files = [Path(f) for f in (args.audio or default_audio_files())]
-            manifests: dict[Path, dict[str, dict]] = {}
-            utts = [load_utterance(f, manifests.setdefault(f.parent, read_manifest(f.parent))) for f in files]
-            turns = args.turns or len(utts)
-            async with aiohttp.ClientSession() as http:
-                for k in range(turns):
-                    for mode in ("server_vad", "commit"):
-                        ws.append(await ws_turn(http, url, utts[k % len(utts)], mode=mode, token=args.token))
-                        log.info("bench.realtime ws mode=%s file=%s first_delta_ms=%s", mode, ws[-1].file,
-                                 ws[-1].first_delta_ms)
-            continue
-        client = RealtimeBenchSession if protocol == "realtime" else BenchSession
-        results[protocol] = await bench_v2v(
-            url, args.audio, args.turns, args.sessions, Path(args.out) / protocol,
-            threshold_dbfs=args.threshold_dbfs, timeout_s=args.timeout, silence_ms=args.silence_ms,
-            stagger_ms=args.stagger_ms, token=args.token, ready_timeout_s=args.ready_timeout,
-            plot=not args.no_plot, client=client,
-        )
-    bad = 0
-    for protocol, result in results.items():
-        print(f"== protocol {protocol}")
-        for level in result.levels:
-            if len(level.turns) <= 40:
-                print(format_turns(level))
-        print(format_summary(result))
-        bad += sum(1 for lv in result.levels for t in lv.turns if t.status != "ok")
-    print("\n== voice-to-voice (client clock), per protocol")
-    medians = {}
-    for protocol, result in results.items():
-        values = v2v_values(result)
-        print(f"{protocol:10s} {describe(values)}")
-        if values:
-            medians[protocol] = percentile(values, 50)
-    if "page" in medians and "realtime" in medians:
-        print(f"ratio realtime/page (median v2v): {medians['realtime'] / medians['page']:.3f}")
-    if ws:
-        print("\n== Realtime over WebSocket: append holding the speech end (server_vad) or last append (commit) "
-              "→ first response.output_audio.delta")
-        for mode in ("server_vad", "commit"):
-            turns = [t for t in ws if t.mode == mode]
-            values = [t.first_delta_ms for t in turns if t.first_delta_ms is not None]
-            print(f"{mode:10s} {describe(values)}")
-            for t in turns:
-                print(f"  {t.file:24s} {t.first_delta_ms!s:>8} ms  server_v2v={t.server.get('server_v2v_ms')} "
-                      f"{t.error or t.transcript!r}")
-        bad += sum(1 for t in ws if t.first_delta_ms is None)
-        out = Path(args.out)
-        out.mkdir(parents=True, exist_ok=True)
-        (out / "realtime_ws.json").write_text(json.dumps([t.__dict__ for t in ws], indent=1))
-    return 0 if bad == 0 else 1

@@ -40,13 +40,10 @@ from assistant.bench.report import (
     BenchResult,
     LevelResult,
     TurnResult,
-    format_summary,
-    format_turns,
     stage_sum,
     write_json,
 )
 from assistant.rtc.jitter import AdaptiveReceiveBuffer
-from assistant.rtc.loopback_ice import allow_loopback_ice
 
 log = logging.getLogger(__name__)
 
@@ -173,7 +170,9 @@ class TurnSettings:
 
 
 @dataclass
-class _Event:
+class BenchEvent:
+    """One event from the server, stamped on arrival (client clock)."""
+
     at: float
     body: dict[str, Any]
 
@@ -190,7 +189,7 @@ class BenchSession:
     session_id: str = ""
     low_latency_receive: bool = True  # False: aiortc's own 4-packet receive buffer
     rtc_config: RTCConfiguration | None = None  # e.g. the server's GET /api/ice (TURN); None: host candidates
-    events: list[_Event] = field(default_factory=list)
+    events: list[BenchEvent] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         self.pc = RTCPeerConnection(self.rtc_config or RTCConfiguration(iceServers=[]))
@@ -259,9 +258,9 @@ class BenchSession:
 
     def on_event(self, at: float, body: dict[str, Any]) -> None:
         """One server event, stamped on arrival."""
-        self.events.append(_Event(at, body))
+        self.events.append(BenchEvent(at, body))
 
-    def _events_since(self, start: int, kind: str) -> list[_Event]:
+    def _events_since(self, start: int, kind: str) -> list[BenchEvent]:
         return [e for e in self.events[start:] if e.body.get("type") == kind]
 
     async def _settle(self, settings: TurnSettings) -> None:
@@ -511,8 +510,8 @@ async def bench_v2v(
     return result
 
 
-# --- CLI ------------------------------------------------------------------------------------------------
-def _levels(text: str) -> list[int]:
+def session_levels(text: str) -> list[int]:
+    """``--sessions 1,4`` → [1, 4] (an argparse type)."""
     try:
         levels = [int(x) for x in text.split(",") if x.strip()]
     except ValueError:
@@ -520,72 +519,3 @@ def _levels(text: str) -> list[int]:
     if not levels or any(k < 1 for k in levels):
         raise argparse.ArgumentTypeError("session counts must be ≥ 1")
     return levels
-
-
-def add_v2v_arguments(parser: argparse.ArgumentParser) -> None:
-    """The ``assistant bench v2v`` flags."""
-    parser.add_argument("--url", default="http://127.0.0.1:8080", help="server base URL (default: %(default)s)")
-    parser.add_argument("--audio", nargs="+", type=Path, default=None, metavar="WAV",
-                        help=f"speech files to play (default: {SHARED_AUDIO}/en_*.wav without the cloning clip); "
-                        "speech ends come from manifest.json next to them")
-    parser.add_argument("--turns", type=int, default=None,
-                        help="turns per session (default: one per audio file)")
-    parser.add_argument("--sessions", type=_levels, default=[1],
-                        help="concurrent sessions, or a list run one level after another, e.g. 1,4 (default: 1)")
-    parser.add_argument("--out", type=Path, default=Path("bench-out"),
-                        help="folder for v2v.json and v2v.png (default: %(default)s)")
-    parser.add_argument("--threshold-dbfs", type=float, default=AUDIBLE_DBFS,
-                        help=f"reply audible at this peak level over {WINDOW_MS} ms (default: %(default)s)")
-    parser.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT_S,
-                        help="seconds after the speech end before a turn with no reply is dropped "
-                        "(default: %(default)s)")
-    parser.add_argument("--silence-ms", type=float, default=DEFAULT_SILENCE_MS,
-                        help="reply over after this much silence if no reply_done came (default: %(default)s)")
-    parser.add_argument("--stagger-ms", type=float, default=DEFAULT_STAGGER_MS,
-                        help="session i starts i × this later (default: %(default)s)")
-    parser.add_argument("--token", default="", help="bearer token, if the server requires one")
-    parser.add_argument("--ready-timeout", type=float, default=120.0,
-                        help="seconds to wait for /readyz (default: %(default)s)")
-    parser.add_argument("--loopback-ice", action="store_true",
-                        help="offer 127.0.0.1 as an ICE candidate (machines with only loopback; the server "
-                        "must do the same)")
-    parser.add_argument("--no-plot", action="store_true", help="skip the PNG")
-    parser.add_argument("--protocol", type=lambda t: t.split(","), default=["page"],
-                        help="page (our /api/offer), realtime (OpenAI Realtime over WebRTC), realtime-ws (over "
-                        "WebSocket); a list runs each and compares them (default: page)")
-
-
-async def run_v2v(args: argparse.Namespace) -> int:
-    """CLI entry: run the bench, print the tables, return 0 if every turn was heard, 1 otherwise."""
-    if args.loopback_ice:
-        allow_loopback_ice()
-    if args.protocol != ["page"]:
-        from assistant.bench.realtime_client import run_protocols
-
-        return await run_protocols(args)
-    try:
-        result = await bench_v2v(
-            args.url,
-            args.audio,
-            args.turns,
-            args.sessions,
-            args.out,
-            threshold_dbfs=args.threshold_dbfs,
-            timeout_s=args.timeout,
-            silence_ms=args.silence_ms,
-            stagger_ms=args.stagger_ms,
-            token=args.token,
-            ready_timeout_s=args.ready_timeout,
-            plot=not args.no_plot,
-        )
-    except (TimeoutError, OSError, ValueError, aiohttp.ClientError) as exc:
-        print(f"bench v2v: {exc}")
-        return 2
-    for level in result.levels:
-        if len(level.turns) <= 40:
-            print(format_turns(level))
-            print()
-    print(format_summary(result))
-    print(f"\nwrote {result.json_path}" + (f" and {result.png_path}" if result.png_path else ""))
-    bad = sum(1 for lv in result.levels for t in lv.turns if t.status != "ok")
-    return 0 if bad == 0 else 1

@@ -17,13 +17,13 @@ from assistant.pipeline.trace import gap_legend, stage_legend
 from assistant.server import tts_api
 from assistant.server.front import add_static_routes, middlewares
 from assistant.server.http import CONFIG
-from assistant.server.ice import check_ice_config
 from assistant.server.limits import LIMITS, Limits
 from assistant.server.openai_front import create_openai_app
 from assistant.server.openapi import documented, json_body
 from assistant.server.routes import OPENAI_PREFIX, register, routes
 from assistant.server.services import SERVICES, Services
-from assistant.server.signaling import SESSIONS
+from assistant.server.voice.ice import check_ice_config
+from assistant.server.voice.signaling import SESSIONS
 
 log = logging.getLogger(__name__)
 

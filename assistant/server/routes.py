@@ -1,7 +1,7 @@
 """Every route of the HTTP API, once: the server registers it, the dispatcher forwards it, OpenAPI documents it.
 
-A row names its handler as ``"module:function"`` under ``assistant.server`` (``"signaling:offer"`` is
-``assistant.server.signaling.offer``), so this table imports nothing: the dispatcher reads it without loading
+A row names its handler as ``"module:function"`` under ``assistant.server`` (``"voice.signaling:offer"`` is
+``assistant.server.voice.signaling.offer``), so this table imports nothing: the dispatcher reads it without loading
 the voice session or the TTS engines. Each handler carries its own OpenAPI description, written beside it with
 :func:`assistant.server.openapi.documented`.
 
@@ -103,13 +103,14 @@ ROUTES: tuple[Route, ...] = (
     Route("GET", "/metrics", "app:metrics", F.FRONT, "front"),
     Route("GET", "/api/openapi.json", "openapi:serve_openapi", F.PROXY, "front"),
     # The voice session: signaling (JSON and WHIP), the session resource, ICE, the page's stage legend.
-    Route("POST", "/api/offer", "signaling:offer", F.OFFER, "voice", _json, budget="offer", content_types=(JSON,)),
-    Route("POST", "/api/whip", "whip:whip_offer", F.OFFER, "voice", _sdp, budget="offer", content_types=(SDP,)),
-    Route("GET", "/api/sessions", "signaling:list_sessions", F.GATHER, "voice"),
-    Route("PATCH", "/api/sessions/{session_id}", "signaling:trickle", F.OWNER, "voice", _fragment,
+    Route("POST", "/api/offer", "voice.signaling:offer", F.OFFER, "voice", _json, budget="offer",
+          content_types=(JSON,)),
+    Route("POST", "/api/whip", "voice.whip:whip_offer", F.OFFER, "voice", _sdp, budget="offer", content_types=(SDP,)),
+    Route("GET", "/api/sessions", "voice.signaling:list_sessions", F.GATHER, "voice"),
+    Route("PATCH", "/api/sessions/{session_id}", "voice.signaling:trickle", F.OWNER, "voice", _fragment,
           budget="trickle", content_types=(SDPFRAG,)),
-    Route("DELETE", "/api/sessions/{session_id}", "signaling:hang_up", F.OWNER, "voice", budget="trickle"),
-    Route("GET", "/api/ice", "ice:get_ice", F.PROXY, "voice", budget="ice"),
+    Route("DELETE", "/api/sessions/{session_id}", "voice.signaling:hang_up", F.OWNER, "voice", budget="trickle"),
+    Route("GET", "/api/ice", "voice.ice:get_ice", F.PROXY, "voice", budget="ice"),
     Route("GET", "/api/stages", "app:stages", F.PROXY, "voice"),
     # The TTS API.
     Route("POST", "/api/tts", "tts_api.routes:tts_http", F.PROXY, "tts", tts_body, budget="tts",

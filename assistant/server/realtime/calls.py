@@ -2,7 +2,7 @@
 browsers that post their offer as OpenAI's WebRTC guide does), ``POST /v1/realtime/calls/{id}/hangup`` and
 ``GET /v1/realtime/ice-servers``.
 
-A call is our voice session, peer and all (``server/session.Session``, opened by ``signaling.open_session`` as
+A call is our voice session, peer and all (``server/voice/session.Session``, opened by ``signaling.open_session`` as
 the page's and WHIP's are): audio travels on the track, events on the ``oai-events`` data channel, and the
 Realtime layer translates between that channel and the session's conversation.
 
@@ -23,15 +23,15 @@ from typing import Any
 from aiohttp import web
 
 from assistant.server.http import CONFIG, APIError, read_multipart
-from assistant.server.ice import browser_config
 from assistant.server.limits import LIMITS
 from assistant.server.openapi import documented, json_body, openai_error
 from assistant.server.realtime.protocol import ClientError, RealtimeProtocol
 from assistant.server.realtime.settings import SettingsError
 from assistant.server.realtime.setup import make_protocol, prepare
 from assistant.server.services import SERVICES
-from assistant.server.session import Session
-from assistant.server.signaling import SESSIONS, check_ready, check_sdp, open_session, read_text
+from assistant.server.voice.ice import browser_config
+from assistant.server.voice.session import Session
+from assistant.server.voice.signaling import SESSIONS, check_ready, check_sdp, open_session, read_text
 
 log = logging.getLogger(__name__)
 

@@ -47,7 +47,7 @@ from assistant.server.realtime.responder import RealtimeResponder, ReplyContext
 from assistant.server.realtime.responses import Response, Responses
 from assistant.server.realtime.settings import Settings, SettingsError, parse_tools
 from assistant.server.realtime.sink import StreamSink
-from assistant.server.session import ConversationSession
+from assistant.server.voice.session import ConversationSession
 
 log = logging.getLogger(__name__)
 

@@ -17,9 +17,9 @@ from assistant.server.realtime.protocol import ClientError, RealtimeProtocol
 from assistant.server.realtime.responder import RealtimeResponder, ReplyContext
 from assistant.server.realtime.settings import REFERENCE_VOICES, Settings
 from assistant.server.services import SERVICES, Services
-from assistant.server.session import ConversationSession
 from assistant.server.tts_api import TTS_SERVICE
 from assistant.server.tts_api.request import TTSError
+from assistant.server.voice.session import ConversationSession
 
 DEFAULT_MODEL = "assistant"
 TURN_METRICS_OFF = ("0", "false", "no", "off")

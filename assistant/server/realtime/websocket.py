@@ -27,8 +27,8 @@ from assistant.server.openapi import documented, openai_error
 from assistant.server.realtime.setup import DEFAULT_MODEL, make_protocol, prepare
 from assistant.server.realtime.sink import StreamSink
 from assistant.server.services import SERVICES
-from assistant.server.session import ConversationSession
-from assistant.server.signaling import admit, check_ready
+from assistant.server.voice.session import ConversationSession
+from assistant.server.voice.signaling import admit, check_ready
 
 log = logging.getLogger(__name__)
 

@@ -16,11 +16,11 @@ from __future__ import annotations
 from aiohttp import web
 
 from assistant.server.http import CONFIG
-from assistant.server.ice import ice_servers, link_headers
 from assistant.server.limits import LIMITS
 from assistant.server.openapi import documented, error
-from assistant.server.sdpfrag import CONTENT_TYPE as SDPFRAG
-from assistant.server.signaling import check_choices, check_ready, check_sdp, open_session, read_text
+from assistant.server.voice.ice import ice_servers, link_headers
+from assistant.server.voice.sdpfrag import CONTENT_TYPE as SDPFRAG
+from assistant.server.voice.signaling import check_choices, check_ready, check_sdp, open_session, read_text
 
 SDP = "application/sdp"
 

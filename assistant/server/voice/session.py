@@ -27,9 +27,9 @@ from assistant.respond.base import Responder
 from assistant.rtc.inbound import InboundAudio, read_track
 from assistant.rtc.jitter import AdaptiveReceiveBuffer
 from assistant.rtc.outbound import ReplyTrack
-from assistant.server.ice import ice_servers, rtc_configuration
-from assistant.server.sdpfrag import ice_credentials
 from assistant.server.services import Services
+from assistant.server.voice.ice import ice_servers, rtc_configuration
+from assistant.server.voice.sdpfrag import ice_credentials
 
 log = logging.getLogger(__name__)
 

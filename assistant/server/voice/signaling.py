@@ -21,10 +21,10 @@ from aiohttp.helpers import ChainMapProxy
 from assistant.server.http import CONFIG, HTTPJSONError, read_body, read_json
 from assistant.server.limits import LIMITS
 from assistant.server.openapi import documented, error, json_body, ref
-from assistant.server.sdpfrag import CONTENT_TYPE as SDPFRAG
-from assistant.server.sdpfrag import FragmentError, parse_sdpfrag
 from assistant.server.services import SERVICES
-from assistant.server.session import ConversationSession, Session
+from assistant.server.voice.sdpfrag import CONTENT_TYPE as SDPFRAG
+from assistant.server.voice.sdpfrag import FragmentError, parse_sdpfrag
+from assistant.server.voice.session import ConversationSession, Session
 
 log = logging.getLogger(__name__)
 

@@ -1,0 +1,182 @@
+"""``assistant bench v2v`` on the command line: its flags, and the run of one protocol or several side by side.
+
+The clients it drives sit below it: our page protocol's (``bench/v2v.py``) and the Realtime API's
+(``bench/realtime_client.py``). With ``--protocol page,realtime[,realtime-ws]`` each protocol runs in turn on the
+same files, and the ratio of their medians is printed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+from collections.abc import Sequence
+from pathlib import Path
+
+import aiohttp
+
+from assistant.bench.audio_source import load_utterance, read_manifest
+from assistant.bench.realtime_client import RealtimeBenchSession, WSTurn, ws_turn
+from assistant.bench.report import BenchResult, format_summary, format_turns, percentile
+from assistant.bench.v2v import (
+    AUDIBLE_DBFS,
+    DEFAULT_SILENCE_MS,
+    DEFAULT_STAGGER_MS,
+    DEFAULT_TIMEOUT_S,
+    SHARED_AUDIO,
+    WINDOW_MS,
+    BenchSession,
+    bench_v2v,
+    default_audio_files,
+    session_levels,
+)
+from assistant.rtc.loopback_ice import allow_loopback_ice
+
+log = logging.getLogger(__name__)
+
+PROTOCOLS = ("page", "realtime", "realtime-ws")
+
+
+# --- CLI ------------------------------------------------------------------------------------------------
+def add_v2v_arguments(parser: argparse.ArgumentParser) -> None:
+    """The ``assistant bench v2v`` flags."""
+    parser.add_argument("--url", default="http://127.0.0.1:8080", help="server base URL (default: %(default)s)")
+    parser.add_argument("--audio", nargs="+", type=Path, default=None, metavar="WAV",
+                        help=f"speech files to play (default: {SHARED_AUDIO}/en_*.wav without the cloning clip); "
+                        "speech ends come from manifest.json next to them")
+    parser.add_argument("--turns", type=int, default=None,
+                        help="turns per session (default: one per audio file)")
+    parser.add_argument("--sessions", type=session_levels, default=[1],
+                        help="concurrent sessions, or a list run one level after another, e.g. 1,4 (default: 1)")
+    parser.add_argument("--out", type=Path, default=Path("bench-out"),
+                        help="folder for v2v.json and v2v.png (default: %(default)s)")
+    parser.add_argument("--threshold-dbfs", type=float, default=AUDIBLE_DBFS,
+                        help=f"reply audible at this peak level over {WINDOW_MS} ms (default: %(default)s)")
+    parser.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT_S,
+                        help="seconds after the speech end before a turn with no reply is dropped "
+                        "(default: %(default)s)")
+    parser.add_argument("--silence-ms", type=float, default=DEFAULT_SILENCE_MS,
+                        help="reply over after this much silence if no reply_done came (default: %(default)s)")
+    parser.add_argument("--stagger-ms", type=float, default=DEFAULT_STAGGER_MS,
+                        help="session i starts i × this later (default: %(default)s)")
+    parser.add_argument("--token", default="", help="bearer token, if the server requires one")
+    parser.add_argument("--ready-timeout", type=float, default=120.0,
+                        help="seconds to wait for /readyz (default: %(default)s)")
+    parser.add_argument("--loopback-ice", action="store_true",
+                        help="offer 127.0.0.1 as an ICE candidate (machines with only loopback; the server "
+                        "must do the same)")
+    parser.add_argument("--no-plot", action="store_true", help="skip the PNG")
+    parser.add_argument("--protocol", type=lambda t: t.split(","), default=["page"],
+                        help="page (our /api/offer), realtime (OpenAI Realtime over WebRTC), realtime-ws (over "
+                        "WebSocket); a list runs each and compares them (default: page)")
+
+
+async def run_v2v(args: argparse.Namespace) -> int:
+    """CLI entry: run the bench, print the tables, return 0 if every turn was heard, 1 otherwise."""
+    if args.loopback_ice:
+        allow_loopback_ice()
+    if args.protocol != ["page"]:
+        return await run_protocols(args)
+    try:
+        result = await bench_v2v(
+            args.url,
+            args.audio,
+            args.turns,
+            args.sessions,
+            args.out,
+            threshold_dbfs=args.threshold_dbfs,
+            timeout_s=args.timeout,
+            silence_ms=args.silence_ms,
+            stagger_ms=args.stagger_ms,
+            token=args.token,
+            ready_timeout_s=args.ready_timeout,
+            plot=not args.no_plot,
+        )
+    except (TimeoutError, OSError, ValueError, aiohttp.ClientError) as exc:
+        print(f"bench v2v: {exc}")
+        return 2
+    for level in result.levels:
+        if len(level.turns) <= 40:
+            print(format_turns(level))
+            print()
+    print(format_summary(result))
+    print(f"\nwrote {result.json_path}" + (f" and {result.png_path}" if result.png_path else ""))
+    bad = sum(1 for lv in result.levels for t in lv.turns if t.status != "ok")
+    return 0 if bad == 0 else 1
+
+
+# --- the comparison ------------------------------------------------------------------------------------------
+def v2v_values(result: BenchResult) -> list[float]:
+    return [float(v) for lv in result.levels for t in lv.turns
+            if t.status == "ok" and (v := t.columns.get("v2v_ms")) is not None]
+
+
+def describe(values: Sequence[float]) -> str:
+    if not values:
+        return "n=0"
+    return (f"n={len(values)} median={percentile(values, 50):.0f} p90={percentile(values, 90):.0f} "
+            f"min={min(values):.0f} max={max(values):.0f} ms")
+
+
+async def run_protocols(args: argparse.Namespace) -> int:
+    """``assistant bench v2v --protocol …``: each protocol on the same files, then their medians side by side."""
+    protocols = args.protocol
+    unknown = [p for p in protocols if p not in PROTOCOLS]
+    if unknown:
+        print(f"bench v2v: unknown protocol {unknown[0]!r}; choose from {', '.join(PROTOCOLS)}")
+        return 2
+    url = args.url.rstrip("/")
+    results: dict[str, BenchResult] = {}
+    ws: list[WSTurn] = []
+    for protocol in protocols:
+        if protocol == "realtime-ws":
+            files = [Path(f) for f in (args.audio or default_audio_files())]
+            manifests: dict[Path, dict[str, dict]] = {}
+            utts = [load_utterance(f, manifests.setdefault(f.parent, read_manifest(f.parent))) for f in files]
+            turns = args.turns or len(utts)
+            async with aiohttp.ClientSession() as http:
+                for k in range(turns):
+                    for mode in ("server_vad", "commit"):
+                        ws.append(await ws_turn(http, url, utts[k % len(utts)], mode=mode, token=args.token))
+                        log.info("bench.realtime ws mode=%s file=%s first_delta_ms=%s", mode, ws[-1].file,
+                                 ws[-1].first_delta_ms)
+            continue
+        client = RealtimeBenchSession if protocol == "realtime" else BenchSession
+        results[protocol] = await bench_v2v(
+            url, args.audio, args.turns, args.sessions, Path(args.out) / protocol,
+            threshold_dbfs=args.threshold_dbfs, timeout_s=args.timeout, silence_ms=args.silence_ms,
+            stagger_ms=args.stagger_ms, token=args.token, ready_timeout_s=args.ready_timeout,
+            plot=not args.no_plot, client=client,
+        )
+    bad = 0
+    for protocol, result in results.items():
+        print(f"== protocol {protocol}")
+        for level in result.levels:
+            if len(level.turns) <= 40:
+                print(format_turns(level))
+        print(format_summary(result))
+        bad += sum(1 for lv in result.levels for t in lv.turns if t.status != "ok")
+    print("\n== voice-to-voice (client clock), per protocol")
+    medians = {}
+    for protocol, result in results.items():
+        values = v2v_values(result)
+        print(f"{protocol:10s} {describe(values)}")
+        if values:
+            medians[protocol] = percentile(values, 50)
+    if "page" in medians and "realtime" in medians:
+        print(f"ratio realtime/page (median v2v): {medians['realtime'] / medians['page']:.3f}")
+    if ws:
+        print("\n== Realtime over WebSocket: append holding the speech end (server_vad) or last append (commit) "
+              "→ first response.output_audio.delta")
+        for mode in ("server_vad", "commit"):
+            turns = [t for t in ws if t.mode == mode]
+            values = [t.first_delta_ms for t in turns if t.first_delta_ms is not None]
+            print(f"{mode:10s} {describe(values)}")
+            for t in turns:
+                print(f"  {t.file:24s} {t.first_delta_ms!s:>8} ms  server_v2v={t.server.get('server_v2v_ms')} "
+                      f"{t.error or t.transcript!r}")
+        bad += sum(1 for t in ws if t.first_delta_ms is None)
+        out = Path(args.out)
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "realtime_ws.json").write_text(json.dumps([t.__dict__ for t in ws], indent=1))
+    return 0 if bad == 0 else 1

@@ -425,3 +425,27 @@ async def test_openai_tools_in_the_request_and_tool_calls_streamed_back() -> Non
     assert body["messages"][2] == {"role": "assistant", "content": None, "tool_calls": [
         {"id": "call_0", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Rome"}'}}]}
     assert body["messages"][3] == {"role": "tool", "content": '{"sky": "clear"}', "tool_call_id": "call_0"}
+
+
+async def test_reply_options_reach_responders_that_take_them_and_only_those() -> None:
+    """``reply_stream`` hands ``options`` to a responder whose ``respond`` takes them; a two-argument plug-in
+    keeps working, and a responder reports its usage in the same options object."""
+    from assistant.respond.base import ReplyOptions, Usage, reply_stream
+
+    class Plain:
+        name = "plain"
+
+        async def respond(self, text, history):
+            yield text
+
+    class WithOptions:
+        name = "with-options"
+
+        async def respond(self, text, history, options=None):
+            yield f"{text}/{options.language}"
+            options.usage = Usage(3, 1, exact=True)
+
+    options = ReplyOptions(language="ja")
+    assert [d async for d in reply_stream(Plain(), "hi", [], options)] == ["hi"]
+    assert [d async for d in reply_stream(WithOptions(), "hi", [], options)] == ["hi/ja"]
+    assert options.usage == Usage(3, 1, exact=True)

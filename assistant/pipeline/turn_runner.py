@@ -35,7 +35,7 @@ from assistant.pipeline.reply import ReplySink
 from assistant.pipeline.synthesis import SynthesisPath, SynthesisTimeout
 from assistant.pipeline.trace import Ending, Span
 from assistant.pipeline.turn import StageError, Turn, TurnDeps, stage
-from assistant.respond.base import ResponderError
+from assistant.respond.base import ReplyOptions, ResponderError, reply_stream
 from assistant.respond.history import ConversationHistory
 from assistant.tts.base import PieceByPiece, TTSBusy, TTSRequest, with_streaming
 
@@ -251,7 +251,8 @@ class TurnRunner:
         """The responder's deltas into ``deltas`` (bounded: the responder waits when TTS is behind)."""
         try:
             async with asyncio.timeout(self.respond_cfg.total_timeout_s):
-                async for delta in self.deps.responder.respond(text, self.history.messages):
+                options = self._reply_options(turn)
+                async for delta in reply_stream(self.deps.responder, text, self.history.messages, options):
                     if not delta:
                         continue
                     turn.trace.mark("first_text")
@@ -267,6 +268,11 @@ class TurnRunner:
         # The end mark only on success: on failure or cancel the consumer is cancelled too, and an awaited
         # put into a full queue nobody reads would hang the turn (and Session.close) for ever.
         await deltas.put(None)
+
+    def _reply_options(self, turn: Turn) -> ReplyOptions:
+        """The turn's own asks of the responder: the language the user spoke (from the ASR pass)."""
+        heard = turn.heard.result() if turn.heard.done() and not turn.heard.cancelled() else None
+        return ReplyOptions(language=(heard.language or None) if heard is not None else None)
 
     async def _speak(self, turn: Turn, deltas: asyncio.Queue[str | None]) -> None:
         """The reply's text through the synthesis path into a PCM queue, while a writer feeds the sink.

@@ -2,10 +2,16 @@
 
 A responder that can call tools (``MessagesResponder``: the OpenAI-compatible one) also takes the whole message
 list with tool definitions, and yields :class:`ToolCall` among its text deltas.
+
+Per reply, a responder may also take :class:`ReplyOptions` (the turn's language, sampling limits a client asked
+for) as the keyword ``options``, and report what the reply cost in ``options.usage``. A plug-in whose
+``respond(text, history)`` takes no options keeps working: :func:`reply_stream` passes them only to responders
+that accept them.
 """
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol, runtime_checkable
@@ -30,6 +36,29 @@ class Message:
     call_id: str = ""  # a tool message: the call it answers
 
 
+@dataclass(frozen=True)
+class Usage:
+    """What one reply cost in tokens: counted by the model's tokenizer (``exact``), or estimated."""
+
+    input_tokens: int
+    output_tokens: int
+    exact: bool = False
+
+
+@dataclass
+class ReplyOptions:
+    """What one reply is asked for beyond the words, and (filled by the responder) what it cost.
+
+    ``None`` means "as configured" (``[respond]``). ``language`` is the language the user spoke this turn (a code
+    as the ASR gives it, e.g. ``en``, ``zh``, ``ja``); a responder that writes free text answers in it.
+    """
+
+    language: str | None = None
+    temperature: float | None = None
+    max_tokens: int | None = None
+    usage: Usage | None = None  # set by the responder when the reply ends (or is cancelled)
+
+
 @runtime_checkable
 class Responder(Protocol):
     name: str
@@ -38,7 +67,8 @@ class Responder(Protocol):
         """Yield the reply as text deltas, as soon as each exists.
 
         ``history`` holds earlier turns of this session (oldest first), not the current ``text``.
-        Raise :class:`ResponderError` for a failure the user should hear about.
+        Raise :class:`ResponderError` for a failure the user should hear about. A responder may take a third,
+        keyword argument ``options: ReplyOptions`` (see the module docstring).
         """
         ...
 
@@ -57,3 +87,20 @@ class MessagesResponder(Protocol):
                          tool_choice: Any = "auto") -> AsyncIterator[str | ToolCall]:
         """Yield text deltas and, once each is complete, the tool calls the model makes."""
         ...
+
+
+def takes_options(method: Any) -> bool:
+    """True if ``method`` (a ``respond`` or ``respond_messages``) accepts the ``options`` keyword."""
+    try:
+        params = inspect.signature(method).parameters
+    except (TypeError, ValueError):
+        return False
+    return "options" in params or any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
+
+
+def reply_stream(responder: Responder, text: str, history: Sequence[Message],
+                 options: ReplyOptions | None = None) -> AsyncIterator[str]:
+    """``responder.respond(text, history)``, with ``options`` when the responder takes them."""
+    if options is not None and takes_options(responder.respond):
+        return responder.respond(text, history, options=options)  # type: ignore[call-arg]
+    return responder.respond(text, history)

@@ -16,7 +16,7 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from assistant.respond.base import Message, MessagesResponder, Responder, ToolCall
+from assistant.respond.base import Message, MessagesResponder, ReplyOptions, Responder, ToolCall, reply_stream
 
 log = logging.getLogger(__name__)
 
@@ -62,7 +62,8 @@ class RealtimeResponder:
     def takes_tools(self) -> bool:
         return isinstance(self.inner, MessagesResponder)
 
-    async def respond(self, text: str, history: Sequence[Message]) -> AsyncIterator[str]:
+    async def respond(self, text: str, history: Sequence[Message],
+                      options: ReplyOptions | None = None) -> AsyncIterator[str]:
         ctx = self.context
         reply = Reply(text)
         ctx.replies.append(reply)
@@ -79,7 +80,7 @@ class RealtimeResponder:
                 elif out:
                     yield out
             return
-        async for delta in self.inner.respond(text, [*system, *ctx.history(False)]):
+        async for delta in reply_stream(self.inner, text, [*system, *ctx.history(False)], options):
             yield delta
 
     async def aclose(self) -> None:

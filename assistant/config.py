@@ -257,6 +257,27 @@ class TurnConfig:
         "to 0.8 at mid-sentence pauses and 0.85-0.98 at the ends it recognised)",
     )
     max_silence_ms: int = _f(2000, "longest silence waited for when the end-of-turn model says the user is not done")
+    # The falling-threshold policy (issue 34). Every figure below was chosen on the tuning half of the end-of-turn
+    # corpus (`assistant bench eot-corpus --seed 34`, `assistant bench eot`) and measured on its held-out half;
+    # docs/end_of_turn.md shows the curve and where this operating point lies on it.
+    policy: str = _f(
+        "falling",
+        "end-of-turn policy: falling (model probability + transcript cue against a threshold that falls as the "
+        "silence grows) or flat (the verdict table of pipeline/end_of_turn.py, a fixed wait per verdict)",
+    )
+    falling_from: float = _f(1.0, "falling: the score that ends the turn at the speculative pause (tuning half)")
+    falling_to: float = _f(0.5, "falling: the score that ends the turn from falling_over_ms of silence on")
+    falling_over_ms: int = _f(800, "falling: silence over which the threshold falls from falling_from to falling_to")
+    end_of_turn_recheck_ms: list[int] = _f(
+        [96, 320], "falling: silences (ms) at which the end-of-turn model hears the pause (again); each costs one "
+        "model run (~40 ms of one core)"
+    )
+    cue_complete: float = _f(0.2, "falling: added to the score when the transcript looks finished")
+    cue_continues: float = _f(-1.0, "falling: added when it ends on a word that goes on (and, to, the, um, a comma)")
+    cue_open: float = _f(0.0, "falling: added when it has no final punctuation and nothing that goes on")
+    cue_number: float = _f(0.0, "falling: added when it ends on a number (a phone number or a time may be half said)")
+    cue_short: float = _f(-0.2, "falling: added when it has fewer than three words (Whisper's punctuation of "
+                          "fragments is least reliable)")
     wait_for_evidence: bool = _f(
         True,
         "hold the turn open (up to max_silence_ms) until the transcript and the model have answered; off: the fixed "

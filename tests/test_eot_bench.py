@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import soundfile as sf
 
-from assistant.bench.eot import FallingTable, Pause, Turns, replay, score_replay
+from assistant.bench.eot import FallingTable, Pause, Turns, flatten, replay, score_replay
 from assistant.bench.eot_corpus import HALVES, Voice, available_voices, generate, plan_corpus
 from assistant.bench.eot_evidence import ClipEvidence, collect_clip
 from assistant.config import TurnConfig
@@ -41,7 +41,7 @@ def test_the_same_seed_makes_the_same_corpus(tmp_path: Path) -> None:
     voices = _small_voices()
     a = generate(tmp_path / "a", seed=7, sentences=12, voices=voices)
     b = generate(tmp_path / "b", seed=7, sentences=12, voices=voices)
-    c = generate(tmp_path / "c", seed=8, sentences=12, voices=voices)
+    generate(tmp_path / "c", seed=8, sentences=12, voices=voices)
     assert a["clips"] == b["clips"] and sum(a["clips"].values()) == 12 and not a["skipped"]
     assert _digest(tmp_path / "a") == _digest(tmp_path / "b")  # every WAV and manifest, byte for byte
     assert _digest(tmp_path / "a") != _digest(tmp_path / "c")
@@ -152,9 +152,6 @@ def test_no_false_cutoff_on_the_pause_clips(asr: object, turn_model: object, sha
     for path, entry in entries:
         ev = collect_clip(path, entry, asr, turn_model)  # type: ignore[arg-type]
         assert ev.status == "ok", (path.name, ev.status)
-        turns = Turns([ev], [])
-        from assistant.bench.eot import flatten
-
         turns = flatten([ev])
         mids = [p for p in turns.pauses if not p.is_end]
         assert mids, path.name  # the VAD heard the written-in pause

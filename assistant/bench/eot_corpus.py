@@ -41,6 +41,7 @@ from scipy import signal
 
 from assistant.audio import SPEECH_RATE, resample
 from assistant.bench.eot_sentences import Sentence, make_sentences, make_sentences_ja
+from assistant.vad.endpoint import frame_rms
 
 log = logging.getLogger(__name__)
 
@@ -280,9 +281,8 @@ def _quietest(x: np.ndarray, a: int, b: int) -> int:
 
 def _silent_runs(x: np.ndarray, min_s: float, floor_db: float = -60.0) -> list[tuple[int, int]]:
     """Runs of 10 ms frames quieter than ``floor_db`` lasting ``min_s`` or more, as sample ranges."""
-    n = len(x) // FRAME
-    rms = np.sqrt((x[: n * FRAME].astype(np.float64).reshape(n, FRAME) ** 2).mean(axis=1))
-    quiet = rms < 10 ** (floor_db / 20)
+    quiet = frame_rms(x[: len(x) // FRAME * FRAME]) < 10 ** (floor_db / 20)
+    n = len(quiet)
     runs, i = [], 0
     while i < n:
         if quiet[i]:
@@ -337,8 +337,8 @@ def _phone(x: np.ndarray) -> np.ndarray:
 
 
 def _audible(x: np.ndarray, floor_db: float) -> np.ndarray:
-    n = len(x) // FRAME
-    rms = np.sqrt((x[: n * FRAME].astype(np.float64).reshape(n, FRAME) ** 2).mean(axis=1))
+    """Which 10 ms frames (from the start) reach ``floor_db``."""
+    rms = frame_rms(x[: len(x) // FRAME * FRAME])
     return np.asarray(20 * np.log10(rms + 1e-12) >= floor_db)
 
 

@@ -193,6 +193,7 @@ class Decision:
     end_now: bool
     end_silence_ms: int | None = None
     reason: str = ""
+    needed_ms: int | None = None  # ending now: the silence the decision needed (None: none past the first ask)
 
 
 def falling_threshold(cfg: TurnConfig, pause_ms: int) -> float:
@@ -229,7 +230,7 @@ def _falling(cfg: TurnConfig, ev: Evidence, pause_ms: int, fixed_ms: int) -> Dec
     if not ev.use_text and not ev.use_audio:
         return Decision(end_now=False, reason="no_evidence")
     if pause_ms >= cfg.max_silence_ms:
-        return Decision(end_now=True, reason="max_silence")
+        return Decision(end_now=True, reason="max_silence", needed_ms=cfg.max_silence_ms)
     if (ev.use_text and ev.cue is None) or (ev.use_audio and ev.prob is None):
         if cfg.wait_for_evidence:
             return Decision(end_now=False, end_silence_ms=cfg.max_silence_ms, reason="pending")
@@ -237,7 +238,8 @@ def _falling(cfg: TurnConfig, ev: Evidence, pause_ms: int, fixed_ms: int) -> Dec
     p = ev.prob if ev.use_audio and ev.prob is not None else NO_MODEL_PROB
     score = p + (cue_weight(cfg, ev.cue) if ev.use_text and ev.cue is not None else 0.0)
     if score >= falling_threshold(cfg, pause_ms):
-        return Decision(end_now=True, reason=f"score_{ev.cue.value if ev.use_text and ev.cue else 'audio'}")
+        return Decision(end_now=True, reason=f"score_{ev.cue.value if ev.use_text and ev.cue else 'audio'}",
+                        needed_ms=silence_needed(cfg, ev, pause_ms))
     return Decision(end_now=False, end_silence_ms=cfg.max_silence_ms, reason="waiting")
 
 
@@ -262,7 +264,8 @@ def _flat(cfg: TurnConfig, ev: Evidence, pause_ms: int, fixed_ms: int) -> Decisi
     if verdict.pending and cfg.wait_for_evidence:  # hold the turn open until the evidence is in
         end_ms = cfg.max_silence_ms
     if verdict.commit or (end_ms is not None and end_ms <= fixed_ms and pause_ms >= end_ms):
-        return Decision(end_now=True, reason=verdict.reason or "silence")
+        return Decision(end_now=True, reason=verdict.reason or "silence",
+                        needed_ms=None if verdict.commit else end_ms)
     setting = end_ms if end_ms is not None and end_ms > fixed_ms else None
     return Decision(end_now=False, end_silence_ms=setting, reason=verdict.reason)
 

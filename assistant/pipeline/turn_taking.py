@@ -33,7 +33,7 @@ from assistant.asr.base import Transcript
 from assistant.audio import SPEECH_RATE, AudioChunk
 from assistant.config import ASRConfig, TurnConfig, VADConfig
 from assistant.pipeline.clock import SampleClock
-from assistant.pipeline.end_of_turn import Cue, Evidence, TurnEnd, cue, decide, judge, silence_needed
+from assistant.pipeline.end_of_turn import Cue, Evidence, TurnEnd, cue, decide, judge
 from assistant.pipeline.events import EventChannel
 from assistant.pipeline.trace import Ending, Span
 from assistant.pipeline.turn import Turn, TurnDeps
@@ -164,17 +164,12 @@ class TurnTaking:
         pause.used_text = use_text and pause.text is not None
         pause.used_model = use_audio and pause.model_prob is not None
         end_ms = d.end_silence_ms
-        if d.end_now or (end_ms is not None and end_ms <= self.end_silence_ms and pause_ms >= end_ms):
+        if d.end_now:
             reason = "complete_sentence" if d.reason == "text_complete" else "end_of_turn"
-            # The silence the decision needed: for the flat policy none beyond the pause that asked for the
-            # evidence (a commit) or end_ms; for the falling one, where its threshold met the score.
-            if cfg.policy == "falling" and d.end_now:
-                needed = silence_needed(cfg, ev, pause_ms)
-                silence_met = self.clock.wall_time(self.endpointer.utterance_end + needed * SPEECH_RATE // 1000)
-            elif d.end_now or end_ms is None:
-                silence_met = pause.asked_at
-            else:
-                silence_met = self.clock.wall_time(self.endpointer.utterance_end + end_ms * SPEECH_RATE // 1000)
+            # When the silence the decision needed had passed: none past the pause that asked for the evidence
+            # (a commit), or needed_ms of it (a fixed wait, or where the falling threshold met the score).
+            silence_met = (pause.asked_at if d.needed_ms is None
+                           else self.clock.wall_time(self.endpointer.utterance_end + d.needed_ms * SPEECH_RATE // 1000))
             log.info("turn_end_decided session=%s verdict=%s pause_ms=%d %s", self.session_id,
                      d.reason or "silence", pause_ms, pause.evidence())
             ev_end = self.endpointer.force_end(reason)

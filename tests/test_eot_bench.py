@@ -15,7 +15,15 @@ import pytest
 import soundfile as sf
 
 from assistant.bench.eot import FallingTable, Pause, Turns, flatten, replay, score_replay
-from assistant.bench.eot_corpus import HALVES, Voice, available_voices, generate, plan_corpus
+from assistant.bench.eot_corpus import (
+    ESPEAK_VOICES,
+    HALVES,
+    PIPER_VOICES,
+    Voice,
+    available_voices,
+    generate,
+    plan_corpus,
+)
 from assistant.bench.eot_evidence import ClipEvidence, collect_clip
 from assistant.config import TurnConfig
 from assistant.pipeline.end_of_turn import Cue, TurnEnd, cue
@@ -58,10 +66,13 @@ def test_the_same_seed_makes_the_same_corpus(tmp_path: Path) -> None:
 
 
 def test_the_halves_share_no_sentence_and_no_voice() -> None:
-    plan = plan_corpus(34, 360, _small_voices())
+    kokoro = ("jf_alpha", "jf_gongitsune", "jf_nezumi", "jf_tebukuro", "jm_kumo")
+    voices = ([Voice("piper", v) for v in PIPER_VOICES] + [Voice("espeak", v) for v in ESPEAK_VOICES]
+              + [Voice("kokoro", v, "ja") for v in kokoro])
+    plan = plan_corpus(34, 360, voices)  # the plan only: nothing is spoken, so no voice needs to be installed
     texts = {h: {s.text.lower() for half, _, s, _ in plan.clips if half == h} for h in HALVES}
     voices = {h: {v.key for half, _, _, v in plan.clips if half == h} for h in HALVES}
-    assert len(texts["tune"]) == len(texts["heldout"]) == 180
+    assert len(texts["tune"]) == len(texts["heldout"]) == 180 + 30  # English and Japanese
     assert not texts["tune"] & texts["heldout"]
     assert not voices["tune"] & voices["heldout"]
     assert {v.key for v in plan.voices["tune"]}.isdisjoint({v.key for v in plan.voices["heldout"]})

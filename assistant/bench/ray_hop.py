@@ -25,13 +25,18 @@ import json
 import logging
 import time
 import urllib.request
-from collections.abc import Iterator, Sequence
+from collections.abc import AsyncIterator, Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, cast
 
 from assistant.bench.processes import AssistantProcess, cpu_seconds, start_assistant, stop, wait_ready
 from assistant.bench.report import BenchResult, percentile, summarize_level
 from assistant.bench.v2v import bench_v2v
+from assistant.config import Config
+from assistant.tts.base import TTSRequest
+
+if TYPE_CHECKING:
+    from assistant.serve_ray.replicas import SentChunk
 
 log = logging.getLogger(__name__)
 
@@ -51,7 +56,7 @@ def one_process(out: Path, flags: Sequence[str]) -> Iterator[AssistantProcess]:
 
 @contextlib.contextmanager
 def gateways_on_ray(out: Path, flags: Sequence[str], gateways: int,
-                    tts_replicas: int) -> Iterator[tuple[AssistantProcess, list[AssistantProcess], Any]]:
+                    tts_replicas: int) -> Iterator[tuple[AssistantProcess, list[AssistantProcess], Config]]:
     """A local Ray cluster with the engines, ``gateways`` gateways and the dispatcher in front of them;
     (the dispatcher, the gateways, the engines' config)."""
     import ray
@@ -60,7 +65,7 @@ def gateways_on_ray(out: Path, flags: Sequence[str], gateways: int,
     from assistant.config import load_config
     from assistant.serve_ray.app import deploy, start_local_cluster
 
-    ray_settings: dict[str, dict[str, Any]] = {
+    ray_settings: dict[str, dict[str, object]] = {
         "tts": {"backend": "ray"}, "asr": {"backend": "ray"},
         "ray": {"app_name": "bench", "tts_replicas": tts_replicas, "tts_num_cpus": 0.5, "asr_num_cpus": 0.5},
     }
@@ -93,7 +98,7 @@ class BareStream:
     """A Serve deployment that only streams (no engine): the floor any Serve hop pays. Its items look like the
     TTS replica's (a chunk, sent, started, replica), so the same client code reads both."""
 
-    async def synthesize(self, request: Any) -> Any:
+    async def synthesize(self, request: TTSRequest) -> AsyncIterator[SentChunk]:
         import numpy as np
 
         started = time.time()
@@ -107,14 +112,14 @@ BARE_ITEMS, BARE_ITEM_SAMPLES, BARE_GAP_S = 4, 24_000, 0.02
 HOP_CALLS = 40
 
 
-async def measure_hops(cfg: Any, calls: int = HOP_CALLS) -> dict[str, dict[str, list[float]]]:
+async def measure_hops(cfg: Config, calls: int = HOP_CALLS) -> dict[str, dict[str, list[float]]]:
     """Hop samples (seconds) of ``calls`` sequential calls through ``RemoteTTS``: to a bare Serve stream and to
     the TTS deployment (a short sentence); {"bare"|"tts": {"call"|"chunk": [...]}}."""
     from ray import serve
 
-    from assistant.serve_ray.client import RemoteTTS, connect_tts
+    from assistant.serve_ray.client import RemoteTTS, TTSHandle, connect_tts
     from assistant.serve_ray.replicas import EngineInfo
-    from assistant.tts.base import TTSCapabilities, TTSRequest
+    from assistant.tts.base import TTSCapabilities
 
     bare = serve.deployment(name="Bare")(BareStream).options(
         num_replicas=max(1, cfg.ray.tts_replicas), ray_actor_options={"num_cpus": 0.1})
@@ -127,7 +132,8 @@ async def measure_hops(cfg: Any, calls: int = HOP_CALLS) -> dict[str, dict[str, 
             def observe(kind: str, seconds: float, samples: dict[str, list[float]] = samples) -> None:
                 samples.setdefault(kind, []).append(seconds)
 
-            engine = (RemoteTTS(handle, EngineInfo("bare", 24_000, TTSCapabilities(), False), observe)
+            # The bare deployment has only ``synthesize``: the one method RemoteTTS.synthesize calls.
+            engine = (RemoteTTS(cast(TTSHandle, handle), EngineInfo("bare", 24_000, TTSCapabilities(), False), observe)
                       if name == "bare" else await asyncio.to_thread(connect_tts, cfg, observe))
             for i in range(calls + 3):  # 3 warm-up calls, dropped
                 async for _ in engine.synthesize(TTSRequest(text="Hello there. How are you today?")):

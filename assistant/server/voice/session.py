@@ -14,7 +14,7 @@ import logging
 import secrets
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypedDict, Unpack
 
 from aiortc import RTCIceCandidate, RTCPeerConnection, RTCSessionDescription
 
@@ -43,6 +43,14 @@ def new_session_id(gateway_id: str = "") -> str:
     return f"{gateway_id}.{token}" if gateway_id else token
 
 
+class SessionOptions(TypedDict, total=False):
+    """What a session is opened with besides its transport, the same for every kind of session."""
+
+    responder: str | Responder | None  # a responder object, or the name of one (None: the configured one)
+    voice: str | None                  # the TTS voice (None: the engine's default)
+    client: str                        # who opens it: the key of the per-client limits
+
+
 class ConversationSession:
     """What every session has, whatever its transport: an id, one conversation with its reply sink and events,
     the tasks it owns, and its close.
@@ -57,15 +65,12 @@ class ConversationSession:
         cfg: Config | None,
         sink: ReplySink,
         on_closed: Callable[[ConversationSession], None] | None = None,
-        *,
-        responder: str | Responder | None = None,
-        voice: str | None = None,
-        client: str = "",
+        **options: Unpack[SessionOptions],
     ) -> None:
         cfg = cfg or services.cfg
         self.cfg = cfg
         self.id = new_session_id(cfg.server.gateway_id)
-        self.client = client  # who opened it (the key of the per-client limits)
+        self.client = options.get("client", "")  # who opened it (the key of the per-client limits)
         self.connected = True  # a peerless session is connected once admitted; a peer's says when it is
         self.services = services
         self.created = time.monotonic()
@@ -78,12 +83,13 @@ class ConversationSession:
         metrics = services.metrics
         # Sessions are admitted only once the engines are loaded (signaling.check_ready).
         assert services.asr is not None and services.tts is not None, "a session before the engines loaded"
+        responder = options.get("responder")
         deps = TurnDeps(
             asr=services.asr,
             tts=services.tts,
             responder=responder if responder is not None and not isinstance(responder, str)
             else services.responder_for(responder),
-            voice=voice,
+            voice=options.get("voice"),
             on_turn_done=lambda trace: metrics.observe_turn(trace.durations_ms(), trace.gaps_ms()),
             on_error=lambda stage: metrics.errors_total.labels(stage=stage).inc(),
             on_interrupted=metrics.interruptions_total.inc,
@@ -175,14 +181,11 @@ class Session(ConversationSession):
         services: Services,
         cfg: Config | None = None,
         on_closed: Callable[[ConversationSession], None] | None = None,
-        *,
-        responder: str | Responder | None = None,
-        voice: str | None = None,
-        client: str = "",
+        **options: Unpack[SessionOptions],
     ) -> None:
         cfg = cfg or services.cfg
         self.track = ReplyTrack(queue_ms=cfg.audio.reply_queue_ms)
-        super().__init__(services, cfg, self.track, on_closed, responder=responder, voice=voice, client=client)
+        super().__init__(services, cfg, self.track, on_closed, **options)
         # The server's peer gets TURN credentials of its own, minted for this session and expiring with it.
         self.pc = RTCPeerConnection(rtc_configuration(ice_servers(cfg.ice, self.id), cfg.ice.transport_policy))
         self.etag = f'"{secrets.token_urlsafe(9)}"'  # names this ICE session for trickle PATCHes (If-Match)

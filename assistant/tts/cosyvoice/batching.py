@@ -93,10 +93,6 @@ class SpeechBatcher:
     # --- admission and requests (any thread) ---------------------------------------------------------------
 
     @property
-    def capacity(self) -> int:
-        return self.admission.capacity
-
-    @property
     def tickets(self) -> int:
         return self.admission.tickets
 
@@ -125,14 +121,6 @@ class SpeechBatcher:
     def running(self) -> int:
         """Jobs holding a KV slot or still making chunks (for tests and metrics)."""
         return len(self.chunks.running() | self.decoder.running())
-
-    @property
-    def steps(self) -> int:
-        return self.decoder.steps
-
-    @property
-    def batch_rows(self) -> int:
-        return self.decoder.batch_rows
 
     def stats(self) -> dict[str, Any]:
         """Counters for logs, metrics and the bench."""

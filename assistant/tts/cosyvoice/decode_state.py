@@ -60,10 +60,6 @@ class DecodeState:
         return {"path": f"eager ({self.device.type})", "capture_s": None, "error": None}
 
     @property
-    def max_positions(self) -> int:
-        return self.decoder.max_positions
-
-    @property
     def cache_bytes(self) -> int:
         return self.decoder.cache_bytes
 

@@ -29,6 +29,7 @@ from collections.abc import AsyncIterator, Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, cast
 
+from assistant.bench.figures import provenance, write_markdown
 from assistant.bench.processes import AssistantProcess, cpu_seconds, start_assistant, stop, wait_ready
 from assistant.bench.report import BenchResult, percentile, summarize_level
 from assistant.bench.v2v import bench_v2v
@@ -267,6 +268,7 @@ async def _levels_with_cpu(url: str, pids: Sequence[int], out: Path, args: argpa
 
 
 async def run_ray_bench(args: argparse.Namespace) -> int:
+    origin = provenance()  # the machine's load as the bench starts
     out = Path(args.out)
     flags = ["--respond.engine", args.responder]
     from assistant.rtc.loopback_ice import allow_loopback_ice
@@ -304,12 +306,55 @@ async def run_ray_bench(args: argparse.Namespace) -> int:
     out.mkdir(parents=True, exist_ok=True)
     (out / "ray_hop.json").write_text(json.dumps(summary, indent=2, default=str))
     print(f"\nwrote {out / 'ray_hop.json'}")
+    if args.markdown is not None:
+        body = ray_markdown(one, ray_result, micro, level_hops, one_cpu, gateway_cpu, args)
+        docs = write_markdown(args.markdown, body, origin)
+        print(f"wrote {args.markdown}" + (f"; refreshed {', '.join(map(str, docs))}" if docs else ""))
     bad = sum(1 for r in (one, ray_result) for lv in r.levels for t in lv.turns if t.status != "ok")
     return 0 if bad == 0 else 1
 
 
 def _cores(value: float | None) -> str:
     return f"{value:.3f}" if value is not None else "—"
+
+
+def _pair(stats: dict[str, float | None]) -> str:
+    p50, p90 = stats.get("p50"), stats.get("p90")
+    return "—" if p50 is None or p90 is None else f"{p50:.1f} / {p90:.1f} ms"
+
+
+def ray_markdown(one: BenchResult, ray: BenchResult, micro: dict[str, dict[str, list[float]]],
+                 level_hops: Sequence[Histograms], one_cpu: Sequence[float | None],
+                 gateway_cpu: Sequence[float | None], args: argparse.Namespace) -> str:
+    """The run as Markdown: v2v of both set-ups per level, CPU per session, the hop alone and during each level."""
+    setup = f"{args.gateways} gateways + Ray ({args.tts_replicas} TTS, 1 ASR replica)"
+    lines = [f"| | one process | {setup} |", "|---|---|---|"]
+    for a, b in zip(one.levels, ray.levels, strict=True):
+        sa, sb = summarize_level(a)["columns"]["v2v_ms"], summarize_level(b)["columns"]["v2v_ms"]
+        lines.append(f"| v2v p50 / p90, {a.sessions} session{'s' if a.sessions > 1 else ''} | {_pair(sa)} | "
+                     f"{_pair(sb)} |")
+    lines.append("| CPU cores per active session | " + ", ".join(
+        f"{_cores(c)} ({k})" for k, c in zip(args.sessions, one_cpu, strict=True)) + ", engines included | "
+        + ", ".join(f"{_cores(c)} ({k})" for k, c in zip(args.sessions, gateway_cpu, strict=True))
+        + ", gateways, no engines |")
+    head = ["hop (p50 / p90)", f"alone, idle cluster, {HOP_CALLS} calls",
+            *(f"during v2v, {k} session{'s' if k > 1 else ''}" for k in args.sessions)]
+    lines += ["", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for name, label in (("bare", "bare Serve stream"), ("tts", "TTS")):
+        for kind in ("call", "chunk"):
+            values = [v * 1000 for v in micro.get(name, {}).get(kind, [])]
+            alone = (f"{percentile(values, 50):.1f} / {percentile(values, 90):.1f} ms" if values else "—")
+            during = [("—" if name == "bare" else _pair({
+                "p50": None if (q := bucket_quantile(h.get(kind, {}), 0.5)) is None else q * 1000,
+                "p90": None if (q := bucket_quantile(h.get(kind, {}), 0.9)) is None else q * 1000}))
+                for h in level_hops]
+            lines.append("| " + " | ".join([f"{label} {kind}", alone, *during]) + " |")
+    for kind, label in (("asr", "ASR there and back"), ("asr_wait", "ASR wait for a worker")):
+        during = [_pair({"p50": None if (q := bucket_quantile(h.get(kind, {}), 0.5)) is None else q * 1000,
+                         "p90": None if (q := bucket_quantile(h.get(kind, {}), 0.9)) is None else q * 1000})
+                  for h in level_hops]
+        lines.append("| " + " | ".join([label, "—", *during]) + " |")
+    return "\n".join(lines)
 
 
 def add_ray_arguments(parser: argparse.ArgumentParser) -> None:
@@ -323,3 +368,6 @@ def add_ray_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--responder", default="echo", help="respond.engine of both set-ups (default: echo)")
     parser.add_argument("--out", type=Path, default=Path("bench-out/ray"), help="folder for the results")
     parser.add_argument("--no-plot", action="store_true", help="skip the PNGs")
+    parser.add_argument("--markdown", type=Path, default=None, metavar="FILE",
+                        help="also write the tables to FILE under a line naming this command, the git commit and "
+                        "the machine; docs that include FILE are refreshed (assistant/bench/figures.py)")

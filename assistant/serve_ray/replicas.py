@@ -20,13 +20,13 @@ import logging
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import Any, TypedDict
+from typing import TypedDict
 
 import numpy as np
 from ray import serve
 
 from assistant.asr.base import Transcript
-from assistant.config import Config, apply_overrides
+from assistant.config import Config, Overrides, apply_overrides
 from assistant.tts.base import ReferenceClip, TTSCapabilities, TTSEngine, TTSRequest, VoiceCloner
 from assistant.tts.voice_store import ReferenceClipStore
 
@@ -35,7 +35,7 @@ log = logging.getLogger(__name__)
 DEFAULT_VOICE = ""  # the multiplexed id of requests without a voice: the engine's default
 
 
-def config_from_dict(values: dict[str, Any]) -> Config:
+def config_from_dict(values: Overrides) -> Config:
     """A :class:`Config` from ``Config.to_dict()`` (what crosses to a replica), checked like a file."""
     cfg = Config()
     apply_overrides(cfg, values, "ray deployment")
@@ -87,7 +87,7 @@ TimedTranscript = tuple[Transcript, float, float, float]
 class TTSReplica:
     """One TTS engine on one replica; voices multiplexed by id; chunks streamed with their send time."""
 
-    async def __init__(self, config: dict[str, Any]) -> None:  # type: ignore[misc]  # Serve awaits it
+    async def __init__(self, config: Overrides) -> None:  # type: ignore[misc]  # Serve awaits it
         from assistant.tts import create_tts
 
         cfg = config_from_dict(config)
@@ -215,7 +215,7 @@ class ASRReplica:
     long it waited apart from how long the hop took.
     """
 
-    async def __init__(self, config: dict[str, Any]) -> None:  # type: ignore[misc]  # Serve awaits it
+    async def __init__(self, config: Overrides) -> None:  # type: ignore[misc]  # Serve awaits it
         from assistant.asr import create_asr
 
         cfg = config_from_dict(config)

@@ -18,7 +18,7 @@ import contextlib
 import json
 import logging
 import time
-from typing import Any
+from collections.abc import AsyncIterator
 
 import numpy as np
 from aiohttp import web
@@ -53,7 +53,7 @@ def model_ids(svc: TTSService) -> list[str]:
     return [*MODEL_IDS, *([engine.name] if engine is not None else [])]
 
 
-def _model(model_id: str) -> dict[str, Any]:
+def _model(model_id: str) -> dict[str, object]:
     return {"id": model_id, "object": "model", "created": 0, "owned_by": "assistant"}
 
 
@@ -95,7 +95,7 @@ async def list_voices(request: web.Request) -> web.Response:
     svc = request.config_dict[TTS_SERVICE]
     engine = svc.engine()
     cloning = engine.capabilities.voice_cloning
-    voices: list[dict[str, Any]] = []
+    voices: list[dict[str, object]] = []
     for v in await asyncio.to_thread(svc.voices.list):
         voices.append({"id": v.voice_id, "name": v.name, "kind": "registered", "usable": cloning})
     for name in engine_voice_names(engine):
@@ -130,14 +130,15 @@ def _voice_name(svc: TTSService, voice: str) -> str | None:
             for t in ("audio/mpeg", "audio/ogg", "audio/aac", "audio/flac", "audio/wav", "audio/pcm",
                       "text/event-stream")
         }},
-    } | synthesis_errors(oai, {
-        "400": "bad field (param names it), unknown voice (the message lists what exists), a format FFmpeg "
-               "cannot write, an option the engine cannot honour",
-        "401": "missing or wrong bearer token (code invalid_api_key)",
-        "404": "unknown model (code model_not_found)",
-        "413": "input or body over its limit",
-        "429": "rate_limited or busy (Retry-After)",
-    }),
+        **synthesis_errors(oai, {
+            "400": "bad field (param names it), unknown voice (the message lists what exists), a format FFmpeg "
+                   "cannot write, an option the engine cannot honour",
+            "401": "missing or wrong bearer token (code invalid_api_key)",
+            "404": "unknown model (code model_not_found)",
+            "413": "input or body over its limit",
+            "429": "rate_limited or busy (Retry-After)",
+        }),
+    },
     schemas={"SpeechRequest": lambda cfg: schema(SpeechParams, cfg)},
 )
 async def speech(request: web.Request) -> web.StreamResponse:
@@ -194,7 +195,7 @@ async def _encode(encoder: StreamEncoder, chunk: np.ndarray | None) -> bytes:
     return await asyncio.to_thread(work)
 
 
-async def _respond(request: web.Request, sp: SpeechParams, encoder: StreamEncoder, chunks: Any,
+async def _respond(request: web.Request, sp: SpeechParams, encoder: StreamEncoder, chunks: AsyncIterator[np.ndarray],
                    t0: float) -> web.StreamResponse:
     """Stream the file (or SSE events) as it is made; the first chunk comes before the headers, so a request
     that fails early still gets its status."""

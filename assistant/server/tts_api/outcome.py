@@ -10,10 +10,10 @@ import contextlib
 import logging
 import time
 from collections.abc import Callable, Iterator
-from typing import Any
 
 from aiohttp import web
 
+from assistant.server.openapi import Doc
 from assistant.server.tts_api.service import TTSService
 
 log = logging.getLogger(__name__)
@@ -60,7 +60,7 @@ class StreamAborted(Exception):
         self.response = response
 
 
-def synthesis_errors(make: Callable[[str], dict[str, Any]], rows: dict[str, str]) -> dict[str, dict[str, Any]]:
+def synthesis_errors(make: Callable[[str], Doc], rows: dict[str, str]) -> dict[str, Doc]:
     """A synthesis route's documented errors in its API's shape (``make``), by status: what every synthesis
     shares (401 without the bearer token, 503 while the models load, 504 past ``tts.timeout_s``) and the route's
     own ``rows`` (status → description; one of the shared statuses there says it in the route's words)."""

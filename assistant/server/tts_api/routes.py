@@ -26,7 +26,7 @@ import contextlib
 import json
 import logging
 import time
-from typing import Any
+from collections.abc import AsyncIterator
 
 import numpy as np
 from aiohttp import WSMsgType, web
@@ -47,9 +47,17 @@ from assistant.server.openapi import documented, error, json_body, ref
 from assistant.server.tts_api import TTS_SERVICE
 from assistant.server.tts_api.formats import streaming_wav_header
 from assistant.server.tts_api.outcome import StreamAborted, request_outcome, synthesis_errors
-from assistant.server.tts_api.request import SynthesisParams, TTSError, WSOptions, parse_params, schema, ws_options
+from assistant.server.tts_api.request import (
+    SynthesisParams,
+    TTSError,
+    WSOptions,
+    parse_params,
+    properties,
+    schema,
+    ws_options,
+)
 from assistant.server.tts_api.service import TTSService, pcm_bytes
-from assistant.tts.voice_store import VoiceLimitError, valid_voice_id
+from assistant.tts.voice_store import Voice, VoiceLimitError, valid_voice_id
 
 log = logging.getLogger(__name__)
 
@@ -85,8 +93,8 @@ WS_START_SCHEMA = {
 }
 
 
-def _ws_request_schema(cfg: Config) -> dict[str, Any]:
-    return schema(SynthesisParams, cfg, extra=schema(WSOptions, cfg)["properties"])
+def _ws_request_schema(cfg: Config) -> dict[str, object]:
+    return schema(SynthesisParams, cfg, extra=properties(WSOptions, cfg))
 
 
 def _json_cap(cfg: Config) -> int:
@@ -114,7 +122,7 @@ def _text_part(parts: dict[str, bytes], name: str) -> str | None:
         raise HTTPJSONError(400, "bad_request", f"form part {name!r} must be UTF-8 text") from None
 
 
-async def _read_tts_body(request: web.Request, cfg: Config) -> tuple[dict[str, Any], bytes | None]:
+async def _read_tts_body(request: web.Request, cfg: Config) -> tuple[dict[str, object], bytes | None]:
     """JSON body, or multipart with a ``request`` JSON part and an optional ``speaker_wav`` file part."""
     if request.content_type == "multipart/form-data":
         parts = await read_multipart(
@@ -156,12 +164,14 @@ async def _read_tts_body(request: web.Request, cfg: Config) -> tuple[dict[str, A
             "application/octet-stream": {"schema": {"type": "string", "format": "binary"},
                                          "description": "raw s16le mono PCM"},
         }},
-    } | synthesis_errors(error, {
-        "400": "bad field value, unknown field, bad JSON, undecodable audio, unsupported option for this engine "
-               "(vocoder, cloning, language, instruct), URL not allowed, unknown_voice (the detail lists what exists)",
-        "413": "text, body or reference clip over its limit",
-        "429": "rate_limited (Retry-After) or busy (all synthesis slots taken)",
-    }),
+        **synthesis_errors(error, {
+            "400": "bad field value, unknown field, bad JSON, undecodable audio, unsupported option for this "
+                   "engine (vocoder, cloning, language, instruct), URL not allowed, unknown_voice (the detail "
+                   "lists what exists)",
+            "413": "text, body or reference clip over its limit",
+            "429": "rate_limited (Retry-After) or busy (all synthesis slots taken)",
+        }),
+    },
     schemas={"TTSRequest": lambda cfg: schema(SynthesisParams, cfg)},
 )
 async def tts_http(request: web.Request) -> web.StreamResponse:
@@ -203,7 +213,8 @@ def _audio_headers(sample_rate: int) -> dict[str, str]:
     return {"X-Sample-Rate": str(sample_rate), "X-Channels": "1", "X-Sample-Format": "s16le"}
 
 
-async def _whole_http(params: SynthesisParams, sample_rate: int, chunks: Any, t0: float) -> web.Response:
+async def _whole_http(params: SynthesisParams, sample_rate: int, chunks: AsyncIterator[np.ndarray],
+                      t0: float) -> web.Response:
     parts: list[np.ndarray] = []
     first_ms = None
     async for chunk in chunks:
@@ -222,8 +233,8 @@ async def _whole_http(params: SynthesisParams, sample_rate: int, chunks: Any, t0
     return web.Response(body=pcm_bytes(audio), content_type=PCM_CONTENT_TYPE, headers=headers)
 
 
-async def _stream_http(request: web.Request, params: SynthesisParams, sample_rate: int, chunks: Any,
-                       t0: float) -> web.StreamResponse:
+async def _stream_http(request: web.Request, params: SynthesisParams, sample_rate: int,
+                       chunks: AsyncIterator[np.ndarray], t0: float) -> web.StreamResponse:
     """Chunked s16le: the first chunk is computed before the headers go out, so early errors get a status."""
     try:
         first: np.ndarray | None = await anext(chunks)
@@ -392,7 +403,7 @@ async def _ws_fail(ws: web.WebSocketResponse, opts: WSOptions, exc: APIError) ->
             await ws.close(code=WS_CLOSE_BASE + exc.status, message=_close_reason(exc.error, exc.detail))
 
 
-async def _ws_synthesize(request: web.Request, ws: web.WebSocketResponse, data: dict[str, Any], client: str,
+async def _ws_synthesize(request: web.Request, ws: web.WebSocketResponse, data: dict[str, object], client: str,
                          opts: WSOptions) -> None:
     """One request on a socket: (start message,) PCM chunks, END; or one error message (and a close)."""
     svc = request.app[TTS_SERVICE]
@@ -443,7 +454,7 @@ async def _ws_synthesize(request: web.Request, ws: web.WebSocketResponse, data: 
 
 
 # --- /api/voices -----------------------------------------------------------------------------------------
-def _voice_json(voice: Any, cloning: bool) -> dict[str, Any]:
+def _voice_json(voice: Voice, cloning: bool) -> dict[str, object]:
     return voice.to_json() | {"cloning": cloning}
 
 

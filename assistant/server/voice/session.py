@@ -13,15 +13,16 @@ import contextlib
 import logging
 import secrets
 import time
-from collections.abc import Callable
-from typing import Any, TypedDict, Unpack
+from collections.abc import Callable, Coroutine
+from typing import TypedDict, TypeVar, Unpack
 
-from aiortc import RTCIceCandidate, RTCPeerConnection, RTCSessionDescription
+from aiortc import RTCDataChannel, RTCIceCandidate, RTCPeerConnection, RTCSessionDescription
+from aiortc.mediastreams import MediaStreamTrack
 
 from assistant.audio import AudioChunk
 from assistant.config import Config
 from assistant.pipeline.conversation import Conversation, TurnDeps
-from assistant.pipeline.events import EventChannel
+from assistant.pipeline.events import DataChannel, EventChannel
 from assistant.pipeline.reply import ReplySink
 from assistant.respond.base import Responder
 from assistant.rtc.inbound import InboundAudio, read_track
@@ -32,6 +33,8 @@ from assistant.server.voice.ice import ice_servers, rtc_configuration
 from assistant.server.voice.sdpfrag import ice_credentials
 
 log = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 
 def new_session_id(gateway_id: str = "") -> str:
@@ -77,7 +80,7 @@ class ConversationSession:
         self.closed = False
         self.close_reason = ""
         self._on_closed = on_closed
-        self._tasks: set[asyncio.Task[Any]] = set()
+        self._tasks: set[asyncio.Task[object]] = set()
         self.sink = sink
         self.events = EventChannel()
         metrics = services.metrics
@@ -100,13 +103,13 @@ class ConversationSession:
         )
 
     # --- lifecycle ---------------------------------------------------------------------------------
-    def spawn(self, coro: Any, name: str) -> asyncio.Task[Any]:
+    def spawn(self, coro: Coroutine[object, object, T], name: str) -> asyncio.Task[T]:
         task = asyncio.get_running_loop().create_task(coro, name=f"{name}-{self.id}")
         self._tasks.add(task)
         task.add_done_callback(self._task_done)
         return task
 
-    def _task_done(self, task: asyncio.Task[Any]) -> None:
+    def _task_done(self, task: asyncio.Task[object]) -> None:
         self._tasks.discard(task)
         if not task.cancelled() and task.exception() is not None:
             log.error("session_task_failed session=%s task=%s error=%r", self.id, task.get_name(), task.exception())
@@ -191,7 +194,7 @@ class Session(ConversationSession):
         self.etag = f'"{secrets.token_urlsafe(9)}"'  # names this ICE session for trickle PATCHes (If-Match)
         self.remote_ice: tuple[str | None, str | None] = (None, None)  # the offer's ice-ufrag, ice-pwd
         self.remote_candidates = 0
-        self.channels: dict[str, Callable[[Any], None]] = {"events": self._attach_events}
+        self.channels: dict[str, Callable[[DataChannel], None]] = {"events": self._attach_events}
         # Where the peer's audio goes: the conversation (the Realtime API may hold it back while turn detection is off).
         self.on_audio: Callable[[AudioChunk], None] = self.feed
         self.last_audio_wall = time.time()  # the latest audio frame from the peer
@@ -233,7 +236,7 @@ class Session(ConversationSession):
         with contextlib.suppress(Exception):
             await self.pc.close()
 
-    def _attach_events(self, channel: Any) -> None:
+    def _attach_events(self, channel: DataChannel) -> None:
         self.events.attach(channel)
         self.events.emit("session", session_id=self.id)
 
@@ -242,13 +245,13 @@ class Session(ConversationSession):
         pc = self.pc
 
         @pc.on("datachannel")
-        def _on_datachannel(channel: Any) -> None:
+        def _on_datachannel(channel: RTCDataChannel) -> None:
             attach = self.channels.get(channel.label)
             if attach is not None:
                 attach(channel)
 
         @pc.on("track")
-        def _on_track(track: Any) -> None:
+        def _on_track(track: MediaStreamTrack) -> None:
             if track.kind == "audio" and not self.audio_started:
                 self.audio_started = True
                 audio = self.cfg.audio
@@ -267,7 +270,7 @@ class Session(ConversationSession):
             if state in ("failed", "closed"):
                 self.spawn(self.close(f"peer_{state}"), "close")
 
-    async def _read_audio(self, track: Any) -> None:
+    async def _read_audio(self, track: MediaStreamTrack) -> None:
         """Each decoded frame goes straight to the conversation (VAD inline: no queue, no added delay)."""
         buffer = self.receive_buffer.buffer if self.receive_buffer is not None else None
         # Chunks carry their packets' arrival times: the time our receive buffer held them counts.

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import logging
 import sys
-from typing import Any
 
 import torch
 
@@ -109,7 +108,7 @@ class SpeechBatcher:
         self.decoder.wake()
         self.chunks.wake()
 
-    def capture(self, timeout: float | None = None) -> dict[str, Any]:
+    def capture(self, timeout: float | None = None) -> dict[str, object]:
         """Capture the decode step's CUDA graph now (warm-up); returns the decode path's record."""
         return self.decoder.capture(timeout)
 
@@ -122,7 +121,7 @@ class SpeechBatcher:
         """Jobs holding a KV slot or still making chunks (for tests and metrics)."""
         return len(self.chunks.running() | self.decoder.running())
 
-    def stats(self) -> dict[str, Any]:
+    def stats(self) -> dict[str, object]:
         """Counters for logs, metrics and the bench."""
         return {"slots": self.slots, "tickets": self.tickets, "running": self.running(),
                 **self.decoder.stats(), **self.chunks.stats()}

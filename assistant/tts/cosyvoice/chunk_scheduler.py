@@ -26,9 +26,8 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 
@@ -93,7 +92,7 @@ class ChunkWorker(EngineThread):
         with self._cond:
             return set(map(id, self._jobs))
 
-    def stats(self) -> dict[str, Any]:
+    def stats(self) -> dict[str, object]:
         return {"chunk_s": self.chunk_s, "flow_batches": self.batches,
                 "mean_flow_batch": self.batched_items / max(self.batches, 1), "max_flow_batch": self.max_seen_batch,
                 "prefixes_built": self._builds.built}
@@ -240,7 +239,7 @@ class ChunkWorker(EngineThread):
         """Steps 2-4 of a round (module doc): the leader, its batch-mates, one model call, advance each."""
         leader: _Task | None = None
         batch: list[_Task] = []
-        key: Any = None
+        key: Hashable = None
         for job in ready:
             task = self._tasks.get(job)
             if task is None:

@@ -28,7 +28,7 @@ import logging
 import random
 import threading
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -44,7 +44,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-Inflight = tuple[torch.Tensor, list[SpeechJob], Any]   # tokens (host or device), their jobs, a CUDA event
+# tokens (host or device), their jobs, and on CUDA the event that says the copy to the host is done
+Inflight = tuple[torch.Tensor, list[SpeechJob], "torch.cuda.Event | None"]
 
 
 def first_chunk_tokens(job: SpeechJob, lookahead: int) -> int:
@@ -101,7 +102,7 @@ class DecodeWorker(EngineThread):
         self.held_s = 0.0               # time no job was stepped because all were held
 
     @property
-    def path(self) -> dict[str, Any]:
+    def path(self) -> dict[str, object]:
         """Which decode step runs: the CUDA graph (with its capture time and replays), the static step, eager."""
         return self.state.path
 
@@ -114,7 +115,7 @@ class DecodeWorker(EngineThread):
             self._incoming.append(job)
             self._cond.notify()
 
-    def capture(self, timeout: float | None = None) -> dict[str, Any]:
+    def capture(self, timeout: float | None = None) -> dict[str, object]:
         """Capture the decode graph now, in the decode thread (a graph belongs to the thread that records it,
         between two steps); returns `path`."""
         done = threading.Event()
@@ -127,7 +128,7 @@ class DecodeWorker(EngineThread):
     def running(self) -> set[int]:
         return set(map(id, self._decoding))
 
-    def stats(self) -> dict[str, Any]:
+    def stats(self) -> dict[str, object]:
         alone = self.steps - self.busy_steps
         return {
             "decode_steps": self.steps,
@@ -278,7 +279,7 @@ class DecodeWorker(EngineThread):
             j.stats["decode_ms"] = j.stats.get("decode_ms", 0.0) + 1000 * dt
         return tokens, list(decoding), event
 
-    def _collect(self, tokens: torch.Tensor, jobs: list[SpeechJob], event: Any) -> None:
+    def _collect(self, tokens: torch.Tensor, jobs: list[SpeechJob], event: torch.cuda.Event | None) -> None:
         """A step's tokens on the host: hand them to the jobs' streams, end jobs at a stop id or their limit."""
         t0 = time.perf_counter()
         if event is not None:

@@ -95,7 +95,8 @@ class StreamingSynthesis:
         else:
             steps = schedule.first_chunk_steps
             if prefix is None and cache is not None:
-                prefix = cache.get("flow", prefix_key(flow, voice))
+                found = cache.get("flow", prefix_key(flow, voice))
+                prefix = found if isinstance(found, FlowPrefix) else None
                 if prefix is not None and steps and steps != cfg.n_timesteps and not prefix.has_reduced(steps):
                     prefix.reduced_step_caches(steps)                      # once per voice and step count
                     cache.resize("flow", prefix_key(flow, voice))

@@ -44,11 +44,12 @@ def _run(*cmd: str) -> str:
 
 
 def git_commit(tree: Path = TREE) -> str:
-    """The commit the code ran at (short hash), ``+changes`` when tracked files differed from it; or unknown."""
+    """The commit the code ran at (short hash), ``+changes`` when tracked files other than Markdown differed from
+    it (the figures' own files and the docs do not change what was measured); or unknown."""
     head = _run("git", "-C", str(tree), "rev-parse", "--short=10", "HEAD")
     if not head:
         return "unknown (not a git checkout)"
-    dirty = _run("git", "-C", str(tree), "status", "--porcelain", "--untracked-files=no")
+    dirty = _run("git", "-C", str(tree), "status", "--porcelain", "--untracked-files=no", "--", ".", ":(exclude)*.md")
     return f"{head}+changes" if dirty else head
 
 

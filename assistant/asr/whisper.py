@@ -31,7 +31,6 @@ faster-whisper's own path (after a detection of their first 30 s when the langua
 
 from __future__ import annotations
 
-import importlib.util
 import logging
 import math
 import time
@@ -212,7 +211,8 @@ class FasterWhisperEngine:
         heard = self._transcribe_window(audio, window, lang, prompt) if window is not None else None
         probability = 1.0 if lang else 0.0
         if heard is not None and heard[0] is not None:
-            text, lang, probability = heard
+            text: str = heard[0]
+            lang, probability = heard[1], heard[2]
             segs = [(0.0, len(audio) / SPEECH_RATE, text)] if text else []
         else:
             if heard is not None:  # the window's decoder looped: its detected language still holds

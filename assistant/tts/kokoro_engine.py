@@ -38,6 +38,23 @@ PHONEME_BREAK = re.compile(r"(?<=[,.!?、。])\s*")
 WARMUP_TEXT = "こんにちは。"
 
 
+# What pyopenjtalk drops or spells out letter by letter after a number, written as Japanese reads it.
+_UNITS = (("km/h", "キロメートル毎時"), ("°C", "度"), ("℃", "度"), ("°F", "華氏度"), ("%", "パーセント"),
+          ("％", "パーセント"), ("km", "キロメートル"), ("kg", "キログラム"), ("cm", "センチメートル"),
+          ("mm", "ミリメートル"), ("ml", "ミリリットル"), ("mg", "ミリグラム"), ("m", "メートル"), ("g", "グラム"))
+_UNIT = re.compile(r"(\d)\s?(" + "|".join(re.escape(u) for u, _ in _UNITS) + r")(?![A-Za-z])")
+_DECIMAL = re.compile(r"(\d)\.(\d)")
+_UNIT_READING = dict(_UNITS)
+
+
+def for_speech(text: str) -> str:
+    """Japanese text as Kokoro's G2P should read it: units after numbers in words (``25℃`` → ``25度``, ``5km`` →
+    ``5キロメートル``, ``50%`` → ``50パーセント``) and decimal points read (``3.5`` → ``3点5``); numbers, dates
+    and times themselves pyopenjtalk reads in Japanese."""
+    text = _UNIT.sub(lambda m: m.group(1) + _UNIT_READING[m.group(2)], text)
+    return _DECIMAL.sub(r"\1点\2", text)
+
+
 def _sentences(text: str) -> list[str]:
     return [s.strip() for s in SENTENCE_END.split(text) if s.strip()]
 
@@ -126,7 +143,7 @@ class KokoroEngine(PieceByPiece):
 
     def phonemes(self, text: str) -> str:
         with self._g2p_lock:
-            return str(self._g2p(text))
+            return str(self._g2p(for_speech(text)))
 
     def _infer(self, phonemes: str, style: np.ndarray, speed: float) -> np.ndarray:
         tokens = [self._vocab[c] for c in phonemes if c in self._vocab]

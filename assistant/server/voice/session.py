@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import secrets
 import time
@@ -35,6 +36,22 @@ from assistant.server.voice.sdpfrag import ice_credentials
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
+MAX_CLIENT_MESSAGE = 4096  # a message the page sends on the events channel (a setting): bigger ones are dropped
+
+
+def language_choices(services: Services) -> list[str]:
+    """What a session may be heard in: ``auto`` (a multilingual ASR detects each turn's language) and the codes
+    the ASR hears (``asr.languages``)."""
+    asr = services.asr
+    return (["auto"] if getattr(asr, "detects", False) else []) + list(getattr(asr, "languages", ("en",)))
+
+
+def choose_language(services: Services, language: object) -> str:
+    """``language`` if a session may be heard in it (:func:`language_choices`), else ValueError naming them."""
+    choices = language_choices(services)
+    if not isinstance(language, str) or language not in choices:
+        raise ValueError(f"must be one of {', '.join(choices)}, got {language!r}")
+    return language
 
 
 def new_session_id(gateway_id: str = "") -> str:
@@ -238,7 +255,33 @@ class Session(ConversationSession):
 
     def _attach_events(self, channel: DataChannel) -> None:
         self.events.attach(channel)
-        self.events.emit("session", session_id=self.id)
+        channel.add_listener("message", self._on_client_message)
+        self._announce()
+
+    def _announce(self) -> None:
+        """The ``session`` event: its id, the language it is heard in and the ones it may be set to."""
+        self.events.emit("session", session_id=self.id, language=self.conversation.language or self.cfg.asr.language,
+                         languages=language_choices(self.services))
+
+    def _on_client_message(self, message: object) -> None:
+        """What the page may ask on the events channel: ``{"type": "language", "language": "ja"}`` (or ``auto``),
+        checked like the offer's field; a bad ask gets an ``error`` event, the call goes on."""
+        if not isinstance(message, str) or len(message) > MAX_CLIENT_MESSAGE:
+            return
+        try:
+            body = json.loads(message)
+        except ValueError:
+            return
+        if not isinstance(body, dict) or body.get("type") != "language":
+            return
+        try:
+            language = choose_language(self.services, body.get("language"))
+        except ValueError as exc:
+            self.events.emit("error", stage="language", message=f"language: {exc}")
+            return
+        self.conversation.set_language(language)
+        log.info("session_language session=%s language=%s", self.id, language)
+        self._announce()
 
     # --- peer events -------------------------------------------------------------------------------
     def _wire_peer(self) -> None:

@@ -264,6 +264,10 @@ LLM_GRID: dict[str, Sequence[float]] = {
 }
 
 
+# Where the tuning starts (fixed, so a run does not depend on the defaults an earlier run put in TurnConfig).
+START: dict[str, Any] = {"policy": "falling", "falling_from": 1.0, "falling_to": 0.5, "falling_over_ms": 800,
+         "end_of_turn_recheck_ms": [96, 320], "cue_complete": 0.2, "cue_continues": -1.0, "cue_open": 0.0,
+         "cue_number": 0.0, "cue_short": -0.2}
 COARSE_OFFSETS = tuple(round(x, 3) for x in np.arange(-0.8, 0.81, 0.05))
 
 
@@ -579,7 +583,7 @@ def analyse(evidence: dict[str, list[ClipEvidence]], target: float, out: Path,
     # speech its transcript is made-up English, no evidence to tune a policy on (measured per language).
     tune = tune.subset(lambda c: c.lang == tune_lang) if tune_lang else tune
     t0 = time.perf_counter()
-    falling = replace(base, policy="falling")
+    falling = replace(base, **START)
     # How much tighter than the target to tune: the largest tuning target whose leave-one-voice-out figure
     # (tuned without a voice, measured on it, every voice of the tuning half in turn) stays within the target.
     cv = cross_validate(tune, falling, target)

@@ -302,13 +302,13 @@ class TurnConfig:
     # The falling-threshold policy. Every number below was chosen on the English turns of the tuning half of the
     # end-of-turn corpus (`assistant bench eot-corpus --seed 34`, then `assistant bench eot`: least median wait at
     # or under 3 % false cut-offs, the target leave-one-voice-out put at 4.5 %) and measured on the held-out half:
-    # 5.2 % false cut-offs, median added wait 956 ms (today's flat policy there: 28.6 %, 394 ms).
+    # 4.8 % false cut-offs, median added wait 951 ms (today's flat policy there: 26.2 %, 428 ms).
     # docs/end_of_turn.md shows the curves and where this point lies on them.
     policy: str = _f(
         "falling",
         "end-of-turn policy: falling (model probability + transcript cue against a threshold that falls as the "
-        "silence grows; held-out half: 5.2 per cent false cut-offs, 956 ms median wait) or flat (the verdict table of "
-        "pipeline/end_of_turn.py, a fixed wait per verdict; held-out: 28.6 per cent, 394 ms)",
+        "silence grows; held-out half: 4.8 per cent false cut-offs, 951 ms median wait) or flat (the verdict table of "
+        "pipeline/end_of_turn.py, a fixed wait per verdict; held-out: 26.2 per cent, 428 ms)",
     )
     falling_from: float = _f(
         2.0, "falling: the score that ends the turn at the speculative pause (tuning half; above any score: "

@@ -133,7 +133,7 @@ async def test_finished_sentence_ends_on_the_evidence(
 ) -> None:
     """en_story.wav: model (0.9+ on the clean file) and transcript agree. The flat policy ends the turn at the
     96 ms pause, well before the 500 ms of silence the endpointer alone would wait. The falling policy (the
-    default since the held-out half of the end-of-turn corpus showed the flat one cutting 28.6 % of turns off)
+    default since the held-out half of the end-of-turn corpus showed the flat one cutting 26.2 % of turns off)
     ends it where its falling threshold meets the evidence's score, on the evidence, well before
     max_silence_ms."""
     x, _ = read_audio(shared_audio / "en_story.wav")

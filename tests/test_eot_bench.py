@@ -186,3 +186,13 @@ def test_corpus_noise_and_phone_change_the_sound() -> None:
     click[100] = 1.0
     wet = _room(click, 0.5, 0.7, rng)
     assert np.abs(wet[2000:4000]).max() > 1e-3  # 120-240 ms after the click: the room still rings
+
+
+def test_japanese_transcripts_have_cues_too() -> None:
+    """Japanese has no spaces: a whole sentence is not a fragment, a phrase that stops on a particle goes on."""
+    assert cue("明日の東京の天気を教えてください。") is Cue.COMPLETE
+    assert cue("明日の、") is Cue.CONTINUES
+    assert cue("東京で") is Cue.CONTINUES
+    assert cue("えーと") is Cue.CONTINUES
+    assert cue("電話番号は123") is Cue.NUMBER
+    assert cue("はい") is Cue.SHORT

@@ -39,7 +39,7 @@ import numpy as np
 from assistant.bench.eot_corpus import HALVES
 from assistant.bench.eot_evidence import ClipEvidence, collect, collect_files, load_cache
 from assistant.config import TurnConfig, VADConfig
-from assistant.pipeline.end_of_turn import Cue, Evidence, cue, decide, judge
+from assistant.pipeline.end_of_turn import Cue, Evidence, cue, decide, judge, word_count
 
 log = logging.getLogger(__name__)
 
@@ -99,7 +99,7 @@ def flatten(clips: Iterable[ClipEvidence]) -> Turns:
     pauses: list[Pause] = []
     for i, c in enumerate(ok):
         for p in c.pauses:
-            words = len(p.text.split())
+            words = word_count(p.text)
             pauses.append(Pause(
                 clip=i, is_end=p.is_end, silence_ms=p.silence_ms,
                 offset_ms=(p.start_s - c.speech_ends_s) * 1000, text=p.text, cue=cue(p.text), text_end=judge(p.text),
@@ -499,12 +499,19 @@ def add_eot_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-plot", action="store_true", help="skip the PNG")
 
 
-def _collect(args: argparse.Namespace) -> dict[str, list[ClipEvidence]]:
+def _asr_engines() -> dict[str, Any]:
+    """The ASR per language of the corpus: the server's default (tiny.en) for English, and what
+    ``asr.language = ja`` loads for Japanese (the multilingual base)."""
     from assistant.asr.whisper import FasterWhisperEngine
     from assistant.config import ASRConfig
+
+    return {"en": FasterWhisperEngine(ASRConfig()), "ja": FasterWhisperEngine(ASRConfig(language="ja"))}
+
+
+def _collect(args: argparse.Namespace) -> dict[str, list[ClipEvidence]]:
     from assistant.vad.end_of_turn import SmartTurnModel
 
-    asr = FasterWhisperEngine(ASRConfig())
+    asr = _asr_engines()
     model = SmartTurnModel()
     out = {}
     for half in args.halves.split(","):
@@ -537,12 +544,10 @@ def run_eot(args: argparse.Namespace) -> int:
     report = analyse(evidence, args.target, Path(args.out), plot_png=not args.no_plot, llm=llm)
     print(report["text"])
     if args.also:
-        from assistant.asr.whisper import FasterWhisperEngine
-        from assistant.config import ASRConfig
         from assistant.vad.end_of_turn import SmartTurnModel
 
         extra = collect_files([Path(f) for f in args.also], Path(args.out) / "evidence" / "also.jsonl",
-                              FasterWhisperEngine(ASRConfig()), SmartTurnModel())
+                              _asr_engines(), SmartTurnModel())
         print(also_report(flatten(extra), report))
     return 0
 

@@ -72,6 +72,7 @@ class ClipEvidence:
     phone: bool = False
     sha: str = ""
     version: int = VERSION
+    asr: str = ""  # the ASR that made the transcripts (its model and language)
 
     @staticmethod
     def from_dict(d: dict[str, Any]) -> ClipEvidence:
@@ -160,6 +161,13 @@ def collect_clip(
     return ev
 
 
+def asr_name(engine: Any, lang: str) -> str:
+    """Which ASR made a transcript: the model folder's name and the language it was told."""
+    path = getattr(engine, "model_path", None)
+    cfg = getattr(engine, "cfg", None)
+    return f"{Path(path).name if path else type(engine).__name__}:{getattr(cfg, 'language', lang)}"
+
+
 def load_cache(path: Path) -> dict[str, ClipEvidence]:
     out: dict[str, ClipEvidence] = {}
     if path.is_file():
@@ -171,7 +179,8 @@ def load_cache(path: Path) -> dict[str, ClipEvidence]:
     return out
 
 
-def collect_files(files: list[Path], cache: Path, asr: Transcriber, model: TurnModel) -> list[ClipEvidence]:
+def collect_files(files: list[Path], cache: Path, asr: Transcriber | dict[str, Transcriber],
+                  model: TurnModel) -> list[ClipEvidence]:
     """Evidence for speech files outside the corpus (``../shared/audio``, the pause files): each file's labels
     come from ``manifest.json`` beside it (``speech_ends_s``, and its pauses when given)."""
     out: list[ClipEvidence] = []
@@ -189,7 +198,7 @@ def collect(
     corpus: Path,
     half: str,
     cache: Path,
-    asr: Transcriber,
+    asr: Transcriber | dict[str, Transcriber],
     model: TurnModel,
     limit: int | None = None,
     only: set[str] | None = None,
@@ -210,9 +219,14 @@ def collect(
             path = corpus / half / entry["file"]
             sha = hashlib.sha256(path.read_bytes()).hexdigest()[:16]
             entry = {"split": half, **entry}
+            lang = entry.get("lang", "en")
+            # One ASR per language (the server's default for English; asr.language = ja takes the multilingual one).
+            engine = asr.get(lang) or asr["en"] if isinstance(asr, dict) else asr
+            name = asr_name(engine, lang)
             ce = have.get(entry["file"])
-            if ce is None or ce.sha != sha:
-                ce = collect_clip(path, entry, asr, model)
+            if ce is None or ce.sha != sha or (ce.asr and ce.asr != name):
+                ce = collect_clip(path, entry, engine, model)
+                ce.asr = name
                 f.write(json.dumps(asdict(ce), ensure_ascii=False) + "\n")
                 f.flush()
                 if (i + 1) % 20 == 0:

@@ -67,6 +67,7 @@ from typing import Protocol
 import numpy as np
 
 from assistant.config import TurnConfig
+from assistant.tts.text import is_cjk
 
 # Words after which an English sentence usually goes on (Whisper often puts a period or "?" after them anyway).
 CONTINUES = frozenset([
@@ -82,6 +83,10 @@ CONTINUES = frozenset([
     "besides", "within", "without", "via", "upon", "during", "throughout", "versus",
 ])
 TERMINAL = ".?!。？！"
+# Japanese endings that go on: particles and fillers a phrase stops on mid-turn ("明日の", "東京で", "えーと").
+JA_CONTINUES = ("の", "を", "に", "が", "は", "と", "で", "も", "へ", "から", "けど", "けれど", "って", "えーと",
+                "えっと", "あの", "その")
+ENDS_ON_DIGIT = re.compile(r"\d[\d,.]*[.?!。？！]?\s*$")
 WORD = re.compile(r"[\w']+")
 # The falling policy's stand-in for the model's probability when the model is off or failed.
 NO_MODEL_PROB = 0.5
@@ -113,6 +118,13 @@ NUMBER_WORDS = frozenset([
 ])
 
 
+def word_count(text: str) -> int:
+    """Words in a transcript; CJK text (no spaces) counts a word per two characters."""
+    cjk = sum(1 for ch in text if is_cjk(ch))
+    other = "".join(" " if is_cjk(ch) else ch for ch in text)
+    return len(WORD.findall(other)) + (cjk + 1) // 2
+
+
 def cue(text: str) -> Cue:
     """The transcript's evidence: how complete it looks (final punctuation, a trailing conjunction, a number)."""
     words = WORD.findall(text.lower())
@@ -120,9 +132,9 @@ def cue(text: str) -> Cue:
         return Cue.OPEN
     if judge(text) is TurnEnd.INCOMPLETE:
         return Cue.CONTINUES
-    if len(words) < SHORT_TURN_WORDS:
+    if word_count(text) < SHORT_TURN_WORDS:
         return Cue.SHORT
-    if words[-1].isdigit() or words[-1] in NUMBER_WORDS:
+    if words[-1] in NUMBER_WORDS or ENDS_ON_DIGIT.search(text):
         return Cue.NUMBER
     return Cue.COMPLETE if judge(text) is TurnEnd.COMPLETE else Cue.OPEN
 
@@ -132,10 +144,12 @@ def judge(text: str) -> TurnEnd:
     t = text.strip()
     if not t:
         return TurnEnd.UNKNOWN
-    if t.endswith(("...", "…", ",", "-", "—", ":")):
+    if t.endswith(("...", "…", ",", "-", "—", ":", "、", "，", "：")):
         return TurnEnd.INCOMPLETE
     words = WORD.findall(t.lower())
     if words and words[-1] in CONTINUES:
+        return TurnEnd.INCOMPLETE
+    if is_cjk(t[-1]) and t.endswith(JA_CONTINUES):  # Japanese that stops on a particle or a filler
         return TurnEnd.INCOMPLETE
     if t[-1] in "?!？！":
         return TurnEnd.COMPLETE

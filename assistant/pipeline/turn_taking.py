@@ -33,7 +33,7 @@ from assistant.asr.base import Transcript
 from assistant.audio import SPEECH_RATE, AudioChunk
 from assistant.config import ASRConfig, TurnConfig, VADConfig
 from assistant.pipeline.clock import SampleClock
-from assistant.pipeline.end_of_turn import Cue, Evidence, TurnEnd, cue, decide, judge
+from assistant.pipeline.end_of_turn import Cue, Evidence, TurnEnd, cue, decide, judge, word_count
 from assistant.pipeline.events import EventChannel
 from assistant.pipeline.trace import Ending, Span
 from assistant.pipeline.turn import Turn, TurnDeps
@@ -322,7 +322,7 @@ class TurnTaking:
         elif self.cfg.smart_endpoint:
             text = result.text.strip()
             pause.text, pause.cue = judge(text), cue(text)
-            pause.words = len(WORD.findall(text))
+            pause.words = word_count(text)
         self._decide()
 
     async def _hear_end_of_turn(self, pause: Pause, audio: np.ndarray, pause_ms: int) -> None:

@@ -161,11 +161,20 @@ def _dtmf(message: dict[str, Any]) -> Dtmf:
 
 
 # --- the dialects -------------------------------------------------------------------------------------------
+XML_HEAD = '<?xml version="1.0" encoding="UTF-8"?>'
+BUSY = f'{XML_HEAD}<Response><Reject reason="busy"/></Response>'  # TwiML and TeXML alike: the caller hears busy
+
+
 class Dialect:
-    """One carrier's words for the media stream (see the module docstring)."""
+    """One carrier's words for the media stream (see the module docstring): the names of its ``start`` fields,
+    whether what we send names the stream, and the XML that connects a call to us."""
 
     name = ""
     encoding = ""  # the one media format we take, in the carrier's spelling
+    stream_id_in_start = True  # the stream id sits in ``start`` (Twilio), or beside it (Telnyx)
+    stream_id, call_id, media_format, sample_rate, parameters = "", "", "", "", ""
+    stream_key_out = ""  # the key naming the stream in what we send ("": none)
+    stream_attributes = ""  # extra attributes of the answer's <Stream>
 
     def parse(self, message: object) -> Event:
         """A decoded JSON message → an event, or :class:`ProtocolError`."""
@@ -187,7 +196,17 @@ class Dialect:
         return self._other(message, event)
 
     def _start(self, message: dict[str, Any]) -> Start:
-        raise NotImplementedError
+        start = _object(message, "start", "start")
+        fmt = _object(start, self.media_format, "start")
+        rate, channels = _count(fmt, self.sample_rate, "start"), _count(fmt, "channels", "start")
+        return Start(
+            stream_id=_text(start if self.stream_id_in_start else message, self.stream_id, "start"),
+            call_id=_text(start, self.call_id, "start"),
+            encoding=_text(fmt, "encoding", "start", MAX_NAME_CHARS),
+            sample_rate=rate or 0,
+            channels=1 if channels is None else channels,
+            parameters=_parameters(start.get(self.parameters)),
+        )
 
     def _other(self, message: dict[str, Any], event: object) -> Event:
         raise ProtocolError("unknown_event", f"event {str(event)[:32]!r}")
@@ -200,99 +219,52 @@ class Dialect:
         return ""
 
     # What we send.
+    def _out(self, event: str, stream_id: str, **body: Any) -> dict[str, Any]:
+        named = {self.stream_key_out: stream_id} if self.stream_key_out else {}
+        return {"event": event, **named, **body}
+
     def media(self, stream_id: str, payload: str) -> dict[str, Any]:
-        raise NotImplementedError
+        return self._out("media", stream_id, media={"payload": payload})
 
     def mark(self, stream_id: str, name: str) -> dict[str, Any]:
-        raise NotImplementedError
+        return self._out("mark", stream_id, mark={"name": name})
 
     def clear(self, stream_id: str) -> dict[str, Any]:
-        raise NotImplementedError
+        return self._out("clear", stream_id)
 
     def answer(self, stream_url: str, token: str) -> str:
         """The webhook's XML answer: connect the call to our media stream, the token as its parameter."""
-        raise NotImplementedError
-
-
-XML_HEAD = '<?xml version="1.0" encoding="UTF-8"?>'
-BUSY = f'{XML_HEAD}<Response><Reject reason="busy"/></Response>'  # TwiML and TeXML alike: the caller hears busy
-
-
-def _parameter(token: str) -> str:
-    return f"<Parameter name={quoteattr(TOKEN_PARAMETER)} value={quoteattr(token)}/>"
+        parameter = f"<Parameter name={quoteattr(TOKEN_PARAMETER)} value={quoteattr(token)}/>"
+        return (f"{XML_HEAD}<Response><Connect><Stream url={quoteattr(stream_url)}{self.stream_attributes}>"
+                f"{parameter}</Stream></Connect></Response>")
 
 
 class Twilio(Dialect):
     name = "twilio"
     encoding = "audio/x-mulaw"
-
-    def _start(self, message: dict[str, Any]) -> Start:
-        start = _object(message, "start", "start")
-        fmt = _object(start, "mediaFormat", "start")
-        rate, channels = _count(fmt, "sampleRate", "start"), _count(fmt, "channels", "start")
-        return Start(
-            stream_id=_text(start, "streamSid", "start"),
-            call_id=_text(start, "callSid", "start"),
-            encoding=_text(fmt, "encoding", "start", MAX_NAME_CHARS),
-            sample_rate=rate or 0,
-            channels=1 if channels is None else channels,
-            parameters=_parameters(start.get("customParameters")),
-        )
-
-    def media(self, stream_id: str, payload: str) -> dict[str, Any]:
-        return {"event": "media", "streamSid": stream_id, "media": {"payload": payload}}
-
-    def mark(self, stream_id: str, name: str) -> dict[str, Any]:
-        return {"event": "mark", "streamSid": stream_id, "mark": {"name": name}}
-
-    def clear(self, stream_id: str) -> dict[str, Any]:
-        return {"event": "clear", "streamSid": stream_id}
-
-    def answer(self, stream_url: str, token: str) -> str:
-        return (f"{XML_HEAD}<Response><Connect><Stream url={quoteattr(stream_url)}>{_parameter(token)}</Stream>"
-                "</Connect></Response>")
+    stream_id, call_id, media_format, sample_rate, parameters = (
+        "streamSid", "callSid", "mediaFormat", "sampleRate", "customParameters")
+    stream_key_out = "streamSid"
 
 
 class Telnyx(Dialect):
     name = "telnyx"
     encoding = "PCMU"
-
-    def _start(self, message: dict[str, Any]) -> Start:
-        start = _object(message, "start", "start")
-        fmt = _object(start, "media_format", "start")
-        rate, channels = _count(fmt, "sample_rate", "start"), _count(fmt, "channels", "start")
-        return Start(
-            stream_id=_text(message, "stream_id", "start"),
-            call_id=_text(start, "call_control_id", "start"),
-            encoding=_text(fmt, "encoding", "start", MAX_NAME_CHARS),
-            sample_rate=rate or 0,
-            channels=1 if channels is None else channels,
-            parameters=_parameters(start.get("custom_parameters")),
-        )
+    stream_id_in_start = False
+    stream_id, call_id, media_format, sample_rate, parameters = (
+        "stream_id", "call_control_id", "media_format", "sample_rate", "custom_parameters")
+    # RTP mode (raw PCMU both ways, any chunk size): the default "mp3" mode takes whole files about once a second
+    # and cannot carry a conversation.
+    stream_attributes = (f' track="inbound_track" bidirectionalMode="rtp" bidirectionalCodec="PCMU"'
+                         f' bidirectionalSamplingRate="{TELEPHONE_RATE}"')
 
     def _other(self, message: dict[str, Any], event: object) -> Event:
         if event == "error":
             payload = message.get("payload")
             payload = payload if isinstance(payload, dict) else {}
-            return CarrierError(str(payload.get("code", ""))[:32], str(payload.get("detail") or
-                                                                      payload.get("title") or "")[:200])
+            detail = payload.get("detail") or payload.get("title") or ""
+            return CarrierError(str(payload.get("code", ""))[:32], str(detail)[:200])
         return super()._other(message, event)
-
-    def media(self, stream_id: str, payload: str) -> dict[str, Any]:
-        return {"event": "media", "media": {"payload": payload}}
-
-    def mark(self, stream_id: str, name: str) -> dict[str, Any]:
-        return {"event": "mark", "mark": {"name": name}}
-
-    def clear(self, stream_id: str) -> dict[str, Any]:
-        return {"event": "clear"}
-
-    def answer(self, stream_url: str, token: str) -> str:
-        # RTP mode (raw PCMU both ways, any chunk size): the default "mp3" mode takes whole files about once a
-        # second and cannot carry a conversation.
-        attrs = (f'url={quoteattr(stream_url)} track="inbound_track" bidirectionalMode="rtp" '
-                 f'bidirectionalCodec="PCMU" bidirectionalSamplingRate="{TELEPHONE_RATE}"')
-        return f"{XML_HEAD}<Response><Connect><Stream {attrs}>{_parameter(token)}</Stream></Connect></Response>"
 
 
 TWILIO = Twilio()

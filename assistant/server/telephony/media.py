@@ -30,7 +30,7 @@ from typing import Any
 from aiohttp import WSMsgType, web
 
 from assistant.config import Config
-from assistant.server.http import CONFIG, HTTPJSONError
+from assistant.server.http import CONFIG, HTTPJSONError, Outbox
 from assistant.server.limits import LIMITS, RateLimiter
 from assistant.server.openapi import documented, error
 from assistant.server.services import SERVICES
@@ -91,36 +91,6 @@ class CallSession(ConversationSession):
         if self.ws is not None and not self.ws.closed:
             with contextlib.suppress(Exception):
                 await self.ws.close(code=close_code(self.close_reason), message=self.close_reason.encode()[:120])
-
-
-class Outbox:
-    """Messages to the carrier, in order, through one bounded queue: the sink's ``clear`` comes from a plain
-    call (turn-taking's), so nothing is written from two places at once. ``on_full`` when the carrier lags."""
-
-    def __init__(self, ws: web.WebSocketResponse, on_full: Callable[[], None]) -> None:
-        self.ws = ws
-        self.queue: asyncio.Queue[str] = asyncio.Queue(maxsize=OUTBOX_LIMIT)
-        self.on_full = on_full
-        self.full = False
-
-    def put(self, message: dict[str, object]) -> None:
-        if self.full:
-            return
-        try:
-            self.queue.put_nowait(json.dumps(message))
-        except asyncio.QueueFull:
-            self.full = True
-            self.on_full()
-
-    async def run(self) -> None:
-        while True:
-            text = await self.queue.get()
-            if self.ws.closed:
-                return
-            try:
-                await self.ws.send_str(text)
-            except ConnectionResetError:  # the carrier went away: the receive loop ends the call
-                return
 
 
 class Refused(Exception):
@@ -281,7 +251,7 @@ async def run_call(request: web.Request, ws: web.WebSocketResponse, dialect: Dia
         if holder:
             holder[0].spawn(holder[0].close("carrier_too_slow"), "close")
 
-    outbox = Outbox(ws, too_slow)
+    outbox = Outbox(ws, OUTBOX_LIMIT, too_slow)
     sid = start.stream_id
     sink = CallSink(outbox.put, partial(dialect.media, sid), partial(dialect.mark, sid), partial(dialect.clear, sid),
                     settings.audio_lead_ms)

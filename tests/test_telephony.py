@@ -396,3 +396,28 @@ async def test_bench_v2v_over_twilio_measures_each_turn_of_a_call(services: Serv
     turns = json.loads((tmp_path / "twilio" / "phone.json").read_text())
     assert [t["file"] for t in turns] == ["en_weather.wav", "en_timer.wav"]
     assert all(t["v2v_ms"] > 0 and t["first_media_ms"] <= t["v2v_ms"] and not t["error"] for t in turns), turns
+
+
+async def test_a_call_takes_a_session_slot_and_a_full_server_answers_busy(services: Services) -> None:
+    cfg = config()
+    cfg.server.max_sessions = 1
+    async with serve(cfg, services) as (url, app), aiohttp.ClientSession() as http, call(http, url):
+        await only_call(app)
+        _, cid = TWILIO.new_ids()
+        busy = await dial(http, url, TWILIO, call_id=cid, auth_token=AUTH)
+        assert busy.status == 200 and busy.rejected == "busy"  # the caller hears a busy tone
+        assert len(app[TELEPHONY].tokens) == 0  # no token for a call turned away
+        resp = await http.post(f"{url}/telephony/twilio/voice", data=b"{}",
+                               headers={"Content-Type": "application/json"})
+        assert resp.status == 415  # the route's row: carriers post forms
+
+
+async def test_the_dispatcher_sends_carriers_to_a_gateway() -> None:
+    from assistant.server.dispatch.app import create_dispatch_app
+    from assistant.server.local import serve_on_loopback
+
+    cfg = config()
+    cfg.dispatch.gateways = ["http://127.0.0.1:9"]
+    async with serve_on_loopback(create_dispatch_app(cfg)) as url, aiohttp.ClientSession() as http:
+        answer = await dial(http, url, TWILIO, call_id="CA" + "0" * 32, auth_token=AUTH)
+        assert answer.status == 501 and "point the carrier at a gateway" in json.loads(answer.body)["detail"]

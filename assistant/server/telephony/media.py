@@ -58,7 +58,6 @@ from assistant.server.voice.signaling import SESSIONS, admit, check_ready
 
 log = logging.getLogger(__name__)
 
-HEARTBEAT_S = 30.0
 MESSAGE_SLACK = 4096  # the JSON around a media payload
 OUTBOX_LIMIT = 256  # messages to the carrier not yet written (the sink keeps ~10 in flight); past it, closed
 # Close codes (RFC 6455): a call that ended is 1000; a carrier that broke the protocol 1008, sent data we cannot
@@ -209,7 +208,8 @@ async def media_socket(request: web.Request, dialect: Dialect) -> web.StreamResp
     tel.require(dialect)
     cfg: Config = state[CONFIG]
     settings = cfg.telephony
-    ws = web.WebSocketResponse(heartbeat=HEARTBEAT_S, max_msg_size=settings.max_media_bytes * 4 // 3 + MESSAGE_SLACK)
+    # No pings: a carrier sends media every 20 ms, and telephony.media_timeout_s closes a stream whose media stopped.
+    ws = web.WebSocketResponse(max_msg_size=settings.max_media_bytes * 4 // 3 + MESSAGE_SLACK)
     if not ws.can_prepare(request).ok:
         raise HTTPJSONError(400, "websocket_expected", f"{request.path} is a WebSocket: send an Upgrade request")
     check_ready(state)

@@ -53,6 +53,7 @@ from assistant.server.telephony.media import CallSession
 from assistant.server.telephony.sink import CallSink
 from assistant.server.telephony.state import TELEPHONY
 from tests.conftest import serve, test_config
+from tests.waiting import until
 
 pytestmark = [pytest.mark.asyncio(loop_scope="module"), pytest.mark.slow, pytest.mark.timeout(300)]
 
@@ -95,7 +96,7 @@ async def only_call(app: Any) -> CallSession:
     """The one call in the session table, once its start has been read."""
     def calls() -> list[CallSession]:
         return [s for s in app[SESSIONS].values() if isinstance(s, CallSession)]
-    await wait(lambda: len(calls()) == 1)
+    await until(lambda: len(calls()) == 1, "the call's start read")
     return calls()[0]
 
 
@@ -105,14 +106,6 @@ async def metric(http: aiohttp.ClientSession, url: str, series: str) -> float:
         if line.startswith(series + " "):
             return float(line.rsplit(" ", 1)[1])
     return 0.0
-
-
-async def wait(check: Any, timeout_s: float = 10.0) -> None:
-    for _ in range(int(timeout_s / 0.05)):
-        if check():
-            return
-        await asyncio.sleep(0.05)
-    raise AssertionError("condition not met in time")
 
 
 async def test_a_spoken_turn_gets_mulaw_reply_audio_that_says_the_reply(services: Services, shared_audio) -> None:
@@ -133,7 +126,7 @@ async def test_a_spoken_turn_gets_mulaw_reply_audio_that_says_the_reply(services
         text = await heard(services, audio)
         assert word_error_rate(said, text) <= 0.35, (said, text)
         # Every mark came back as played; what the server counts as heard is all of it.
-        await wait(lambda: session.sink.unconfirmed == 0)
+        await until(lambda: session.sink.unconfirmed == 0, "every mark back")
         sent = sum(len(base64.b64decode(m["media"]["payload"])) for m in media)
         assert session.sink.audible_frames_sent * 160 == sent
         assert not c.clears and c.marks_cleared == []
@@ -283,7 +276,7 @@ async def test_bad_webhooks_tokens_and_streams_are_refused_while_a_good_call_goe
         text, _ = await asyncio.gather(good_call(), attacks())
         assert "weather" in text.lower(), text
         # Nothing kept for the refused: the call table is empty, nothing waits for a start.
-        await wait(lambda: not app[SESSIONS])
+        await until(lambda: not app[SESSIONS], "the session table empty")
         assert not app[LIMITS]._held.get("telephony_start")
         assert len(tel.tokens) <= 1  # the replay test's first (answered, never used) token, until it expires
         after = {r: await metric(http, url, refusals % r) for r in before}
@@ -335,7 +328,7 @@ async def test_a_call_is_a_session_listed_counted_hung_up_and_timed_out(services
             assert hung.status == 200
             assert await c.wait_for(lambda: c.closed.is_set(), 5)
             assert (c.close_code, c.close_reason) == (1000, "hangup")
-        await wait(lambda: not app[SESSIONS])
+        await until(lambda: not app[SESSIONS], "the session table empty")
         # A carrier whose media stops is closed after telephony.media_timeout_s; a stop ends a call at once.
         async with call(http, url) as c:
             await c.wait_for(lambda: len(app[SESSIONS]) == 1, 5)
@@ -349,7 +342,7 @@ async def test_a_call_is_a_session_listed_counted_hung_up_and_timed_out(services
             await c.send(c.carrier.stop(99, c.stream_id, c.call_id))
             assert await c.wait_for(lambda: c.closed.is_set(), 5)
             assert (c.close_code, c.close_reason) == (1000, "stop")
-        await wait(lambda: not app[SESSIONS])
+        await until(lambda: not app[SESSIONS], "the session table empty")
         assert await metric(http, url, "assistant_sessions_active") == 0
         assert await metric(http, url, "assistant_sessions_total") == opened + 3
 
@@ -382,20 +375,23 @@ async def test_behind_a_proxy_the_signature_covers_the_public_url(services: Serv
 
 async def test_bench_v2v_over_twilio_measures_each_turn_of_a_call(services: Services, shared_audio: Path,
                                                                    tmp_path: Path, capsys: Any) -> None:
-    """``assistant bench v2v --protocol twilio``: the simulated carrier's turns, measured and written."""
-    from assistant.bench.v2v_cli import run_protocols
+    """``assistant bench v2v --protocol twilio``: the simulated carrier's turns, measured, written, as Markdown."""
+    from assistant.bench.v2v_cli import run_v2v
     from assistant.cli import build_parser
 
     async with serve(config(), services) as (url, _app):
         args = build_parser("v2v").parse_args(
             ["bench", "v2v", "--url", url, "--protocol", "twilio", "--twilio-auth-token", AUTH, "--audio",
-             str(shared_audio / "en_weather.wav"), str(shared_audio / "en_timer.wav"), "--out", str(tmp_path)])
-        assert await run_protocols(args) == 0
+             str(shared_audio / "en_weather.wav"), str(shared_audio / "en_timer.wav"), "--out", str(tmp_path),
+             "--markdown", str(tmp_path / "phone.md")])
+        assert await run_v2v(args) == 0
     out = capsys.readouterr().out
     assert "twilio     n=2 median=" in out
     turns = json.loads((tmp_path / "twilio" / "phone.json").read_text())
     assert [t["file"] for t in turns] == ["en_weather.wav", "en_timer.wav"]
     assert all(t["v2v_ms"] > 0 and t["first_media_ms"] <= t["v2v_ms"] and not t["error"] for t in turns), turns
+    markdown = (tmp_path / "phone.md").read_text()
+    assert "_Measured with `" in markdown and "| twilio | 2/2 |" in markdown and "| en_timer.wav | " in markdown
 
 
 async def test_a_call_takes_a_session_slot_and_a_full_server_answers_busy(services: Services) -> None:

@@ -70,12 +70,17 @@ def add_narrowband_arguments(parser: argparse.ArgumentParser) -> None:
                         help=f"speech files with a manifest beside them (default: {SHARED_AUDIO}/en_*.wav)")
     parser.add_argument("--out", type=Path, default=Path("bench-out"), help="folder for narrowband.json")
     parser.add_argument("--config", default=None, help="config file (default: configs/default.toml)")
+    parser.add_argument("--markdown", type=Path, default=None, metavar="FILE",
+                        help="also write the table as Markdown to FILE under a line naming this command, the commit "
+                        "and the machine; docs that include FILE are refreshed (assistant/bench/figures.py)")
     add_config_flags(parser, sections=("asr",))
 
 
 async def run_narrowband(args: argparse.Namespace) -> int:
     from assistant.asr import create_asr
+    from assistant.bench.figures import provenance, write_markdown
 
+    origin = provenance()
     cfg = load_config(args.config, overrides=flag_overrides(args))
     files = [Path(f) for f in (args.audio or sorted(SHARED_AUDIO.glob("en_*.wav")))]
     from assistant.vad.end_of_turn import SmartTurnModel
@@ -129,4 +134,23 @@ async def run_narrowband(args: argparse.Namespace) -> int:
                                                      "rows": rows, "wer": {"wide": wide_wer, "phone": phone_wer}},
                                                     indent=1, ensure_ascii=False))
     print(f"\nwrote {out / 'narrowband.json'}")
+    if args.markdown is not None:
+        docs = write_markdown(args.markdown, narrowband_markdown(rows, wide_wer, phone_wer, totals["wide"][1]), origin)
+        print(f"wrote {args.markdown}" + (f"; refreshed {', '.join(map(str, docs))}" if docs else ""))
     return 0
+
+
+def narrowband_markdown(rows: list[dict[str, object]], wide_wer: float, phone_wer: float, words_total: int) -> str:
+    lines = ["| file | words | WER 16 kHz | WER phone | P(done) at the end, 16 kHz | phone |",
+             "|---|---:|---:|---:|---:|---:|"]
+    notes = []
+    for row in rows:
+        wide, phone = row["wide"], row["phone"]
+        assert isinstance(wide, dict) and isinstance(phone, dict)
+        lines.append(f"| {row['file']} | {wide['words']} | {wide['wer']:.3f} | {phone['wer']:.3f} | "
+                     f"{wide['eot_at_end']:.3f} | {phone['eot_at_end']:.3f} |")
+        if "eot_mid_pause" in wide:
+            notes.append(f"{row['file']}, 300 ms into its mid-sentence pause: P(done) {wide['eot_mid_pause']:.3f} at "
+                         f"16 kHz, {phone['eot_mid_pause']:.3f} on the phone line.")
+    lines.append(f"| all | {words_total} | {wide_wer:.3f} | {phone_wer:.3f} | | |")
+    return "\n".join(lines + (["", *notes] if notes else []))

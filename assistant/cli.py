@@ -218,6 +218,10 @@ def cmd_bench(args: argparse.Namespace) -> int:
         from assistant.bench.attack_bench import run_attack_bench
 
         return asyncio.run(run_attack_bench(args))
+    if args.bench_cmd == "narrowband":
+        from assistant.bench.narrowband import run_narrowband
+
+        return asyncio.run(run_narrowband(args))
     return 2
 
 
@@ -248,6 +252,8 @@ BENCHES = (  # name, help, module, function adding its flags
      "assistant.bench.ray_hop", "add_ray_arguments"),
     ("attacks", "hostile clients against a real server: answers, RSS, event-loop lag, a bystander's turn "
      "(--before DIR: the same against another checkout)", "assistant.bench.attack_bench", "add_attack_arguments"),
+    ("narrowband", "ASR word error on the test speech at 16 kHz vs through a phone line (8 kHz μ-law)",
+     "assistant.bench.narrowband", "add_narrowband_arguments"),
 )
 
 

@@ -226,6 +226,10 @@ def cmd_bench(args: argparse.Namespace) -> int:
         from assistant.bench.eot import run_eot
 
         return run_eot(args)
+    if args.bench_cmd == "narrowband":
+        from assistant.bench.narrowband import run_narrowband
+
+        return asyncio.run(run_narrowband(args))
     return 2
 
 
@@ -260,6 +264,8 @@ BENCHES = (  # name, help, module, function adding its flags
      "assistant.bench.eot_corpus", "add_corpus_arguments"),
     ("eot", "end-of-turn policies on the corpus: per-pause evidence (VAD, Smart Turn, ASR), tuning on one half, "
      "the trade-off curve on the held-out half", "assistant.bench.eot", "add_eot_arguments"),
+    ("narrowband", "ASR word error on the test speech at 16 kHz vs through a phone line (8 kHz μ-law)",
+     "assistant.bench.narrowband", "add_narrowband_arguments"),
 )
 
 

@@ -497,6 +497,9 @@ def add_eot_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-collect", action="store_true",
                         help="analyse the cached evidence only (no VAD, model or ASR runs)")
     parser.add_argument("--no-plot", action="store_true", help="skip the PNG")
+    parser.add_argument("--markdown", type=Path, default=None, metavar="FILE",
+                        help="also write the tables as Markdown under a provenance line, and refresh the docs that "
+                        "include FILE (e.g. docs/figures/eot.md)")
 
 
 def _asr_engines() -> dict[str, Any]:
@@ -527,6 +530,9 @@ def _format_row(name: str, s: Score) -> str:
 
 
 def run_eot(args: argparse.Namespace) -> int:
+    from assistant.bench.figures import provenance
+
+    origin = provenance()
     corpus = Path(args.corpus)
     for half in HALVES:
         if not (corpus / half / "manifest.json").is_file():
@@ -548,7 +554,14 @@ def run_eot(args: argparse.Namespace) -> int:
 
         extra = collect_files([Path(f) for f in args.also], Path(args.out) / "evidence" / "also.jsonl",
                               _asr_engines(), SmartTurnModel())
-        print(also_report(flatten(extra), report))
+        also = also_report(flatten(extra), report)
+        print(also)
+        report["also_text"] = also
+    if args.markdown is not None:
+        from assistant.bench.figures import write_markdown
+
+        docs = write_markdown(args.markdown, markdown(report), origin)
+        print(f"wrote {args.markdown}" + (f"; refreshed {', '.join(str(d) for d in docs)}" if docs else ""))
     return 0
 
 
@@ -688,6 +701,35 @@ def analyse(evidence: dict[str, list[ClipEvidence]], target: float, out: Path,
         lines.append(f"\nwrote {out / 'eot.json'} and {png}")
     result["text"] = "\n".join(lines)
     return result
+
+
+def markdown(report: dict[str, Any]) -> str:
+    """The held-out tables as Markdown: per policy, then per group at the operating points."""
+    from assistant.bench.figures import markdown_table
+
+    def pct(row: dict[str, Any] | None) -> str:
+        return "" if row is None else f"{row['false_cutoffs'] * 100:.1f} %, {row['wait_p50_ms']} ms"
+
+    rows = []
+    for c in report["curves"]:
+        op = c["operating_point"] or {}
+        rows.append({
+            "policy": c["name"], "knob": c["knob"],
+            "wait at 5 %": "" if c["wait_at_5pct"] is None else f"{c['wait_at_5pct']['wait_p50_ms']} ms",
+            "wait at 10 %": "" if c["wait_at_10pct"] is None else f"{c['wait_at_10pct']['wait_p50_ms']} ms",
+            "operating point": op.get("knob", ""), "tuning half": pct(op.get("tune")),
+            "held-out half": pct(op.get("heldout")),
+            "held-out p90 wait": "" if not op else f"{op['heldout']['wait_p90_ms']} ms",
+        })
+    groups = [{"group": f"{g}: {k}", "turns": v["flat"]["turns"], "flat (before)": pct(v["flat"]),
+               "falling": pct(v["falling"]),
+               "falling at 5 %": "" if v["falling_wait_at_5pct"] is None else f"{v['falling_wait_at_5pct']:.0f} ms"}
+              for g, ks in report["groups"].items() for k, v in ks.items()]
+    parts = ["Held-out half: false cut-offs (share of turns) and median added wait.", "", markdown_table(rows), "",
+             "By group, at the operating points:", "", markdown_table(groups), "",
+             f"Falling operating point: `{report['operating_point']}`.", "",
+             "```", report["text"].split("\n")[0], report.get("also_text", "").strip(), "```"]
+    return "\n".join(parts)
 
 
 def also_report(turns: Turns, report: dict[str, Any]) -> str:

@@ -279,26 +279,36 @@ class TurnConfig:
     smart_endpoint: bool = _f(
         True, "use the speculative transcript: end sooner after a complete sentence, wait longer mid-sentence"
     )
-    complete_endpoint_ms: int = _f(300, "end-of-speech silence after a transcript that looks complete")
+    # The flat policy's settings (turn.policy = flat): chosen by hand on ../shared/audio and the pause files; on the
+    # held-out half of the end-of-turn corpus they give 26.2 % false cut-offs, 428 ms median wait (docs/end_of_turn.md).
+    complete_endpoint_ms: int = _f(
+        300, "flat policy: end-of-speech silence after a transcript that looks complete (chosen on the shared clips)"
+    )
     incomplete_endpoint_ms: int = _f(
-        1000, "end-of-speech silence after a transcript that looks unfinished (it ends on 'to', 'the', 'order', ...)"
+        1000, "flat policy: end-of-speech silence after a transcript that looks unfinished (it ends on 'to', 'the', "
+        "'order', ...) (chosen on the shared clips)"
     )
     unsure_endpoint_ms: int = _f(
         800,
-        "end-of-speech silence after a finished-looking transcript the end-of-turn model is not sure of (or calls "
-        "unfinished): longer than any mid-sentence pause of the pause files after such a text (672 ms)",
+        "flat policy: end-of-speech silence after a finished-looking transcript the end-of-turn model is not sure of "
+        "(or calls unfinished): longer than any mid-sentence pause of the pause files after such a text (672 ms)",
     )
     end_of_turn_model: bool = _f(
         True, "at the same pause, ask the audio end-of-turn model (Smart Turn v3.2) whether the user is done"
     )
-    end_of_turn_threshold: float = _f(0.5, "end-of-turn model probability from which the turn counts as complete")
+    end_of_turn_threshold: float = _f(
+        0.5, "flat policy: end-of-turn model probability from which the turn counts as complete (the model's own 0.5)"
+    )
     end_of_turn_sure: float = _f(
         0.85,
-        "with the transcript asked too, the model probability from which the turn ends at once; between the "
-        "threshold and this the turn waits unsure_endpoint_ms (on synthetic voices over WebRTC the model said up "
+        "flat policy: with the transcript asked too, the model probability from which the turn ends at once; between "
+        "the threshold and this the turn waits unsure_endpoint_ms (on synthetic voices over WebRTC the model said up "
         "to 0.8 at mid-sentence pauses and 0.85-0.98 at the ends it recognised)",
     )
-    max_silence_ms: int = _f(2000, "longest silence waited for when the end-of-turn model says the user is not done")
+    max_silence_ms: int = _f(
+        2000, "longest silence waited for when the evidence says the user is not done, both policies (not tuned: the "
+        "cap; the falling policy's p90 wait on the held-out half, 2076 ms, is this plus the VAD's lag)"
+    )
     # The falling-threshold policy. Every number below was chosen on the English turns of the tuning half of the
     # end-of-turn corpus (`assistant bench eot-corpus --seed 34`, then `assistant bench eot`: least median wait at
     # or under 3 % false cut-offs, the target leave-one-voice-out put at 4.5 %) and measured on the held-out half:

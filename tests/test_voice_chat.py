@@ -45,8 +45,11 @@ async def test_one_turn_transcript_reply_and_metrics(services: Services, shared_
     ordered = [marks[s] for s in STAGES if s in marks and s != "reply_done"]
     assert len(ordered) == len(STAGES) - 1, f"missing stage marks: {set(STAGES) - set(marks)}"
     assert ordered == sorted(ordered), marks
-    for name in ("endpoint_ms", "tts_first_audio_ms", "server_v2v_ms"):
+    for name in ("endpoint_ms", "server_v2v_ms"):
         assert result.columns[name] is not None and result.columns[name] > 0, name
+    # TTS after the decision may be 0: the falling end-of-turn policy decides after the speculative reply's
+    # first audio was made (it waits ~900 ms of silence after a finished sentence).
+    assert result.columns["tts_first_audio_ms"] is not None and result.columns["tts_first_audio_ms"] >= 0
     # ASR after the endpoint may be 0: the end of turn waits for the speculative transcript (its evidence).
     assert result.columns["asr_ms"] is not None and result.columns["asr_ms"] >= 0
     # The client hears the reply after the server sent it.

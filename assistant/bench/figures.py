@@ -113,7 +113,7 @@ SECRET_FLAGS = ("token", "secret", "key", "password")  # a flag whose name holds
 
 
 def redact_secrets(args: Sequence[str]) -> list[str]:
-    """The arguments with every secret's value replaced by ``REDACTED``: a figure's provenance line goes into the docs."""
+    """The arguments with each secret's value replaced by ``REDACTED``: provenance lines go into the docs."""
     out: list[str] = []
     hide_next = False
     for arg in args:

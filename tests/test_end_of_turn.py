@@ -13,9 +13,9 @@ import pytest
 
 from assistant.asr.base import Transcript
 from assistant.audio import read_audio
-from assistant.config import TurnConfig
+from assistant.config import TURN_CUES, ConfigError, TurnConfig, load_config
 from assistant.pipeline.conversation import Conversation, TurnDeps
-from assistant.pipeline.end_of_turn import TurnEnd, weigh
+from assistant.pipeline.end_of_turn import Cue, Evidence, TurnEnd, decide, weigh
 from assistant.pipeline.events import EventChannel
 from assistant.respond.echo import EchoResponder
 from assistant.rtc.outbound import ReplyTrack
@@ -61,6 +61,29 @@ def test_weigh_the_evidence() -> None:
     off = _cfg(False, False)
     v = weigh(off, None, None)
     assert not v.commit and not v.pending and v.end_silence_ms is None
+
+
+def test_the_model_alone_decides_and_the_transcript_vetoes() -> None:
+    """turn.model_alone: a very sure model ends the turn whatever the falling threshold, once the transcript has
+    landed and its cue does not veto; before it lands the turn waits (nothing could be heard before it anyway)."""
+    cfg = TurnConfig(policy="falling", model_alone=0.97, model_alone_veto=["continues", "number"])
+    sure = [(96, 0.98)]
+    pending = decide(cfg, Evidence(use_text=True, use_audio=True, probs=sure), 160, 500)
+    assert not pending.end_now and pending.reason == "pending"
+    done = decide(cfg, Evidence(use_text=True, use_audio=True, text=TurnEnd.COMPLETE, cue=Cue.COMPLETE, words=6,
+                                probs=sure), 288, 500)
+    assert done.end_now and done.reason == "model_alone" and done.needed_ms == 96
+    for veto in (Cue.CONTINUES, Cue.NUMBER):
+        d = decide(cfg, Evidence(use_text=True, use_audio=True, cue=veto, words=6, probs=sure), 288, 500)
+        assert not d.end_now, veto
+    # Not sure enough: the falling threshold decides (at 288 ms it is far above 0.96 + cue_complete).
+    d = decide(cfg, Evidence(use_text=True, use_audio=True, cue=Cue.COMPLETE, words=6, probs=[(96, 0.96)]), 288, 500)
+    assert not d.end_now
+    # Off by default (chosen on the tuning half), and only cue names may veto.
+    assert TurnConfig().model_alone > 1.0
+    assert set(TurnConfig().model_alone_veto) <= set(TURN_CUES) == {c.value for c in Cue}
+    with pytest.raises(ConfigError, match="model_alone_veto"):
+        load_config(overrides={"turn": {"model_alone_veto": ["maybe"]}})
 
 
 class PhraseASR:

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import soundfile as sf
 
-from assistant.bench.eot import FallingTable, Pause, Turns, flatten, replay, score_replay
+from assistant.bench.eot import AFTERTHOUGHT, FallingTable, Pause, Turns, best_under, flatten, replay, score_replay
 from assistant.bench.eot_corpus import (
     ESPEAK_VOICES,
     HALVES,
@@ -99,8 +99,8 @@ def _random_pause(r: random.Random, clip: int, is_end: bool) -> Pause:
     return Pause(
         clip=clip, is_end=is_end, silence_ms=None if is_end else limit, offset_ms=r.uniform(0, 120), text="",
         cue=c, text_end=TurnEnd.COMPLETE if c is Cue.COMPLETE else TurnEnd.UNKNOWN, words=5,
-        asr_ms=r.uniform(50, 400), labelled=None,
-        probs=[[m, r.random(), r.uniform(20, 150)] for m in marks if m <= limit],
+        asr_ms=r.uniform(50, 400), labelled=None if is_end else r.choice([None, "after_and", AFTERTHOUGHT]),
+        probs=[[m, 1 - r.random() ** 3, r.uniform(20, 150)] for m in marks if m <= limit],  # many sure answers
     )
 
 
@@ -117,10 +117,40 @@ def test_the_tuner_s_fast_replay_is_the_pipeline_s_decide() -> None:
                       falling_over_ms=r.choice([300, 600, 1200]),
                       end_of_turn_recheck_ms=r.choice([[96], [96, 320], [96, 192, 320, 480, 704, 1024]]),
                       cue_complete=r.uniform(-0.2, 0.5), cue_continues=r.uniform(-1, 0), cue_open=r.uniform(-.3, .2),
-                      cue_number=r.uniform(-.5, .2), cue_short=r.uniform(-.5, .1))
+                      cue_number=r.uniform(-.5, .2), cue_short=r.uniform(-.5, .1),
+                      model_alone=r.choice([1.01, 0.99, 0.95, 0.9]),
+                      model_alone_veto=r.choice([["continues"], ["continues", "number", "short", "open"]]))
         exact = score_replay(cfg, turns, 500)
         fast = FallingTable(turns, cfg).score(cfg)
-        assert (exact.cut, exact.waits) == (fast.cut, fast.waits), k
+        assert exact == fast, k
+        assert exact.cut <= exact.cut_all and exact.after_cut <= exact.after_turns > 0
+
+
+def _pause(clip: int, is_end: bool, silence_ms: int | None, labelled: str | None, p: float) -> Pause:
+    return Pause(clip=clip, is_end=is_end, silence_ms=silence_ms, offset_ms=50.0, text="Play some music.",
+                 cue=Cue.COMPLETE, text_end=TurnEnd.COMPLETE, words=3, asr_ms=150.0, labelled=labelled,
+                 probs=[[m, p, 40.0] for m in (96, 192, 320, 480, 704, 1024, 1504) if m <= (silence_ms or 2000)])
+
+
+def test_afterthoughts_are_counted_apart() -> None:
+    """Answering after a finished sentence ("Play some music. [pause] Something relaxing.") is no headline false
+    cut-off, but it is counted in its own row, and with it the curve needs a longer wait."""
+    clips = [ClipEvidence(file=str(i), split="heldout", engine="e", voice="v", lang="en", kind="k",
+                          speech_ends_s=1.0, status="ok", pauses=[]) for i in range(4)]
+    pauses = [_pause(0, False, 900, AFTERTHOUGHT, 0.98), _pause(0, True, None, None, 0.98),  # an afterthought
+              _pause(1, False, 900, "after_and", 0.98), _pause(1, True, None, None, 0.98),  # "and [pause] ..."
+              _pause(2, True, None, None, 0.98), _pause(3, True, None, None, 0.98)]
+    turns = Turns(clips, pauses)
+    quick = replace(TurnConfig(), falling_from=1.2, falling_to=1.0, falling_over_ms=300)
+    s = score_replay(quick, turns, 500)
+    assert (s.cut, s.cut_all, s.after_cut, s.after_turns) == (1, 2, 1, 1)
+    assert s.fcr == 0.25 and s.fcr_all == 0.5
+    patient = replace(quick, falling_from=2.0, falling_to=1.4, falling_over_ms=1200)  # 1.48 met at ~1050 ms
+    slow = score_replay(patient, turns, 500)
+    assert slow.cut == slow.cut_all == 0 and slow.wait(50) > s.wait(50)
+    points = [("quick", s), ("patient", slow)]
+    assert best_under(points, 0.3)[0] == "quick"  # type: ignore[index]
+    assert best_under(points, 0.3, afterthoughts=True)[0] == "patient"  # type: ignore[index]
 
 
 def test_the_threshold_falls_with_the_silence() -> None:

@@ -48,7 +48,7 @@ async def test_one_turn_transcript_reply_and_metrics(services: Services, shared_
     for name in ("endpoint_ms", "server_v2v_ms"):
         assert result.columns[name] is not None and result.columns[name] > 0, name
     # TTS after the decision may be 0: the falling end-of-turn policy decides after the speculative reply's
-    # first audio was made (it waits ~900 ms of silence after a finished sentence).
+    # first audio was made (it waits ~700 ms of silence after a finished sentence).
     assert result.columns["tts_first_audio_ms"] is not None and result.columns["tts_first_audio_ms"] >= 0
     # ASR after the endpoint may be 0: the end of turn waits for the speculative transcript (its evidence).
     assert result.columns["asr_ms"] is not None and result.columns["asr_ms"] >= 0

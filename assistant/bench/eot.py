@@ -9,7 +9,11 @@
 Two figures per policy and setting:
 
 - **false cut-offs**: the share of turns the policy ended during a mid-turn pause (a reply started while the
-  user was only pausing), over all turns;
+  user was only pausing), over all turns. The headline rate counts every pause but an *afterthought* (a
+  finished sentence, a pause, then more: "Play some music. [pause] Something relaxing."): after a finished
+  sentence answering is a legitimate reading and no detector can know more is coming, so answering there is
+  counted in a row of its own (how often, and the wait that would avoid it: the curve read with afterthoughts
+  counted as cut-offs);
 - **added wait**: at the turn's real end, the time from the labelled end of speech to the decision (median
   and p90 over turns).
 
@@ -39,7 +43,7 @@ import numpy as np
 from assistant.bench.eot_corpus import HALVES
 from assistant.bench.eot_evidence import ClipEvidence, collect, collect_files, load_cache
 from assistant.config import TurnConfig, VADConfig
-from assistant.pipeline.end_of_turn import Cue, Evidence, cue, decide, judge, word_count
+from assistant.pipeline.end_of_turn import Cue, Decision, Evidence, cue, decide, judge, word_count
 
 log = logging.getLogger(__name__)
 
@@ -49,6 +53,9 @@ FLAT_SWEEP_MS = (200, 300, 400, 500, 600, 700, 800, 1000, 1200, 1500, 2000)
 VAD_SWEEP_MS = (200, 300, 400, 500, 600, 700, 800, 1000, 1200, 1400, 1600, 2000)
 OFFSETS = tuple(round(x, 3) for x in np.arange(-0.6, 0.61, 0.025))
 CUE_ORDER = (Cue.COMPLETE, Cue.CONTINUES, Cue.OPEN, Cue.NUMBER, Cue.SHORT)
+MODEL_ALONE_SWEEP = (0.9, 0.95, 0.97, 0.98, 0.99, 1.01)
+MODEL_OFF_GRID = tuple(round(float(x), 2) for x in np.arange(0.3, 1.01, 0.05))
+AFTERTHOUGHT = "afterthought"  # the corpus's pause kind after a finished sentence (eot_sentences.py)
 # The falling policy's tuning grid (coordinate descent over it, on the tuning half).
 GRID: dict[str, Sequence[Any]] = {
     "falling_from": (0.6, 0.7, 0.8, 0.9, 1.0, 1.1, 1.2, 1.3, 1.5),
@@ -59,6 +66,9 @@ GRID: dict[str, Sequence[Any]] = {
     "cue_open": (-0.4, -0.3, -0.2, -0.1, 0.0, 0.1, 0.2),
     "cue_number": (-0.5, -0.4, -0.3, -0.2, -0.1, 0.0, 0.1, 0.2),
     "cue_short": (-0.6, -0.4, -0.3, -0.2, -0.1, 0.0, 0.1),
+    "model_alone": (1.01, 0.995, 0.99, 0.985, 0.98, 0.97, 0.95, 0.9),
+    "model_alone_veto": (("continues",), ("continues", "number"), ("continues", "number", "short"),
+                         ("continues", "number", "short", "open")),
 }
 
 
@@ -113,43 +123,76 @@ class Score:
     """A policy setting on a set of turns."""
 
     turns: int
-    cut: int  # turns cut off during a mid-turn pause
+    cut: int  # turns cut off during a mid-turn pause other than an afterthought (the headline)
     waits: tuple[float, ...]  # added wait at each turn's real end (ms)
+    cut_all: int = 0  # turns cut off during any mid-turn pause, afterthoughts included
+    after_cut: int = 0  # turns answered during their afterthought pause
+    after_turns: int = 0  # turns with an afterthought pause
 
     @property
     def fcr(self) -> float:
         return self.cut / self.turns if self.turns else math.nan
+
+    @property
+    def fcr_all(self) -> float:
+        return self.cut_all / self.turns if self.turns else math.nan
 
     def wait(self, q: float = 50) -> float:
         return float(np.percentile(self.waits, q)) if self.waits else math.nan
 
     def row(self) -> dict[str, float]:
         return {"turns": self.turns, "false_cutoffs": round(self.fcr, 4), "wait_p50_ms": round(self.wait(50)),
-                "wait_p90_ms": round(self.wait(90))}
+                "wait_p90_ms": round(self.wait(90)), "false_cutoffs_with_afterthoughts": round(self.fcr_all, 4),
+                "afterthoughts_answered": self.after_cut, "afterthought_turns": self.after_turns}
+
+
+def tally(n_turns: int, cut_pauses: Iterable[Pause], mid_pauses: Iterable[Pause], waits: Sequence[float]) -> Score:
+    """The score from the pauses a policy ended during (``cut_pauses``, mid-turn ones) and every mid-turn pause."""
+    cut = list(cut_pauses)
+    return Score(
+        n_turns, len({p.clip for p in cut if p.labelled != AFTERTHOUGHT}), tuple(waits),
+        cut_all=len({p.clip for p in cut}), after_cut=len({p.clip for p in cut if p.labelled == AFTERTHOUGHT}),
+        after_turns=len({p.clip for p in mid_pauses if p.labelled == AFTERTHOUGHT}))
 
 
 # --- the replay, through the pipeline's own decide() ----------------------------------------------------------
-def model_arrivals(p: Pause, marks: Sequence[int]) -> list[tuple[float, float]]:
-    """When each of the model's answers lands (silence ms on the pause's clock) and what it says, asking at
-    ``marks`` one call at a time as turn-taking does: marks passed while a call ran are asked once, at the
-    latest of them."""
+def model_calls(p: Pause, marks: Sequence[int]) -> list[tuple[float, float, float]]:
+    """The model's calls at this pause, asking at ``marks`` one call at a time as turn-taking does (marks passed
+    while a call ran are asked once, at the latest of them): (asked, landed, probability), silence ms on the
+    pause's clock."""
     asked_marks = [(int(m), prob, ms) for m, prob, ms in p.probs if int(m) in marks]
-    out: list[tuple[float, float]] = []
+    out: list[tuple[float, float, float]] = []
     free_at = 0.0
     for k, (mark, prob, ms) in enumerate(asked_marks):
         if k + 1 < len(asked_marks) and asked_marks[k + 1][0] <= free_at:
             continue  # the next mark is due too by the time the running call is done: ask once, then
         asked = max(float(mark), free_at)
         free_at = asked + ms
-        out.append((free_at, prob))
+        out.append((asked, free_at, prob))
     return out
+
+
+def model_arrivals(p: Pause, marks: Sequence[int]) -> list[tuple[float, float]]:
+    """When each of the model's answers lands (silence ms on the pause's clock) and what it says."""
+    return [(landed, prob) for _, landed, prob in model_calls(p, marks)]
+
+
+def policy_marks(cfg: TurnConfig) -> Sequence[int]:
+    """Where the policy asks the model: the falling one at each recheck, the flat one once, at the speculation."""
+    return cfg.end_of_turn_recheck_ms if cfg.policy == "falling" else (cfg.speculative_pause_ms,)
 
 
 def replay(cfg: TurnConfig, p: Pause, fixed_ms: int, *, use_text: bool = True, use_audio: bool = True,
            marks: Sequence[int] | None = None) -> int:
     """The silence (ms) at which ``cfg``'s policy ends the turn at this pause (``max_silence_ms`` + a window
     if it never does within that)."""
-    marks = marks if marks is not None else (cfg.end_of_turn_recheck_ms if cfg.policy == "falling" else (96,))
+    return replay_decision(cfg, p, fixed_ms, use_text=use_text, use_audio=use_audio, marks=marks)[0]
+
+
+def replay_decision(cfg: TurnConfig, p: Pause, fixed_ms: int, *, use_text: bool = True, use_audio: bool = True,
+                    marks: Sequence[int] | None = None) -> tuple[int, Decision | None]:
+    """:func:`replay`, and the decision that ended the turn (None: the cap)."""
+    marks = marks if marks is not None else policy_marks(cfg)
     arrivals = model_arrivals(p, marks)
     text_at = cfg.speculative_pause_ms + p.asr_ms
     t = cfg.speculative_pause_ms
@@ -163,28 +206,28 @@ def replay(cfg: TurnConfig, p: Pause, fixed_ms: int, *, use_text: bool = True, u
             ev.probs = [(0, q) for at, q in arrivals if at <= t]
         d = decide(cfg, ev, pause_ms, fixed_ms)
         if d.end_now or pause_ms >= (d.end_silence_ms or fixed_ms):
-            return t
+            return t, d
         t += STEP_MS
-    return limit
+    return limit, None
 
 
 def score_replay(cfg: TurnConfig, turns: Turns, fixed_ms: int, **kw: Any) -> Score:
-    cut: set[int] = set()
+    cut: list[Pause] = []
     waits: dict[int, float] = {}
     for p in turns.pauses:
         t = replay(cfg, p, fixed_ms, **kw)
         if p.is_end:
             waits[p.clip] = p.offset_ms + t
         elif p.silence_ms is not None and t < p.silence_ms + VAD_WINDOW_MS:
-            cut.add(p.clip)
-    return Score(len(turns.clips), len(cut), tuple(waits.values()))
+            cut.append(p)
+    return tally(len(turns.clips), cut, (p for p in turns.pauses if not p.is_end), list(waits.values()))
 
 
 def score_vad(turns: Turns, silence_ms: int) -> Score:
     """VAD alone: the turn ends after ``silence_ms`` of silence."""
-    cut = {p.clip for p in turns.pauses if not p.is_end and p.silence_ms is not None and silence_ms <= p.silence_ms}
+    cut = [p for p in turns.pauses if not p.is_end and p.silence_ms is not None and silence_ms <= p.silence_ms]
     waits = [p.offset_ms + silence_ms for p in turns.pauses if p.is_end]
-    return Score(len(turns.clips), len(cut), tuple(waits))
+    return tally(len(turns.clips), cut, (p for p in turns.pauses if not p.is_end), waits)
 
 
 # --- the falling policy, vectorised for tuning (checked against the replay) ---------------------------------
@@ -202,11 +245,13 @@ class FallingTable:
         self.offset = np.array([p.offset_ms for p in ps])
         self.silence = np.array([p.silence_ms if p.silence_ms is not None else 10**9 for p in ps])
         self.cue_idx = np.array([CUE_ORDER.index(p.cue) for p in ps])
+        self.after = np.array([p.labelled == AFTERTHOUGHT for p in ps], bool)
+        self.n_after = len(set(self.clip[~self.is_end & self.after].tolist())) if ps else 0
         # The language model's answer: log10 P(end of turn | words), after the ASR (its cost added to the text's).
         self.llm_z = (np.log10(np.maximum([llm[p.text][0] for p in ps], 1e-6)) if llm is not None
                       else np.zeros(len(ps)))
         llm_ms = np.array([llm[p.text][1] for p in ps]) if llm is not None else np.zeros(len(ps))
-        self.has_llm = llm is not None
+        self.has_llm, self.llm = llm is not None, llm
         text_at = cfg.speculative_pause_ms + np.array([p.asr_ms for p in ps]) + llm_ms
         self.text_ok = (self.t[None, :] >= text_at[:, None] if use_text
                         else np.ones((len(ps), len(self.t)), bool))
@@ -229,7 +274,7 @@ class FallingTable:
             known = ~np.isnan(p) & self.text_ok
             p = np.nan_to_num(p)
         else:
-            p = np.full((len(self.turns.pauses), len(self.t)), 0.5)
+            p = np.full((len(self.turns.pauses), len(self.t)), cfg.model_off_prob)
             known = self.text_ok
         weights = np.array([getattr(cfg, f"cue_{c.value}") for c in CUE_ORDER])
         s = p + (weights[self.cue_idx][:, None] if self.use_text else 0.0)
@@ -239,23 +284,33 @@ class FallingTable:
         f = np.clip((self.pause_ms - cfg.speculative_pause_ms) / span, 0.0, 1.0)
         theta = cfg.falling_from + (cfg.falling_to - cfg.falling_from) * f
         end = (known & (s >= theta[None, :])) | (self.pause_ms >= cfg.max_silence_ms)[None, :]
+        if self.use_audio and cfg.model_alone <= 1.0:  # the model alone, unless the landed transcript vetoes
+            veto = np.array([c.value in cfg.model_alone_veto for c in CUE_ORDER])
+            ok = ~veto[self.cue_idx] if self.use_text else np.ones(len(self.cue_idx), bool)
+            end |= known & (p >= cfg.model_alone) & ok[:, None]
         first = np.where(end.any(axis=1), end.argmax(axis=1), len(self.t) - 1)
         t_end = self.t[first]
         mid = ~self.is_end
         cut_mask = mid & (t_end < self.silence + VAD_WINDOW_MS)
-        cut = len(set(self.clip[cut_mask].tolist()))
         waits = tuple((self.offset + t_end)[self.is_end].tolist())
-        return Score(len(self.turns.clips), cut, waits)
+        return Score(len(self.turns.clips), len(set(self.clip[cut_mask & ~self.after].tolist())), waits,
+                     cut_all=len(set(self.clip[cut_mask].tolist())),
+                     after_cut=len(set(self.clip[cut_mask & self.after].tolist())), after_turns=self.n_after)
 
 
 def shifted(cfg: TurnConfig, delta: float) -> TurnConfig:
     return replace(cfg, falling_from=cfg.falling_from + delta, falling_to=cfg.falling_to + delta)
 
 
-def best_under(points: Iterable[tuple[Any, Score]], target: float) -> tuple[Any, Score] | None:
-    """The setting with the least median wait at or under ``target`` false cut-offs (ties: fewer cut-offs)."""
-    ok = [(k, s) for k, s in points if s.fcr <= target + 1e-9]
-    return min(ok, key=lambda ks: (ks[1].wait(50), ks[1].fcr)) if ok else None
+def best_under(points: Iterable[tuple[Any, Score]], target: float,
+               afterthoughts: bool = False) -> tuple[Any, Score] | None:
+    """The setting with the least median wait at or under ``target`` false cut-offs (ties: fewer cut-offs);
+    ``afterthoughts``: answering during an afterthought counts as a cut-off too."""
+    def rate(s: Score) -> float:
+        return s.fcr_all if afterthoughts else s.fcr
+
+    ok = [(k, s) for k, s in points if rate(s) <= target + 1e-9]
+    return min(ok, key=lambda ks: (ks[1].wait(50), rate(ks[1]))) if ok else None
 
 
 LLM_GRID: dict[str, Sequence[float]] = {
@@ -267,25 +322,31 @@ LLM_GRID: dict[str, Sequence[float]] = {
 # Where the tuning starts (fixed, so a run does not depend on the defaults an earlier run put in TurnConfig).
 START: dict[str, Any] = {"policy": "falling", "falling_from": 1.0, "falling_to": 0.5, "falling_over_ms": 800,
          "end_of_turn_recheck_ms": [96, 320], "cue_complete": 0.2, "cue_continues": -1.0, "cue_open": 0.0,
-         "cue_number": 0.0, "cue_short": -0.2}
+         "cue_number": 0.0, "cue_short": -0.2, "model_off_prob": 0.5, "model_alone": 1.01,
+         "model_alone_veto": ["continues", "number"]}
 COARSE_OFFSETS = tuple(round(x, 3) for x in np.arange(-0.8, 0.81, 0.05))
 
 
 def tune_falling(table: FallingTable, base: TurnConfig, target: float, rounds: int = 3,
                  extras: dict[str, float] | None = None, samples: int = 300,
-                 seed: int = 0) -> tuple[TurnConfig, dict[str, float]]:
+                 seed: int = 0, fixed: dict[str, Any] | None = None,
+                 guard: Turns | None = None) -> tuple[TurnConfig, dict[str, float]]:
     """Tune the falling policy on the tuning half: the least median wait at or under ``target`` false cut-offs.
 
     A shape (every setting of :data:`GRID`, and :data:`LLM_GRID` when ``extras`` are given) is judged by the
     best point of its own curve (its threshold shifted by :data:`COARSE_OFFSETS`); ``samples`` random shapes,
-    then coordinate descent from the best; the best shift is folded into ``falling_from``/``falling_to``."""
-    names = list(GRID)
+    then coordinate descent from the best; the best shift is folded into ``falling_from``/``falling_to``.
+    ``fixed``: settings held as given (not tuned); ``guard``: turns none of whose mid-turn pauses a point may
+    cut (the pause files), or the point is not taken."""
+    names = [n for n in GRID if n not in (fixed or {})]
+    base = replace(base, **(fixed or {}))
     if not table.use_text:
-        names = [n for n in names if not n.startswith("cue_")]
+        names = [n for n in names if not n.startswith("cue_") and n != "model_alone_veto"]
     if not table.use_audio:
-        names = [n for n in names if n != "end_of_turn_recheck_ms"]
+        names = [n for n in names if n not in ("end_of_turn_recheck_ms", "model_alone", "model_alone_veto")]
     if extras is not None:
         names += list(LLM_GRID)
+    guard_table = None if guard is None else FallingTable(guard, base, table.use_text, table.use_audio, table.llm)
 
     def value(name: str, v: Any) -> Any:
         return list(v) if isinstance(v, tuple) else v
@@ -296,7 +357,8 @@ def tune_falling(table: FallingTable, base: TurnConfig, target: float, rounds: i
     def objective(c: TurnConfig, e: dict[str, float]) -> tuple[float, float, float]:
         """The mean of the shape's least median waits at three targets up to ``target`` (a shape that is good
         only at one point of its curve overfits), then the false cut-offs and shift at ``target``."""
-        points = [(d, table.score(shifted(c, d), **e)) for d in COARSE_OFFSETS]
+        points = [(d, table.score(shifted(c, d), **e)) for d in COARSE_OFFSETS
+                  if guard_table is None or guard_table.score(shifted(c, d), **e).cut_all == 0]
         waits = []
         for t in (target * 0.5, target * 0.75, target):
             b = best_under(points, t)
@@ -340,8 +402,8 @@ class Curve:
     chosen: Any = None  # the knob value chosen on the tuning half
     cfg: dict[str, Any] | None = None  # the policy's settings (besides the knob)
 
-    def reading(self, target: float) -> tuple[Any, Score] | None:
-        return best_under(self.points, target)
+    def reading(self, target: float, afterthoughts: bool = False) -> tuple[Any, Score] | None:
+        return best_under(self.points, target, afterthoughts)
 
     def chosen_score(self) -> tuple[Score, Score] | None:
         tune = dict(self.tune_points).get(self.chosen)
@@ -359,6 +421,7 @@ def curve_json(c: Curve, target: float) -> dict[str, Any]:
         "heldout": [{"knob": k, **s.row()} for k, s in c.points],
         "tune": [{"knob": k, **s.row()} for k, s in c.tune_points],
         "wait_at_5pct": fmt(c.reading(0.05)), "wait_at_10pct": fmt(c.reading(0.10)),
+        "wait_at_5pct_with_afterthoughts": fmt(c.reading(0.05, afterthoughts=True)),
         "operating_point": None if chosen is None else {
             "knob": c.chosen, "target": target, "tune": chosen[0].row(), "heldout": chosen[1].row()},
     }
@@ -372,15 +435,18 @@ class Variant:
     cfg: TurnConfig
     kw: dict[str, Any]  # FallingTable flags (use_text, use_audio, llm)
     extras: dict[str, float]
+    unguarded: bool = False  # its operating point may cut the pause files (for comparison)
 
 
 def build_curves(tune: Turns, held: Turns, target: float, base: TurnConfig, fixed_ms: int,
-                 variants: Sequence[Variant]) -> list[Curve]:
+                 variants: Sequence[Variant], guard: Turns | None = None) -> list[Curve]:
+    """Each policy's curve on both halves; its operating point chosen on the tuning half (at or under ``target``,
+    cutting no mid-turn pause of ``guard``)."""
     curves: list[Curve] = []
     vad_pts = [(s, score_vad(held, s)) for s in VAD_SWEEP_MS]
     vad_tune = [(s, score_vad(tune, s)) for s in VAD_SWEEP_MS]
     c = Curve("vad", "silence_ms", vad_pts, vad_tune)
-    pick = best_under(vad_tune, target)
+    pick = best_under([(k, sc) for k, sc in vad_tune if guard is None or score_vad(guard, k).cut_all == 0], target)
     c.chosen = pick[0] if pick else None
     curves.append(c)
     flat = replace(base, policy="flat")
@@ -394,7 +460,9 @@ def build_curves(tune: Turns, held: Turns, target: float, base: TurnConfig, fixe
         pts = [(d, ht.score(shifted(v.cfg, d), **v.extras)) for d in OFFSETS]
         tpts = [(d, tt.score(shifted(v.cfg, d), **v.extras)) for d in OFFSETS]
         c = Curve(v.name, "threshold_shift", pts, tpts, cfg={**_settings(v.cfg, "falling"), **v.extras})
-        pick = best_under(tpts, target)
+        g = None if guard is None or v.unguarded else FallingTable(guard, v.cfg, **v.kw)
+        passing = [(d, sc) for d, sc in tpts if g is None or g.score(shifted(v.cfg, d), **v.extras).cut_all == 0]
+        pick = best_under(passing, target)
         c.chosen = pick[0] if pick else None
         curves.append(c)
     return curves
@@ -402,7 +470,8 @@ def build_curves(tune: Turns, held: Turns, target: float, base: TurnConfig, fixe
 
 def _settings(cfg: TurnConfig, policy: str) -> dict[str, Any]:
     keys = (["falling_from", "falling_to", "falling_over_ms", "end_of_turn_recheck_ms", "cue_complete",
-             "cue_continues", "cue_open", "cue_number", "cue_short", "max_silence_ms"] if policy == "falling" else
+             "cue_continues", "cue_open", "cue_number", "cue_short", "model_off_prob", "model_alone",
+             "model_alone_veto", "max_silence_ms"] if policy == "falling" else
             ["end_of_turn_threshold", "end_of_turn_sure", "complete_endpoint_ms", "unsure_endpoint_ms",
              "incomplete_endpoint_ms", "max_silence_ms"])
     d = dataclasses.asdict(cfg)
@@ -464,18 +533,31 @@ def plot(curves: list[Curve], groups: dict[str, list[tuple[str, list[tuple[Any, 
     return path
 
 
-def costs(turns: Turns, cfg: TurnConfig) -> dict[str, Any]:
-    """What the evidence costs on this machine: ASR and model compute per pause, model runs per pause."""
+def costs(turns: Turns) -> dict[str, Any]:
+    """What the evidence costs on this machine: the speculative ASR pass and one Smart Turn run (ms of one core)."""
     asr = [p.asr_ms for p in turns.pauses]
     model = [ms for p in turns.pauses for _, _, ms in p.probs]
-    runs = [sum(1 for m, _, _ in p.probs if int(m) in cfg.end_of_turn_recheck_ms) for p in turns.pauses]
     return {
         "pauses": len(turns.pauses),
         "asr_ms_p50": round(float(np.median(asr)), 1) if asr else None,
         "asr_ms_p90": round(float(np.percentile(asr, 90)), 1) if asr else None,
         "model_ms_p50": round(float(np.median(model)), 1) if model else None,
-        "model_runs_per_pause": round(float(np.mean(runs)), 2) if runs else None,
     }
+
+
+def model_cost(turns: Turns, cfg: TurnConfig, fixed_ms: int) -> dict[str, float]:
+    """Smart Turn's cost under a policy: the runs it starts per pause (asked before the turn ended or the user
+    went on) and their compute, ms of one core per pause (mean; each run as long as it took in the evidence)."""
+    runs: list[int] = []
+    core_ms: list[float] = []
+    for p in turns.pauses:
+        t = replay(cfg, p, fixed_ms)
+        until = t if p.silence_ms is None else min(t, p.silence_ms)
+        calls = [(a, landed) for a, landed, _ in model_calls(p, policy_marks(cfg)) if a <= until]
+        runs.append(len(calls))
+        core_ms.append(sum(landed - a for a, landed in calls))
+    return {"runs_per_pause": round(float(np.mean(runs)), 2) if runs else math.nan,
+            "core_ms_per_pause": round(float(np.mean(core_ms)), 1) if core_ms else math.nan}
 
 
 # --- the command --------------------------------------------------------------------------------------------
@@ -494,6 +576,9 @@ def add_eot_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--also", nargs="+", type=Path, default=[], metavar="WAV",
                         help="also score the operating points on these files (labels from manifest.json beside "
                         "them), e.g. ../shared/audio/en_*.wav tests/data/pauses/*.wav")
+    parser.add_argument("--guard", action="store_true",
+                        help="an operating point must cut none of the --also files' mid-turn pauses (the issue's "
+                        "check on ../shared/audio and tests/data/pauses); the tuning half still chooses among those")
     parser.add_argument("--no-collect", action="store_true",
                         help="analyse the cached evidence only (no VAD, model or ASR runs)")
     parser.add_argument("--no-plot", action="store_true", help="skip the PNG")
@@ -526,7 +611,8 @@ def _collect(args: argparse.Namespace) -> dict[str, list[ClipEvidence]]:
 
 def _format_row(name: str, s: Score) -> str:
     return (f"  {name:28s} turns={s.turns:4d} false_cutoffs={s.fcr * 100:5.1f}% "
-            f"wait_p50={s.wait(50):6.0f} ms wait_p90={s.wait(90):6.0f} ms")
+            f"wait_p50={s.wait(50):6.0f} ms wait_p90={s.wait(90):6.0f} ms "
+            f"afterthoughts_answered={s.after_cut}/{s.after_turns}")
 
 
 def run_eot(args: argparse.Namespace) -> int:
@@ -538,22 +624,28 @@ def run_eot(args: argparse.Namespace) -> int:
         if not (corpus / half / "manifest.json").is_file():
             print(f"bench eot: no {half}/manifest.json in {corpus} (make one with: assistant bench eot-corpus)")
             return 2
+    if args.guard and not args.also:
+        print("bench eot: --guard checks the --also files: name them")
+        return 2
     evidence = load_evidence(Path(args.out)) if args.no_collect else _collect(args)
+    extra: list[ClipEvidence] = []
+    if args.also:
+        from assistant.vad.end_of_turn import SmartTurnModel
+
+        extra = collect_files([Path(f) for f in args.also], Path(args.out) / "evidence" / "also.jsonl",
+                              _asr_engines(), SmartTurnModel())
     if args.collect_only:
         return 0
     llm = None
     if args.llm:
         from assistant.bench.eot_llm import llm_evidence
 
-        texts = [p.text for ev in evidence.values() for c in ev for p in c.pauses]
+        texts = [p.text for ev in [*evidence.values(), extra] for c in ev for p in c.pauses]
         llm = llm_evidence(texts, Path(args.out) / "evidence" / "llm.json")
-    report = analyse(evidence, args.target, Path(args.out), plot_png=not args.no_plot, llm=llm)
+    report = analyse(evidence, args.target, Path(args.out), plot_png=not args.no_plot, llm=llm,
+                     guard=flatten(extra) if args.guard else None)
     print(report["text"])
-    if args.also:
-        from assistant.vad.end_of_turn import SmartTurnModel
-
-        extra = collect_files([Path(f) for f in args.also], Path(args.out) / "evidence" / "also.jsonl",
-                              _asr_engines(), SmartTurnModel())
+    if extra:
         also = also_report(flatten(extra), report)
         print(also)
         report["also_text"] = also
@@ -573,8 +665,8 @@ def _same_voice(voice: str, c: ClipEvidence) -> bool:
     return c.voice == voice
 
 
-def cross_validate(tune: Turns, base: TurnConfig, target: float,
-                   targets: Sequence[float] | None = None, samples: int = 120) -> dict[float, float]:
+def cross_validate(tune: Turns, base: TurnConfig, target: float, targets: Sequence[float] | None = None,
+                   samples: int = 120, guard: Turns | None = None) -> dict[float, float]:
     """For each tuning target: the false cut-off rate when each tuning voice is left out of the tuning and
     measured alone (its cut-offs and turns summed over the voices)."""
     targets = targets or [round(target * f, 4) for f in (0.2, 0.4, 0.6, 0.8, 1.0)]
@@ -585,7 +677,7 @@ def cross_validate(tune: Turns, base: TurnConfig, target: float,
         for v in voices:
             rest = tune.subset(functools.partial(_other_voice, v))
             alone = tune.subset(functools.partial(_same_voice, v))
-            cfg, _ = tune_falling(FallingTable(rest, base), base, t, samples=samples, rounds=2)
+            cfg, _ = tune_falling(FallingTable(rest, base), base, t, samples=samples, rounds=2, guard=guard)
             sc = FallingTable(alone, cfg).score(cfg)
             cut, turns = cut + sc.cut, turns + sc.turns
         out[t] = cut / turns if turns else math.nan
@@ -593,8 +685,10 @@ def cross_validate(tune: Turns, base: TurnConfig, target: float,
 
 
 def analyse(evidence: dict[str, list[ClipEvidence]], target: float, out: Path,
-            plot_png: bool = True, llm: dict[str, list[float]] | None = None, tune_lang: str = "en") -> dict[str, Any]:
-    """Tune on the tuning half, measure on the held-out half; write eot.json (and eot.png)."""
+            plot_png: bool = True, llm: dict[str, list[float]] | None = None, tune_lang: str = "en",
+            guard: Turns | None = None) -> dict[str, Any]:
+    """Tune on the tuning half, measure on the held-out half; write eot.json (and eot.png). ``guard``: turns
+    none of whose mid-turn pauses an operating point may cut (the pause files: the issue's check)."""
     base, fixed = TurnConfig(), VADConfig().end_silence_ms
     tune, held = flatten(evidence["tune"]), flatten(evidence["heldout"])
     # Tuned on the tuning half's English turns: the CPU default ASR (tiny.en) is English-only, so on Japanese
@@ -604,42 +698,63 @@ def analyse(evidence: dict[str, list[ClipEvidence]], target: float, out: Path,
     falling = replace(base, **START)
     # How much tighter than the target to tune: the largest tuning target whose leave-one-voice-out figure
     # (tuned without a voice, measured on it, every voice of the tuning half in turn) stays within the target.
-    cv = cross_validate(tune, falling, target)
+    cv = cross_validate(tune, falling, target, guard=guard)
     tune_target = max([t for t, fcr in cv.items() if fcr <= target + 1e-9] or [min(cv)])
     variants: list[Variant] = []
     plain: list[tuple[str, dict[str, Any]]] = [
         ("falling", {}), ("falling, audio only", {"use_text": False}), ("falling, text only", {"use_audio": False})]
     for name, kw in plain:
-        cfg, _ = tune_falling(FallingTable(tune, base, **kw), falling, tune_target)
+        cfg, _ = tune_falling(FallingTable(tune, base, **kw), falling, tune_target, guard=guard)
         variants.append(Variant(name, cfg, kw, {}))
+    if variants[0].cfg.model_alone <= 1.0:  # the tuning took the model-alone rule: what it adds
+        cfg, _ = tune_falling(FallingTable(tune, base), falling, tune_target, fixed={"model_alone": 1.01},
+                              guard=guard)
+        variants.append(Variant("falling, no model-alone rule", cfg, {}, {}))
+    if guard is not None:  # what the check on the pause files costs
+        cfg, _ = tune_falling(FallingTable(tune, base), falling, tune_target)
+        variants.append(Variant("falling, pause files unchecked", cfg, {}, {}, unguarded=True))
     if llm is not None:
         kw = {"llm": llm}
-        cfg, extras = tune_falling(FallingTable(tune, base, **kw), variants[0].cfg, tune_target, extras={})
+        cfg, extras = tune_falling(FallingTable(tune, base, **kw), variants[0].cfg, tune_target, extras={},
+                                   guard=guard)
         variants.append(Variant("falling + LLM", cfg, kw, extras))
     tuned = variants[0].cfg
     tuning_s = time.perf_counter() - t0
-    curves = build_curves(tune, held, tune_target, base, fixed, variants)
+    curves = build_curves(tune, held, tune_target, base, fixed, variants, guard)
     fall_curve = next(c for c in curves if c.name == "falling")
     # The operating point's settings, and a check that the vectorised replay is the pipeline's decide().
     op_cfg = shifted(tuned, fall_curve.chosen or 0.0)
     op_cfg = replace(op_cfg, falling_from=round(float(op_cfg.falling_from), 3),
                      falling_to=round(float(op_cfg.falling_to), 3))
+    # The model off or failed: the transcript alone with the operating point's shape, its stand-in probability
+    # chosen on the tuning half (at or under the tuning target, cutting none of the pause files).
+    off_tune, off_guard = FallingTable(tune, op_cfg, use_audio=False), None
+    if guard is not None:
+        off_guard = FallingTable(guard, op_cfg, use_audio=False)
+    off_pts = [(q, off_tune.score(replace(op_cfg, model_off_prob=q))) for q in MODEL_OFF_GRID
+               if off_guard is None or off_guard.score(replace(op_cfg, model_off_prob=q)).cut_all == 0]
+    off_pick = best_under(off_pts, tune_target)
+    op_cfg = replace(op_cfg, model_off_prob=off_pick[0] if off_pick else min(MODEL_OFF_GRID))
+    model_off = (FallingTable(tune, op_cfg, use_audio=False).score(op_cfg),
+                 FallingTable(held, op_cfg, use_audio=False).score(op_cfg))
     exact = score_replay(op_cfg, held, fixed)
     fast = FallingTable(held, op_cfg).score(op_cfg)
-    lines = [f"end-of-turn policies: tuned on {len(tune.clips)} {tune_lang or 'all'} turns, measured on "
-             f"{len(held.clips)} held-out turns "
-             f"(target ≤ {target * 100:.0f} % false cut-offs; tuned for ≤ {tune_target * 100:.1f} %: leave-one-voice-"
-             f"out on the tuning half gave {', '.join(f'{t * 100:.1f} % → {f * 100:.1f} %' for t, f in cv.items())})"]
+    lines = [f"end-of-turn policies: tuned on {len(tune.clips)} {tune_lang or 'all'} turns"
+             + ("" if guard is None else f" (cutting none of the {len(guard.clips)} pause files' mid-turn pauses)")
+             + f", measured on {len(held.clips)} held-out turns "
+             f"(target ≤ {target * 100:.0f} % false cut-offs, afterthoughts counted apart; tuned for ≤ "
+             f"{tune_target * 100:.1f} %: leave-one-voice-out on the tuning half gave "
+             f"{', '.join(f'{t * 100:.1f} % → {f * 100:.1f} %' for t, f in cv.items())})"]
     for half, ev in evidence.items():
         bad = {s: sum(1 for c in ev if c.status == s) for s in ("no_speech", "missed_end")}
         lines.append(f"  {half}: {len(ev)} clips, not scored: {bad}")
-    lines.append("\nper policy (held-out): the reading of the curve at 5 % / 10 %, and the operating point chosen "
-                 "on the tuning half")
+    lines.append("\nper policy (held-out): the reading of the curve at 5 % / 10 % false cut-offs (afterthoughts "
+                 "apart), at 5 % with afterthoughts counted, and the operating point chosen on the tuning half")
     for c in curves:
-        r5, r10 = c.reading(0.05), c.reading(0.10)
+        r5, r10, r5a = c.reading(0.05), c.reading(0.10), c.reading(0.05, afterthoughts=True)
         lines.append(f"{c.name}  ({c.knob})")
-        lines.append(f"  wait at  5 %: {'-' if r5 is None else f'{r5[1].wait(50):.0f} ms (knob {r5[0]})'}"
-                     f"   at 10 %: {'-' if r10 is None else f'{r10[1].wait(50):.0f} ms (knob {r10[0]})'}")
+        lines.append(f"  wait at  5 %: {_reading(r5)}   at 10 %: {_reading(r10)}   at 5 % counting afterthoughts: "
+                     f"{_reading(r5a)}")
         ch = c.chosen_score()
         if ch is not None:
             lines.append(_format_row(f"chosen {c.knob}={c.chosen}: tune", ch[0]))
@@ -647,14 +762,17 @@ def analyse(evidence: dict[str, list[ClipEvidence]], target: float, out: Path,
     lines.append(f"\nfalling operating point: {_settings(op_cfg, 'falling')}")
     lines.append(_format_row("replayed with decide()", exact))
     lines.append(_format_row("vectorised", fast))
+    lines.append(f"  model off (the transcript alone, p = {op_cfg.model_off_prob}):")
+    lines.append(_format_row("  tune", model_off[0]))
+    lines.append(_format_row("  held-out", model_off[1]))
     groups: dict[str, dict[str, Turns]] = {
         "voice family": by_group(held, lambda c: c.engine),
-        "turn": by_group(held, lambda c: "afterthought" if c.kind == "pause_afterthought" else "other"),
         "language": by_group(held, lambda c: c.lang),
         "channel": by_group(held, lambda c: "phone 8 kHz" if c.phone else "wideband"),
     }
     group_rows: dict[str, Any] = {}
     flat_cfg = replace(base, policy="flat")
+    flat_exact = score_replay(flat_cfg, held, fixed)
     lines.append("\nper group (held-out) at the operating points: today's flat defaults | falling")
     plot_groups: dict[str, list[tuple[str, list[tuple[Any, Score]]]]] = {}
     for gname, gs in groups.items():
@@ -673,7 +791,29 @@ def analyse(evidence: dict[str, list[ClipEvidence]], target: float, out: Path,
                          f"{'-' if r5 is None else f'{r5[1].wait(50):.0f} ms'})")
             series.append((f"falling, {g}", pts))
         plot_groups[gname] = series
-    cost: dict[str, Any] = {"held-out": costs(held, op_cfg), "tuning_s": round(tuning_s, 1)}
+    after = {"flat": flat_exact.row(), "falling": exact.row(),
+             "flat_wait_at_5pct": _json_reading(curves[1].reading(0.05, afterthoughts=True)),
+             "falling_wait_at_5pct": _json_reading(fall_curve.reading(0.05, afterthoughts=True))}
+    lines.append(f"\nafterthoughts (held-out, {exact.after_turns} turns with one): answered at the operating point: "
+                 f"flat {flat_exact.after_cut}, falling {exact.after_cut}; counted as cut-offs, the operating points "
+                 f"cut flat {flat_exact.fcr_all * 100:.1f} %, falling {exact.fcr_all * 100:.1f} %; waiting them out "
+                 f"(the curve at 5 % counting them): falling {_reading(fall_curve.reading(0.05, afterthoughts=True))}")
+    floor = floors(held, op_cfg, fixed)
+    lines.append(f"\nthe floor (held-out ends): {floor}")
+    # The model alone, swept: how many turns it could end before the transcript lands, and what that costs.
+    alone = []
+    lines.append("the model-alone rule swept at the operating point (held-out; the transcript vetoes "
+                 f"{'/'.join(op_cfg.model_alone_veto)}):")
+    for ma in MODEL_ALONE_SWEEP:
+        ma_cfg = replace(op_cfg, model_alone=ma)
+        sc, fl = FallingTable(held, ma_cfg).score(ma_cfg), floors(held, ma_cfg, fixed)
+        alone.append({"model_alone": ma, **sc.row(), **{k: fl[k] for k in (
+            "model_alone_turns", "model_alone_sure_p50_ms", "model_alone_committed_p50_ms")}})
+        lines.append(_format_row(f"model_alone={ma}", sc) + f" turns it ended={fl['model_alone_turns']} sure at "
+                     f"p50 {fl['model_alone_sure_p50_ms']} ms, committed {fl['model_alone_committed_p50_ms']} ms")
+    floor["sweep"] = alone
+    cost: dict[str, Any] = {"held-out": costs(held), "tuning_s": round(tuning_s, 1),
+                            "falling": model_cost(held, op_cfg, fixed), "flat": model_cost(held, flat_cfg, fixed)}
     if llm is not None:
         ms = [llm[p.text][1] for p in held.pauses]
         cost["llm_ms_p50"] = round(float(np.median(ms)), 1)
@@ -681,19 +821,20 @@ def analyse(evidence: dict[str, list[ClipEvidence]], target: float, out: Path,
     lines.append(f"\ncost of the evidence on this machine: {cost}")
     kinds = sorted({p.labelled for p in held.pauses if p.labelled})
     lines.append("\nwritten-in pauses (held-out) cut off at the operating point, by kind:")
+    by_kind: dict[str, dict[str, int]] = {}
     for k in kinds:
-        ps = [p for p in held.pauses if p.labelled == k]
-        cut = sum(1 for p in ps if p.silence_ms is not None
-                  and replay(op_cfg, p, fixed) < p.silence_ms + VAD_WINDOW_MS)
-        flat_cut = sum(1 for p in ps if p.silence_ms is not None
-                       and replay(flat_cfg, p, fixed) < p.silence_ms + VAD_WINDOW_MS)
-        lines.append(f"  {k:14s} pauses={len(ps):3d} cut: falling {cut:3d}  flat {flat_cut:3d}")
+        ps = [p for p in held.pauses if p.labelled == k and p.silence_ms is not None]
+        by_kind[k] = {"pauses": len(ps), "falling": sum(1 for p in ps if _cuts(op_cfg, p, fixed)),
+                      "flat": sum(1 for p in ps if _cuts(flat_cfg, p, fixed))}
+        lines.append(f"  {k:14s} pauses={len(ps):3d} cut: falling {by_kind[k]['falling']:3d}  flat "
+                     f"{by_kind[k]['flat']:3d}")
     out.mkdir(parents=True, exist_ok=True)
     result = {
-        "target": target, "tune_target": tune_target,
+        "target": target, "tune_target": tune_target, "cross_validation": {str(k): v for k, v in cv.items()},
         "curves": [curve_json(c, tune_target) for c in curves],
         "operating_point": _settings(op_cfg, "falling"), "operating_point_heldout": exact.row(),
-        "groups": group_rows, "cost": cost,
+        "model_off": {"tune": model_off[0].row(), "heldout": model_off[1].row()},
+        "groups": group_rows, "afterthoughts": after, "floor": floor, "cost": cost, "pause_kinds": by_kind,
     }
     (out / "eot.json").write_text(json.dumps(result, indent=1))
     if plot_png:
@@ -703,33 +844,107 @@ def analyse(evidence: dict[str, list[ClipEvidence]], target: float, out: Path,
     return result
 
 
+def _cuts(cfg: TurnConfig, p: Pause, fixed_ms: int) -> bool:
+    return p.silence_ms is not None and replay(cfg, p, fixed_ms) < p.silence_ms + VAD_WINDOW_MS
+
+
+def _reading(r: tuple[Any, Score] | None) -> str:
+    return "-" if r is None else f"{r[1].wait(50):.0f} ms (knob {r[0]}, {r[1].fcr * 100:.1f} %)"
+
+
+def _json_reading(r: tuple[Any, Score] | None) -> dict[str, Any] | None:
+    return None if r is None else {"knob": r[0], **r[1].row()}
+
+
+def floors(turns: Turns, cfg: TurnConfig, fixed_ms: int) -> dict[str, Any]:
+    """How soon after the labelled end any decision could come, at the turns' real ends: when the speculative
+    transcript lands (no reply can be heard before it: the reply is made from it), when the model's first answer
+    lands; and at the operating point, the turns the model alone ended: when it was sure (before the transcript,
+    had it decided then) against when the turn was committed (the transcript landed without a veto)."""
+    ends = [p for p in turns.pauses if p.is_end]
+    text = [p.offset_ms + cfg.speculative_pause_ms + p.asr_ms for p in ends]
+    model = [p.offset_ms + cfg.speculative_pause_ms + p.probs[0][2] for p in ends if p.probs]
+    sure, committed = [], []
+    for p in ends:
+        t, d = replay_decision(cfg, p, fixed_ms)
+        if d is not None and d.reason == "model_alone":
+            first = next(landed for landed, q in model_arrivals(p, cfg.end_of_turn_recheck_ms) if q >= cfg.model_alone)
+            sure.append(p.offset_ms + first)
+            committed.append(p.offset_ms + t)
+
+    def q(xs: Sequence[float], pct: float) -> float | None:
+        return round(float(np.percentile(xs, pct))) if xs else None
+
+    return {"turns": len(ends), "transcript_p50_ms": q(text, 50), "transcript_p90_ms": q(text, 90),
+            "model_first_answer_p50_ms": q(model, 50), "model_alone_turns": len(sure),
+            "model_alone_sure_p50_ms": q(sure, 50), "model_alone_committed_p50_ms": q(committed, 50)}
+
+
 def markdown(report: dict[str, Any]) -> str:
-    """The held-out tables as Markdown: per policy, then per group at the operating points."""
+    """The held-out tables as Markdown: per policy, the afterthoughts, per group at the operating points, the
+    floor and the cost."""
     from assistant.bench.figures import markdown_table
 
     def pct(row: dict[str, Any] | None) -> str:
         return "" if row is None else f"{row['false_cutoffs'] * 100:.1f} %, {row['wait_p50_ms']} ms"
 
+    def ms(row: dict[str, Any] | None) -> str:
+        return "" if row is None else f"{row['wait_p50_ms']} ms"
+
     rows = []
     for c in report["curves"]:
         op = c["operating_point"] or {}
         rows.append({
-            "policy": c["name"], "knob": c["knob"],
-            "wait at 5 %": "" if c["wait_at_5pct"] is None else f"{c['wait_at_5pct']['wait_p50_ms']} ms",
-            "wait at 10 %": "" if c["wait_at_10pct"] is None else f"{c['wait_at_10pct']['wait_p50_ms']} ms",
-            "operating point": op.get("knob", ""), "tuning half": pct(op.get("tune")),
-            "held-out half": pct(op.get("heldout")),
+            "policy": c["name"], "knob": c["knob"], "wait at 5 %": ms(c["wait_at_5pct"]),
+            "wait at 10 %": ms(c["wait_at_10pct"]), "operating point": op.get("knob", ""),
+            "tuning half": pct(op.get("tune")), "held-out half": pct(op.get("heldout")),
             "held-out p90 wait": "" if not op else f"{op['heldout']['wait_p90_ms']} ms",
+            "afterthoughts answered": "" if not op else
+            f"{op['heldout']['afterthoughts_answered']} of {op['heldout']['afterthought_turns']}",
+            "wait at 5 % counting afterthoughts": ms(c["wait_at_5pct_with_afterthoughts"]),
         })
     groups = [{"group": f"{g}: {k}", "turns": v["flat"]["turns"], "flat (before)": pct(v["flat"]),
                "falling": pct(v["falling"]),
                "falling at 5 %": "" if v["falling_wait_at_5pct"] is None else f"{v['falling_wait_at_5pct']:.0f} ms"}
               for g, ks in report["groups"].items() for k, v in ks.items()]
-    parts = ["Held-out half: false cut-offs (share of turns) and median added wait.", "", markdown_table(rows), "",
+    kinds = [{"pause kind": k, "pauses": v["pauses"], "cut: falling": v["falling"], "cut: flat": v["flat"]}
+             for k, v in report["pause_kinds"].items()]
+    f, c = report["floor"], report["cost"]
+    floor = [
+        {"what": "the speculative transcript lands (any reply is made from it)",
+         "held-out ends, p50": f"{f['transcript_p50_ms']} ms", "p90": f"{f['transcript_p90_ms']} ms"},
+        {"what": "Smart Turn's first answer lands", "held-out ends, p50": f"{f['model_first_answer_p50_ms']} ms",
+         "p90": ""},
+        {"what": f"model alone sure ({f['model_alone_turns']} turns it ended)",
+         "held-out ends, p50": _ms(f["model_alone_sure_p50_ms"]), "p90": ""},
+        {"what": "... the same turns committed (the transcript landed, no veto)",
+         "held-out ends, p50": _ms(f["model_alone_committed_p50_ms"]), "p90": ""},
+    ]
+    sweep = [{"model_alone": "off" if r["model_alone"] > 1 else r["model_alone"],
+              "false cut-offs": f"{r['false_cutoffs'] * 100:.1f} %", "wait p50": f"{r['wait_p50_ms']} ms",
+              "turns it ended": r["model_alone_turns"], "sure at, p50": _ms(r["model_alone_sure_p50_ms"]),
+              "committed at, p50": _ms(r["model_alone_committed_p50_ms"])} for r in f["sweep"]]
+    cost = [{"policy": name, "Smart Turn runs per pause": c[name]["runs_per_pause"],
+             "ms of one core per pause": c[name]["core_ms_per_pause"]} for name in ("flat", "falling")]
+    held = c["held-out"]
+    parts = ["Held-out half: false cut-offs (share of turns, afterthoughts apart) and median added wait.", "",
+             markdown_table(rows), "",
              "By group, at the operating points:", "", markdown_table(groups), "",
-             f"Falling operating point: `{report['operating_point']}`.", "",
+             "Written-in pauses cut at the operating points, by kind:", "", markdown_table(kinds), "",
+             "The floor: after the labelled end of speech (held-out turns):", "", markdown_table(floor), "",
+             "The model alone (`model_alone`, the transcript's veto as chosen), swept at the operating point:", "",
+             markdown_table(sweep), "",
+             f"Cost (held-out pauses; one Smart Turn run {held['model_ms_p50']} ms p50 of one core, the speculative "
+             f"ASR pass {held['asr_ms_p50']} ms p50, {held['asr_ms_p90']} ms p90):", "", markdown_table(cost), "",
+             f"Falling operating point: `{report['operating_point']}`. With the model off or failed (the transcript "
+             f"alone, p = {report['operating_point']['model_off_prob']}): tuning half "
+             f"{pct(report['model_off']['tune'])}, held-out {pct(report['model_off']['heldout'])}.", "",
              "```", report["text"].split("\n")[0], report.get("also_text", "").strip(), "```"]
     return "\n".join(parts)
+
+
+def _ms(v: float | None) -> str:
+    return "" if v is None else f"{v} ms"
 
 
 def also_report(turns: Turns, report: dict[str, Any]) -> str:
@@ -740,7 +955,7 @@ def also_report(turns: Turns, report: dict[str, Any]) -> str:
     vad_ms = next(c for c in report["curves"] if c["name"] == "vad")["operating_point"]["knob"]
     lines = [f"\nthe same operating points on {len(turns.clips)} other files "
              f"({', '.join(c.file for c in turns.clips)}):"]
-    for name, sc in (("flat (today)", score_replay(replace(TurnConfig(), policy="flat"), turns, fixed)),
+    for name, sc in (("flat (before)", score_replay(replace(TurnConfig(), policy="flat"), turns, fixed)),
                      ("falling", score_replay(falling, turns, fixed)), (f"vad {vad_ms} ms", score_vad(turns, vad_ms))):
         lines.append(_format_row(name, sc))
     return "\n".join(lines)

@@ -17,7 +17,11 @@ reliable.
 plus the transcript cue's weight (``turn.cue_*``); the turn ends once the score reaches a threshold that falls
 as the silence grows, from ``falling_from`` at the speculative pause to ``falling_to`` at ``falling_over_ms``,
 and at ``max_silence_ms`` whatever the evidence. The model hears the pause again at each silence of
-``end_of_turn_recheck_ms`` (one run of ~40-50 ms of one core each). A turn is thus never cut at once by one
+``end_of_turn_recheck_ms`` (one run of ~40-50 ms of one core each). A model very sure on its own
+(``model_alone``) ends the turn whatever the threshold, as soon as the transcript has landed and unless it
+vetoes (``model_alone_veto``, e.g. a trailing "and"): the veto is free, since the reply is made from that
+transcript and nothing of it could be heard sooner. With the model off or failed, ``model_off_prob`` stands
+in for its answer. A turn is thus never cut at once by one
 confident but wrong signal, and never waits a fixed "unsure" time when the evidence only needs a little more
 silence to be believed. Every number is chosen on the tuning half of the corpus (``TurnConfig``'s help texts).
 
@@ -88,8 +92,6 @@ JA_CONTINUES = ("の", "を", "に", "が", "は", "と", "で", "も", "へ", "
                 "えっと", "あの", "その")
 ENDS_ON_DIGIT = re.compile(r"\d[\d,.]*[.?!。？！]?\s*$")
 WORD = re.compile(r"[\w']+")
-# The falling policy's stand-in for the model's probability when the model is off or failed.
-NO_MODEL_PROB = 0.5
 
 
 class TurnEnd(Enum):
@@ -249,7 +251,10 @@ def _falling(cfg: TurnConfig, ev: Evidence, pause_ms: int, fixed_ms: int) -> Dec
         if cfg.wait_for_evidence:
             return Decision(end_now=False, end_silence_ms=cfg.max_silence_ms, reason="pending")
         return Decision(end_now=False, reason="pending")
-    p = ev.prob if ev.use_audio and ev.prob is not None else NO_MODEL_PROB
+    if model_alone(cfg, ev):
+        return Decision(end_now=True, reason="model_alone", needed_ms=min(pause_ms, max(
+            cfg.speculative_pause_ms, next(ms for ms, q in ev.probs if q >= cfg.model_alone))))
+    p = ev.prob if ev.use_audio and ev.prob is not None else cfg.model_off_prob
     score = p + (cue_weight(cfg, ev.cue) if ev.use_text and ev.cue is not None else 0.0)
     if score >= falling_threshold(cfg, pause_ms):
         return Decision(end_now=True, reason=f"score_{ev.cue.value if ev.use_text and ev.cue else 'audio'}",
@@ -257,10 +262,19 @@ def _falling(cfg: TurnConfig, ev: Evidence, pause_ms: int, fixed_ms: int) -> Dec
     return Decision(end_now=False, end_silence_ms=cfg.max_silence_ms, reason="waiting")
 
 
+def model_alone(cfg: TurnConfig, ev: Evidence) -> bool:
+    """The model alone ends the turn: its latest answer is at least ``model_alone`` and the transcript, once
+    landed, does not veto it (its cue is not in ``model_alone_veto``). Waiting for the transcript's veto costs
+    nothing heard: the reply is made from the transcript, so no audio of it exists before the transcript does."""
+    if not ev.use_audio or ev.prob is None or ev.prob < cfg.model_alone:
+        return False
+    return not ev.use_text or (ev.cue is not None and ev.cue.value not in cfg.model_alone_veto)
+
+
 def silence_needed(cfg: TurnConfig, ev: Evidence, pause_ms: int) -> int:
     """The falling policy: the least silence at which the threshold had fallen to this evidence's score (at most
     ``pause_ms``), for the trace's split of the wait (the rest is waiting for the evidence itself)."""
-    p = ev.prob if ev.use_audio and ev.prob is not None else NO_MODEL_PROB
+    p = ev.prob if ev.use_audio and ev.prob is not None else cfg.model_off_prob
     score = p + (cue_weight(cfg, ev.cue) if ev.use_text and ev.cue is not None else 0.0)
     if score >= cfg.falling_from or cfg.falling_from == cfg.falling_to:
         return min(pause_ms, cfg.speculative_pause_ms)

@@ -7,6 +7,7 @@ from these, so ``--help`` documents every knob and nothing is named twice.
 from __future__ import annotations
 
 import argparse
+import copy
 import dataclasses
 import logging
 import os
@@ -14,9 +15,10 @@ import re
 import tomllib
 import types
 import typing
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TypeVar
 
 from assistant import languages
 
@@ -26,12 +28,13 @@ PROJECT_ROOT = Path(__file__).resolve().parent.parent
 CONFIG_DIR = PROJECT_ROOT / "configs"
 DEFAULT_CONFIG = CONFIG_DIR / "default.toml"
 ENV_PREFIX = "ASSISTANT_"
+_T = TypeVar("_T")
 
 
-def _f(default: Any, help: str, **kw: Any) -> Any:
-    """A config field with its help text (shown by ``--help``)."""
+def _f(default: _T, help: str, **kw: object) -> _T:
+    """A config field with its help text (shown by ``--help``); a list or dict default is copied per instance."""
     if isinstance(default, list | dict):
-        return field(default_factory=lambda: type(default)(default), metadata={"help": help, **kw})
+        return field(default_factory=lambda: copy.copy(default), metadata={"help": help, **kw})
     return field(default=default, metadata={"help": help, **kw})
 
 
@@ -200,7 +203,7 @@ class RespondConfig:
     connect_timeout_s: float = _f(5.0, "time to connect to the LLM server")
     first_token_timeout_s: float = _f(15.0, "time to the first reply token before the turn fails")
     total_timeout_s: float = _f(60.0, "longest a whole reply may take")
-    options: dict[str, Any] = _f({}, "extra keyword options passed to a module:Class responder")
+    options: dict[str, object] = _f({}, "extra keyword options passed to a module:Class responder")
 
 
 @dataclass
@@ -421,7 +424,8 @@ class Config:
     log: LogConfig = field(default_factory=LogConfig)
     dispatch: DispatchConfig = field(default_factory=DispatchConfig)
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, dict[str, object]]:
+        """Every section's settings (what crosses to a Ray replica; :func:`apply_overrides` reads it back)."""
         return dataclasses.asdict(self)
 
 
@@ -439,11 +443,11 @@ def check_gateway_id(value: str) -> str:
     return value
 
 
-def _field_types(cls: type) -> dict[str, Any]:
+def _field_types(cls: type) -> dict[str, object]:
     return typing.get_type_hints(cls)
 
 
-def _coerce(value: Any, typ: Any, where: str) -> Any:
+def _coerce(value: object, typ: object, where: str) -> object:
     """Turn a TOML value or a string (environment, flags) into the field's type."""
     origin = typing.get_origin(typ)
     if origin in (list,):
@@ -476,13 +480,15 @@ def _coerce(value: Any, typ: Any, where: str) -> Any:
             return False
         raise ConfigError(f"{where}: expected true/false, got {value!r}")
     if typ is int:
-        if isinstance(value, bool):
+        if isinstance(value, bool) or not isinstance(value, int | float | str):
             raise ConfigError(f"{where}: expected an integer, got {value!r}")
         try:
             return int(value)
         except (TypeError, ValueError) as exc:
             raise ConfigError(f"{where}: expected an integer, got {value!r}") from exc
     if typ is float:
+        if not isinstance(value, int | float | str):
+            raise ConfigError(f"{where}: expected a number, got {value!r}")
         try:
             return float(value)
         except (TypeError, ValueError) as exc:
@@ -494,12 +500,16 @@ def _coerce(value: Any, typ: Any, where: str) -> Any:
     return value
 
 
-def apply_overrides(cfg: Config, values: dict[str, dict[str, Any]], source: str) -> None:
+# Settings by section, as a TOML file, the environment, flags or ``Config.to_dict`` give them: {section: {key: value}}.
+Overrides = Mapping[str, Mapping[str, object]]
+
+
+def apply_overrides(cfg: Config, values: Overrides, source: str) -> None:
     """Set ``values[section][key]`` on ``cfg``, checking names and types."""
     for section, entries in values.items():
         if not hasattr(cfg, section) or not dataclasses.is_dataclass(getattr(cfg, section)):
             raise ConfigError(f"{source}: unknown section [{section}]")
-        if not isinstance(entries, dict):
+        if not isinstance(entries, Mapping):
             raise ConfigError(f"{source}: [{section}] must be a table")
         obj = getattr(cfg, section)
         types_ = _field_types(type(obj))
@@ -509,8 +519,8 @@ def apply_overrides(cfg: Config, values: dict[str, dict[str, Any]], source: str)
             setattr(obj, key, _coerce(value, types_[key], f"{source}: {section}.{key}"))
 
 
-def _env_overrides(environ: dict[str, str]) -> dict[str, dict[str, Any]]:
-    out: dict[str, dict[str, Any]] = {}
+def _env_overrides(environ: dict[str, str]) -> dict[str, dict[str, object]]:
+    out: dict[str, dict[str, object]] = {}
     for name, value in environ.items():
         if not name.startswith(ENV_PREFIX) or "__" not in name:
             continue
@@ -523,7 +533,7 @@ def load_config(
     path: str | Path | None = None,
     *,
     environ: dict[str, str] | None = None,
-    overrides: dict[str, dict[str, Any]] | None = None,
+    overrides: Overrides | None = None,
 ) -> Config:
     """Defaults < TOML file (default ``configs/default.toml``) < environment < explicit overrides."""
     cfg = Config()
@@ -581,8 +591,8 @@ def add_config_flags(parser: argparse.ArgumentParser, sections: tuple[str, ...] 
             )
 
 
-def flag_overrides(args: argparse.Namespace) -> dict[str, dict[str, Any]]:
-    out: dict[str, dict[str, Any]] = {}
+def flag_overrides(args: argparse.Namespace) -> dict[str, dict[str, object]]:
+    out: dict[str, dict[str, object]] = {}
     for name, value in vars(args).items():
         if name.startswith("cfg__") and value is not None:
             _, section, key = name.split("__", 2)

@@ -13,9 +13,10 @@ import soxr
 from assistant.asr import ASRModelMissing, bundled, create_asr, hearing
 from assistant.asr.whisper import FasterWhisperEngine
 from assistant.audio import read_audio
+from assistant.bench.shared_data import shared_path
 from assistant.config import ASRConfig, ConfigError, TTSConfig
 
-AUDIO = Path(__file__).resolve().parents[2] / "shared" / "audio"
+AUDIO = shared_path("audio")  # ../shared/audio (assistant/bench/shared_data.py)
 
 
 def _clip(name: str) -> np.ndarray:

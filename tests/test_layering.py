@@ -78,7 +78,9 @@ def _graph() -> dict[str, list[tuple[str, bool]]]:
         for target, top in _imports(path, module):
             while target not in modules and "." in target:  # `from pkg.mod import name` → pkg.mod
                 target = target.rsplit(".", 1)[0]
-            if target in modules and target != module:
+            # A package's own __init__ runs before any of its modules anyway: ``from pkg import sub`` inside
+            # pkg is an arrow to ``pkg.sub``, not back up to ``pkg``.
+            if target in modules and target != module and not module.startswith(target + "."):
                 edges.append((target, top))
         graph[module] = edges
     return graph

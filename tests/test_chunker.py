@@ -195,3 +195,13 @@ def test_japanese_speech_text_reads_units_and_decimals() -> None:
 
     assert for_speech("気温は25℃、湿度は50%です。") == "気温は25度、湿度は50パーセントです。"
     assert for_speech("3.5kgと5 kmとPython 3") == "3点5キログラムと5キロメートルとPython 3"
+
+
+def test_kokoro_cuts_a_long_sentence_within_its_context_and_drops_nothing() -> None:
+    from assistant.tts.kokoro_engine import MAX_PHONEMES, _phoneme_chunks
+
+    plain = "a" * (2 * MAX_PHONEMES + 10)  # no punctuation to cut at
+    assert "".join(_phoneme_chunks(plain)) == plain
+    assert all(len(c) <= MAX_PHONEMES for c in _phoneme_chunks(plain))
+    marked = ("b" * 300 + ", ") * 4
+    assert _phoneme_chunks(marked) == [("b" * 300 + ",")] * 4  # at the marks when there are some

@@ -20,15 +20,12 @@ def hearing(cfg: ASRConfig, engine: object = None) -> tuple[tuple[str, ...], boo
     langs, detects = getattr(engine, "languages", None), getattr(engine, "detects", None)
     if isinstance(langs, tuple) and isinstance(detects, bool):
         return langs, detects
-    from assistant.asr.whisper import BUNDLED_NAMES, model_name
+    from assistant.asr.whisper import BUNDLED_NAMES, hearable, model_name
 
     name = model_name(cfg)
     if name.endswith(".en") or name in BUNDLED_NAMES:
         return ("en",), False
-    codes = list(cfg.languages) or list(languages.NAMES)
-    if cfg.language != "auto" and cfg.language not in codes:
-        codes.insert(0, cfg.language)
-    return tuple(dict.fromkeys(codes)), True
+    return hearable(cfg, tuple(languages.NAMES)), True  # as the engine would, knowing every language
 
 
 def create_asr(cfg: ASRConfig) -> ASREngine:

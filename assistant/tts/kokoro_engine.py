@@ -59,7 +59,8 @@ def _sentences(text: str) -> list[str]:
 
 
 def _phoneme_chunks(phonemes: str) -> list[str]:
-    """A sentence's phonemes in pieces the model takes (at most ``MAX_PHONEMES``), cut at punctuation."""
+    """A sentence's phonemes in pieces the model takes (at most ``MAX_PHONEMES``), cut at punctuation (a run
+    without any is cut where the limit falls: nothing is dropped)."""
     if len(phonemes) <= MAX_PHONEMES:
         return [phonemes]
     out: list[str] = []
@@ -72,7 +73,7 @@ def _phoneme_chunks(phonemes: str) -> list[str]:
             cur = f"{cur} {piece}".strip()
     if cur:
         out.append(cur)
-    return [c[:MAX_PHONEMES] for c in out]
+    return [c[i:i + MAX_PHONEMES] for c in out for i in range(0, len(c), MAX_PHONEMES)]
 
 
 class KokoroEngine(ThreadedEngine):

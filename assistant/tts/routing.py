@@ -36,7 +36,7 @@ from typing import Any
 import numpy as np
 
 from assistant.config import TTSConfig
-from assistant.tts.base import TTSCapabilities, TTSEngine, TTSRequest, with_streaming
+from assistant.tts.base import PieceByPiece, TTSCapabilities, TTSEngine, TTSRequest, with_streaming
 
 log = logging.getLogger(__name__)
 
@@ -222,8 +222,6 @@ class LanguageRouter:
 def speaks_piece_by_piece(engine: Any) -> bool:
     """The engine speaks a piece only once it has all of it (Piper, Kokoro): the reply's first piece should be
     short. A router answers for its main engine."""
-    from assistant.tts.base import PieceByPiece
-
     flag = getattr(engine, "piece_by_piece", None)
     return flag if isinstance(flag, bool) else isinstance(with_streaming(engine), PieceByPiece)
 

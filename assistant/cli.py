@@ -218,6 +218,10 @@ def cmd_bench(args: argparse.Namespace) -> int:
         from assistant.bench.attack_bench import run_attack_bench
 
         return asyncio.run(run_attack_bench(args))
+    if args.bench_cmd == "narrowband":
+        from assistant.bench.narrowband import run_narrowband
+
+        return asyncio.run(run_narrowband(args))
     if args.bench_cmd == "languages":
         from assistant.bench.asr_languages import run_languages
 
@@ -252,6 +256,8 @@ BENCHES = (  # name, help, module, function adding its flags
      "assistant.bench.ray_hop", "add_ray_arguments"),
     ("attacks", "hostile clients against a real server: answers, RSS, event-loop lag, a bystander's turn "
      "(--before DIR: the same against another checkout)", "assistant.bench.attack_bench", "add_attack_arguments"),
+    ("narrowband", "ASR word error on the test speech at 16 kHz vs through a phone line (8 kHz μ-law)",
+     "assistant.bench.narrowband", "add_narrowband_arguments"),
     ("languages", "the price of hearing every language on a CPU: ASR time of base+auto against tiny.en+en on the "
      "same English turns, and v2v at one session with asr.language auto (and en)", "assistant.bench.asr_languages",
      "add_languages_arguments"),

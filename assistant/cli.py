@@ -230,6 +230,10 @@ def cmd_bench(args: argparse.Namespace) -> int:
         from assistant.bench.narrowband import run_narrowband
 
         return asyncio.run(run_narrowband(args))
+    if args.bench_cmd == "languages":
+        from assistant.bench.asr_languages import run_languages
+
+        return asyncio.run(run_languages(args))
     return 2
 
 
@@ -266,6 +270,9 @@ BENCHES = (  # name, help, module, function adding its flags
      "the trade-off curve on the held-out half", "assistant.bench.eot", "add_eot_arguments"),
     ("narrowband", "ASR word error on the test speech at 16 kHz vs through a phone line (8 kHz μ-law)",
      "assistant.bench.narrowband", "add_narrowband_arguments"),
+    ("languages", "the price of hearing every language on a CPU: ASR time of base+auto against tiny.en+en on the "
+     "same English turns, and v2v at one session with asr.language auto (and en)", "assistant.bench.asr_languages",
+     "add_languages_arguments"),
 )
 
 

@@ -915,11 +915,12 @@ def markdown(report: dict[str, Any]) -> str:
          "held-out ends, p50": f"{f['transcript_p50_ms']} ms", "p90": f"{f['transcript_p90_ms']} ms"},
         {"what": "Smart Turn's first answer lands", "held-out ends, p50": f"{f['model_first_answer_p50_ms']} ms",
          "p90": ""},
-        {"what": f"model alone sure ({f['model_alone_turns']} turns it ended)",
-         "held-out ends, p50": _ms(f["model_alone_sure_p50_ms"]), "p90": ""},
-        {"what": "... the same turns committed (the transcript landed, no veto)",
-         "held-out ends, p50": _ms(f["model_alone_committed_p50_ms"]), "p90": ""},
     ]
+    if f["model_alone_turns"]:
+        floor += [{"what": f"model alone sure ({f['model_alone_turns']} turns it ended)",
+                   "held-out ends, p50": _ms(f["model_alone_sure_p50_ms"]), "p90": ""},
+                  {"what": "... the same turns committed (the transcript landed, no veto)",
+                   "held-out ends, p50": _ms(f["model_alone_committed_p50_ms"]), "p90": ""}]
     sweep = [{"model_alone": "off" if r["model_alone"] > 1 else r["model_alone"],
               "false cut-offs": f"{r['false_cutoffs'] * 100:.1f} %", "wait p50": f"{r['wait_p50_ms']} ms",
               "turns it ended": r["model_alone_turns"], "sure at, p50": _ms(r["model_alone_sure_p50_ms"]),

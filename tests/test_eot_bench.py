@@ -226,3 +226,66 @@ def test_japanese_transcripts_have_cues_too() -> None:
     assert cue("えーと") is Cue.CONTINUES
     assert cue("電話番号は123") is Cue.NUMBER
     assert cue("はい") is Cue.SHORT
+
+
+class _FadingSpeaker:
+    """Stands in for a voice: two voiced syllables (a 140 Hz buzz) and a last one that fades out slowly, as a
+    synthetic voice's final vowel does, so that its tail sinks through -45 dBFS well before it ends."""
+
+    def speak(self, voice: Voice, sentence: object, rate: float, pitch: float) -> tuple[np.ndarray, list[int]]:
+        sr = 16_000
+        t = np.arange(int(0.3 * sr)) / sr
+        buzz = sum(np.sin(2 * np.pi * 140 * k * t) / k for k in range(1, 8)).astype(np.float32)
+        fade = buzz * np.exp(-t / 0.05).astype(np.float32)  # -87 dB over the 300 ms tail
+        gap = np.zeros(int(0.05 * sr), np.float32)
+        return np.concatenate([buzz, gap, buzz, fade]), [len(buzz)]
+
+
+def test_corpus_speech_end_is_where_the_server_hears_it() -> None:
+    """The corpus's ``speech_ends_s`` (the clock ``bench v2v`` starts at) is the server's audible end, not a
+    floor relative to the clip's peak: on a quiet clip a relative floor counts a fading tail the server's VAD
+    does not hear, and the client's v2v came out below the server's own (unaccounted_ms down to -279 ms).
+    Checked on many seeds (levels -24 to -3 dBFS, noise, echo, the phone channel) against the server's rule,
+    ``last_audible_end`` with the noise of the clip's own trailing room tone."""
+    from assistant.bench.eot_corpus import LEAD_S, TRAIL_S, render_clip
+    from assistant.bench.eot_sentences import Sentence
+    from assistant.bench.report import SPEECH_END_RESOLUTION_MS
+    from assistant.vad.endpoint import frame_rms, last_audible_end
+
+    sentence = Sentence(kind="pause_and", segments=("Buy milk and", "bread."), pauses=("after_and",))
+    quiet = 0
+    for i in range(40):
+        x, clip = render_clip(_FadingSpeaker(), Voice("espeak", "test"), sentence, "tune", f"c{i}", seed=i)  # type: ignore[arg-type]
+        after = len(x) - int(TRAIL_S * 16_000)  # the sentence's last sample; then the server's 500 ms hangover
+        noise = float(frame_rms(x[after : after + 8000]).max())
+        server_end = last_audible_end(x[:after], noise)
+        assert server_end is not None
+        late_ms = (clip.speech_ends_s - server_end / 16_000) * 1000
+        assert late_ms <= SPEECH_END_RESOLUTION_MS, (i, clip.variation, clip.speech_ends_s, server_end / 16_000)
+        assert LEAD_S <= clip.speech_starts_s < clip.pauses_s[0][0] < clip.pauses_s[0][1] < clip.speech_ends_s
+        quiet += clip.variation["peak_dbfs"] < -15
+    assert quiet >= 5  # the quiet clips, where a relative floor went wrong, were among them
+
+
+def test_the_bench_flags_a_client_figure_below_the_server_s() -> None:
+    """A turn whose v2v_ms is below the server's own parts (unaccounted_ms under minus one VAD window) is named
+    in the level's summary and in the Markdown, as a defect of its speech-end mark, not a latency."""
+    from assistant.bench.report import BenchResult, LevelResult, TurnResult, format_markdown, summarize_level
+
+    ok = TurnResult(session=0, index=0, file="a.wav", columns={"v2v_ms": 800.0, "unaccounted_ms": -20.0})
+    late = TurnResult(session=0, index=1, file="b.wav", columns={"v2v_ms": 700.0, "unaccounted_ms": -279.0})
+    level = LevelResult(sessions=1, turns=[ok, late])
+    assert summarize_level(level)["below_server"] == ["b.wav"]
+    md = format_markdown(BenchResult(url="http://127.0.0.1:1", threshold_dbfs=-40.0, window_ms=10, same_host=True,
+                                     levels=[level]))
+    assert "below the server's own" in md and "b.wav" in md
+
+
+def test_relabelled_audio_is_evidence_to_collect_again() -> None:
+    """The evidence cache is keyed by the labels too: the same audio with a moved end must not replay old ends."""
+    from assistant.bench.eot_evidence import label_digest
+
+    entry = {"file": "a.wav", "speech_ends_s": 2.42, "pauses_s": [[1.2, 1.45]], "pause_kinds": ["after_to"]}
+    assert label_digest(entry) == label_digest({**entry, "seconds": 5.0, "text": "other"})
+    assert label_digest(entry) != label_digest({**entry, "speech_ends_s": 2.30})
+    assert label_digest(entry) != label_digest({**entry, "pauses_s": [[1.2, 1.5]]})

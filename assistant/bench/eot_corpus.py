@@ -41,7 +41,7 @@ from scipy import signal
 
 from assistant.audio import SPEECH_RATE, resample
 from assistant.bench.eot_sentences import Sentence, make_sentences, make_sentences_ja
-from assistant.vad.endpoint import frame_rms
+from assistant.vad.endpoint import AUDIBLE_DBFS, NOISE_MARGIN, frame_rms
 
 log = logging.getLogger(__name__)
 
@@ -49,7 +49,8 @@ HALVES = ("tune", "heldout")
 LEAD_S = 0.5
 TRAIL_S = 2.5
 MARKER_BREAK_MS = 1500  # the SSML break espeak-ng speaks where a pause goes; found, then replaced
-AUDIBLE_BELOW_PEAK_DB = 40.0  # a 10 ms frame within this of the clip's peak frame is speech (for the labels)
+AUDIBLE_BELOW_PEAK_DB = 40.0  # a 10 ms frame within this of the clip's peak frame is voiced (for the SNR only)
+HANGOVER_S = 0.5  # the labels' noise floor: the loudest frame this long after the speech (VADConfig.end_silence_ms)
 FRAME = SPEECH_RATE // 100
 # Mid-turn pause lengths (seconds), log-uniform: most pauses are short, a thinking "um" runs longer.
 PAUSE_RANGE_S = {"um": (0.4, 1.5), "afterthought": (0.4, 1.2)}
@@ -342,6 +343,42 @@ def _audible(x: np.ndarray, floor_db: float) -> np.ndarray:
     return np.asarray(20 * np.log10(rms + 1e-12) >= floor_db)
 
 
+def _heard_frames(dry: np.ndarray, x: np.ndarray, phone: bool) -> np.ndarray:
+    """Which 10 ms frames of the speech are audible in the clip as delivered (``x``), by the server's rule
+    (``vad.endpoint.last_audible_end``, also ``../shared/audio``'s manifest's): at or above ``AUDIBLE_DBFS``, and
+    ``NOISE_MARGIN`` times the loudest frame of the hangover (``HANGOVER_S`` of ``x`` right after the sentence:
+    noise, the echo's tail). The speech alone is measured, through the phone channel when the clip has it. A floor
+    relative to the clip's own peak counted a quiet clip's fading tail that the server does not hear, and the
+    client's v2v (``bench v2v`` starts its clock at ``speech_ends_s``) came out below the server's own.
+    """
+    speech = _phone(dry) if phone else dry
+    after = len(dry) - int(TRAIL_S * SPEECH_RATE)
+    hangover = x[after : after + int(HANGOVER_S * SPEECH_RATE)]
+    floor = max(10 ** (AUDIBLE_DBFS / 20), NOISE_MARGIN * float(frame_rms(hangover).max()))
+    rms = frame_rms(speech[: len(speech) // FRAME * FRAME])
+    heard = np.asarray(rms >= floor)
+    if not heard.any():  # speech under the noise all through: its own loudest frames
+        heard = np.asarray(rms >= rms.max() / 10)
+    return heard
+
+
+def _labels(dry: np.ndarray, x: np.ndarray, phone: bool, cuts: list[int],
+            pauses: list[int]) -> tuple[float, float, list[list[float]]]:
+    """Where the speech starts and ends, and where each written-in pause lies (seconds), from the heard frames."""
+    idx = np.flatnonzero(_heard_frames(dry, x, phone))
+    pause_labels: list[list[float]] = []
+    at = int(LEAD_S * SPEECH_RATE)
+    for cut, gap in zip(cuts, pauses, strict=True):
+        mid = (at + cut + gap // 2) // FRAME
+        before = idx[idx < mid]
+        after = idx[idx >= mid]
+        a_s = (before[-1] + 1) / 100 if before.size else (at + cut) / SPEECH_RATE  # else: the silence cut in
+        b_s = after[0] / 100 if after.size else (at + cut + gap) / SPEECH_RATE
+        pause_labels.append([round(float(a_s), 3), round(float(b_s), 3)])
+        at += gap
+    return float(idx[0] / 100), float((idx[-1] + 1) / 100), pause_labels
+
+
 def _log_uniform(r: random.Random, lo: float, hi: float) -> float:
     return float(np.exp(r.uniform(np.log(lo), np.log(hi))))
 
@@ -364,18 +401,8 @@ def render_clip(speaker: Speaker, voice: Voice, sentence: Sentence, split: str, 
     dry = np.concatenate(pieces)
     peak_db = r.uniform(-24.0, -3.0)
     dry *= 10 ** (peak_db / 20) / (np.abs(dry).max() + 1e-9)
-    # Labels from the dry speech: audible 10 ms frames within AUDIBLE_BELOW_PEAK_DB of the loudest frame.
+    # The voiced frames the SNR is measured over: within AUDIBLE_BELOW_PEAK_DB of the loudest frame.
     loud = _audible(dry, 20 * np.log10(np.abs(dry).max() + 1e-12) - 3 - AUDIBLE_BELOW_PEAK_DB)
-    idx = np.flatnonzero(loud)
-    start_s, end_s = idx[0] / 100, (idx[-1] + 1) / 100
-    pause_labels: list[list[float]] = []
-    at = int(LEAD_S * SPEECH_RATE)
-    for cut, gap in zip(cuts, pauses, strict=True):
-        mid = (at + cut + gap // 2) // FRAME
-        before = idx[idx < mid]
-        after = idx[idx >= mid]
-        pause_labels.append([round(float((before[-1] + 1) / 100), 3), round(float(after[0] / 100), 3)])
-        at += gap
     x = dry
     echo = r.random() < ECHO_SHARE
     rt60 = r.uniform(0.2, 0.8) if echo else 0.0
@@ -392,6 +419,7 @@ def render_clip(speaker: Speaker, voice: Voice, sentence: Sentence, split: str, 
     if phone:
         x = _phone(x)
     x = np.clip(x, -1.0, 1.0).astype(np.float32)
+    start_s, end_s, pause_labels = _labels(dry, x, phone, cuts, pauses)
     clip = Clip(
         file=f"{name}.wav", text=sentence.text, lang=sentence.lang, split=split, engine=voice.family,
         voice=voice.name, kind=sentence.kind, segments=list(sentence.segments), pause_kinds=list(sentence.pauses),

@@ -10,7 +10,7 @@ pause of at least ``turn.speculative_pause_ms`` (where the server starts a specu
 
 Each inference's compute time is kept with its answer, so a policy replayed on the evidence cannot decide
 before the answer it used could have arrived (on this machine, at the time of the run). The cache is keyed by
-the file's content hash and :data:`VERSION`.
+the file's content hash, its labels (``label_digest``) and :data:`VERSION`.
 """
 
 from __future__ import annotations
@@ -73,6 +73,7 @@ class ClipEvidence:
     sha: str = ""
     version: int = VERSION
     asr: str = ""  # the ASR that made the transcripts (its model and language)
+    labels: str = ""  # label_digest() of the manifest entry it was collected with
 
     @staticmethod
     def from_dict(d: dict[str, Any]) -> ClipEvidence:
@@ -130,6 +131,7 @@ def collect_clip(
         file=entry["file"], split=entry.get("split", ""), engine=entry.get("engine", ""), voice=entry.get("voice", ""),
         lang=entry.get("lang", "en"), kind=entry.get("kind", ""), speech_ends_s=end_s, status="ok", pauses=[],
         phone=bool(entry.get("variation", {}).get("phone", False)), sha=hashlib.sha256(raw).hexdigest()[:16],
+        labels=label_digest(entry),
     )
     if not heard:
         ev.status = "no_speech"
@@ -166,6 +168,13 @@ def asr_name(engine: Any, lang: str) -> str:
     path = getattr(engine, "model_path", None)
     cfg = getattr(engine, "cfg", None)
     return f"{Path(path).name if path else type(engine).__name__}:{getattr(cfg, 'language', lang)}"
+
+
+def label_digest(entry: dict[str, Any]) -> str:
+    """What of a manifest entry the evidence depends on besides the audio (which pauses are ends, which are
+    labelled): the same audio relabelled is evidence to collect again."""
+    labels = {k: entry.get(k) for k in ("speech_ends_s", "pauses_s", "pause_kinds")}
+    return hashlib.sha256(json.dumps(labels, sort_keys=True).encode()).hexdigest()[:16]
 
 
 def load_cache(path: Path) -> dict[str, ClipEvidence]:
@@ -224,7 +233,7 @@ def collect(
             engine = asr.get(lang) or asr["en"] if isinstance(asr, dict) else asr
             name = asr_name(engine, lang)
             ce = have.get(entry["file"])
-            if ce is None or ce.sha != sha or (ce.asr and ce.asr != name):
+            if ce is None or ce.sha != sha or ce.labels != label_digest(entry) or (ce.asr and ce.asr != name):
                 ce = collect_clip(path, entry, engine, model)
                 ce.asr = name
                 f.write(json.dumps(asdict(ce), ensure_ascii=False) + "\n")

@@ -160,6 +160,14 @@ def summarize(values: Iterable[float | None]) -> dict[str, float | int | None]:
     }
 
 
+def below_server(columns: dict[str, float | None]) -> bool:
+    """The client's v2v is shorter than the server's own parts allow (``unaccounted_ms`` under minus one VAD
+    window): the file's speech-end mark lies after where the server heard the speech end. A defect of the mark
+    (or of the clocks, when client and server are on two hosts), never a latency."""
+    u = columns.get("unaccounted_ms")
+    return u is not None and u < -SPEECH_END_RESOLUTION_MS
+
+
 def summarize_level(level: LevelResult) -> dict[str, Any]:
     """Turn counts by status and the statistics of every column over the turns that were heard."""
     counts = {s: sum(1 for t in level.turns if t.status == s) for s in TURN_STATUSES}
@@ -167,6 +175,7 @@ def summarize_level(level: LevelResult) -> dict[str, Any]:
     return {
         "turns": len(level.turns),
         **counts,
+        "below_server": sorted(t.file for t in heard if below_server(t.columns)),
         "columns": {name: summarize(t.columns.get(name) for t in heard) for name in COLUMNS},
         "gaps": {name: summarize(t.gaps_ms.get(name) for t in heard) for name in GAPS},
     }
@@ -193,6 +202,10 @@ def format_summary(result: BenchResult) -> str:
             f"sessions={lv.sessions}  turns={s['turns']}  ok={s['ok']}  dropped={s['dropped']}  "
             f"errors={s['error']}  connect_failures={lv.connect_failures}  wall={lv.wall_s:.1f}s"
         )
+        if s["below_server"]:
+            lines.append(f"  WARNING: {len(s['below_server'])} turns with v2v_ms below the server's own "
+                         f"(unaccounted_ms < -{SPEECH_END_RESOLUTION_MS:g} ms: the speech-end mark is late): "
+                         + ", ".join(s["below_server"]))
         lines.append(f"  {'column':<32}{'n':>5}{'p50':>8}{'p90':>8}{'max':>8}{'mean':>8}")
         for name, st in [*s["columns"].items(), *(("gap: " + k, v) for k, v in s["gaps"].items())]:
             lines.append(
@@ -233,9 +246,14 @@ def format_markdown(result: BenchResult) -> str:
     counts = "; ".join(f"{label(lv.sessions)}: {s['turns']} turns, {s['ok']} heard, {s['dropped']} dropped, "
                        f"{s['error']} errors" for lv, s in levels)
     files = ", ".join(sorted({t.file for lv in result.levels for t in lv.turns}))
+    below = sorted({f for _, s in levels for f in s["below_server"]})
+    flagged = [] if not below else [
+        "", f"**Not a latency:** {len(below)} turns have `v2v_ms` below the server's own (`unaccounted_ms` < "
+        f"-{SPEECH_END_RESOLUTION_MS:g} ms): their speech-end mark lies after where the server heard the speech "
+        f"end ({', '.join(below)})."]
     return "\n".join([*lines, "", f"ms. {counts}. Files: {files}. Audible: peak ≥ {result.threshold_dbfs:g} dBFS in "
                       f"{result.window_ms} ms" + ("" if result.same_host else "; REMOTE server: downlink_ms and "
-                      "unaccounted_ms mix two clocks") + "."])
+                      "unaccounted_ms mix two clocks") + ".", *flagged])
 
 
 TURN_TABLE_COLUMNS: tuple[str, ...] = ("v2v_ms", "server_v2v_ms", *STAGE_COLUMNS, "unaccounted_ms")

@@ -39,6 +39,7 @@ from assistant.bench.report import (
     BenchResult,
     LevelResult,
     TurnResult,
+    below_server,
     stage_sum,
     write_json,
 )
@@ -370,6 +371,9 @@ class BenchSession:
         cols["onset_ms"] = round((heard - first_rx) * 1000, 1)
         cols["unaccounted_ms"] = round(cols["v2v_ms"] - stage_sum(cols), 1)  # type: ignore[operator]
         result.columns = cols
+        if below_server(cols):
+            log.warning("bench.v2v client_below_server file=%s v2v_ms=%s server_v2v_ms=%s unaccounted_ms=%s",
+                        result.file, cols["v2v_ms"], cols.get("server_v2v_ms"), cols["unaccounted_ms"])
 
     async def close(self) -> None:
         if self.session_id and not self.failed:

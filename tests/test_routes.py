@@ -9,7 +9,7 @@ from assistant.config import Config
 from assistant.server.openapi import build_openapi, operation_of
 from assistant.server.routes import OPENAI_PREFIX, ROUTES
 
-PRODUCT_MODULES = {"front": ("front", "app", "openapi"), "voice": ("voice.", "app"),
+PRODUCT_MODULES = {"front": ("front", "app", "openapi", "keys"), "voice": ("voice.", "app"),
                    "tts": ("tts_api.",), "realtime": ("realtime.",)}
 
 

@@ -66,6 +66,7 @@ class ConversationSession:
         self.cfg = cfg
         self.id = new_session_id(cfg.server.gateway_id)
         self.client = client  # who opened it (the key of the per-client limits)
+        self.owner = ""  # the key that opened it (keys.Principal.id; signaling.admit sets it): who may act on it
         self.connected = True  # a peerless session is connected once admitted; a peer's says when it is
         self.services = services
         self.created = time.monotonic()

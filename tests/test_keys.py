@@ -367,3 +367,94 @@ async def test_client_secrets_in_the_reference_shape_open_realtime_sessions(serv
         # Without the token: refused.
         async with http.post(f"{url}/v1/realtime/client_secrets", json={}, headers=bearer(secret.value)) as r:
             assert r.status == 403
+
+
+# --- through the dispatcher -------------------------------------------------------------------------------
+@aio
+async def test_ownership_and_caps_hold_through_the_dispatcher(services: Services, tmp_path, http) -> None:
+    """Two gateways (in this process, sharing the engines) behind the dispatcher, all with one token: each caller's
+    key goes through as it came, so each gateway binds, lists and guards by it; the caps hold across gateways."""
+    import contextlib
+
+    from assistant.server.dispatch.app import create_dispatch_app
+    from assistant.server.local import serve_on_loopback
+
+    async with contextlib.AsyncExitStack() as stack:
+        urls = []
+        for gid in ("gA", "gB"):
+            c = cfg(tmp_path / gid, gateway_id=gid, max_sessions=4, trusted_proxies=["127.0.0.1/32"])
+            gateway, _app = await stack.enter_async_context(serve(c, services))
+            urls.append(gateway)
+        front_cfg = test_config(server={"auth_token": TOKEN, "max_sessions_per_client": 4},
+                                dispatch={"gateways": urls, "poll_interval_s": 0.5})
+        front = await stack.enter_async_context(serve_on_loopback(create_dispatch_app(front_cfg)))
+        async with http.get(f"{front}/readyz") as r:  # the public learn ready, not the gateways' addresses
+            assert r.status == 200 and await r.json() == {"status": "ready"}
+        async with http.get(f"{front}/readyz", headers=ADMIN) as r:  # the heartbeat reached them with the token
+            assert [g["state"] for g in (await r.json())["gateways"]] == ["ready", "ready"]
+        alice, bob = await mint(http, front), await mint(http, front)  # minted on a gateway, good on all
+        offers = [Offer() for _ in range(6)]
+        try:
+            (sa, ba), (sb, bb) = await offers[0].post(http, front, alice), await offers[1].post(http, front, bob)
+            assert (sa, sb) == (200, 200), (ba, bb)
+            ida, idb = ba["session_id"], bb["session_id"]
+            assert {ida.split(".")[0], idb.split(".")[0]} == {"gA", "gB"}  # one on each gateway
+            assert await listed(http, front, alice) == {ida} and await listed(http, front, bob) == {idb}
+            async with http.get(f"{front}/api/sessions", headers=ADMIN) as r:
+                assert {s["session_id"] for s in (await r.json())["sessions"]} == {ida, idb}
+            frag = offers[0].fragment()
+            async with http.patch(f"{front}/api/sessions/{ida}", data=frag,
+                                  headers={"Content-Type": SDPFRAG, **bearer(bob)}) as r:
+                assert r.status == 404
+            async with http.delete(f"{front}/api/sessions/{ida}", headers=bearer(bob)) as r:
+                assert r.status == 404
+            async with http.patch(f"{front}/api/sessions/{ida}", data=frag,
+                                  headers={"Content-Type": SDPFRAG, **bearer(alice)}) as r:
+                assert r.status == 204, await r.text()
+            # A key that may hold one session: its second is refused though the other gateway has room.
+            one = await mint(http, front, max_sessions=1)
+            status, body = await offers[2].post(http, front, one)
+            assert status == 200, body
+            status, body = await offers[3].post(http, front, one)
+            assert (status, body["error"]) == (429, "key_session_limit"), body
+            # This client (every caller here is 127.0.0.1) may hold 4 across both gateways, and no more.
+            status, body = await offers[4].post(http, front, bob)
+            assert status == 200, body
+            status, body = await offers[5].post(http, front, alice)
+            assert (status, body["error"]) == (429, "too_many_sessions"), body
+            for sid, key in ((ida, alice), (idb, bob)):
+                async with http.delete(f"{front}/api/sessions/{sid}", headers=bearer(key)) as r:
+                    assert r.status == 200
+        finally:
+            for offer in offers:
+                await offer.pc.close()
+
+
+# --- starting on a public address -------------------------------------------------------------------------
+def test_serve_on_a_public_address_without_a_token_exits_with_a_clear_message(tmp_path) -> None:
+    import subprocess
+    import sys
+
+    from tests.conftest import REPO
+
+    run = subprocess.run([sys.executable, "-m", "assistant", "serve", "--server.host", "0.0.0.0",
+                          "--server.data_dir", str(tmp_path)], cwd=REPO, capture_output=True, text=True, timeout=120,
+                         env={**__import__("os").environ, "ASSISTANT_SERVER__AUTH_TOKEN": ""})
+    assert run.returncode == 2, run.stderr[-2000:]
+    assert "0.0.0.0, a non-loopback address, and server.auth_token is empty" in run.stderr
+    assert "server.allow_public_without_token" in run.stderr
+
+
+def test_an_operator_who_means_it_gets_a_warning(caplog: pytest.LogCaptureFixture) -> None:
+    from assistant.config import ConfigError
+    from assistant.server.front import check_exposure
+
+    server = test_config(server={"host": "0.0.0.0"}).server
+    with pytest.raises(ConfigError):
+        check_exposure(server)
+    server.allow_public_without_token = True
+    with caplog.at_level("WARNING"):
+        check_exposure(server)
+    assert "public_without_token" in caplog.text
+    for host, token in (("127.0.0.1", ""), ("::1", ""), ("localhost", ""), ("0.0.0.0", "t")):
+        check_exposure(test_config(server={"host": host, "auth_token": token}).server)

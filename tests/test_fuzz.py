@@ -318,7 +318,7 @@ def test_fuzz_nested_json_on_sockets(server: Server) -> None:
                 if msg.type != aiohttp.WSMsgType.TEXT:
                     return 500, f"socket closed: {msg.type} {msg.extra}"
                 reply = json.loads(msg.data)
-                if realtime and reply.get("type") != "error" or reply.get("error") in (None, "internal_error"):
+                if (realtime and reply.get("type") != "error") or reply.get("error") in (None, "internal_error"):
                     return 500, msg.data
                 good = {"type": "session.update", "session": {"instructions": "ok"}} if realtime else {"text": "Ok."}
                 await ws.send_str(json.dumps(good))

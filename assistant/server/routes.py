@@ -31,6 +31,7 @@ SAFE_METHODS = ("GET", "HEAD", "OPTIONS")
 CALL, TTS, ADMIN = "call", "tts", "admin"  # the scopes a key may have (``keys.py``)
 # Media types a body may have (``Route.content_types``).
 JSON, SDP, FORM = "application/json", "application/sdp", "multipart/form-data"
+URLENCODED = "application/x-www-form-urlencoded"  # the carriers' webhooks
 SDPFRAG = "application/trickle-ice-sdpfrag"  # RFC 8840
 
 
@@ -52,7 +53,8 @@ class Route:
     path: str
     handler: str  # "module:function" under assistant.server
     forward: Forward
-    product: str  # "front", "voice" (the voice session), "tts" (the TTS API), "realtime" (OpenAI's Realtime API)
+    product: str  # "front", "voice" (the voice session), "tts" (the TTS API), "realtime" (OpenAI's Realtime API),
+    # "telephony" (phone calls through a carrier)
     max_body: Callable[[Config], int] | None = None  # the largest body the dispatcher passes on (None: no body)
     budget: str | None = None  # the per-client budget a request spends (``limits.BUDGETS``); None: none
     content_types: tuple[str, ...] = ()  # what its body's Content-Type must be (415 otherwise); (): not checked
@@ -99,6 +101,10 @@ def tts_body(cfg: Config) -> int:
 
 def _upload(cfg: Config) -> int:
     return cfg.tts_api.max_upload_bytes + 65_536
+
+
+def _webhook(cfg: Config) -> int:
+    return cfg.telephony.max_webhook_bytes
 
 
 def _call(cfg: Config) -> int:
@@ -158,6 +164,17 @@ ROUTES: tuple[Route, ...] = (
           scope=ADMIN),
     Route("POST", "/v1/realtime/client_secrets", "realtime.client_secrets:create_client_secret", F.PROXY,
           "realtime", _json, budget="keys", content_types=(JSON,), scope=ADMIN),
+    # Phone calls: each carrier's signed webhook and its media stream. The media token the webhook mints is kept by
+    # the gateway that answered, so the carrier calls a gateway, not the dispatcher (501 there). The media sockets
+    # refuse a foreign Origin: carriers send none, and a page has no business opening one.
+    Route("POST", "/telephony/twilio/voice", "telephony.webhooks:twilio_voice", F.GATEWAY, "telephony", _webhook,
+          content_types=(URLENCODED,)),
+    Route("GET", "/telephony/twilio/media", "telephony.media:twilio_media", F.GATEWAY, "telephony",
+          checks_origin=True),
+    Route("POST", "/telephony/telnyx/voice", "telephony.webhooks:telnyx_voice", F.GATEWAY, "telephony", _webhook,
+          content_types=(URLENCODED,)),
+    Route("GET", "/telephony/telnyx/media", "telephony.media:telnyx_media", F.GATEWAY, "telephony",
+          checks_origin=True),
 )
 
 

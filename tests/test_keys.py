@@ -23,6 +23,7 @@ from assistant.server.app import SESSIONS
 from assistant.server.services import Services
 from assistant.server.voice.sdpfrag import build_sdpfrag, ice_credentials
 from tests.conftest import serve, test_config
+from tests.waiting import until
 
 pytestmark = pytest.mark.timeout(180)
 aio = pytest.mark.asyncio(loop_scope="module")
@@ -253,10 +254,7 @@ async def test_one_client_cannot_hold_more_sessions_than_its_cap(services: Servi
             assert refused.value.status == 429
             assert len(app[SESSIONS]) == 2
             await ws1.close()
-            for _ in range(100):  # the socket's session leaves the table as it closes
-                if len(app[SESSIONS]) < 2:
-                    break
-                await asyncio.sleep(0.02)
+            await until(lambda: len(app[SESSIONS]) < 2, "the closed socket's session to leave the table")
             status, body = await offer.post(http, url, key)
             assert status == 200, body
         finally:

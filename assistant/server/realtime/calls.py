@@ -18,9 +18,9 @@ import json
 import logging
 import secrets
 from collections import deque
-from typing import Any
 
 from aiohttp import web
+from aiortc import RTCDataChannel
 
 from assistant.server.http import CONFIG, APIError, read_multipart
 from assistant.server.limits import LIMITS
@@ -49,12 +49,12 @@ class ChannelEvents:
 
     def __init__(self, session: Session) -> None:
         self.session = session
-        self.channel: Any = None
+        self.channel: RTCDataChannel | None = None
         self.pending: deque[str] = deque(maxlen=MAX_PENDING)
         self.inbox: asyncio.Queue[str | bytes] = asyncio.Queue(maxsize=INBOX)
         self.protocol: RealtimeProtocol | None = None
 
-    def send(self, event: dict[str, Any]) -> None:
+    def send(self, event: dict[str, object]) -> None:
         text = json.dumps(event, ensure_ascii=False)
         ch = self.channel
         if ch is not None and ch.readyState == "open":
@@ -65,7 +65,7 @@ class ChannelEvents:
         else:
             self.pending.append(text)
 
-    def attach(self, channel: Any) -> None:
+    def attach(self, channel: RTCDataChannel) -> None:
         self.channel = channel
 
         @channel.on("open")
@@ -95,7 +95,7 @@ class ChannelEvents:
                 await self.protocol.receive(message)
 
 
-async def read_offer(request: web.Request, max_sdp: int, max_session: int) -> tuple[str, Any]:
+async def read_offer(request: web.Request, max_sdp: int, max_session: int) -> tuple[str, object]:
     """The offer's SDP and the optional ``session`` object, from either body shape."""
     if request.content_type == "multipart/form-data":
         parts = await read_multipart(request, {"sdp": max_sdp, "session": max_session})
@@ -181,7 +181,7 @@ ICE_SCHEMA = {
 async def ice_servers(request: web.Request) -> web.Response:
     """``GET /v1/realtime/ice-servers``: what ``new RTCPeerConnection({iceServers})`` takes."""
     ice = browser_config(request.config_dict[CONFIG].ice, f"realtime-{secrets.token_urlsafe(9)}")
-    body: dict[str, Any] = {"ice_servers": ice["iceServers"], "ice_transport_policy": ice["iceTransportPolicy"]}
+    body: dict[str, object] = {"ice_servers": ice["iceServers"], "ice_transport_policy": ice["iceTransportPolicy"]}
     if "expires_at" in ice:
         body["expires_at"] = ice["expires_at"]
     return web.json_response(body, headers={"Cache-Control": "no-store"})

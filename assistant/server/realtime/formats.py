@@ -9,7 +9,6 @@ the ITU-T G.711 rule, written with numpy over whole chunks.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 import soxr
@@ -37,7 +36,7 @@ class AudioFormat:
     rate: int
     bytes_per_sample: int
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, object]:
         return {"type": self.type, "rate": self.rate} if self.type == "audio/pcm" else {"type": self.type}
 
     @property

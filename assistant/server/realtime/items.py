@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import re
 import secrets
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
 
 import numpy as np
 
 from assistant.audio import SPEECH_RATE
+from assistant.pipeline.reply import played_text
 from assistant.respond.base import Message, ToolCall
 
 
@@ -46,8 +47,18 @@ class Item:
         """What the item says, for the history (None: nothing to say)."""
         return self.transcript if self.audio else self.text
 
-    def to_json(self, beta: bool = False) -> dict[str, Any]:
-        out: dict[str, Any] = {"id": self.id, "object": "realtime.item", "type": self.type}
+    def cut(self, end_ms: float, heard: str | None = None) -> None:
+        """Truncate an assistant item's audio at ``end_ms``: its transcript keeps only what that audio said
+        (``heard``, when the conversation knows it; else the share of the words the audio kept)."""
+        total = self.audio_ms
+        if heard is None:
+            made = max(1, int(total))
+            heard = played_text([(0, self.transcript or "")], made, int(min(end_ms, made)))
+        self.transcript = heard
+        self.audio_ms = min(total, float(end_ms)) if total else float(end_ms)
+
+    def to_json(self, beta: bool = False) -> dict[str, object]:
+        out: dict[str, object] = {"id": self.id, "object": "realtime.item", "type": self.type}
         if self.type == "message":
             out.update(status=self.status, role=self.role, content=[self._part(beta)])
         elif self.type == "function_call":
@@ -56,7 +67,7 @@ class Item:
             out.update(call_id=self.call_id, output=self.output)
         return out
 
-    def _part(self, beta: bool) -> dict[str, Any]:
+    def _part(self, beta: bool) -> dict[str, object]:
         if self.role == "assistant":
             if self.audio:
                 return {"type": "audio" if beta else "output_audio", "transcript": self.transcript}
@@ -131,8 +142,8 @@ class Items:
         return out
 
 
-def parse_item(raw: object, decode_audio: Any, max_clip_s: float) -> Item:
-    """A ``conversation.item.create`` item → :class:`Item` (user audio decoded by ``decode_audio(bytes)``)."""
+def parse_item(raw: object, decode_audio: Callable[[object, str], np.ndarray], max_clip_s: float) -> Item:
+    """A ``conversation.item.create`` item → :class:`Item` (user audio decoded by ``decode_audio(value, param)``)."""
     if not isinstance(raw, dict):
         raise ItemError("'item' must be an object", "item")
     kind = raw.get("type", "message")

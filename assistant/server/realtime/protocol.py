@@ -38,29 +38,19 @@ from typing import Any
 import numpy as np
 
 from assistant.audio import AudioChunk
-from assistant.pipeline.reply import played_text
 from assistant.server.realtime.conversation_events import ConversationEvents
 from assistant.server.realtime.formats import FormatError, InputDecoder, OutputEncoder, decode_clip
 from assistant.server.realtime.input_audio import InputAudio
 from assistant.server.realtime.items import Item, ItemError, Items, new_id, parse_item
 from assistant.server.realtime.responder import RealtimeResponder, ReplyContext
-from assistant.server.realtime.responses import Response, Responses
+from assistant.server.realtime.responses import Responses
 from assistant.server.realtime.settings import Settings, SettingsError, parse_tools
 from assistant.server.realtime.sink import StreamSink
+from assistant.server.realtime.state import Outgoing, Send, SessionState
 from assistant.server.voice.session import ConversationSession
 
 log = logging.getLogger(__name__)
 
-# GA server event names → the beta names clients of the beta API listen for (the rest are the same).
-BETA_NAMES = {
-    "response.output_audio.delta": "response.audio.delta",
-    "response.output_audio.done": "response.audio.done",
-    "response.output_audio_transcript.delta": "response.audio_transcript.delta",
-    "response.output_audio_transcript.done": "response.audio_transcript.done",
-    "response.output_text.delta": "response.text.delta",
-    "response.output_text.done": "response.text.done",
-    "conversation.item.added": "conversation.item.created",
-}
 MIN_COMMIT_MS = 100  # the reference refuses to commit less audio than this
 CONTINUE = "(continue)"  # the words of a turn that has none: the model goes on after a tool's output
 WAV_MAGIC = (b"RIFF", b"OggS", b"fLaC", b"ID3")  # containers sent where raw samples were declared
@@ -88,7 +78,7 @@ class RealtimeProtocol:
         session: ConversationSession,
         settings: Settings,
         context: ReplyContext,
-        send: Callable[[dict[str, Any]], None],
+        send: Send,
         *,
         webrtc: bool,
         beta: bool = False,
@@ -101,44 +91,34 @@ class RealtimeProtocol:
     ) -> None:
         self.session = session
         self.conversation = session.conversation
-        self.settings = settings
-        self.context = context
-        self._send = send
-        self.webrtc, self.beta, self.turn_metrics = webrtc, beta, turn_metrics
+        self.beta = beta
         self.voices, self.speed_check = voices, speed_check
         self.max_event_bytes, self.max_buffer_s = max_event_bytes, max_buffer_s
-        self.items = Items(max_items)
         self.decoder = InputDecoder(settings.input_format)
-        self.encoder = OutputEncoder(settings.output_format)
-        self.input = InputAudio(self.conversation, max_buffer_s)
-        self.pending: list[Item] = []  # user items created since the last response: its input
-        self.user_items: dict[int, Item] = {}  # turn → its user audio item
-        self.given_words: set[int] = set()  # turns whose words were given (no transcription events)
-        self.sink = session.sink
-        self.responses = Responses(self)
-        self.events = ConversationEvents(self)
-        if isinstance(self.sink, StreamSink):
-            self.sink.send_audio = self.events.on_reply_audio
-            self.sink.discard = not settings.audio_out
-        context.history = self.items.history
-        self.session_context()
+        self.out = Outgoing(send, beta=beta, session_id=session.id)
+        self.state = SessionState(
+            conversation=self.conversation, sink=session.sink, settings=settings, context=context,
+            vad=session.cfg.vad, items=Items(max_items), input=InputAudio(self.conversation, max_buffer_s),
+            encoder=OutputEncoder(settings.output_format), webrtc=webrtc, turn_metrics=turn_metrics)
+        self.responses = Responses(self.state, self.out)
+        self.events = ConversationEvents(self.state, self.out, self.responses)
+        sink = session.sink
+        if isinstance(sink, StreamSink):
+            sink.send_audio = self.events.on_reply_audio
+            sink.discard = not settings.audio_out
+        context.history = self.state.items.history
+        self.state.session_context()
         session.events.subscribe(self.events.on_event)
 
     # --- sending ---------------------------------------------------------------------------------------
-    def emit(self, kind: str, **fields: Any) -> None:
-        name = BETA_NAMES.get(kind, kind) if self.beta else kind
-        self._send({"type": name, "event_id": new_id("event"), **fields})
-
-    def error(self, message: str, *, code: str | None, param: str | None = None, event_id: Any = None,
+    def error(self, message: str, *, code: str | None, param: str | None = None, event_id: object = None,
               kind: str = "invalid_request_error") -> None:
         """An ``error`` event in the reference's shape; ``event_id`` names the client event at fault."""
-        log.info("realtime_error session=%s code=%s param=%s", self.session.id, code, param)
-        self.emit("error", error={"type": kind, "code": code, "message": message, "param": param,
-                                  "event_id": event_id if isinstance(event_id, str) else None})
+        self.out.error(message, code=code, param=param, event_id=event_id, kind=kind)
 
     def start(self) -> None:
         """The first event of every session."""
-        self.emit("session.created", session=self.settings.to_json(self.beta))
+        self.out.emit("session.created", session=self.state.settings.to_json(self.beta))
 
     # --- client events ---------------------------------------------------------------------------------
     async def receive(self, text: str | bytes) -> None:
@@ -177,8 +157,8 @@ class RealtimeProtocol:
                        kind="server_error")
 
     async def _session_update(self, event: dict[str, Any]) -> None:
-        new = self.settings.updated(event.get("session"))
-        old = self.settings
+        new = self.state.settings.updated(event.get("session"))
+        old = self.state.settings
         voice_id: str | None = None
         if new.speed != old.speed:
             self.speed_check(new.speed)
@@ -188,41 +168,41 @@ class RealtimeProtocol:
             raise ClientError(f"tools are not supported by the responder {self._responder_name()!r}: configure an "
                               "OpenAI-compatible responder (respond.engine = openai) that supports them",
                               code="unsupported", param="session.tools")
-        self.settings = new
+        self.state.settings = new
         if new.voice != old.voice or new.speed != old.speed:
             self.conversation.set_voice(voice_id, new.speed)
         if new.turn_detection != old.turn_detection:
             cfg = self.session.cfg
             self.conversation.tune(vad=new.vad_config(cfg.vad), turn=new.turn_config(cfg.turn))
             if (old.turn_detection is None) != (new.turn_detection is None):
-                self.input.clear()
+                self.state.input.clear()
         if new.input_format != old.input_format:
             self.decoder = InputDecoder(new.input_format)
         if new.output_format != old.output_format:
-            self.encoder = OutputEncoder(new.output_format)
-        if isinstance(self.sink, StreamSink):
-            self.sink.discard = not new.audio_out
+            self.state.encoder = OutputEncoder(new.output_format)
+        if isinstance(self.state.sink, StreamSink):
+            self.state.sink.discard = not new.audio_out
         if self.responses.current is None or not self.responses.current.client:
-            self.context.instructions = new.instructions
-            self.context.tools, self.context.tool_choice = new.tools, new.tool_choice
-        self.emit("session.updated", session=new.to_json(self.beta))
+            self.state.context.instructions = new.instructions
+            self.state.context.tools, self.state.context.tool_choice = new.tools, new.tool_choice
+        self.out.emit("session.updated", session=new.to_json(self.beta))
 
     async def _append(self, event: dict[str, Any]) -> None:
         data = self.audio_bytes(event.get("audio"), "audio")
         samples = self.decoder.decode(data)
-        if self.settings.turn_detection is not None:
-            self.input.feed(samples)
-        elif not self.input.hold(samples):
+        if self.state.settings.turn_detection is not None:
+            self.state.input.feed(samples)
+        elif not self.state.input.hold(samples):
             raise ClientError(f"the input audio buffer holds at most {self.max_buffer_s:g} s: commit or clear it",
                               code="input_audio_buffer_full", param="audio")
 
     def on_track_audio(self, chunk: AudioChunk) -> None:
         """The peer's audio (WebRTC): to turn-taking, or to the input buffer while turn detection is off (what
         passes its size is dropped: a track cannot be refused)."""
-        if self.settings.turn_detection is not None:
-            self.input.feed_chunk(chunk)
+        if self.state.settings.turn_detection is not None:
+            self.state.input.feed_chunk(chunk)
         else:
-            self.input.hold(chunk.samples)
+            self.state.input.hold(chunk.samples)
 
     def audio_bytes(self, value: object, param: str) -> bytes:
         """Base64 audio in the session's input format (raw samples: a WAV or other container is refused)."""
@@ -233,33 +213,34 @@ class RealtimeProtocol:
         except (binascii.Error, ValueError):
             raise ClientError(f"Invalid '{param}': not valid base64", code="invalid_value", param=param) from None
         if data.startswith(WAV_MAGIC):
-            raise ClientError(f"'{param}' holds a file (a container header), not raw {self.settings.input_format.type} "
+            fmt = self.state.settings.input_format.type
+            raise ClientError(f"'{param}' holds a file (a container header), not raw {fmt} "
                               "samples: send the samples alone, in the session's input format",
                               code="invalid_audio_format", param=param)
         return data
 
     async def _commit(self, event: dict[str, Any]) -> None:
-        if self.settings.turn_detection is not None:
+        if self.state.settings.turn_detection is not None:
             raise ClientError("with turn detection on, the server commits the input at the end of speech; set "
                               "audio.input.turn_detection to null to commit it yourself",
                               code="input_audio_buffer_commit_empty")
-        ms = self.input.held_ms
+        ms = self.state.input.held_ms
         if ms < MIN_COMMIT_MS:
             raise ClientError(f"buffer too small. Expected at least {MIN_COMMIT_MS}ms of audio, but buffer only has "
                               f"{ms:.2f}ms of audio.", code="input_audio_buffer_commit_empty")
-        clip = self.input.take()
+        clip = self.state.input.take()
         item = Item(id=new_id("item"), type="message", role="user", audio=True, clip=clip, audio_ms=ms)
-        previous = self.items.add(item)
-        self.pending.append(item)
-        self.emit("input_audio_buffer.committed", previous_item_id=previous, item_id=item.id)
-        self.emit("conversation.item.added", previous_item_id=previous, item=item.to_json(self.beta))
+        previous = self.state.items.add(item)
+        self.state.pending.append(item)
+        self.out.emit("input_audio_buffer.committed", previous_item_id=previous, item_id=item.id)
+        self.out.emit("conversation.item.added", previous_item_id=previous, item=item.to_json(self.beta))
 
     async def _clear(self, event: dict[str, Any]) -> None:
-        self.input.clear()
-        self.emit("input_audio_buffer.cleared")
+        self.state.input.clear()
+        self.out.emit("input_audio_buffer.cleared")
 
     async def _item_create(self, event: dict[str, Any]) -> None:
-        fmt = self.settings.input_format
+        fmt = self.state.settings.input_format
 
         def decode(value: object, param: str) -> np.ndarray:
             return decode_clip(self.audio_bytes(value, param), fmt)
@@ -268,25 +249,25 @@ class RealtimeProtocol:
         after = event.get("previous_item_id")
         if after is not None and not isinstance(after, str):
             raise ClientError("'previous_item_id' must be a string", param="previous_item_id")
-        previous = self.items.add(item, after)
+        previous = self.state.items.add(item, after)
         if item.role == "user":
-            self.pending.append(item)
-        self.emit("conversation.item.added", previous_item_id=previous, item=item.to_json(self.beta))
+            self.state.pending.append(item)
+        self.out.emit("conversation.item.added", previous_item_id=previous, item=item.to_json(self.beta))
         if not self.beta:
-            self.emit("conversation.item.done", previous_item_id=previous, item=item.to_json(self.beta))
+            self.out.emit("conversation.item.done", previous_item_id=previous, item=item.to_json(self.beta))
 
     async def _item_retrieve(self, event: dict[str, Any]) -> None:
         item = self._item(event)
-        self.emit("conversation.item.retrieved", item=item.to_json(self.beta))
+        self.out.emit("conversation.item.retrieved", item=item.to_json(self.beta))
 
     async def _item_delete(self, event: dict[str, Any]) -> None:
         item = self._item(event)
         if item.current:
             raise ClientError("the item belongs to the response in progress: cancel it first", param="item_id")
-        self.items.delete(item.id)
-        if item in self.pending:
-            self.pending.remove(item)
-        self.emit("conversation.item.deleted", item_id=item.id)
+        self.state.items.delete(item.id)
+        if item in self.state.pending:
+            self.state.pending.remove(item)
+        self.out.emit("conversation.item.deleted", item_id=item.id)
 
     async def _item_truncate(self, event: dict[str, Any]) -> None:
         item = self._item(event)
@@ -300,11 +281,11 @@ class RealtimeProtocol:
         if end > item.audio_ms + 1:
             raise ClientError(f"audio content is only {item.audio_ms:.0f} ms long, cannot truncate at {end} ms",
                               param="audio_end_ms")
-        self._cut(item, end)
-        self.emit("conversation.item.truncated", item_id=item.id, content_index=0, audio_end_ms=end)
+        item.cut(end)
+        self.out.emit("conversation.item.truncated", item_id=item.id, content_index=0, audio_end_ms=end)
 
     def _item(self, event: dict[str, Any]) -> Item:
-        item = self.items.get(event.get("item_id"))
+        item = self.state.items.get(event.get("item_id"))
         if item is None:
             raise ClientError(f"Item with item_id not found: {str(event.get('item_id'))[:64]}", code="item_not_found",
                               param="item_id")
@@ -335,27 +316,27 @@ class RealtimeProtocol:
         instructions = params.get("instructions")
         if instructions is not None and not isinstance(instructions, str):
             raise ClientError("'instructions' must be a string", param="response.instructions")
-        modalities = params.get("output_modalities", params.get("modalities", self.settings.output_modalities))
+        modalities = params.get("output_modalities", params.get("modalities", self.state.settings.output_modalities))
         if not isinstance(modalities, list) or not modalities or any(m not in ("audio", "text") for m in modalities):
             raise ClientError("output modalities must be ['audio'] or ['text']", param="response.output_modalities")
-        tools = self.settings.tools
+        tools = self.state.settings.tools
         if "tools" in params:
             tools = parse_tools(params["tools"], "response.tools")
             if tools and not self._takes_tools():
                 raise ClientError(f"tools are not supported by the responder {self._responder_name()!r}",
                                   code="unsupported", param="response.tools")
-        audio_in = [i for i in self.pending if i.audio and i.clip is not None]
-        words = [i.words() or "" for i in self.pending if not i.audio]
-        last = self.items.items[-1] if self.items.items else None
+        audio_in = [i for i in self.state.pending if i.audio and i.clip is not None]
+        words = [i.words() or "" for i in self.state.pending if not i.audio]
+        last = self.state.items.items[-1] if self.state.items.items else None
         continuation = not audio_in and not any(words) and last is not None and last.type == "function_call_output"
         if not audio_in and not any(words) and not continuation and not instructions:
             raise ClientError("nothing to respond to: append audio and commit it, create a user item, or give "
                               "response.instructions", code="response_create_no_input", param="response")
-        ctx = self.context
-        ctx.instructions = instructions if instructions is not None else self.settings.instructions
-        ctx.tools, ctx.tool_choice = tools, params.get("tool_choice", self.settings.tool_choice)
+        ctx = self.state.context
+        ctx.instructions = instructions if instructions is not None else self.state.settings.instructions
+        ctx.tools, ctx.tool_choice = tools, params.get("tool_choice", self.state.settings.tool_choice)
         ctx.continuation = continuation or (not audio_in and not any(words))
-        inputs, self.pending = self.pending, []
+        inputs, self.state.pending = self.state.pending, []
         for item in inputs:
             item.current = True
         if audio_in:
@@ -365,10 +346,10 @@ class RealtimeProtocol:
         else:
             text = "\n".join(w for w in words if w) or (CONTINUE if continuation else instructions or CONTINUE)
             self.conversation.respond_to(text=text)
-            self.given_words.add(self.conversation.turns)
+            self.state.given_words.add(self.conversation.turns)
         turn = self.conversation.turns
         if audio_in:
-            self.user_items[turn] = audio_in[-1]
+            self.state.user_items[turn] = audio_in[-1]
             for item in audio_in[:-1]:
                 item.transcript = ""  # transcribed as one with the last
         resp = self.responses.open(turn, client=True, input_text=text)
@@ -385,44 +366,15 @@ class RealtimeProtocol:
             self.responses.finish(resp, "cancelled", {"type": "cancelled", "reason": "client_cancelled"})
 
     async def _output_clear(self, event: dict[str, Any]) -> None:
-        if not self.webrtc:
+        if not self.state.webrtc:
             raise ClientError("output_audio_buffer.clear is for WebRTC sessions: over WebSocket the client holds "
                               "the audio; use response.cancel and conversation.item.truncate", code="unsupported")
         resp = self.responses.current
         if resp is not None and not self.conversation.cancel("client_cancelled"):
             self.responses.finish(resp, "cancelled", {"type": "cancelled", "reason": "client_cancelled"})
-        self.emit("output_audio_buffer.cleared", response_id=resp.id if resp is not None else None)
+        self.out.emit("output_audio_buffer.cleared", response_id=resp.id if resp is not None else None)
 
     # --- helpers -------------------------------------------------------------------------------------------
-    def _heard_text(self, resp: Response) -> str | None:
-        """What of the reply was heard, as the conversation's history recorded it at the interruption (the
-        runner maps the frames played to the words they carried); None if it did not record this turn."""
-        msgs = self.conversation.history.messages
-        last_user = next((k for k in range(len(msgs) - 1, -1, -1) if msgs[k].role == "user"), None)
-        if last_user is None or msgs[last_user].content != resp.input_text:
-            return None
-        return msgs[last_user + 1].content if last_user + 1 < len(msgs) else ""
-
-    def _cut(self, item: Item, end_ms: float, heard: str | None = None) -> None:
-        """Truncate an assistant item's audio at ``end_ms``: its transcript keeps only what that audio said."""
-        total = item.audio_ms
-        words = item.transcript or ""
-        if heard is None:
-            made = max(1, int(total))
-            heard = played_text([(0, words)], made, int(min(end_ms, made)))
-        item.transcript = heard
-        item.audio_ms = min(total, float(end_ms)) if total else float(end_ms)
-
-    def session_context(self) -> None:
-        """The responder's context back to the session's settings (a server turn, or a client response done)."""
-        ctx, settings = self.context, self.settings
-        ctx.instructions, ctx.tools, ctx.tool_choice = settings.instructions, settings.tools, settings.tool_choice
-        ctx.continuation = False
-
-    def out_format(self) -> dict[str, Any]:
-        fmt = self.settings.output_format
-        return fmt.beta_name if self.beta else fmt.to_json()  # type: ignore[return-value]
-
     def _takes_tools(self) -> bool:
         responder = self.conversation.runner.deps.responder
         return isinstance(responder, RealtimeResponder) and responder.takes_tools

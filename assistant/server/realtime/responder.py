@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from assistant.respond.base import Message, MessagesResponder, ReplyOptions, Responder, ToolCall, reply_stream
+from assistant.server.realtime.settings import ToolChoice
 
 log = logging.getLogger(__name__)
 
@@ -39,7 +40,7 @@ class ReplyContext:
     instructions: str = ""
     history: Callable[[bool], list[Message]] = lambda tools: []
     tools: list[dict[str, Any]] = field(default_factory=list)
-    tool_choice: Any = "auto"
+    tool_choice: ToolChoice = "auto"
     continuation: bool = False  # no new user words: the model goes on (after a tool's output)
     replies: list[Reply] = field(default_factory=list)
 

@@ -3,8 +3,8 @@
 A response belongs to one turn of the conversation. It opens when the turn has words (or the client asks with
 ``response.create``), gets its assistant message on the first words or audio, and closes with the closing events
 and ``response.done`` (completed, cancelled or failed); function calls the responder made are output items of it.
-The protocol (``protocol.py``) holds the session's settings, items and sending; this module keeps which
-response is open and which turn each recent one belongs to.
+It reads and writes the session's shared state (``state.py``) and sends through its :class:`Outgoing`; this
+module keeps which response is open and which turn each recent one belongs to.
 """
 
 from __future__ import annotations
@@ -13,12 +13,9 @@ import asyncio
 import contextlib
 import logging
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
 
 from assistant.server.realtime.items import Item, new_id
-
-if TYPE_CHECKING:
-    from assistant.server.realtime.protocol import RealtimeProtocol
+from assistant.server.realtime.state import Outgoing, SessionState
 
 log = logging.getLogger(__name__)
 
@@ -33,7 +30,7 @@ class Response:
     id: str
     turn: int
     input_text: str = ""
-    metadata: Any = None
+    metadata: object = None
     modalities: list[str] = field(default_factory=lambda: ["audio"])
     output: list[Item] = field(default_factory=list)
     message: Item | None = None  # the assistant message item, once it has words or audio
@@ -47,9 +44,9 @@ class Response:
     inputs: list[Item] = field(default_factory=list)  # the user items it answers (response.create)
     closed: bool = False
 
-    def to_json(self, status: str, details: dict[str, Any] | None, beta: bool, output_format: dict[str, Any],
-                voice: str) -> dict[str, Any]:
-        out: dict[str, Any] = {
+    def to_json(self, status: str, details: dict[str, object] | None, beta: bool,
+                output_format: str | dict[str, object], voice: str) -> dict[str, object]:
+        out: dict[str, object] = {
             "object": "realtime.response", "id": self.id, "status": status, "status_details": details,
             "output": [i.to_json(beta) for i in self.output], "conversation_id": "conv_default",
             "usage": None, "metadata": self.metadata,
@@ -65,29 +62,30 @@ class Response:
 class Responses:
     """Which response is open, the recent ones by turn, and the events that open and close them."""
 
-    def __init__(self, owner: RealtimeProtocol) -> None:
-        self.owner = owner
+    def __init__(self, state: SessionState, out: Outgoing) -> None:
+        self.state = state
+        self.out = out
         self.current: Response | None = None
         self.by_turn: dict[int, Response] = {}
         self.watcher: asyncio.Task[None] | None = None
 
-    def emit(self, kind: str, **fields: Any) -> None:
-        self.owner.emit(kind, **fields)
+    def emit(self, kind: str, **fields: object) -> None:
+        self.out.emit(kind, **fields)
 
     def open(self, turn: int, *, client: bool, input_text: str) -> Response:
         if self.current is not None:
             self.finish(self.current, "cancelled", {"type": "cancelled", "reason": "turn_detected"})
         resp = Response(id=new_id("resp"), turn=turn, input_text=input_text, client=client,
-                        modalities=list(self.owner.settings.output_modalities),
-                        frames_base=self.owner.sink.audible_frames_sent)
+                        modalities=list(self.state.settings.output_modalities),
+                        frames_base=self.state.sink.audible_frames_sent)
         self.current = self.by_turn[turn] = resp
         for old in [t for t in self.by_turn if t < turn - TURNS_KEPT]:  # bounded: only recent turns get events
             self.by_turn.pop(old)
-        for old in [t for t in self.owner.user_items if t < turn - TURNS_KEPT]:
-            self.owner.user_items.pop(old)
-        self.owner.given_words = {t for t in self.owner.given_words if t >= turn - TURNS_KEPT}
+        for old in [t for t in self.state.user_items if t < turn - TURNS_KEPT]:
+            self.state.user_items.pop(old)
+        self.state.given_words = {t for t in self.state.given_words if t >= turn - TURNS_KEPT}
         if not client:
-            self.owner.session_context()
+            self.state.session_context()
         self.emit("response.created", response=self._json(resp, "in_progress", None))
         self.watcher = asyncio.get_running_loop().create_task(self._watch(resp), name=f"rt-watch-{turn}")
         return resp
@@ -97,7 +95,7 @@ class Responses:
         quiet = 0
         while not resp.closed:
             await asyncio.sleep(WATCH_S)
-            quiet = quiet + 1 if not self.owner.conversation.responding else 0
+            quiet = quiet + 1 if not self.state.conversation.responding else 0
             if quiet >= 2 and not resp.closed:
                 if resp.speech_after and not resp.transcript:
                     self.finish(resp, "cancelled", {"type": "cancelled", "reason": "turn_detected"})
@@ -112,10 +110,10 @@ class Responses:
                         transcript="" if audio else None, text=None if audio else "", current=True)
             resp.message = item
             resp.output.append(item)
-            previous = self.owner.items.add(item)
+            previous = self.state.items.add(item)
             self.emit("response.output_item.added", response_id=resp.id, output_index=0,
-                      item=item.to_json(self.owner.beta))
-            self.emit("conversation.item.added", previous_item_id=previous, item=item.to_json(self.owner.beta))
+                      item=item.to_json(self.out.beta))
+            self.emit("conversation.item.added", previous_item_id=previous, item=item.to_json(self.out.beta))
         if not resp.part_open:
             resp.part_open = True
             part = {"type": "audio", "transcript": ""} if resp.message.audio else {"type": "text", "text": ""}
@@ -123,7 +121,7 @@ class Responses:
                       content_index=0, part=part)
         return resp.message
 
-    def finish(self, resp: Response, status: str, details: dict[str, Any] | None) -> None:
+    def finish(self, resp: Response, status: str, details: dict[str, object] | None) -> None:
         """The closing events of a response, in the reference's order, then ``response.done``."""
         if resp.closed:
             return
@@ -131,7 +129,7 @@ class Responses:
         msg = resp.message
         ids = {"response_id": resp.id, "output_index": 0}
         if msg is not None and msg.audio and not resp.audio_bytes and status == "completed":
-            msg.audio_ms = max(0, (self.owner.sink.audible_frames_sent - resp.frames_base) * 20)  # WebRTC: all played
+            msg.audio_ms = max(0, (self.state.sink.audible_frames_sent - resp.frames_base) * 20)  # WebRTC: all played
         if msg is not None:
             if resp.part_open:
                 if msg.audio:
@@ -148,46 +146,46 @@ class Responses:
             msg.status = "completed" if status == "completed" else "incomplete"
             msg.current = False
             self.emit("response.output_item.done", response_id=resp.id, output_index=0,
-                      item=msg.to_json(self.owner.beta))
-            if not self.owner.beta:
-                self.emit("conversation.item.done", previous_item_id=self.owner.items.previous_id(msg),
-                          item=msg.to_json(self.owner.beta))
+                      item=msg.to_json(self.out.beta))
+            if not self.out.beta:
+                self.emit("conversation.item.done", previous_item_id=self.state.items.previous_id(msg),
+                          item=msg.to_json(self.out.beta))
         if status != "failed":
-            for call in self.owner.context.take_calls(resp.input_text):
+            for call in self.state.context.take_calls(resp.input_text):
                 self._function_call(resp, call.call_id, call.name, call.arguments)
         for item in resp.inputs:
             item.current = False
-        user = self.owner.user_items.get(resp.turn)
+        user = self.state.user_items.get(resp.turn)
         if user is not None:
             user.current = False
         self.emit("response.done", response=self._json(resp, status, details))
-        if self.owner.webrtc and status == "completed" and resp.audio_started:
+        if self.state.webrtc and status == "completed" and resp.audio_started:
             self.emit("output_audio_buffer.stopped", response_id=resp.id)
         if self.current is resp:
             self.current = None
-            self.owner.session_context()
-        log.info("realtime_response session=%s turn=%d status=%s chars=%d audio_bytes=%d", self.owner.session.id,
+            self.state.session_context()
+        log.info("realtime_response session=%s turn=%d status=%s chars=%d audio_bytes=%d", self.out.session_id,
                  resp.turn, status, len(resp.transcript), resp.audio_bytes)
 
     def _function_call(self, resp: Response, call_id: str, name: str, arguments: str) -> None:
         item = Item(id=new_id("item"), type="function_call", status="in_progress", call_id=call_id, name=name)
         index = len(resp.output)
         resp.output.append(item)
-        previous = self.owner.items.add(item)
+        previous = self.state.items.add(item)
         ids = {"response_id": resp.id, "output_index": index}
-        self.emit("response.output_item.added", item=item.to_json(self.owner.beta), **ids)
-        self.emit("conversation.item.added", previous_item_id=previous, item=item.to_json(self.owner.beta))
+        self.emit("response.output_item.added", item=item.to_json(self.out.beta), **ids)
+        self.emit("conversation.item.added", previous_item_id=previous, item=item.to_json(self.out.beta))
         self.emit("response.function_call_arguments.delta", item_id=item.id, call_id=call_id, delta=arguments, **ids)
         item.arguments, item.status = arguments, "completed"
         self.emit("response.function_call_arguments.done", item_id=item.id, call_id=call_id, name=name,
                   arguments=arguments, **ids)
-        self.emit("response.output_item.done", item=item.to_json(self.owner.beta), **ids)
-        if not self.owner.beta:
-            self.emit("conversation.item.done", previous_item_id=previous, item=item.to_json(self.owner.beta))
+        self.emit("response.output_item.done", item=item.to_json(self.out.beta), **ids)
+        if not self.out.beta:
+            self.emit("conversation.item.done", previous_item_id=previous, item=item.to_json(self.out.beta))
 
-    def _json(self, resp: Response, status: str, details: dict[str, Any] | None) -> dict[str, Any]:
-        owner = self.owner
-        return resp.to_json(status, details, owner.beta, owner.out_format(), owner.settings.voice)
+    def _json(self, resp: Response, status: str, details: dict[str, object] | None) -> dict[str, object]:
+        beta = self.out.beta
+        return resp.to_json(status, details, beta, self.state.out_format(beta), self.state.settings.voice)
 
     async def close(self) -> None:
         if self.watcher is not None and not self.watcher.done():

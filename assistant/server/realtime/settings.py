@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import copy
 import secrets
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -27,6 +28,8 @@ from assistant.config import Config, TurnConfig, VADConfig
 from assistant.server.realtime.formats import PCM16, AudioFormat, FormatError, parse_format
 
 MODALITIES = ("audio", "text")
+# 'auto', 'none', 'required', or {"type": "function", "name": ...}
+ToolChoice = str | dict[str, str]
 EAGERNESS = {"low": 2.0, "medium": 1.0, "auto": 1.0, "high": 0.5}  # × our longest wait for an unfinished turn
 # The reference's own voice names: clients hard-code them, so they speak in our default voice.
 REFERENCE_VOICES = frozenset({"alloy", "ash", "ballad", "coral", "echo", "sage", "shimmer", "verse", "marin",
@@ -63,7 +66,7 @@ class TurnDetection:
     create_response: bool = True
     interrupt_response: bool = True
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, object]:
         common = {"type": self.type, "create_response": self.create_response,
                   "interrupt_response": self.interrupt_response}
         if self.type == "semantic_vad":
@@ -88,7 +91,7 @@ class Settings:
     noise_reduction: dict[str, Any] | None = None
     speed: float = 1.0
     tools: list[dict[str, Any]] = field(default_factory=list)
-    tool_choice: Any = "auto"
+    tool_choice: ToolChoice = "auto"
 
     @classmethod
     def defaults(cls, cfg: Config, model: str) -> Settings:
@@ -138,7 +141,7 @@ class Settings:
         new = copy.deepcopy(self)
         seen: set[str] = set()
 
-        def take(name: str, value: Any, param: str) -> None:
+        def take(name: str, value: object, param: str) -> None:
             if name in seen:
                 raise SettingsError(f"'{param}' is given twice (GA and beta shapes)", param)
             seen.add(name)
@@ -169,7 +172,7 @@ class Settings:
                 raise unknown(p)
         return new
 
-    def _set(self, name: str, value: Any, param: str) -> None:
+    def _set(self, name: str, value: object, param: str) -> None:
         if name == "modalities":
             if not isinstance(value, list) or not value or any(m not in MODALITIES for m in value):
                 raise SettingsError("output modalities must be ['audio'] or ['text'] (or both)", param)
@@ -211,7 +214,7 @@ class Settings:
             self.tool_choice = parse_tool_choice(value, param)
 
     # --- the session object -----------------------------------------------------------------------------
-    def to_json(self, beta: bool = False) -> dict[str, Any]:
+    def to_json(self, beta: bool = False) -> dict[str, object]:
         td = self.turn_detection.to_json() if self.turn_detection is not None else None
         if beta:
             return {
@@ -235,7 +238,7 @@ class Settings:
         }
 
 
-def _audio(value: object, param: str, take: Any) -> None:
+def _audio(value: object, param: str, take: Callable[[str, object, str], None]) -> None:
     if not isinstance(value, dict):
         raise SettingsError("'audio' must be an object", param)
     for side, fields in value.items():
@@ -247,9 +250,9 @@ def _audio(value: object, param: str, take: Any) -> None:
         for key, v in fields.items():
             q = f"{p}.{key}"
             if side == "input" and key in ("format", "transcription", "noise_reduction", "turn_detection"):
-                take({"format": "input_format"}.get(key, key), v, q)
+                take("input_format" if key == "format" else str(key), v, q)
             elif side == "output" and key in ("format", "voice", "speed"):
-                take({"format": "output_format"}.get(key, key), v, q)
+                take("output_format" if key == "format" else str(key), v, q)
             else:
                 raise unknown(q)
 
@@ -324,7 +327,7 @@ def parse_tools(value: object, param: str) -> list[dict[str, Any]]:
     return out
 
 
-def parse_tool_choice(value: object, param: str) -> Any:
+def parse_tool_choice(value: object, param: str) -> ToolChoice:
     if value in ("auto", "none", "required"):
         return value
     if isinstance(value, dict) and value.get("type") == "function" and isinstance(value.get("name"), str):

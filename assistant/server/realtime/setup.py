@@ -9,17 +9,18 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, replace
-from typing import Any
 
 from assistant.config import Config
 from assistant.server.http import CONFIG
 from assistant.server.realtime.protocol import ClientError, RealtimeProtocol
 from assistant.server.realtime.responder import RealtimeResponder, ReplyContext
 from assistant.server.realtime.settings import REFERENCE_VOICES, Settings
+from assistant.server.realtime.state import Send
 from assistant.server.services import SERVICES, Services
 from assistant.server.tts_api import TTS_SERVICE
 from assistant.server.tts_api.request import TTSError
 from assistant.server.voice.session import ConversationSession
+from assistant.server.voice.signaling import AppState
 
 DEFAULT_MODEL = "assistant"
 TURN_METRICS_OFF = ("0", "false", "no", "off")
@@ -37,7 +38,7 @@ class Start:
     voice_id: str | None = None
 
 
-def voice_resolver(state: Mapping[Any, Any]) -> Callable[[str], Awaitable[str | None]]:
+def voice_resolver(state: AppState) -> Callable[[str], Awaitable[str | None]]:
     """``voice`` → the engine's voice id: our voices by name or id (Piper voices, registered and cloned ones);
     the reference's own names (alloy, marin, ...) and ``default`` speak in the default voice."""
     service = state[TTS_SERVICE]
@@ -53,7 +54,7 @@ def voice_resolver(state: Mapping[Any, Any]) -> Callable[[str], Awaitable[str | 
     return resolve
 
 
-async def prepare(state: Mapping[Any, Any], model: str | None, session: object = None) -> Start:
+async def prepare(state: AppState, model: str | None, session: object = None) -> Start:
     """Settings from our config and the client's ``session`` object (as in ``session.update``), and the rest.
 
     Raises :class:`ClientError` (or a settings error) for a session the client cannot have."""
@@ -84,8 +85,8 @@ def check_speed(services: Services, speed: float) -> None:
                           param="session.audio.output.speed")
 
 
-def make_protocol(state: Mapping[Any, Any], session: ConversationSession, start: Start,
-                  send: Callable[[dict[str, Any]], None], *, webrtc: bool, beta: bool,
+def make_protocol(state: AppState, session: ConversationSession, start: Start,
+                  send: Send, *, webrtc: bool, beta: bool,
                   query: Mapping[str, str]) -> RealtimeProtocol:
     """The protocol over ``session``; the first event (``session.created``) is sent at once."""
     cfg: Config = state[CONFIG]

@@ -17,7 +17,6 @@ import contextlib
 import json
 import logging
 from collections.abc import Callable
-from typing import Any
 
 from aiohttp import WSMsgType, web
 
@@ -59,7 +58,7 @@ class Outbox:
         self.on_full = on_full
         self.full = False
 
-    def put(self, event: dict[str, Any]) -> None:
+    def put(self, event: dict[str, object]) -> None:
         if self.full:
             return
         try:

@@ -82,6 +82,7 @@ async def test_sdk_call_turn_heard_on_track_events_on_oai_events(services: Servi
                 sdp=await peer.offer(),
                 session={"type": "realtime", "model": "echo", "instructions": "Answer briefly.",
                          "audio": {"output": {"voice": "alloy"}}},
+                extra_query={"extensions": "1"},  # our per-turn metrics event too
             )
             assert raw.http_response.status_code == 201
             location = raw.headers["location"]

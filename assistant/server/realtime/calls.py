@@ -17,6 +17,7 @@ import asyncio
 import json
 import logging
 import secrets
+import weakref
 from collections import deque
 
 from aiohttp import web
@@ -31,7 +32,7 @@ from assistant.server.realtime.setup import make_protocol, prepare
 from assistant.server.services import SERVICES
 from assistant.server.voice.ice import browser_config
 from assistant.server.voice.session import Session
-from assistant.server.voice.signaling import SESSIONS, check_ready, check_sdp, open_session, read_text
+from assistant.server.voice.signaling import SESSIONS, AppState, check_ready, check_sdp, open_session, read_text
 
 log = logging.getLogger(__name__)
 
@@ -39,6 +40,9 @@ SDP = "application/sdp"
 EVENTS_LABEL = "oai-events"
 MAX_PENDING = 256  # events kept until the data channel opens; older ones go first
 INBOX = 256  # client events waiting to be handled; past it, an error event and the event is dropped
+# Each open call's protocol by call id, for a control socket beside it (GET /v1/realtime?call_id=); weak: a call
+# that ends leaves the table with its session.
+PROTOCOLS: weakref.WeakValueDictionary[str, RealtimeProtocol] = weakref.WeakValueDictionary()
 CALL_ID = [{"name": "session_id", "in": "path", "required": True, "schema": {"type": "string"},
             "description": "the call id (from the Location of POST /v1/realtime/calls)"}]
 
@@ -95,6 +99,15 @@ class ChannelEvents:
                 await self.protocol.receive(message)
 
 
+def call_protocol(state: AppState, call_id: str) -> RealtimeProtocol | None:
+    """The protocol of an open call of this gateway (None: no such call)."""
+    session = state[SESSIONS].get(call_id)
+    protocol = PROTOCOLS.get(call_id)
+    if session is None or session.closed or protocol is None or protocol.session is not session:
+        return None
+    return protocol
+
+
 async def read_offer(request: web.Request, max_sdp: int, max_session: int) -> tuple[str, object]:
     """The offer's SDP and the optional ``session`` object, from either body shape."""
     if request.content_type == "multipart/form-data":
@@ -145,6 +158,7 @@ async def create_call(request: web.Request) -> web.Response:
     events = ChannelEvents(session)
     protocol = make_protocol(state, session, start, events.send, webrtc=True, beta=False, query=request.query)
     events.protocol = protocol
+    PROTOCOLS[session.id] = protocol
     session.channels[EVENTS_LABEL] = events.attach
     session.on_audio = protocol.on_track_audio
     log.info("realtime_open session=%s transport=webrtc", session.id)

@@ -10,6 +10,8 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, replace
 
+import numpy as np
+
 from assistant.config import Config
 from assistant.server.http import CONFIG
 from assistant.server.realtime.protocol import ClientError, RealtimeProtocol
@@ -23,7 +25,7 @@ from assistant.server.voice.session import ConversationSession
 from assistant.server.voice.signaling import AppState
 
 DEFAULT_MODEL = "assistant"
-TURN_METRICS_OFF = ("0", "false", "no", "off")
+YES = ("1", "true", "yes", "on")
 
 
 @dataclass
@@ -69,13 +71,20 @@ async def prepare(state: AppState, model: str | None, session: object = None) ->
     name = model if model in services.allowed_responders() else None
     context = ReplyContext()
     responder = RealtimeResponder(services.responder_for(name), context)
-    if settings.tools and not responder.takes_tools:
-        raise ClientError(f"tools are not supported by the responder {responder.name!r}", code="unsupported",
-                          param="session.tools")
     check_speed(services, settings.speed)
     voice_id = await voice_resolver(state)(settings.voice) if settings.voice != "default" else None
     own = replace(cfg, vad=settings.vad_config(cfg.vad), turn=settings.turn_config(cfg.turn))
     return Start(settings, context, responder, own, voice_id)
+
+
+def transcriber(services: Services, session_id: str) -> Callable[[np.ndarray], Awaitable[str]]:
+    """Our ASR for audio the conversation made no turn of (its words still belong in the conversation)."""
+
+    async def transcribe(audio: np.ndarray) -> str:
+        assert services.asr is not None
+        return (await services.asr.transcribe(audio, session=session_id)).text
+
+    return transcribe
 
 
 def check_speed(services: Services, speed: float) -> None:
@@ -83,6 +92,13 @@ def check_speed(services: Services, speed: float) -> None:
     if speed != 1.0 and engine is not None and not engine.capabilities.native_speed:
         raise ClientError(f"the voice engine {engine.name} cannot change its speed", code="unsupported",
                           param="session.audio.output.speed")
+
+
+def wants_extensions(cfg: Config, query: Mapping[str, str]) -> bool:
+    """Our own server events (``assistant.turn_metrics``, ``assistant.notice``): for every session with
+    ``realtime.extensions``, else only for one that asks (``?extensions=1``; ``?turn_metrics=1`` as before)."""
+    asked = query.get("extensions", query.get("turn_metrics", "")).lower()
+    return cfg.realtime.extensions or asked in YES
 
 
 def make_protocol(state: AppState, session: ConversationSession, start: Start,
@@ -94,8 +110,9 @@ def make_protocol(state: AppState, session: ConversationSession, start: Start,
     services: Services = state[SERVICES]
     protocol = RealtimeProtocol(
         session, start.settings, start.context, send, webrtc=webrtc, beta=beta,
-        turn_metrics=rt.turn_metrics and query.get("turn_metrics", "1").lower() not in TURN_METRICS_OFF,
+        extensions=wants_extensions(cfg, query),
         voices=voice_resolver(state), speed_check=lambda speed: check_speed(services, speed),
+        transcribe=transcriber(services, session.id),
         max_event_bytes=rt.max_event_bytes, max_buffer_s=rt.max_buffer_s, max_items=rt.max_items,
     )
     if start.voice_id is not None or start.settings.speed != 1.0:

@@ -9,8 +9,11 @@ import arrows run protocol → conversation_events → responses → state, one 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+
+import numpy as np
 
 from assistant.config import VADConfig
 from assistant.pipeline.conversation import Conversation
@@ -33,21 +36,30 @@ BETA_NAMES = {
     "response.output_text.done": "response.text.done",
     "conversation.item.added": "conversation.item.created",
 }
+# Our own server events (not the reference's): sent only to a session that asked for them (``?extensions=1``).
+EXTENSION_PREFIX = "assistant."
 
 Send = Callable[[dict[str, object]], None]
 
 
 class Outgoing:
-    """Server events to the client, in order, named in its dialect (GA or beta)."""
+    """Server events to the client, in order, named in its dialect (GA or beta); our own events (``assistant.*``)
+    only when ``extensions`` is on. A control socket beside a call (``GET /v1/realtime?call_id=``) is attached
+    and gets the same events."""
 
-    def __init__(self, send: Send, *, beta: bool, session_id: str) -> None:
-        self._send = send
+    def __init__(self, send: Send, *, beta: bool, session_id: str, extensions: bool = False) -> None:
+        self._sends: list[Send] = [send]
         self.beta = beta
         self.session_id = session_id
+        self.extensions = extensions
 
     def emit(self, kind: str, **fields: object) -> None:
+        if kind.startswith(EXTENSION_PREFIX) and not self.extensions:
+            return
         name = BETA_NAMES.get(kind, kind) if self.beta else kind
-        self._send({"type": name, "event_id": new_id("event"), **fields})
+        event = {"type": name, "event_id": new_id("event"), **fields}
+        for send in list(self._sends):
+            send(event)
 
     def error(self, message: str, *, code: str | None, param: str | None = None, event_id: object = None,
               kind: str = "invalid_request_error") -> None:
@@ -55,6 +67,16 @@ class Outgoing:
         log.info("realtime_error session=%s code=%s param=%s", self.session_id, code, param)
         self.emit("error", error={"type": kind, "code": code, "message": message, "param": param,
                                   "event_id": event_id if isinstance(event_id, str) else None})
+
+    def attach(self, send: Send) -> Callable[[], None]:
+        """Send every later event to ``send`` too; returns what detaches it."""
+        self._sends.append(send)
+
+        def detach() -> None:
+            if send in self._sends:
+                self._sends.remove(send)
+
+        return detach
 
 
 @dataclass
@@ -70,16 +92,21 @@ class SessionState:
     input: InputAudio
     encoder: OutputEncoder
     webrtc: bool
-    turn_metrics: bool
+    transcribe: Callable[[np.ndarray], Awaitable[str]]  # our ASR, for speech no turn was made of
+    rate_limits: Callable[[], list[dict[str, object]]] = lambda: []  # the limits this session's responses spend
     pending: list[Item] = field(default_factory=list)  # user items created since the last response: its input
     user_items: dict[int, Item] = field(default_factory=dict)  # turn → its user audio item
     given_words: set[int] = field(default_factory=set)  # turns whose words were given (no transcription events)
+    notices: set[str] = field(default_factory=set)  # things said once per session (a responder without tools)
+    last_activity: float = field(default_factory=time.monotonic)  # the latest speech or response (idle timeout)
 
     def session_context(self) -> None:
         """The responder's context back to the session's settings (a server turn, or a client response done)."""
         ctx, settings = self.context, self.settings
         ctx.instructions, ctx.tools, ctx.tool_choice = settings.instructions, settings.tools, settings.tool_choice
-        ctx.continuation = False
+        ctx.max_tokens, ctx.temperature = settings.max_output_tokens, settings.temperature
+        ctx.continuation, ctx.only, ctx.client_text = False, None, None
+        ctx.server_replies = settings.turn_detection is None or settings.server_responses
 
     def out_format(self, beta: bool) -> str | dict[str, object]:
         """The output format as the client's dialect writes it."""

@@ -30,6 +30,11 @@ log = logging.getLogger(__name__)
 
 METRICS_EVENT = "assistant.turn_metrics"
 IDLE_CHECK_S = 0.1  # how often the idle timeout is looked at
+# WebSocket: a barge-in's cut of the reply (our estimate of what was played) is announced this long after the
+# interruption, unless the client truncated the item itself by then (as the reference's clients do on
+# speech_started): one truncated event, and the client's cut stands.
+CUT_GRACE_S = 1.0
+TRAILING = ".,;:!?…。，；：！？、 "  # punctuation a pass puts at its end, held back until more words follow
 PARTIALS_KEPT = 16  # user items whose partial transcript is remembered until their final one
 
 
@@ -162,6 +167,7 @@ class ConversationEvents:
         earlier word adds nothing: deltas are never taken back; the final transcript is whole in .completed)."""
         if self.speech_item is None or self.state.settings.transcription is None:
             return
+        text = text.rstrip(TRAILING)  # a pass at a pause ends its sentence there; the speech may go on
         if text.startswith(self.partial) and len(text) > len(self.partial):
             delta, self.partial = text[len(self.partial):], text
             self.emit("conversation.item.input_audio_transcription.delta", item_id=self.speech_item,
@@ -236,8 +242,15 @@ class ConversationEvents:
             made = self.responses.audio_length(msg)
             heard_ms = min(self.responses.played_ms(resp), made) if made else self.responses.played_ms(resp)
             msg.cut(heard_ms, self._heard_text(resp))
-            self.emit("conversation.item.truncated", item_id=msg.id, content_index=0, audio_end_ms=int(heard_ms))
+            if self.state.webrtc:  # the server played it: its cut is the truth
+                self._announce_cut(msg, int(heard_ms))
+            else:
+                asyncio.get_running_loop().call_later(CUT_GRACE_S, self._announce_cut, msg, int(heard_ms))
         self.responses.finish(resp, "cancelled", {"type": "cancelled", "reason": reason})
+
+    def _announce_cut(self, item: Item, end_ms: int) -> None:
+        if not item.client_cut and self.state.items.get(item.id) is item:
+            self.emit("conversation.item.truncated", item_id=item.id, content_index=0, audio_end_ms=end_ms)
 
     def cleared(self, resp: Response) -> None:
         """WebRTC: the track stops playing the response (once)."""

@@ -43,8 +43,10 @@ REFERENCE_VOICES = frozenset({"alloy", "ash", "ballad", "coral", "echo", "sage",
 SPEED_RANGE = (0.25, 1.5)  # what the reference accepts for audio.output.speed
 MAX_INSTRUCTIONS_CHARS = 100_000
 # Fields the reference has that change nothing a client can hear; accepted so that clients that send them work
-# (tracing is OpenAI's own dashboard; the conversation is truncated at realtime.max_items whatever it says).
-ACCEPTED_IGNORED = ("tracing", "truncation", "include", "client_secret", "expires_at", "object", "id")
+# (tracing is OpenAI's own dashboard; the conversation is truncated at realtime.max_items whatever it says; our
+# responders write one reply at a time, without a reasoning budget).
+ACCEPTED_IGNORED = ("tracing", "truncation", "include", "client_secret", "expires_at", "object", "id",
+                    "parallel_tool_calls", "reasoning")
 MAX_OUTPUT_TOKENS = 4096  # the reference's cap on max_output_tokens
 IDLE_TIMEOUT_RANGE_MS = (5_000, 30_000)  # what the reference takes for server_vad's idle_timeout_ms
 MAX_METADATA_PAIRS, MAX_METADATA_KEY, MAX_METADATA_VALUE = 16, 64, 512
@@ -425,7 +427,7 @@ def parse_tool_choice(value: object, param: str) -> ToolChoice:
 # response: the session's apply).
 RESPONSE_FIELDS = {"instructions", "output_modalities", "modalities", "conversation", "input", "tools", "tool_choice",
                    "metadata", "max_output_tokens", "max_response_output_tokens", "temperature", "voice", "audio",
-                   "prompt", "output_audio_format"}
+                   "prompt", "output_audio_format", "parallel_tool_calls", "reasoning"}
 
 
 @dataclass

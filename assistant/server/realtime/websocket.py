@@ -154,16 +154,21 @@ async def control_socket(request: web.Request, ws: web.WebSocketResponse, call_i
     session = protocol.session
     await ws.prepare(request)
 
-    def too_slow() -> None:
-        session.spawn(ws.close(code=1008, message=b"client_too_slow"), "control-close")
+    loop = asyncio.get_running_loop()
+    closing: list[asyncio.Task[bool]] = []  # not the session's tasks: those end with the call, before this
 
-    outbox = Outbox(ws, request.config_dict[CONFIG].realtime.max_pending_events, too_slow)
-    sender = asyncio.get_running_loop().create_task(outbox.run(), name=f"realtime-control-out-{session.id}")
+    def close(code: int, why: bytes) -> None:
+        if not ws.closed and not closing:
+            closing.append(loop.create_task(ws.close(code=code, message=why)))
+
+    outbox = Outbox(ws, request.config_dict[CONFIG].realtime.max_pending_events,
+                    lambda: close(1008, b"client_too_slow"))
+    sender = loop.create_task(outbox.run(), name=f"realtime-control-out-{session.id}")
     detach = protocol.attach(outbox.put)
 
     def on_event(event: dict[str, object]) -> None:
-        if event.get("type") == "close" and not ws.closed:  # the call ended: so does its control socket
-            session.spawn(ws.close(code=1000, message=b"call_ended"), "control-close")
+        if event.get("type") == "close":  # the call ended: so does its control socket
+            close(1000, b"call_ended")
 
     session.events.subscribe(on_event)
     log.info("realtime_control_open session=%s", session.id)

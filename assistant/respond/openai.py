@@ -28,6 +28,7 @@ from typing import Any
 
 import aiohttp
 
+from assistant import languages
 from assistant.body import BodyTooLarge, read_capped
 from assistant.config import RespondConfig
 from assistant.respond.base import Message, ReplyOptions, ResponderError, ToolCall, ToolCallDelta, Usage
@@ -92,10 +93,23 @@ class OpenAIResponder:
     def messages_payload(self, messages: Sequence[Message], tools: Sequence[dict[str, Any]] = (),
                          tool_choice: Any = "auto", options: ReplyOptions | None = None) -> dict[str, Any]:
         """The request body for a whole conversation (the system prompt first unless it brings its own) and
-        function tools given in the Realtime API's flat shape (``{"type", "name", "description", "parameters"}``)."""
+        function tools given in the Realtime API's flat shape (``{"type", "name", "description", "parameters"}``).
+
+        ``options``: the turn's language (the model is told to answer in it, after the system prompt),
+        temperature and token limit (None: ``[respond]``'s)."""
         out: list[dict[str, Any]] = []
         if self.cfg.system_prompt and not (messages and messages[0].role == "system"):
             out.append({"role": "system", "content": self.cfg.system_prompt})
+        language = options.language if options is not None else None
+        if language:
+            said = languages.name(language)
+            rule = (f"The user is speaking {said}. Answer in {said}, whatever language earlier turns or these "
+                    "instructions are in.")
+            if out:  # our system prompt: the rule follows it
+                out[0]["content"] = f"{out[0]['content']} {rule}"
+            else:  # the conversation's own system message (or none configured): the rule right after it
+                at = 1 if messages and messages[0].role == "system" else 0
+                messages = [*messages[:at], Message("system", rule), *messages[at:]]
         for m in messages:
             msg: dict[str, Any] = {"role": m.role, "content": m.content}
             if m.tool_calls:

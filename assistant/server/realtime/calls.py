@@ -21,8 +21,8 @@ import weakref
 from collections import deque
 
 from aiohttp import web
-from aiortc import RTCDataChannel
 
+from assistant.pipeline.events import DataChannel
 from assistant.server.http import CONFIG, APIError, read_multipart
 from assistant.server.limits import LIMITS
 from assistant.server.openapi import documented, json_body, openai_error
@@ -53,7 +53,7 @@ class ChannelEvents:
 
     def __init__(self, session: Session) -> None:
         self.session = session
-        self.channel: RTCDataChannel | None = None
+        self.channel: DataChannel | None = None
         self.pending: deque[str] = deque(maxlen=MAX_PENDING)
         self.inbox: asyncio.Queue[str | bytes] = asyncio.Queue(maxsize=INBOX)
         self.protocol: RealtimeProtocol | None = None
@@ -69,20 +69,18 @@ class ChannelEvents:
         else:
             self.pending.append(text)
 
-    def attach(self, channel: RTCDataChannel) -> None:
+    def attach(self, channel: DataChannel) -> None:
         self.channel = channel
 
-        @channel.on("open")
-        def _on_open() -> None:
-            self._drain()
-
-        @channel.on("message")
-        def _on_message(message: str | bytes) -> None:
+        def on_message(message: str | bytes) -> None:
             try:
                 self.inbox.put_nowait(message)
             except asyncio.QueueFull:
                 if self.protocol is not None:
                     self.protocol.error("too many events at once: this one was dropped", code="rate_limited")
+
+        channel.add_listener("open", self._drain)
+        channel.add_listener("message", on_message)
 
         if channel.readyState == "open":
             self._drain()

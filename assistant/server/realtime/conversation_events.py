@@ -146,7 +146,9 @@ class ConversationEvents:
         turn = int(event["turn"])
         item = self.state.user_items.get(turn)
         if item is not None and turn not in self.state.given_words:
-            self._words(item, text)
+            # Ours beyond OpenAI's fields: the language the turn was heard in, and how sure the ASR is.
+            heard = {k: event[k] for k in ("language", "language_probability") if event.get(k) is not None}
+            self._words(item, text, heard)
             item.clip = None
             item.current = bool(text)
         resp = self.responses.by_turn.get(turn)
@@ -173,7 +175,7 @@ class ConversationEvents:
             self.emit("conversation.item.input_audio_transcription.delta", item_id=self.speech_item,
                       content_index=0, delta=delta)
 
-    def _words(self, item: Item, text: str) -> None:
+    def _words(self, item: Item, text: str, heard: dict[str, object] | None = None) -> None:
         """A user audio item's final transcript: the last delta, .completed, and the item done."""
         item.transcript = text
         if self.state.settings.transcription is not None:
@@ -184,7 +186,7 @@ class ConversationEvents:
                           delta=rest)
             usage = {"type": "duration", "seconds": round(item.audio_ms / 1000, 3)}
             self.emit("conversation.item.input_audio_transcription.completed", item_id=item.id, content_index=0,
-                      transcript=text, usage=usage)
+                      transcript=text, usage=usage, **(heard or {}))
         if not self.beta:
             self.emit("conversation.item.done", previous_item_id=self.state.items.previous_id(item),
                       item=item.to_json(self.beta))

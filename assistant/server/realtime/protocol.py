@@ -54,7 +54,7 @@ from assistant.server.realtime.responses import Responses
 from assistant.server.realtime.settings import ResponseRequest, Settings, SettingsError, parse_response
 from assistant.server.realtime.sink import StreamSink
 from assistant.server.realtime.state import Outgoing, Send, SessionState
-from assistant.server.voice.session import ConversationSession
+from assistant.server.voice.session import ConversationSession, choose_language, language_choices
 
 log = logging.getLogger(__name__)
 
@@ -192,6 +192,18 @@ class RealtimeProtocol:
             self.error("the server could not handle this event", code="server_error", event_id=event_id,
                        kind="server_error")
 
+    def _transcription_language(self, settings: Settings) -> str:
+        """The language the input audio is heard in, from ``input_audio_transcription.language`` (none given:
+        detected per turn, as OpenAI's API does, when the ASR can; else the configured one)."""
+        language = (settings.transcription or {}).get("language")
+        if language in (None, ""):
+            return "auto" if "auto" in language_choices(self.session.services) else self.session.cfg.asr.language
+        try:
+            return choose_language(self.session.services, language)
+        except ValueError as exc:
+            raise ClientError(f"transcription language {exc}", code="invalid_value",
+                              param="session.audio.input.transcription.language") from None
+
     async def _session_update(self, event: dict[str, Any]) -> None:
         old = self.state.settings
         new, errors, applied = old.apply(event.get("session"))
@@ -203,6 +215,13 @@ class RealtimeProtocol:
             except ClientError as exc:
                 self.error(str(exc), code=exc.code, param=exc.param, event_id=event.get("event_id"))
                 new.speed, applied = old.speed, applied - 1
+        language: str | None = None
+        if new.transcription != old.transcription:
+            try:
+                language = self._transcription_language(new)
+            except ClientError as exc:
+                self.error(str(exc), code=exc.code, param=exc.param, event_id=event.get("event_id"))
+                new.transcription, applied = old.transcription, applied - 1
         voice_id: str | None = None
         if new.voice != old.voice or new.speed != old.speed:
             try:
@@ -214,6 +233,8 @@ class RealtimeProtocol:
         if applied <= 0 and errors:
             return  # nothing of it could be taken: the errors said why
         self.state.settings = new
+        if language is not None:
+            self.conversation.set_language(language)
         if new.voice != old.voice or new.speed != old.speed:
             self.conversation.set_voice(voice_id, new.speed)
         if new.turn_detection != old.turn_detection:

@@ -21,11 +21,10 @@ import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
 
 import numpy as np
 
-from assistant.respond.base import ToolCall, ToolCallDelta
+from assistant.respond.base import Message, ToolCall, ToolCallDelta
 from assistant.server.realtime.items import Item, new_id
 from assistant.server.realtime.responder import Reply, ToolEvent
 from assistant.server.realtime.settings import ResponseRequest
@@ -110,7 +109,7 @@ class Responses:
     # --- opening -------------------------------------------------------------------------------------
     def start(self, req: ResponseRequest, *, text: str | None = None, audio: np.ndarray | None = None,
               inputs: list[Item] | None = None, continuation: bool = False,
-              only: Callable[[bool], list[Any]] | None = None, input_audio_ms: float = 0.0) -> Response:
+              only: Callable[[bool], list[Message]] | None = None, input_audio_ms: float = 0.0) -> Response:
         """A response the client asked for (or the idle timeout): its context set, its turn started now, on the
         words ``text`` or the audio ``audio`` (transcribed first), or on nothing new (``continuation``)."""
         ctx, conversation = self.state.context, self.state.conversation

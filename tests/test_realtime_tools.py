@@ -105,12 +105,14 @@ async def test_tool_call_round_trip(services: Services) -> None:
             assert (cut["type"], cut["status"], cut["name"]) == ("function_call", "incomplete", "get_time")
             assert not ev.of("response.function_call_arguments.done", since)
         await own.responder.aclose()  # the engines are the module's: only the responder is ours
-    # What the model was given the second time: the instructions, the user, its own call, the tool's output.
+    # What the model was given the second time: the instructions (and the session's language rule after them), the
+    # user, its own call, the tool's output.
     continued = next(body for body, _ in fake.requests if body["messages"][-1]["role"] == "tool")
     messages = continued["messages"]
     assert messages[0] == {"role": "system", "content": "Use the tools."}
-    assert messages[1] == {"role": "user", "content": "What is the weather in Paris?"}
-    assert messages[2]["tool_calls"][0]["id"] == "call_7"
-    assert messages[3] == {"role": "tool", "content": '{"sky": "sunny"}', "tool_call_id": "call_7"}
-    assert len(messages) == 4  # the continuation adds no user words
+    assert messages[1]["role"] == "system" and "Answer in English" in messages[1]["content"]
+    assert messages[2] == {"role": "user", "content": "What is the weather in Paris?"}
+    assert messages[3]["tool_calls"][0]["id"] == "call_7"
+    assert messages[4] == {"role": "tool", "content": '{"sky": "sunny"}', "tool_call_id": "call_7"}
+    assert len(messages) == 5  # the continuation adds no user words
     assert continued["tools"][0]["function"]["name"] == "get_weather"

@@ -260,6 +260,9 @@ class ChunkerConfig:
     max_chars: int = _f(220, "longest chunk sent to TTS before a forced break at a space")
 
 
+TURN_POLICIES = ("falling", "flat")  # pipeline/end_of_turn.decide
+
+
 @dataclass
 class TurnConfig:
     barge_in: bool = _f(True, "user speech while the bot talks interrupts the reply")
@@ -276,26 +279,73 @@ class TurnConfig:
     smart_endpoint: bool = _f(
         True, "use the speculative transcript: end sooner after a complete sentence, wait longer mid-sentence"
     )
-    complete_endpoint_ms: int = _f(300, "end-of-speech silence after a transcript that looks complete")
+    # The flat policy's settings (turn.policy = flat): chosen by hand on ../shared/audio and the pause files; on the
+    # held-out half of the end-of-turn corpus they give 26.2 % false cut-offs, 428 ms median wait (docs/end_of_turn.md).
+    complete_endpoint_ms: int = _f(
+        300, "flat policy: end-of-speech silence after a transcript that looks complete (chosen on the shared clips)"
+    )
     incomplete_endpoint_ms: int = _f(
-        1000, "end-of-speech silence after a transcript that looks unfinished (it ends on 'to', 'the', 'order', ...)"
+        1000, "flat policy: end-of-speech silence after a transcript that looks unfinished (it ends on 'to', 'the', "
+        "'order', ...) (chosen on the shared clips)"
     )
     unsure_endpoint_ms: int = _f(
         800,
-        "end-of-speech silence after a finished-looking transcript the end-of-turn model is not sure of (or calls "
-        "unfinished): longer than any mid-sentence pause of the pause files after such a text (672 ms)",
+        "flat policy: end-of-speech silence after a finished-looking transcript the end-of-turn model is not sure of "
+        "(or calls unfinished): longer than any mid-sentence pause of the pause files after such a text (672 ms)",
     )
     end_of_turn_model: bool = _f(
         True, "at the same pause, ask the audio end-of-turn model (Smart Turn v3.2) whether the user is done"
     )
-    end_of_turn_threshold: float = _f(0.5, "end-of-turn model probability from which the turn counts as complete")
+    end_of_turn_threshold: float = _f(
+        0.5, "flat policy: end-of-turn model probability from which the turn counts as complete (the model's own 0.5)"
+    )
     end_of_turn_sure: float = _f(
         0.85,
-        "with the transcript asked too, the model probability from which the turn ends at once; between the "
-        "threshold and this the turn waits unsure_endpoint_ms (on synthetic voices over WebRTC the model said up "
+        "flat policy: with the transcript asked too, the model probability from which the turn ends at once; between "
+        "the threshold and this the turn waits unsure_endpoint_ms (on synthetic voices over WebRTC the model said up "
         "to 0.8 at mid-sentence pauses and 0.85-0.98 at the ends it recognised)",
     )
-    max_silence_ms: int = _f(2000, "longest silence waited for when the end-of-turn model says the user is not done")
+    max_silence_ms: int = _f(
+        2000, "longest silence waited for when the evidence says the user is not done, both policies (not tuned: the "
+        "cap; the falling policy's p90 wait on the held-out half, 2076 ms, is this plus the VAD's lag)"
+    )
+    # The falling-threshold policy. Every number below was chosen on the English turns of the tuning half of the
+    # end-of-turn corpus (`assistant bench eot-corpus --seed 34`, then `assistant bench eot`: least median wait at
+    # or under 3 % false cut-offs, the target leave-one-voice-out put at 4.5 %) and measured on the held-out half:
+    # 4.8 % false cut-offs, median added wait 951 ms (today's flat policy there: 26.2 %, 428 ms).
+    # docs/end_of_turn.md shows the curves and where this point lies on them.
+    policy: str = _f(
+        "falling",
+        "end-of-turn policy: falling (model probability + transcript cue against a threshold that falls as the "
+        "silence grows; held-out half: 4.8 per cent false cut-offs, 951 ms median wait) or flat (the verdict table of "
+        "pipeline/end_of_turn.py, a fixed wait per verdict; held-out: 26.2 per cent, 428 ms)",
+    )
+    falling_from: float = _f(
+        2.0, "falling: the score that ends the turn at the speculative pause (tuning half; above any score: "
+        "nothing ends a turn at once)"
+    )
+    falling_to: float = _f(0.5, "falling: the score that ends the turn from falling_over_ms of silence on (tuning)")
+    falling_over_ms: int = _f(
+        1200, "falling: silence over which the threshold falls from falling_from to falling_to (tuning half)"
+    )
+    end_of_turn_recheck_ms: list[int] = _f(
+        [96, 192, 320, 480, 704, 1024],
+        "falling: silences (ms) at which the end-of-turn model hears the pause (again) (tuning half); each costs one "
+        "model run, ~50 ms of one core (4.8 runs per pause on the held-out half)",
+    )
+    cue_complete: float = _f(0.0, "falling: added to the score when the transcript looks finished (tuning half)")
+    cue_continues: float = _f(
+        -1.0, "falling: added when it ends on a word that goes on (and, to, the, um, a comma): a veto, as in the flat "
+        "policy (not tuned)"
+    )
+    cue_open: float = _f(0.0, "falling: added when it has no final punctuation and nothing that goes on (tuning half)")
+    cue_number: float = _f(
+        -0.5, "falling: added when it ends on a number: a phone number or a time may be half said (tuning half)"
+    )
+    cue_short: float = _f(
+        -0.6, "falling: added when it has fewer than three words: Whisper's punctuation of fragments is least "
+        "reliable (tuning half)"
+    )
     wait_for_evidence: bool = _f(
         True,
         "hold the turn open (up to max_silence_ms) until the transcript and the model have answered; off: the fixed "
@@ -360,6 +410,57 @@ class RealtimeConfig:
 
 
 @dataclass
+class TelephonyConfig:
+    """Phone calls through a carrier's media stream (``/telephony/...``): Twilio Media Streams, Telnyx."""
+
+    twilio_auth_token: str = _f(
+        "", "the Twilio account's auth token: Twilio signs its webhooks with it (X-Twilio-Signature); empty: the "
+        "Twilio routes answer 404"
+    )
+    telnyx_public_key: str = _f(
+        "", "the Telnyx account's public key (base64 Ed25519, Mission Control: Keys & Credentials): Telnyx signs its "
+        "webhooks with the matching private key; empty: the Telnyx routes answer 404"
+    )
+    public_url: str = _f(
+        "", "the base URL the carriers call (https://voice.example.com): a Twilio signature covers the exact URL, so "
+        "behind a proxy or TLS terminator it must be set; it also names the media WebSocket (wss://...) in the "
+        "answer; empty: the URL each request arrived at"
+    )
+    responder: str = _f("", "responder for phone calls (echo, rules or the configured one; empty: respond.engine)")
+    voice: str = _f("", "voice of phone calls (a voice id; empty: the engine's default)")
+    token_ttl_s: float = _f(
+        30.0, "lifetime of a call's media token: the carrier opens the media stream within seconds of the webhook"
+    )
+    max_pending_calls: int = _f(
+        64, "answered calls whose media stream has not started yet (tokens waiting, sockets before start); past it "
+        "a call is turned away busy"
+    )
+    replay_window_s: float = _f(
+        300.0, "a webhook whose signature was already seen this recently is refused (a replay); Telnyx webhooks "
+        "stamped further from now than this are refused too"
+    )
+    start_timeout_s: float = _f(
+        10.0, "a media socket that has not sent a valid start this long after it opened is closed"
+    )
+    media_timeout_s: float = _f(
+        15.0, "a call whose carrier sent no media for this long is closed (carriers send 20 ms of audio, silence "
+        "included, every 20 ms)"
+    )
+    audio_lead_ms: int = _f(
+        400, "reply audio sent ahead of the last mark the carrier returned (what the caller is known to have heard): "
+        "enough to ride out the network, little enough that what a clear drops was never heard"
+    )
+    max_media_bytes: int = _f(
+        16_000, "largest audio payload in one media message (μ-law bytes; 2 s; carriers send 160, 20 ms); past it "
+        "the call is closed"
+    )
+    dtmf_per_minute: int = _f(
+        120, "DTMF key presses a call may send per minute (as a burst, refilled evenly); past it the call is closed"
+    )
+    max_webhook_bytes: int = _f(65_536, "largest webhook body accepted (a carrier's form parameters)")
+
+
+@dataclass
 class RayConfig:
     """Engines as Ray Serve deployments shared by many gateways (``tts.backend`` / ``asr.backend`` = ray)."""
 
@@ -421,6 +522,7 @@ class Config:
     turn: TurnConfig = field(default_factory=TurnConfig)
     tts_api: TTSAPIConfig = field(default_factory=TTSAPIConfig)
     realtime: RealtimeConfig = field(default_factory=RealtimeConfig)
+    telephony: TelephonyConfig = field(default_factory=TelephonyConfig)
     ray: RayConfig = field(default_factory=RayConfig)
     log: LogConfig = field(default_factory=LogConfig)
     dispatch: DispatchConfig = field(default_factory=DispatchConfig)
@@ -550,6 +652,8 @@ def load_config(
     apply_overrides(cfg, _env_overrides(dict(os.environ if environ is None else environ)), "environment")
     if overrides:
         apply_overrides(cfg, overrides, "command line")
+    if cfg.turn.policy not in TURN_POLICIES:
+        raise ConfigError(f"turn.policy must be one of {', '.join(TURN_POLICIES)}, got {cfg.turn.policy!r}")
     check_languages(cfg)
     return cfg
 

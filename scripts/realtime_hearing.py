@@ -30,8 +30,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from assistant.asr import create_asr
 from assistant.audio import SPEECH_RATE, float_to_s16, read_audio, resample
 from assistant.config import load_config
+from assistant.g711 import ulaw_encode
 from assistant.rtc.inbound import InboundAudio
-from assistant.server.realtime.formats import PCM16, PCMU, InputDecoder, ulaw_encode
+from assistant.server.realtime.formats import PCM16, PCMU, InputDecoder
 
 SHIFTS_MS = (0, 2, 4, 6, 8, 16)
 GAINS_DB = (-3.0, 0.0, 3.0)

@@ -55,3 +55,11 @@ def test_v2v_markdown_has_every_column_per_level() -> None:
     assert "| `v2v_ms` | 600 | 680 | 700 | 900 | 900 | 900 |" in lines
     assert "| `asr_ms` | 0.4 | 0.4 | 0.4 | 0.4 | 0.4 | 0.4 |" in lines
     assert "1 session: 2 turns, 2 heard, 0 dropped, 0 errors; 4 sessions: 1 turns" in md
+
+
+def test_provenance_never_carries_a_secret() -> None:
+    from assistant.bench.figures import command
+
+    line = command(["assistant", "bench", "v2v", "--token", "s3cret", "--twilio-auth-token=abc", "--turns", "8"])
+    assert "s3cret" not in line and "abc" not in line
+    assert line == "assistant bench v2v --token REDACTED --twilio-auth-token=REDACTED --turns 8"

@@ -20,8 +20,8 @@ from assistant.audio import float_to_s16, resample
 from assistant.bench.audio_source import Utterance, load_utterance
 from assistant.bench.realtime_client import RealtimeBenchSession, ws_turn
 from assistant.bench.v2v import BenchSession, TurnSettings
+from assistant.g711 import ulaw_encode
 from assistant.server.app import SESSIONS
-from assistant.server.realtime.formats import ulaw_encode
 from assistant.server.services import Services
 from tests.conftest import serve, test_config
 from tests.test_net import TOKEN, WhipClient

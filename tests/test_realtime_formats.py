@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 
 from assistant.audio import S16_SCALE, SPEECH_RATE, float_to_s16, read_audio, resample
-from assistant.server.realtime.formats import PCM16, PCMU, InputDecoder, OutputEncoder, ulaw_decode, ulaw_encode
+from assistant.g711 import ulaw_decode, ulaw_encode
+from assistant.server.realtime.formats import PCM16, PCMU, InputDecoder, OutputEncoder
 
 
 def fidelity(ref: np.ndarray, y: np.ndarray) -> tuple[int, float, float]:

@@ -106,7 +106,29 @@ def command(argv: Sequence[str] | None = None) -> str:
             head = f"python {prog.resolve().relative_to(TREE)}"
         except ValueError:
             head = f"python {prog.name}"
-    return " ".join([head, *map(shlex.quote, argv[1:])])
+    return " ".join([head, *map(shlex.quote, redact_secrets(argv[1:]))])
+
+
+SECRET_FLAGS = ("token", "secret", "key", "password")  # a flag whose name holds one of these carries a secret
+
+
+def redact_secrets(args: Sequence[str]) -> list[str]:
+    """The arguments with each secret's value replaced by ``REDACTED``: provenance lines go into the docs."""
+    out: list[str] = []
+    hide_next = False
+    for arg in args:
+        if hide_next:
+            out.append("REDACTED")
+            hide_next = False
+            continue
+        name, eq, _ = arg.partition("=")
+        secret = name.startswith("-") and any(word in name.lower() for word in SECRET_FLAGS)
+        if secret and eq:
+            out.append(f"{name}=REDACTED")
+        else:
+            out.append(arg)
+            hide_next = secret
+    return out
 
 
 def provenance(argv: Sequence[str] | None = None, started: datetime.datetime | None = None) -> str:

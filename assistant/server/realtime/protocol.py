@@ -37,7 +37,6 @@ from __future__ import annotations
 
 import base64
 import binascii
-import json
 import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -45,6 +44,7 @@ from typing import Any
 import numpy as np
 
 from assistant.audio import AudioChunk
+from assistant.body import loads_bounded
 from assistant.server.realtime.conversation_events import ConversationEvents, no_input_words
 from assistant.server.realtime.formats import FormatError, InputDecoder, OutputEncoder, decode_clip
 from assistant.server.realtime.input_audio import InputAudio
@@ -166,7 +166,7 @@ class RealtimeProtocol:
             self.error(f"event over {self.max_event_bytes} bytes (realtime.max_event_bytes)", code="event_too_large")
             return
         try:
-            event = json.loads(text)
+            event = loads_bounded(text)  # nesting and members bounded: never a RecursionError
         except ValueError as exc:
             self.error(f"the event is not valid JSON: {exc}", code="invalid_json")
             return

@@ -25,14 +25,16 @@ from collections.abc import Callable
 from aiohttp import WSMsgType, web
 
 from assistant.server.http import CONFIG, APIError
-from assistant.server.limits import LIMITS
+from assistant.server.keys import principal_of
 from assistant.server.openapi import documented, openai_error
 from assistant.server.realtime.calls import call_protocol
+from assistant.server.realtime.protocol import ClientError
+from assistant.server.realtime.settings import SettingsError
 from assistant.server.realtime.setup import DEFAULT_MODEL, make_protocol, prepare
 from assistant.server.realtime.sink import StreamSink
 from assistant.server.services import SERVICES
 from assistant.server.voice.session import ConversationSession
-from assistant.server.voice.signaling import admit, check_ready
+from assistant.server.voice.signaling import admit, caller, check_ready
 
 log = logging.getLogger(__name__)
 
@@ -114,12 +116,17 @@ async def realtime_ws(request: web.Request) -> web.StreamResponse:
     if "call_id" in request.query:
         return await control_socket(request, ws, request.query["call_id"])
     check_ready(state)
-    start = await prepare(state, request.query.get("model", DEFAULT_MODEL))
+    key_session = principal_of(request).session  # a client secret's session: the socket's starting point
+    model = request.query.get("model") or (None if key_session is not None else DEFAULT_MODEL)
+    try:
+        start = await prepare(state, model, base=key_session)
+    except (ClientError, SettingsError) as exc:  # a key minted before the server's voices or engines changed
+        raise APIError(400, exc.code, str(exc), param=exc.param) from None
     services = state[SERVICES]
     sink = StreamSink(rt.audio_lead_ms)
-    client = state[LIMITS].client(request)
+    who = caller(request)
     session = admit(state, lambda on_closed: SocketSession(services, start.cfg, sink, on_closed,
-                                                            responder=start.responder, client=client))
+                                                            responder=start.responder, client=who.client), who)
     await ws.prepare(request)
     session.ws = ws
     def too_slow() -> None:
@@ -148,7 +155,7 @@ async def realtime_ws(request: web.Request) -> web.StreamResponse:
 
 async def control_socket(request: web.Request, ws: web.WebSocketResponse, call_id: str) -> web.WebSocketResponse:
     """``GET /v1/realtime?call_id=``: the call's events, and client events into it, beside its WebRTC peer."""
-    protocol = call_protocol(request.config_dict, call_id)
+    protocol = call_protocol(request, call_id)
     if protocol is None:
         raise APIError(404, "call_not_found", "no open call has this call_id", param="call_id")
     session = protocol.session

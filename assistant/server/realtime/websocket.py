@@ -18,13 +18,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
-from collections.abc import Callable
 
 from aiohttp import WSMsgType, web
 
-from assistant.server.http import CONFIG, APIError
+from assistant.server.http import CONFIG, APIError, Outbox
 from assistant.server.keys import principal_of
 from assistant.server.openapi import documented, openai_error
 from assistant.server.realtime.calls import call_protocol
@@ -54,32 +52,6 @@ class SocketSession(ConversationSession):
             code = 1008 if self.close_reason == "client_too_slow" else 1000
             with contextlib.suppress(Exception):
                 await self.ws.close(code=code, message=self.close_reason.encode()[:120])
-
-
-class Outbox:
-    """Server events to the socket, in order, through a bounded queue (``on_full`` when a client lags)."""
-
-    def __init__(self, ws: web.WebSocketResponse, limit: int, on_full: Callable[[], None]) -> None:
-        self.ws = ws
-        self.queue: asyncio.Queue[str] = asyncio.Queue(maxsize=limit)
-        self.on_full = on_full
-        self.full = False
-
-    def put(self, event: dict[str, object]) -> None:
-        if self.full:
-            return
-        try:
-            self.queue.put_nowait(json.dumps(event, ensure_ascii=False))
-        except asyncio.QueueFull:
-            self.full = True
-            self.on_full()
-
-    async def run(self) -> None:
-        while True:
-            text = await self.queue.get()
-            if self.ws.closed:
-                return
-            await self.ws.send_str(text)
 
 
 def is_beta(request: web.Request) -> bool:

@@ -308,7 +308,7 @@ def build_parser(bench: str | None = None) -> argparse.ArgumentParser:
 
     p = sub.add_parser("dispatch", help="one front for several gateways (assistant serve --server.gateway_id ...): "
                        "offers go to the least-loaded one")
-    _config_args(p, ("server", "dispatch", "log"))
+    _config_args(p, ("server", "dispatch", "log", "keys"))
     p.set_defaults(func=cmd_dispatch)
 
     p = sub.add_parser("say", help="synthesize text to a WAV file with the configured TTS engine")

@@ -17,13 +17,15 @@ import asyncio
 import json
 import logging
 import secrets
+import weakref
 from collections import deque
-from typing import Any
 
 from aiohttp import web
 
+from assistant.body import loads_bounded
+from assistant.pipeline.events import DataChannel
 from assistant.server.http import CONFIG, APIError, read_multipart
-from assistant.server.limits import LIMITS
+from assistant.server.keys import principal_of
 from assistant.server.openapi import documented, json_body, openai_error
 from assistant.server.realtime.protocol import ClientError, RealtimeProtocol
 from assistant.server.realtime.settings import SettingsError
@@ -31,7 +33,15 @@ from assistant.server.realtime.setup import make_protocol, prepare
 from assistant.server.services import SERVICES
 from assistant.server.voice.ice import browser_config
 from assistant.server.voice.session import Session
-from assistant.server.voice.signaling import SESSIONS, check_ready, check_sdp, open_session, read_text
+from assistant.server.voice.signaling import (
+    SESSIONS,
+    caller,
+    check_ready,
+    check_sdp,
+    open_session,
+    owned_session,
+    read_text,
+)
 
 log = logging.getLogger(__name__)
 
@@ -39,6 +49,9 @@ SDP = "application/sdp"
 EVENTS_LABEL = "oai-events"
 MAX_PENDING = 256  # events kept until the data channel opens; older ones go first
 INBOX = 256  # client events waiting to be handled; past it, an error event and the event is dropped
+# Each open call's protocol by call id, for a control socket beside it (GET /v1/realtime?call_id=); weak: a call
+# that ends leaves the table with its session.
+PROTOCOLS: weakref.WeakValueDictionary[str, RealtimeProtocol] = weakref.WeakValueDictionary()
 CALL_ID = [{"name": "session_id", "in": "path", "required": True, "schema": {"type": "string"},
             "description": "the call id (from the Location of POST /v1/realtime/calls)"}]
 
@@ -49,12 +62,12 @@ class ChannelEvents:
 
     def __init__(self, session: Session) -> None:
         self.session = session
-        self.channel: Any = None
+        self.channel: DataChannel | None = None
         self.pending: deque[str] = deque(maxlen=MAX_PENDING)
         self.inbox: asyncio.Queue[str | bytes] = asyncio.Queue(maxsize=INBOX)
         self.protocol: RealtimeProtocol | None = None
 
-    def send(self, event: dict[str, Any]) -> None:
+    def send(self, event: dict[str, object]) -> None:
         text = json.dumps(event, ensure_ascii=False)
         ch = self.channel
         if ch is not None and ch.readyState == "open":
@@ -65,20 +78,18 @@ class ChannelEvents:
         else:
             self.pending.append(text)
 
-    def attach(self, channel: Any) -> None:
+    def attach(self, channel: DataChannel) -> None:
         self.channel = channel
 
-        @channel.on("open")
-        def _on_open() -> None:
-            self._drain()
-
-        @channel.on("message")
-        def _on_message(message: str | bytes) -> None:
+        def on_message(message: str | bytes) -> None:
             try:
                 self.inbox.put_nowait(message)
             except asyncio.QueueFull:
                 if self.protocol is not None:
                     self.protocol.error("too many events at once: this one was dropped", code="rate_limited")
+
+        channel.add_listener("open", self._drain)
+        channel.add_listener("message", on_message)
 
         if channel.readyState == "open":
             self._drain()
@@ -95,7 +106,18 @@ class ChannelEvents:
                 await self.protocol.receive(message)
 
 
-async def read_offer(request: web.Request, max_sdp: int, max_session: int) -> tuple[str, Any]:
+def call_protocol(request: web.Request, call_id: str) -> RealtimeProtocol | None:
+    """The protocol of an open call of this gateway that the caller's key opened (or any, for the admin's key);
+    None otherwise: another caller's call looks like no call at all."""
+    session = request.config_dict[SESSIONS].get(call_id)
+    protocol = PROTOCOLS.get(call_id)
+    if (session is None or session.closed or protocol is None or protocol.session is not session
+            or not principal_of(request).owns(session.owner)):
+        return None
+    return protocol
+
+
+async def read_offer(request: web.Request, max_sdp: int, max_session: int) -> tuple[str, object]:
     """The offer's SDP and the optional ``session`` object, from either body shape."""
     if request.content_type == "multipart/form-data":
         parts = await read_multipart(request, {"sdp": max_sdp, "session": max_session})
@@ -103,7 +125,7 @@ async def read_offer(request: web.Request, max_sdp: int, max_session: int) -> tu
             raise APIError(400, "bad_offer", "the form has no 'sdp' part", param="sdp")
         try:
             sdp = parts["sdp"].decode("utf-8")
-            session = json.loads(parts["session"]) if "session" in parts else None
+            session = loads_bounded(parts["session"]) if "session" in parts else None
         except (UnicodeDecodeError, ValueError):
             raise APIError(400, "bad_offer", "the 'session' part must be JSON (and 'sdp' UTF-8 text)",
                            param="session") from None
@@ -134,17 +156,20 @@ async def create_call(request: web.Request) -> web.Response:
     sdp, session_json = await read_offer(request, cfg.server.max_sdp_bytes, cfg.server.max_body_bytes)
     check_sdp(sdp, cfg.server.max_sdp_bytes)
     model = session_json.get("model") if isinstance(session_json, dict) else None
+    key_session = principal_of(request).session  # a client secret's session: the call's starting point
     try:
-        start = await prepare(state, model if isinstance(model, str) else request.query.get("model"), session_json)
+        start = await prepare(state, model if isinstance(model, str) else request.query.get("model"), session_json,
+                              base=key_session)
     except (ClientError, SettingsError) as exc:
         raise APIError(400, exc.code, str(exc), param=exc.param) from None
     services = state[SERVICES]
-    client = state[LIMITS].client(request)
-    session = await open_session(state, sdp, client=client, make=lambda on_closed: Session(
-        services, start.cfg, on_closed=on_closed, responder=start.responder, client=client))
+    who = caller(request)
+    session = await open_session(state, sdp, who, make=lambda on_closed: Session(
+        services, start.cfg, on_closed=on_closed, responder=start.responder, client=who.client))
     events = ChannelEvents(session)
     protocol = make_protocol(state, session, start, events.send, webrtc=True, beta=False, query=request.query)
     events.protocol = protocol
+    PROTOCOLS[session.id] = protocol
     session.channels[EVENTS_LABEL] = events.attach
     session.on_audio = protocol.on_track_audio
     log.info("realtime_open session=%s transport=webrtc", session.id)
@@ -156,9 +181,9 @@ async def create_call(request: web.Request) -> web.Response:
 @documented("Hang up a Realtime call", parameters=CALL_ID,
             responses={"200": {"description": "hung up"}, "404": openai_error("no such call")})
 async def hangup(request: web.Request) -> web.Response:
-    """``POST /v1/realtime/calls/{id}/hangup``."""
-    session = request.config_dict[SESSIONS].get(request.match_info["session_id"])
-    if session is None or session.closed:
+    """``POST /v1/realtime/calls/{id}/hangup``: the caller's own call (or any, with the admin's key)."""
+    session = owned_session(request)
+    if session is None:
         raise APIError(404, "call_not_found", "no such call", param="call_id")
     await session.close("hangup")
     return web.Response(status=200)
@@ -181,7 +206,7 @@ ICE_SCHEMA = {
 async def ice_servers(request: web.Request) -> web.Response:
     """``GET /v1/realtime/ice-servers``: what ``new RTCPeerConnection({iceServers})`` takes."""
     ice = browser_config(request.config_dict[CONFIG].ice, f"realtime-{secrets.token_urlsafe(9)}")
-    body: dict[str, Any] = {"ice_servers": ice["iceServers"], "ice_transport_policy": ice["iceTransportPolicy"]}
+    body: dict[str, object] = {"ice_servers": ice["iceServers"], "ice_transport_policy": ice["iceTransportPolicy"]}
     if "expires_at" in ice:
         body["expires_at"] = ice["expires_at"]
     return web.json_response(body, headers={"Cache-Control": "no-store"})

@@ -87,7 +87,7 @@ def loads_bounded(text: str | bytes, *, max_depth: int = MAX_JSON_DEPTH, max_key
             raise JSONTooComplex(f"JSON nested {depth} levels deep; at most {max_depth}")
     members = 0
 
-    def pairs(items: list[tuple[str, Any]]) -> dict[str, Any]:
+    def pairs(items: list[tuple[str, object]]) -> dict[str, object]:
         nonlocal members
         members += len(items)
         if members > max_keys:

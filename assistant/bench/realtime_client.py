@@ -133,7 +133,7 @@ async def ws_turn(http: aiohttp.ClientSession, url: str, utt: Utterance, *, mode
     mark: float | None = None
     async with http.ws_connect(ws_url, headers=headers, max_msg_size=0) as ws:
 
-        async def send(event: dict[str, Any]) -> None:
+        async def send(event: dict[str, object]) -> None:
             await ws.send_str(json.dumps(event))
 
         if mode == "commit":

@@ -30,7 +30,7 @@ import xml.etree.ElementTree as ET
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlencode, urlsplit
 
 import aiohttp
@@ -40,6 +40,9 @@ from assistant.audio import SILENCE_PEAK_S16, float_to_s16, resample, s16_to_flo
 from assistant.bench.audio_source import Utterance
 from assistant.g711 import ULAW_SILENCE, ulaw_decode, ulaw_encode
 from assistant.server.telephony.signatures import twilio_signature
+
+if TYPE_CHECKING:
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 log = logging.getLogger(__name__)
 
@@ -69,47 +72,53 @@ def utterance_ulaw(utt: Utterance) -> tuple[bytes, int]:
 
 
 # --- the carriers' words -----------------------------------------------------------------------------------------
+Message = dict[str, object]  # one media-stream message the carrier sends, before it is JSON
+
+
 @dataclass(frozen=True)
 class Carrier:
     """What one carrier sends on the media stream, and how it names things."""
 
     name: str
-    media_format: dict[str, Any]
+    media_format: dict[str, object]
 
-    def connected(self) -> dict[str, Any]:
+    def connected(self) -> Message:
         if self.name == "twilio":
             return {"event": "connected", "protocol": "Call", "version": "1.0.0"}
         return {"event": "connected", "version": "1.0.0"}
 
-    def start(self, seq: int, stream_id: str, call_id: str, parameters: dict[str, str]) -> dict[str, Any]:
+    def start(self, seq: int, stream_id: str, call_id: str, parameters: dict[str, str],
+              media_format: dict[str, object] | None = None) -> Message:
+        """The ``start``, with this carrier's media format or ``media_format`` (a test's other format)."""
+        fmt = self.media_format if media_format is None else media_format
         if self.name == "twilio":
             return {"event": "start", "sequenceNumber": str(seq), "start": {
                 "accountSid": "AC" + "0" * 32, "streamSid": stream_id, "callSid": call_id, "tracks": ["inbound"],
-                "mediaFormat": self.media_format, "customParameters": parameters}, "streamSid": stream_id}
+                "mediaFormat": fmt, "customParameters": parameters}, "streamSid": stream_id}
         return {"event": "start", "sequence_number": str(seq), "start": {
             "user_id": "3e6f995f-85f7-4705-9741-53b116d28237", "call_control_id": call_id,
             "call_session_id": "ff55a038-6f5d-11ef-9692-02420aeffb1f", "from": "+13122010094", "to": "+13122123456",
-            "custom_parameters": parameters, "media_format": self.media_format}, "stream_id": stream_id}
+            "custom_parameters": parameters, "media_format": fmt}, "stream_id": stream_id}
 
-    def media(self, seq: int, stream_id: str, chunk: int, timestamp_ms: int, payload: bytes) -> dict[str, Any]:
+    def media(self, seq: int, stream_id: str, chunk: int, timestamp_ms: int, payload: bytes) -> Message:
         body = {"track": "inbound", "chunk": str(chunk), "timestamp": str(timestamp_ms),
                 "payload": base64.b64encode(payload).decode()}
         if self.name == "twilio":
             return {"event": "media", "sequenceNumber": str(seq), "media": body, "streamSid": stream_id}
         return {"event": "media", "sequence_number": str(seq), "media": body, "stream_id": stream_id}
 
-    def mark(self, seq: int, stream_id: str, name: str) -> dict[str, Any]:
+    def mark(self, seq: int, stream_id: str, name: str) -> Message:
         if self.name == "twilio":
             return {"event": "mark", "sequenceNumber": str(seq), "streamSid": stream_id, "mark": {"name": name}}
         return {"event": "mark", "sequence_number": str(seq), "stream_id": stream_id, "mark": {"name": name}}
 
-    def dtmf(self, seq: int, stream_id: str, digit: str) -> dict[str, Any]:
+    def dtmf(self, seq: int, stream_id: str, digit: str) -> Message:
         if self.name == "twilio":
             return {"event": "dtmf", "streamSid": stream_id, "sequenceNumber": str(seq),
                     "dtmf": {"track": "inbound_track", "digit": digit}}
         return {"event": "dtmf", "stream_id": stream_id, "sequence_number": str(seq), "dtmf": {"digit": digit}}
 
-    def stop(self, seq: int, stream_id: str, call_id: str) -> dict[str, Any]:
+    def stop(self, seq: int, stream_id: str, call_id: str) -> Message:
         if self.name == "twilio":
             return {"event": "stop", "sequenceNumber": str(seq), "streamSid": stream_id,
                     "stop": {"accountSid": "AC" + "0" * 32, "callSid": call_id}}
@@ -154,10 +163,12 @@ def webhook_form(carrier: Carrier, call_id: str) -> list[tuple[str, str]]:
 
 
 def signed_headers(carrier: Carrier, url: str, form: list[tuple[str, str]], body: bytes, *, auth_token: str = "",
-                   telnyx_private_key: Any = None, timestamp: int | None = None) -> dict[str, str]:
+                   telnyx_private_key: Ed25519PrivateKey | None = None, timestamp: int | None = None) -> dict[str, str]:
     """The carrier's signature headers for this request (Twilio: over the URL and form; Telnyx: over the body)."""
     if carrier.name == "twilio":
         return {"X-Twilio-Signature": twilio_signature(auth_token, url, form)}
+    if telnyx_private_key is None:
+        raise ValueError("a Telnyx webhook is signed with a private key")
     stamp = str(int(time.time()) if timestamp is None else timestamp)
     signature = telnyx_private_key.sign(stamp.encode() + b"|" + body)
     return {"telnyx-signature-ed25519": base64.b64encode(signature).decode(), "telnyx-timestamp": stamp}
@@ -181,7 +192,7 @@ def read_answer(status: int, body: str) -> Answer:
 
 
 async def dial(http: aiohttp.ClientSession, base_url: str, carrier: Carrier = TWILIO, *, call_id: str,
-               auth_token: str = "", telnyx_private_key: Any = None, signed_url: str = "",
+               auth_token: str = "", telnyx_private_key: Ed25519PrivateKey | None = None, signed_url: str = "",
                headers: dict[str, str] | None = None) -> Answer:
     """Post the carrier's voice webhook for a call (signed for ``signed_url``, default the URL posted to)."""
     url = f"{base_url.rstrip('/')}/telephony/{carrier.name}/voice"
@@ -216,7 +227,7 @@ class PhoneCall:
     """One call's media stream, as the carrier runs it (see the module docstring)."""
 
     def __init__(self, http: aiohttp.ClientSession, stream_url: str, carrier: Carrier, call_id: str,
-                 parameters: dict[str, str], *, connect_url: str = "", media_format: dict[str, Any] | None = None,
+                 parameters: dict[str, str], *, connect_url: str = "", media_format: dict[str, object] | None = None,
                  threshold_dbfs: float = AUDIBLE_DBFS) -> None:
         self.http = http
         self.url = connect_url or stream_url
@@ -230,7 +241,7 @@ class PhoneCall:
         self._seq = 0
         self._chunk = 0
         self._lock = asyncio.Lock()
-        self._tasks: list[asyncio.Task[Any]] = []
+        self._tasks: list[asyncio.Task[None]] = []
         self._saying: deque[Saying] = deque()
         self._play_end = 0.0
         self._pending_marks: dict[str, asyncio.TimerHandle] = {}
@@ -255,11 +266,8 @@ class PhoneCall:
         self._tasks = [asyncio.create_task(self._receive(), name="carrier-rx"),
                        asyncio.create_task(self._stream(), name="carrier-tx")]
 
-    def _start_with_format(self) -> dict[str, Any]:
-        msg = self.carrier.start(self._next_seq(), self.stream_id, self.call_id, self.parameters)
-        key = "mediaFormat" if self.carrier.name == "twilio" else "media_format"
-        msg["start"][key] = self.media_format
-        return msg
+    def _start_with_format(self) -> Message:
+        return self.carrier.start(self._next_seq(), self.stream_id, self.call_id, self.parameters, self.media_format)
 
     async def hang_up(self, *, stop: bool = True) -> None:
         """The caller hangs up: ``stop`` (as the carrier says it), then the socket closes."""
@@ -289,7 +297,7 @@ class PhoneCall:
         self._seq += 1
         return self._seq
 
-    async def send(self, message: dict[str, Any] | str) -> None:
+    async def send(self, message: Message | str) -> None:
         """One message to the server (a dict as JSON; a str as it is, for tests of malformed input)."""
         assert self.ws is not None
         async with self._lock:

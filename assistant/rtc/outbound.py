@@ -52,7 +52,44 @@ class FirstAudible:
             self._future = None
 
 
-class ReplyTrack(MediaStreamTrack):
+class SinkBase:
+    """What every reply sink (``pipeline/reply.ReplySink``) holds alike: the ``generation`` its writers carry,
+    the first-audible future :meth:`expect_reply` hands out, and the pause flag. A sink calls
+    :meth:`_new_generation` where it drops what was written (interrupt, stop)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._generation = 0  # bumped by _new_generation(); writers of an older generation stop
+        self._first_audible = FirstAudible()  # armed by expect_reply(), resolved by the sink's first audible piece
+        self._paused = False  # held by pause(): the listener hears silence, writers wait
+
+    @property
+    def generation(self) -> int:
+        return self._generation
+
+    def expect_reply(self) -> asyncio.Future[float]:
+        """A future that the next audible piece handed to the listener resolves with its wall time (``time.time``).
+
+        The sink only sets the result; whoever waits on it (the turn runner) does the rest on its own time.
+        Arming again, or an interrupt, cancels the future armed before.
+        """
+        return self._first_audible.arm()
+
+    def pause(self) -> None:
+        """Hold the queued reply (the listener hears silence meanwhile); writers wait for room as usual."""
+        self._paused = True
+
+    def resume(self) -> None:
+        """Play on from where :meth:`pause` held."""
+        self._paused = False
+
+    def _new_generation(self) -> None:
+        """Writers of the current generation stop (their writes return False); the armed future is cancelled."""
+        self._generation += 1
+        self._first_audible.disarm()
+
+
+class ReplyTrack(SinkBase, MediaStreamTrack):
     """The bot's voice: the pipeline's reply sink (``pipeline/speech.ReplySink``) as an aiortc track."""
 
     kind = "audio"
@@ -67,27 +104,12 @@ class ReplyTrack(MediaStreamTrack):
         self._space.set()
         self._pacer = FramePacer(WEBRTC_RATE)
         self._pts = 0
-        self._generation = 0  # bumped by interrupt(); writers of an older generation stop
         self._silence = np.zeros(FRAME_SAMPLES, dtype=np.int16)
-        self._first_audible = FirstAudible()  # armed by expect_reply()
-        self._paused = False  # held by pause(): idle silence goes out, the queue waits
         self.frames_sent = 0
         self.audible_frames_sent = 0  # reply frames (queued audio, not idle silence) handed to the peer
         self.last_audible_sent_at = 0.0  # wall time the latest audible frame was handed to the peer
 
     # --- writer side -------------------------------------------------------------------------------
-    @property
-    def generation(self) -> int:
-        return self._generation
-
-    def expect_reply(self) -> asyncio.Future[float]:
-        """A future that the next audible frame handed to the peer resolves with its wall time (``time.time()``).
-
-        The track only sets the result; whoever waits on it (the turn runner) does the rest on its own time.
-        Arming again, or :meth:`interrupt`, cancels the future armed before.
-        """
-        return self._first_audible.arm()
-
     async def write(self, pcm: np.ndarray, generation: int | None = None) -> bool:
         """Queue 48 kHz mono int16 samples; waits while the queue is full.
 
@@ -121,22 +143,13 @@ class ReplyTrack(MediaStreamTrack):
             await self._space.wait()
         return gen == self._generation
 
-    def pause(self) -> None:
-        """Hold the queued reply (the listener hears silence meanwhile); writers wait for room as usual."""
-        self._paused = True
-
-    def resume(self) -> None:
-        """Play on from where :meth:`pause` held."""
-        self._paused = False
-
     def interrupt(self) -> int:
         """Drop everything queued now; writers of the old generation return False. Returns frames dropped."""
         self._paused = False
         dropped = len(self._frames)
         self._frames.clear()
         self._partial = np.zeros(0, dtype=np.int16)
-        self._generation += 1
-        self._first_audible.disarm()
+        self._new_generation()
         self._space.set()
         return dropped
 

@@ -19,9 +19,9 @@ import ipaddress
 import logging
 from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Any
 
 from aiohttp import web
+from aiohttp.typedefs import Handler, Middleware
 from yarl import URL
 
 from assistant.config import PROJECT_ROOT, Config, ConfigError, ServerConfig
@@ -40,7 +40,7 @@ DEFAULT_PORTS = {"http": 80, "https": 443}
 
 
 @web.middleware
-async def error_middleware(request: web.Request, handler: Any) -> web.StreamResponse:
+async def error_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
     """Every failure a JSON ``{"error", "detail"}``, never a stack trace."""
     try:
         return await handler(request)
@@ -94,7 +94,7 @@ def _refuse(request: web.Request, status: int, error: str, detail: str) -> web.R
     return json_error(status, error, detail)
 
 
-def auth_middleware(token: str, protected: tuple[str, ...] = PROTECTED, table: Iterable[Route] = ROUTES) -> Any:
+def auth_middleware(token: str, protected: tuple[str, ...] = PROTECTED, table: Iterable[Route] = ROUTES) -> Middleware:
     """Who the caller is (``keys.identify``: the server token, a key it minted, or nobody), kept on the request for
     the handlers; on paths under ``protected`` a key is needed, and its scope must allow the route's row (401
     without a valid key, 403 ``forbidden_scope``). Elsewhere (the page, health, metrics) a bad credential counts as
@@ -103,7 +103,7 @@ def auth_middleware(token: str, protected: tuple[str, ...] = PROTECTED, table: I
     anonymous = NOBODY if token else ADMIN_PRINCIPAL
 
     @web.middleware
-    async def auth(request: web.Request, handler: Any) -> web.StreamResponse:
+    async def auth(request: web.Request, handler: Handler) -> web.StreamResponse:
         if request.method == "OPTIONS":  # a CORS preflight carries no credential
             return await handler(request)
         guarded = request.path.startswith(protected)
@@ -125,11 +125,11 @@ def auth_middleware(token: str, protected: tuple[str, ...] = PROTECTED, table: I
     return auth
 
 
-def cors_middleware(origins: list[str]) -> Any:
+def cors_middleware(origins: list[str]) -> Middleware:
     allowed = set(origins)
 
     @web.middleware
-    async def cors(request: web.Request, handler: Any) -> web.StreamResponse:
+    async def cors(request: web.Request, handler: Handler) -> web.StreamResponse:
         origin = request.headers.get("Origin", "")
 
         def allow(resp: web.StreamResponse) -> None:
@@ -274,9 +274,9 @@ class Guard:
         if route.budget is not None:
             self.limits.take(route.budget, self.limits.client(request))
 
-    def middleware(self) -> Any:
+    def middleware(self) -> Middleware:
         @web.middleware
-        async def guard(request: web.Request, handler: Any) -> web.StreamResponse:
+        async def guard(request: web.Request, handler: Handler) -> web.StreamResponse:
             try:
                 self.check(request)
             except APIError as exc:
@@ -290,11 +290,11 @@ class Guard:
         return guard
 
 
-def middlewares(cfg: Config, limits: Limits, protected: tuple[str, ...] = PROTECTED) -> list[Any]:
+def middlewares(cfg: Config, limits: Limits, protected: tuple[str, ...] = PROTECTED) -> list[Middleware]:
     """CORS (outermost, so refusals carry its headers), JSON errors, the caller's key, then the guard (host,
     origin, media type, budget: after the key, so a request without one spends nothing)."""
     server = cfg.server
-    out: list[Any] = [error_middleware]
+    out: list[Middleware] = [error_middleware]
     if server.cors_origins:
         out.insert(0, cors_middleware(server.cors_origins))
     out.append(auth_middleware(server.auth_token, protected))

@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from typing import Any
 
 from aiohttp import BodyPartReader, web
@@ -24,7 +24,7 @@ CONFIG: web.AppKey[Config] = web.AppKey("config", Config)
 DEFAULT_BODY_TIMEOUT_S = 60.0
 
 
-def json_error(status: int, error: str, detail: str = "", **extra: Any) -> web.Response:
+def json_error(status: int, error: str, detail: str = "", **extra: object) -> web.Response:
     """A JSON error response ``{"error": ..., "detail": ...}``: what clients get instead of a traceback."""
     return web.json_response({"error": error, "detail": detail, **extra}, status=status)
 
@@ -164,7 +164,7 @@ class Outbox:
         self.on_full = on_full
         self.full = False
 
-    def put(self, message: dict[str, Any]) -> None:
+    def put(self, message: Mapping[str, object]) -> None:
         if self.full:
             return
         try:

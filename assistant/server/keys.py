@@ -40,7 +40,6 @@ import secrets
 import time
 import zlib
 from dataclasses import dataclass, field, replace
-from typing import Any
 
 from aiohttp import web
 
@@ -80,7 +79,7 @@ class Principal:
     expires_at: int | None = None
     expired: bool = False
     max_sessions: int | None = None  # sessions this key may hold open at once (None: no cap of its own)
-    session: dict[str, Any] | None = field(default=None, compare=False)  # a client secret's Realtime session
+    session: dict[str, object] | None = field(default=None, compare=False)  # a client secret's Realtime session
 
     @property
     def admin(self) -> bool:
@@ -136,13 +135,13 @@ class Minted:
 
 
 def mint(token: str, scopes: list[str] | tuple[str, ...], ttl_s: int, *, max_sessions: int | None = None,
-         session: dict[str, Any] | None = None, now: float | None = None) -> Minted:
+         session: dict[str, object] | None = None, now: float | None = None) -> Minted:
     """A new key for ``scopes`` that expires ``ttl_s`` from ``now`` (ValueError: unknown scope, or too large)."""
     bad = [s for s in scopes if s not in SCOPES]
     if bad or not scopes:
         raise ValueError(f"scope must be one or more of {', '.join(SCOPES)}; got {list(scopes)!r}")
     issued = int(wall_clock() if now is None else now)
-    claims: dict[str, Any] = {"v": 1, "kid": secrets.token_urlsafe(12), "scope": sorted(set(scopes)),
+    claims: dict[str, object] = {"v": 1, "kid": secrets.token_urlsafe(12), "scope": sorted(set(scopes)),
                               "iat": issued, "exp": issued + int(ttl_s)}
     if max_sessions is not None:
         claims["max"] = int(max_sessions)
@@ -181,7 +180,7 @@ def verify(token: str, value: str, now: float | None = None) -> Principal:
     return principal
 
 
-def _principal(claims: Any, now: int) -> Principal:
+def _principal(claims: object, now: int) -> Principal:
     if not isinstance(claims, dict) or claims.get("v") != 1:
         raise ValueError("unknown key version")
     scopes, exp, cap, session = claims["scope"], claims["exp"], claims.get("max"), claims.get("rt")

@@ -15,7 +15,6 @@ import contextlib
 import logging
 import time
 from collections.abc import Iterable
-from typing import Any
 
 import aiohttp
 from aiohttp import WSMsgType, web
@@ -93,12 +92,12 @@ def _target(g: Gateway, request: web.Request) -> URL:
 
 
 # --- what a client holds across gateways -----------------------------------------------------------------
-async def _held(request: web.Request) -> list[dict[str, Any]]:
+async def _held(request: web.Request) -> list[dict[str, object]]:
     """Every session of every answering gateway, as the admin sees them (owner and client), for the caps."""
     d = request.app[DISPATCHER]
     gateways = [g for g in d.gateways if g.state in (READY, LOADING)]
 
-    async def one(g: Gateway) -> list[Any]:
+    async def one(g: Gateway) -> list[object]:
         async with d.http.get(g.url("/api/sessions"), headers=d.admin_headers, allow_redirects=False) as up:
             listed = loads_bounded(await read_answer(up))["sessions"] if up.status == 200 else []
         return listed if isinstance(listed, list) else []
@@ -218,7 +217,7 @@ async def list_sessions(request: web.Request, cap: int) -> web.Response:
             return up.status, await read_answer(up)
 
     answers = await asyncio.gather(*(one(g) for g in gateways), return_exceptions=True)
-    sessions: list[Any] = []
+    sessions: list[object] = []
     unreachable: list[str] = []
     for g, answer in zip(gateways, answers, strict=True):
         if isinstance(answer, BaseException):
@@ -235,7 +234,7 @@ async def list_sessions(request: web.Request, cap: int) -> web.Response:
             unreachable.append(g.id)
             continue
         sessions.extend(listed)
-    out: dict[str, Any] = {"sessions": sessions}
+    out: dict[str, object] = {"sessions": sessions}
     if unreachable:
         out["unreachable"] = unreachable
     return web.json_response(out)
@@ -359,7 +358,10 @@ async def ws_proxy(request: web.Request, cap: int) -> web.StreamResponse:
     return ws
 
 
-async def _pump(src: Any, dst: Any) -> tuple[int, str]:
+Socket = web.WebSocketResponse | aiohttp.ClientWebSocketResponse  # either end of a forwarded WebSocket
+
+
+async def _pump(src: Socket, dst: Socket) -> tuple[int, str]:
     """Frames from ``src`` to ``dst`` one at a time (each send awaited: bounded); the close code and reason."""
     while True:
         msg = await src.receive()

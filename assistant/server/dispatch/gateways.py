@@ -13,11 +13,12 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
-from typing import Any
 
 import aiohttp
 from aiohttp import web
+from aiohttp.client_middlewares import ClientHandlerType
 from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from yarl import URL
@@ -97,7 +98,7 @@ class Gateway:
         return URL.build(scheme=b.scheme, host=b.raw_host or "", port=b.explicit_port,
                          path=b.raw_path.rstrip("/") + path, query_string=query, encoded=True)
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, object]:
         return {"url": str(self.base), "gateway": self.id, "state": self.state, "sessions": self.sessions,
                 "max_sessions": self.max_sessions, "polled_at": self.polled_at}
 
@@ -137,7 +138,7 @@ class Dispatcher:
         return dict(self._admin)
 
     @contextlib.asynccontextmanager
-    async def one_at_a_time(self, client: str) -> Any:
+    async def one_at_a_time(self, client: str) -> AsyncIterator[None]:
         """Hold ``client``'s lock: its sessions are counted and opened one after the other (no burst slips past
         the caps between the count and the gateway's answer)."""
         lock, users = self._opening.setdefault(client, (asyncio.Lock(), [0]))
@@ -175,7 +176,7 @@ class Dispatcher:
         if self._http is not None:
             await self._http.close()
 
-    async def _only_gateways(self, req: aiohttp.ClientRequest, handler: Any) -> aiohttp.ClientResponse:
+    async def _only_gateways(self, req: aiohttp.ClientRequest, handler: ClientHandlerType) -> aiohttp.ClientResponse:
         """Every request leaving the dispatcher (a redirect's next hop too) goes to a configured gateway."""
         if (req.url.scheme, req.url.host, req.url.port) not in self._origins:
             raise aiohttp.InvalidURL(req.url, "not a configured gateway")

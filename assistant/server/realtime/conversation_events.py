@@ -16,11 +16,12 @@ import contextlib
 import logging
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import TypeVar
 
 import numpy as np
 
 from assistant.audio import SPEECH_RATE
+from assistant.pipeline.events import Event
 from assistant.server.realtime.items import Item, new_id
 from assistant.server.realtime.responses import CONTINUE, Response, Responses
 from assistant.server.realtime.settings import parse_response
@@ -38,8 +39,19 @@ TRAILING = ".,;:!?…。，；：！？、 "  # punctuation a pass puts at its e
 PARTIALS_KEPT = 16  # user items whose partial transcript is remembered until their final one
 
 
+V = TypeVar("V")
+
+
 def ms(samples: int) -> int:
     return round(samples * 1000 / SPEECH_RATE)
+
+
+def turn_of(event: Event) -> int:
+    """The turn an event is about (the pipeline numbers turns with ints)."""
+    turn = event["turn"]
+    if isinstance(turn, bool) or not isinstance(turn, int):
+        raise TypeError(f"{event.get('type')} event: turn {turn!r} is not a turn number")
+    return turn
 
 
 class ConversationEvents:
@@ -63,13 +75,13 @@ class ConversationEvents:
     def emit(self, kind: str, **fields: object) -> None:
         self.out.emit(kind, **fields)
 
-    def on_event(self, event: dict[str, Any]) -> None:
-        handler = PIPELINE.get(event["type"])
+    def on_event(self, event: Event) -> None:
+        handler = PIPELINE.get(str(event["type"]))
         if handler is not None:
             handler(self, event)
 
     # --- the user's speech ---------------------------------------------------------------------------
-    def _speech_start(self, event: dict[str, Any]) -> None:
+    def _speech_start(self, event: Event) -> None:
         vad = self.state.vad
         self.speech_item, self.partial = new_id("item"), ""
         start = event.get("start_sample")
@@ -84,10 +96,11 @@ class ConversationEvents:
         self.emit("input_audio_buffer.speech_started", audio_start_ms=round(self.speech_start_ms),
                   item_id=self.speech_item)
 
-    def _speech_end(self, event: dict[str, Any]) -> None:
-        turn = int(event["turn"])
+    def _speech_end(self, event: Event) -> None:
+        turn = turn_of(event)
+        duration = event.get("duration_ms", 0.0)
         item = Item(id=self.speech_item or new_id("item"), type="message", role="user", audio=True,
-                    audio_ms=float(event.get("duration_ms", 0.0)))
+                    audio_ms=float(duration) if isinstance(duration, int | float) else 0.0)
         self.speech_item = None
         self._remember(self.sent, item.id, self.partial)
         start, end = event.get("start_sample"), event.get("end_sample")
@@ -138,12 +151,12 @@ class ConversationEvents:
         if self.state.items.delete(item.id) is not None:
             self.emit("conversation.item.deleted", item_id=item.id)
 
-    def _transcript(self, event: dict[str, Any]) -> None:
+    def _transcript(self, event: Event) -> None:
         text = str(event.get("text", ""))
         if not event.get("final"):
             self._partial(text)
             return
-        turn = int(event["turn"])
+        turn = turn_of(event)
         item = self.state.user_items.get(turn)
         if item is not None and turn not in self.state.given_words:
             # Ours beyond OpenAI's fields: the language the turn was heard in, and how sure the ASR is.
@@ -192,14 +205,14 @@ class ConversationEvents:
                       item=item.to_json(self.beta))
 
     @staticmethod
-    def _remember(table: dict[str, Any], key: str, value: object) -> None:
+    def _remember(table: dict[str, V], key: str, value: V) -> None:
         table[key] = value
         while len(table) > PARTIALS_KEPT:
             table.pop(next(iter(table)))
 
     # --- the reply -----------------------------------------------------------------------------------
-    def _reply_text(self, event: dict[str, Any]) -> None:
-        resp = self.responses.by_turn.get(int(event["turn"]))
+    def _reply_text(self, event: Event) -> None:
+        resp = self.responses.by_turn.get(turn_of(event))
         if resp is not None and not resp.closed:
             self.responses.text(resp, str(event.get("delta", "")))
 
@@ -212,8 +225,8 @@ class ConversationEvents:
         if data:
             self.responses.audio(resp, data)
 
-    def _reply_audio_start(self, event: dict[str, Any]) -> None:
-        resp = self.responses.by_turn.get(int(event["turn"]))
+    def _reply_audio_start(self, event: Event) -> None:
+        resp = self.responses.by_turn.get(turn_of(event))
         if resp is None or resp.closed:
             return
         resp.audio_started = True
@@ -221,20 +234,20 @@ class ConversationEvents:
         if self.state.webrtc:
             self.emit("output_audio_buffer.started", response_id=resp.id)
 
-    def _turn_metrics(self, event: dict[str, Any]) -> None:
-        resp = self.responses.by_turn.get(int(event["turn"]))
+    def _turn_metrics(self, event: Event) -> None:
+        resp = self.responses.by_turn.get(turn_of(event))
         fields = {k: v for k, v in event.items() if k not in ("type", "t_ms")}
         self.emit(METRICS_EVENT, response_id=resp.id if resp is not None else None, **fields)
 
-    def _reply_done(self, event: dict[str, Any]) -> None:
-        resp = self.responses.by_turn.get(int(event["turn"]))
+    def _reply_done(self, event: Event) -> None:
+        resp = self.responses.by_turn.get(turn_of(event))
         if resp is not None:
             self.responses.finish(resp, "completed", None)
 
-    def _interrupted(self, event: dict[str, Any]) -> None:
+    def _interrupted(self, event: Event) -> None:
         if event.get("paused"):
             return  # a held reply (a backchannel check): not an interruption of the response yet
-        resp = self.responses.by_turn.get(int(event["turn"]))
+        resp = self.responses.by_turn.get(turn_of(event))
         if resp is None or resp.closed:
             return
         reason = "client_cancelled" if event.get("reason") == "client_cancelled" else "turn_detected"
@@ -269,11 +282,11 @@ class ConversationEvents:
             return None
         return msgs[last_user + 1].content if last_user + 1 < len(msgs) else ""
 
-    def _error(self, event: dict[str, Any]) -> None:
-        turn = event.get("turn")
+    def _error(self, event: Event) -> None:
+        turn = turn_of(event) if event.get("turn") is not None else None
         stage, message = str(event.get("stage", "turn")), str(event.get("message", "the reply failed"))
-        resp = self.responses.by_turn.get(int(turn)) if turn is not None else None
-        item = self.state.user_items.get(int(turn)) if turn is not None else None
+        resp = self.responses.by_turn.get(turn) if turn is not None else None
+        item = self.state.user_items.get(turn) if turn is not None else None
         if resp is None and item is not None and item.transcript is None:
             item.transcript = ""
             self.emit("conversation.item.input_audio_transcription.failed", item_id=item.id, content_index=0,
@@ -283,7 +296,7 @@ class ConversationEvents:
             error = {"type": "server_error", "code": f"{stage}_failed", "message": message}
             self.responses.finish(resp, "failed", {"type": "failed", "error": error})
 
-    def _closed(self, event: dict[str, Any]) -> None:
+    def _closed(self, event: Event) -> None:
         if self.responses.current is not None:
             self.responses.finish(self.responses.current, "cancelled",
                                   {"type": "cancelled", "reason": "client_cancelled"})
@@ -341,7 +354,7 @@ def no_input_words(state: SessionState, instructions: str, *, given: bool) -> st
     return last or instructions or CONTINUE
 
 
-PIPELINE: dict[str, Callable[[ConversationEvents, dict[str, Any]], None]] = {
+PIPELINE: dict[str, Callable[[ConversationEvents, Event], None]] = {
     "speech_start": ConversationEvents._speech_start,
     "speech_end": ConversationEvents._speech_end,
     "transcript": ConversationEvents._transcript,

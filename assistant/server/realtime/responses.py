@@ -174,24 +174,28 @@ class Responses:
     # --- its output ----------------------------------------------------------------------------------
     def message(self, resp: Response) -> Item:
         """The response's assistant message: added to the output (and the conversation) on first use."""
-        beta = self.out.beta
         if resp.message is None:
             audio = "audio" in resp.modalities
             item = Item(id=new_id("item"), type="message", role="assistant", status="in_progress", audio=audio,
                         transcript="" if audio else None, text=None if audio else "", current=True)
             resp.message = item
-            resp.output.append(item)
-            self.emit("response.output_item.added", response_id=resp.id, output_index=resp.index(item),
-                      item=item.to_json(beta))
-            if not resp.out_of_band:
-                previous = self.state.items.add(item)
-                self.emit("conversation.item.added", previous_item_id=previous, item=item.to_json(beta))
+            self._add_output(resp, item)
         if not resp.part_open:
             resp.part_open = True
             part = {"type": "audio", "transcript": ""} if resp.message.audio else {"type": "text", "text": ""}
             self.emit("response.content_part.added", response_id=resp.id, item_id=resp.message.id,
                       output_index=resp.index(resp.message), content_index=0, part=part)
         return resp.message
+
+    def _add_output(self, resp: Response, item: Item) -> None:
+        """A new item of the response's output; it joins the conversation too unless the response is out of band."""
+        beta = self.out.beta
+        resp.output.append(item)
+        self.emit("response.output_item.added", response_id=resp.id, output_index=resp.index(item),
+                  item=item.to_json(beta))
+        if not resp.out_of_band:
+            previous = self.state.items.add(item)
+            self.emit("conversation.item.added", previous_item_id=previous, item=item.to_json(beta))
 
     def text(self, resp: Response, delta: str) -> None:
         """Words of the reply, as the responder writes them."""
@@ -232,18 +236,12 @@ class Responses:
         """A piece of a function call, or the whole call, from the responder's reply."""
         if resp.closed:
             return
-        beta = self.out.beta
         item = resp.calls.get(event.call_id)
         if item is None:
             item = Item(id=new_id("item"), type="function_call", status="in_progress", call_id=event.call_id,
                         name=event.name, current=not resp.out_of_band)
             resp.calls[event.call_id] = item
-            resp.output.append(item)
-            self.emit("response.output_item.added", response_id=resp.id, output_index=resp.index(item),
-                      item=item.to_json(beta))
-            if not resp.out_of_band:
-                previous = self.state.items.add(item)
-                self.emit("conversation.item.added", previous_item_id=previous, item=item.to_json(beta))
+            self._add_output(resp, item)
         ids = {"response_id": resp.id, "item_id": item.id, "output_index": resp.index(item), "call_id": item.call_id}
         if isinstance(event, ToolCallDelta):
             if event.arguments:

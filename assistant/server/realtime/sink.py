@@ -18,7 +18,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from assistant.rtc.outbound import FRAME_MS, SILENCE_PEAK_S16, FirstAudible
+from assistant.rtc.outbound import FRAME_MS, SILENCE_PEAK_S16, SinkBase
 
 SAMPLE_RATE = 24_000  # the Realtime API's PCM rate: the speech path makes the reply at it directly
 FRAME = SAMPLE_RATE * FRAME_MS // 1000  # the pipeline counts what was heard in 20 ms frames
@@ -26,18 +26,16 @@ PIECE = SAMPLE_RATE // 10  # audio goes out in pieces of at most 100 ms, each pa
 POLL_S = 0.05  # a waiting writer looks again at least this often (an interrupt is seen within it)
 
 
-class StreamSink:
+class StreamSink(SinkBase):
     """Reply audio to ``send_audio`` (int16 at 24 kHz), paced by the client's estimated playout."""
 
     sample_rate = SAMPLE_RATE
 
     def __init__(self, lead_ms: int, send_audio: Callable[[np.ndarray], None] | None = None) -> None:
+        super().__init__()
         self.lead = max(PIECE, lead_ms * SAMPLE_RATE // 1000)
         self.send_audio = send_audio
-        self._first_audible = FirstAudible()  # armed by expect_reply()
         self.discard = False  # text-only output: the reply is made (and timed) but its audio is not sent
-        self._generation = 0
-        self._paused = False
         self._stopped = False
         self._run_start: float | None = None  # when the client's playout of the current run began
         self._run_sent = 0  # samples sent in the current run
@@ -64,15 +62,7 @@ class StreamSink:
     def audible_frames_sent(self) -> int:
         return (self._played_before + self._played_in_run(time.monotonic())) // FRAME
 
-    # --- the ReplySink face --------------------------------------------------------------------------
-    @property
-    def generation(self) -> int:
-        return self._generation
-
-    def expect_reply(self) -> asyncio.Future[float]:
-        """A future the next audible piece sent resolves with its wall time (arming again cancels the last)."""
-        return self._first_audible.arm()
-
+    # --- the ReplySink face (generation, expect_reply, pause and resume: SinkBase) -------------------
     async def write(self, pcm: np.ndarray, generation: int | None = None) -> bool:
         gen = self._generation if generation is None else generation
         pcm = np.asarray(pcm, dtype=np.int16)
@@ -123,18 +113,10 @@ class StreamSink:
         dropped = self._run_sent - played
         self._run_sent = played
         self._settle(now)
-        self._generation += 1
+        self._new_generation()
         self._paused = False
-        self._first_audible.disarm()
         return dropped // FRAME
-
-    def pause(self) -> None:
-        self._paused = True
-
-    def resume(self) -> None:
-        self._paused = False
 
     def stop(self) -> None:
         self._stopped = True
-        self._generation += 1
-        self._first_audible.disarm()
+        self._new_generation()

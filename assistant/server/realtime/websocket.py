@@ -26,7 +26,7 @@ from assistant.server.http import CONFIG, APIError, Outbox
 from assistant.server.keys import principal_of
 from assistant.server.openapi import documented, openai_error
 from assistant.server.realtime.calls import call_protocol
-from assistant.server.realtime.protocol import ClientError
+from assistant.server.realtime.protocol import ClientError, RealtimeProtocol
 from assistant.server.realtime.settings import SettingsError
 from assistant.server.realtime.setup import DEFAULT_MODEL, make_protocol, prepare
 from assistant.server.realtime.sink import StreamSink
@@ -52,6 +52,15 @@ class SocketSession(ConversationSession):
             code = 1008 if self.close_reason == "client_too_slow" else 1000
             with contextlib.suppress(Exception):
                 await self.ws.close(code=code, message=self.close_reason.encode()[:120])
+
+
+async def client_events(ws: web.WebSocketResponse, protocol: RealtimeProtocol) -> None:
+    """The client's events into the session, in order, until the socket closes or fails."""
+    async for msg in ws:
+        if msg.type in (WSMsgType.TEXT, WSMsgType.BINARY):
+            await protocol.receive(msg.data)
+        elif msg.type is WSMsgType.ERROR:
+            break
 
 
 def is_beta(request: web.Request) -> bool:
@@ -111,11 +120,7 @@ async def realtime_ws(request: web.Request) -> web.StreamResponse:
     session.watch()
     log.info("realtime_open session=%s transport=websocket beta=%s", session.id, protocol.beta)
     try:
-        async for msg in ws:
-            if msg.type in (WSMsgType.TEXT, WSMsgType.BINARY):
-                await protocol.receive(msg.data)
-            elif msg.type is WSMsgType.ERROR:
-                break
+        await client_events(ws, protocol)
         if ws.close_code == 1009:
             log.info("realtime_message_too_large session=%s", session.id)
     finally:
@@ -152,11 +157,7 @@ async def control_socket(request: web.Request, ws: web.WebSocketResponse, call_i
     session.events.subscribe(on_event)
     log.info("realtime_control_open session=%s", session.id)
     try:
-        async for msg in ws:
-            if msg.type in (WSMsgType.TEXT, WSMsgType.BINARY):
-                await protocol.receive(msg.data)
-            elif msg.type is WSMsgType.ERROR:
-                break
+        await client_events(ws, protocol)
     finally:
         detach()
         sender.cancel()

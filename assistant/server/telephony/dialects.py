@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
-from typing import Any
 from xml.sax.saxutils import quoteattr
 
 MAX_ID_CHARS = 128  # stream and call ids (Twilio's are 34 characters, Telnyx's call control ids about 60)
@@ -91,14 +90,14 @@ Event = Connected | Start | Media | Mark | Dtmf | Stop | CarrierError
 
 
 # --- reading fields -----------------------------------------------------------------------------------------
-def _object(message: dict[str, Any], key: str, event: str) -> dict[str, Any]:
+def _object(message: dict[str, object], key: str, event: str) -> dict[str, object]:
     value = message.get(key)
     if not isinstance(value, dict):
         raise ProtocolError(f"bad_{event}", f"'{key}' must be an object")
     return value
 
 
-def _text(obj: dict[str, Any], key: str, event: str, limit: int = MAX_ID_CHARS, required: bool = True) -> str:
+def _text(obj: dict[str, object], key: str, event: str, limit: int = MAX_ID_CHARS, required: bool = True) -> str:
     value = obj.get(key)
     if value is None and not required:
         return ""
@@ -107,7 +106,7 @@ def _text(obj: dict[str, Any], key: str, event: str, limit: int = MAX_ID_CHARS, 
     return value
 
 
-def _count(obj: dict[str, Any], key: str, event: str) -> int | None:
+def _count(obj: dict[str, object], key: str, event: str) -> int | None:
     """A counter the carriers send as a decimal string (Twilio's chunk and timestamp) or a number; None if absent."""
     value = obj.get(key)
     if value is None:
@@ -138,7 +137,7 @@ def _parameters(value: object) -> dict[str, str]:
     return out
 
 
-def _media(message: dict[str, Any]) -> Media:
+def _media(message: dict[str, object]) -> Media:
     media = _object(message, "media", "media")
     payload = media.get("payload")
     if not isinstance(payload, str):
@@ -149,11 +148,11 @@ def _media(message: dict[str, Any]) -> Media:
     return Media(payload, track, _count(media, "chunk", "media"), _count(media, "timestamp", "media"))
 
 
-def _mark(message: dict[str, Any]) -> Mark:
+def _mark(message: dict[str, object]) -> Mark:
     return Mark(_text(_object(message, "mark", "mark"), "name", "mark", MAX_NAME_CHARS))
 
 
-def _dtmf(message: dict[str, Any]) -> Dtmf:
+def _dtmf(message: dict[str, object]) -> Dtmf:
     digit = _text(_object(message, "dtmf", "dtmf"), "digit", "dtmf", MAX_NAME_CHARS)
     if not DTMF_DIGIT.fullmatch(digit):
         raise ProtocolError("bad_dtmf", "'dtmf.digit' must be one key: 0-9, *, #, A-D")
@@ -195,7 +194,7 @@ class Dialect:
             return Stop()
         return self._other(message, event)
 
-    def _start(self, message: dict[str, Any]) -> Start:
+    def _start(self, message: dict[str, object]) -> Start:
         start = _object(message, "start", "start")
         fmt = _object(start, self.media_format, "start")
         rate, channels = _count(fmt, self.sample_rate, "start"), _count(fmt, "channels", "start")
@@ -208,7 +207,7 @@ class Dialect:
             parameters=_parameters(start.get(self.parameters)),
         )
 
-    def _other(self, message: dict[str, Any], event: object) -> Event:
+    def _other(self, message: dict[str, object], event: object) -> Event:
         raise ProtocolError("unknown_event", f"event {str(event)[:32]!r}")
 
     def format_problem(self, start: Start) -> str:
@@ -219,17 +218,17 @@ class Dialect:
         return ""
 
     # What we send.
-    def _out(self, event: str, stream_id: str, **body: Any) -> dict[str, Any]:
+    def _out(self, event: str, stream_id: str, **body: object) -> dict[str, object]:
         named = {self.stream_key_out: stream_id} if self.stream_key_out else {}
         return {"event": event, **named, **body}
 
-    def media(self, stream_id: str, payload: str) -> dict[str, Any]:
+    def media(self, stream_id: str, payload: str) -> dict[str, object]:
         return self._out("media", stream_id, media={"payload": payload})
 
-    def mark(self, stream_id: str, name: str) -> dict[str, Any]:
+    def mark(self, stream_id: str, name: str) -> dict[str, object]:
         return self._out("mark", stream_id, mark={"name": name})
 
-    def clear(self, stream_id: str) -> dict[str, Any]:
+    def clear(self, stream_id: str) -> dict[str, object]:
         return self._out("clear", stream_id)
 
     def answer(self, stream_url: str, token: str) -> str:
@@ -258,7 +257,7 @@ class Telnyx(Dialect):
     stream_attributes = (f' track="inbound_track" bidirectionalMode="rtp" bidirectionalCodec="PCMU"'
                          f' bidirectionalSamplingRate="{TELEPHONE_RATE}"')
 
-    def _other(self, message: dict[str, Any], event: object) -> Event:
+    def _other(self, message: dict[str, object], event: object) -> Event:
         if event == "error":
             payload = message.get("payload")
             payload = payload if isinstance(payload, dict) else {}

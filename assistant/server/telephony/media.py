@@ -24,9 +24,9 @@ import logging
 import time
 from collections.abc import Callable
 from functools import partial
-from typing import Any
 
-from aiohttp import WSMsgType, web
+from aiohttp import WSMessage, WSMsgType, web
+from aiohttp.typedefs import Handler
 
 from assistant.body import loads_bounded
 from assistant.config import Config
@@ -100,7 +100,7 @@ class Refused(Exception):
         self.reason, self.detail = reason, detail
 
 
-def decode(msg: Any, dialect: Dialect) -> Event:
+def decode(msg: WSMessage, dialect: Dialect) -> Event:
     """One WebSocket message → the carrier's event, or :class:`ProtocolError`."""
     if msg.type is WSMsgType.BINARY:
         raise ProtocolError("binary_frame", "carriers send JSON text")
@@ -286,15 +286,15 @@ async def run_call(request: web.Request, ws: web.WebSocketResponse, dialect: Dia
         await session.close(reason)
 
 
-def log_turn(session: CallSession, event: dict[str, Any]) -> None:
+def log_turn(session: CallSession, event: dict[str, object]) -> None:
     """A call has no events channel: each turn's server-side voice-to-voice goes to the log."""
     if event.get("type") == "turn_metrics":
-        durations = event.get("durations_ms") or {}
+        durations = event.get("durations_ms")
         log.info("call_turn session=%s carrier=%s turn=%s server_v2v_ms=%s", session.id, session.carrier,
-                 event.get("turn"), durations.get("server_v2v_ms"))
+                 event.get("turn"), durations.get("server_v2v_ms") if isinstance(durations, dict) else None)
 
 
-def media_doc(carrier: str) -> Callable[[Any], Any]:
+def media_doc(carrier: str) -> Callable[[Handler], Handler]:
     return documented(
         f"{carrier}: a call's media stream, audio both ways (WebSocket)", public=True,
         description="The carrier opens it where the webhook's answer says (no bearer token: the media token does "

@@ -34,7 +34,7 @@ import numpy as np
 
 from assistant.audio import FRAME_MS, SILENCE_PEAK_S16
 from assistant.g711 import ulaw_encode
-from assistant.rtc.outbound import FirstAudible
+from assistant.rtc.outbound import SinkBase
 from assistant.server.telephony.dialects import TELEPHONE_RATE
 
 SAMPLE_RATE = TELEPHONE_RATE  # the speech path makes the reply at 8 kHz directly (soxr, anti-aliased)
@@ -55,7 +55,7 @@ class Piece:
     due: float  # monotonic time its playout ends, if the carrier plays it as it comes
 
 
-class CallSink:
+class CallSink(SinkBase):
     """Reply audio to a carrier (see the module docstring). ``send`` takes one outgoing message (a dict); the
     ``media``, ``mark`` and ``clear`` messages are made by ``media(payload)``, ``mark(name)`` and ``clear()``."""
 
@@ -70,10 +70,10 @@ class CallSink:
         lead_ms: int,
         session_id: str = "",
     ) -> None:
+        super().__init__()
         self._send, self._media, self._mark, self._clear = send, media, mark, clear
         self.lead = max(PIECE, lead_ms * SAMPLE_RATE // 1000)
         self.session_id = session_id
-        self._generation = 0
         self._epoch = 0  # bumped by every clear: marks sent before it were cleared, not played
         self._seq = 0
         self._pending: deque[Piece] = deque()  # sent, mark not back, oldest first
@@ -81,10 +81,8 @@ class CallSink:
         self._partial = np.zeros(0, dtype=np.int16)  # under one frame, waiting for more (or flush)
         self._confirmed = 0  # samples whose mark came back: the caller heard them
         self._last_due = 0.0
-        self._paused = False
         self._stopped = False
         self._changed = asyncio.Event()
-        self._first_audible = FirstAudible()
         self.clears = 0
         self.marks_ignored = 0  # marks of cleared audio, and names we never sent
         self.marks_overdue = 0
@@ -111,14 +109,7 @@ class CallSink:
     def audible_frames_sent(self) -> int:
         return self._confirmed // FRAME
 
-    # --- the ReplySink face ---------------------------------------------------------------------------
-    @property
-    def generation(self) -> int:
-        return self._generation
-
-    def expect_reply(self) -> asyncio.Future[float]:
-        return self._first_audible.arm()
-
+    # --- the ReplySink face (generation and expect_reply: SinkBase) ---------------------------------------
     async def write(self, pcm: np.ndarray, generation: int | None = None) -> bool:
         gen = self._generation if generation is None else generation
         if gen != self._generation:
@@ -158,9 +149,8 @@ class CallSink:
         self._pending.clear()
         self._held.clear()
         self._partial = np.zeros(0, dtype=np.int16)
-        self._generation += 1
+        self._new_generation()
         self._paused = False
-        self._first_audible.disarm()
         self._changed.set()
         return dropped // FRAME
 
@@ -187,10 +177,9 @@ class CallSink:
 
     def stop(self) -> None:
         self._stopped = True
-        self._generation += 1
+        self._new_generation()
         self._pending.clear()
         self._held.clear()
-        self._first_audible.disarm()
         self._changed.set()
 
     # --- inside ---------------------------------------------------------------------------------------

@@ -13,10 +13,10 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from typing import Any
 from urllib.parse import parse_qsl
 
 from aiohttp import web
+from aiohttp.typedefs import Handler
 
 from assistant.server.http import CONFIG, HTTPJSONError, read_body
 from assistant.server.limits import LIMITS
@@ -76,7 +76,7 @@ def answer(request: web.Request, dialect: Dialect, params: list[tuple[str, str]]
     return web.Response(text=dialect.answer(tel.media_url(request, dialect), token), content_type=XML)
 
 
-def webhook_doc(carrier: str, signature: str) -> Callable[[Any], Any]:
+def webhook_doc(carrier: str, signature: str) -> Callable[[Handler], Handler]:
     return documented(
         f"{carrier}: answer an incoming call (signed webhook)", public=True,
         description=f"The carrier's voice webhook, signed with {signature} (no bearer token). Answers XML that "

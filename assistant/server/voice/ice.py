@@ -23,7 +23,6 @@ import hmac
 import secrets
 import time
 from dataclasses import dataclass
-from typing import Any
 
 from aiohttp import web
 from aiortc import RTCConfiguration, RTCIceServer
@@ -45,8 +44,8 @@ class IceServer:
     username: str = ""
     credential: str = ""
 
-    def to_json(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"urls": list(self.urls)}
+    def to_json(self) -> dict[str, object]:
+        out: dict[str, object] = {"urls": list(self.urls)}
         if self.username or self.credential:
             out["username"] = self.username
             out["credential"] = self.credential
@@ -114,10 +113,10 @@ def rtc_configuration(servers: list[IceServer], policy: str = "all") -> RTCConfi
     return RTCConfiguration(iceServers=[s.to_rtc() for s in servers], iceTransportPolicy=POLICIES[policy])
 
 
-def browser_config(ice: ICEConfig, name: str, now: float | None = None) -> dict[str, Any]:
+def browser_config(ice: ICEConfig, name: str, now: float | None = None) -> dict[str, object]:
     """The body of ``GET /api/ice``: what the page passes to ``new RTCPeerConnection``, plus trickle."""
     now = time.time() if now is None else now
-    body: dict[str, Any] = {
+    body: dict[str, object] = {
         "iceServers": [s.to_json() for s in ice_servers(ice, name, now)],
         "iceTransportPolicy": ice.transport_policy,
         "trickle": ice.trickle,

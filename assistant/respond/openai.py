@@ -29,7 +29,7 @@ import aiohttp
 
 from assistant.body import BodyTooLarge, read_capped
 from assistant.config import RespondConfig
-from assistant.respond.base import Message, ResponderError, ToolCall
+from assistant.respond.base import Message, ReplyOptions, ResponderError, ToolCall
 
 log = logging.getLogger(__name__)
 
@@ -126,8 +126,15 @@ class OpenAIResponder:
             headers["Authorization"] = f"Bearer {self._api_key}"
         return headers
 
-    async def respond(self, text: str, history: Sequence[Message]) -> AsyncIterator[str]:
-        async for out in self._stream(self.build_payload(text, history), len(history), len(text)):
+    async def respond(self, text: str, history: Sequence[Message],
+                      options: ReplyOptions | None = None) -> AsyncIterator[str]:
+        payload = self.build_payload(text, history)
+        if options is not None:  # a client's own sampling asks (the Realtime API's temperature, max_output_tokens)
+            if options.temperature is not None:
+                payload["temperature"] = options.temperature
+            if options.max_tokens is not None:
+                payload["max_tokens"] = options.max_tokens
+        async for out in self._stream(payload, len(history), len(text)):
             if isinstance(out, str):
                 yield out
 

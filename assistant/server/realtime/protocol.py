@@ -45,7 +45,13 @@ from assistant.server.realtime.input_audio import InputAudio
 from assistant.server.realtime.items import Item, ItemError, Items, new_id, parse_item
 from assistant.server.realtime.responder import RealtimeResponder, ReplyContext
 from assistant.server.realtime.responses import Response, Responses
-from assistant.server.realtime.settings import Settings, SettingsError, parse_tools
+from assistant.server.realtime.settings import (
+    Settings,
+    SettingsError,
+    parse_max_output_tokens,
+    parse_temperature,
+    parse_tools,
+)
 from assistant.server.realtime.sink import StreamSink
 from assistant.server.voice.session import ConversationSession
 
@@ -205,6 +211,7 @@ class RealtimeProtocol:
         if self.responses.current is None or not self.responses.current.client:
             self.context.instructions = new.instructions
             self.context.tools, self.context.tool_choice = new.tools, new.tool_choice
+            self.context.temperature, self.context.max_tokens = new.temperature, new.max_output_tokens
         self.emit("session.updated", session=new.to_json(self.beta))
 
     async def _append(self, event: dict[str, Any]) -> None:
@@ -351,7 +358,16 @@ class RealtimeProtocol:
         if not audio_in and not any(words) and not continuation and not instructions:
             raise ClientError("nothing to respond to: append audio and commit it, create a user item, or give "
                               "response.instructions", code="response_create_no_input", param="response")
+        try:
+            temperature = (parse_temperature(params["temperature"], "response.temperature")
+                           if "temperature" in params else self.settings.temperature)
+            limit = params.get("max_output_tokens", params.get("max_response_output_tokens"))
+            max_tokens = (parse_max_output_tokens(limit, "response.max_output_tokens")
+                          if limit is not None else self.settings.max_output_tokens)
+        except SettingsError as exc:
+            raise ClientError(str(exc), param=exc.param) from None
         ctx = self.context
+        ctx.temperature, ctx.max_tokens = temperature, max_tokens
         ctx.instructions = instructions if instructions is not None else self.settings.instructions
         ctx.tools, ctx.tool_choice = tools, params.get("tool_choice", self.settings.tool_choice)
         ctx.continuation = continuation or (not audio_in and not any(words))
@@ -417,6 +433,7 @@ class RealtimeProtocol:
         """The responder's context back to the session's settings (a server turn, or a client response done)."""
         ctx, settings = self.context, self.settings
         ctx.instructions, ctx.tools, ctx.tool_choice = settings.instructions, settings.tools, settings.tool_choice
+        ctx.temperature, ctx.max_tokens = settings.temperature, settings.max_output_tokens
         ctx.continuation = False
 
     def out_format(self) -> dict[str, Any]:

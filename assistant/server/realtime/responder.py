@@ -40,6 +40,8 @@ class ReplyContext:
     history: Callable[[bool], list[Message]] = lambda tools: []
     tools: list[dict[str, Any]] = field(default_factory=list)
     tool_choice: Any = "auto"
+    temperature: float | None = None  # the session's (or the response's own); None: the responder's default
+    max_tokens: int | None = None
     continuation: bool = False  # no new user words: the model goes on (after a tool's output)
     replies: list[Reply] = field(default_factory=list)
 
@@ -80,6 +82,11 @@ class RealtimeResponder:
                 elif out:
                     yield out
             return
+        options = options if options is not None else ReplyOptions()
+        if ctx.temperature is not None:
+            options.temperature = ctx.temperature
+        if ctx.max_tokens is not None:
+            options.max_tokens = ctx.max_tokens
         async for delta in reply_stream(self.inner, text, [*system, *ctx.history(False)], options):
             yield delta
 

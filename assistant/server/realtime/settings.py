@@ -34,8 +34,9 @@ REFERENCE_VOICES = frozenset({"alloy", "ash", "ballad", "coral", "echo", "sage",
 SPEED_RANGE = (0.25, 1.5)  # what the reference accepts for audio.output.speed
 MAX_INSTRUCTIONS_CHARS = 100_000
 # Fields the reference has that change nothing here; accepted so that clients that send them work.
-ACCEPTED_IGNORED = ("tracing", "truncation", "prompt", "include", "max_output_tokens", "max_response_output_tokens",
-                    "temperature", "client_secret", "expires_at", "object", "id")
+ACCEPTED_IGNORED = ("tracing", "truncation", "prompt", "include", "client_secret", "expires_at", "object", "id")
+TEMPERATURE_RANGE = (0.0, 2.0)
+MAX_OUTPUT_TOKENS = 4096  # the reference's ceiling for max_output_tokens ("inf": the responder's own limit)
 
 
 class SettingsError(ValueError):
@@ -89,6 +90,8 @@ class Settings:
     speed: float = 1.0
     tools: list[dict[str, Any]] = field(default_factory=list)
     tool_choice: Any = "auto"
+    temperature: float | None = None  # None: respond.temperature
+    max_output_tokens: int | None = None  # None ("inf"): respond.max_tokens
 
     @classmethod
     def defaults(cls, cfg: Config, model: str) -> Settings:
@@ -161,8 +164,11 @@ class Settings:
                 take("transcription", value, p)
             elif key == "input_audio_noise_reduction":
                 take("noise_reduction", value, p)
-            elif key in ("instructions", "voice", "turn_detection", "speed", "tools", "tool_choice", "model"):
+            elif key in ("instructions", "voice", "turn_detection", "speed", "tools", "tool_choice", "model",
+                         "temperature"):
                 take(key, value, p)
+            elif key in ("max_output_tokens", "max_response_output_tokens"):
+                take("max_output_tokens", value, p)
             elif key in ACCEPTED_IGNORED:
                 continue
             else:
@@ -209,6 +215,10 @@ class Settings:
             self.tools = parse_tools(value, param)
         elif name == "tool_choice":
             self.tool_choice = parse_tool_choice(value, param)
+        elif name == "temperature":
+            self.temperature = parse_temperature(value, param)
+        elif name == "max_output_tokens":
+            self.max_output_tokens = parse_max_output_tokens(value, param)
 
     # --- the session object -----------------------------------------------------------------------------
     def to_json(self, beta: bool = False) -> dict[str, Any]:
@@ -219,13 +229,14 @@ class Settings:
                 "modalities": self.output_modalities, "instructions": self.instructions, "voice": self.voice,
                 "input_audio_format": self.input_format.beta_name, "output_audio_format": self.output_format.beta_name,
                 "input_audio_transcription": self.transcription, "input_audio_noise_reduction": self.noise_reduction,
-                "turn_detection": td, "tools": self.tools, "tool_choice": self.tool_choice, "temperature": 0.8,
-                "max_response_output_tokens": "inf", "speed": self.speed, "tracing": None,
+                "turn_detection": td, "tools": self.tools, "tool_choice": self.tool_choice,
+                "temperature": 0.8 if self.temperature is None else self.temperature,
+                "max_response_output_tokens": self.max_output_tokens or "inf", "speed": self.speed, "tracing": None,
             }
         return {
             "type": "realtime", "object": "realtime.session", "id": self.id, "model": self.model,
             "output_modalities": self.output_modalities, "instructions": self.instructions,
-            "tools": self.tools, "tool_choice": self.tool_choice, "max_output_tokens": "inf",
+            "tools": self.tools, "tool_choice": self.tool_choice, "max_output_tokens": self.max_output_tokens or "inf",
             "tracing": None, "truncation": "auto", "prompt": None, "expires_at": 0, "include": None,
             "audio": {
                 "input": {"format": self.input_format.to_json(), "transcription": self.transcription,
@@ -322,6 +333,24 @@ def parse_tools(value: object, param: str) -> list[dict[str, Any]]:
         out.append({"type": "function", "name": name, "description": str(tool.get("description", "")),
                     "parameters": params})
     return out
+
+
+def parse_temperature(value: object, param: str) -> float:
+    """The model's sampling temperature (it reaches the responder in ``ReplyOptions``)."""
+    if not isinstance(value, int | float) or isinstance(value, bool) or not (
+            TEMPERATURE_RANGE[0] <= value <= TEMPERATURE_RANGE[1]):
+        raise SettingsError(f"'temperature' must be a number from {TEMPERATURE_RANGE[0]} to {TEMPERATURE_RANGE[1]}",
+                            param)
+    return float(value)
+
+
+def parse_max_output_tokens(value: object, param: str) -> int | None:
+    """An integer from 1 to 4096, or ``"inf"`` (None: the responder's own ``respond.max_tokens``)."""
+    if value == "inf":
+        return None
+    if not isinstance(value, int) or isinstance(value, bool) or not 1 <= value <= MAX_OUTPUT_TOKENS:
+        raise SettingsError(f"'max_output_tokens' must be an integer from 1 to {MAX_OUTPUT_TOKENS}, or 'inf'", param)
+    return value
 
 
 def parse_tool_choice(value: object, param: str) -> Any:

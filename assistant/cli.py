@@ -96,8 +96,8 @@ async def _exit_if_loading_fails(app: Any) -> None:
 
 
 def cmd_engines(args: argparse.Namespace) -> int:
-    """Deploy the TTS and ASR engines as Ray Serve applications on the cluster of ``ray.address`` and exit;
-    they keep running there for every gateway started with ``tts.backend``/``asr.backend`` = ray."""
+    """Deploy the TTS and ASR engines (and the LLM when ``respond.backend`` is ray) as Ray Serve applications on
+    the cluster of ``ray.address`` and exit; they keep running there for every gateway using them."""
     cfg = _load(args)
     _setup_logging(cfg.log.level)
     try:
@@ -105,8 +105,9 @@ def cmd_engines(args: argparse.Namespace) -> int:
     except ImportError as exc:
         print(f"Ray Serve is not installed ({exc}): pip install -e '.[ray]'", file=sys.stderr)
         return 2
+    llm = args.only == "llm" or (not args.only and cfg.respond.backend == "ray")
     done = deploy(cfg, tts=not args.only or args.only == "tts", asr=not args.only or args.only == "asr",
-                  force=args.redeploy)
+                  llm=llm, force=args.redeploy)
     print(json.dumps({"deployed": done, "running": sorted(running_apps())}))
     return 0
 
@@ -276,7 +277,8 @@ def build_parser(bench: str | None = None) -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_serve)
 
     p = sub.add_parser("engines", help="deploy TTS and ASR as Ray Serve applications shared by gateways (.[ray])")
-    p.add_argument("--only", choices=["tts", "asr"], default=None, help="deploy only this engine")
+    p.add_argument("--only", choices=["tts", "asr", "llm"], default=None,
+                   help="deploy only this engine (llm: also deployed with the others when respond.backend is ray)")
     p.add_argument("--redeploy", action="store_true", help="deploy again even if running (new config, new code)")
     _config_args(p)
     p.set_defaults(func=cmd_engines)

@@ -348,7 +348,7 @@ class RayConfig:
 
     address: str = _f("auto", "Ray cluster to join: auto (this node's cluster), host:port of its GCS, or ray://host:10001")
     namespace: str = _f("assistant", "Ray namespace of the Serve applications")
-    app_name: str = _f("assistant", "prefix of the Serve applications: <app_name>-tts and <app_name>-asr")
+    app_name: str = _f("assistant", "prefix of the Serve applications: <app_name>-tts, -asr and -llm")
     deploy: bool = _f(
         True, "a gateway deploys an engine application that is not running yet (off: it only connects, and "
         "`assistant engines` or `serve deploy configs/serve.yaml` deploys)"
@@ -360,6 +360,9 @@ class RayConfig:
     asr_replicas: int = _f(1, "ASR replicas")
     asr_num_gpus: float = _f(0.0, "GPUs per ASR replica (a fraction such as 0.25 shares one GPU)")
     asr_num_cpus: float = _f(1.0, "CPUs reserved per ASR replica")
+    llm_replicas: int = _f(1, "LLM replicas (respond.backend = ray): each loads the model once for its slots")
+    llm_num_gpus: float = _f(0.0, "GPUs per LLM replica (with respond.gpu_layers and a CUDA build of llama.cpp)")
+    llm_num_cpus: float = _f(1.0, "CPUs reserved per LLM replica")
     max_queued: int = _f(
         0, "requests each gateway may hold for a replica beyond a burst the size of the deployment (Serve counts a "
         "request as queued until a replica takes it, so the queue is replicas × (max_concurrent + max_waiting) + "

@@ -74,7 +74,7 @@ def test_reuse_plan_prefix_and_shifted_chunks() -> None:
     # A model whose positions cannot move (can_shift false) reuses only the prefix.
     assert plan_reuse(cache, system + t2 + t3, can_shift=False) == type(plan)(len(system))
     # Chunks shorter than the minimum are not worth moving.
-    assert plan_reuse(system + [1, 2, 3] + t1, system + t1[:5] + t3, can_shift=True).n_past == len(system)
+    assert plan_reuse([*system, 1, 2, 3, *t1], system + t1[:5] + t3, can_shift=True).n_past == len(system)
 
 
 def test_clause_ends() -> None:

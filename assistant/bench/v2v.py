@@ -190,6 +190,7 @@ class BenchSession:
     low_latency_receive: bool = True  # False: aiortc's own 4-packet receive buffer
     rtc_config: RTCConfiguration | None = None  # e.g. the server's GET /api/ice (TURN); None: host candidates
     events: list[BenchEvent] = field(default_factory=list)
+    answer: dict[str, Any] = field(default_factory=dict)  # the offer's answer (its session id, who answers, …)
 
     def __post_init__(self) -> None:
         self.pc = RTCPeerConnection(self.rtc_config or RTCConfiguration(iceServers=[]))
@@ -254,6 +255,7 @@ class BenchSession:
             if resp.status != 200:
                 raise RuntimeError(f"offer refused: HTTP {resp.status} {data}")
         self.session_id = data.get("session_id", "")
+        self.answer = {k: v for k, v in data.items() if k != "sdp"}
         return str(data["sdp"])
 
     def on_event(self, at: float, body: dict[str, Any]) -> None:

@@ -41,7 +41,7 @@ import os
 import threading
 import time
 from collections import deque
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncGenerator, Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -839,7 +839,7 @@ class LlamaResponder:
 
     # --- reply -------------------------------------------------------------------------------------------------
     async def respond(self, text: str, history: Sequence[Message],
-                      options: ReplyOptions | None = None) -> AsyncIterator[str]:
+                      options: ReplyOptions | None = None) -> AsyncGenerator[str, None]:
         opts = options if options is not None else ReplyOptions()
         max_tokens = max(1, opts.max_tokens if opts.max_tokens is not None else self.cfg.max_tokens)
         temperature = opts.temperature if opts.temperature is not None else self.cfg.temperature

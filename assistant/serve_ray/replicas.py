@@ -1,4 +1,4 @@
-"""What runs on a Ray Serve replica: one TTS engine or one ASR engine, wrapped for remote calls.
+"""What runs on a Ray Serve replica: one TTS engine, one ASR engine or the embedded LLM, wrapped for remote calls.
 
 The classes are plain; :mod:`assistant.serve_ray.app` makes them deployments with the options of ``[ray]``.
 
@@ -10,6 +10,8 @@ The classes are plain; :mod:`assistant.serve_ray.app` makes them deployments wit
   gone) cancels the generator here, which closes the engine's stream and frees its slot.
 - :class:`ASRReplica` runs ``transcribe`` on a worker thread, so its ``max_ongoing_requests`` transcriptions
   overlap.
+- :class:`LLMReplica` holds the embedded model (``respond/llama.py``: its slots and waiting room) and streams a
+  reply's text deltas, then what it cost; cancelling the stream cancels the reply and frees its slot.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from ray import serve
 
 from assistant.asr.base import Transcript
 from assistant.config import Config, apply_overrides
+from assistant.respond.base import Message, ReplyOptions
 from assistant.tts.base import ReferenceClip, TTSEngine, TTSRequest, VoiceCloner
 from assistant.tts.voice_store import ReferenceClipStore
 
@@ -215,3 +218,37 @@ class ASRReplica:
 
     async def stats(self) -> dict[str, Any]:
         return {"replica": self.replica, "actor": self.actor, "active": self.active}
+
+
+class LLMReplica:
+    """The embedded model on one replica (``respond.slots`` replies at once, ``respond.max_waiting`` waiting; past
+    that ``busy``). A reply streams as text deltas, then ``{"usage": ...}``."""
+
+    async def __init__(self, config: dict[str, Any]) -> None:  # type: ignore[misc]  # Serve awaits it
+        from assistant.respond.llama import LlamaResponder
+
+        cfg = config_from_dict(config)
+        respond = dataclasses.replace(cfg.respond, engine="llama", backend="local")
+        self.responder = await asyncio.to_thread(LlamaResponder, respond)
+        await self.responder.warmup()
+        self.replica, self.actor = replica_names()
+        log.info("ray.llm_replica_ready replica=%s model=%s", self.replica, self.responder.model)
+
+    async def info(self) -> dict[str, Any]:
+        return {**self.responder.describe(), "replica": self.replica}
+
+    async def stats(self) -> dict[str, Any]:
+        engine = self.responder.engine
+        return {"replica": self.replica, "actor": self.actor, "active": engine.active, "waiting": engine.waiting,
+                **engine.stats}
+
+    async def respond(self, text: str, history: list[Message],
+                      options: dict[str, Any]) -> AsyncIterator[str | dict[str, Any]]:
+        opts = ReplyOptions(**options)
+        stream = self.responder.respond(text, history, opts)
+        try:
+            async for delta in stream:
+                yield delta
+        finally:
+            await stream.aclose()  # a cancelled call (barge-in, a gateway gone) cancels the reply here
+        yield {"usage": dataclasses.asdict(opts.usage) if opts.usage is not None else None}

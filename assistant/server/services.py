@@ -106,6 +106,10 @@ class Services:
         from assistant.vad.silero import SileroModel
 
         cfg = self.cfg
+        if self.responder is None and cfg.respond.engine.strip() == "llama" and cfg.respond.backend == "local":
+            from assistant.respond.llama import resolve_model_path
+
+            resolve_model_path(cfg.respond)  # a missing or foreign model file fails now, before anything loads
 
         async def timed(name: str, coro: Any) -> Any:
             t0 = time.perf_counter()
@@ -135,6 +139,10 @@ class Services:
         if self.tts is None:
             self.tts = await timed("tts", asyncio.to_thread(create_tts, cfg.tts))
             await timed("tts_warmup", self.tts.warmup())
+        if self.responder is None and _backend(cfg.respond.backend, "respond") == "ray":
+            connect_llm = _ray_client().connect_llm
+
+            self.responder = await timed("respond", asyncio.to_thread(connect_llm, cfg))
         if self.responder is None:
             # Off the event loop: the embedded model loads its weights here (a bad file fails the start).
             self.responder = await timed("respond", asyncio.to_thread(

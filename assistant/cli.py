@@ -215,6 +215,10 @@ def cmd_bench(args: argparse.Namespace) -> int:
         from assistant.bench.ray_hop import run_ray_bench
 
         return asyncio.run(run_ray_bench(args))
+    if args.bench_cmd == "llm":
+        from assistant.bench.llm import run_llm_bench
+
+        return run_llm_bench(args)
     if args.bench_cmd == "attacks":
         from assistant.bench.attack_bench import run_attack_bench
 
@@ -249,6 +253,8 @@ BENCHES = (  # name, help, module, function adding its flags
      "assistant.bench.ray_hop", "add_ray_arguments"),
     ("attacks", "hostile clients against a real server: answers, RSS, event-loop lag, a bystander's turn "
      "(--before DIR: the same against another checkout)", "assistant.bench.attack_bench", "add_attack_arguments"),
+    ("llm", "the embedded model's first token per turn vs the same GGUF behind llama_cpp.server (openai "
+     "responder); --v2v-sessions: voice-to-voice with each", "assistant.bench.llm", "add_llm_arguments"),
 )
 
 

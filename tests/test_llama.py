@@ -152,14 +152,18 @@ async def test_next_turn_holds_the_last_and_reuses_its_cache(llama: LlamaRespond
     first = await reply(llama, "My name is Ada. What is a good name for a cat?")
     turn1 = llama.last_request
     history = [Message("user", "My name is Ada. What is a good name for a cat?"), Message("assistant", first)]
+    while not llama.engine.settled:  # the user speaks: meanwhile the slot evaluates the next prompt's start
+        await asyncio.sleep(0.01)
     await reply(llama, "And for a dog?", history)
     turn2 = llama.last_request
     assert turn1 is not None and turn2 is not None
     assert "My name is Ada. What is a good name for a cat?" in llama.last_prompt_text
     assert first.strip() in llama.last_prompt_text
-    # Everything of turn 1 (its prompt and the reply) was still in the slot: only turn 2's words were evaluated.
+    # Everything of turn 1 (its prompt, the reply as the history holds it, the next user turn's opening) was in
+    # the slot: only turn 2's own words (and the assistant's opening after them) were evaluated.
     assert turn2.slot == turn1.slot
-    assert turn2.reused >= len(turn1.prompt)
+    own = llama.engine.tokenize("And for a dog?<|im_end|>\n<|im_start|>assistant\n")
+    assert len(turn2.prompt) - turn2.reused <= len(own) + 1, (len(turn2.prompt), turn2.reused, len(own))
     # The oldest turn dropped from the history: the later turns move up in the cache instead of being evaluated.
     history2 = [*history, Message("user", "And for a dog?"), Message("assistant", "Rex is a classic dog name.")]
     await reply(llama, "Thanks!", history2)

@@ -370,6 +370,8 @@ class BenchSession:
         sent = marks.get("first_frame_sent")
         cols["downlink_ms"] = round(first_rx * 1000 - float(sent), 1) if sent is not None else None
         cols["onset_ms"] = round((heard - first_rx) * 1000, 1)
+        first, chunker = cols.get("llm_first_text_ms"), cols.get("chunker_ms")
+        cols["llm_first_clause_ms"] = round(first + chunker, 1) if first is not None and chunker is not None else None
         cols["unaccounted_ms"] = round(cols["v2v_ms"] - stage_sum(cols), 1)  # type: ignore[operator]
         result.columns = cols
 

@@ -56,6 +56,7 @@ GGUF_MAGIC = b"GGUF"
 MIN_REUSE_CHUNK = 16  # cached tokens further on that may be shifted into place (llama-server's --cache-reuse)
 AHEAD_TOKENS = 32  # a reply runs at most this many tokens ahead of its reader (the speech path), then waits
 HOLD_TOKENS = 24  # near max_tokens, text after the last clause mark waits this many tokens for the clause's end
+NEXT_TURN = "\u2063next-user-turn\u2063"  # stands for the user's next words when the template is rendered ahead
 MAX_PROMPT_CHARS = 200_000  # one prompt's text before it is tokenized (history and instructions are bounded too)
 
 MSG_BUSY = "The language model is busy. Please try again."
@@ -264,13 +265,15 @@ class _Slot:
     cache: list[int] = field(default_factory=list)  # tokens whose KV this sequence holds, at positions 0..n-1
     request: _Request | None = None
     pending: list[int] = field(default_factory=list)  # prompt tokens still to evaluate
+    ahead: list[int] = field(default_factory=list)  # no reply running: the next prompt's start, evaluated meanwhile
+    last: _Request | None = None  # the reply that ran here last (whose conversation the cache holds)
     next_token: int | None = None  # sampled, not yet evaluated
     sampler: Any = None
     decoder: Any = None  # the reply's incremental UTF-8 decoder
     used_at: float = 0.0
 
 
-_LOG_LEVELS = {2: logging.WARNING, 3: logging.ERROR}
+_LOG_LEVELS = {3: logging.WARNING, 4: logging.ERROR}  # ggml_log_level: 1 debug, 2 info, 3 warn, 4 error, 5 cont
 
 
 class _LlamaLog:
@@ -339,6 +342,9 @@ class LlamaEngine:
             cparams.n_threads = self.threads
             cparams.n_threads_batch = self.threads
             cparams.no_perf = True
+            # On CPU, llama.cpp's flash attention made a 16-token prompt at 1024 tokens of context 179 ms against
+            # 129 ms without it (SmolLM2, 1 thread): the cost of a long history. On a GPU it is the faster one.
+            cparams.flash_attn_type = -1 if gpu_layers != 0 else 0
             self.ctx = llama_cpp.llama_init_from_model(self.model, cparams)
             if not self.ctx:
                 raise ModelFileError(f"llama.cpp could not make a context ({slots} slots × {per_slot} tokens) for "
@@ -361,6 +367,7 @@ class LlamaEngine:
         self.rss_bytes = max(0, _rss_bytes() - rss0)
         self._slots = [_Slot(seq) for seq in range(slots)]
         self._waiting: deque[_Request] = deque()
+        self._prepares: list[tuple[_Request, list[int]]] = []
         self._cond = threading.Condition()
         self._closing = False
         self._rotate = 0
@@ -421,6 +428,14 @@ class LlamaEngine:
             self._cond.notify()
         return request
 
+    def prepare(self, request: _Request, tokens: list[int]) -> None:
+        """After ``request`` ended: make its slot's cache hold ``tokens`` (the start of the conversation's next
+        prompt), evaluating what is missing while the slot is idle, so the next turn evaluates only its own words.
+        Ignored if the slot has been given to another reply meanwhile."""
+        with self._cond:
+            self._prepares.append((request, tokens))
+            self._cond.notify()
+
     def consumed(self, request: _Request, n_tokens: int) -> None:
         """The reader has taken ``n_tokens`` of ``request``'s tokens: a reply waiting for it may go on."""
         with self._cond:  # under the lock: the engine decides to wait for the reader under it too
@@ -464,6 +479,11 @@ class LlamaEngine:
         return sum(1 for s in self._slots if s.request is not None)
 
     @property
+    def settled(self) -> bool:
+        """Nothing left to evaluate ahead of the next turns."""
+        return not self._prepares and not any(s.ahead for s in self._slots)
+
+    @property
     def waiting(self) -> int:
         """Replies waiting for a slot."""
         return sum(1 for r in self._waiting if not r.cancelled)
@@ -481,6 +501,7 @@ class LlamaEngine:
                 if self._closing:
                     break
                 self._reap()
+                self._prepare_idle()
                 self._admit()
             try:
                 self._step()
@@ -498,12 +519,14 @@ class LlamaEngine:
     def _has_work(self) -> bool:
         """Something to do: a cancel to reap, a request to admit, a prompt to evaluate, a reply whose reader is
         not too far behind (under the lock)."""
-        if any(r.cancelled for r in self._waiting) or (self._waiting and any(s.request is None for s in self._slots)):
+        if self._prepares or any(r.cancelled for r in self._waiting) or (
+                self._waiting and any(s.request is None for s in self._slots)):
             return True
         work = False
         for slot in self._slots:
             r = slot.request
             if r is None:
+                work = work or bool(slot.ahead)
                 continue
             if r.cancelled or slot.pending:
                 work = True
@@ -524,6 +547,32 @@ class LlamaEngine:
                 self.stats["cancelled"] += 1
             self._waiting = deque(r for r in self._waiting if not r.cancelled)
 
+    def _prepare_idle(self) -> None:
+        """Apply the pending :meth:`prepare` calls whose slot still holds their conversation (under the lock)."""
+        prepares, self._prepares = self._prepares, []
+        for request, tokens in prepares:
+            slot = self._slots[request.slot] if 0 <= request.slot < len(self._slots) else None
+            if slot is None or slot.request is not None or slot.last is not request or not tokens:
+                continue
+            if len(tokens) >= self.n_ctx_seq:
+                continue
+            plan = plan_reuse(slot.cache, [*tokens, -1], can_shift=self.can_shift)  # every token may be reused
+            self._move(slot, plan)
+            slot.cache = list(tokens[: plan.n_past])
+            slot.ahead = list(tokens[plan.n_past:])
+
+    def _move(self, slot: _Slot, plan: ReusePlan) -> ReusePlan:
+        """The slot's KV cache to ``plan``: shifted chunks moved into place, everything past ``n_past`` gone."""
+        L, mem, seq = self.L, self.mem, slot.seq
+        for start, n, delta in plan.shifts:
+            # The cached tokens skipped before this chunk go; the chunk moves down to where the prompt has it.
+            L.llama_memory_seq_rm(mem, seq, start + delta, start)
+            L.llama_memory_seq_add(mem, seq, start, start + n, delta)
+        if not L.llama_memory_seq_rm(mem, seq, plan.n_past, -1):
+            L.llama_memory_seq_rm(mem, seq, -1, -1)  # a partial removal refused: start this slot over
+            return ReusePlan(0)
+        return plan
+
     def _admit(self) -> None:
         """Give waiting requests (first come, first served) the free slot whose cache holds most of their prompt;
         among equals the one used longest ago (so an idle conversation's cache lives longest)."""
@@ -537,23 +586,18 @@ class LlamaEngine:
             self._start(slot, request, plan)
 
     def _start(self, slot: _Slot, request: _Request, plan: ReusePlan) -> None:
-        L, mem, seq = self.L, self.mem, slot.seq
-        for start, n, delta in plan.shifts:
-            # The cached tokens skipped before this chunk go; the chunk moves down to where the prompt has it.
-            L.llama_memory_seq_rm(mem, seq, start + delta, start)
-            L.llama_memory_seq_add(mem, seq, start, start + n, delta)
-        if not L.llama_memory_seq_rm(mem, seq, plan.n_past, -1):
-            L.llama_memory_seq_rm(mem, seq, -1, -1)  # a partial removal refused: start this slot over
-            plan = ReusePlan(0)
+        plan = self._move(slot, plan)
+        slot.ahead = []  # not evaluated yet: the new prompt's plan covers it
+        slot.last = request
         slot.cache = list(request.prompt[: plan.n_past])
         slot.pending = list(request.prompt[plan.n_past:])
         slot.request, slot.next_token = request, None
         slot.decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
         slot.sampler = self._sampler(request.temperature)
-        request.slot, request.reused = seq, plan.n_past
+        request.slot, request.reused = slot.seq, plan.n_past
         self.stats["prompt_tokens"] += len(request.prompt)
         self.stats["reused_tokens"] += plan.n_past
-        log.debug("llm.start slot=%d prompt=%d reused=%d shifted=%d waited_ms=%.0f", seq, len(request.prompt),
+        log.debug("llm.start slot=%d prompt=%d reused=%d shifted=%d waited_ms=%.0f", slot.seq, len(request.prompt),
                   plan.n_past, sum(n for _, n, _ in plan.shifts), (time.monotonic() - request.submitted) * 1000)
 
     def _sampler(self, temperature: float) -> Any:
@@ -603,6 +647,13 @@ class LlamaEngine:
             budget -= len(chunk)
             if last:
                 outputs.append((slot, index))
+        for slot in order:  # idle slots: the start of their conversation's next prompt, with the room left
+            if slot.request is None and slot.ahead and budget > 0 and batch.n_tokens < self.n_batch:
+                chunk = slot.ahead[: min(budget, self.n_batch - batch.n_tokens)]
+                self._add(slot, chunk, False)
+                del slot.ahead[: len(chunk)]
+                added.append((slot, chunk))
+                budget -= len(chunk)
         if batch.n_tokens == 0:
             return
         rc = L.llama_decode(self.ctx, batch)
@@ -813,9 +864,10 @@ class LlamaResponder:
         out.append({"role": "user", "content": user})
         return _alternating(out)
 
-    def prompt_for(self, messages: list[dict[str, str]], reserve: int) -> tuple[str, list[int]]:
-        """The rendered prompt and its tokens, oldest turns dropped (never the system prompt) until it leaves
-        ``reserve`` tokens for the reply; a lone turn too long for that keeps its end."""
+    def prompt_for(self, messages: list[dict[str, str]],
+                   reserve: int) -> tuple[list[dict[str, str]], str, list[int]]:
+        """The messages kept, the rendered prompt and its tokens: oldest turns dropped (never the system prompt)
+        until it leaves ``reserve`` tokens for the reply; a lone turn too long for that keeps its end."""
         n_ctx = self.engine.n_ctx_seq
         budget = n_ctx - reserve
         msgs = list(messages)
@@ -824,7 +876,7 @@ class LlamaResponder:
             text = self.prompt.render(msgs)[:MAX_PROMPT_CHARS]
             tokens = self.engine.tokenize(text)
             if len(tokens) <= budget:
-                return text, tokens
+                return msgs, text, tokens
             if len(msgs) - first > 1:
                 del msgs[first]  # the oldest turn's message (a user one, then its answer)
                 if len(msgs) - first > 1 and msgs[first]["role"] == "assistant":
@@ -844,7 +896,7 @@ class LlamaResponder:
         max_tokens = max(1, opts.max_tokens if opts.max_tokens is not None else self.cfg.max_tokens)
         temperature = opts.temperature if opts.temperature is not None else self.cfg.temperature
         reserve = min(max_tokens, self.engine.n_ctx_seq // 2)
-        self.last_prompt_text, prompt = self.prompt_for(self.messages(text, history, opts), reserve)
+        kept, self.last_prompt_text, prompt = self.prompt_for(self.messages(text, history, opts), reserve)
         loop = asyncio.get_running_loop()
         queue: asyncio.Queue[_Token | _End] = asyncio.Queue()
 
@@ -859,6 +911,7 @@ class LlamaResponder:
         end: _End | None = None
         n_out = 0
         started = False  # the reply's first words came (the whitespace a model puts before them is dropped)
+        said: list[str] = []
         try:
             while True:
                 item = await queue.get()
@@ -873,6 +926,7 @@ class LlamaResponder:
                 started = started or bool(piece)
                 say = limit.feed(piece, item.n_tokens)
                 if say:
+                    said.append(say)
                     yield say
                 self.engine.consumed(request, item.n_tokens)
             if end.reason == "error":
@@ -881,7 +935,9 @@ class LlamaResponder:
                 raise ResponderError(end.error or MSG_CLOSED)
             tail = limit.finish(cut=end.reason == "length")
             if tail:
+                said.append(tail)
                 yield tail
+            self._prepare_next(request, [*kept, {"role": "assistant", "content": "".join(said)}])
             if limit.dropped:
                 log.info("llm.cut_at_clause max_tokens=%d dropped_chars=%d", request.max_tokens, len(limit.dropped))
         finally:
@@ -891,11 +947,28 @@ class LlamaResponder:
             log.info("llm.reply reason=%s prompt=%d reused=%d tokens=%d ms=%.0f", end.reason if end else "cancelled",
                      len(prompt), request.reused, opts.usage.output_tokens, (time.monotonic() - t0) * 1000)
 
+    def next_prompt_start(self, messages: list[dict[str, str]]) -> list[int]:
+        """The tokens every next prompt of this conversation starts with (``messages``, then the template's opening
+        of a user turn), less the last (it may tokenize differently once the user's words follow it)."""
+        text = self.prompt.render([*messages, {"role": "user", "content": NEXT_TURN}])
+        cut = text.rfind(NEXT_TURN)
+        return self.engine.tokenize(text[:cut])[:-1] if cut > 0 else []
+
+    def _prepare_next(self, request: _Request, messages: list[dict[str, str]]) -> None:
+        """The reply is over: while the user speaks, its slot evaluates the start of the next prompt (this turn as
+        the history will hold it, re-tokenized as the template writes it, and the user turn's opening)."""
+        try:
+            tokens = self.next_prompt_start(_alternating(messages))
+        except Exception:  # a template that cannot render this: the next turn evaluates it instead
+            log.debug("llm.prepare_skipped", exc_info=True)
+            return
+        self.engine.prepare(request, tokens)
+
     async def warmup(self) -> None:
         """Evaluate the system prompt in every slot (so no session's first turn pays for it) and run a few
         decode steps (so the first reply does not pay for the graph's first run)."""
         msgs = self.messages("Hello.", [], ReplyOptions())
-        _, prompt = self.prompt_for(msgs, 8)
+        _, _, prompt = self.prompt_for(msgs, 8)
         loop = asyncio.get_running_loop()
         done = [loop.create_future() for _ in range(self.engine.slots_n)]
 
@@ -910,9 +983,13 @@ class LlamaResponder:
             return deliver
 
         t0 = time.monotonic()
-        for fut in done:
-            self.engine.submit(prompt, 4, 0.0, deliver_to(fut), warmup=True)
+        requests = [self.engine.submit(prompt, 4, 0.0, deliver_to(fut), warmup=True) for fut in done]
         await asyncio.gather(*done)
+        start = self.next_prompt_start(msgs[:1] if msgs and msgs[0]["role"] == "system" else [])
+        for request in requests:  # every slot: the system prompt and the first user turn's opening
+            self.engine.prepare(request, start)
+        while not self.engine.settled:
+            await asyncio.sleep(0.005)
         log.info("llm.warm slots=%d prompt=%d ms=%.0f", len(done), len(prompt), (time.monotonic() - t0) * 1000)
 
     async def aclose(self) -> None:

@@ -223,6 +223,18 @@ def cmd_bench(args: argparse.Namespace) -> int:
         from assistant.bench.attack_bench import run_attack_bench
 
         return asyncio.run(run_attack_bench(args))
+    if args.bench_cmd == "eot-corpus":
+        from assistant.bench.eot_corpus import run_corpus
+
+        return run_corpus(args)
+    if args.bench_cmd == "eot":
+        from assistant.bench.eot import run_eot
+
+        return run_eot(args)
+    if args.bench_cmd == "narrowband":
+        from assistant.bench.narrowband import run_narrowband
+
+        return asyncio.run(run_narrowband(args))
     return 2
 
 
@@ -253,6 +265,12 @@ BENCHES = (  # name, help, module, function adding its flags
      "assistant.bench.ray_hop", "add_ray_arguments"),
     ("attacks", "hostile clients against a real server: answers, RSS, event-loop lag, a bystander's turn "
      "(--before DIR: the same against another checkout)", "assistant.bench.attack_bench", "add_attack_arguments"),
+    ("eot-corpus", "write the end-of-turn evaluation set (a tuning and a held-out half) from a seed",
+     "assistant.bench.eot_corpus", "add_corpus_arguments"),
+    ("eot", "end-of-turn policies on the corpus: per-pause evidence (VAD, Smart Turn, ASR), tuning on one half, "
+     "the trade-off curve on the held-out half", "assistant.bench.eot", "add_eot_arguments"),
+    ("narrowband", "ASR word error on the test speech at 16 kHz vs through a phone line (8 kHz μ-law)",
+     "assistant.bench.narrowband", "add_narrowband_arguments"),
     ("llm", "the embedded model's first token per turn vs the same GGUF behind llama_cpp.server (openai "
      "responder); --v2v-sessions: voice-to-voice with each", "assistant.bench.llm", "add_llm_arguments"),
 )

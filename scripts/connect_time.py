@@ -37,6 +37,7 @@ from aiohttp import web
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from assistant.bench.figures import provenance, write_markdown  # noqa: E402
 from assistant.config import load_config  # noqa: E402
 from assistant.server.app import create_app, wait_ready  # noqa: E402
 from assistant.server.local import serve_on_loopback  # noqa: E402
@@ -90,7 +91,11 @@ async def measure(browser: Any, url: str, trickle: bool) -> tuple[float, float]:
 async def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--runs", type=int, default=5, help="connects per scenario (plus one warm-up)")
+    parser.add_argument("--markdown", type=Path, default=None, metavar="FILE",
+                        help="also write the table to FILE under a line naming this command, the git commit and "
+                        "the machine; docs that include FILE are refreshed (assistant/bench/figures.py)")
     args = parser.parse_args()
+    origin = provenance()  # the machine's load as the run starts
     from playwright.async_api import async_playwright
 
     services = Services(load_config(environ={}))
@@ -142,6 +147,17 @@ async def main() -> int:
         a = f"{statistics.median(answers):.0f} [{min(answers):.0f}-{max(answers):.0f}]"
         f = f"{statistics.median(firsts):.0f} [{min(firsts):.0f}-{max(firsts):.0f}]"
         print(f"{name:15s} {trickle:7s} {a:>20s} {f:>28s}")
+    if args.markdown is not None:
+        def spread(values: list[float]) -> str:
+            return f"{statistics.median(values):.0f} [{min(values):.0f}–{max(values):.0f}]"
+
+        lines = ["| candidates | trickle | offer → answer | offer → first audio packet |",
+                 "| --- | --- | ---: | ---: |"]
+        lines += [f"| {name} | {trickle} | {spread(answers)} | {spread(firsts)} |"
+                  for name, trickle, answers, firsts in rows]
+        lines += ["", f"Median [min–max] of {args.runs} connects after one warm-up, ms, loopback."]
+        docs = write_markdown(args.markdown, "\n".join(lines), origin)
+        print(f"wrote {args.markdown}" + (f"; refreshed {', '.join(map(str, docs))}" if docs else ""))
     return 0
 
 

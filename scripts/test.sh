@@ -2,9 +2,11 @@
 # Set up everything the tests need on a fresh machine, then run them.
 #   - a virtual environment in .venv with the package and its test extras
 #   - mypy over the package, then pytest
-#   - Debian's chromium for the browser tests and coturn (turnserver) for the TURN relay tests
+#   - Debian's chromium for the browser tests, coturn (turnserver) for the TURN relay tests and espeak-ng for the
+#     end-of-turn corpus tests
 #     (when apt-get is available and we are root)
-# Extra arguments go to pytest (e.g. scripts/test.sh -k vad, scripts/test.sh --soak).
+# Extra arguments go to pytest (e.g. scripts/test.sh -k vad, scripts/test.sh --soak). CI=true scripts/test.sh fails
+# on a missing prerequisite instead of skipping (see below).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -15,16 +17,22 @@ fi
 python -m pip install -q --disable-pip-version-check --upgrade pip >/dev/null
 python -m pip install -q --disable-pip-version-check -e ".[test]"
 
+# Under CI (CI=true, as .ci/run sets it) a missing prerequisite fails the tests that need it: ../shared (the speech
+# files and fixtures; or $ASSISTANT_SHARED), a package of the test extra, chromium, coturn. Elsewhere they skip.
+ci="${CI:-}"
+case "${ci,,}" in ""|0|false|no) skip_or_fail="skip" ;; *) skip_or_fail="fail (CI)" ;; esac
+
 missing=()
 command -v chromium >/dev/null 2>&1 || missing+=(chromium)
 command -v turnserver >/dev/null 2>&1 || missing+=(coturn)
+command -v espeak-ng >/dev/null 2>&1 || missing+=(espeak-ng)  # voices of the end-of-turn corpus (bench eot-corpus)
 if [ "${#missing[@]}" -gt 0 ]; then
   if [ "$(id -u)" = "0" ] && command -v apt-get >/dev/null 2>&1; then
     # The TURN tests start their own turnserver on a free loopback port; no system daemon is needed.
     (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null) \
-      || echo "warning: could not install ${missing[*]}; browser tests skip, TURN tests fail in CI" >&2
+      || echo "warning: could not install ${missing[*]}; the tests that need them $skip_or_fail" >&2
   else
-    echo "warning: ${missing[*]} not found; browser tests skip, TURN tests fail in CI" >&2
+    echo "warning: ${missing[*]} not found; the tests that need them $skip_or_fail" >&2
   fi
 fi
 

@@ -11,16 +11,22 @@ from pathlib import Path
 import pytest
 import pytest_asyncio
 
+from assistant.bench.shared_data import shared_dir
 from assistant.rtc.loopback_ice import allow_loopback_ice
+from tests import needs
 from tests.turnserver import TURNSERVER, TurnServer, run_turnserver
 
 REPO = Path(__file__).resolve().parents[1]
-SHARED = REPO.parent / "shared"
-AUDIO = SHARED / "audio"
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption("--soak", action="store_true", default=False, help="run the long soak tests")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Under CI the shared data must be there: about 130 tests need it, and a run without it is not a run."""
+    if needs.in_ci() and shared_dir("audio") is None:
+        raise pytest.UsageError(needs.shared_missing_message("audio"))
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -32,11 +38,16 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(skip)
 
 
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    if "browser" in item.keywords:  # headless Chromium driven by playwright: both must be there
+        needs.chromium()
+        needs.module("playwright.async_api")
+
+
 @pytest.fixture(scope="session")
 def shared_audio() -> Path:
-    if not AUDIO.is_dir():
-        pytest.skip(f"shared audio not found at {AUDIO}")
-    return AUDIO
+    """The shared speech files with their manifest (``../shared/audio``: see ``tests/needs.py``)."""
+    return needs.shared("audio")
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -121,10 +132,7 @@ async def serve(cfg: object, services: object | None = None) -> AsyncIterator[tu
 def turn_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TurnServer]:
     """Debian's coturn on loopback with TURN REST auth (use-auth-secret); scripts/test.sh installs it."""
     if not Path(TURNSERVER).exists():
-        message = "coturn (turnserver) is not installed: scripts/test.sh installs it (apt-get install coturn)"
-        if os.environ.get("CI"):
-            pytest.fail(message)
-        pytest.skip(message)
+        needs.missing("coturn (turnserver) is not installed: scripts/test.sh installs it (apt-get install coturn)")
     with run_turnserver(tmp_path_factory.mktemp("coturn")) as server:
         yield server
 

@@ -13,9 +13,10 @@ from assistant.asr import ASREngine, ASRModelMissing, Transcript, create_asr
 from assistant.asr.runner import ASRRunner
 from assistant.asr.whisper import FasterWhisperEngine, resolve_model
 from assistant.audio import read_audio
+from assistant.bench.shared_data import shared_path
 from assistant.config import ASRConfig
 
-AUDIO = Path("/work/shared/audio")
+AUDIO = shared_path("audio")  # ../shared/audio (assistant/bench/shared_data.py)
 
 
 @pytest.fixture(scope="module")

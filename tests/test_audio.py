@@ -25,8 +25,9 @@ from assistant.audio import (
     s16_to_float,
     write_wav_bytes,
 )
+from assistant.bench.shared_data import shared_path
 
-AUDIO = Path("/work/shared/audio")
+AUDIO = shared_path("audio")  # ../shared/audio (assistant/bench/shared_data.py)
 
 
 def _sine(freq: float, sr: int, seconds: float, level: float = 0.5) -> np.ndarray:

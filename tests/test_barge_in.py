@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Sequence
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -19,6 +18,7 @@ import pytest
 
 from assistant.asr.base import Transcript
 from assistant.audio import read_audio
+from assistant.bench.shared_data import shared_path
 from assistant.pipeline.conversation import Conversation, TurnDeps
 from assistant.pipeline.events import EventChannel
 from assistant.pipeline.reply import played_text
@@ -83,7 +83,7 @@ def test_played_text_cuts_at_the_piece_playing() -> None:
 
 async def _talk(short: np.ndarray, short_text: str) -> tuple[Conversation, list[dict], ReplyTrack]:
     """Ask a question, let the reply play 0.5 s, make ``short`` over it, then let it all play out."""
-    x, _ = read_audio(Path(__file__).resolve().parents[2] / "shared" / "audio" / "en_weather.wav")
+    x, _ = read_audio(shared_path("audio") / "en_weather.wav")
     x = x[: int(3.2 * 16_000)]  # the question, then just enough silence to end it (speech ends at 2.54 s)
     cfg = test_config(turn={"speculative": False})
     events = EventChannel()
@@ -128,7 +128,7 @@ async def _talk(short: np.ndarray, short_text: str) -> tuple[Conversation, list[
 
 
 def _speech(seconds: float) -> np.ndarray:
-    x, _ = read_audio(Path(__file__).resolve().parents[2] / "shared" / "audio" / "en_story.wav")
+    x, _ = read_audio(shared_path("audio") / "en_story.wav")
     return x[int(0.51 * 16_000) : int((0.51 + seconds) * 16_000)]
 
 

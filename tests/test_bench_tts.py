@@ -11,11 +11,10 @@ import pytest
 import torch
 
 sys.path.insert(0, str(Path(__file__).parent / "cosyvoice"))
-from cv_fixtures import need_fixtures, need_part_b
+from cv_fixtures import need_fixtures
 
 
 def test_bench_tts_tiny_sweep(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    need_part_b()
     tiny = need_fixtures()
     torch.set_num_threads(1)
     from assistant.bench.tts import add_tts_bench_arguments, run_tts_bench

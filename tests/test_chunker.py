@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
+from collections.abc import AsyncIterator
+
+import numpy as np
 import pytest
 
 from assistant.config import ChunkerConfig
@@ -138,3 +142,54 @@ def test_cjk_helpers_and_short_piece_joining() -> None:
     assert join_short(["今天。", "明天很好很好很好很好很好。"], 6) == ["今天。明天很好很好很好很好很好。"]
     assert join_short(["A long first sentence.", " Ok."], 12) == ["A long first sentence. Ok."]
     assert join_short(["...", " !"], 1) == []
+
+
+# --- CJK replies reach the voice early -----------------------------------------------------------------------
+MANDARIN_REPLY = (
+    "好的，我来帮你查一下今天的天气情况。北京今天晴转多云，最高气温二十五度，最低气温十五度，空气质量良好，"
+    "适合外出散步。下午可能会有一阵小雨，记得带伞，晚上气温下降，注意保暖。"
+)
+
+
+async def test_first_clause_of_a_mandarin_reply_reaches_tts_before_the_reply_is_complete() -> None:
+    """The reply streams in one character at a time, and the rest of it is held back until the engine has been
+    handed its first piece: if the first clause waited for the whole text, the reply would never finish."""
+    from assistant.config import ChunkerConfig
+    from assistant.pipeline.synthesis import SynthesisPath
+    from assistant.tts.base import PieceByPiece, TTSCapabilities, TTSRequest
+
+    assert len(MANDARIN_REPLY) >= 100
+    first_piece = asyncio.Event()
+    pieces: list[tuple[str, int]] = []  # (piece, characters of the reply sent when it reached the engine)
+    sent = 0
+
+    class Recorder(PieceByPiece):
+        name, sample_rate = "recorder", 16_000
+        capabilities = TTSCapabilities(languages=("zh",))
+
+        async def synthesize(self, request: TTSRequest) -> AsyncIterator[np.ndarray]:
+            pieces.append((request.text, sent))
+            first_piece.set()
+            yield np.full(160, 0.1, np.float32)
+
+    async def reply() -> AsyncIterator[str]:
+        nonlocal sent
+        for ch in MANDARIN_REPLY:
+            if sent == 20:  # the rest only once the first clause is with the engine (at most 5 s)
+                await asyncio.wait_for(first_piece.wait(), 5.0)
+            sent += 1
+            yield ch
+
+    path = SynthesisPath(Recorder(), 16_000, timeout_s=10.0, chunker=ChunkerConfig(first_min_chars=4))
+    chunks = [c async for c in path.speak(reply(), TTSRequest(text="", language="zh"))]
+    assert chunks
+    assert pieces[0] == ("好的，", 3)  # the first clause went out with 3 of 100+ characters written
+    assert "".join(p for p, _ in pieces) == MANDARIN_REPLY
+    assert all(p.endswith(("。", "，")) for p, _ in pieces)  # later pieces at CJK sentence marks
+
+
+def test_japanese_speech_text_reads_units_and_decimals() -> None:
+    from assistant.tts.kokoro_engine import for_speech
+
+    assert for_speech("気温は25℃、湿度は50%です。") == "気温は25度、湿度は50パーセントです。"
+    assert for_speech("3.5kgと5 kmとPython 3") == "3点5キログラムと5キロメートルとPython 3"

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from assistant.asr.whisper import model_name
 from assistant.cli import build_parser, main
 from assistant.config import Config, ConfigError, add_config_flags, flag_overrides, load_config
 
@@ -24,7 +25,7 @@ def test_precedence_file_env_flags(tmp_path: Path) -> None:
 
 def test_default_file_is_the_cpu_stack() -> None:
     cfg = load_config(environ={})
-    assert (cfg.asr.model, cfg.tts.engine, cfg.respond.engine) == ("tiny.en", "piper", "llama")
+    assert (model_name(cfg.asr), cfg.tts.engine, cfg.respond.engine) == ("tiny.en", "piper", "llama")
     assert cfg.respond.model_path == ""  # the packaged SmolLM2
     gpu = load_config(Path(__file__).resolve().parents[1] / "configs/gpu.toml", environ={})
     assert (gpu.tts.engine, gpu.tts.device, gpu.tts.dtype) == ("cosyvoice2", "cuda", "bfloat16")
@@ -104,3 +105,38 @@ def test_say_speaks_through_the_speech_path(tmp_path: Path) -> None:
     assert main(["say", "Hello there. How are you today?", "--out", str(out)]) == 0
     audio, rate = sf.read(out)
     assert rate == 22_050 and len(audio) / rate > 1.2 and abs(audio).max() > 0.05
+
+
+def test_gpu_config_hears_every_language() -> None:
+    gpu = load_config(Path(__file__).resolve().parents[1] / "configs/gpu.toml", environ={})
+    assert (gpu.asr.model, gpu.asr.language) == ("large-v3-turbo", "auto")
+    assert set(gpu.asr.languages) == {"en", "zh", "ja", "ko", "yue"}
+    assert gpu.tts.voices == {}  # CosyVoice2 speaks them all itself
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        ({"asr": {"language": "jp"}}, "asr.language: 'jp' is not a language code; did you mean 'ja'?"),
+        ({"asr": {"languages": ["en", "klingon"]}}, "asr.languages: 'klingon' is not a language code"),
+        ({"tts": {"language": "xx"}}, "tts.language: 'xx' is not a language code"),
+        ({"tts": {"voices": {"cn": "piper"}}}, "tts.voices: 'cn' is not a language code; did you mean 'zh'?"),
+        ({"tts": {"voices": {"ja": ""}}}, "tts.voices: the voice for 'ja' must be ENGINE or ENGINE:VOICE"),
+    ],
+)
+def test_unknown_language_codes_are_refused(overrides: dict, message: str) -> None:
+    with pytest.raises(ConfigError, match="^" + message.replace("?", r"\?").replace(".", r"\.")):
+        load_config(environ={}, overrides=overrides)
+    with pytest.raises(ConfigError, match="Use 'auto' or one of"):
+        load_config(environ={}, overrides={"asr": {"language": "x"}})
+
+
+def test_auto_and_empty_language_mean_detection() -> None:
+    assert load_config(environ={}, overrides={"asr": {"language": ""}}).asr.language == "auto"
+    cfg = load_config(environ={"ASSISTANT_ASR__LANGUAGE": "auto", "ASSISTANT_ASR__LANGUAGES": "en,ja"})
+    assert (cfg.asr.language, cfg.asr.languages, model_name(cfg.asr)) == ("auto", ["en", "ja"], "base")
+
+
+def test_unknown_language_code_stops_serve(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["serve", "--asr.language", "english"]) == 2
+    assert "did you mean 'en'?" in capsys.readouterr().err

@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import shutil
-import time
 from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 
@@ -21,16 +20,19 @@ import numpy as np
 import pytest
 
 from assistant.bench.audio_source import load_utterance
+from assistant.bench.shared_data import shared_path
 from assistant.bench.v2v import BenchSession, TurnSettings
 from assistant.config import TTSConfig
 from assistant.respond.base import Message
 from assistant.server.services import Services
 from assistant.tts.base import TTSRequest
+from tests import needs
 from tests.conftest import serve, test_config
+from tests.waiting import until
 
 pytestmark = [pytest.mark.asyncio(loop_scope="module"), pytest.mark.slow]
 
-FIXTURES = Path(__file__).resolve().parents[1].parent / "shared/fixtures/cosyvoice2"
+FIXTURES = shared_path("fixtures/cosyvoice2")
 REPLY = "Sure, I can help with that. The weather in Tokyo is sunny today. Anything else?"
 DELTA_CHARS = 4
 DELTA_GAP_S = 0.05  # an LLM writing a few characters at a time
@@ -60,9 +62,7 @@ class SlowWriter:
 
 def tiny_model_dir(tmp: Path) -> Path:
     """The tiny model with the tiny tokenizer in its ``CosyVoice-BlankEN/``, as the fixture README says."""
-    if not (FIXTURES / "tiny" / "llm.pt").is_file():
-        pytest.skip(f"CosyVoice2 fixtures not found at {FIXTURES}")
-    pytest.importorskip("torch")
+    needs.shared("fixtures/cosyvoice2/tiny/llm.pt")
     model_dir = tmp / "tiny"
     shutil.copytree(FIXTURES / "tiny", model_dir)
     for name in ("tokenizer.json", "tokenizer_config.json"):
@@ -104,10 +104,8 @@ async def test_reply_streams_into_cosyvoice_chunked_once(services: Services, sha
             try:
                 result = await client.run_turn(load_utterance(shared_audio / "en_weather.wav"), 0,
                                                TurnSettings(timeout_s=60.0, silence_ms=1200, settle_ms=300))
-                deadline = time.monotonic() + 60
-                while not any(e.body.get("type") == "reply_done" for e in client.events):
-                    assert time.monotonic() < deadline, "the reply never finished"
-                    await asyncio.sleep(0.05)
+                await until(lambda: any(e.body.get("type") == "reply_done" for e in client.events),
+                            "the reply to finish", 60)
             finally:
                 await client.close()
     finally:

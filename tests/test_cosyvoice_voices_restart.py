@@ -14,6 +14,7 @@ import pytest
 
 from assistant.audio import write_wav_bytes
 from assistant.config import Config
+from tests import needs
 from tests.conftest import serve, tts_only_services
 from tests.cosyvoice.test_cv_voice import _onnx_models
 from tests.test_cosyvoice_voice_chat import tiny_model_dir
@@ -56,7 +57,7 @@ def clip_wav() -> bytes:
 
 
 async def test_cached_voice_is_loaded_after_a_restart_and_forgotten_on_delete(tmp_path, monkeypatch):
-    pytest.importorskip("onnx")
+    needs.module("onnx")
     from assistant.tts.cosyvoice.voice import CosyVoicePrompt, VoiceEncoder
 
     model_dir = tiny_model_dir(tmp_path)

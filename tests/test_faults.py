@@ -259,7 +259,6 @@ async def test_a_peer_vanishing_mid_reply_is_cleaned_up_and_others_go_on(service
     timer = load_utterance(shared_audio / "en_timer.wav")
     c = cfg(tmp_path, idle_timeout_s=2.0)
     async with serve(c, services) as (url, app), aiohttp.ClientSession() as http:
-        await asyncio.sleep(0.2)
         baseline = len(own_tasks())
         async with peers(url, http, 2) as (gone, stays):
             ghost = app[SESSIONS][gone.session_id]
@@ -357,5 +356,5 @@ async def test_no_audio_reaches_the_conversation_after_close(services, tmp_path,
     await session.close("test")
     for start in range(320, len(speech) - 320, 320):  # the whole utterance, after close
         session.feed(AudioChunk(start, speech[start:start + 320]))
-    await asyncio.sleep(0.5)
+    # feed() drops a frame on a closed session in the call itself: nothing is left to wait for.
     assert fed == [0] and session.conversation.turns == 0 and session.task_count == 0

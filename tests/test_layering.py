@@ -12,11 +12,13 @@ from pathlib import Path
 PACKAGE = Path(__file__).resolve().parents[1] / "assistant"
 
 # What each part may import besides itself. Parts are top-level packages or modules of ``assistant``.
-BASE = {"config", "audio", "loading", "body"}
+BASE = {"config", "audio", "g711", "loading", "body", "languages"}
 ENGINES = {"vad", "asr", "respond", "tts"}
 ALLOWED: dict[str, set[str]] = {
-    "config": set(),
+    "config": {"languages"},
+    "languages": set(),
     "audio": set(),
+    "g711": set(),
     "loading": set(),
     "body": set(),
     "rtc": BASE,
@@ -77,7 +79,9 @@ def _graph() -> dict[str, list[tuple[str, bool]]]:
         for target, top in _imports(path, module):
             while target not in modules and "." in target:  # `from pkg.mod import name` → pkg.mod
                 target = target.rsplit(".", 1)[0]
-            if target in modules and target != module:
+            # A package's own __init__ runs before any of its modules anyway: ``from pkg import sub`` inside
+            # pkg is an arrow to ``pkg.sub``, not back up to ``pkg``.
+            if target in modules and target != module and not module.startswith(target + "."):
                 edges.append((target, top))
         graph[module] = edges
     return graph
@@ -153,7 +157,8 @@ def test_the_circle_finder_finds_lazy_circles() -> None:
 # Inside ``server/``: each product is a room of its own. The TTS API and the dispatcher use only the shared floor,
 # never the voice session's modules (so the TTS API runs without aiortc and the dispatcher without the engines).
 # The Realtime API is the voice session under another protocol: it uses the voice room, and the TTS API's voice
-# names (so ``voice`` means what it means there). ``app`` assembles the rooms into one gateway.
+# names (so ``voice`` means what it means there). A phone call is a peerless voice session too: telephony uses the
+# voice room. ``app`` assembles the rooms into one gateway.
 SHARED_SERVER = {"http", "front", "limits", "metrics", "services", "routes", "openapi", "openai_front", "tls", "local"}
 ASSEMBLY = {"app"}
 PRODUCT_ALLOWED = {
@@ -161,6 +166,7 @@ PRODUCT_ALLOWED = {
     "tts_api": SHARED_SERVER,
     "dispatch": {"http", "front", "limits", "routes", "openapi", "openai_front", "tls"},
     "realtime": SHARED_SERVER | {"voice", "tts_api"},
+    "telephony": SHARED_SERVER | {"voice"},
 }
 MAX_SERVER_TOP = 12  # modules at the top of server/ (the shared floor and the assembly), __init__ aside
 

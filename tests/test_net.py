@@ -19,6 +19,7 @@ from assistant.server.services import Services
 from assistant.server.voice.sdpfrag import build_sdpfrag, ice_credentials
 from tests.conftest import self_signed_cert, serve, test_config
 from tests.turnserver import TurnServer
+from tests.waiting import until
 from tests.webrtc_client import rtc_configuration_from_json
 
 pytestmark = [pytest.mark.asyncio(loop_scope="module"), pytest.mark.slow]
@@ -126,10 +127,7 @@ async def test_whip_only_client_holds_a_turn(services: Services, shared_audio: P
         assert client.links and 'rel="ice-server"' in client.links[0] and "credential=" in client.links[0]
         utt = load_utterance(shared_audio / "en_weather.wav")
         client.source.play(utt, on_speech_end=client.listener.arm)
-        deadline = time.monotonic() + 60
-        while client.listener.heard_at is None:
-            assert time.monotonic() < deadline, "no audible reply reached the WHIP client"
-            await asyncio.sleep(0.05)
+        await until(lambda: client.listener.heard_at is not None, "an audible reply at the WHIP client", 60)
         assert session.conversation.turns >= 1
         assert session.events._channel is None  # no events channel was offered, the reply came all the same
         assert await client.close() == 200

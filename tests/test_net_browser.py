@@ -10,6 +10,7 @@ import pytest
 
 from assistant.server.app import SESSIONS
 from assistant.server.services import Services
+from tests import needs
 from tests.conftest import self_signed_cert, serve, test_config
 from tests.test_page_browser import CHROMIUM, chromium_args, mic_wav  # noqa: F401  (mic_wav: a fixture)
 from tests.turnserver import TurnServer
@@ -18,9 +19,6 @@ pytestmark = [
     pytest.mark.asyncio(loop_scope="module"),
     pytest.mark.browser,
     pytest.mark.slow,
-    pytest.mark.skipif(
-        not Path(CHROMIUM).exists(), reason="Debian chromium is not installed (scripts/test.sh installs it)"
-    ),
 ]
 
 TOKEN = "browser-test-token"
@@ -53,7 +51,7 @@ async def _one_turn(page) -> None:  # type: ignore[no-untyped-def]
 async def test_page_over_https_with_token_trickles_and_hangs_up(
     services: Services, mic_wav: Path, tmp_path: Path  # noqa: F811
 ) -> None:
-    playwright = pytest.importorskip("playwright.async_api")
+    playwright = needs.module("playwright.async_api")
     cert, key = self_signed_cert(tmp_path)
     cfg = test_config(server={"auth_token": TOKEN, "tls_cert": str(cert), "tls_key": str(key)})
     async with serve(cfg, services) as (url, app), playwright.async_playwright() as pw:
@@ -96,7 +94,7 @@ async def test_page_over_https_with_token_trickles_and_hangs_up(
 async def test_page_through_turn_relay_and_a_clear_error_for_a_wrong_credential(
     services: Services, mic_wav: Path, turn_server: TurnServer  # noqa: F811
 ) -> None:
-    playwright = pytest.importorskip("playwright.async_api")
+    playwright = needs.module("playwright.async_api")
     relay = {"turn_urls": [turn_server.url], "turn_secret": turn_server.secret, "transport_policy": "relay"}
     async with playwright.async_playwright() as pw:
         browser = await pw.chromium.launch(executable_path=CHROMIUM, headless=True, args=chromium_args(mic_wav))

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 
 import numpy as np
@@ -11,15 +10,13 @@ import soundfile as sf
 
 from assistant.audio import read_audio, resample
 from assistant.pipeline.trace import STAGE_STYLE
+from tests import needs
 from tests.conftest import serve, test_config
+from tests.needs import CHROMIUM
 
-CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 pytestmark = [
     pytest.mark.browser,
     pytest.mark.slow,
-    pytest.mark.skipif(
-        not Path(CHROMIUM).exists(), reason="Debian chromium is not installed (scripts/test.sh installs it)"
-    ),
 ]
 
 
@@ -48,7 +45,7 @@ def mic_wav(tmp_path: Path, shared_audio: Path) -> Path:
 
 
 async def test_page_connects_shows_transcript_and_latency(mic_wav: Path) -> None:
-    playwright = pytest.importorskip("playwright.async_api")
+    playwright = needs.module("playwright.async_api")
     async with serve(test_config()) as (url, _app), playwright.async_playwright() as pw:
         browser = await pw.chromium.launch(executable_path=CHROMIUM, headless=True, args=chromium_args(mic_wav))
         try:
@@ -112,7 +109,7 @@ async def test_page_figure_never_below_the_server_next_to_the_bench(tmp_path: Pa
         parts += [resample(x, sr, 48_000), np.zeros(6 * 48_000, dtype=np.float32)]
     mic = tmp_path / "two.wav"
     sf.write(mic, np.concatenate(parts), 48_000, subtype="PCM_16")
-    playwright = pytest.importorskip("playwright.async_api")
+    playwright = needs.module("playwright.async_api")
     async with serve(test_config()) as (url, _app), playwright.async_playwright() as pw:
         browser = await pw.chromium.launch(executable_path=CHROMIUM, headless=True, args=chromium_args(mic))
         try:
@@ -141,7 +138,7 @@ async def test_page_figure_never_below_the_server_next_to_the_bench(tmp_path: Pa
 async def test_the_page_takes_its_token_from_the_url_and_removes_it(mic_wav: Path) -> None:
     """Opened as /?token=T: the token leaves the address bar at once (history, Referer, proxy logs), and every
     request the page makes carries it as a header, never in its URL (only a WebSocket may)."""
-    playwright = pytest.importorskip("playwright.async_api")
+    playwright = needs.module("playwright.async_api")
     cfg = test_config(server={"auth_token": "page-secret"})
     async with serve(cfg) as (url, _app), playwright.async_playwright() as pw:
         browser = await pw.chromium.launch(executable_path=CHROMIUM, headless=True, args=chromium_args(mic_wav))

@@ -11,6 +11,7 @@ import soundfile as sf
 
 from assistant.audio import read_audio, resample
 from assistant.server.app import SESSIONS
+from tests import needs
 from tests.conftest import serve, test_config
 from tests.test_page_browser import CHROMIUM, chromium_args
 
@@ -18,7 +19,6 @@ PAGE_DIR = Path(__file__).parent / "data" / "realtime_page"
 pytestmark = [
     pytest.mark.browser,
     pytest.mark.slow,
-    pytest.mark.skipif(not Path(CHROMIUM).exists(), reason="Debian chromium is not installed"),
 ]
 
 
@@ -34,7 +34,7 @@ def mic_wav(tmp_path: Path, shared_audio: Path) -> Path:
 
 
 async def test_guide_style_page_holds_a_turn(mic_wav: Path) -> None:
-    playwright = pytest.importorskip("playwright.async_api")
+    playwright = needs.module("playwright.async_api")
     cfg = test_config(server={"web_dir": str(PAGE_DIR)})
     async with serve(cfg) as (url, app), playwright.async_playwright() as pw:
         browser = await pw.chromium.launch(executable_path=CHROMIUM, headless=True, args=chromium_args(mic_wav))

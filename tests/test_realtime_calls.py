@@ -20,9 +20,10 @@ from assistant.bench.realtime_client import RealtimeBenchSession
 from assistant.bench.v2v import TurnSettings, frame_to_mono
 from assistant.server.app import SESSIONS
 from assistant.server.services import Services
+from tests import needs
 from tests.conftest import serve, test_config
 
-openai = pytest.importorskip("openai")
+openai = needs.module("openai")
 pytestmark = [pytest.mark.asyncio(loop_scope="module"), pytest.mark.slow]
 
 

@@ -17,9 +17,10 @@ import pytest
 from assistant.audio import SPEECH_RATE, float_to_s16, read_audio, resample, s16_to_float
 from assistant.server.app import SESSIONS
 from assistant.server.services import Services
+from tests import needs
 from tests.conftest import serve, test_config
 
-openai = pytest.importorskip("openai")
+openai = needs.module("openai")
 pytestmark = [pytest.mark.asyncio(loop_scope="module"), pytest.mark.slow]
 
 RATE = 24_000

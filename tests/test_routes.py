@@ -10,7 +10,7 @@ from assistant.server.openapi import build_openapi, operation_of
 from assistant.server.routes import OPENAI_PREFIX, ROUTES
 
 PRODUCT_MODULES = {"front": ("front", "app", "openapi"), "voice": ("voice.", "app"),
-                   "tts": ("tts_api.",), "realtime": ("realtime.",)}
+                   "tts": ("tts_api.",), "realtime": ("realtime.",), "telephony": ("telephony.",)}
 
 
 def _registered(app) -> set[tuple[str, str]]:

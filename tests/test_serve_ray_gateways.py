@@ -22,6 +22,7 @@ from assistant.bench.audio_source import load_utterance
 from assistant.bench.processes import AssistantProcess, start_assistant, stop, wait_ready
 from assistant.bench.v2v import BenchSession, TurnSettings
 from assistant.config import load_config
+from tests.waiting import until, until_async
 
 pytestmark = [pytest.mark.slow, pytest.mark.asyncio(loop_scope="module")]
 
@@ -86,10 +87,9 @@ async def kill_a_replica_mid_reply(client: BenchSession, start: int, timeout_s: 
     """Once the client's reply has started (not a speculative one that may yet be dropped), kill the TTS
     replica that is synthesising it; its replica id."""
     handle = tts_handle()
+    await until(lambda: [e for e in client.events[start:] if e.body.get("type") == "reply_audio_start"],
+                "the reply to start", timeout_s)
     deadline = time.monotonic() + timeout_s
-    while not [e for e in client.events[start:] if e.body.get("type") == "reply_audio_start"]:
-        assert time.monotonic() < deadline, "the reply did not start"
-        await asyncio.sleep(0.01)
     while time.monotonic() < deadline:
         stats = await handle.stats.remote()
         if stats["active"] > 0:
@@ -116,7 +116,15 @@ async def test_sessions_on_two_gateways_and_a_replica_killed_mid_turn(stack, sha
         # Two browser-like peers through the dispatcher land on different gateways (the least-loaded first).
         a = BenchSession(index=0, url=front, http=http)
         await a.connect()
-        await asyncio.sleep(1.2)  # a heartbeat, so the dispatcher has seen a's session
+        opened = time.time()
+
+        async def dispatcher_saw_a() -> bool:  # a heartbeat asked after a's session opened, so the table holds it
+            async with http.get(f"{front}/readyz") as r:
+                rows = (await r.json())["gateways"]
+            return any(g["gateway"] == a.session_id.split(".")[0] and g["sessions"] >= 1
+                       and (g["polled_at"] or 0) > opened for g in rows)
+
+        await until_async(dispatcher_saw_a, "the dispatcher's heartbeat to see a's session")
         b = BenchSession(index=1, url=front, http=http)
         await b.connect()
         try:

@@ -8,7 +8,6 @@ import asyncio
 import base64
 import io
 import json
-import time
 from pathlib import Path
 from typing import Any
 
@@ -20,10 +19,11 @@ import pytest
 from assistant.audio import s16_to_float
 from assistant.config import Config
 from assistant.tts import create_tts
+from tests import needs
 from tests.test_tts_api import SHORT, FakeCloner, Shared, make_cfg, serve, tone_wav
 
-openai = pytest.importorskip("openai")
-websockets = pytest.importorskip("websockets")
+openai = needs.module("openai")
+websockets = needs.module("websockets")
 
 pytestmark = pytest.mark.timeout(120)
 TAGGED = "[关心] 我知道你现在有点累，休息一会儿好吗？"
@@ -111,10 +111,9 @@ async def test_plain_websocket_client_gets_only_bytes(tmp_path, piper):
 ])
 async def test_plain_client_error_ends_in_an_exception(tmp_path, piper, request_json, code, needle):
     async with serve(make_cfg(tmp_path), piper) as (base, _):
-        t0 = time.perf_counter()
+        # The server closes with the error at once: a hang would end in the guard's TimeoutError, not in this.
         with pytest.raises(websockets.exceptions.ConnectionClosedError) as err:
-            await asyncio.wait_for(plain_client(ws_url(base), request_json), 10)
-        assert time.perf_counter() - t0 < 5
+            await asyncio.wait_for(plain_client(ws_url(base), request_json), 60)
         assert err.value.rcvd.code == code and needle in err.value.rcvd.reason, err.value.rcvd
 
         # What arrived before the close: exactly one JSON error message naming the problem.

@@ -2,16 +2,14 @@
 
 from __future__ import annotations
 
-import shutil
-from pathlib import Path
-
 import pytest
 
 from assistant.config import Config
 from assistant.tts import create_tts
+from tests import needs
 from tests.conftest import serve, tts_only_services
+from tests.needs import CHROMIUM
 
-CHROMIUM = "/usr/bin/chromium"
 ARGS = [
     "--no-sandbox",
     "--disable-background-networking",
@@ -24,15 +22,11 @@ ARGS = [
 pytestmark = [
     pytest.mark.browser,
     pytest.mark.timeout(120),
-    pytest.mark.skipif(
-        not Path(CHROMIUM).exists() and not shutil.which("chromium"),
-        reason="chromium not installed (apt-get install -y chromium)",
-    ),
 ]
 
 
 async def test_tts_panel_streams_and_shows_timings(tmp_path):
-    playwright = pytest.importorskip("playwright.async_api")
+    playwright = needs.module("playwright.async_api")
     cfg = Config()
     cfg.server.data_dir = str(tmp_path / "data")
     engine = create_tts(cfg.tts)

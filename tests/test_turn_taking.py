@@ -150,7 +150,9 @@ async def test_complete_sentence_ends_the_turn_sooner(shared_audio) -> None:
     x, _ = read_audio(shared_audio / "en_weather.wav")
     ends = {}
     for smart in (False, True):
-        cfg = test_config(turn={"speculative": True, "smart_endpoint": smart, "complete_endpoint_ms": 250})
+        # The flat policy's fixed wait after a complete-looking transcript (complete_endpoint_ms) is under test.
+        cfg = test_config(turn={"speculative": True, "smart_endpoint": smart, "complete_endpoint_ms": 250,
+                                "policy": "flat"})
         _, seen, _ = await _run_conversation(cfg, x)
         (end,) = [e for e in seen if e["type"] == "speech_end"]
         ends[smart] = end

@@ -11,11 +11,12 @@ import numpy as np
 import pytest
 
 from assistant.audio import read_audio, rms_dbfs
+from assistant.bench.shared_data import shared_path
 from assistant.config import VADConfig
 from assistant.vad.endpoint import Endpointer, SpeechEnd, SpeechStart, VADEvent
 from assistant.vad.silero import WINDOW_SAMPLES, ZERO_RUN_WINDOWS, SileroModel, SileroStream
 
-AUDIO = Path("/work/shared/audio")
+AUDIO = shared_path("audio")  # ../shared/audio (assistant/bench/shared_data.py)
 MANIFEST = {m["file"]: m for m in json.loads((AUDIO / "manifest.json").read_text())}
 SR = 16_000
 TOLERANCE_S = 0.1

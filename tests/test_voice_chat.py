@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import time
 
 import aiohttp
 import pytest
@@ -14,6 +13,7 @@ from assistant.pipeline.trace import STAGES
 from assistant.server.app import SESSIONS
 from assistant.server.services import Services
 from tests.conftest import serve, test_config
+from tests.waiting import own_tasks, until
 
 pytestmark = [pytest.mark.asyncio(loop_scope="module"), pytest.mark.slow]
 
@@ -22,11 +22,6 @@ SETTINGS = TurnSettings(timeout_s=40.0, silence_ms=1200, settle_ms=300)
 
 def cfg_with(**server: object) -> object:
     return test_config(server={"idle_timeout_s": 30.0, **server})
-
-
-def _own_tasks() -> list[asyncio.Task]:
-    """Tasks of the app and its sessions (not aiohttp's per-connection request handlers)."""
-    return [t for t in asyncio.all_tasks() if "RequestHandler" not in repr(t.get_coro())]
 
 
 async def _session(url: str, http: aiohttp.ClientSession, index: int = 0) -> BenchSession:
@@ -50,44 +45,57 @@ async def test_one_turn_transcript_reply_and_metrics(services: Services, shared_
     ordered = [marks[s] for s in STAGES if s in marks and s != "reply_done"]
     assert len(ordered) == len(STAGES) - 1, f"missing stage marks: {set(STAGES) - set(marks)}"
     assert ordered == sorted(ordered), marks
-    for name in ("endpoint_ms", "tts_first_audio_ms", "server_v2v_ms"):
+    for name in ("endpoint_ms", "server_v2v_ms"):
         assert result.columns[name] is not None and result.columns[name] > 0, name
+    # TTS after the decision may be 0: the falling end-of-turn policy decides after the speculative reply's
+    # first audio was made (it waits ~900 ms of silence after a finished sentence).
+    assert result.columns["tts_first_audio_ms"] is not None and result.columns["tts_first_audio_ms"] >= 0
     # ASR after the endpoint may be 0: the end of turn waits for the speculative transcript (its evidence).
     assert result.columns["asr_ms"] is not None and result.columns["asr_ms"] >= 0
     # The client hears the reply after the server sent it.
     assert result.columns["v2v_ms"] >= result.columns["server_v2v_ms"]
 
 
-async def test_barge_in_stops_reply_within_100ms(services: Services, shared_audio) -> None:
+async def test_barge_in_stops_the_reply_at_once(services: Services, shared_audio) -> None:
+    """Talking over the reply stops it on the spot: once the server has decided to interrupt (the ``interrupted``
+    event), not one more audible reply frame leaves it while the user speaks. The sink drops (or holds) its queue
+    in the same step that emits the event, so this is an order of events, true on any machine: a reply that went
+    on for even one 20 ms frame after the decision fails it."""
     story = load_utterance(shared_audio / "en_story.wav")  # a long echo reply (~4 s of speech)
     timer = load_utterance(shared_audio / "en_timer.wav")
     async with serve(cfg_with(), services) as (url, app), aiohttp.ClientSession() as http:
         client = await _session(url, http)
         try:
-            client.source.play(story, on_speech_end=client.listener.arm)
-            deadline = time.monotonic() + 40
-            while not any(e.body.get("type") == "reply_audio_start" for e in client.events):
-                assert time.monotonic() < deadline, "no reply started"
-                await asyncio.sleep(0.02)
-            await asyncio.sleep(0.5)  # let the reply play for a while, then talk over it
             session = next(iter(app[SESSIONS].values()))
             track = session.track
-            client.source.play(timer)
-            while not any(e.body.get("type") == "interrupted" for e in client.events):
-                assert time.monotonic() < deadline, "the reply was not interrupted"
-                await asyncio.sleep(0.01)
-            interrupted = next(e.body for e in client.events if e.body.get("type") == "interrupted")
-            detected_at = interrupted["t_ms"] / 1000.0
-            await asyncio.sleep(0.4)
-            last_sent = track.last_audible_sent_at
+            # What the track had sent when the interruption was decided (a listener runs inside emit()).
+            at_interrupt: list[tuple[int, float]] = []
+            kinds: list[str] = []
+
+            def note(event: dict) -> None:
+                kinds.append(event["type"])
+                if event["type"] == "interrupted":
+                    at_interrupt.append((track.audible_frames_sent, track.last_audible_sent_at))
+
+            session.events.subscribe(note)
+            client.source.play(story, on_speech_end=client.listener.arm)
+            await until(lambda: track.audible_frames_sent > 0, "the reply to start playing", 60)
+            playing = track.audible_frames_sent
+            await until(lambda: track.audible_frames_sent >= playing + 25, "half a second of the reply to play", 60)
+            over = client.source.play(timer)
+            await until(lambda: at_interrupt, "the reply to be interrupted", 60)
+            await asyncio.wait_for(over.speech_end_at, 60)  # the user is done talking over it
+            frames_after, last_sent = track.audible_frames_sent, track.last_audible_sent_at
             async with http.get(f"{url}/metrics") as r:
                 metrics_text = await r.text()
         finally:
             await client.close()
-    # The reply was playing until the interruption (so the check below cannot pass on a silent track)...
-    assert last_sent > detected_at - 0.2, "no reply audio was playing when the user spoke over it"
-    # ...and no audible reply frame left the server more than 100 ms after the speech start was detected.
-    assert last_sent - detected_at <= 0.100, f"reply went on {1000 * (last_sent - detected_at):.0f} ms"
+    (frames_at, sent_at), *_ = at_interrupt
+    # The reply was still playing (an interruption needs an active turn; its reply was not done yet)...
+    assert "reply_done" not in kinds[: kinds.index("interrupted")], kinds
+    # ...and from the decision on, nothing more of it was heard.
+    assert (frames_after, last_sent) == (frames_at, sent_at), (
+        f"{frames_after - frames_at} audible reply frames went out after the interruption")
     counted = [
         float(line.split()[1])
         for line in metrics_text.splitlines()
@@ -120,8 +128,7 @@ async def test_three_sessions_stay_independent(services: Services, shared_audio)
 
 async def test_hangup_frees_session_and_tasks(services: Services, shared_audio) -> None:
     async with serve(cfg_with(), services) as (url, app), aiohttp.ClientSession() as http:
-        await asyncio.sleep(0.2)
-        baseline = len(_own_tasks())
+        baseline = len(own_tasks())
         client = await _session(url, http)
         session = next(iter(app[SESSIONS].values()))
         assert session.task_count >= 1
@@ -131,11 +138,7 @@ async def test_hangup_frees_session_and_tasks(services: Services, shared_audio) 
         await client.close()
         assert session.closed and session.task_count == 0
         assert client.session_id not in app[SESSIONS]
-        for _ in range(100):
-            if len(_own_tasks()) <= baseline:
-                break
-            await asyncio.sleep(0.05)
-        assert len(_own_tasks()) <= baseline, [t.get_name() for t in _own_tasks()]
+        await until(lambda: len(own_tasks()) <= baseline, "the session's tasks to end", 10)
         async with http.delete(f"{url}/api/sessions/{session.id}") as resp:
             assert resp.status == 404
 
@@ -176,11 +179,8 @@ async def test_silent_peer_is_reaped_and_metrics_exported(services: Services) ->
     async with serve(cfg_with(max_silence_s=2.0), services) as (url, app), aiohttp.ClientSession() as http:
         client = await _session(url, http)  # sends only digital silence: no turn, no error, then reaped
         session = next(iter(app[SESSIONS].values()))
-        for _ in range(100):
-            if session.closed and not app[SESSIONS]:
-                break
-            await asyncio.sleep(0.1)
-        assert session.closed and session.close_reason == "silence_timeout"
+        await until(lambda: session.closed and not app[SESSIONS], "the silent session to be reaped", 30)
+        assert session.close_reason == "silence_timeout"
         assert session.conversation.turns == 0
         assert not [e for e in client.events if e.body.get("type") in ("speech_start", "error")]
         assert any(e.body.get("type") == "close" for e in client.events)

@@ -16,13 +16,42 @@ window.assistantState = state;  // for tests and curious users
 function setStatus(text, live = false) { const s = $('status'); s.textContent = text; s.classList.toggle('live', live); }
 function showError(text) { const e = $('error'); e.textContent = text; e.hidden = !text; }
 
-function addMsg(who, text, cls = '') {
+function addMsg(who, text, cls = '', language = '') {
   const div = document.createElement('div');
   div.className = `msg ${who} ${cls}`.trim();
   div.textContent = text;
+  if (language) tagLanguage(div, language);
   $('transcript').appendChild(div);
   $('transcript').scrollTop = $('transcript').scrollHeight;
   return div;
+}
+
+// Languages: each turn's, as the server heard it (transcript events), and the selector (the session event
+// lists what the server hears; a change goes to the server on the events channel and holds from the next turn).
+function tagLanguage(div, language, probability) {
+  div.dataset.language = language;
+  div.title = probability != null ? `${language} (p=${probability.toFixed(2)})` : language;
+}
+
+function fillLanguages(ev) {
+  const select = $('language');
+  const wanted = state.language || ev.language;
+  select.innerHTML = '';
+  for (const code of ev.languages || []) {
+    const option = document.createElement('option');
+    option.value = code;
+    option.textContent = code;
+    select.appendChild(option);
+  }
+  select.value = (ev.languages || []).includes(wanted) ? wanted : ev.language;
+  state.language = select.value;
+}
+
+function chooseLanguage() {
+  state.language = $('language').value;
+  if (state.channel?.readyState === 'open' && state.language) {
+    state.channel.send(JSON.stringify({ type: 'language', language: state.language }));
+  }
 }
 
 function turnRow(turn) {
@@ -60,7 +89,8 @@ function renderBar(t) {
 
 function onEvent(ev) {
   switch (ev.type) {
-    case 'session': state.sessionId = ev.session_id; break;
+    case 'session': state.sessionId = ev.session_id; fillLanguages(ev); break;
+    case 'voice_fallback': showError(`no voice speaks ${ev.language}: the ${ev.engine} default voice reads it`); break;
     case 'speech_start': setStatus('listening…', true); break;
     case 'speech_end':
       // The server says how long ago (its clock) the speech ended; the same moment on this page's clock is
@@ -76,7 +106,8 @@ function onEvent(ev) {
     case 'transcript':
       if (ev.final) {
         if (state.partialMsg) { state.partialMsg.remove(); state.partialMsg = null; }
-        if (ev.text) addMsg('user', ev.text);
+        if (ev.text) tagLanguage(addMsg('user', ev.text), ev.language || '', ev.language_probability);
+        if (ev.language) state.turnLanguage = ev.language;
       } else {
         state.partialMsg ??= addMsg('user', '', 'partial');
         state.partialMsg.textContent = ev.text;
@@ -84,7 +115,7 @@ function onEvent(ev) {
       break;
     case 'reply_text':
       if (!state.botMsg || state.botMsg.dataset.turn !== String(ev.turn)) {
-        state.botMsg = addMsg('bot', '');
+        state.botMsg = addMsg('bot', '', '', state.turnLanguage || '');
         state.botMsg.dataset.turn = ev.turn;
       }
       state.botMsg.textContent = ev.text;
@@ -265,7 +296,8 @@ async function connect() {
       if (!state.pc) return;  // the relay check above already gave up
     }
     const res = await fetch('/api/offer', { method: 'POST', headers: authHeaders({ 'Content-Type': 'application/json' }),
-      body: JSON.stringify({ sdp: pc.localDescription.sdp, type: pc.localDescription.type }) });
+      body: JSON.stringify({ sdp: pc.localDescription.sdp, type: pc.localDescription.type,
+        ...(state.language ? { language: state.language } : {}) }) });
     if (!res.ok) throw await apiError(res, 'offer refused');
     const body = await res.json();
     state.connectTimes.answer = performance.now();
@@ -333,5 +365,6 @@ async function legend() {
 
 $('connect').addEventListener('click', connect);
 $('hangup').addEventListener('click', hangup);
+$('language').addEventListener('change', chooseLanguage);
 window.addEventListener('beforeunload', () => state.pc && hangup());
 legend();

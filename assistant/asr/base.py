@@ -19,6 +19,8 @@ import numpy as np
 class Transcript:
     text: str
     language: str = ""
+    # How sure the engine is of ``language`` (0-1): detected (asr.language = auto) or 1.0 when it was given.
+    language_probability: float = 0.0
     # (start_s, end_s, text) per segment, relative to the audio given.
     segments: list[tuple[float, float, str]] = field(default_factory=list)
     # Time the engine itself spent, seconds.
@@ -45,6 +47,8 @@ class PassKind(IntEnum):
 @runtime_checkable
 class ASREngine(Protocol):
     name: str
+    # What a pass may be asked for (``language=``): these codes, and ``auto`` (detection among them) when
+    # ``detects``. An engine without them is taken to hear what ``asr.languages`` says (``hearing``).
 
     def transcribe(
         self, audio: np.ndarray, *, language: str | None = None, prompt: str | None = None
@@ -65,6 +69,16 @@ class Transcriber(Protocol):
     @property
     def busy(self) -> bool:
         """True when a new pass would wait for a worker."""
+        ...
+
+    @property
+    def languages(self) -> tuple[str, ...]:
+        """The language codes a pass may be asked for (and, with ``auto``, detected among)."""
+        ...
+
+    @property
+    def detects(self) -> bool:
+        """Whether a pass may ask for ``auto`` (a multilingual model)."""
         ...
 
     async def transcribe(

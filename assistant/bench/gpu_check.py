@@ -41,13 +41,21 @@ import subprocess
 import sys
 import time
 import traceback
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from assistant.bench.figures import cell_text, markdown_table, provenance
 from assistant.bench.shared_data import ENV as SHARED_ENV
 from assistant.bench.shared_data import shared_candidates, shared_dir
+
+if TYPE_CHECKING:  # torch and the model come with the cosyvoice extra; each stage imports them when it runs
+    import numpy as np
+    import torch
+
+    from assistant.tts.cosyvoice.cosyvoice2 import CosyVoice2
+    from assistant.tts.cosyvoice.voice import CosyVoicePrompt
 
 log = logging.getLogger(__name__)
 
@@ -72,39 +80,21 @@ class Stage:
 
     name: str
     status: str = "pass"
-    rows: list[dict[str, Any]] = field(default_factory=list)
-    facts: dict[str, Any] = field(default_factory=dict)
+    rows: list[dict[str, object]] = field(default_factory=list)
+    facts: dict[str, object] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
     seconds: float = 0.0
 
-    def check(self, row: dict[str, Any], ok: bool | None) -> None:
+    def check(self, row: Mapping[str, object], ok: bool | None) -> None:
         """Add a row; ``ok`` False fails the stage (None: informational)."""
         row = {**row, "ok": "-" if ok is None else ("yes" if ok else "NO")}
         self.rows.append(row)
         if ok is False and self.status == "pass":
             self.status = "fail"
 
-    def as_dict(self) -> dict[str, Any]:
+    def as_dict(self) -> dict[str, object]:
         return {"name": self.name, "status": self.status, "seconds": round(self.seconds, 2), "facts": self.facts,
                 "rows": self.rows, "notes": self.notes}
-
-
-def _cell(v: Any) -> str:
-    if isinstance(v, float):
-        return f"{v:.3g}" if abs(v) < 1e-2 or abs(v) >= 1e4 else f"{v:.4g}"
-    return "" if v is None else str(v)
-
-
-def markdown_table(rows: list[dict[str, Any]]) -> str:
-    """Rows of dicts → a markdown table whose columns are the union of their keys, in first-seen order."""
-    if not rows:
-        return ""
-    cols: list[str] = []
-    for r in rows:
-        cols += [k for k in r if k not in cols]
-    lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
-    lines += ["| " + " | ".join(_cell(r.get(c)) for c in cols) + " |" for r in rows]
-    return "\n".join(lines)
 
 
 class Report:
@@ -114,6 +104,7 @@ class Report:
         self.out = out
         out.mkdir(parents=True, exist_ok=True)
         self.stages: list[Stage] = []
+        self.origin = provenance(["scripts/gpu_check.sh", *sys.argv[1:]])  # command, commit, machine
 
     def run(self, name: str, fn: Callable[[Stage], None]) -> Stage:
         stage = Stage(name)
@@ -140,12 +131,12 @@ class Report:
         (self.out / "gpu_check.md").write_text(self.markdown(), "utf-8")
 
     def markdown(self) -> str:
-        parts = ["# CosyVoice2 GPU check", "", markdown_table(
+        parts = ["# CosyVoice2 GPU check", "", self.origin, "", markdown_table(
             [{"stage": s.name, "status": s.status, "seconds": round(s.seconds, 1)} for s in self.stages])]
         for s in self.stages:
             parts += ["", f"## {s.name}: {s.status}", ""]
             facts = {k: v for k, v in s.facts.items() if k != "traceback" and not isinstance(v, (dict, list))}
-            parts += [f"- {k}: {_cell(v)}" for k, v in facts.items()]
+            parts += [f"- {k}: {cell_text(v)}" for k, v in facts.items()]
             parts += [f"- note: {n}" for n in s.notes]
             if s.rows:
                 parts += ["", markdown_table(s.rows)]
@@ -200,7 +191,7 @@ def _fixture(relative: str) -> Path:
     return found / relative
 
 
-def _tiny(device: str, dtype: str) -> tuple[Any, Any, dict[str, Any]]:
+def _tiny(device: str, dtype: str) -> tuple[CosyVoice2, CosyVoicePrompt, dict[str, torch.Tensor]]:
     import torch
 
     from assistant.tts.cosyvoice.cosyvoice2 import CosyVoice2
@@ -215,7 +206,7 @@ def _tiny(device: str, dtype: str) -> tuple[Any, Any, dict[str, Any]]:
     return model, voice, g
 
 
-def _err(got: Any, want: Any) -> float:
+def _err(got: torch.Tensor, want: torch.Tensor) -> float:
     return float((got.detach().float().cpu() - want.float()).abs().max())
 
 
@@ -223,7 +214,8 @@ def _mismatches(got: list[int], want: list[int]) -> int:
     return sum(a != b for a, b in zip(got, want, strict=False)) + abs(len(got) - len(want))
 
 
-def _flow_mel(model: Any, voice: Any, tokens: Any, streaming: bool, finalize: bool) -> Any:
+def _flow_mel(model: CosyVoice2, voice: CosyVoicePrompt, tokens: torch.Tensor, streaming: bool,
+              finalize: bool) -> torch.Tensor:
     import torch
 
     dev, dt = model.device, next(model.flow.parameters()).dtype
@@ -239,7 +231,7 @@ def _flow_mel(model: Any, voice: Any, tokens: Any, streaming: bool, finalize: bo
 
 
 @contextlib.contextmanager
-def _recorded_draws(g: dict[str, Any], device: Any) -> Iterator[None]:
+def _recorded_draws(g: dict[str, torch.Tensor], device: torch.device) -> Iterator[None]:
     """The official schedule's vocoder calls take the reference's recorded random draws, in order."""
     import assistant.tts.cosyvoice.vocoding as vocoding
     from assistant.tts.cosyvoice.hift_source import SourceNoise
@@ -254,7 +246,7 @@ def _recorded_draws(g: dict[str, Any], device: Any) -> Iterator[None]:
         vocoding.draw_noise = orig
 
 
-def _official_e2e(model: Any, voice: Any, g: dict[str, Any]) -> list[Any]:
+def _official_e2e(model: CosyVoice2, voice: CosyVoicePrompt, g: dict[str, torch.Tensor]) -> list[np.ndarray]:
     """The official schedule over the reference's 100 e2e tokens with its recorded draws → 3 audio chunks."""
     from assistant.tts.cosyvoice.schedule import StreamSchedule
     from assistant.tts.cosyvoice.streaming import run_stream
@@ -431,13 +423,15 @@ NESTED_FACTS = {
 }
 
 
-def _bench_rows(result: dict[str, Any], label: str) -> tuple[list[dict[str, Any]], dict[str, Any]]:
-    """The bench's sweep rows (schedule, voice, streams, p50, p90 and continuity first) and its facts."""
-    rows = []
+def _bench_rows(result: dict[str, Any], label: str) -> tuple[list[dict[str, object]], dict[str, object]]:
+    """The bench's sweep rows (schedule, voice, streams, p50, p90 and continuity first) and its facts
+    (``result``: the bench's JSON, untyped)."""
+    rows: list[dict[str, object]] = []
     for r in result.get("sweep", []):
         keys = [k for k in SWEEP_FIRST if k in r] + [k for k in r if k not in SWEEP_FIRST]
         rows.append({"run": label, **{k: r[k] for k in keys if not isinstance(r[k], (dict, list))}})
-    facts = {k: v for k, v in result.items() if isinstance(v, (int, float, str, bool)) and v is not None}
+    facts: dict[str, object] = {k: v for k, v in result.items()
+                                if isinstance(v, (int, float, str, bool)) and v is not None}
     for name, nested_keys in NESTED_FACTS.items():
         nested = result.get(name) or {}
         for k in nested_keys:
@@ -530,7 +524,7 @@ def bench_child(out: Path, bench_args: list[str]) -> int:
     args = parser.parse_args(bench_args)
     t0 = time.perf_counter()
     rc = bench.run_tts_bench(args)
-    info: dict[str, Any] = {"wall_s": round(time.perf_counter() - t0, 1), "exit": rc}
+    info: dict[str, object] = {"wall_s": round(time.perf_counter() - t0, 1), "exit": rc}
     if torch.cuda.is_available() and str(args.device).startswith("cuda"):
         info["peak_gpu_mb_process"] = round(torch.cuda.max_memory_allocated() / 2**20)
     out.mkdir(parents=True, exist_ok=True)

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from assistant.bench.figures import provenance, write_markdown
 from assistant.bench.report import summarize_level
 from assistant.bench.v2v import bench_v2v, default_audio_files
 from assistant.config import Config, apply_overrides, load_config
@@ -170,9 +171,13 @@ def add_features_arguments(parser: argparse.ArgumentParser) -> None:
         help="compare what ends a turn (fixed silence, transcript rule, end-of-turn model, both) on the "
         "sentences and on the mid-sentence pause files (tests/data/pauses): endpoint time, v2v, false cut-offs",
     )
+    parser.add_argument("--markdown", type=Path, default=None, metavar="FILE",
+                        help="also write the table to FILE under a line naming this command, the git commit and "
+                        "the machine; docs that include FILE are refreshed (assistant/bench/figures.py)")
 
 
 async def run_features(args: argparse.Namespace) -> int:
+    origin = provenance()  # the machine's load as the bench starts
     allow_loopback_ice()
     base = load_config(args.config)
     files = [Path(f) for f in (args.audio or default_audio_files())]
@@ -192,4 +197,9 @@ async def run_features(args: argparse.Namespace) -> int:
         (out / "features.md").write_text(table + "\n", encoding="utf-8")
     print(table)
     print(f"\nwrote {out / 'features.json'}")
+    if getattr(args, "markdown", None) is not None:
+        note = ("ms, p50 over the turns heard; a false cut-off is a pause file that became more than one turn."
+                if args.endpointing else "ms, p50 / p90 over the turns heard; ratios to the first variant of the run.")
+        docs = write_markdown(args.markdown, f"{table}\n\n{note}", origin)
+        print(f"wrote {args.markdown}" + (f"; refreshed {', '.join(map(str, docs))}" if docs else ""))
     return 0

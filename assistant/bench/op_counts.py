@@ -9,13 +9,18 @@ reported per stream too.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
 import torch
 from torch.profiler import ProfilerActivity, profile
 
+if TYPE_CHECKING:
+    from assistant.tts.cosyvoice.cosyvoice2 import CosyVoice2
+    from assistant.tts.cosyvoice.streaming import StreamingSynthesis
+    from assistant.tts.cosyvoice.voice import CosyVoicePrompt
 
-def _count(prof: Any) -> dict[str, int]:
+
+def _count(prof: profile) -> dict[str, int]:
     ops = launches = 0
     for e in prof.events():
         if e.name.startswith("aten::") and (e.cpu_parent is None or not e.cpu_parent.name.startswith("aten::")):
@@ -26,7 +31,8 @@ def _count(prof: Any) -> dict[str, int]:
 
 
 @torch.inference_mode()
-def first_chunk_ops(model: Any, voice: Any, tokens: list[int], streams: int, first_hop: int = 10) -> dict[str, Any]:
+def first_chunk_ops(model: CosyVoice2, voice: CosyVoicePrompt, tokens: list[int], streams: int,
+                    first_hop: int = 10) -> dict[str, float]:
     """Profile the first chunk of ``streams`` warm streams (the voice's prefix built first) made together."""
     from assistant.tts.cosyvoice.flow_prefix import flow_prefix
     from assistant.tts.cosyvoice.prompt_cache import PromptCache
@@ -38,7 +44,7 @@ def first_chunk_ops(model: Any, voice: Any, tokens: list[int], streams: int, fir
     flow_prefix(model.flow, voice, cache)          # built and kept: every stream below forks it (warm)
     look = model.flow.cfg.pre_lookahead_len
 
-    def make() -> list[Any]:
+    def make() -> list[StreamingSynthesis]:
         out = []
         for i in range(streams):
             s = StreamingSynthesis(model.flow, model.hift, voice, schedule, cache=cache, seed=i)
@@ -47,7 +53,7 @@ def first_chunk_ops(model: Any, voice: Any, tokens: list[int], streams: int, fir
             out.append(s)
         return out
 
-    def run(batch: list[Any]) -> None:
+    def run(batch: list[StreamingSynthesis]) -> None:
         if len(batch) == 1:
             batch[0].next_chunk()
         else:

@@ -25,13 +25,19 @@ import json
 import logging
 import time
 import urllib.request
-from collections.abc import Iterator, Sequence
+from collections.abc import AsyncIterator, Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, cast
 
+from assistant.bench.figures import provenance, write_markdown
 from assistant.bench.processes import AssistantProcess, cpu_seconds, start_assistant, stop, wait_ready
 from assistant.bench.report import BenchResult, percentile, summarize_level
 from assistant.bench.v2v import bench_v2v
+from assistant.config import Config
+from assistant.tts.base import TTSRequest
+
+if TYPE_CHECKING:
+    from assistant.serve_ray.replicas import SentChunk
 
 log = logging.getLogger(__name__)
 
@@ -51,7 +57,7 @@ def one_process(out: Path, flags: Sequence[str]) -> Iterator[AssistantProcess]:
 
 @contextlib.contextmanager
 def gateways_on_ray(out: Path, flags: Sequence[str], gateways: int,
-                    tts_replicas: int) -> Iterator[tuple[AssistantProcess, list[AssistantProcess], Any]]:
+                    tts_replicas: int) -> Iterator[tuple[AssistantProcess, list[AssistantProcess], Config]]:
     """A local Ray cluster with the engines, ``gateways`` gateways and the dispatcher in front of them;
     (the dispatcher, the gateways, the engines' config)."""
     import ray
@@ -60,7 +66,7 @@ def gateways_on_ray(out: Path, flags: Sequence[str], gateways: int,
     from assistant.config import load_config
     from assistant.serve_ray.app import deploy, start_local_cluster
 
-    ray_settings: dict[str, dict[str, Any]] = {
+    ray_settings: dict[str, dict[str, object]] = {
         "tts": {"backend": "ray"}, "asr": {"backend": "ray"},
         "ray": {"app_name": "bench", "tts_replicas": tts_replicas, "tts_num_cpus": 0.5, "asr_num_cpus": 0.5},
     }
@@ -93,7 +99,7 @@ class BareStream:
     """A Serve deployment that only streams (no engine): the floor any Serve hop pays. Its items look like the
     TTS replica's (a chunk, sent, started, replica), so the same client code reads both."""
 
-    async def synthesize(self, request: Any) -> Any:
+    async def synthesize(self, request: TTSRequest) -> AsyncIterator[SentChunk]:
         import numpy as np
 
         started = time.time()
@@ -107,14 +113,14 @@ BARE_ITEMS, BARE_ITEM_SAMPLES, BARE_GAP_S = 4, 24_000, 0.02
 HOP_CALLS = 40
 
 
-async def measure_hops(cfg: Any, calls: int = HOP_CALLS) -> dict[str, dict[str, list[float]]]:
+async def measure_hops(cfg: Config, calls: int = HOP_CALLS) -> dict[str, dict[str, list[float]]]:
     """Hop samples (seconds) of ``calls`` sequential calls through ``RemoteTTS``: to a bare Serve stream and to
     the TTS deployment (a short sentence); {"bare"|"tts": {"call"|"chunk": [...]}}."""
     from ray import serve
 
-    from assistant.serve_ray.client import RemoteTTS, connect_tts
+    from assistant.serve_ray.client import RemoteTTS, TTSHandle, connect_tts
     from assistant.serve_ray.replicas import EngineInfo
-    from assistant.tts.base import TTSCapabilities, TTSRequest
+    from assistant.tts.base import TTSCapabilities
 
     bare = serve.deployment(name="Bare")(BareStream).options(
         num_replicas=max(1, cfg.ray.tts_replicas), ray_actor_options={"num_cpus": 0.1})
@@ -127,7 +133,8 @@ async def measure_hops(cfg: Any, calls: int = HOP_CALLS) -> dict[str, dict[str, 
             def observe(kind: str, seconds: float, samples: dict[str, list[float]] = samples) -> None:
                 samples.setdefault(kind, []).append(seconds)
 
-            engine = (RemoteTTS(handle, EngineInfo("bare", 24_000, TTSCapabilities(), False), observe)
+            # The bare deployment has only ``synthesize``: the one method RemoteTTS.synthesize calls.
+            engine = (RemoteTTS(cast(TTSHandle, handle), EngineInfo("bare", 24_000, TTSCapabilities(), False), observe)
                       if name == "bare" else await asyncio.to_thread(connect_tts, cfg, observe))
             for i in range(calls + 3):  # 3 warm-up calls, dropped
                 async for _ in engine.synthesize(TTSRequest(text="Hello there. How are you today?")):
@@ -261,6 +268,7 @@ async def _levels_with_cpu(url: str, pids: Sequence[int], out: Path, args: argpa
 
 
 async def run_ray_bench(args: argparse.Namespace) -> int:
+    origin = provenance()  # the machine's load as the bench starts
     out = Path(args.out)
     flags = ["--respond.engine", args.responder]
     from assistant.rtc.loopback_ice import allow_loopback_ice
@@ -298,12 +306,55 @@ async def run_ray_bench(args: argparse.Namespace) -> int:
     out.mkdir(parents=True, exist_ok=True)
     (out / "ray_hop.json").write_text(json.dumps(summary, indent=2, default=str))
     print(f"\nwrote {out / 'ray_hop.json'}")
+    if args.markdown is not None:
+        body = ray_markdown(one, ray_result, micro, level_hops, one_cpu, gateway_cpu, args)
+        docs = write_markdown(args.markdown, body, origin)
+        print(f"wrote {args.markdown}" + (f"; refreshed {', '.join(map(str, docs))}" if docs else ""))
     bad = sum(1 for r in (one, ray_result) for lv in r.levels for t in lv.turns if t.status != "ok")
     return 0 if bad == 0 else 1
 
 
 def _cores(value: float | None) -> str:
     return f"{value:.3f}" if value is not None else "—"
+
+
+def _pair(stats: dict[str, float | None]) -> str:
+    p50, p90 = stats.get("p50"), stats.get("p90")
+    return "—" if p50 is None or p90 is None else f"{p50:.1f} / {p90:.1f} ms"
+
+
+def ray_markdown(one: BenchResult, ray: BenchResult, micro: dict[str, dict[str, list[float]]],
+                 level_hops: Sequence[Histograms], one_cpu: Sequence[float | None],
+                 gateway_cpu: Sequence[float | None], args: argparse.Namespace) -> str:
+    """The run as Markdown: v2v of both set-ups per level, CPU per session, the hop alone and during each level."""
+    setup = f"{args.gateways} gateways + Ray ({args.tts_replicas} TTS, 1 ASR replica)"
+    lines = [f"| | one process | {setup} |", "|---|---|---|"]
+    for a, b in zip(one.levels, ray.levels, strict=True):
+        sa, sb = summarize_level(a)["columns"]["v2v_ms"], summarize_level(b)["columns"]["v2v_ms"]
+        lines.append(f"| v2v p50 / p90, {a.sessions} session{'s' if a.sessions > 1 else ''} | {_pair(sa)} | "
+                     f"{_pair(sb)} |")
+    lines.append("| CPU cores per active session | " + ", ".join(
+        f"{_cores(c)} ({k})" for k, c in zip(args.sessions, one_cpu, strict=True)) + ", engines included | "
+        + ", ".join(f"{_cores(c)} ({k})" for k, c in zip(args.sessions, gateway_cpu, strict=True))
+        + ", gateways, no engines |")
+    head = ["hop (p50 / p90)", f"alone, idle cluster, {HOP_CALLS} calls",
+            *(f"during v2v, {k} session{'s' if k > 1 else ''}" for k in args.sessions)]
+    lines += ["", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for name, label in (("bare", "bare Serve stream"), ("tts", "TTS")):
+        for kind in ("call", "chunk"):
+            values = [v * 1000 for v in micro.get(name, {}).get(kind, [])]
+            alone = (f"{percentile(values, 50):.1f} / {percentile(values, 90):.1f} ms" if values else "—")
+            during = [("—" if name == "bare" else _pair({
+                "p50": None if (q := bucket_quantile(h.get(kind, {}), 0.5)) is None else q * 1000,
+                "p90": None if (q := bucket_quantile(h.get(kind, {}), 0.9)) is None else q * 1000}))
+                for h in level_hops]
+            lines.append("| " + " | ".join([f"{label} {kind}", alone, *during]) + " |")
+    for kind, label in (("asr", "ASR there and back"), ("asr_wait", "ASR wait for a worker")):
+        during = [_pair({"p50": None if (q := bucket_quantile(h.get(kind, {}), 0.5)) is None else q * 1000,
+                         "p90": None if (q := bucket_quantile(h.get(kind, {}), 0.9)) is None else q * 1000})
+                  for h in level_hops]
+        lines.append("| " + " | ".join([label, "—", *during]) + " |")
+    return "\n".join(lines)
 
 
 def add_ray_arguments(parser: argparse.ArgumentParser) -> None:
@@ -317,3 +368,6 @@ def add_ray_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--responder", default="echo", help="respond.engine of both set-ups (default: echo)")
     parser.add_argument("--out", type=Path, default=Path("bench-out/ray"), help="folder for the results")
     parser.add_argument("--no-plot", action="store_true", help="skip the PNGs")
+    parser.add_argument("--markdown", type=Path, default=None, metavar="FILE",
+                        help="also write the tables to FILE under a line naming this command, the git commit and "
+                        "the machine; docs that include FILE are refreshed (assistant/bench/figures.py)")

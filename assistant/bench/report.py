@@ -213,6 +213,34 @@ def format_summary(result: BenchResult) -> str:
     return "\n".join(lines)
 
 
+def _md(v: float | int | None) -> str:
+    if v is None:
+        return "—"
+    return f"{v:.1f}" if isinstance(v, float) and abs(v) < 10 else f"{v:.0f}"
+
+
+def format_markdown(result: BenchResult) -> str:
+    """The per-level table as Markdown (p50 / p90 / max of every column and gap, per level), with the turn counts:
+    what ``--markdown FILE`` writes for the docs."""
+    levels = [(lv, summarize_level(lv)) for lv in result.levels]
+
+    def label(n: int) -> str:
+        return f"{n} session{'s' if n != 1 else ''}"
+
+    head = ["column"] + [f"{label(lv.sessions)} {stat}" for lv, _ in levels for stat in ("p50", "p90", "max")]
+    lines = ["| " + " | ".join(head) + " |", "|---|" + "---:|" * (len(head) - 1)]
+    rows = [(f"`{name}`", "columns", name) for name in COLUMNS] + [(f"gap: `{n}`", "gaps", n) for n in GAPS]
+    for title, kind, name in rows:
+        cells = [_md(s[kind][name][stat]) for _, s in levels for stat in ("p50", "p90", "max")]
+        lines.append("| " + " | ".join([title, *cells]) + " |")
+    counts = "; ".join(f"{label(lv.sessions)}: {s['turns']} turns, {s['ok']} heard, {s['dropped']} dropped, "
+                       f"{s['error']} errors" for lv, s in levels)
+    files = ", ".join(sorted({t.file for lv in result.levels for t in lv.turns}))
+    return "\n".join([*lines, "", f"ms. {counts}. Files: {files}. Audible: peak ≥ {result.threshold_dbfs:g} dBFS in "
+                      f"{result.window_ms} ms" + ("" if result.same_host else "; REMOTE server: downlink_ms and "
+                      "unaccounted_ms mix two clocks") + "."])
+
+
 TURN_TABLE_COLUMNS: tuple[str, ...] = ("v2v_ms", "server_v2v_ms", *STAGE_COLUMNS, "unaccounted_ms")
 _SHORT = {
     "v2v_ms": "v2v",

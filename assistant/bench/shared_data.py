@@ -1,6 +1,7 @@
-"""Where the shared data is (audio, texts, CosyVoice2 fixtures): ``$ASSISTANT_SHARED``, else ``shared/`` in the
-working tree, else ``shared/`` beside it (``../shared`` from the tree: the development layout). A checkout
-copied alone to another machine finds its data the first or the second way."""
+"""Where the shared data is (audio, texts, CosyVoice2 fixtures): ``$ASSISTANT_SHARED`` when it is set (then only
+there: a wrong setting is an error, not a silent fall-back), else ``shared/`` in the working tree, else ``shared/``
+beside it (``../shared`` from the tree: the development layout). A checkout copied alone to another machine finds
+its data the first or the second way. The tests and the benches look here and nowhere else."""
 
 from __future__ import annotations
 
@@ -12,9 +13,10 @@ TREE = Path(__file__).resolve().parents[2]          # the working tree (assistan
 
 
 def shared_candidates() -> list[Path]:
-    """The places looked at, in order."""
-    out = [Path(os.environ[ENV]).expanduser()] if os.environ.get(ENV) else []
-    return [*out, TREE / "shared", TREE.parent / "shared"]
+    """The places looked at, in order (``$ASSISTANT_SHARED`` alone when it is set)."""
+    if os.environ.get(ENV):
+        return [Path(os.environ[ENV]).expanduser()]
+    return [TREE / "shared", TREE.parent / "shared"]
 
 
 def shared_dir(must_hold: str = "") -> Path | None:

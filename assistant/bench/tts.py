@@ -30,14 +30,22 @@ import logging
 import platform
 import statistics
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 
+from assistant.bench.figures import provenance, write_markdown
 from assistant.bench.shared_data import shared_candidates, shared_path
 from assistant.bench.tts_report import plot, tables
+
+if TYPE_CHECKING:
+    from assistant.tts.cosyvoice.cosyvoice2 import CosyVoice2
+    from assistant.tts.cosyvoice.engine import CosyVoiceEngine
+    from assistant.tts.cosyvoice.schedule import StreamSchedule
+    from assistant.tts.cosyvoice.voice import CosyVoicePrompt
 
 log = logging.getLogger(__name__)
 
@@ -72,6 +80,9 @@ def add_tts_bench_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--repeats", type=int, default=1, help="runs per text (median reported)")
     parser.add_argument("--no-cuda-graphs", action="store_true", help="eager decode step on CUDA")
     parser.add_argument("--out", default="bench-results/tts", help="directory for tts_bench.json and tts_bench.png")
+    parser.add_argument("--markdown", type=Path, default=None, metavar="FILE",
+                        help="also write the tables to FILE under a line naming this command, the git commit and "
+                        "the machine; docs that include FILE are refreshed (assistant/bench/figures.py)")
     parser.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: leave as is)")
     parser.add_argument("--skip-steps", action="store_true", help="skip the first-chunk Euler steps table")
     parser.add_argument("--skip-sweep", action="store_true", help="skip the concurrency sweep")
@@ -87,7 +98,7 @@ def add_tts_bench_arguments(parser: argparse.ArgumentParser) -> None:
 # --- model and inputs ------------------------------------------------------------------------------------
 
 
-def _random_full_size(device: str, dtype: str) -> Any:
+def _random_full_size(device: str, dtype: str) -> CosyVoice2:
     """CosyVoice2 with the official 0.5B shapes and random weights (timing only)."""
     from assistant.tts.cosyvoice.cosyvoice2 import CosyVoice2
     from assistant.tts.cosyvoice.flow import CausalFlow, FlowConfig
@@ -112,7 +123,8 @@ def _random_full_size(device: str, dtype: str) -> Any:
     return CosyVoice2(LoadedModel(Path("random-full-size"), spec, llm, flow, hift, dev, dt))
 
 
-def _voice(model: Any, notes: list[str] | None, variant: int = 0, engine: Any = None) -> Any:
+def _voice(model: CosyVoice2, notes: list[str] | None, variant: int = 0,
+           engine: CosyVoiceEngine | None = None) -> CosyVoicePrompt:
     """The 10 s reference voice, or fixed random prompt tokens/features of its length. ``variant`` > 0 gives a
     voice never seen before (a clip cut ``variant`` x 10 ms shorter, or another random prompt): a cold voice."""
     from assistant.tts.cosyvoice.voice import CosyVoicePrompt
@@ -144,7 +156,7 @@ def _voice(model: Any, notes: list[str] | None, variant: int = 0, engine: Any = 
     )
 
 
-def _text_ids(model: Any, text: str, seed: int) -> torch.Tensor:
+def _text_ids(model: CosyVoice2, text: str, seed: int) -> torch.Tensor:
     if model.frontend.has_tokenizer:
         return torch.tensor([model.frontend.encode(text)], dtype=torch.long)
     vocab = int(model.llm.llm.model.config.vocab_size)
@@ -176,8 +188,9 @@ def continuity(arrivals: list[float], durations: list[float]) -> tuple[int, floa
     return underruns, gap
 
 
-async def _one(engine: Any, text_ids: torch.Tensor, voice: Any, schedule: Any, tokens: int, seed: int,
-               make_voice: Any = None) -> dict:
+async def _one(engine: CosyVoiceEngine, text_ids: torch.Tensor, voice: CosyVoicePrompt | None,
+               schedule: StreamSchedule, tokens: int, seed: int,
+               make_voice: Callable[[], CosyVoicePrompt] | None = None) -> dict[str, Any]:
     """One streamed request: first packet (its stage split), total time, continuity, LLM wall vs decode.
 
     ``make_voice`` (a cold request): a callable run first, inside the timed span, that returns the voice.
@@ -192,6 +205,7 @@ async def _one(engine: Any, text_ids: torch.Tensor, voice: Any, schedule: Any, t
     first_chunk = last = None
     arrivals: list[float] = []
     durations: list[float] = []
+    assert voice is not None, "a voice, or make_voice to make one"
     async for chunk in engine.stream_ids(text_ids, voice, schedule=schedule, seed=seed, tokens=tokens):
         if chunk.audio.size:
             arrivals.append(time.perf_counter())
@@ -255,7 +269,8 @@ def _sweep_row(sname: str, n: int, voice: str, runs: list[dict], wall: float, cu
     }
 
 
-async def _bench(args: argparse.Namespace, model: Any, notes: list[str], save: Any) -> dict:
+async def _bench(args: argparse.Namespace, model: CosyVoice2, notes: list[str],
+                 save: Callable[[dict[str, Any]], None]) -> dict[str, Any]:
     from assistant.config import TTSConfig
     from assistant.tts.cosyvoice.engine import CosyVoiceEngine
     from assistant.tts.cosyvoice.flow_prefix import FlowPrefix
@@ -281,7 +296,7 @@ async def _bench(args: argparse.Namespace, model: Any, notes: list[str], save: A
     def tokens_for(text: str) -> int:
         return max(1, round(args.tokens_per_char * len(text)))
 
-    def new_voice() -> Any:
+    def new_voice() -> CosyVoicePrompt:
         return _voice(model, None, next(variants), engine)
 
     first_name = names[0] if names else args.sweep_text
@@ -393,7 +408,7 @@ async def _bench(args: argparse.Namespace, model: Any, notes: list[str], save: A
     return result
 
 
-def _jsonable(obj: Any) -> Any:
+def _jsonable(obj: object) -> object:
     if isinstance(obj, dict):
         return {str(k): _jsonable(v) for k, v in obj.items()}
     if isinstance(obj, (list, tuple)):
@@ -405,6 +420,7 @@ def run_tts_bench(args: argparse.Namespace) -> int:
     if getattr(args, "import_error", None):
         print(f"bench tts unavailable: {args.import_error}")
         return 2
+    origin = provenance()  # the machine's load as the bench starts
     if args.threads:
         torch.set_num_threads(args.threads)
     cuda = str(args.device).startswith("cuda")
@@ -456,6 +472,10 @@ def run_tts_bench(args: argparse.Namespace) -> int:
     print()
     print(table)
     print(f"\nwrote {out / 'tts_bench.json'}, {out / 'tts_bench.md'}")
+    if args.markdown is not None:
+        body = table + "\n\n" + "; ".join(notes) + "."
+        docs = write_markdown(args.markdown, body, origin)
+        print(f"wrote {args.markdown}" + (f"; refreshed {', '.join(map(str, docs))}" if docs else ""))
     return 0
 
 

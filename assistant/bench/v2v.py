@@ -32,7 +32,6 @@ import numpy as np
 from aiortc import RTCConfiguration, RTCPeerConnection, RTCSessionDescription
 from aiortc.mediastreams import MediaStreamError
 
-import assistant
 from assistant.audio import SILENCE_PEAK_S16, WEBRTC_RATE
 from assistant.bench.audio_source import Utterance, UtteranceSource, load_utterance, now, read_manifest
 from assistant.bench.report import (
@@ -43,11 +42,12 @@ from assistant.bench.report import (
     stage_sum,
     write_json,
 )
+from assistant.bench.shared_data import shared_path
 from assistant.rtc.jitter import AdaptiveReceiveBuffer
 
 log = logging.getLogger(__name__)
 
-SHARED_AUDIO = Path(assistant.__file__).resolve().parents[2] / "shared" / "audio"
+SHARED_AUDIO = shared_path("audio")  # ../shared/audio, or $ASSISTANT_SHARED/audio (bench/shared_data.py)
 # Files of SHARED_AUDIO that are not turns: the voice-cloning clip is a monologue, not a question.
 EXCLUDED_DEFAULT_FILES = frozenset({"en_reference_voice.wav"})
 
@@ -66,7 +66,7 @@ CONNECT_TIMEOUT_S = 20.0
 
 
 def default_audio_files() -> list[Path]:
-    """``../shared/audio/en_*.wav`` minus the voice-cloning clip, sorted by name."""
+    """``SHARED_AUDIO/en_*.wav`` minus the voice-cloning clip, sorted by name."""
     return sorted(p for p in SHARED_AUDIO.glob("en_*.wav") if p.name not in EXCLUDED_DEFAULT_FILES)
 
 
@@ -209,7 +209,7 @@ class BenchSession:
         """Offer (data channel first, then audio), send it (:meth:`exchange`), apply the answer, wait until both
         flow."""
         pc = self.pc
-        channel = pc.createDataChannel(self.channel_label)
+        channel = self.channel = pc.createDataChannel(self.channel_label)  # the page's asks go on it too
 
         @channel.on("open")
         def _on_open() -> None:

@@ -1,8 +1,9 @@
 """``assistant bench v2v`` on the command line: its flags, and the run of one protocol or several side by side.
 
-The clients it drives sit below it: our page protocol's (``bench/v2v.py``) and the Realtime API's
-(``bench/realtime_client.py``). With ``--protocol page,realtime[,realtime-ws]`` each protocol runs in turn on the
-same files, and the ratio of their medians is printed.
+The clients it drives sit below it: our page protocol's (``bench/v2v.py``), the Realtime API's
+(``bench/realtime_client.py``) and a phone carrier's (``bench/telephony_client.py``: a call through Twilio Media
+Streams). With ``--protocol page,realtime[,realtime-ws][,twilio]`` each protocol runs in turn on the same files, and
+the ratio of their medians is printed.
 """
 
 from __future__ import annotations
@@ -10,14 +11,17 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 from collections.abc import Sequence
 from pathlib import Path
 
 import aiohttp
 
 from assistant.bench.audio_source import load_utterance, read_manifest
+from assistant.bench.figures import provenance, write_markdown
 from assistant.bench.realtime_client import RealtimeBenchSession, WSTurn, ws_turn
-from assistant.bench.report import BenchResult, format_summary, format_turns, percentile
+from assistant.bench.report import BenchResult, format_markdown, format_summary, format_turns, percentile
+from assistant.bench.telephony_client import PhoneTurn, bench_phone
 from assistant.bench.v2v import (
     AUDIBLE_DBFS,
     DEFAULT_SILENCE_MS,
@@ -34,7 +38,8 @@ from assistant.rtc.loopback_ice import allow_loopback_ice
 
 log = logging.getLogger(__name__)
 
-PROTOCOLS = ("page", "realtime", "realtime-ws")
+PROTOCOLS = ("page", "realtime", "realtime-ws", "twilio")
+TWILIO_TOKEN_ENV = "ASSISTANT_TELEPHONY__TWILIO_AUTH_TOKEN"  # the server's own setting, read the same way
 
 
 # --- CLI ------------------------------------------------------------------------------------------------
@@ -66,17 +71,25 @@ def add_v2v_arguments(parser: argparse.ArgumentParser) -> None:
                         help="offer 127.0.0.1 as an ICE candidate (machines with only loopback; the server "
                         "must do the same)")
     parser.add_argument("--no-plot", action="store_true", help="skip the PNG")
+    parser.add_argument("--markdown", type=Path, default=None, metavar="FILE",
+                        help="also write the tables as Markdown to FILE, under a line naming this command, the git "
+                        "commit and the machine; docs that include FILE are refreshed (assistant/bench/figures.py)")
     parser.add_argument("--protocol", type=lambda t: t.split(","), default=["page"],
                         help="page (our /api/offer), realtime (OpenAI Realtime over WebRTC), realtime-ws (over "
-                        "WebSocket); a list runs each and compares them (default: page)")
+                        "WebSocket), twilio (a phone call: a signed webhook, then Media Streams, μ-law at 8 kHz in "
+                        "real time); a list runs each and compares them (default: page)")
+    parser.add_argument("--twilio-auth-token", default=os.environ.get(TWILIO_TOKEN_ENV, ""),
+                        help="the server's telephony.twilio_auth_token, to sign the webhook (default: "
+                        f"${TWILIO_TOKEN_ENV})")
 
 
 async def run_v2v(args: argparse.Namespace) -> int:
     """CLI entry: run the bench, print the tables, return 0 if every turn was heard, 1 otherwise."""
+    origin = provenance()  # the machine's load as the bench starts
     if args.loopback_ice:
         allow_loopback_ice()
     if args.protocol != ["page"]:
-        return await run_protocols(args)
+        return await run_protocols(args, origin)
     try:
         result = await bench_v2v(
             args.url,
@@ -101,8 +114,15 @@ async def run_v2v(args: argparse.Namespace) -> int:
             print()
     print(format_summary(result))
     print(f"\nwrote {result.json_path}" + (f" and {result.png_path}" if result.png_path else ""))
+    if args.markdown is not None:
+        _write_markdown(args.markdown, format_markdown(result), origin)
     bad = sum(1 for lv in result.levels for t in lv.turns if t.status != "ok")
     return 0 if bad == 0 else 1
+
+
+def _write_markdown(path: Path, body: str, origin: str) -> None:
+    docs = write_markdown(path, body, origin)
+    print(f"wrote {path}" + (f"; refreshed {', '.join(str(d) for d in docs)}" if docs else ""))
 
 
 # --- the comparison ------------------------------------------------------------------------------------------
@@ -118,7 +138,7 @@ def describe(values: Sequence[float]) -> str:
             f"min={min(values):.0f} max={max(values):.0f} ms")
 
 
-async def run_protocols(args: argparse.Namespace) -> int:
+async def run_protocols(args: argparse.Namespace, origin: str) -> int:
     """``assistant bench v2v --protocol …``: each protocol on the same files, then their medians side by side."""
     protocols = args.protocol
     unknown = [p for p in protocols if p not in PROTOCOLS]
@@ -128,7 +148,19 @@ async def run_protocols(args: argparse.Namespace) -> int:
     url = args.url.rstrip("/")
     results: dict[str, BenchResult] = {}
     ws: list[WSTurn] = []
+    phone: list[PhoneTurn] = []
     for protocol in protocols:
+        if protocol == "twilio":
+            files = [Path(f) for f in (args.audio or default_audio_files())]
+            known: dict[Path, dict[str, dict]] = {}
+            utts = [load_utterance(f, known.setdefault(f.parent, read_manifest(f.parent))) for f in files]
+            try:
+                phone = await bench_phone(url, utts, args.turns or len(utts), auth_token=args.twilio_auth_token,
+                                          timeout_s=args.timeout, ready_timeout_s=args.ready_timeout)
+            except (RuntimeError, OSError, aiohttp.ClientError) as exc:
+                print(f"bench v2v: twilio: {exc}")
+                return 2
+            continue
         if protocol == "realtime-ws":
             files = [Path(f) for f in (args.audio or default_audio_files())]
             manifests: dict[Path, dict[str, dict]] = {}
@@ -163,8 +195,25 @@ async def run_protocols(args: argparse.Namespace) -> int:
         print(f"{protocol:10s} {describe(values)}")
         if values:
             medians[protocol] = percentile(values, 50)
+    if phone:
+        values = [t.v2v_ms for t in phone if t.v2v_ms is not None]
+        print(f"{'twilio':10s} {describe(values)}")
+        if values:
+            medians["twilio"] = percentile(values, 50)
     if "page" in medians and "realtime" in medians:
         print(f"ratio realtime/page (median v2v): {medians['realtime'] / medians['page']:.3f}")
+    if "page" in medians and "twilio" in medians:
+        print(f"ratio twilio/page (median v2v): {medians['twilio'] / medians['page']:.3f}")
+    if phone:
+        print("\n== a phone call (Twilio Media Streams, μ-law 8 kHz): the media frame holding the speech end sent "
+              "→ first audible reply sample as the carrier plays it (first reply media received)")
+        for t in phone:
+            print(f"  {t.file:24s} {t.v2v_ms!s:>8} ms  (first media {t.first_media_ms!s:>8} ms, reply {t.reply_s} s)"
+                  f"{'  ' + t.error if t.error else ''}")
+        bad += sum(1 for t in phone if t.v2v_ms is None)
+        out = Path(args.out) / "twilio"
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "phone.json").write_text(json.dumps([t.__dict__ for t in phone], indent=1))
     if ws:
         print("\n== Realtime over WebSocket: append holding the speech end (server_vad) or last append (commit) "
               "→ first response.output_audio.delta")
@@ -179,4 +228,42 @@ async def run_protocols(args: argparse.Namespace) -> int:
         out = Path(args.out)
         out.mkdir(parents=True, exist_ok=True)
         (out / "realtime_ws.json").write_text(json.dumps([t.__dict__ for t in ws], indent=1))
+    if args.markdown is not None:
+        _write_markdown(args.markdown, protocols_markdown(results, ws, phone), origin)
     return 0 if bad == 0 else 1
+
+
+def protocols_markdown(results: dict[str, BenchResult], ws: Sequence[WSTurn],
+                       phone: Sequence[PhoneTurn] = ()) -> str:
+    """The comparison as Markdown: voice-to-voice per protocol (and their ratios to the page's), then the
+    WebSocket's time to the first audio delta per mode, then each phone turn."""
+    lines = ["| voice-to-voice (client clock) | turns heard | median | p90 |", "|---|---:|---:|---:|"]
+    medians = {}
+    rows: list[tuple[str, list[float], int]] = [(p, v2v_values(r), sum(len(lv.turns) for lv in r.levels))
+                                                for p, r in results.items()]
+    if phone:
+        rows.append(("twilio", [t.v2v_ms for t in phone if t.v2v_ms is not None], len(phone)))
+    for protocol, values, turns in rows:
+        if values:
+            medians[protocol] = percentile(values, 50)
+        cells = [f"{percentile(values, q):.0f} ms" if values else "—" for q in (50, 90)]
+        lines.append(f"| {protocol} | {len(values)}/{turns} | {cells[0]} | {cells[1]} |")
+    for other in ("realtime", "twilio"):
+        if "page" in medians and other in medians:
+            lines += ["", f"Ratio {other} / page (medians): {medians[other] / medians['page']:.3f}."]
+    if ws:
+        lines += ["", "| Realtime over WebSocket, to the first `response.output_audio.delta` | turns | median | p90 |",
+                  "|---|---:|---:|---:|"]
+        for mode, what in (("server_vad", "from the append holding the speech end (server VAD)"),
+                           ("commit", "from the last append (turn detection null, then commit)")):
+            values = [t.first_delta_ms for t in ws if t.mode == mode and t.first_delta_ms is not None]
+            cells = [f"{percentile(values, q):.0f} ms" if values else "—" for q in (50, 90)]
+            lines.append(f"| {what} | {len(values)} | {cells[0]} | {cells[1]} |")
+    if phone:
+        lines += ["", "| phone turn (Twilio Media Streams) | speech end → first audible reply | → first reply media "
+                  "| reply heard |", "|---|---:|---:|---:|"]
+        for t in phone:
+            heard = f"{t.v2v_ms:.0f} ms" if t.v2v_ms is not None else (t.error or "—")
+            media = f"{t.first_media_ms:.0f} ms" if t.first_media_ms is not None else "—"
+            lines.append(f"| {t.file} | {heard} | {media} | {t.reply_s:.2f} s |")
+    return "\n".join(lines)

@@ -79,6 +79,16 @@ class Conversation:
         """The voice the next reply speaks with (None: the engine's default)."""
         return self.runner.request.voice
 
+    @property
+    def language(self) -> str | None:
+        """The language this conversation's turns are heard in: a code, ``auto``, or None (``asr.language``)."""
+        return self.runner.language
+
+    def set_language(self, language: str | None) -> None:
+        """Hear the next turns in ``language`` (a code the ASR hears, ``auto``, or None for ``asr.language``);
+        the caller has checked it against the ASR's languages."""
+        self.runner.language = language
+
     def set_voice(self, voice: str | None, speed: float = 1.0) -> None:
         """Speak the next replies with ``voice`` (None: the engine's default) at ``speed``."""
         self.runner.request = replace(self.runner.request, voice=voice, speed=speed)

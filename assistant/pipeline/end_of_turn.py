@@ -1,15 +1,28 @@
-"""Is the user done? The end-of-turn policy: the transcript rule, and the evidence at a pause weighed.
+"""Is the user done? The end-of-turn policy: the evidence at a pause weighed, by :func:`decide`.
 
-One vocabulary across the family: the **evidence** at a pause is the transcript's word (:func:`judge` →
-:class:`TurnEnd`) and the end-of-turn model's probability (``vad/end_of_turn.py``, Smart Turn v3.2, behind
-the :class:`EndOfTurnModel` protocol); :func:`weigh` turns them into a :class:`Verdict`.
+One vocabulary across the family: the **evidence** at a pause (:class:`Evidence`) is the transcript's word
+(:func:`judge` → :class:`TurnEnd`, :func:`cue` → :class:`Cue`) and the end-of-turn model's probability
+(``vad/end_of_turn.py``, Smart Turn v3.2, behind the :class:`EndOfTurnModel` protocol); :func:`decide` turns
+them into a :class:`Decision` with the policy ``turn.policy`` names. ``assistant bench eot`` replays the same
+:func:`decide` on recorded evidence (docs/end_of_turn.md: the corpus, the curves, the operating point).
 
 **The transcript rule.** Silence alone cannot tell "What is the weather like today?" (done) from "I would like
 to order …" (thinking). The speculative transcript can: terminal punctuation on a sentence that does not end
 in a word that usually continues it means done; a trailing conjunction, article, preposition, filler or a
-verb that wants an object means the user is most likely still going.
+verb that wants an object means the user is most likely still going; a number may be half said ("My number
+is 555 [pause] 2134"); a fragment of one or two words ("Hello?") is where Whisper's punctuation is least
+reliable.
 
-**Weighing.** At a pause of ``turn.speculative_pause_ms`` the speculative turn starts (its transcript is the
+**The falling policy** (``turn.policy = "falling"``, the default). The score is the model's latest probability
+plus the transcript cue's weight (``turn.cue_*``); the turn ends once the score reaches a threshold that falls
+as the silence grows, from ``falling_from`` at the speculative pause to ``falling_to`` at ``falling_over_ms``,
+and at ``max_silence_ms`` whatever the evidence. The model hears the pause again at each silence of
+``end_of_turn_recheck_ms`` (one run of ~40-50 ms of one core each). A turn is thus never cut at once by one
+confident but wrong signal, and never waits a fixed "unsure" time when the evidence only needs a little more
+silence to be believed. Every number is chosen on the tuning half of the corpus (``TurnConfig``'s help texts).
+
+**The flat policy** (``turn.policy = "flat"``, before issue 34), kept for comparison: :func:`weigh` once.
+At a pause of ``turn.speculative_pause_ms`` the speculative turn starts (its transcript is the
 text evidence) and the end-of-turn model hears the audio so far. Each signal has its switch:
 ``turn.smart_endpoint`` (text), ``turn.end_of_turn_model`` (audio). What they say sets how much more silence
 ends the turn:
@@ -45,14 +58,16 @@ fixed silence does, as with no evidence at all.
 
 from __future__ import annotations
 
+import math
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import Enum
 from typing import Protocol
 
 import numpy as np
 
 from assistant.config import TurnConfig
+from assistant.tts.text import is_cjk
 
 # Words after which an English sentence usually goes on (Whisper often puts a period or "?" after them anyway).
 CONTINUES = frozenset([
@@ -68,7 +83,13 @@ CONTINUES = frozenset([
     "besides", "within", "without", "via", "upon", "during", "throughout", "versus",
 ])
 TERMINAL = ".?!。？！"
+# Japanese endings that go on: particles and fillers a phrase stops on mid-turn ("明日の", "東京で", "えーと").
+JA_CONTINUES = ("の", "を", "に", "が", "は", "と", "で", "も", "へ", "から", "けど", "けれど", "って", "えーと",
+                "えっと", "あの", "その")
+ENDS_ON_DIGIT = re.compile(r"\d[\d,.]*[.?!。？！]?\s*$")
 WORD = re.compile(r"[\w']+")
+# The falling policy's stand-in for the model's probability when the model is off or failed.
+NO_MODEL_PROB = 0.5
 
 
 class TurnEnd(Enum):
@@ -77,15 +98,58 @@ class TurnEnd(Enum):
     UNKNOWN = "unknown"
 
 
+class Cue(Enum):
+    """How complete a transcript looks, for the falling-threshold policy (each has its weight in TurnConfig)."""
+
+    COMPLETE = "complete"  # terminal punctuation, no trailing continuation word
+    CONTINUES = "continues"  # a trailing conjunction, article, preposition, filler, comma or ellipsis
+    OPEN = "open"  # no terminal punctuation and nothing that continues (or no words at all)
+    NUMBER = "number"  # ends on a number: a phone number, a code or a time may be only half said
+    SHORT = "short"  # fewer than SHORT_TURN_WORDS words ("Hello?"): Whisper's punctuation is least reliable
+
+
+# A transcript of fewer words than this is a fragment (Cue.SHORT): "Hello, [pause] what is the weather like
+# today?" is the commonest pause a turn must survive.
+SHORT_TURN_WORDS = 3
+NUMBER_WORDS = frozenset([
+    "zero", "oh", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine", "ten", "eleven", "twelve",
+    "thirteen", "fourteen", "fifteen", "sixteen", "seventeen", "eighteen", "nineteen", "twenty", "thirty", "forty",
+    "fifty", "sixty", "seventy", "eighty", "ninety", "hundred", "thousand", "million",
+])
+
+
+def word_count(text: str) -> int:
+    """Words in a transcript; CJK text (no spaces) counts a word per two characters."""
+    cjk = sum(1 for ch in text if is_cjk(ch))
+    other = "".join(" " if is_cjk(ch) else ch for ch in text)
+    return len(WORD.findall(other)) + (cjk + 1) // 2
+
+
+def cue(text: str) -> Cue:
+    """The transcript's evidence: how complete it looks (final punctuation, a trailing conjunction, a number)."""
+    words = WORD.findall(text.lower())
+    if not words:
+        return Cue.OPEN
+    if judge(text) is TurnEnd.INCOMPLETE:
+        return Cue.CONTINUES
+    if word_count(text) < SHORT_TURN_WORDS:
+        return Cue.SHORT
+    if words[-1] in NUMBER_WORDS or ENDS_ON_DIGIT.search(text):
+        return Cue.NUMBER
+    return Cue.COMPLETE if judge(text) is TurnEnd.COMPLETE else Cue.OPEN
+
+
 def judge(text: str) -> TurnEnd:
     """Guess from a transcript whether the utterance is finished."""
     t = text.strip()
     if not t:
         return TurnEnd.UNKNOWN
-    if t.endswith(("...", "…", ",", "-", "—", ":")):
+    if t.endswith(("...", "…", ",", "-", "—", ":", "、", "，", "：")):
         return TurnEnd.INCOMPLETE
     words = WORD.findall(t.lower())
     if words and words[-1] in CONTINUES:
+        return TurnEnd.INCOMPLETE
+    if is_cjk(t[-1]) and t.endswith(JA_CONTINUES):  # Japanese that stops on a particle or a filler
         return TurnEnd.INCOMPLETE
     if t[-1] in "?!？！":
         return TurnEnd.COMPLETE
@@ -114,6 +178,110 @@ class Verdict:
 
 
 PENDING = Verdict(pending=True, reason="pending")
+
+
+@dataclass
+class Evidence:
+    """What is known at a pause: the transcript's answer (``text``/``cue``, None until the ASR answers) and
+    the model's answers so far, ``probs`` as (silence in ms when the model heard the audio, probability).
+    ``use_text``/``use_audio``: which answers are coming at all (a signal that failed is not waited for)."""
+
+    use_text: bool
+    use_audio: bool
+    text: TurnEnd | None = None
+    cue: Cue | None = None
+    words: int = 0
+    probs: list[tuple[int, float]] = field(default_factory=list)
+
+    @property
+    def prob(self) -> float | None:
+        """The model's latest answer."""
+        return self.probs[-1][1] if self.probs else None
+
+
+@dataclass(frozen=True)
+class Decision:
+    """At this much silence: end the turn now, or let ``end_silence_ms`` of silence end it (None: the
+    endpointer's own ``vad.end_silence_ms``)."""
+
+    end_now: bool
+    end_silence_ms: int | None = None
+    reason: str = ""
+    needed_ms: int | None = None  # ending now: the silence the decision needed (None: none past the first ask)
+
+
+def falling_threshold(cfg: TurnConfig, pause_ms: int) -> float:
+    """The score that ends the turn after ``pause_ms`` of silence: ``falling_from`` at the speculative pause,
+    down in a straight line to ``falling_to`` at ``falling_over_ms``, flat after."""
+    span = max(1, cfg.falling_over_ms - cfg.speculative_pause_ms)
+    f = min(1.0, max(0.0, (pause_ms - cfg.speculative_pause_ms) / span))
+    return cfg.falling_from + (cfg.falling_to - cfg.falling_from) * f
+
+
+def cue_weight(cfg: TurnConfig, c: Cue) -> float:
+    """What the transcript adds to the model's probability (``turn.cue_*``)."""
+    return {
+        Cue.COMPLETE: cfg.cue_complete, Cue.CONTINUES: cfg.cue_continues, Cue.OPEN: cfg.cue_open,
+        Cue.NUMBER: cfg.cue_number, Cue.SHORT: cfg.cue_short,
+    }[c]
+
+
+def decide(cfg: TurnConfig, ev: Evidence, pause_ms: int, fixed_ms: int) -> Decision:
+    """The end-of-turn policy at ``pause_ms`` of silence (``turn.policy``); ``fixed_ms`` is the endpointer's own
+    silence (``vad.end_silence_ms``). The turn ends now (``end_now``), or once the silence reaches
+    ``end_silence_ms`` (or ``fixed_ms`` when None), unless a later call decides otherwise. Turn-taking calls it
+    on every chunk of a pause and whenever an answer lands; ``bench eot`` replays it on recorded evidence, so
+    both run this same code."""
+    if cfg.policy == "falling":
+        return _falling(cfg, ev, pause_ms, fixed_ms)
+    return _flat(cfg, ev, pause_ms, fixed_ms)
+
+
+def _falling(cfg: TurnConfig, ev: Evidence, pause_ms: int, fixed_ms: int) -> Decision:
+    """Score = the model's latest probability + the transcript cue's weight; the turn ends once the score
+    reaches a threshold that falls as the silence grows (the model hears the pause again at
+    ``end_of_turn_recheck_ms``), and at ``max_silence_ms`` whatever the evidence."""
+    if not ev.use_text and not ev.use_audio:
+        return Decision(end_now=False, reason="no_evidence")
+    if pause_ms >= cfg.max_silence_ms:
+        return Decision(end_now=True, reason="max_silence", needed_ms=cfg.max_silence_ms)
+    if (ev.use_text and ev.cue is None) or (ev.use_audio and ev.prob is None):
+        if cfg.wait_for_evidence:
+            return Decision(end_now=False, end_silence_ms=cfg.max_silence_ms, reason="pending")
+        return Decision(end_now=False, reason="pending")
+    p = ev.prob if ev.use_audio and ev.prob is not None else NO_MODEL_PROB
+    score = p + (cue_weight(cfg, ev.cue) if ev.use_text and ev.cue is not None else 0.0)
+    if score >= falling_threshold(cfg, pause_ms):
+        return Decision(end_now=True, reason=f"score_{ev.cue.value if ev.use_text and ev.cue else 'audio'}",
+                        needed_ms=silence_needed(cfg, ev, pause_ms))
+    return Decision(end_now=False, end_silence_ms=cfg.max_silence_ms, reason="waiting")
+
+
+def silence_needed(cfg: TurnConfig, ev: Evidence, pause_ms: int) -> int:
+    """The falling policy: the least silence at which the threshold had fallen to this evidence's score (at most
+    ``pause_ms``), for the trace's split of the wait (the rest is waiting for the evidence itself)."""
+    p = ev.prob if ev.use_audio and ev.prob is not None else NO_MODEL_PROB
+    score = p + (cue_weight(cfg, ev.cue) if ev.use_text and ev.cue is not None else 0.0)
+    if score >= cfg.falling_from or cfg.falling_from == cfg.falling_to:
+        return min(pause_ms, cfg.speculative_pause_ms)
+    f = (cfg.falling_from - score) / (cfg.falling_from - cfg.falling_to)
+    needed = cfg.speculative_pause_ms + f * (cfg.falling_over_ms - cfg.speculative_pause_ms)
+    return int(min(pause_ms, max(cfg.speculative_pause_ms, math.ceil(needed))))
+
+
+def _flat(cfg: TurnConfig, ev: Evidence, pause_ms: int, fixed_ms: int) -> Decision:
+    """The flat policy (before the falling threshold): :func:`weigh` once, a fixed wait per verdict."""
+    verdict = weigh(cfg, ev.text, ev.prob, use_text=ev.use_text, use_audio=ev.use_audio)
+    if verdict.commit and ev.use_text and ev.text is not None and ev.words < SHORT_TURN_WORDS:
+        verdict = Verdict(reason="short")  # the fixed silence ends it (SHORT_TURN_WORDS)
+    end_ms = verdict.end_silence_ms
+    if verdict.pending and cfg.wait_for_evidence:  # hold the turn open until the evidence is in
+        end_ms = cfg.max_silence_ms
+    if verdict.commit or (end_ms is not None and end_ms <= fixed_ms and pause_ms >= end_ms):
+        return Decision(end_now=True, reason=verdict.reason or "silence",
+                        needed_ms=None if verdict.commit else end_ms)
+    setting = end_ms if end_ms is not None and end_ms > fixed_ms else None
+    return Decision(end_now=False, end_silence_ms=setting, reason=verdict.reason)
 
 
 def weigh(

@@ -1,9 +1,10 @@
 """The ``events`` data channel: JSON messages telling the page what happens in the conversation.
 
-Types (DESIGN.md): speech_start, speech_end, transcript (partial/final), reply_text, reply_audio_start,
-reply_done, interrupted (``paused`` when the reply is only held while the user makes a sound over it),
-reply_resumed (that sound was a backchannel: the reply goes on), turn_metrics, error; plus session (sent
-once on open) and close.
+Types (DESIGN.md): speech_start, speech_end, transcript (partial/final, with the ``language`` heard and, from
+the ASR, its ``language_probability``), reply_text, reply_audio_start, reply_done, interrupted (``paused`` when
+the reply is only held while the user makes a sound over it), reply_resumed (that sound was a backchannel: the
+reply goes on), turn_metrics, voice_fallback (no voice speaks the reply's language: the default one reads it),
+error; plus session (sent once on open, and again when the session's settings change) and close.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import logging
 import time
 from collections import deque
 from collections.abc import Callable
-from typing import Any
+from typing import Protocol
 
 log = logging.getLogger(__name__)
 
@@ -29,6 +30,7 @@ EVENT_TYPES = frozenset(
         "interrupted",
         "reply_resumed",
         "turn_metrics",
+        "voice_fallback",
         "error",
         "close",
     }
@@ -37,7 +39,25 @@ EVENT_TYPES = frozenset(
 MAX_PENDING_EVENTS = 256
 
 
-def make_event(kind: str, **fields: Any) -> dict[str, Any]:
+Event = dict[str, object]  # one event: {"type": kind, "t_ms": ..., fields...}, sent as JSON
+
+
+class DataChannel(Protocol):
+    """An RTC data channel (aiortc's ``RTCDataChannel``) as the events need it: its label and state, ``send``,
+    and listeners (``open``; ``message``, called with a str or bytes)."""
+
+    @property
+    def label(self) -> str: ...
+
+    @property
+    def readyState(self) -> str: ...
+
+    def send(self, data: str) -> None: ...
+
+    def add_listener(self, event: str, f: Callable[..., None]) -> object: ...
+
+
+def make_event(kind: str, **fields: object) -> Event:
     if kind not in EVENT_TYPES:
         raise ValueError(f"unknown event type {kind!r}")
     return {"type": kind, "t_ms": round(time.time() * 1000.0, 1), **fields}
@@ -50,24 +70,20 @@ class EventChannel:
     """
 
     def __init__(self) -> None:
-        self._channel: Any = None
+        self._channel: DataChannel | None = None
         self._pending: deque[str] = deque(maxlen=MAX_PENDING_EVENTS)
-        self._listeners: list[Callable[[dict[str, Any]], None]] = []
+        self._listeners: list[Callable[[Event], None]] = []
 
-    def attach(self, channel: Any) -> None:
+    def attach(self, channel: DataChannel) -> None:
         self._channel = channel
-
-        @channel.on("open")
-        def _on_open() -> None:
+        channel.add_listener("open", self._drain)
+        if channel.readyState == "open":
             self._drain()
 
-        if getattr(channel, "readyState", "") == "open":
-            self._drain()
-
-    def subscribe(self, fn: Callable[[dict[str, Any]], None]) -> None:
+    def subscribe(self, fn: Callable[[Event], None]) -> None:
         self._listeners.append(fn)
 
-    def emit(self, kind: str, **fields: Any) -> dict[str, Any]:
+    def emit(self, kind: str, **fields: object) -> Event:
         event = make_event(kind, **fields)
         for fn in self._listeners:
             try:
@@ -79,7 +95,7 @@ class EventChannel:
 
     def _send(self, text: str) -> None:
         ch = self._channel
-        if ch is not None and getattr(ch, "readyState", "") == "open":
+        if ch is not None and ch.readyState == "open":
             try:
                 ch.send(text)
             except Exception as exc:  # closed under our feet: the session is going away

@@ -87,6 +87,7 @@ class Turn:
         # The ASR's answer (None: it failed), for turn-taking to weigh as it lands; set once, by the runner.
         self.heard: asyncio.Future[Transcript | None] = asyncio.get_running_loop().create_future()
         self.transcript: str | None = None  # the user's words
+        self.language: str | None = None  # the language the reply is in (the user's, as heard or typed)
         self.failed: str | None = None  # the stage that failed (the turn then waits to say so if committed)
         self.reply = ReplyProgress()
 

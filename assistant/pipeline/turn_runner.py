@@ -27,6 +27,7 @@ from typing import Any
 
 import numpy as np
 
+from assistant import languages
 from assistant.asr.base import PassKind, Transcript
 from assistant.audio import FRAME_MS, S16_SCALE, SILENCE_PEAK_S16, float_to_s16
 from assistant.config import ChunkerConfig, LogConfig, RespondConfig, TTSConfig, TurnConfig
@@ -37,7 +38,8 @@ from assistant.pipeline.trace import Ending, Span
 from assistant.pipeline.turn import StageError, Turn, TurnDeps, stage
 from assistant.respond.base import ReplyOptions, ResponderError, reply_stream
 from assistant.respond.history import ConversationHistory
-from assistant.tts.base import PieceByPiece, TTSBusy, TTSRequest, with_streaming
+from assistant.tts.base import TTSBusy, TTSRequest
+from assistant.tts.routing import choose_voice, speaks_piece_by_piece
 
 log = logging.getLogger(__name__)
 
@@ -69,12 +71,14 @@ class TurnRunner:
         self.respond_cfg, self.debug_content = respond, logs.debug_content
         self.deps, self.sink, self.events, self.session_id = deps, sink, events, session_id
         self.history = ConversationHistory(respond.history_turns)
-        if isinstance(with_streaming(deps.tts), PieceByPiece):
+        if speaks_piece_by_piece(deps.tts):
             # An engine that speaks a piece only once it has all of it: the reply's first piece as short as a
             # clause allows, since the listener waits for it (a streaming engine starts on any text anyway).
             chunker = dataclasses.replace(chunker, first_min_chars=chunker.reply_first_min_chars)
         self.synthesis = SynthesisPath(deps.tts, sink.sample_rate, timeout_s=tts.timeout_s, chunker=chunker)
         self.request = TTSRequest(text="", voice=deps.voice, language=tts.language or None)
+        # The language this session's turns are heard in: a code, "auto" (detected per turn), or None (asr.language).
+        self.language: str | None = None
         self.apology = turn.error_message.strip()
         self.trim_silence = turn.trim_reply_silence
         self.turns = 0
@@ -198,12 +202,17 @@ class TurnRunner:
     async def _run(self, turn: Turn, given: str | None) -> None:
         trace = turn.trace
         try:
-            text = given if given is not None else await self._transcribe(turn)
+            heard = Transcript(text=given) if given is not None else await self._transcribe(turn)
+            text = heard.text.strip()
             if not turn.heard.done():
-                turn.heard.set_result(Transcript(text=text))
+                turn.heard.set_result(heard)
             trace.mark("asr_done")
             turn.transcript = text
-            self._emit(turn, "transcript", final=True, text=text)
+            turn.language = self._reply_language(heard)
+            said: dict[str, Any] = {"language": heard.language or turn.language}
+            if heard.language:
+                said["language_probability"] = heard.language_probability
+            self._emit(turn, "transcript", final=True, text=text, **said)
             if not text:
                 log.info("turn_empty session=%s turn=%d", self.session_id, turn.number)
                 return
@@ -233,19 +242,28 @@ class TurnRunner:
                 if self.deps.on_turn_done is not None:
                     self.deps.on_turn_done(trace)
 
-    async def _transcribe(self, turn: Turn) -> str:
+    async def _transcribe(self, turn: Turn) -> Transcript:
         """The turn's ASR pass; its span goes into the trace and its answer to ``turn.heard`` at once."""
         asked = time.time()
         kind = PassKind.SPECULATIVE if turn.speculative and not turn.committed.is_set() else PassKind.FINAL
         result = await stage(
             "asr", "I could not make that out",
-            self.deps.asr.transcribe(turn.audio, session=self.session_id, kind=kind),
+            self.deps.asr.transcribe(turn.audio, session=self.session_id, kind=kind, language=self.language),
         )
         t = result.timing
         turn.trace.asr = Span(t.asked, t.started, t.done) if t is not None else Span(asked, asked, time.time())
         if not turn.heard.done():
             turn.heard.set_result(result)
-        return result.text.strip()
+        return result
+
+    def _reply_language(self, heard: Transcript) -> str | None:
+        """The language the turn is answered in: the one the ASR heard it in (this turn's own pass, the one the
+        turn was committed on); for typed words, the session's fixed language, else what their script says,
+        else ``tts.language``."""
+        if heard.language:
+            return heard.language
+        fixed = self.language if self.language not in (None, languages.AUTO) else None
+        return fixed or languages.script_language(heard.text) or self.request.language
 
     async def _respond(self, turn: Turn, text: str, deltas: asyncio.Queue[str | None]) -> None:
         """The responder's deltas into ``deltas`` (bounded: the responder waits when TTS is behind)."""
@@ -271,8 +289,17 @@ class TurnRunner:
 
     def _reply_options(self, turn: Turn) -> ReplyOptions:
         """The turn's own asks of the responder: the language the user spoke (from the ASR pass)."""
-        heard = turn.heard.result() if turn.heard.done() and not turn.heard.cancelled() else None
-        return ReplyOptions(language=(heard.language or None) if heard is not None else None)
+        return ReplyOptions(language=turn.language)
+
+    def _reply_request(self, turn: Turn) -> TTSRequest:
+        """The voice for the reply's language (``tts.voices``); with none for it, the default voice, and a
+        ``voice_fallback`` event that says so."""
+        choice = choose_voice(self.synthesis.engine, turn.language, self.request.voice)
+        if choice.fallback:
+            self._emit(turn, "voice_fallback", language=turn.language, engine=choice.engine,
+                       voice=choice.voice or "default")
+            log.info("voice_fallback session=%s turn=%d language=%s", self.session_id, turn.number, turn.language)
+        return dataclasses.replace(self.request, language=choice.language)
 
     async def _speak(self, turn: Turn, deltas: asyncio.Queue[str | None]) -> None:
         """The reply's text through the synthesis path into a PCM queue, while a writer feeds the sink.
@@ -295,8 +322,9 @@ class TurnRunner:
 
         async def synthesize() -> None:
             onset = not self.trim_silence
+            request = self._reply_request(turn)
             with _tts_stage():
-                async for out in self.synthesis.speak(text(), self.request, on_piece=on_piece):
+                async for out in self.synthesis.speak(text(), request, on_piece=on_piece):
                     if not onset:  # the reply starts where its voice does: leading silence is only delay
                         out, onset = _from_onset(out, self.sink.sample_rate * LEAD_IN_MS // 1000)
                         if not out.size:

@@ -5,11 +5,11 @@ It hears the VAD's events on the session's sample clock and tells the turn runne
 - **speculation** (``turn.speculative``): on a pause of ``speculative_pause_ms`` a turn starts on the audio so
   far, unseen and unheard until committed; if the user goes on it is dropped without a trace (a failure
   included);
-- **end of turn**: at that pause the transcript rule and the audio end-of-turn model are weighed
-  (``end_of_turn.weigh``): the turn ends early, or the wait grows (up to ``max_silence_ms``). The verdict is
-  taken again on every chunk of the pause and the moment each answer lands, so no time passes between the
-  last evidence and the decision; a transcript of one or two words never ends the turn at once (the fixed
-  silence does: ``SHORT_TURN_WORDS``);
+- **end of turn**: at that pause the evidence (the speculative transcript, the audio end-of-turn model) is
+  weighed by ``end_of_turn.decide``: the turn ends now, or the silence that will end it is set (up to
+  ``max_silence_ms``). The decision is taken again on every chunk of the pause and the moment each answer
+  lands, so no time passes between the last evidence and the decision; with the falling policy the model hears
+  the pause again at each of ``end_of_turn_recheck_ms``, and the threshold falls as the silence grows;
 - **the user was not done**: speech while a committed turn is still being prepared drops it and carries
   its audio into the next utterance, so nothing said is lost;
 - **barge-in** (``turn.barge_in``): speech over the reply pauses it; if the speech was short or a few words
@@ -25,7 +25,7 @@ import functools
 import logging
 import re
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -33,7 +33,7 @@ from assistant.asr.base import Transcript
 from assistant.audio import SPEECH_RATE, AudioChunk
 from assistant.config import ASRConfig, TurnConfig, VADConfig
 from assistant.pipeline.clock import SampleClock
-from assistant.pipeline.end_of_turn import TurnEnd, Verdict, judge, weigh
+from assistant.pipeline.end_of_turn import Cue, Evidence, TurnEnd, cue, decide, judge, word_count
 from assistant.pipeline.events import EventChannel
 from assistant.pipeline.trace import Ending, Span
 from assistant.pipeline.turn import Turn, TurnDeps
@@ -43,10 +43,6 @@ from assistant.vad.endpoint import Endpointer, SpeechEnd, SpeechStart
 log = logging.getLogger(__name__)
 
 WORD = re.compile(r"[\w']+")
-# A transcript of fewer words than this never ends the turn at once, whatever the evidence: it waits the fixed
-# silence (vad.end_silence_ms). On fragments like "Hello?" Whisper's punctuation and the model are least
-# reliable, and "Hello, [pause] what is the weather like today?" is the commonest pause a turn must survive.
-SHORT_TURN_WORDS = 3
 # Short words that stop the bot rather than encourage it: never taken for a backchannel.
 STOP_WORDS = frozenset({"stop", "wait", "no", "pause", "quiet", "shut", "hold", "cancel", "enough", "sorry"})
 
@@ -62,19 +58,26 @@ class Pause:
     carried: int  # samples of an earlier dropped turn's audio at the start of the turn's audio
     asked_at: float  # wall time the evidence was asked for (the pause was long enough to speculate)
     text: TurnEnd | None = None  # the transcript rule's answer
+    cue: Cue | None = None  # how complete the transcript looks (the falling policy's text evidence)
     text_failed: bool = False  # the speculative ASR raised: its answer will not come
-    model_prob: float | None = None  # the end-of-turn model's answer (None: still coming)
+    probs: list[tuple[int, float]] = field(default_factory=list)  # the model's answers: (silence heard, p)
     model_failed: bool = False
-    model_span: Span | None = None
+    model_span: Span | None = None  # the latest model call
     model_task: asyncio.Task[None] | None = None
+    asked_marks: set[int] = field(default_factory=set)  # silences (ms) at which the model was asked
     words: int = 0  # words in the transcript
     used_text: bool = False  # the latest verdict used the text's answer
     used_model: bool = False  # ... and the model's
 
+    @property
+    def model_prob(self) -> float | None:
+        return self.probs[-1][1] if self.probs else None
+
     def evidence(self) -> str:
         """What the pause's evidence said, for a log line (no content: the rule's answer and word count)."""
-        model = "-" if self.model_prob is None else f"{self.model_prob:.2f}"
-        return f"text={self.text.value if self.text else '-'} words={self.words} model={model}"
+        model = "/".join(f"{p:.2f}@{ms}" for ms, p in self.probs) or "-"
+        return (f"text={self.text.value if self.text else '-'} cue={self.cue.value if self.cue else '-'} "
+                f"words={self.words} model={model}")
 
     def close(self) -> None:
         if self.model_task is not None and not self.model_task.done():
@@ -143,8 +146,8 @@ class TurnTaking:
         self._decide()
 
     def _decide(self) -> None:
-        """Weigh the evidence at the current pause: end the turn now, or set how much silence will end it.
-        Called on every chunk of the pause and as soon as an answer lands."""
+        """Weigh the evidence at the current pause (``end_of_turn.decide``): end the turn now, or set how much
+        silence will end it. Called on every chunk of the pause and as soon as an answer lands."""
         pause, cfg = self.pause, self.cfg
         if pause is None or not self.endpointer.speaking or self.endpointer.silence_samples == 0:
             return
@@ -153,26 +156,42 @@ class TurnTaking:
         # A transcript asked for but failed: the model alone does not end the turn (end_of_turn.py).
         use_audio = (cfg.end_of_turn_model and self.deps.end_of_turn is not None and not pause.model_failed
                      and not (cfg.smart_endpoint and pause.text_failed))
-        verdict = weigh(cfg, pause.text, pause.model_prob, use_text=use_text, use_audio=use_audio)
-        if verdict.commit and use_text and pause.text is not None and pause.words < SHORT_TURN_WORDS:
-            verdict = Verdict(reason="short")  # the fixed silence ends it (SHORT_TURN_WORDS)
+        if use_audio and cfg.policy == "falling":
+            self._recheck(pause, pause_ms)
+        ev = Evidence(use_text=use_text, use_audio=use_audio, text=pause.text, cue=pause.cue, words=pause.words,
+                      probs=list(pause.probs))
+        d = decide(cfg, ev, pause_ms, self.end_silence_ms)
         pause.used_text = use_text and pause.text is not None
         pause.used_model = use_audio and pause.model_prob is not None
-        end_ms = verdict.end_silence_ms
-        if verdict.pending and cfg.wait_for_evidence:  # hold the turn open until the evidence is in
-            end_ms = cfg.max_silence_ms
-        if verdict.commit or (end_ms is not None and end_ms <= self.end_silence_ms and pause_ms >= end_ms):
-            reason = "complete_sentence" if verdict.reason == "text_complete" else "end_of_turn"
-            # The silence the verdict needed: none beyond the pause that asked for the evidence, or end_ms.
-            silence_met = (pause.asked_at if verdict.commit or end_ms is None
-                           else self.clock.wall_time(self.endpointer.utterance_end + end_ms * SPEECH_RATE // 1000))
+        end_ms = d.end_silence_ms
+        if d.end_now:
+            reason = "complete_sentence" if d.reason == "text_complete" else "end_of_turn"
+            # When the silence the decision needed had passed: none past the pause that asked for the evidence
+            # (a commit), or needed_ms of it (a fixed wait, or where the falling threshold met the score).
+            silence_met = (pause.asked_at if d.needed_ms is None
+                           else self.clock.wall_time(self.endpointer.utterance_end + d.needed_ms * SPEECH_RATE // 1000))
             log.info("turn_end_decided session=%s verdict=%s pause_ms=%d %s", self.session_id,
-                     verdict.reason or "silence", pause_ms, pause.evidence())
-            ev = self.endpointer.force_end(reason)
-            if ev is not None:
-                self._on_speech_end(ev, silence_met=min(silence_met, time.time()))
+                     d.reason or "silence", pause_ms, pause.evidence())
+            ev_end = self.endpointer.force_end(reason)
+            if ev_end is not None:
+                self._on_speech_end(ev_end, silence_met=min(silence_met, time.time()))
         else:
             self.endpointer.set_end_silence(end_ms if end_ms is not None and end_ms > self.end_silence_ms else None)
+
+    def _recheck(self, pause: Pause, pause_ms: int) -> None:
+        """The falling policy asks the model again at each of ``turn.end_of_turn_recheck_ms`` the pause reaches
+        (one call at a time; the audio so far, its silence included)."""
+        if pause.model_task is None or not pause.model_task.done():
+            return  # the first ask is the speculation's; a call is still running
+        due = [m for m in self.cfg.end_of_turn_recheck_ms if m <= pause_ms and m not in pause.asked_marks]
+        if not due:
+            return
+        pause.asked_marks.update(due)
+        utterance = self.endpointer.utterance()
+        if utterance is None or not utterance.size:
+            return
+        audio = np.concatenate([self._carry, utterance]) if pause.carried else utterance
+        pause.model_task = asyncio.get_running_loop().create_task(self._hear_end_of_turn(pause, audio, pause_ms))
 
     # --- VAD events --------------------------------------------------------------------------------
     def _on_speech_start(self, ev: SpeechStart) -> None:
@@ -289,7 +308,9 @@ class TurnTaking:
         self.speculations["started"] += 1
         turn.heard.add_done_callback(functools.partial(self._on_transcript, pause))
         if self.cfg.end_of_turn_model and self.deps.end_of_turn is not None:
-            pause.model_task = asyncio.get_running_loop().create_task(self._hear_end_of_turn(pause, audio))
+            pause_ms = self.endpointer.silence_samples * 1000 // SPEECH_RATE
+            pause.asked_marks.update(m for m in self.cfg.end_of_turn_recheck_ms if m <= pause_ms)
+            pause.model_task = asyncio.get_running_loop().create_task(self._hear_end_of_turn(pause, audio, pause_ms))
 
     def _on_transcript(self, pause: Pause, heard: asyncio.Future[Transcript | None]) -> None:
         """The speculative turn's ASR answered: judge the text once, and decide at once."""
@@ -299,12 +320,14 @@ class TurnTaking:
         if result is None:
             pause.text_failed = True
         elif self.cfg.smart_endpoint:
-            pause.text = judge(result.text.strip())
-            pause.words = len(WORD.findall(result.text))
+            text = result.text.strip()
+            pause.text, pause.cue = judge(text), cue(text)
+            pause.words = word_count(text)
         self._decide()
 
-    async def _hear_end_of_turn(self, pause: Pause, audio: np.ndarray) -> None:
-        """Ask the audio end-of-turn model about this pause; a failure leaves the decision to the rest."""
+    async def _hear_end_of_turn(self, pause: Pause, audio: np.ndarray, pause_ms: int) -> None:
+        """Ask the audio end-of-turn model about this pause (``pause_ms`` of it heard); a failure leaves the
+        decision to the rest."""
         assert self.deps.end_of_turn is not None
         asked = time.time()
         try:
@@ -313,8 +336,9 @@ class TurnTaking:
             log.warning("end_of_turn_failed session=%s error=%s", self.session_id, type(exc).__name__)
             pause.model_failed = True
         else:
-            log.debug("end_of_turn session=%s prob=%.3f", self.session_id, prob)
-            pause.model_prob, pause.model_span = prob, Span(asked, asked, time.time())
+            log.debug("end_of_turn session=%s prob=%.3f pause_ms=%d", self.session_id, prob, pause_ms)
+            pause.probs.append((pause_ms, prob))
+            pause.model_span = Span(asked, asked, time.time())
         if pause is self.pause:
             self._decide()
 
@@ -340,7 +364,8 @@ class TurnTaking:
 
     async def _run_partial(self, audio: np.ndarray) -> None:
         try:
-            result = await self.deps.asr.transcribe_partial(audio, session=self.session_id)
+            result = await self.deps.asr.transcribe_partial(audio, session=self.session_id,
+                                                            language=self.runner.language)
         except Exception as exc:  # a partial is a nicety: never let it hurt the turn
             log.debug("partial_failed session=%s error=%s", self.session_id, type(exc).__name__)
             return
@@ -349,7 +374,8 @@ class TurnTaking:
         text = result.text.strip()
         stable = _common_prefix(self._partial_text, text)
         self._partial_text = text
-        self.events.emit("transcript", turn=self.runner.turns + 1, final=False, text=text, stable=stable)
+        self.events.emit("transcript", turn=self.runner.turns + 1, final=False, text=text, stable=stable,
+                         language=result.language or None)
 
     def _cancel_partial(self) -> None:
         if self._partial is not None and not self._partial.done():

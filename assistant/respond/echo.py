@@ -4,8 +4,16 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Sequence
 
+from assistant import languages
 from assistant.config import RespondConfig
-from assistant.respond.base import Message
+from assistant.respond.base import Message, ReplyOptions
+
+# The echo in the turn's language: (template with {text}, reply to nothing heard); English is the prefix's.
+ECHOES = {
+    "zh": ("你说：{text}", "我没有听清楚。"),
+    "ja": ("「{text}」とおっしゃいました。", "よく聞き取れませんでした。"),
+    "ko": ("{text}라고 말씀하셨어요.", "잘 못 알아들었어요."),
+}
 
 
 def words_as_deltas(text: str) -> list[str]:
@@ -24,10 +32,18 @@ class EchoResponder:
         self.prefix = prefix
         self.empty_reply = empty_reply
 
-    async def respond(self, text: str, history: Sequence[Message]) -> AsyncIterator[str]:
+    def reply_for(self, text: str, language: str | None = None) -> str:
+        """The echo, in ``language`` (None: what the text's script says, else English)."""
         said = " ".join(text.split())
-        reply = f"{self.prefix}{said}" if said else self.empty_reply
-        for delta in words_as_deltas(reply):
+        lang = language or languages.script_language(said)
+        if lang in ECHOES:
+            template, empty = ECHOES[lang]
+            return template.replace("{text}", said.rstrip("。．.")) if said else empty
+        return f"{self.prefix}{said}" if said else self.empty_reply
+
+    async def respond(self, text: str, history: Sequence[Message],
+                      options: ReplyOptions | None = None) -> AsyncIterator[str]:
+        for delta in words_as_deltas(self.reply_for(text, options.language if options is not None else None)):
             yield delta
 
     async def aclose(self) -> None:

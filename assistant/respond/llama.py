@@ -44,7 +44,7 @@ from collections import deque
 from collections.abc import AsyncGenerator, Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 from assistant.config import RespondConfig
 from assistant.respond.base import Message, ReplyOptions, ResponderError, Usage
@@ -74,6 +74,18 @@ LANGUAGES = {
 CLAUSE_MARKS = ".!?…;:,"
 CJK_CLAUSE_MARKS = "。！？；：，、"
 CLOSERS = "\"'”’)]}」』）》"
+
+
+class ModelInfo(TypedDict):
+    """What answers (the page, the logs, a Ray replica's ``info``)."""
+
+    engine: str
+    model: str  # the GGUF file's name
+    description: str  # llama.cpp's: architecture, size, quantization
+    slots: int
+    context_tokens: int  # per slot
+    file_mb: float
+    kv_mb_per_slot: float
 
 
 class ModelFileError(ValueError):
@@ -839,7 +851,7 @@ class LlamaResponder:
         self.last_prompt_text = ""  # the latest reply's prompt, as rendered (tests, diagnostics)
         self.last_request: _Request | None = None  # the latest reply's request: its reuse, tokens (diagnostics)
 
-    def describe(self) -> dict[str, Any]:
+    def describe(self) -> ModelInfo:
         """What answers: for the page and logs."""
         e = self.engine
         return {"engine": self.name, "model": self.model, "description": e.description, "slots": e.slots_n,

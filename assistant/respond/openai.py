@@ -27,6 +27,7 @@ from typing import Any
 
 import aiohttp
 
+from assistant import languages
 from assistant.body import BodyTooLarge, read_capped
 from assistant.config import RespondConfig
 from assistant.respond.base import Message, ReplyOptions, ResponderError, ToolCall
@@ -83,17 +84,31 @@ class OpenAIResponder:
             await self._session.close()
         self._session = None
 
-    def build_payload(self, text: str, history: Sequence[Message]) -> dict[str, Any]:
+    def build_payload(self, text: str, history: Sequence[Message],
+                      options: ReplyOptions | None = None) -> dict[str, Any]:
         """The request body: system prompt (unless ``history`` brings its own) + history + this turn."""
-        return self.messages_payload([*history, Message("user", text)])
+        return self.messages_payload([*history, Message("user", text)], options=options)
 
     def messages_payload(self, messages: Sequence[Message], tools: Sequence[dict[str, Any]] = (),
-                         tool_choice: Any = "auto") -> dict[str, Any]:
+                         tool_choice: Any = "auto", options: ReplyOptions | None = None) -> dict[str, Any]:
         """The request body for a whole conversation (the system prompt first unless it brings its own) and
-        function tools given in the Realtime API's flat shape (``{"type", "name", "description", "parameters"}``)."""
+        function tools given in the Realtime API's flat shape (``{"type", "name", "description", "parameters"}``).
+
+        ``options``: the turn's language (the model is told to answer in it, after the system prompt),
+        temperature and token limit (None: ``[respond]``'s)."""
         out: list[dict[str, Any]] = []
         if self.cfg.system_prompt and not (messages and messages[0].role == "system"):
             out.append({"role": "system", "content": self.cfg.system_prompt})
+        language = options.language if options is not None else None
+        if language:
+            said = languages.name(language)
+            rule = (f"The user is speaking {said}. Answer in {said}, whatever language earlier turns or these "
+                    "instructions are in.")
+            if out:  # our system prompt: the rule follows it
+                out[0]["content"] = f"{out[0]['content']} {rule}"
+            else:  # the conversation's own system message (or none configured): the rule right after it
+                at = 1 if messages and messages[0].role == "system" else 0
+                messages = [*messages[:at], Message("system", rule), *messages[at:]]
         for m in messages:
             msg: dict[str, Any] = {"role": m.role, "content": m.content}
             if m.tool_calls:
@@ -110,6 +125,10 @@ class OpenAIResponder:
             "temperature": self.cfg.temperature,
             "max_tokens": self.cfg.max_tokens,
         }
+        if options is not None and options.temperature is not None:
+            payload["temperature"] = options.temperature
+        if options is not None and options.max_tokens is not None:
+            payload["max_tokens"] = options.max_tokens
         if tools:
             payload["tools"] = [{"type": "function", "function": {
                 "name": t["name"], "description": t.get("description", ""),
@@ -128,20 +147,15 @@ class OpenAIResponder:
 
     async def respond(self, text: str, history: Sequence[Message],
                       options: ReplyOptions | None = None) -> AsyncIterator[str]:
-        payload = self.build_payload(text, history)
-        if options is not None:  # a client's own sampling asks (the Realtime API's temperature, max_output_tokens)
-            if options.temperature is not None:
-                payload["temperature"] = options.temperature
-            if options.max_tokens is not None:
-                payload["max_tokens"] = options.max_tokens
-        async for out in self._stream(payload, len(history), len(text)):
+        async for out in self._stream(self.build_payload(text, history, options), len(history), len(text)):
             if isinstance(out, str):
                 yield out
 
     async def respond_messages(self, messages: Sequence[Message], tools: Sequence[dict[str, Any]] = (),
-                               tool_choice: Any = "auto") -> AsyncIterator[str | ToolCall]:
+                               tool_choice: Any = "auto",
+                               options: ReplyOptions | None = None) -> AsyncIterator[str | ToolCall]:
         """The whole conversation in, text deltas and tool calls (each once complete) out."""
-        payload = self.messages_payload(messages, tools, tool_choice)
+        payload = self.messages_payload(messages, tools, tool_choice, options)
         async for out in self._stream(payload, len(messages), sum(len(m.content) for m in messages)):
             yield out
 

@@ -15,11 +15,14 @@ import logging
 import time
 from collections.abc import Callable
 from fractions import Fraction
-from typing import Any, Protocol
+from typing import Protocol
 
+import av
 import numpy as np
 import soxr
 from aiortc.mediastreams import MediaStreamError
+from av.frame import Frame
+from av.packet import Packet
 
 from assistant.audio import S16_SCALE, SPEECH_RATE, AudioChunk
 from assistant.rtc.jitter import JUMP_WINDOW_S, MAX_JUMPS, RecentEvents
@@ -43,7 +46,7 @@ MAX_GAP_FILL_S = 5.0
 _INT_SCALE = {"u8": 128.0, "s16": S16_SCALE, "s32": 2147483648.0, "s64": 9223372036854775808.0}
 
 
-def frame_to_float(frame: Any) -> np.ndarray:
+def frame_to_float(frame: av.AudioFrame) -> np.ndarray:
     """Any PyAV ``AudioFrame`` (packed or planar, u8/s16/s32/s64/flt/dbl, any layout) → float32 mono."""
     a = frame.to_ndarray()
     channels = len(frame.layout.channels)
@@ -116,7 +119,7 @@ class InboundAudio:
         self._fill_budget_s -= gap_s
         return True
 
-    def push(self, frame: Any) -> np.ndarray:
+    def push(self, frame: av.AudioFrame) -> np.ndarray:
         """Convert one frame; returns the 16 kHz samples that are ready (may be empty at first)."""
         rate = int(frame.sample_rate)
         x = frame_to_float(frame)
@@ -141,7 +144,7 @@ class InboundAudio:
         """End of stream: return the samples still held in the resampler's delay line."""
         return self._emit([self._resampler_tail()])
 
-    def _gap_samples(self, frame: Any, rate: int, n: int) -> int:
+    def _gap_samples(self, frame: av.AudioFrame, rate: int, n: int) -> int:
         if frame.pts is None or frame.time_base is None:
             self._next_pts_s = None
             return 0
@@ -188,7 +191,9 @@ class InboundAudio:
 
 
 class AudioTrack(Protocol):
-    async def recv(self) -> Any: ...
+    """An aiortc media track (``MediaStreamTrack``): frames until it raises ``MediaStreamError``."""
+
+    async def recv(self) -> Frame | Packet: ...
 
 
 async def read_track(
@@ -219,6 +224,9 @@ async def read_track(
         except MediaStreamError:
             break
         read_at = time.time()
+        if not isinstance(frame, av.AudioFrame):  # an audio receiver gives nothing else
+            log.warning("inbound.not_audio kind=%s", type(frame).__name__)
+            continue
         x = inbound.push(frame)
         got = arrival(frame.pts) if arrival is not None and frame.pts is not None else None
         deliver(x, read_at if got is None else min(read_at, got), inbound.lag_samples)

@@ -26,8 +26,8 @@ import collections
 import logging
 import math
 import time
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import Protocol
 
 from aiortc.jitterbuffer import JitterFrame
 from aiortc.rtp import RtpPacket
@@ -54,6 +54,31 @@ JUMP_WINDOW_S = 10.0
 GARBAGE_CLOSE_PACKETS = 50  # Opus packets that break RFC 6716's framing rules (an encoder never makes one)
 OPUS_MAX_FRAME_BYTES = 1275
 OPUS_MAX_PACKET_MS = 120.0
+
+Clock = Callable[[], float]
+# Called for each frame when one packet releases several (see AudioReceiveBuffer): the frame and that packet.
+EmitFrame = Callable[[JitterFrame, RtpPacket], None]
+
+
+# --- aiortc, as far as it is touched here ----------------------------------------------------------------------
+class RtpReceiver(Protocol):
+    """An aiortc ``RTCRtpReceiver``: its track by name. Its jitter buffer, decoder queue and thread, codecs,
+    timestamp mapper and remote streams are reached by their mangled names (``_RTCRtpReceiver__…``), checked when
+    the buffer is installed; a receiver without them keeps aiortc's own buffer."""
+
+    @property
+    def track(self) -> object: ...
+
+
+class Transceiver(Protocol):
+    @property
+    def receiver(self) -> RtpReceiver: ...
+
+
+class Peer(Protocol):
+    """An aiortc ``RTCPeerConnection``: its transceivers."""
+
+    def getTransceivers(self) -> Sequence[Transceiver]: ...
 
 
 def _opus_frame_ms(toc: int) -> float:
@@ -125,7 +150,7 @@ def is_valid_opus(data: bytes) -> bool:
 class RecentEvents:
     """How many times something happened within the last ``window_s`` seconds (bounded memory)."""
 
-    def __init__(self, limit: int, window_s: float, clock: Any = time.monotonic) -> None:
+    def __init__(self, limit: int, window_s: float, clock: Clock = time.monotonic) -> None:
         self.limit = limit
         self.window_s = window_s
         self.clock = clock
@@ -143,7 +168,7 @@ class RecentEvents:
 class PacketBudget:
     """Token bucket over packets: ``rate`` a second, ``burst`` at once; ``take`` is False past it."""
 
-    def __init__(self, rate: float, burst: int, clock: Any = time.monotonic) -> None:
+    def __init__(self, rate: float, burst: int, clock: Clock = time.monotonic) -> None:
         self.rate, self.burst, self.clock = rate, burst, clock
         self._tokens = float(burst)
         self._stamp = clock()
@@ -161,7 +186,7 @@ class PacketBudget:
 class AudioReceiveBuffer:
     """Drop-in for aiortc's ``JitterBuffer`` on an audio receiver (``add(packet) -> (pli, frame)``)."""
 
-    def __init__(self, hole_packets: int = 1, emit_extra: Any = None,
+    def __init__(self, hole_packets: int = 1, emit_extra: EmitFrame | None = None,
                  is_opus: Callable[[int], bool] = lambda payload_type: False) -> None:
         self.hole_packets = max(0, hole_packets)
         self.is_opus = is_opus  # payload types whose packets must be well-formed Opus (asked per packet: the
@@ -265,7 +290,7 @@ class AudioReceiveBuffer:
 class AdaptiveReceiveBuffer:
     """Installs an :class:`AudioReceiveBuffer` on one audio receiver and sizes its hole wait to the jitter."""
 
-    def __init__(self, receiver: Any, initial_packets: int, max_packets: int, adaptive: bool) -> None:
+    def __init__(self, receiver: RtpReceiver, initial_packets: int, max_packets: int, adaptive: bool) -> None:
         self.receiver = receiver
         self.max_packets = max(1, max_packets)
         self.adaptive = adaptive
@@ -279,9 +304,10 @@ class AdaptiveReceiveBuffer:
 
     @classmethod
     def for_track(
-        cls, pc: Any, track: Any, initial_packets: int, max_packets: int, adaptive: bool
+        cls, pc: Peer, track: object, initial_packets: int, max_packets: int, adaptive: bool
     ) -> AdaptiveReceiveBuffer | None:
-        """Install on the receiver of ``track`` (a remote audio track of ``pc``); None if it has none."""
+        """Install on the receiver of ``track`` (a remote audio track of ``pc``, found by identity); None if it
+        has none."""
         receiver = next((t.receiver for t in pc.getTransceivers() if t.receiver.track is track), None)
         return None if receiver is None else cls(receiver, initial_packets, max_packets, adaptive)
 

@@ -22,12 +22,12 @@ Three ways to deploy, all the same applications: a gateway with ``ray.deploy`` o
 from __future__ import annotations
 
 import logging
-from typing import Any
+from collections.abc import Mapping
 
 from ray import serve
 from ray.serve import Application
 
-from assistant.config import Config, load_config
+from assistant.config import Config, ConfigError, load_config
 from assistant.serve_ray import asr_capacity, caller_queue, llm_capacity, tts_capacity
 from assistant.serve_ray.replicas import ASRReplica, LLMReplica, TTSReplica
 
@@ -61,7 +61,7 @@ LLM_SETTINGS: dict[str, tuple[str, ...] | None] = {"respond": (
     "threads", "gpu_layers", "prefill_chunk", "language")}  # not api_key, not base_url
 
 
-def replica_settings(cfg: Config, wanted: dict[str, tuple[str, ...] | None]) -> dict[str, Any]:
+def replica_settings(cfg: Config, wanted: dict[str, tuple[str, ...] | None]) -> dict[str, dict[str, object]]:
     """The named sections (or keys of them) of ``cfg``, as the overrides a replica's config is made from."""
     full = cfg.to_dict()
     return {name: dict(full[name]) if keys is None else {k: full[name][k] for k in keys}
@@ -101,22 +101,27 @@ def build_llm(cfg: Config) -> Application:
                         llm_capacity(cfg), LLM_SETTINGS)
 
 
-def _config_from_args(args: dict[str, Any]) -> Config:
+def _config_from_args(args: Mapping[str, object]) -> Config:
     """``serve deploy`` builder args: ``config`` (a TOML file) and ``overrides`` ({section: {key: value}})."""
-    return load_config(args.get("config") or None, overrides=args.get("overrides") or None)
+    path, overrides = args.get("config") or None, args.get("overrides") or None
+    if path is not None and not isinstance(path, str):
+        raise ConfigError(f"serve deploy args: 'config' must be a file name, got {path!r}")
+    if overrides is not None and not isinstance(overrides, Mapping):
+        raise ConfigError(f"serve deploy args: 'overrides' must be {{section: {{key: value}}}}, got {overrides!r}")
+    return load_config(path, overrides=overrides)
 
 
-def tts_app(args: dict[str, Any]) -> Application:
+def tts_app(args: Mapping[str, object]) -> Application:
     """Builder for ``serve deploy`` / ``serve run``: the TTS application."""
     return build_tts(_config_from_args(args))
 
 
-def asr_app(args: dict[str, Any]) -> Application:
+def asr_app(args: Mapping[str, object]) -> Application:
     """Builder for ``serve deploy`` / ``serve run``: the ASR application."""
     return build_asr(_config_from_args(args))
 
 
-def llm_app(args: dict[str, Any]) -> Application:
+def llm_app(args: Mapping[str, object]) -> Application:
     """Builder for ``serve deploy`` / ``serve run``: the embedded LLM application."""
     return build_llm(_config_from_args(args))
 

@@ -27,10 +27,10 @@ import dataclasses
 import logging
 import time
 from collections import OrderedDict
-from collections.abc import AsyncGenerator, AsyncIterator, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Literal, ParamSpec, Protocol, TypeVar, cast, overload
 
 import numpy as np
 from ray import serve
@@ -50,15 +50,113 @@ from assistant.serve_ray.app import (
     running_apps,
     tts_app_name,
 )
-from assistant.serve_ray.replicas import DEFAULT_VOICE, EngineInfo
+from assistant.serve_ray.replicas import (
+    DEFAULT_VOICE,
+    ASRReplicaStats,
+    EngineInfo,
+    LLMReplicaStats,
+    ReplyAsks,
+    SentChunk,
+    TimedTranscript,
+    TTSReplicaStats,
+)
 from assistant.tts.base import PieceByPiece, ReferenceClip, TTSBusy, TTSRequest
+
+if TYPE_CHECKING:
+    from assistant.respond.llama import ModelInfo
 
 log = logging.getLogger(__name__)
 
 HopObserver = Callable[[str, float], None]
 MAX_VOICE_HANDLES = 256  # voices whose streaming handle a gateway keeps
 READ_AHEAD = 32  # chunks a call takes off the stream before its caller wants them
-_END = object()
+
+# --- the Ray handles, as this module uses them ---------------------------------------------------------------
+# Serve's ``DeploymentHandle`` types every method's ``.remote()`` as "a response or a response generator" (which one
+# depends on ``options(stream=...)``) of Any; these say what each deployment method takes and gives back
+# (``replicas.py``). ``connect_tts`` and ``connect_asr`` narrow the handle Serve gives them to these.
+P = ParamSpec("P")
+R = TypeVar("R", covariant=True)
+
+
+class Response(Awaitable[R], Protocol[R]):
+    """One call to a replica (Serve's ``DeploymentResponse``): awaited, waited for with a limit, or cancelled."""
+
+    def result(self, *, timeout_s: float | None = None) -> R: ...
+
+    def cancel(self) -> None: ...
+
+
+class ChunkStream(Protocol):
+    """A streaming call (Serve's ``DeploymentResponseGenerator``): chunks as the replica yields them."""
+
+    def __aiter__(self) -> AsyncIterator[SentChunk]: ...
+
+    def cancel(self) -> None: ...
+
+
+class Method(Protocol[P, R]):
+    """A deployment method on a handle: ``.remote(...)`` calls it on a replica."""
+
+    def remote(self, *args: P.args, **kwargs: P.kwargs) -> R: ...
+
+
+class TTSHandle(Protocol):
+    """The TTS deployment (``replicas.TTSReplica``) as this gateway calls it."""
+
+    info: Method[[], Response[EngineInfo]]
+    stats: Method[[], Response[TTSReplicaStats]]
+    add_voice: Method[[str, ReferenceClip], Response[str]]
+    load_voice: Method[[str, str], Response[str]]
+    forget_voice: Method[[str], Response[str]]
+
+    @overload
+    def options(self, *, multiplexed_model_id: str) -> TTSHandle: ...
+
+    @overload
+    def options(self, *, stream: Literal[True]) -> TTSStreamHandle: ...
+
+
+class TTSStreamHandle(Protocol):
+    """The TTS deployment's streaming handle (``options(stream=True)``)."""
+
+    synthesize: Method[[TTSRequest], ChunkStream]
+
+
+class ReplyStream(Protocol):
+    """A streaming reply (Serve's ``DeploymentResponseGenerator``): text deltas, then the reply's usage."""
+
+    def __aiter__(self) -> AsyncIterator[str | Usage]: ...
+
+    def cancel(self) -> None: ...
+
+
+class LLMHandle(Protocol):
+    """The LLM deployment (``replicas.LLMReplica``) as this gateway calls it."""
+
+    info: Method[[], Response[ModelInfo]]
+    stats: Method[[], Response[LLMReplicaStats]]
+
+    def options(self, *, stream: Literal[True]) -> LLMStreamHandle: ...
+
+
+class LLMStreamHandle(Protocol):
+    respond: Method[[str, list[Message], ReplyAsks], ReplyStream]
+
+
+class ASRHandle(Protocol):
+    """The ASR deployment (``replicas.ASRReplica``) as this gateway calls it."""
+
+    transcribe: Method[[np.ndarray, str | None, str | None], Response[TimedTranscript]]
+    stats: Method[[], Response[ASRReplicaStats]]
+
+
+# --- what the reader task hands the caller ---------------------------------------------------------------------
+class _End:
+    """The stream ended."""
+
+
+_END = _End()
 
 
 @dataclass(frozen=True)
@@ -69,7 +167,7 @@ class _Failed:
 class RemoteTTS(PieceByPiece):
     """The TTS deployment as an engine: one streaming call per piece of text."""
 
-    def __init__(self, handle: Any, info: EngineInfo, on_hop: HopObserver | None = None) -> None:
+    def __init__(self, handle: TTSHandle, info: EngineInfo, on_hop: HopObserver | None = None) -> None:
         self._handle = handle
         self.name = info.name
         self.sample_rate = info.sample_rate
@@ -77,12 +175,12 @@ class RemoteTTS(PieceByPiece):
         self.on_hop = on_hop
         self.calls = 0
         self.last_replica = ""  # the replica that served the latest call (tests, diagnostics)
-        self._streams: OrderedDict[str, Any] = OrderedDict()  # voice id → its streaming handle, made once
+        self._streams: OrderedDict[str, TTSStreamHandle] = OrderedDict()  # voice id → its streaming handle
 
-    def _route(self, voice: str | None) -> Any:
+    def _route(self, voice: str | None) -> TTSHandle:
         return self._handle.options(multiplexed_model_id=voice or DEFAULT_VOICE)
 
-    def _stream_handle(self, voice: str | None) -> Any:
+    def _stream_handle(self, voice: str | None) -> TTSStreamHandle:
         """The streaming handle for a voice (``options()`` builds a new handle each time: not per call)."""
         key = voice or DEFAULT_VOICE
         handle = self._streams.pop(key, None) or self._route(key).options(stream=True)
@@ -96,12 +194,12 @@ class RemoteTTS(PieceByPiece):
         is stamped on arrival, not when the listener wants it), at most ``READ_AHEAD`` ahead of the caller."""
         self.calls += 1
         stream = self._stream_handle(request.voice).synthesize.remote(request)
-        queue: asyncio.Queue[Any] = asyncio.Queue(maxsize=READ_AHEAD)
+        queue: asyncio.Queue[np.ndarray | _End | _Failed] = asyncio.Queue(maxsize=READ_AHEAD)
         reader = asyncio.get_running_loop().create_task(self._read(stream, queue, time.time()))
         try:
             while True:
                 item = await queue.get()
-                if item is _END:
+                if isinstance(item, _End):
                     break
                 if isinstance(item, _Failed):
                     raise item.error
@@ -115,7 +213,8 @@ class RemoteTTS(PieceByPiece):
             with contextlib.suppress(Exception):
                 stream.cancel()
 
-    async def _read(self, stream: Any, queue: asyncio.Queue[Any], called: float) -> None:
+    async def _read(self, stream: ChunkStream, queue: asyncio.Queue[np.ndarray | _End | _Failed],
+                    called: float) -> None:
         items = _busy_as_tts_busy(stream)
         first = True
         try:
@@ -146,7 +245,7 @@ class RemoteTTS(PieceByPiece):
     async def close(self) -> None:
         """Nothing to free here: the replicas belong to the cluster, and serve every gateway."""
 
-    async def stats(self) -> dict[str, Any]:
+    async def stats(self) -> TTSReplicaStats:
         """Load of the replica one call lands on (tests and diagnostics)."""
         return await self._handle.stats.remote()
 
@@ -165,7 +264,7 @@ class RemoteCloningTTS(RemoteTTS):
         self._route(voice_id).forget_voice.remote(voice_id)  # best effort; eviction frees it anyway
 
 
-async def _busy_as_tts_busy(stream: Any) -> AsyncGenerator[Any, None]:
+async def _busy_as_tts_busy(stream: ChunkStream) -> AsyncGenerator[SentChunk, None]:
     try:
         async for item in stream:
             yield item
@@ -176,7 +275,7 @@ async def _busy_as_tts_busy(stream: Any) -> AsyncGenerator[Any, None]:
 class RemoteASR:
     """The ASR deployment with the face of ``ASRRunner``: async transcriptions under ``asr.timeout_s``."""
 
-    def __init__(self, handle: Any, cfg: Config, on_hop: HopObserver | None = None) -> None:
+    def __init__(self, handle: ASRHandle, cfg: Config, on_hop: HopObserver | None = None) -> None:
         self._handle = handle
         self.timeout_s = cfg.asr.timeout_s
         # What this gateway lets run at once: partials are skipped past it, so they never queue ahead of
@@ -184,6 +283,9 @@ class RemoteASR:
         self.workers = max(1, cfg.ray.asr_replicas * max(1, cfg.asr.workers))
         self._in_flight = 0
         self.on_hop = on_hop
+        from assistant.asr import hearing
+
+        self.languages, self.detects = hearing(cfg.asr)  # the replicas load the same config's model
 
     @property
     def busy(self) -> bool:
@@ -234,26 +336,26 @@ class RemoteResponder:
     the replica. With several replicas a conversation's turns may land on different ones (each keeps its own KV
     cache): one replica per machine or GPU, with more slots, keeps every turn's prefix cached."""
 
-    def __init__(self, handle: Any, info: dict[str, Any]) -> None:
+    def __init__(self, handle: LLMHandle, info: ModelInfo) -> None:
         self._handle = handle.options(stream=True)
         self.info = info
-        self.name = str(info.get("engine", "llama"))
-        self.model = str(info.get("model", ""))
+        self.name = info["engine"]
+        self.model = info["model"]
 
-    def describe(self) -> dict[str, Any]:
-        return {k: v for k, v in self.info.items() if k != "replica"}
+    def describe(self) -> ModelInfo:
+        return self.info
 
-    async def respond(self, text: str, history: list[Message] | Any,
+    async def respond(self, text: str, history: Sequence[Message],
                       options: ReplyOptions | None = None) -> AsyncIterator[str]:
         opts = options if options is not None else ReplyOptions()
-        asks = {"language": opts.language, "temperature": opts.temperature, "max_tokens": opts.max_tokens}
+        asks: ReplyAsks = {"language": opts.language, "temperature": opts.temperature, "max_tokens": opts.max_tokens}
         stream = self._handle.respond.remote(text, list(history), asks)
         try:
             async for item in stream:
-                if isinstance(item, str):
+                if isinstance(item, Usage):
+                    opts.usage = item
+                elif item:
                     yield item
-                elif isinstance(item, dict) and item.get("usage"):
-                    opts.usage = Usage(**item["usage"])
         except BackPressureError as exc:
             raise ResponderError(MSG_LLM_BUSY) from exc
         except Exception as exc:
@@ -294,8 +396,8 @@ def _engines(cfg: Config, *, tts: bool, asr: bool, llm: bool = False) -> None:
 def connect_tts(cfg: Config, on_hop: HopObserver | None = None) -> RemoteTTS:
     """The TTS deployment as an engine (blocking: call it off the event loop)."""
     _engines(cfg, tts=True, asr=False)
-    handle = serve.get_deployment_handle(TTS_DEPLOYMENT, tts_app_name(cfg))
-    info: EngineInfo = handle.info.remote().result(timeout_s=cfg.ray.connect_timeout_s)
+    handle = cast(TTSHandle, serve.get_deployment_handle(TTS_DEPLOYMENT, tts_app_name(cfg)))
+    info = handle.info.remote().result(timeout_s=cfg.ray.connect_timeout_s)
     cls = RemoteCloningTTS if info.cloner and info.capabilities.voice_cloning else RemoteTTS
     log.info("ray.tts_connected app=%s engine=%s rate=%d", tts_app_name(cfg), info.name, info.sample_rate)
     return cls(handle, info, on_hop)
@@ -304,7 +406,7 @@ def connect_tts(cfg: Config, on_hop: HopObserver | None = None) -> RemoteTTS:
 def connect_asr(cfg: Config, on_hop: HopObserver | None = None) -> RemoteASR:
     """The ASR deployment with the runner's face (blocking: call it off the event loop)."""
     _engines(cfg, tts=False, asr=True)
-    handle = serve.get_deployment_handle(ASR_DEPLOYMENT, asr_app_name(cfg))
+    handle = cast(ASRHandle, serve.get_deployment_handle(ASR_DEPLOYMENT, asr_app_name(cfg)))
     handle.stats.remote().result(timeout_s=cfg.ray.connect_timeout_s)
     log.info("ray.asr_connected app=%s", asr_app_name(cfg))
     return RemoteASR(handle, cfg, on_hop)
@@ -313,9 +415,9 @@ def connect_asr(cfg: Config, on_hop: HopObserver | None = None) -> RemoteASR:
 def connect_llm(cfg: Config) -> RemoteResponder:
     """The LLM deployment as a responder (blocking: call it off the event loop)."""
     _engines(cfg, tts=False, asr=False, llm=True)
-    handle = serve.get_deployment_handle(LLM_DEPLOYMENT, llm_app_name(cfg))
-    info: dict[str, Any] = handle.info.remote().result(timeout_s=cfg.ray.connect_timeout_s)
-    log.info("ray.llm_connected app=%s model=%s", llm_app_name(cfg), info.get("model"))
+    handle = cast(LLMHandle, serve.get_deployment_handle(LLM_DEPLOYMENT, llm_app_name(cfg)))
+    info = handle.info.remote().result(timeout_s=cfg.ray.connect_timeout_s)
+    log.info("ray.llm_connected app=%s model=%s", llm_app_name(cfg), info["model"])
     return RemoteResponder(handle, info)
 
 

@@ -22,23 +22,26 @@ import logging
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, TypedDict
 
 import numpy as np
 from ray import serve
 
 from assistant.asr.base import Transcript
-from assistant.config import Config, apply_overrides
-from assistant.respond.base import Message, ReplyOptions
-from assistant.tts.base import ReferenceClip, TTSEngine, TTSRequest, VoiceCloner
+from assistant.config import Config, Overrides, apply_overrides
+from assistant.respond.base import Message, ReplyOptions, Usage
+from assistant.tts.base import ReferenceClip, TTSCapabilities, TTSEngine, TTSRequest, VoiceCloner
 from assistant.tts.voice_store import ReferenceClipStore
+
+if TYPE_CHECKING:
+    from assistant.respond.llama import ModelInfo
 
 log = logging.getLogger(__name__)
 
 DEFAULT_VOICE = ""  # the multiplexed id of requests without a voice: the engine's default
 
 
-def config_from_dict(values: dict[str, Any]) -> Config:
+def config_from_dict(values: Overrides) -> Config:
     """A :class:`Config` from ``Config.to_dict()`` (what crosses to a replica), checked like a file."""
     cfg = Config()
     apply_overrides(cfg, values, "ray deployment")
@@ -57,14 +60,40 @@ class EngineInfo:
 
     name: str
     sample_rate: int
-    capabilities: Any  # TTSCapabilities
+    capabilities: TTSCapabilities
     cloner: bool
+
+
+class TTSReplicaStats(TypedDict):
+    """A TTS replica's load and the voices it holds (tests and diagnostics)."""
+
+    replica: str
+    actor: str
+    active: int                # streams running now
+    served: int                # streams started
+    voices: list[str]
+    engine_active: int | None  # the engine's own count of running syntheses, where it keeps one
+    sentences_made: int
+
+
+class ASRReplicaStats(TypedDict):
+    replica: str
+    actor: str
+    active: int
+
+
+# What a TTS replica streams back per chunk: (float32 chunk, wall time it left the replica, wall time the call
+# arrived there, the replica's id).
+SentChunk = tuple[np.ndarray, float, float, str]
+# What an ASR replica answers: (the transcript, wall time the call arrived, time it waited for a worker, wall time
+# it was done).
+TimedTranscript = tuple[Transcript, float, float, float]
 
 
 class TTSReplica:
     """One TTS engine on one replica; voices multiplexed by id; chunks streamed with their send time."""
 
-    async def __init__(self, config: dict[str, Any]) -> None:  # type: ignore[misc]  # Serve awaits it
+    async def __init__(self, config: Overrides) -> None:  # type: ignore[misc]  # Serve awaits it
         from assistant.tts import create_tts
 
         cfg = config_from_dict(config)
@@ -142,7 +171,7 @@ class TTSReplica:
         engine = self.engine
         return EngineInfo(engine.name, engine.sample_rate, engine.capabilities, isinstance(engine, VoiceCloner))
 
-    async def stats(self) -> dict[str, Any]:
+    async def stats(self) -> TTSReplicaStats:
         """This replica's load and the voices it holds (tests and diagnostics)."""
         return {"replica": self.replica, "actor": self.actor, "active": self.active, "served": self.served,
                 "voices": sorted(self.voice_engines) + sorted(self.clips),
@@ -150,7 +179,7 @@ class TTSReplica:
                 "sentences_made": sum(getattr(e, "sentences_made", 0)
                                       for e in [self.engine, *self.voice_engines.values()])}
 
-    async def synthesize(self, request: TTSRequest) -> AsyncIterator[tuple[np.ndarray, float, float, str]]:
+    async def synthesize(self, request: TTSRequest) -> AsyncIterator[SentChunk]:
         """(float32 chunk, wall time it left here, wall time the call arrived, this replica) as the engine makes
         each chunk; a cancel stops the engine."""
         started = time.time()
@@ -192,7 +221,7 @@ class ASRReplica:
     long it waited apart from how long the hop took.
     """
 
-    async def __init__(self, config: dict[str, Any]) -> None:  # type: ignore[misc]  # Serve awaits it
+    async def __init__(self, config: Overrides) -> None:  # type: ignore[misc]  # Serve awaits it
         from assistant.asr import create_asr
 
         cfg = config_from_dict(config)
@@ -204,7 +233,7 @@ class ASRReplica:
         log.info("ray.asr_replica_ready replica=%s engine=%s", self.replica, self.engine.name)
 
     async def transcribe(self, audio: np.ndarray, language: str | None = None,
-                         prompt: str | None = None) -> tuple[Transcript, float, float, float]:
+                         prompt: str | None = None) -> TimedTranscript:
         """(the transcript, wall time the call arrived, time it waited for a worker, wall time it was done)."""
         arrived = time.time()
         async with self._workers:
@@ -216,15 +245,33 @@ class ASRReplica:
                 self.active -= 1
         return result, arrived, waited, time.time()
 
-    async def stats(self) -> dict[str, Any]:
+    async def stats(self) -> ASRReplicaStats:
         return {"replica": self.replica, "actor": self.actor, "active": self.active}
+
+
+class ReplyAsks(TypedDict):
+    """A reply's own asks (:class:`~assistant.respond.base.ReplyOptions` without what it reports back)."""
+
+    language: str | None
+    temperature: float | None
+    max_tokens: int | None
+
+
+class LLMReplicaStats(TypedDict):
+    replica: str
+    actor: str
+    active: int  # replies running
+    waiting: int  # replies waiting for a slot
+    cancelled: int
+    tokens_after_cancel: int
+    generated_tokens: int
 
 
 class LLMReplica:
     """The embedded model on one replica (``respond.slots`` replies at once, ``respond.max_waiting`` waiting; past
-    that ``busy``). A reply streams as text deltas, then ``{"usage": ...}``."""
+    that ``busy``). A reply streams as text deltas, then its :class:`~assistant.respond.base.Usage`."""
 
-    async def __init__(self, config: dict[str, Any]) -> None:  # type: ignore[misc]  # Serve awaits it
+    async def __init__(self, config: Overrides) -> None:  # type: ignore[misc]  # Serve awaits it
         from assistant.respond.llama import LlamaResponder
 
         cfg = config_from_dict(config)
@@ -234,21 +281,24 @@ class LLMReplica:
         self.replica, self.actor = replica_names()
         log.info("ray.llm_replica_ready replica=%s model=%s", self.replica, self.responder.model)
 
-    async def info(self) -> dict[str, Any]:
-        return {**self.responder.describe(), "replica": self.replica}
+    async def info(self) -> ModelInfo:
+        return self.responder.describe()
 
-    async def stats(self) -> dict[str, Any]:
+    async def stats(self) -> LLMReplicaStats:
         engine = self.responder.engine
+        counts = engine.stats
         return {"replica": self.replica, "actor": self.actor, "active": engine.active, "waiting": engine.waiting,
-                **engine.stats}
+                "cancelled": counts["cancelled"], "tokens_after_cancel": counts["tokens_after_cancel"],
+                "generated_tokens": counts["generated_tokens"]}
 
-    async def respond(self, text: str, history: list[Message],
-                      options: dict[str, Any]) -> AsyncIterator[str | dict[str, Any]]:
-        opts = ReplyOptions(**options)
-        stream = self.responder.respond(text, history, opts)
+    async def respond(self, text: str, history: list[Message], asks: ReplyAsks) -> AsyncIterator[str | Usage]:
+        options = ReplyOptions(language=asks["language"], temperature=asks["temperature"],
+                               max_tokens=asks["max_tokens"])
+        stream = self.responder.respond(text, history, options)
         try:
             async for delta in stream:
                 yield delta
         finally:
             await stream.aclose()  # a cancelled call (barge-in, a gateway gone) cancels the reply here
-        yield {"usage": dataclasses.asdict(opts.usage) if opts.usage is not None else None}
+        if options.usage is not None:
+            yield options.usage

@@ -14,7 +14,7 @@ from aiohttp import web
 
 from assistant.config import Config, check_gateway_id
 from assistant.pipeline.trace import gap_legend, stage_legend
-from assistant.server import tts_api
+from assistant.server import telephony, tts_api
 from assistant.server.front import add_static_routes, middlewares
 from assistant.server.http import CONFIG
 from assistant.server.limits import LIMITS, Limits
@@ -95,6 +95,7 @@ def create_app(cfg: Config, services: Services | None = None) -> web.Application
     app[SESSIONS] = {}
     check_ice_config(cfg.ice)
     tts_api.setup(app)
+    telephony.setup(app)
     openai_app = create_openai_app(cfg)
     register(app, routes(), openai_app)
     add_static_routes(app)

@@ -1,5 +1,5 @@
-"""What every route module shares: the config's app key, JSON errors and bounded body reading (raw, JSON,
-multipart).
+"""What every route module shares: the config's app key, JSON errors, bounded body reading (raw, JSON,
+multipart) and bounded writing (a streamed answer's writes, a WebSocket's outgoing messages).
 
 Route modules (``app``, ``signaling``, ``tts_api/``, ``dispatch/``) import this, never each other, so the routes form
 no cycle.
@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-from collections.abc import AsyncIterator, Awaitable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 from aiohttp import BodyPartReader, web
@@ -144,3 +144,35 @@ async def write_within(request: web.Request, write: Awaitable[None], timeout_s: 
         if request.transport is not None:
             request.transport.abort()
         raise WriteStalled(f"the reader took no data for {timeout_s:g} s") from None
+
+
+class Outbox:
+    """JSON messages to a WebSocket, in order, through one bounded queue that one task (:meth:`run`) writes out:
+    code that cannot await (a callback, a plain call) can send, nothing is written from two places at once, and a
+    peer that does not read is not buffered for without limit: past ``limit`` messages ``on_full`` is called once
+    and the rest is dropped (the caller closes the socket)."""
+
+    def __init__(self, ws: web.WebSocketResponse, limit: int, on_full: Callable[[], None]) -> None:
+        self.ws = ws
+        self.queue: asyncio.Queue[str] = asyncio.Queue(maxsize=limit)
+        self.on_full = on_full
+        self.full = False
+
+    def put(self, message: dict[str, Any]) -> None:
+        if self.full:
+            return
+        try:
+            self.queue.put_nowait(json.dumps(message, ensure_ascii=False))
+        except asyncio.QueueFull:
+            self.full = True
+            self.on_full()
+
+    async def run(self) -> None:
+        while True:
+            text = await self.queue.get()
+            if self.ws.closed:
+                return
+            try:
+                await self.ws.send_str(text)
+            except ConnectionResetError:  # the peer went away: whoever reads the socket ends the session
+                return

@@ -52,6 +52,17 @@ class Metrics:
             registry=self.registry,
         )
 
+        # Phone calls (server/telephony/): reasons and outcomes are the code's own words, never a caller's.
+        self.telephony_answers_total = Counter(
+            "assistant_telephony_answers_total", "carrier webhooks answered: answered (a media token given) or busy",
+            ["carrier", "outcome"], registry=self.registry,
+        )
+        self.telephony_refusals_total = Counter(
+            "assistant_telephony_refusals_total", "carrier webhooks and media streams refused, by reason "
+            "(unsigned, bad_signature, replayed, unknown_token, media_flood, ...)", ["carrier", "reason"],
+            registry=self.registry,
+        )
+
         self.ray_hop_seconds = Histogram(
             "assistant_ray_hop_seconds",
             "cost of the Ray Serve hop: call (request in + first chunk back), chunk (each later chunk back), "

@@ -9,8 +9,8 @@ enforces.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
-from typing import Any, TypeVar
+from collections.abc import Callable, Iterable, Mapping
+from typing import TypeVar
 
 from aiohttp import web
 
@@ -21,33 +21,36 @@ from assistant.server.routes import ROUTES, Route
 OPENAPI_VERSION = "3.1.0"
 OPERATION_ATTR = "__openapi__"
 
-H = TypeVar("H", bound=Callable[..., Any])
+H = TypeVar("H", bound=Callable[..., object])
+# A piece of the document: JSON, where a value may still be a function of the Config (filled in by build_openapi).
+Doc = dict[str, object]
 
 
 def ref(name: str) -> dict[str, str]:
     return {"$ref": f"#/components/schemas/{name}"}
 
 
-def error(description: str) -> dict[str, Any]:
+def error(description: str) -> Doc:
     """A response with our JSON error body."""
     return {"description": description, "content": {"application/json": {"schema": ref("Error")}}}
 
 
-def openai_error(description: str) -> dict[str, Any]:
+def openai_error(description: str) -> Doc:
     """A response with OpenAI's error body (the ``/v1`` routes)."""
     return {"description": description, "content": {"application/json": {"schema": ref("OpenAIError")}}}
 
 
-def json_body(schema: dict[str, Any], description: str) -> dict[str, Any]:
+def json_body(schema: Mapping[str, object], description: str) -> Doc:
     return {"description": description, "content": {"application/json": {"schema": schema}}}
 
 
-def documented(summary: str, *, responses: dict[str, Any], description: str | Callable[[Config], str] | None = None,
-               request: dict[str, Any] | None = None, parameters: list[dict[str, Any]] | None = None,
-               public: bool = False, schemas: dict[str, Any] | None = None) -> Callable[[H], H]:
+def documented(summary: str, *, responses: Mapping[str, object],
+               description: str | Callable[[Config], str] | None = None, request: Mapping[str, object] | None = None,
+               parameters: list[Doc] | None = None, public: bool = False,
+               schemas: Mapping[str, object] | None = None) -> Callable[[H], H]:
     """Attach a handler's OpenAPI operation to it. ``public``: no token needed. ``schemas``: named schemas the
     operation refers to (added to the document's components)."""
-    op: dict[str, Any] = {"summary": summary}
+    op: Doc = {"summary": summary}
     if description is not None:
         op["description"] = description
     if parameters is not None:
@@ -59,19 +62,19 @@ def documented(summary: str, *, responses: dict[str, Any], description: str | Ca
         op["security"] = []
 
     def attach(handler: H) -> H:
-        setattr(handler, OPERATION_ATTR, (op, schemas or {}))
+        setattr(handler, OPERATION_ATTR, (op, dict(schemas or {})))
         return handler
 
     return attach
 
 
-def operation_of(route: Route) -> tuple[dict[str, Any], dict[str, Any]] | None:
+def operation_of(route: Route) -> tuple[Doc, Doc] | None:
     """The (operation, schemas) written beside ``route``'s handler, or None where it has none."""
-    found: tuple[dict[str, Any], dict[str, Any]] | None = getattr(route.resolve(), OPERATION_ATTR, None)
+    found: tuple[Doc, Doc] | None = getattr(route.resolve(), OPERATION_ATTR, None)
     return found
 
 
-def _fill(value: Any, cfg: Config) -> Any:
+def _fill(value: object, cfg: Config) -> object:
     """Values that depend on the config (limits) are functions of it: call them."""
     if callable(value):
         return value(cfg)
@@ -111,17 +114,17 @@ OPENAI_ERROR_SCHEMA = {
 }
 
 
-def build_openapi(cfg: Config, table: Iterable[Route] = ROUTES) -> dict[str, Any]:
+def build_openapi(cfg: Config, table: Iterable[Route] = ROUTES) -> Doc:
     """The whole document, with this server's limits filled in."""
-    paths: dict[str, dict[str, Any]] = {}
-    schemas: dict[str, Any] = {"Error": ERROR_SCHEMA, "OpenAIError": OPENAI_ERROR_SCHEMA}
+    paths: dict[str, Doc] = {}
+    schemas: Doc = {"Error": ERROR_SCHEMA, "OpenAIError": OPENAI_ERROR_SCHEMA}
     for route in table:
         found = operation_of(route)
         if found is None:
             continue
         op, own_schemas = found
         paths.setdefault(route.path, {})[route.method.lower()] = _fill(op, cfg)
-        schemas.update(_fill(own_schemas, cfg))
+        schemas.update({name: _fill(schema, cfg) for name, schema in own_schemas.items()})
     bearer: list[dict[str, list[str]]] = [{"bearer": []}] if cfg.server.auth_token else []
     return {
         "openapi": OPENAPI_VERSION,

@@ -30,6 +30,7 @@ OPENAI_PREFIX = "/v1"  # OpenAI's API family: its own error shape and token chec
 SAFE_METHODS = ("GET", "HEAD", "OPTIONS")
 # Media types a body may have (``Route.content_types``).
 JSON, SDP, FORM = "application/json", "application/sdp", "multipart/form-data"
+URLENCODED = "application/x-www-form-urlencoded"  # the carriers' webhooks
 SDPFRAG = "application/trickle-ice-sdpfrag"  # RFC 8840
 
 
@@ -51,7 +52,8 @@ class Route:
     path: str
     handler: str  # "module:function" under assistant.server
     forward: Forward
-    product: str  # "front", "voice" (the voice session), "tts" (the TTS API), "realtime" (OpenAI's Realtime API)
+    product: str  # "front", "voice" (the voice session), "tts" (the TTS API), "realtime" (OpenAI's Realtime API),
+    # "telephony" (phone calls through a carrier)
     max_body: Callable[[Config], int] | None = None  # the largest body the dispatcher passes on (None: no body)
     budget: str | None = None  # the per-client budget a request spends (``limits.BUDGETS``); None: none
     content_types: tuple[str, ...] = ()  # what its body's Content-Type must be (415 otherwise); (): not checked
@@ -87,6 +89,10 @@ def tts_body(cfg: Config) -> int:
 
 def _upload(cfg: Config) -> int:
     return cfg.tts_api.max_upload_bytes + 65_536
+
+
+def _webhook(cfg: Config) -> int:
+    return cfg.telephony.max_webhook_bytes
 
 
 def _call(cfg: Config) -> int:
@@ -135,6 +141,17 @@ ROUTES: tuple[Route, ...] = (
     Route("POST", "/v1/realtime/calls/{session_id}/hangup", "realtime.calls:hangup", F.OWNER, "realtime",
           budget="trickle"),  # no body
     Route("GET", "/v1/realtime/ice-servers", "realtime.calls:ice_servers", F.PROXY, "realtime"),
+    # Phone calls: each carrier's signed webhook and its media stream. The media token the webhook mints is kept by
+    # the gateway that answered, so the carrier calls a gateway, not the dispatcher (501 there). The media sockets
+    # refuse a foreign Origin: carriers send none, and a page has no business opening one.
+    Route("POST", "/telephony/twilio/voice", "telephony.webhooks:twilio_voice", F.GATEWAY, "telephony", _webhook,
+          content_types=(URLENCODED,)),
+    Route("GET", "/telephony/twilio/media", "telephony.media:twilio_media", F.GATEWAY, "telephony",
+          checks_origin=True),
+    Route("POST", "/telephony/telnyx/voice", "telephony.webhooks:telnyx_voice", F.GATEWAY, "telephony", _webhook,
+          content_types=(URLENCODED,)),
+    Route("GET", "/telephony/telnyx/media", "telephony.media:telnyx_media", F.GATEWAY, "telephony",
+          checks_origin=True),
 )
 
 

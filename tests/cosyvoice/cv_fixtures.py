@@ -1,38 +1,32 @@
-"""Where the shared CosyVoice2 fixtures live, and pytest skips when they are absent."""
+"""Where the shared CosyVoice2 fixtures live (``shared/fixtures/cosyvoice2``: a missing folder is a failure under
+CI, a skip elsewhere; see ``tests/needs.py``), and the reference paths the model tests compare against."""
 
 from __future__ import annotations
 
 from pathlib import Path
 from typing import Any
 
-import pytest
 import torch
 
-FIXTURES = Path(__file__).resolve().parents[2].parent / "shared/fixtures/cosyvoice2"
+from assistant.bench.shared_data import shared_path
+from tests import needs
+
+FIXTURES_DIR = "fixtures/cosyvoice2"
+
+FIXTURES = shared_path(FIXTURES_DIR)
 TINY = FIXTURES / "tiny"
 FULL_KEYS = FIXTURES / "full_size_keys"
 
 
+def need_fixture(relative: str) -> Path:
+    """A file or folder inside the fixtures (the test fails under CI, skips elsewhere, when it is absent)."""
+    return needs.shared(f"{FIXTURES_DIR}/{relative}")
+
+
 def need_fixtures() -> Path:
-    """The tiny model directory, or skip the test with the reason."""
-    if not (TINY / "llm.pt").is_file():
-        pytest.skip(f"CosyVoice2 fixtures not found at {FIXTURES} (shared/fixtures/cosyvoice2 beside the repo)")
-    return TINY
-
-
-def part_b_ready() -> bool:
-    """flow.py / hift.py (written in parallel) importable with the agreed names."""
-    try:
-        from assistant.tts.cosyvoice.flow import CausalFlow, FlowConfig  # noqa: F401
-        from assistant.tts.cosyvoice.hift import HiFTConfig, HiFTVocoder  # noqa: F401
-    except Exception:
-        return False
-    return True
-
-
-def need_part_b() -> None:
-    if not part_b_ready():
-        pytest.skip("flow.py / hift.py (part B) not importable yet")
+    """The tiny model directory."""
+    need_fixture("tiny/llm.pt")
+    return need_fixture("tiny")
 
 
 def report(name: str, got: torch.Tensor, want: torch.Tensor) -> float:
@@ -45,7 +39,6 @@ def report(name: str, got: torch.Tensor, want: torch.Tensor) -> float:
 
 def tiny_model_and_voice() -> tuple[Any, Any, dict[str, torch.Tensor]]:
     """The tiny CosyVoice2 on CPU (fp32, one thread), the golden prompt as a voice, and golden.pt."""
-    need_part_b()
     torch.set_num_threads(1)
     from assistant.tts.cosyvoice.cosyvoice2 import CosyVoice2
     from assistant.tts.cosyvoice.voice import CosyVoicePrompt

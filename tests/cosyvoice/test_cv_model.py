@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from cv_fixtures import need_fixtures, need_part_b, synthesize_ids, tokens_to_audio
+from cv_fixtures import need_fixtures, synthesize_ids, tokens_to_audio
 
 from assistant.config import TTSConfig
 from assistant.tts.base import TTSEngine, TTSRequest
@@ -19,7 +19,6 @@ from assistant.tts.cosyvoice.voice import CosyVoicePrompt
 
 @pytest.fixture(scope="module")
 def model():
-    need_part_b()
     torch.set_num_threads(1)
     from assistant.tts.cosyvoice.cosyvoice2 import CosyVoice2
 
@@ -61,7 +60,6 @@ def test_engine_protocol(model) -> None:
 
 
 def test_pull_verifies_and_reports_no_network(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    need_part_b()
     tiny = need_fixtures()
 
     def offline(repo: str, dest: Path, source: str) -> None:

@@ -18,6 +18,7 @@ from assistant.tts.cosyvoice.prompt_features import (
     whisper_log_mel,
 )
 from assistant.tts.cosyvoice.voice import CosyVoicePrompt, PromptStore, VoiceCloningUnavailable, VoiceEncoder
+from tests import needs
 
 
 def _tone(sr: int, seconds: float, hz: float = 440.0) -> np.ndarray:
@@ -90,7 +91,7 @@ def test_kaldi_fbank_matches_definition() -> None:
 
 
 def _onnx_models(tmp: Path) -> tuple[Path, Path]:
-    onnx = pytest.importorskip("onnx", reason="the onnx package builds the stand-in ONNX models")
+    onnx = needs.module("onnx")
     from onnx import TensorProto, helper
 
     # speaker model stand-in: mean over time of the fbank, tiled to 192 dims → [1, 192]

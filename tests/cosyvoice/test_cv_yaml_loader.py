@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from cv_fixtures import need_fixtures, need_part_b
+from cv_fixtures import need_fixtures
 
 from assistant.tts.cosyvoice.loader import ModelDirError, load_model_dir, load_speech_lm, verify_model_dir
 from assistant.tts.cosyvoice.yaml_config import YamlConfigError, read_model_yaml, read_model_yaml_text
@@ -115,7 +115,6 @@ def test_truncated_file(tmp_path: Path) -> None:
 
 
 def test_full_load_and_verify(tmp_path: Path) -> None:
-    need_part_b()
     d = need_fixtures()
     verify_model_dir(d)
     loaded = load_model_dir(d, "cpu", "float32")

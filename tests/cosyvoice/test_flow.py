@@ -14,11 +14,14 @@ from typing import Any
 import pytest
 import torch
 import yaml
-from cv_fixtures import FIXTURES, TINY, report
+from cv_fixtures import FIXTURES, TINY, need_fixture, report
 
 from assistant.tts.cosyvoice.flow import CausalFlow, FlowConfig, StreamingFlow, fixed_noise
 
-pytestmark = pytest.mark.skipif(not (TINY / "flow.pt").exists(), reason=f"CosyVoice2 fixtures absent: {TINY}")
+
+@pytest.fixture(autouse=True)
+def _tiny_flow() -> None:
+    need_fixture("tiny/flow.pt")
 
 MEL_ATOL = 1e-4
 

@@ -12,12 +12,15 @@ import json
 import numpy as np
 import pytest
 import torch
-from cv_fixtures import FIXTURES, TINY, report
+from cv_fixtures import FIXTURES, TINY, need_fixture, report
 
 from assistant.tts.cosyvoice.hift import HiFTConfig, HiFTVocoder, crossfade_window, fade_in_out
 from assistant.tts.cosyvoice.hift_source import SourceNoise
 
-pytestmark = pytest.mark.skipif(not (TINY / "hift.pt").exists(), reason=f"CosyVoice2 fixtures absent: {TINY}")
+
+@pytest.fixture(autouse=True)
+def _tiny_hift() -> None:
+    need_fixture("tiny/hift.pt")
 
 AUDIO_ATOL = 1e-3
 F0_RTOL = 1e-3

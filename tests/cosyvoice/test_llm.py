@@ -6,7 +6,7 @@ import json
 
 import pytest
 import torch
-from cv_fixtures import FULL_KEYS, need_fixtures
+from cv_fixtures import need_fixture, need_fixtures
 
 from assistant.tts.cosyvoice.llm import (
     QWEN2_05B_CONFIG,
@@ -38,9 +38,7 @@ def _inputs(g: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor, tor
 
 
 def test_full_size_keys_and_shapes_on_meta() -> None:
-    path = FULL_KEYS / "llm.json"
-    if not path.is_file():
-        pytest.skip(f"{path} not found")
+    path = need_fixture("full_size_keys/llm.json")
     ref = json.loads(path.read_text())["keys"]
     model = build_speech_lm(SpeechLMConfig(), qwen_config_from_dict(QWEN2_05B_CONFIG), "meta")
     sd = model.state_dict()

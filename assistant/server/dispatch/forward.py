@@ -252,7 +252,13 @@ async def _stream_back(request: web.Request, up: aiohttp.ClientResponse, g: Gate
 
 
 async def kept_on_gateways(request: web.Request, cap: int) -> web.Response:
-    """State each gateway keeps for itself (registered voices) cannot be changed through the front."""
+    """State each gateway keeps for itself (registered voices, a phone call's media token) cannot be reached
+    through the front."""
+    if request.path.startswith("/telephony/"):
+        raise HTTPJSONError(
+            501, "not_supported", "a phone call's media token is kept by the gateway that answered its webhook: "
+            "point the carrier at a gateway (its telephony.public_url), not at the dispatcher",
+        )
     raise HTTPJSONError(
         501, "not_supported",
         "voices are stored on each gateway: add or remove them on every gateway, not through the dispatcher",

@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -80,6 +81,7 @@ class Gateway:
     state: str = UNKNOWN
     sessions: int = 0
     max_sessions: int = 0
+    polled_at: float | None = None  # when the heartbeat whose answer this row holds was asked (epoch s)
 
     @property
     def ready(self) -> bool:
@@ -97,7 +99,7 @@ class Gateway:
 
     def to_json(self) -> dict[str, Any]:
         return {"url": str(self.base), "gateway": self.id, "state": self.state, "sessions": self.sessions,
-                "max_sessions": self.max_sessions}
+                "max_sessions": self.max_sessions, "polled_at": self.polled_at}
 
 
 class DispatchMetrics:
@@ -180,6 +182,7 @@ class Dispatcher:
 
     async def _poll_one(self, g: Gateway) -> str:
         """Ask one gateway for its report; its id and load are taken, its new state returned."""
+        asked = time.time()
         try:
             async with self.http.get(g.url("/readyz"), allow_redirects=False,
                                      timeout=aiohttp.ClientTimeout(total=self.cfg.dispatch.poll_timeout_s)) as r:
@@ -195,7 +198,7 @@ class Dispatcher:
             if g.state != DOWN:
                 log.warning("gateway_down url=%s gateway=%s error=%s", g.base, g.id, failure_text(exc))
             return DOWN
-        g.sessions, g.max_sessions = max(sessions, 0), max(cap, 0)
+        g.sessions, g.max_sessions, g.polled_at = max(sessions, 0), max(cap, 0), asked
         if gid != g.id:
             log.info("gateway_id url=%s gateway=%s", g.base, gid)
             g.id = gid

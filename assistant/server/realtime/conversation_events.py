@@ -91,8 +91,10 @@ class ConversationEvents:
                 usage = {"type": "duration", "seconds": round(item.audio_ms / 1000, 3)}
                 self.emit("conversation.item.input_audio_transcription.delta", item_id=item.id, content_index=0,
                           delta=text)
+                # Ours beyond OpenAI's fields: the language the turn was heard in, and how sure the ASR is.
+                heard = {k: event[k] for k in ("language", "language_probability") if event.get(k) is not None}
                 self.emit("conversation.item.input_audio_transcription.completed", item_id=item.id,
-                          content_index=0, transcript=text, usage=usage)
+                          content_index=0, transcript=text, usage=usage, **heard)
             if not self.beta:
                 self.emit("conversation.item.done", previous_item_id=self.owner.items.previous_id(item),
                           item=item.to_json(self.beta))

@@ -53,7 +53,7 @@ from assistant.server.realtime.settings import (
     parse_tools,
 )
 from assistant.server.realtime.sink import StreamSink
-from assistant.server.voice.session import ConversationSession
+from assistant.server.voice.session import ConversationSession, choose_language, language_choices
 
 log = logging.getLogger(__name__)
 
@@ -182,6 +182,18 @@ class RealtimeProtocol:
             self.error("the server could not handle this event", code="server_error", event_id=event_id,
                        kind="server_error")
 
+    def _transcription_language(self, settings: Settings) -> str:
+        """The language the input audio is heard in, from ``input_audio_transcription.language`` (none given:
+        detected per turn, as OpenAI's API does, when the ASR can; else the configured one)."""
+        language = (settings.transcription or {}).get("language")
+        if language in (None, ""):
+            return "auto" if "auto" in language_choices(self.session.services) else self.session.cfg.asr.language
+        try:
+            return choose_language(self.session.services, language)
+        except ValueError as exc:
+            raise ClientError(f"transcription language {exc}", code="invalid_value",
+                              param="session.input_audio_transcription.language") from None
+
     async def _session_update(self, event: dict[str, Any]) -> None:
         new = self.settings.updated(event.get("session"))
         old = self.settings
@@ -190,11 +202,14 @@ class RealtimeProtocol:
             self.speed_check(new.speed)
         if new.voice != old.voice or new.speed != old.speed:
             voice_id = await self.voices(new.voice)
+        language = self._transcription_language(new) if new.transcription != old.transcription else None
         if new.tools and not self._takes_tools():
             raise ClientError(f"tools are not supported by the responder {self._responder_name()!r}: configure an "
                               "OpenAI-compatible responder (respond.engine = openai) that supports them",
                               code="unsupported", param="session.tools")
         self.settings = new
+        if language is not None:
+            self.conversation.set_language(language)
         if new.voice != old.voice or new.speed != old.speed:
             self.conversation.set_voice(voice_id, new.speed)
         if new.turn_detection != old.turn_detection:

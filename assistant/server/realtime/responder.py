@@ -16,7 +16,15 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from assistant.respond.base import Message, MessagesResponder, ReplyOptions, Responder, ToolCall, reply_stream
+from assistant.respond.base import (
+    Message,
+    MessagesResponder,
+    ReplyOptions,
+    Responder,
+    ToolCall,
+    reply_stream,
+    takes_options,
+)
 
 log = logging.getLogger(__name__)
 
@@ -71,22 +79,25 @@ class RealtimeResponder:
         ctx.replies.append(reply)
         del ctx.replies[:-REPLIES_KEPT]
         system = [Message("system", ctx.instructions)] if ctx.instructions else []
+        options = options if options is not None else ReplyOptions()
+        if ctx.temperature is not None:  # the session's (or this response's) sampling asks reach the model
+            options.temperature = ctx.temperature
+        if ctx.max_tokens is not None:
+            options.max_tokens = ctx.max_tokens
         if isinstance(self.inner, MessagesResponder):
             messages = [*system, *ctx.history(True)]
             if not ctx.continuation:
                 messages.append(Message("user", text))
             tools = ctx.tools if ctx.tool_choice != "none" else []
-            async for out in self.inner.respond_messages(messages, tools, ctx.tool_choice):
+            stream = (self.inner.respond_messages(messages, tools, ctx.tool_choice, options=options)  # type: ignore[call-arg]
+                      if takes_options(self.inner.respond_messages)
+                      else self.inner.respond_messages(messages, tools, ctx.tool_choice))
+            async for out in stream:
                 if isinstance(out, ToolCall):
                     reply.calls.append(out)
                 elif out:
                     yield out
             return
-        options = options if options is not None else ReplyOptions()
-        if ctx.temperature is not None:
-            options.temperature = ctx.temperature
-        if ctx.max_tokens is not None:
-            options.max_tokens = ctx.max_tokens
         async for delta in reply_stream(self.inner, text, [*system, *ctx.history(False)], options):
             yield delta
 

@@ -3,6 +3,7 @@
     routes.py         POST /api/tts, GET /ws/tts, /api/voices (HTTP and WebSocket handling only)
     openai_speech.py  POST /v1/audio/speech and the /v1 model and voice lists
     service.py        TTSService: a parsed request → audio (slots, timeouts, effects, resampling)
+    outcome.py        around every synthesis route: its outcome counted and logged, a stream cut after its headers
     request.py        the request table: every field once (parser, error messages, OpenAPI schema)
     voice_lookup.py   what a ``voice`` name leads to (registered voice, engine voice, clip file)
     voice_prep.py     getting that voice ready in the engine (clips fetched and decoded, prepared forms cached)

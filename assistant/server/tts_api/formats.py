@@ -10,12 +10,16 @@ from __future__ import annotations
 
 import contextlib
 import struct
-from typing import Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from assistant.audio import float_to_s16
 from assistant.server.tts_api.service import pcm_bytes
+
+if TYPE_CHECKING:
+    import av
+    from av.container import OutputContainer
 
 # response_format → (container, codec, the codec's sample format)
 CODECS: dict[str, tuple[str, str, str]] = {
@@ -90,7 +94,7 @@ class StreamEncoder:
         self.sample_rate = sample_rate
         self.content_type = CONTENT_TYPES[fmt]
         self._header_sent = False
-        self._container: Any = None
+        self._container: OutputContainer | None = None
         if fmt in CODECS:
             self._open(*CODECS[fmt])
 
@@ -106,12 +110,14 @@ class StreamEncoder:
             stream = self._container.add_stream(codec, rate=self.sample_rate, layout="mono")
         except Exception as exc:  # FFmpeg without this muxer or encoder
             raise EncoderUnavailable(f"this server's FFmpeg cannot write {self.fmt} ({codec}): {exc}") from None
+        if not isinstance(stream, av.audio.stream.AudioStream):
+            raise EncoderUnavailable(f"{codec} is not an audio codec in this server's FFmpeg")
         if self.fmt in BITRATES:
             stream.bit_rate = BITRATES[self.fmt]
         self._stream = stream
         self._format = sample_format
 
-    def _frame(self, chunk: np.ndarray) -> Any:
+    def _frame(self, chunk: np.ndarray) -> av.AudioFrame:
         import av
 
         s16 = self._format.startswith("s16")
@@ -129,7 +135,7 @@ class StreamEncoder:
             head = b"" if self._header_sent else streaming_wav_header(self.sample_rate)
             self._header_sent = True
             return head + pcm_bytes(chunk)
-        if chunk.size:
+        if chunk.size and self._container is not None:
             for packet in self._stream.encode(self._frame(chunk)):
                 self._container.mux(packet)
         return self._sink.take()

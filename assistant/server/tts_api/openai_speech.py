@@ -18,7 +18,7 @@ import contextlib
 import json
 import logging
 import time
-from typing import Any
+from collections.abc import AsyncIterator
 
 import numpy as np
 from aiohttp import web
@@ -29,6 +29,7 @@ from assistant.server.openapi import documented, json_body, ref
 from assistant.server.openapi import openai_error as oai
 from assistant.server.tts_api import TTS_SERVICE
 from assistant.server.tts_api.formats import EncoderUnavailable, StreamEncoder, available_formats
+from assistant.server.tts_api.outcome import StreamAborted, request_outcome, synthesis_errors
 from assistant.server.tts_api.request import SpeechParams, SynthesisParams, TTSError, bad_field, parse, schema
 from assistant.server.tts_api.service import TTSService
 from assistant.server.tts_api.voice_lookup import engine_voice_names
@@ -52,7 +53,7 @@ def model_ids(svc: TTSService) -> list[str]:
     return [*MODEL_IDS, *([engine.name] if engine is not None else [])]
 
 
-def _model(model_id: str) -> dict[str, Any]:
+def _model(model_id: str) -> dict[str, object]:
     return {"id": model_id, "object": "model", "created": 0, "owned_by": "assistant"}
 
 
@@ -94,7 +95,7 @@ async def list_voices(request: web.Request) -> web.Response:
     svc = request.config_dict[TTS_SERVICE]
     engine = svc.engine()
     cloning = engine.capabilities.voice_cloning
-    voices: list[dict[str, Any]] = []
+    voices: list[dict[str, object]] = []
     for v in await asyncio.to_thread(svc.voices.list):
         voices.append({"id": v.voice_id, "name": v.name, "kind": "registered", "usable": cloning})
     for name in engine_voice_names(engine):
@@ -129,80 +130,61 @@ def _voice_name(svc: TTSService, voice: str) -> str | None:
             for t in ("audio/mpeg", "audio/ogg", "audio/aac", "audio/flac", "audio/wav", "audio/pcm",
                       "text/event-stream")
         }},
-        "400": oai("bad field (param names it), unknown voice (the message lists what exists), a "
-                   "format FFmpeg cannot write, an option the engine cannot honour"),
-        "401": oai("missing or wrong bearer token (code invalid_api_key)"),
-        "404": oai("unknown model (code model_not_found)"),
-        "413": oai("input or body over its limit"),
-        "429": oai("rate_limited or busy (Retry-After)"),
-        "503": oai("models still loading"),
-        "504": oai("synthesis over tts.timeout_s"),
+        **synthesis_errors(oai, {
+            "400": "bad field (param names it), unknown voice (the message lists what exists), a format FFmpeg "
+                   "cannot write, an option the engine cannot honour",
+            "401": "missing or wrong bearer token (code invalid_api_key)",
+            "404": "unknown model (code model_not_found)",
+            "413": "input or body over its limit",
+            "429": "rate_limited or busy (Retry-After)",
+        }),
     },
     schemas={"SpeechRequest": lambda cfg: schema(SpeechParams, cfg)},
 )
 async def speech(request: web.Request) -> web.StreamResponse:
     svc = request.config_dict[TTS_SERVICE]
     cfg = request.config_dict[CONFIG]
-    t0 = time.perf_counter()
-    outcome = "error"
-    try:
-        data = await read_json(request, MAX_BODY_BYTES + 4 * cfg.tts.max_text_chars)  # HTTPJSONError: see middleware
-        sp = parse(SpeechParams, data, cfg)
-        if sp.model not in model_ids(svc):
-            raise TTSError(404, "model_not_found", f"The model '{sp.model}' does not exist; this server has "
-                           f"{', '.join(model_ids(svc))}", param="model")
-        if sp.response_format not in available_formats():
-            raise bad_field("response_format", f"{sp.response_format!r} cannot be encoded by this server's "
-                            f"FFmpeg; available: {', '.join(available_formats())}")
-        params = SynthesisParams(
-            text=sp.input,
-            voice=await asyncio.to_thread(_voice_name, svc, sp.voice),
-            instruct=sp.instructions.strip() if sp.instructions and sp.instructions.strip() else None,
-            speed=sp.speed,
-            sample_rate=OUTPUT_RATE,
-        )
+    with request_outcome(svc, "openai") as outcome:
         try:
-            job = await svc.prepare(params)
-        except TTSError as exc:  # the service names its own fields; say OpenAI's
-            exc.param = {"instruct": "instructions", "text": "input"}.get(exc.param or "", exc.param)
-            exc.detail = exc.detail.replace("'instruct'", "'instructions'").replace("field 'text'", "field 'input'")
-            raise
-        encoder = StreamEncoder(sp.response_format, job.sample_rate)
-        chunks = svc.stream(job)
-        try:
-            resp = await _respond(request, sp, encoder, chunks, t0)
-        finally:
-            await chunks.aclose()
-            encoder.close()
-        outcome = "ok"
-        return resp
-    except EncoderUnavailable as exc:
-        outcome = "unsupported"
-        return openai_error(400, str(exc), "unsupported", "response_format")
-    except TTSError as exc:
-        outcome = exc.error
-        return from_api_error(exc)
-    except _Aborted as exc:
-        outcome = exc.outcome
-        return exc.response
-    except ConnectionResetError:
-        outcome = "client_gone"
-        raise
-    except asyncio.CancelledError:
-        outcome = "cancelled"
-        raise
-    finally:
-        svc.metrics.tts_requests_total.labels(outcome=outcome).inc()
-        log.info("tts_request transport=openai outcome=%s ms=%.0f", outcome, (time.perf_counter() - t0) * 1000)
-
-
-class _Aborted(Exception):
-    """The stream failed after its headers were sent."""
-
-    def __init__(self, outcome: str, response: web.StreamResponse) -> None:
-        super().__init__(outcome)
-        self.outcome = outcome
-        self.response = response
+            data = await read_json(request, MAX_BODY_BYTES + 4 * cfg.tts.max_text_chars)  # HTTPJSONError: middleware
+            sp = parse(SpeechParams, data, cfg)
+            if sp.model not in model_ids(svc):
+                raise TTSError(404, "model_not_found", f"The model '{sp.model}' does not exist; this server has "
+                               f"{', '.join(model_ids(svc))}", param="model")
+            if sp.response_format not in available_formats():
+                raise bad_field("response_format", f"{sp.response_format!r} cannot be encoded by this server's "
+                                f"FFmpeg; available: {', '.join(available_formats())}")
+            params = SynthesisParams(
+                text=sp.input,
+                voice=await asyncio.to_thread(_voice_name, svc, sp.voice),
+                instruct=sp.instructions.strip() if sp.instructions and sp.instructions.strip() else None,
+                speed=sp.speed,
+                sample_rate=OUTPUT_RATE,
+            )
+            try:
+                job = await svc.prepare(params)
+            except TTSError as exc:  # the service names its own fields; say OpenAI's
+                exc.param = {"instruct": "instructions", "text": "input"}.get(exc.param or "", exc.param)
+                exc.detail = exc.detail.replace("'instruct'", "'instructions'").replace("field 'text'", "field 'input'")
+                raise
+            encoder = StreamEncoder(sp.response_format, job.sample_rate)
+            chunks = svc.stream(job)
+            try:
+                resp = await _respond(request, sp, encoder, chunks, outcome.t0)
+            finally:
+                await chunks.aclose()
+                encoder.close()
+            outcome.value = "ok"
+            return resp
+        except EncoderUnavailable as exc:
+            outcome.value = "unsupported"
+            return openai_error(400, str(exc), "unsupported", "response_format")
+        except TTSError as exc:
+            outcome.value = exc.error
+            return from_api_error(exc)
+        except StreamAborted as exc:
+            outcome.value = exc.outcome
+            return exc.response
 
 
 async def _encode(encoder: StreamEncoder, chunk: np.ndarray | None) -> bytes:
@@ -213,7 +195,7 @@ async def _encode(encoder: StreamEncoder, chunk: np.ndarray | None) -> bytes:
     return await asyncio.to_thread(work)
 
 
-async def _respond(request: web.Request, sp: SpeechParams, encoder: StreamEncoder, chunks: Any,
+async def _respond(request: web.Request, sp: SpeechParams, encoder: StreamEncoder, chunks: AsyncIterator[np.ndarray],
                    t0: float) -> web.StreamResponse:
     """Stream the file (or SSE events) as it is made; the first chunk comes before the headers, so a request
     that fails early still gets its status."""
@@ -258,10 +240,10 @@ async def _respond(request: web.Request, sp: SpeechParams, encoder: StreamEncode
     except asyncio.CancelledError:
         raise
     except ConnectionResetError:  # the client went away: its request line says so, at info
-        raise _Aborted("client_gone", resp) from None
+        raise StreamAborted("client_gone", resp) from None
     except WriteStalled:
         log.warning("tts_stream_aborted transport=openai outcome=write_timeout")
-        raise _Aborted("write_timeout", resp) from None  # the connection is already cut
+        raise StreamAborted("write_timeout", resp) from None  # the connection is already cut
     except Exception as exc:
         outcome = exc.error if isinstance(exc, TTSError) else "synthesis_failed"
         log.warning("tts_stream_aborted transport=openai outcome=%s", outcome)
@@ -274,6 +256,6 @@ async def _respond(request: web.Request, sp: SpeechParams, encoder: StreamEncode
                 await resp.write_eof()
         elif request.transport is not None:
             request.transport.abort()  # a cut transfer, never a short "complete" file
-        raise _Aborted(outcome, resp) from None
+        raise StreamAborted(outcome, resp) from None
     await resp.write_eof()
     return resp

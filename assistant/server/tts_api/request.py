@@ -15,13 +15,14 @@ So a field added or changed here changes the parser, the error messages and ``/a
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
-from dataclasses import dataclass, field, fields
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, fields, replace
 from typing import Any, TypeVar
 
+from assistant import languages
 from assistant.config import Config
 from assistant.server.http import APIError
-from assistant.tts.base import LANGUAGES, STRETCH_RANGE
+from assistant.tts.base import STRETCH_RANGE
 
 PITCH_RANGE = (-12.0, 12.0)           # semitones: one octave either way
 ENERGY_RANGE = (0.5, 2.0)
@@ -50,7 +51,8 @@ def bad_field(name: str, detail: str, status: int = 400, error: str = "bad_reque
 class FieldSpec:
     """How one request field is checked and described."""
 
-    kind: str                                   # string, number, integer, boolean, voice (string or {"id"})
+    kind: str                                   # string, number, integer, boolean, voice (string or {"id"}),
+                                                # language (a known code: assistant/languages.py)
     description: str
     required: bool = False
     lo: float | None = None                     # numbers: inclusive range
@@ -59,12 +61,13 @@ class FieldSpec:
     max_chars: Limit | None = None              # strings: longer → 413 too_large (or ``too_long_error``)
     too_long_error: str = "too_large"
     non_empty: bool = False                     # strings: must hold something besides whitespace
-    docs_default: Any = None                    # the default as the schema states it (None: not stated)
+    docs_default: str | float | None = None     # the default as the schema states it (None: not stated)
 
 
-def spec(default: Any = None, **kw: Any) -> Any:
+def spec(default: object = None, **kw: Any) -> Any:
     """A dataclass field carrying its :class:`FieldSpec` (``required=True`` fields still get a default of
-    None so that the dataclass can list them in any order)."""
+    None so that the dataclass can list them in any order). Typed Any as ``dataclasses.field`` is: it stands
+    for the field's value in the class body; ``kw`` are FieldSpec's fields."""
     return field(default=default, metadata={"spec": FieldSpec(**kw)})
 
 
@@ -97,7 +100,9 @@ class SynthesisParams:
                             description="what the reference clip says (improves cloning); a file in the voices "
                                         "folder says it in a <name>.txt next to it, and this is used only where "
                                         "there is none (the file's voice is prepared once, with the first text)")
-    language: str | None = spec(kind="string", choices=LANGUAGES, description="must also be one the engine speaks")
+    language: str | None = spec(kind="language", max_chars=8,
+                                description="a language code (en, zh, ja, ko, yue, ...) the engine speaks (with "
+                                            "tts.voices, by the voice for it); 400 names the ones it does")
     instruct: str | None = spec(kind="string", max_chars=MAX_INSTRUCT_CHARS,
                                 description="style instruction; 400 unsupported on engines without instruct mode")
     speed: float = spec(1.0, kind="number", lo=STRETCH_RANGE[0], hi=STRETCH_RANGE[1], docs_default=1.0,
@@ -172,18 +177,18 @@ def _limit(limit: Limit | None, cfg: Config) -> int | None:
     return limit(cfg) if callable(limit) else limit
 
 
-def _check(name: str, s: FieldSpec, value: Any, cfg: Config) -> Any:
-    """One present, non-null value checked against its spec; returns it (numbers as float)."""
+def _check(name: str, s: FieldSpec, value: object, cfg: Config) -> bool | int | float | str:
+    """One present, non-null JSON value checked against its spec; returns it (numbers as float)."""
     if s.kind == "boolean":
         if not isinstance(value, bool):
             raise bad_field(name, "must be true or false")
         return value
     if s.kind in ("number", "integer"):
         integer = s.kind == "integer"
-        ok_type = int if integer else int | float
         lo, hi = s.lo, s.hi
         span = f"from {lo:g} to {hi:g}" if lo is not None and hi is not None else ""
-        if isinstance(value, bool) or not isinstance(value, ok_type) or not math.isfinite(value):
+        if (isinstance(value, bool) or not isinstance(value, int | float) or (integer and not isinstance(value, int))
+                or not math.isfinite(value)):
             raise bad_field(name, f"must be {'an integer' if integer else 'a number'} {span}".rstrip())
         if (lo is not None and value < lo) or (hi is not None and value > hi):
             raise bad_field(name, f"{value:g} is out of range; allowed {lo:g} to {hi:g}")
@@ -194,6 +199,11 @@ def _check(name: str, s: FieldSpec, value: Any, cfg: Config) -> Any:
         value = value["id"]
     if not isinstance(value, str):
         raise bad_field(name, "must be a string" if s.kind != "voice" else 'must be a name or {"id": "<voice>"}')
+    if s.kind == "language":
+        try:
+            languages.check(value, f"field '{name}'")
+        except languages.UnknownLanguage as exc:
+            raise TTSError(400, "bad_request", str(exc).split(" Use ")[0], param=name) from None
     if s.choices and value not in s.choices:
         raise bad_field(name, f"{value!r} is not supported; allowed: {', '.join(s.choices)}")
     cap = _limit(s.max_chars, cfg)
@@ -205,13 +215,13 @@ def _check(name: str, s: FieldSpec, value: Any, cfg: Config) -> Any:
     return value
 
 
-def parse(cls: type[Params], data: dict[str, Any], cfg: Config) -> Params:
+def parse(cls: type[Params], data: Mapping[str, object], cfg: Config) -> Params:
     """Check every field of ``data`` against the table of ``cls``; raise ``TTSError`` naming the first bad one."""
     table = specs(cls)
     unknown = sorted(set(data) - set(table))
     if unknown:
         raise bad_field(unknown[0], f"unknown field; allowed fields: {', '.join(sorted(table))}")
-    values: dict[str, Any] = {}
+    values: dict[str, object] = {}
     for name, s in table.items():
         value = data.get(name)
         if value is None:
@@ -223,7 +233,7 @@ def parse(cls: type[Params], data: dict[str, Any], cfg: Config) -> Params:
     return cls(**values)
 
 
-def parse_params(data: dict[str, Any], cfg: Config, upload: bytes | None = None) -> SynthesisParams:
+def parse_params(data: Mapping[str, object], cfg: Config, upload: bytes | None = None) -> SynthesisParams:
     """``SynthesisParams`` from a JSON body (and a multipart file part): the table, then the cross-field rules."""
     p = parse(SynthesisParams, data, cfg)
     speaker_wav: bytes | str | None = p.speaker_wav or None
@@ -236,15 +246,15 @@ def parse_params(data: dict[str, Any], cfg: Config, upload: bytes | None = None)
         raise bad_field("voice", "give either 'voice' or 'speaker_wav', not both")
     instruct = p.instruct.strip() if p.instruct and p.instruct.strip() else None
     vocoder = p.vocoder.strip().lower() if p.vocoder and p.vocoder.strip() else None
-    return _replace(p, voice=voice, speaker_wav=speaker_wav, instruct=instruct, vocoder=vocoder)
+    return replace(p, voice=voice, speaker_wav=speaker_wav, instruct=instruct, vocoder=vocoder)
 
 
-def ws_options(query: dict[str, str], data: dict[str, Any], cfg: Config,
+def ws_options(query: Mapping[str, str], data: dict[str, object], cfg: Config,
                current: WSOptions | None = None) -> WSOptions:
     """The WebSocket opt-ins: the socket's ``current`` ones (at first: the query parameters,
     ``?metadata=1&keep_open=1``), changed by fields of a request, which then hold for the rest of the socket."""
     names = specs(WSOptions)
-    values: dict[str, Any] = {}
+    values: dict[str, object] = {}
     if current is not None:
         values = {name: getattr(current, name) for name in names}
     else:
@@ -258,24 +268,19 @@ def ws_options(query: dict[str, str], data: dict[str, Any], cfg: Config,
     return parse(WSOptions, values, cfg)
 
 
-def _replace(p: SynthesisParams, **changes: Any) -> SynthesisParams:
-    from dataclasses import replace
-
-    return replace(p, **changes)
-
-
 # --- the schema -----------------------------------------------------------------------------------------
-def schema(cls: type, cfg: Config, extra: dict[str, Any] | None = None) -> dict[str, Any]:
-    """The JSON schema (OpenAPI 3.1) of a request class, with this server's limits."""
-    props: dict[str, Any] = {}
-    required: list[str] = []
+def properties(cls: type, cfg: Config) -> dict[str, object]:
+    """The JSON schema of each field of a request class, with this server's limits."""
+    props: dict[str, object] = {}
     for name, s in specs(cls).items():
         if s.kind == "voice":
-            prop: dict[str, Any] = {"oneOf": [
+            prop: dict[str, object] = {"oneOf": [
                 {"type": "string", "maxLength": _limit(s.max_chars, cfg)},
                 {"type": "object", "required": ["id"], "additionalProperties": False,
                  "properties": {"id": {"type": "string"}}},
             ]}
+        elif s.kind == "language":
+            prop = {"type": "string", "enum": sorted(languages.CODES)}
         else:
             prop = {"type": s.kind}
         if s.lo is not None:
@@ -294,11 +299,14 @@ def schema(cls: type, cfg: Config, extra: dict[str, Any] | None = None) -> dict[
             prop["default"] = s.docs_default
         prop["description"] = s.description
         props[name] = prop
-        if s.required:
-            required.append(name)
-    out: dict[str, Any] = {"type": "object", "additionalProperties": False, "properties": props}
+    return props
+
+
+def schema(cls: type, cfg: Config, extra: Mapping[str, object] | None = None) -> dict[str, object]:
+    """The JSON schema (OpenAPI 3.1) of a request class, with this server's limits (and ``extra`` properties)."""
+    out: dict[str, object] = {"type": "object", "additionalProperties": False,
+                              "properties": properties(cls, cfg) | dict(extra or {})}
+    required = [name for name, s in specs(cls).items() if s.required]
     if required:
         out["required"] = required
-    if extra:
-        out["properties"] = props | extra
     return out

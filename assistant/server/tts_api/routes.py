@@ -26,7 +26,7 @@ import contextlib
 import json
 import logging
 import time
-from typing import Any
+from collections.abc import AsyncIterator
 
 import numpy as np
 from aiohttp import WSMsgType, web
@@ -46,9 +46,18 @@ from assistant.server.limits import LIMITS
 from assistant.server.openapi import documented, error, json_body, ref
 from assistant.server.tts_api import TTS_SERVICE
 from assistant.server.tts_api.formats import streaming_wav_header
-from assistant.server.tts_api.request import SynthesisParams, TTSError, WSOptions, parse_params, schema, ws_options
+from assistant.server.tts_api.outcome import StreamAborted, request_outcome, synthesis_errors
+from assistant.server.tts_api.request import (
+    SynthesisParams,
+    TTSError,
+    WSOptions,
+    parse_params,
+    properties,
+    schema,
+    ws_options,
+)
 from assistant.server.tts_api.service import TTSService, pcm_bytes
-from assistant.tts.voice_store import VoiceLimitError, valid_voice_id
+from assistant.tts.voice_store import Voice, VoiceLimitError, valid_voice_id
 
 log = logging.getLogger(__name__)
 
@@ -84,8 +93,8 @@ WS_START_SCHEMA = {
 }
 
 
-def _ws_request_schema(cfg: Config) -> dict[str, Any]:
-    return schema(SynthesisParams, cfg, extra=schema(WSOptions, cfg)["properties"])
+def _ws_request_schema(cfg: Config) -> dict[str, object]:
+    return schema(SynthesisParams, cfg, extra=properties(WSOptions, cfg))
 
 
 def _json_cap(cfg: Config) -> int:
@@ -113,7 +122,7 @@ def _text_part(parts: dict[str, bytes], name: str) -> str | None:
         raise HTTPJSONError(400, "bad_request", f"form part {name!r} must be UTF-8 text") from None
 
 
-async def _read_tts_body(request: web.Request, cfg: Config) -> tuple[dict[str, Any], bytes | None]:
+async def _read_tts_body(request: web.Request, cfg: Config) -> tuple[dict[str, object], bytes | None]:
     """JSON body, or multipart with a ``request`` JSON part and an optional ``speaker_wav`` file part."""
     if request.content_type == "multipart/form-data":
         parts = await read_multipart(
@@ -155,14 +164,13 @@ async def _read_tts_body(request: web.Request, cfg: Config) -> tuple[dict[str, A
             "application/octet-stream": {"schema": {"type": "string", "format": "binary"},
                                          "description": "raw s16le mono PCM"},
         }},
-        "400": error("bad field value, unknown field, bad JSON, undecodable audio, "
-                     "unsupported option for this engine (vocoder, cloning, language, instruct), URL "
-                     "not allowed, unknown_voice (the detail lists what exists)"),
-        "401": error("missing or wrong bearer token"),
-        "413": error("text, body or reference clip over its limit"),
-        "429": error("rate_limited (Retry-After) or busy (all synthesis slots taken)"),
-        "503": error("models still loading"),
-        "504": error("synthesis over tts.timeout_s"),
+        **synthesis_errors(error, {
+            "400": "bad field value, unknown field, bad JSON, undecodable audio, unsupported option for this "
+                   "engine (vocoder, cloning, language, instruct), URL not allowed, unknown_voice (the detail "
+                   "lists what exists)",
+            "413": "text, body or reference clip over its limit",
+            "429": "rate_limited (Retry-After) or busy (all synthesis slots taken)",
+        }),
     },
     schemas={"TTSRequest": lambda cfg: schema(SynthesisParams, cfg)},
 )
@@ -170,50 +178,43 @@ async def tts_http(request: web.Request) -> web.StreamResponse:
     """Synthesise: a WAV (or raw PCM) file, or with ``streaming`` a chunked s16le stream."""
     svc = request.app[TTS_SERVICE]
     cfg = request.app[CONFIG]
-    t0 = time.perf_counter()
-    outcome = "error"
-    try:
-        data, upload = await _read_tts_body(request, cfg)
-        params = parse_params(data, cfg, upload)
-        job = await svc.prepare(params)
-        chunks = svc.stream(job)
+    with request_outcome(svc, "http") as outcome:
         try:
-            if params.streaming:
-                resp = await _stream_http(request, params, job.sample_rate, chunks, t0)
-            else:
-                resp = await _whole_http(params, job.sample_rate, chunks, t0)
-        finally:
-            await chunks.aclose()
-        outcome = "ok"
-        return resp
-    except StreamAborted as exc:
-        outcome = exc.outcome
-        return exc.response
-    except TTSError as exc:
-        outcome = exc.error
-        raise _as_http(exc) from None
-    except HTTPJSONError as exc:
-        outcome = _outcome_of(exc)
-        raise
-    except ConnectionResetError:
-        outcome = "client_gone"
-        raise  # the error middleware logs nothing more than this request's line below
-    except asyncio.CancelledError:
-        outcome = "cancelled"
-        raise
-    except Exception as exc:
-        log.warning("tts_failed transport=http kind=%s", type(exc).__name__)
-        raise HTTPJSONError(500, "synthesis_failed", "the engine failed to synthesise this text") from None
-    finally:
-        svc.metrics.tts_requests_total.labels(outcome=outcome).inc()
-        log.info("tts_request transport=http outcome=%s ms=%.0f", outcome, (time.perf_counter() - t0) * 1000)
+            data, upload = await _read_tts_body(request, cfg)
+            params = parse_params(data, cfg, upload)
+            job = await svc.prepare(params)
+            chunks = svc.stream(job)
+            try:
+                if params.streaming:
+                    resp = await _stream_http(request, params, job.sample_rate, chunks, outcome.t0)
+                else:
+                    resp = await _whole_http(params, job.sample_rate, chunks, outcome.t0)
+            finally:
+                await chunks.aclose()
+            outcome.value = "ok"
+            return resp
+        except StreamAborted as exc:
+            outcome.value = exc.outcome
+            return exc.response
+        except TTSError as exc:
+            outcome.value = exc.error
+            raise _as_http(exc) from None
+        except HTTPJSONError as exc:
+            outcome.value = _outcome_of(exc)
+            raise
+        except (ConnectionResetError, asyncio.CancelledError):
+            raise  # request_outcome names them
+        except Exception as exc:
+            log.warning("tts_failed transport=http kind=%s", type(exc).__name__)
+            raise HTTPJSONError(500, "synthesis_failed", "the engine failed to synthesise this text") from None
 
 
 def _audio_headers(sample_rate: int) -> dict[str, str]:
     return {"X-Sample-Rate": str(sample_rate), "X-Channels": "1", "X-Sample-Format": "s16le"}
 
 
-async def _whole_http(params: SynthesisParams, sample_rate: int, chunks: Any, t0: float) -> web.Response:
+async def _whole_http(params: SynthesisParams, sample_rate: int, chunks: AsyncIterator[np.ndarray],
+                      t0: float) -> web.Response:
     parts: list[np.ndarray] = []
     first_ms = None
     async for chunk in chunks:
@@ -232,8 +233,8 @@ async def _whole_http(params: SynthesisParams, sample_rate: int, chunks: Any, t0
     return web.Response(body=pcm_bytes(audio), content_type=PCM_CONTENT_TYPE, headers=headers)
 
 
-async def _stream_http(request: web.Request, params: SynthesisParams, sample_rate: int, chunks: Any,
-                       t0: float) -> web.StreamResponse:
+async def _stream_http(request: web.Request, params: SynthesisParams, sample_rate: int,
+                       chunks: AsyncIterator[np.ndarray], t0: float) -> web.StreamResponse:
     """Chunked s16le: the first chunk is computed before the headers go out, so early errors get a status."""
     try:
         first: np.ndarray | None = await anext(chunks)
@@ -274,15 +275,6 @@ def _aborted_outcome(exc: Exception) -> str:
     if isinstance(exc, TTSError):
         return exc.error
     return "write_timeout" if isinstance(exc, WriteStalled) else "synthesis_failed"
-
-
-class StreamAborted(Exception):
-    """A streamed response failed after its headers were sent; the connection was cut."""
-
-    def __init__(self, outcome: str, response: web.StreamResponse) -> None:
-        super().__init__(outcome)
-        self.outcome = outcome
-        self.response = response
 
 
 # --- GET /ws/tts -----------------------------------------------------------------------------------------
@@ -411,62 +403,58 @@ async def _ws_fail(ws: web.WebSocketResponse, opts: WSOptions, exc: APIError) ->
             await ws.close(code=WS_CLOSE_BASE + exc.status, message=_close_reason(exc.error, exc.detail))
 
 
-async def _ws_synthesize(request: web.Request, ws: web.WebSocketResponse, data: dict[str, Any], client: str,
+async def _ws_synthesize(request: web.Request, ws: web.WebSocketResponse, data: dict[str, object], client: str,
                          opts: WSOptions) -> None:
     """One request on a socket: (start message,) PCM chunks, END; or one error message (and a close)."""
     svc = request.app[TTS_SERVICE]
     cfg = request.app[CONFIG]
     timeout = cfg.tts_api.write_timeout_s
-    t0 = time.perf_counter()
-    outcome = "error"
 
     async def start(rate: int) -> None:
         if opts.metadata:
             await write_within(request, ws.send_json(
                 {"type": "start", "sample_rate": rate, "channels": 1, "format": "s16le"}), timeout)
 
-    try:
-        request.app[LIMITS].take("tts", client)  # the same budget as POST /api/tts, once per request
-        params = parse_params(data, cfg)
-        job = await svc.prepare(params)
-        chunks = svc.stream(job)
-        started = False
+    with request_outcome(svc, "ws") as outcome:
         try:
-            async for chunk in chunks:
-                if not started:
-                    started = True
-                    await start(job.sample_rate)
-                await write_within(request, ws.send_bytes(pcm_bytes(chunk)), timeout)
-        finally:
-            await chunks.aclose()
-        if not started:
-            await start(job.sample_rate)
-        await write_within(request, ws.send_bytes(END), timeout)
-        outcome = "ok"
-    except APIError as exc:
-        outcome = exc.error
-        await _ws_fail(ws, opts, exc)
-    except WriteStalled:
-        outcome = "write_timeout"  # the connection is cut; the slot went back when the stream closed
-    except asyncio.CancelledError:
-        outcome = "cancelled"
-        if ws.closed:
-            raise
-        # The client asked to cancel: the request ends with END as usual, the socket stays usable.
-        with contextlib.suppress(ConnectionResetError, RuntimeError):
-            await ws.send_bytes(END)
-    except ConnectionResetError:
-        outcome = "client_gone"
-    except Exception as exc:
-        log.warning("tts_failed transport=ws kind=%s", type(exc).__name__)
-        await _ws_fail(ws, opts, TTSError(500, "synthesis_failed", "the engine failed to synthesise this text"))
-    finally:
-        svc.metrics.tts_requests_total.labels(outcome=outcome).inc()
-        log.info("tts_request transport=ws outcome=%s ms=%.0f", outcome, (time.perf_counter() - t0) * 1000)
+            request.app[LIMITS].take("tts", client)  # the same budget as POST /api/tts, once per request
+            params = parse_params(data, cfg)
+            job = await svc.prepare(params)
+            chunks = svc.stream(job)
+            started = False
+            try:
+                async for chunk in chunks:
+                    if not started:
+                        started = True
+                        await start(job.sample_rate)
+                    await write_within(request, ws.send_bytes(pcm_bytes(chunk)), timeout)
+            finally:
+                await chunks.aclose()
+            if not started:
+                await start(job.sample_rate)
+            await write_within(request, ws.send_bytes(END), timeout)
+            outcome.value = "ok"
+        except APIError as exc:
+            outcome.value = exc.error
+            await _ws_fail(ws, opts, exc)
+        except WriteStalled:
+            outcome.value = "write_timeout"  # the connection is cut; the slot went back when the stream closed
+        except asyncio.CancelledError:
+            outcome.value = "cancelled"
+            if ws.closed:
+                raise
+            # The client asked to cancel: the request ends with END as usual, the socket stays usable.
+            with contextlib.suppress(ConnectionResetError, RuntimeError):
+                await ws.send_bytes(END)
+        except ConnectionResetError:
+            outcome.value = "client_gone"  # the socket is gone: nothing to tell it, nothing to raise
+        except Exception as exc:
+            log.warning("tts_failed transport=ws kind=%s", type(exc).__name__)
+            await _ws_fail(ws, opts, TTSError(500, "synthesis_failed", "the engine failed to synthesise this text"))
 
 
 # --- /api/voices -----------------------------------------------------------------------------------------
-def _voice_json(voice: Any, cloning: bool) -> dict[str, Any]:
+def _voice_json(voice: Voice, cloning: bool) -> dict[str, object]:
     return voice.to_json() | {"cloning": cloning}
 
 

@@ -205,7 +205,9 @@ class TTSService:
                     except TTSBusy as exc:
                         raise TTSError(429, "busy", str(exc), {"Retry-After": "1"}) from None
                     if job.energy != 1.0:
-                        chunk = _effects().apply_energy(chunk, job.energy)
+                        from assistant.tts.effects import apply_energy  # brings scipy: on first use
+
+                        chunk = apply_energy(chunk, job.energy)
                     if first:
                         first = False
                         self.metrics.tts_first_chunk_seconds.observe(time.perf_counter() - t0)
@@ -215,7 +217,8 @@ class TTSService:
 
     async def _dsp_chunks(self, job: Job, path: SynthesisPath) -> AsyncIterator[np.ndarray]:
         """Per sentence: synthesise whole, then stretch/shift it with full context (no seams inside)."""
-        fx = _effects()
+        from assistant.tts import effects as fx  # brings scipy: on first use
+
         for sentence in split_sentences(job.request.text):
             parts = [c async for c in path.speak(sentence, job.request)]
             if not parts:
@@ -251,12 +254,6 @@ class _TagOnEveryPiece:
         finally:
             await chunks.aclose()  # type: ignore[attr-defined]
 
-
-
-def _effects() -> Any:
-    from assistant.tts import effects
-
-    return effects
 
 
 def pcm_bytes(chunk: np.ndarray) -> bytes:

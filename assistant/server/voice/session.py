@@ -10,18 +10,20 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import secrets
 import time
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Coroutine
+from typing import TypedDict, TypeVar, Unpack
 
-from aiortc import RTCIceCandidate, RTCPeerConnection, RTCSessionDescription
+from aiortc import RTCDataChannel, RTCIceCandidate, RTCPeerConnection, RTCSessionDescription
+from aiortc.mediastreams import MediaStreamTrack
 
 from assistant.audio import AudioChunk
 from assistant.config import Config
 from assistant.pipeline.conversation import Conversation, TurnDeps
-from assistant.pipeline.events import EventChannel
+from assistant.pipeline.events import DataChannel, EventChannel
 from assistant.pipeline.reply import ReplySink
 from assistant.respond.base import Responder
 from assistant.rtc.inbound import InboundAudio, read_track
@@ -33,6 +35,24 @@ from assistant.server.voice.sdpfrag import ice_credentials
 
 log = logging.getLogger(__name__)
 
+T = TypeVar("T")
+MAX_CLIENT_MESSAGE = 4096  # a message the page sends on the events channel (a setting): bigger ones are dropped
+
+
+def language_choices(services: Services) -> list[str]:
+    """What a session may be heard in: ``auto`` (a multilingual ASR detects each turn's language) and the codes
+    the ASR hears (``asr.languages``)."""
+    asr = services.asr
+    return (["auto"] if getattr(asr, "detects", False) else []) + list(getattr(asr, "languages", ("en",)))
+
+
+def choose_language(services: Services, language: object) -> str:
+    """``language`` if a session may be heard in it (:func:`language_choices`), else ValueError naming them."""
+    choices = language_choices(services)
+    if not isinstance(language, str) or language not in choices:
+        raise ValueError(f"must be one of {', '.join(choices)}, got {language!r}")
+    return language
+
 
 def new_session_id(gateway_id: str = "") -> str:
     """A fresh session id; behind a dispatcher ``GATEWAY.TOKEN``, so the id names the gateway that holds it.
@@ -41,6 +61,14 @@ def new_session_id(gateway_id: str = "") -> str:
     """
     token = secrets.token_urlsafe(12)
     return f"{gateway_id}.{token}" if gateway_id else token
+
+
+class SessionOptions(TypedDict, total=False):
+    """What a session is opened with besides its transport, the same for every kind of session."""
+
+    responder: str | Responder | None  # a responder object, or the name of one (None: the configured one)
+    voice: str | None                  # the TTS voice (None: the engine's default)
+    client: str                        # who opens it: the key of the per-client limits
 
 
 class ConversationSession:
@@ -57,33 +85,31 @@ class ConversationSession:
         cfg: Config | None,
         sink: ReplySink,
         on_closed: Callable[[ConversationSession], None] | None = None,
-        *,
-        responder: str | Responder | None = None,
-        voice: str | None = None,
-        client: str = "",
+        **options: Unpack[SessionOptions],
     ) -> None:
         cfg = cfg or services.cfg
         self.cfg = cfg
         self.id = new_session_id(cfg.server.gateway_id)
-        self.client = client  # who opened it (the key of the per-client limits)
+        self.client = options.get("client", "")  # who opened it (the key of the per-client limits)
         self.connected = True  # a peerless session is connected once admitted; a peer's says when it is
         self.services = services
         self.created = time.monotonic()
         self.closed = False
         self.close_reason = ""
         self._on_closed = on_closed
-        self._tasks: set[asyncio.Task[Any]] = set()
+        self._tasks: set[asyncio.Task[object]] = set()
         self.sink = sink
         self.events = EventChannel()
         metrics = services.metrics
         # Sessions are admitted only once the engines are loaded (signaling.check_ready).
         assert services.asr is not None and services.tts is not None, "a session before the engines loaded"
+        responder = options.get("responder")
         deps = TurnDeps(
             asr=services.asr,
             tts=services.tts,
             responder=responder if responder is not None and not isinstance(responder, str)
             else services.responder_for(responder),
-            voice=voice,
+            voice=options.get("voice"),
             on_turn_done=lambda trace: metrics.observe_turn(trace.durations_ms(), trace.gaps_ms()),
             on_error=lambda stage: metrics.errors_total.labels(stage=stage).inc(),
             on_interrupted=metrics.interruptions_total.inc,
@@ -94,13 +120,13 @@ class ConversationSession:
         )
 
     # --- lifecycle ---------------------------------------------------------------------------------
-    def spawn(self, coro: Any, name: str) -> asyncio.Task[Any]:
+    def spawn(self, coro: Coroutine[object, object, T], name: str) -> asyncio.Task[T]:
         task = asyncio.get_running_loop().create_task(coro, name=f"{name}-{self.id}")
         self._tasks.add(task)
         task.add_done_callback(self._task_done)
         return task
 
-    def _task_done(self, task: asyncio.Task[Any]) -> None:
+    def _task_done(self, task: asyncio.Task[object]) -> None:
         self._tasks.discard(task)
         if not task.cancelled() and task.exception() is not None:
             log.error("session_task_failed session=%s task=%s error=%r", self.id, task.get_name(), task.exception())
@@ -175,20 +201,17 @@ class Session(ConversationSession):
         services: Services,
         cfg: Config | None = None,
         on_closed: Callable[[ConversationSession], None] | None = None,
-        *,
-        responder: str | Responder | None = None,
-        voice: str | None = None,
-        client: str = "",
+        **options: Unpack[SessionOptions],
     ) -> None:
         cfg = cfg or services.cfg
         self.track = ReplyTrack(queue_ms=cfg.audio.reply_queue_ms)
-        super().__init__(services, cfg, self.track, on_closed, responder=responder, voice=voice, client=client)
+        super().__init__(services, cfg, self.track, on_closed, **options)
         # The server's peer gets TURN credentials of its own, minted for this session and expiring with it.
         self.pc = RTCPeerConnection(rtc_configuration(ice_servers(cfg.ice, self.id), cfg.ice.transport_policy))
         self.etag = f'"{secrets.token_urlsafe(9)}"'  # names this ICE session for trickle PATCHes (If-Match)
         self.remote_ice: tuple[str | None, str | None] = (None, None)  # the offer's ice-ufrag, ice-pwd
         self.remote_candidates = 0
-        self.channels: dict[str, Callable[[Any], None]] = {"events": self._attach_events}
+        self.channels: dict[str, Callable[[DataChannel], None]] = {"events": self._attach_events}
         # Where the peer's audio goes: the conversation (the Realtime API may hold it back while turn detection is off).
         self.on_audio: Callable[[AudioChunk], None] = self.feed
         self.last_audio_wall = time.time()  # the latest audio frame from the peer
@@ -230,22 +253,48 @@ class Session(ConversationSession):
         with contextlib.suppress(Exception):
             await self.pc.close()
 
-    def _attach_events(self, channel: Any) -> None:
+    def _attach_events(self, channel: DataChannel) -> None:
         self.events.attach(channel)
-        self.events.emit("session", session_id=self.id)
+        channel.add_listener("message", self._on_client_message)
+        self._announce()
+
+    def _announce(self) -> None:
+        """The ``session`` event: its id, the language it is heard in and the ones it may be set to."""
+        self.events.emit("session", session_id=self.id, language=self.conversation.language or self.cfg.asr.language,
+                         languages=language_choices(self.services))
+
+    def _on_client_message(self, message: object) -> None:
+        """What the page may ask on the events channel: ``{"type": "language", "language": "ja"}`` (or ``auto``),
+        checked like the offer's field; a bad ask gets an ``error`` event, the call goes on."""
+        if not isinstance(message, str) or len(message) > MAX_CLIENT_MESSAGE:
+            return
+        try:
+            body = json.loads(message)
+        except ValueError:
+            return
+        if not isinstance(body, dict) or body.get("type") != "language":
+            return
+        try:
+            language = choose_language(self.services, body.get("language"))
+        except ValueError as exc:
+            self.events.emit("error", stage="language", message=f"language: {exc}")
+            return
+        self.conversation.set_language(language)
+        log.info("session_language session=%s language=%s", self.id, language)
+        self._announce()
 
     # --- peer events -------------------------------------------------------------------------------
     def _wire_peer(self) -> None:
         pc = self.pc
 
         @pc.on("datachannel")
-        def _on_datachannel(channel: Any) -> None:
+        def _on_datachannel(channel: RTCDataChannel) -> None:
             attach = self.channels.get(channel.label)
             if attach is not None:
                 attach(channel)
 
         @pc.on("track")
-        def _on_track(track: Any) -> None:
+        def _on_track(track: MediaStreamTrack) -> None:
             if track.kind == "audio" and not self.audio_started:
                 self.audio_started = True
                 audio = self.cfg.audio
@@ -264,7 +313,7 @@ class Session(ConversationSession):
             if state in ("failed", "closed"):
                 self.spawn(self.close(f"peer_{state}"), "close")
 
-    async def _read_audio(self, track: Any) -> None:
+    async def _read_audio(self, track: MediaStreamTrack) -> None:
         """Each decoded frame goes straight to the conversation (VAD inline: no queue, no added delay)."""
         buffer = self.receive_buffer.buffer if self.receive_buffer is not None else None
         # Chunks carry their packets' arrival times: the time our receive buffer held them counts.

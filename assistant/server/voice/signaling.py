@@ -24,7 +24,7 @@ from assistant.server.openapi import documented, error, json_body, ref
 from assistant.server.services import SERVICES
 from assistant.server.voice.sdpfrag import CONTENT_TYPE as SDPFRAG
 from assistant.server.voice.sdpfrag import FragmentError, parse_sdpfrag
-from assistant.server.voice.session import ConversationSession, Session
+from assistant.server.voice.session import ConversationSession, Session, choose_language
 
 log = logging.getLogger(__name__)
 
@@ -52,6 +52,15 @@ def check_choices(app: AppState, responder: object, voice: object) -> None:
         raise HTTPJSONError(400, "bad_offer", f"field 'responder' must be one of {services.allowed_responders()}")
     if voice is not None and (not isinstance(voice, str) or not VOICE_ID.fullmatch(voice)):
         raise HTTPJSONError(400, "bad_offer", "field 'voice' must be a voice id (letters, digits, - and _)")
+
+
+def check_language(app: AppState, language: object) -> str:
+    """A session's language as the offer asks for it (:func:`~assistant.server.voice.session.choose_language`),
+    or a 400 that lists what it may be."""
+    try:
+        return choose_language(app[SERVICES], language)
+    except ValueError as exc:
+        raise HTTPJSONError(400, "bad_language", f"field 'language': {exc}") from None
 
 
 def check_ready(app: AppState) -> None:
@@ -103,7 +112,7 @@ def admit(app: AppState, make: Callable[[OnClosed], S]) -> S:
 
 async def open_session(
     app: AppState, sdp: str, *, client: str = "", responder: str | None = None, voice: str | None = None,
-    make: Callable[[OnClosed], Session] | None = None,
+    make: Callable[[OnClosed], Session] | None = None, language: str | None = None,
 ) -> Session:
     """Start a session for this offer and apply it; the answer is ``session.pc.localDescription``.
 
@@ -114,6 +123,8 @@ async def open_session(
     await make_room_to_connect(app, client)
     session = admit(app, make or (lambda on_closed: Session(
         services, cfg, on_closed=on_closed, responder=responder, voice=voice, client=client)))
+    if language is not None:
+        session.conversation.set_language(language)
     try:
         await asyncio.wait_for(session.accept(sdp, "offer"), timeout=cfg.server.connect_timeout_s)
     except Exception as exc:
@@ -157,7 +168,10 @@ OFFER_SCHEMA = {
     "type": "object", "required": ["sdp", "type"],
     "properties": {"sdp": {"type": "string", "maxLength": lambda cfg: cfg.server.max_sdp_bytes},
                    "type": {"const": "offer"}, "voice": {"type": "string"},
-                   "responder": {"type": "string"}},
+                   "responder": {"type": "string"},
+                   "language": {"type": "string", "description": "the language the session is heard in: auto "
+                                "(each turn's detected) or a code the ASR hears (the session event lists them); "
+                                "the data channel's {type: language} changes it mid-call"}},
 }
 ANSWER_SCHEMA = {
     "type": "object", "required": ["sdp", "type", "session_id"],
@@ -196,7 +210,9 @@ async def offer(request: web.Request) -> web.Response:
     check_sdp(sdp, cfg.server.max_sdp_bytes)
     responder, voice = data.get("responder"), data.get("voice")
     check_choices(app, responder, voice)
-    session = await open_session(app, sdp, client=app[LIMITS].client(request), responder=responder, voice=voice)
+    language = check_language(app, data["language"]) if data.get("language") is not None else None
+    session = await open_session(app, sdp, client=app[LIMITS].client(request), responder=responder, voice=voice,
+                                 language=language)
     answer = session.pc.localDescription
     return web.json_response(
         {

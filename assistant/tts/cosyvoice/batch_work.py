@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Generator, Hashable, Sequence
-from typing import Any, TypeVar
+from typing import Self, TypeVar
 
 import torch
 
@@ -22,7 +22,7 @@ T = TypeVar("T")
 class Work:
     """One piece of model work a stream's generator asks for; ``result`` is set before it resumes."""
 
-    result: Any = None
+    result: torch.Tensor          # set by run_batch, before the generator that yielded the piece resumes
     batch_seconds: float = 0.0   # wall time of the batch this piece ran in (shared by its batch-mates)
     batch_size: int = 0
 
@@ -31,7 +31,7 @@ class Work:
         raise NotImplementedError
 
     @classmethod
-    def run_batch(cls, items: list[Any]) -> None:
+    def run_batch(cls, items: list[Self]) -> None:
         """Run ``items`` (equal keys) as one model call and set each one's ``result``."""
         raise NotImplementedError
 
@@ -71,10 +71,10 @@ def run_alone(steps: WorkSteps[T]) -> T:
 
 
 @torch.inference_mode()
-def run_together(all_steps: Sequence[WorkSteps[Any]], buckets: Sequence[int] = ()) -> list[Any]:
+def run_together(all_steps: Sequence[WorkSteps[T]], buckets: Sequence[int] = ()) -> list[T]:
     """Drive several generators in lockstep: each round runs every pending piece, grouped by key; returns
     their results in order (the scheduler adds deadlines to this; tests and the bench use it as is)."""
-    results: list[Any] = [None] * len(all_steps)
+    results: dict[int, T] = {}
     pending: dict[int, Work] = {}
 
     def advance(i: int, first: bool) -> None:
@@ -91,7 +91,7 @@ def run_together(all_steps: Sequence[WorkSteps[Any]], buckets: Sequence[int] = (
         run_grouped(list(items.values()), buckets)
         for i in items:
             advance(i, False)
-    return results
+    return [results[i] for i in range(len(all_steps))]
 
 
 __all__ = ["Work", "WorkSteps", "bucket", "run_alone", "run_grouped", "run_together"]

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import logging
 import sys
-from typing import Any
 
 import torch
 
@@ -93,10 +92,6 @@ class SpeechBatcher:
     # --- admission and requests (any thread) ---------------------------------------------------------------
 
     @property
-    def capacity(self) -> int:
-        return self.admission.capacity
-
-    @property
     def tickets(self) -> int:
         return self.admission.tickets
 
@@ -113,7 +108,7 @@ class SpeechBatcher:
         self.decoder.wake()
         self.chunks.wake()
 
-    def capture(self, timeout: float | None = None) -> dict[str, Any]:
+    def capture(self, timeout: float | None = None) -> dict[str, object]:
         """Capture the decode step's CUDA graph now (warm-up); returns the decode path's record."""
         return self.decoder.capture(timeout)
 
@@ -126,15 +121,7 @@ class SpeechBatcher:
         """Jobs holding a KV slot or still making chunks (for tests and metrics)."""
         return len(self.chunks.running() | self.decoder.running())
 
-    @property
-    def steps(self) -> int:
-        return self.decoder.steps
-
-    @property
-    def batch_rows(self) -> int:
-        return self.decoder.batch_rows
-
-    def stats(self) -> dict[str, Any]:
+    def stats(self) -> dict[str, object]:
         """Counters for logs, metrics and the bench."""
         return {"slots": self.slots, "tickets": self.tickets, "running": self.running(),
                 **self.decoder.stats(), **self.chunks.stats()}

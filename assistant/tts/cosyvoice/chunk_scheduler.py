@@ -24,18 +24,16 @@ device, so the decode thread's steps and a graph capture there are not disturbed
 
 from __future__ import annotations
 
-import contextlib
 import logging
-import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 
 from assistant.tts.cosyvoice.admission import EngineBusy
 from assistant.tts.cosyvoice.batch_work import Work, WorkSteps, run_grouped
+from assistant.tts.cosyvoice.engine_thread import EngineThread
 from assistant.tts.cosyvoice.flow import CausalFlow
 from assistant.tts.cosyvoice.hift import HiFTVocoder
 from assistant.tts.cosyvoice.jobs import SpeechJob
@@ -57,21 +55,17 @@ class _Task:
     queue_ms: float = 0.0
 
 
-class ChunkWorker:
+class ChunkWorker(EngineThread):
     """Owns the jobs' streams; see the module doc for one round."""
 
     def __init__(
         self, flow: CausalFlow, hift: HiFTVocoder, cache: PromptCache, *, sample_rate: int, max_batch: int,
         buckets: tuple[int, ...] = (), cpu_threads: int = 1,
     ) -> None:
+        super().__init__("cosyvoice-chunks", next(flow.parameters()).device, cpu_threads)
         self.flow, self.hift, self.cache = flow, hift, cache
         self.sample_rate, self.max_batch, self.buckets = sample_rate, max(1, max_batch), buckets
-        self.cpu_threads = cpu_threads
-        p = next(flow.parameters())
-        self.device = p.device
         self.wake_decoder: Callable[[], None] = lambda: None
-        self._cond = threading.Condition()
-        self._stop = False
         self._jobs: list[SpeechJob] = []
         self._arriving: set[SpeechJob] = set()   # submitted, not handed over yet (in prefill or decoding)
         self._tasks: dict[SpeechJob, _Task] = {}
@@ -82,11 +76,6 @@ class ChunkWorker:
         self.batches = 0                 # model calls made
         self.batched_items = 0           # pieces of work in them (mean batch = batched_items / batches)
         self.max_seen_batch = 0
-        self._stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
-        self._thread = threading.Thread(target=self._run, name="cosyvoice-chunks", daemon=True)
-
-    def start(self) -> None:
-        self._thread.start()
 
     def expect(self, job: SpeechJob) -> None:
         """A job was submitted (its tokens come later, by `add`): prefix builds wait for its first chunk."""
@@ -99,21 +88,11 @@ class ChunkWorker:
             self._jobs.append(job)
             self._cond.notify()
 
-    def wake(self) -> None:
-        with self._cond:
-            self._cond.notify()
-
-    def close(self) -> None:
-        with self._cond:
-            self._stop = True
-            self._cond.notify()
-        self._thread.join(timeout=5)
-
     def running(self) -> set[int]:
         with self._cond:
             return set(map(id, self._jobs))
 
-    def stats(self) -> dict[str, Any]:
+    def stats(self) -> dict[str, object]:
         return {"chunk_s": self.chunk_s, "flow_batches": self.batches,
                 "mean_flow_batch": self.batched_items / max(self.batches, 1), "max_flow_batch": self.max_seen_batch,
                 "prefixes_built": self._builds.built}
@@ -125,31 +104,28 @@ class ChunkWorker:
 
     # --- the thread ----------------------------------------------------------------------------------------
 
-    def _run(self) -> None:
-        torch.set_grad_enabled(False)
-        if self.device.type == "cpu":
-            torch.set_num_threads(self.cpu_threads)
-        ctx = torch.cuda.stream(self._stream) if self._stream is not None else contextlib.nullcontext()
-        with ctx:
-            while True:
-                with self._cond:
-                    while not self._stop and not self._has_work():
-                        self._cond.wait()
-                    if self._stop:
-                        break
-                    jobs = list(self._jobs)
-                t0 = time.perf_counter()
-                self.busy = True
-                try:
-                    with torch.inference_mode():
-                        self._round(jobs)
-                except Exception as exc:  # pragma: no cover - defensive: fail the jobs, keep serving
-                    log.exception("cosyvoice chunk round failed")
-                    for job in jobs:
-                        self.fail(job, exc)
-                finally:
-                    self.busy = False
-                    self.chunk_s += time.perf_counter() - t0
+    def _loop(self) -> None:
+        while True:
+            with self._cond:
+                while not self._stop and not self._has_work():
+                    self._cond.wait()
+                if self._stop:
+                    return
+                jobs = list(self._jobs)
+            t0 = time.perf_counter()
+            self.busy = True
+            try:
+                with torch.inference_mode():
+                    self._round(jobs)
+            except Exception as exc:  # pragma: no cover - defensive: fail the jobs, keep serving
+                log.exception("cosyvoice chunk round failed")
+                for job in jobs:
+                    self.fail(job, exc)
+            finally:
+                self.busy = False
+                self.chunk_s += time.perf_counter() - t0
+
+    def _after(self) -> None:
         with self._cond:
             jobs, self._jobs = list(self._jobs), []
         for job in jobs:
@@ -169,8 +145,7 @@ class ChunkWorker:
         return False
 
     def _round(self, jobs: list[SpeechJob]) -> None:
-        if self._stream is not None:  # voices and prefixes made elsewhere on the default stream are complete
-            self._stream.wait_stream(torch.cuda.default_stream(self.device))
+        self._follow_default_stream()  # voices and prefixes made elsewhere on the default stream are complete
         for job in [j for j in self._tasks if j.cancelled.is_set()]:
             del self._tasks[job]                   # its chunk is dropped half made
         for job in jobs:
@@ -264,7 +239,7 @@ class ChunkWorker:
         """Steps 2-4 of a round (module doc): the leader, its batch-mates, one model call, advance each."""
         leader: _Task | None = None
         batch: list[_Task] = []
-        key: Any = None
+        key: Hashable = None
         for job in ready:
             task = self._tasks.get(job)
             if task is None:

@@ -9,7 +9,6 @@ slot, when they start and end, and where their tokens go is the decode thread's 
 from __future__ import annotations
 
 import logging
-from typing import Any
 
 import torch
 
@@ -53,15 +52,11 @@ class DecodeState:
             if (cuda_graphs and dev.type == "cuda") or static_step else None
 
     @property
-    def path(self) -> dict[str, Any]:
+    def path(self) -> dict[str, object]:
         """Which decode step runs: the CUDA graph (with its capture time and replays), the static step, eager."""
         if self.static is not None:
             return self.static.record
         return {"path": f"eager ({self.device.type})", "capture_s": None, "error": None}
-
-    @property
-    def max_positions(self) -> int:
-        return self.decoder.max_positions
 
     @property
     def cache_bytes(self) -> int:

@@ -24,17 +24,17 @@ would have made every first packet wait for the whole batch. On a GPU neither is
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import random
 import threading
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import torch
 
 from assistant.tts.cosyvoice.admission import EngineBusy
 from assistant.tts.cosyvoice.decode_state import DecodeState
+from assistant.tts.cosyvoice.engine_thread import EngineThread
 from assistant.tts.cosyvoice.jobs import SpeechJob
 from assistant.tts.cosyvoice.llm import SpeechLM
 from assistant.tts.cosyvoice.prompt_cache import PromptCache
@@ -44,7 +44,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-Inflight = tuple[torch.Tensor, list[SpeechJob], Any]   # tokens (host or device), their jobs, a CUDA event
+# tokens (host or device), their jobs, and on CUDA the event that says the copy to the host is done
+Inflight = tuple[torch.Tensor, list[SpeechJob], "torch.cuda.Event | None"]
 
 
 def first_chunk_tokens(job: SpeechJob, lookahead: int) -> int:
@@ -74,22 +75,20 @@ def admissible(free: int, decoding: list[SpeechJob], lookahead: int) -> int:
     return 1
 
 
-class DecodeWorker:
+class DecodeWorker(EngineThread):
     """Owns the KV slots (which job holds which) and the decode thread; the model side is `DecodeState`."""
 
     def __init__(
         self, lm: SpeechLM, cache: PromptCache, chunks: ChunkWorker, *, slots: int, max_positions: int,
         cuda_graphs: bool, static_step: bool, cpu_threads: int, lookahead: int = 3, hold_ahead: bool | None = None,
     ) -> None:
-        self.cache, self.chunks, self.cpu_threads = cache, chunks, cpu_threads
         self.state = DecodeState(lm, slots, max_positions, cuda_graphs=cuda_graphs, static_step=static_step)
-        self.device = dev = self.state.device
+        super().__init__("cosyvoice-decode", self.state.device, cpu_threads)
+        self.cache, self.chunks = cache, chunks
         self.lookahead = lookahead
-        self.hold_ahead = dev.type == "cpu" if hold_ahead is None else hold_ahead
-        self._cond = threading.Condition()
+        self.hold_ahead = self.device.type == "cpu" if hold_ahead is None else hold_ahead
         self._incoming: list[SpeechJob] = []
         self._captures: list[threading.Event] = []
-        self._stop = False
         self._waiting: list[SpeechJob] = []
         self._decoding: list[SpeechJob] = []
         self._inflight: Inflight | None = None
@@ -101,16 +100,11 @@ class DecodeWorker:
         self.busy_s = 0.0
         self.held_rows = 0              # job-steps held back while a first chunk was under way (others stepped)
         self.held_s = 0.0               # time no job was stepped because all were held
-        self._stream = torch.cuda.Stream(dev) if dev.type == "cuda" else None
-        self._thread = threading.Thread(target=self._run, name="cosyvoice-decode", daemon=True)
 
     @property
-    def path(self) -> dict[str, Any]:
+    def path(self) -> dict[str, object]:
         """Which decode step runs: the CUDA graph (with its capture time and replays), the static step, eager."""
         return self.state.path
-
-    def start(self) -> None:
-        self._thread.start()
 
     def submit(self, job: SpeechJob) -> None:
         job.t_submit = time.perf_counter()
@@ -121,11 +115,7 @@ class DecodeWorker:
             self._incoming.append(job)
             self._cond.notify()
 
-    def wake(self) -> None:
-        with self._cond:
-            self._cond.notify()
-
-    def capture(self, timeout: float | None = None) -> dict[str, Any]:
+    def capture(self, timeout: float | None = None) -> dict[str, object]:
         """Capture the decode graph now, in the decode thread (a graph belongs to the thread that records it,
         between two steps); returns `path`."""
         done = threading.Event()
@@ -135,16 +125,10 @@ class DecodeWorker:
         done.wait(timeout)
         return self.path
 
-    def close(self) -> None:
-        with self._cond:
-            self._stop = True
-            self._cond.notify()
-        self._thread.join(timeout=5)
-
     def running(self) -> set[int]:
         return set(map(id, self._decoding))
 
-    def stats(self) -> dict[str, Any]:
+    def stats(self) -> dict[str, object]:
         alone = self.steps - self.busy_steps
         return {
             "decode_steps": self.steps,
@@ -160,12 +144,7 @@ class DecodeWorker:
 
     # --- the thread ----------------------------------------------------------------------------------------
 
-    def _run(self) -> None:
-        torch.set_grad_enabled(False)
-        if self.device.type == "cpu":
-            torch.set_num_threads(self.cpu_threads)
-        with torch.cuda.stream(self._stream) if self._stream is not None else contextlib.nullcontext():
-            self._loop()
+    def _after(self) -> None:
         for done in self._captures:
             done.set()
         for job in self._decoding + self._waiting + self._incoming:
@@ -186,8 +165,7 @@ class DecodeWorker:
                 self._waiting.extend(self._incoming)
                 self._incoming.clear()
                 captures, self._captures = self._captures, []
-            if self._stream is not None:  # inputs made elsewhere (voices, warm-up) on the default stream
-                self._stream.wait_stream(torch.cuda.default_stream(self.device))
+            self._follow_default_stream()  # inputs made elsewhere (voices, warm-up) on the default stream
             for done in captures:
                 try:
                     self.state.capture()
@@ -301,7 +279,7 @@ class DecodeWorker:
             j.stats["decode_ms"] = j.stats.get("decode_ms", 0.0) + 1000 * dt
         return tokens, list(decoding), event
 
-    def _collect(self, tokens: torch.Tensor, jobs: list[SpeechJob], event: Any) -> None:
+    def _collect(self, tokens: torch.Tensor, jobs: list[SpeechJob], event: torch.cuda.Event | None) -> None:
         """A step's tokens on the host: hand them to the jobs' streams, end jobs at a stop id or their limit."""
         t0 = time.perf_counter()
         if event is not None:

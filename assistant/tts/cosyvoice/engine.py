@@ -120,13 +120,13 @@ class CosyVoiceEngine:
             raise RuntimeError("model not loaded yet (await engine.model())")
         return self._batcher
 
-    def cache_stats(self) -> dict:
+    def cache_stats(self) -> dict[str, object]:
         """The prompt cache's counters (entries, bytes, hits and misses per kind, evictions)."""
         return self.prompt_cache.stats()
 
-    def stats(self) -> dict:
+    def stats(self) -> dict[str, object]:
         """Batcher counters (decode path and capture cost, steps, mean batch) and the prompt cache's."""
-        out = {"prompt_cache": self.cache_stats()}
+        out: dict[str, object] = {"prompt_cache": self.cache_stats()}
         if self._batcher is not None:
             out.update(self._batcher.stats())
         return out

@@ -58,14 +58,7 @@ def stream_tokens(
     """Stream known tokens as the LLM would hand them over, recording the mel behind every frame."""
     s = StreamingSynthesis(flow, hift, voice, schedule, prefix=prefix, seed=seed)
     s.backend.record_mel()
-    chunks = []
-    for tok in tokens:
-        s.add(tok)
-        while s.due():
-            chunks.append(s.next_chunk())
-    s.finish()
-    while s.due():
-        chunks.append(s.next_chunk())
+    chunks = s.run_through(tokens)
     ratio = flow.cfg.token_mel_ratio
     assert s.backend.spoken is not None
     mel = torch.cat(s.backend.spoken, dim=2).float()

@@ -20,7 +20,6 @@ the same alone or in a batch (up to float summation order; tested).
 from __future__ import annotations
 
 import math
-from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -127,7 +126,7 @@ class RowCaches:
         """Frames stream i has computed before this call."""
         return int(self.caches[i].get("frames", 0))
 
-    def left_pad(self, x: torch.Tensor, n: int, key: Any) -> torch.Tensor:
+    def left_pad(self, x: torch.Tensor, n: int, key: object) -> torch.Tensor:
         """x [B, C, T] with each stream's previous n input frames prepended (zeros at its start); each stream
         keeps its last n real frames for its next call."""
         tails = [c.get(key) for c in self.caches]

@@ -19,9 +19,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-# Streaming state of one utterance: stateful layers keep their own entry, keyed by the layer
-# (attention: cached keys/values; causal convs: their last input frames). None = whole-utterance call.
-Cache = dict[Any, Any]
+# Streaming state of one utterance: stateful layers keep their own entry, keyed by the layer (attention: cached
+# keys/values; causal convs: their last input frames), beside a few counters keyed by name ("frames", "tokens").
+# The entries are of each layer's own kind, so the values are untyped. None = whole-utterance call.
+Cache = dict[object, Any]
 
 
 def chunk_attention_mask(size: int, chunk: int, device: torch.device | None = None, offset: int = 0) -> torch.Tensor:
@@ -48,7 +49,7 @@ def relative_position_table(length: int, d_model: int, device=None, dtype=torch.
     return table.unsqueeze(0).to(device=device, dtype=dtype)
 
 
-def causal_left_pad(x: torch.Tensor, n: int, cache: Cache | None, key: Any) -> torch.Tensor:
+def causal_left_pad(x: torch.Tensor, n: int, cache: Cache | None, key: object) -> torch.Tensor:
     """x [B, C, T] with n frames prepended: zeros at the start, else the previous call's last n frames."""
     if cache is None:
         return F.pad(x, (n, 0))

@@ -23,18 +23,17 @@ step), so the chunk scheduler can build it between other streams' chunks instead
 from __future__ import annotations
 
 import copy
-from typing import Any
 
 import torch
 
 from assistant.tts.cosyvoice.batch_work import WorkSteps, run_alone
 from assistant.tts.cosyvoice.flow import CausalFlow, FlowSolve, StreamingFlow
 from assistant.tts.cosyvoice.flow_decoder import KVCache
+from assistant.tts.cosyvoice.flow_encoder import Cache
 from assistant.tts.cosyvoice.prompt_cache import PromptCache, digest
 from assistant.tts.cosyvoice.voice import CosyVoicePrompt
 
-Cache = dict[Any, Any]
-KVPrefixes = list[dict[Any, tuple[torch.Tensor, torch.Tensor]]]  # per step: layer → shared (k, v)
+KVPrefixes = list[dict[object, tuple[torch.Tensor, torch.Tensor]]]  # per step: layer → shared (k, v)
 
 
 def kv_prefixes(caches: list[Cache]) -> KVPrefixes:
@@ -55,7 +54,7 @@ def fork_caches(caches: list[Cache], kv: KVPrefixes, capacity: int) -> list[Cach
     return out
 
 
-def tensor_bytes(obj: Any) -> int:
+def tensor_bytes(obj: object) -> int:
     if isinstance(obj, torch.Tensor):
         return obj.numel() * obj.element_size()
     if isinstance(obj, dict):

@@ -17,10 +17,13 @@ import logging
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Protocol
 
 from assistant.tts.tags import split_leading_tag
 from assistant.tts.text import contains_chinese, split_sentences
+
+if TYPE_CHECKING:  # transformers comes with the cosyvoice extra; imported where the tokenizer is loaded
+    from transformers import PreTrainedTokenizerBase
 
 log = logging.getLogger(__name__)
 
@@ -113,15 +116,21 @@ def split_emotion_tag(text: str) -> tuple[str | None, str]:
 # --- normalisation -------------------------------------------------------------------------------------------
 
 
+class Normalizer(Protocol):
+    """A wetext ``Normalizer`` as it is used here (wetext ships no type hints)."""
+
+    def normalize(self, text: str) -> str: ...
+
+
 class _Normalizers:
     """wetext normalisers, created on first use; absent wetext is logged once and skipped."""
 
     def __init__(self) -> None:
         self._made = False
-        self.zh: Any = None
-        self.en: Any = None
+        self.zh: Normalizer | None = None
+        self.en: Normalizer | None = None
 
-    def get(self) -> tuple[Any, Any]:
+    def get(self) -> tuple[Normalizer | None, Normalizer | None]:
         if not self._made:
             self._made = True
             try:
@@ -163,7 +172,7 @@ class TextFrontend:
 
     def __post_init__(self) -> None:
         self._normalizers = _Normalizers()
-        self._tokenizer: Any = None
+        self._tokenizer: PreTrainedTokenizerBase | None = None
 
     @property
     def normalizes(self) -> bool:
@@ -176,7 +185,7 @@ class TextFrontend:
     def has_tokenizer(self) -> bool:
         return self.tokenizer_dir is not None
 
-    def tokenizer(self) -> Any:
+    def tokenizer(self) -> PreTrainedTokenizerBase:
         if self._tokenizer is None:
             if self.tokenizer_dir is None:
                 raise RuntimeError("no tokenizer: the model directory has no CosyVoice-BlankEN tokenizer files")

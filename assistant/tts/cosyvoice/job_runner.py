@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncGenerator
-from typing import Any
+from functools import partial
 
 import torch
 
@@ -33,9 +33,9 @@ def job_args(
     schedule: StreamSchedule,
     greedy: bool = False,
     tokens: int | None = None,
-) -> dict[str, Any]:
-    """Keyword arguments of a `SpeechJob` in the mode the inputs select (see cosyvoice2.py's table);
-    ``tokens`` forces exactly that many speech tokens (eos ignored; benchmarks)."""
+) -> partial[SpeechJob]:
+    """A `SpeechJob` in the mode the inputs select (see cosyvoice2.py's table), all but where its chunks go
+    (``deliver``, given by `run_job`); ``tokens`` forces exactly that many speech tokens (eos ignored; benchmarks)."""
     prompt_text: torch.Tensor | None
     prompt_speech: torch.Tensor | None
     if instruct_ids is not None:
@@ -46,7 +46,8 @@ def job_args(
     lo, hi = SPEED_RANGE
     if not lo <= speed <= hi:
         raise TTSUnsupported(f"speed {speed} outside {lo}-{hi}")
-    return dict(
+    return partial(
+        SpeechJob,
         text_ids=text_ids,
         voice=voice,
         prompt_text=prompt_text,
@@ -62,7 +63,7 @@ def job_args(
 
 
 async def run_job(
-    batcher: SpeechBatcher, args: dict[str, Any], ticket: Ticket | None = None
+    batcher: SpeechBatcher, args: partial[SpeechJob], ticket: Ticket | None = None
 ) -> AsyncGenerator[Chunk, None]:
     """Submit one job and yield its chunks as the workers make them; closing the iterator cancels it.
 
@@ -76,7 +77,7 @@ async def run_job(
     def deliver(item: Chunk | BaseException | None) -> None:  # worker thread
         loop.call_soon_threadsafe(queue.put_nowait, item)
 
-    job = SpeechJob(deliver=deliver, **args)
+    job = args(deliver=deliver)
     batcher.submit(job)
     try:
         while True:

@@ -19,13 +19,16 @@ from __future__ import annotations
 import inspect
 import json
 import logging
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
+
+if TYPE_CHECKING:  # transformers comes with the cosyvoice extra; imported where the model is built
+    from transformers import DynamicCache, Qwen2Config
 
 log = logging.getLogger(__name__)
 
@@ -33,7 +36,7 @@ SOS_INDEX = 0      # row of llm_embedding that starts the sequence
 TASK_ID_INDEX = 1  # row of llm_embedding between the text and the speech part
 
 # Qwen2-0.5B, the backbone of CosyVoice2-0.5B (what CosyVoice-BlankEN/config.json holds).
-QWEN2_05B_CONFIG: dict[str, Any] = {
+QWEN2_05B_CONFIG: dict[str, object] = {
     "architectures": ["Qwen2ForCausalLM"],
     "attention_dropout": 0.0,
     "bos_token_id": 151643,
@@ -97,7 +100,7 @@ class SpeechLMConfig:
         return (self.speech_token_size, self.speech_token_size + 1, self.speech_token_size + 2)
 
 
-def load_qwen_config(model_dir_or_file: str | Path) -> Any:
+def load_qwen_config(model_dir_or_file: str | Path) -> Qwen2Config:
     """A ``Qwen2Config`` from ``CosyVoice-BlankEN/config.json`` (a dir or the file itself); no network."""
 
     path = Path(model_dir_or_file)
@@ -107,7 +110,8 @@ def load_qwen_config(model_dir_or_file: str | Path) -> Any:
     return qwen_config_from_dict(data)
 
 
-def qwen_config_from_dict(data: dict[str, Any]) -> Any:
+def qwen_config_from_dict(data: dict[str, Any]) -> Qwen2Config:
+    """A ``Qwen2Config`` from a ``config.json``'s JSON (untyped: each key is a keyword of Qwen2Config)."""
     from transformers import Qwen2Config
 
     data = {k: v for k, v in data.items() if k not in ("transformers_version", "torch_dtype", "dtype")}
@@ -120,7 +124,7 @@ def qwen_config_from_dict(data: dict[str, Any]) -> Any:
 class QwenBackbone(nn.Module):
     """Holds ``Qwen2ForCausalLM`` as ``.model`` so the state-dict keys read ``llm.model.model.*``."""
 
-    def __init__(self, qwen_config: Any) -> None:
+    def __init__(self, qwen_config: Qwen2Config) -> None:
         super().__init__()
         from transformers import Qwen2ForCausalLM
 
@@ -129,7 +133,8 @@ class QwenBackbone(nn.Module):
         params = inspect.signature(type(self.model.model).forward).parameters
         self._cache_kw = "cache" if "cache" in params else "past_key_values"
 
-    def forward(self, inputs_embeds: torch.Tensor, cache: Any = None) -> tuple[torch.Tensor, Any]:
+    def forward(self, inputs_embeds: torch.Tensor,
+                cache: DynamicCache | None = None) -> tuple[torch.Tensor, DynamicCache | None]:
         """inputs_embeds [B,T,D] → (last hidden state after the final RMSNorm [B,T,D], the cache).
 
         A given cache (HF ``DynamicCache``) is extended in place; RoPE positions continue from its length.
@@ -205,7 +210,7 @@ class RasSampler:
 class SpeechLM(nn.Module):
     """Qwen2-based text-to-speech-token model (official class: ``Qwen2LM``)."""
 
-    def __init__(self, cfg: SpeechLMConfig, qwen_config: Any) -> None:
+    def __init__(self, cfg: SpeechLMConfig, qwen_config: Qwen2Config) -> None:
         super().__init__()
         self.cfg = cfg
         n_speech = cfg.speech_token_size + 3  # codes + eos + 2 unused special rows
@@ -296,7 +301,7 @@ class SpeechLM(nn.Module):
         sampler: GreedySampler | RasSampler | None = None,
         min_len: int | None = None,
         max_len: int | None = None,
-        on_logp: Any = None,
+        on_logp: Callable[[int, torch.Tensor], None] | None = None,
     ) -> Iterator[int]:
         """Yield speech token ids one at a time until a stop id or ``max_len``.
 
@@ -343,7 +348,7 @@ class SpeechLM(nn.Module):
         return list(self.generate(text, prompt_text, prompt_speech, sampler=sampler))
 
 
-def build_speech_lm(cfg: SpeechLMConfig, qwen_config: Any, device: str | torch.device = "meta") -> SpeechLM:
+def build_speech_lm(cfg: SpeechLMConfig, qwen_config: Qwen2Config, device: str | torch.device = "meta") -> SpeechLM:
     """Construct without initialising weights (on ``meta``): the checkpoint supplies them all."""
     with torch.device(device):
         return SpeechLM(cfg, qwen_config)

@@ -32,8 +32,10 @@ from assistant.tts.cosyvoice.llm import (
 from assistant.tts.cosyvoice.yaml_config import YamlConfigError, read_model_yaml
 
 if TYPE_CHECKING:  # imported where built (loading the config needs neither)
-    from assistant.tts.cosyvoice.flow import CausalFlow
-    from assistant.tts.cosyvoice.hift import HiFTVocoder
+    from transformers import Qwen2Config
+
+    from assistant.tts.cosyvoice.flow import CausalFlow, FlowConfig
+    from assistant.tts.cosyvoice.hift import HiFTConfig, HiFTVocoder
 
 log = logging.getLogger(__name__)
 
@@ -151,11 +153,11 @@ def check_state_dict(expected: dict[str, torch.Tensor], found: dict[str, torch.T
 class ModelSpec:
     """Hyper-parameters of all three networks, read from a model directory."""
 
-    raw: dict[str, Any]
+    raw: dict[str, Any]   # the yaml, as plain data
     llm: SpeechLMConfig
-    qwen: Any
-    flow: Any
-    hift: Any
+    qwen: Qwen2Config
+    flow: FlowConfig
+    hift: HiFTConfig
     sample_rate: int = SAMPLE_RATE
 
 

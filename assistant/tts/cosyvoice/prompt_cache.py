@@ -25,7 +25,7 @@ import logging
 import threading
 from collections import OrderedDict
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import TypeVar, cast
 
 import numpy as np
 import torch
@@ -37,7 +37,7 @@ KINDS = ("clip", "flow", "llm")
 DEFAULT_MAX_BYTES = 4 << 30
 
 
-def digest(*parts: Any) -> str:
+def digest(*parts: object) -> str:
     """A content hash of tensors, arrays and plain values (dtype and shape included)."""
     h = hashlib.sha1()
     for part in parts:
@@ -55,7 +55,7 @@ def digest(*parts: Any) -> str:
     return h.hexdigest()
 
 
-def nbytes_of(obj: Any) -> int:
+def nbytes_of(obj: object) -> int:
     """Bytes of the tensors in ``obj`` (an object with ``nbytes``, a tensor, or nested dicts/lists/tuples)."""
     if isinstance(obj, torch.Tensor):
         return obj.numel() * obj.element_size()
@@ -77,7 +77,7 @@ class PromptCache:
 
     def __init__(self, max_bytes: int = DEFAULT_MAX_BYTES) -> None:
         self.max_bytes = int(max_bytes)
-        self._items: OrderedDict[tuple[str, str], tuple[Any, int]] = OrderedDict()
+        self._items: OrderedDict[tuple[str, str], tuple[object, int]] = OrderedDict()
         self._lock = threading.Lock()
         self.bytes = 0
         self.hits = dict.fromkeys(KINDS, 0)
@@ -85,7 +85,7 @@ class PromptCache:
         self.evictions = 0
         self.oversize = 0
 
-    def get(self, kind: str, key: str) -> Any | None:
+    def get(self, kind: str, key: str) -> object | None:
         """The entry, refreshed in the LRU order, or None (counted as a hit or a miss)."""
         with self._lock:
             item = self._items.get((kind, key))
@@ -96,7 +96,7 @@ class PromptCache:
             self.hits[kind] = self.hits.get(kind, 0) + 1
             return item[0]
 
-    def put(self, kind: str, key: str, value: Any) -> None:
+    def put(self, kind: str, key: str, value: object) -> None:
         size = nbytes_of(value)
         with self._lock:
             old = self._items.pop((kind, key), None)
@@ -123,9 +123,11 @@ class PromptCache:
             self.put(kind, key, item[0])
 
     def get_or_make(self, kind: str, key: str, make: Callable[[], T]) -> T:
+        """The entry, or ``make()`` kept as it. Each kind has one maker (its call site), so what is found under
+        a kind is what that maker makes."""
         found = self.get(kind, key)
         if found is not None:
-            return found
+            return cast(T, found)
         value = make()
         self.put(kind, key, value)
         return value
@@ -135,7 +137,7 @@ class PromptCache:
             self._items.clear()
             self.bytes = 0
 
-    def stats(self) -> dict[str, Any]:
+    def stats(self) -> dict[str, object]:
         """Counters for logs, the bench and /metrics."""
         with self._lock:
             per_kind = {k: sum(1 for (kind, _) in self._items if kind == k) for k in KINDS}

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -210,12 +209,12 @@ class StaticDecodeStep:
     def __init__(self, decoder: SlotDecoder, x: torch.Tensor, pos: torch.Tensor, cuda_graph: bool) -> None:
         self.decoder, self.x, self.pos = decoder, x, pos
         self.want_graph = cuda_graph and x.device.type == "cuda"
-        self.graph: Any = None
+        self.graph: torch.cuda.CUDAGraph | None = None
         self.out: torch.Tensor | None = None
         self.replays = 0
         self.direct = 0
         path = "eager until captured" if self.want_graph else f"static step ({x.device.type}, capture skipped)"
-        self.info: dict[str, Any] = {"path": path, "capture_s": None, "error": None}
+        self.info: dict[str, object] = {"path": path, "capture_s": None, "error": None}
 
     @property
     def active(self) -> bool:
@@ -225,7 +224,7 @@ class StaticDecodeStep:
         return self.graph is not None or not self.want_graph
 
     @property
-    def record(self) -> dict[str, Any]:
+    def record(self) -> dict[str, object]:
         """What runs (path), what the capture cost, and how often the graph was replayed or the step run."""
         return {**self.info, "replays": self.replays, "direct_steps": self.direct}
 
@@ -233,7 +232,7 @@ class StaticDecodeStep:
         return self.decoder.step(self.x, self.pos, self.decoder.max_positions)
 
     @torch.inference_mode()
-    def capture(self) -> dict[str, Any]:
+    def capture(self) -> dict[str, object]:
         """Capture the step (CUDA; once) and time it; on failure fall back to the direct step and say why."""
         if not self.want_graph or self.graph is not None:
             return self.record

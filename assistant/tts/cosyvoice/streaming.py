@@ -95,7 +95,8 @@ class StreamingSynthesis:
         else:
             steps = schedule.first_chunk_steps
             if prefix is None and cache is not None:
-                prefix = cache.get("flow", prefix_key(flow, voice))
+                found = cache.get("flow", prefix_key(flow, voice))
+                prefix = found if isinstance(found, FlowPrefix) else None
                 if prefix is not None and steps and steps != cfg.n_timesteps and not prefix.has_reduced(steps):
                     prefix.reduced_step_caches(steps)                      # once per voice and step count
                     cache.resize("flow", prefix_key(flow, voice))
@@ -136,6 +137,19 @@ class StreamingSynthesis:
         """Make the chunk that is due (call only when `due`)."""
         return run_alone(self.chunk_steps())
 
+    def run_through(self, tokens: list[int]) -> list[Chunk]:
+        """Known tokens handed over one at a time as the LLM would (each chunk made as soon as it is due), then
+        the end: every chunk, in order."""
+        out = []
+        for tok in tokens:
+            self.add(tok)
+            while self.due():
+                out.append(self.next_chunk())
+        self.finish()
+        while self.due():
+            out.append(self.next_chunk())
+        return out
+
     def chunk_steps(self) -> WorkSteps[Chunk]:
         """`next_chunk` as work steps. The chunk's tokens are fixed when it starts; tokens added meanwhile
         go to later chunks."""
@@ -170,14 +184,7 @@ def run_stream(
     """Stream a known token sequence as if the LLM produced it one token at a time (tests, bench). A cold
     voice's prefix is built afterwards and kept in ``cache`` (as the engine builds it beside the stream)."""
     s = StreamingSynthesis(flow, hift, voice, schedule, cache=cache, prefix=prefix, seed=seed)
-    out = []
-    for tok in tokens:
-        s.add(tok)
-        while s.due():
-            out.append(s.next_chunk())
-    s.finish()
-    while s.due():
-        out.append(s.next_chunk())
+    out = s.run_through(tokens)
     if s.missing_prefix is not None and cache is not None:
         with torch.inference_mode():
             cache.put("flow", s.missing_prefix.key, run_alone(s.missing_prefix.build_steps()))

@@ -27,7 +27,6 @@ reproducible.
 from __future__ import annotations
 
 import time
-from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -38,8 +37,6 @@ from assistant.tts.cosyvoice.flow_prefix import FlowPrefix
 from assistant.tts.cosyvoice.hift import HiFTVocoder, StreamingHiFT, crossfade_window, fade_in_out
 from assistant.tts.cosyvoice.hift_source import SourceNoise
 from assistant.tts.cosyvoice.voice import CosyVoicePrompt
-
-Cache = dict[Any, Any]
 
 # The reference's vocoder overlap: 8 mel frames (160 ms, 3840 samples at 24 kHz) are vocoded twice and the
 # audio of the overlap is cross-faded; long enough to hide the seam, short enough to cost little.

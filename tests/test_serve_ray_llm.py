@@ -4,13 +4,17 @@ packaged model on a replica, the gateway's responder calling it through a stream
 from __future__ import annotations
 
 import asyncio
-import time
+from typing import TYPE_CHECKING
 
 import pytest
 
 from assistant.config import load_config
 from assistant.respond.base import ReplyOptions
 from assistant.respond.llama import AHEAD_TOKENS
+from tests.waiting import until_async
+
+if TYPE_CHECKING:
+    from assistant.serve_ray.replicas import LLMReplicaStats
 
 pytestmark = [pytest.mark.slow, pytest.mark.asyncio(loop_scope="module")]
 
@@ -59,10 +63,14 @@ async def test_the_model_on_a_replica_answers_and_a_cancel_frees_its_slot(deploy
     long = remote.respond(LONG_ASK, [], ReplyOptions(max_tokens=300))
     assert (await anext(long)).strip()
     await long.aclose()  # barge-in: the call is cancelled, and with it the reply on the replica
-    deadline = time.monotonic() + 30
-    while (now := await stats.remote())["active"]:
-        assert time.monotonic() < deadline, "the replica's slot stayed busy"
-        await asyncio.sleep(0.05)
+    seen: list[LLMReplicaStats] = []
+
+    async def idle() -> bool:
+        seen.append(await stats.remote())
+        return seen[-1]["active"] == 0
+
+    await until_async(idle, "the replica's slot to be free", 30)
+    now = seen[-1]
     assert now["cancelled"] >= 1 and now["tokens_after_cancel"] - before <= 2
     # The long reply made at most what runs ahead of an unread stream, and stopped: nowhere near its 300 tokens.
     assert now["generated_tokens"] - options.usage.output_tokens <= AHEAD_TOKENS + 2

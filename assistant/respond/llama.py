@@ -46,6 +46,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypedDict
 
+from assistant import languages
 from assistant.config import RespondConfig
 from assistant.respond.base import Message, ReplyOptions, ResponderError, Usage
 
@@ -64,12 +65,6 @@ MSG_FAILED = "The language model failed to answer."
 MSG_TOO_LONG = "The instructions are longer than the language model's context."
 MSG_CLOSED = "The language model is shutting down."
 
-LANGUAGES = {
-    "en": "English", "zh": "Chinese", "ja": "Japanese", "ko": "Korean", "yue": "Cantonese", "fr": "French",
-    "de": "German", "es": "Spanish", "it": "Italian", "pt": "Portuguese", "nl": "Dutch", "ru": "Russian",
-    "pl": "Polish", "tr": "Turkish", "ar": "Arabic", "hi": "Hindi", "sv": "Swedish", "uk": "Ukrainian",
-    "cs": "Czech", "vi": "Vietnamese", "id": "Indonesian", "th": "Thai", "el": "Greek", "he": "Hebrew",
-}
 # A clause ends at one of these (CJK ones need no space after them).
 CLAUSE_MARKS = ".!?…;:,"
 CJK_CLAUSE_MARKS = "。！？；：，、"
@@ -187,11 +182,6 @@ class ClauseLimit:
             return held  # the reply's own end; or a limit so small that nothing else would be said
         self.dropped = held
         return ""
-
-
-def language_name(code: str) -> str:
-    code = code.strip().lower()
-    return LANGUAGES.get(code) or LANGUAGES.get(code.split("-")[0]) or code
 
 
 # --- the KV cache plan ---------------------------------------------------------------------------------------
@@ -872,7 +862,7 @@ class LlamaResponder:
         user = text
         language = (options.language or "").strip()
         if language and language.split("-")[0].lower() != self.cfg.language.strip().lower():
-            user = f"{text}\n\n(Answer in {language_name(language)}.)"
+            user = f"{text}\n\n(Answer in {languages.name(language.split('-')[0].lower())}.)"
         out.append({"role": "user", "content": user})
         return _alternating(out)
 

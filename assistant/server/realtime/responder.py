@@ -89,7 +89,9 @@ class RealtimeResponder:
             if not ctx.continuation:
                 messages.append(Message("user", text))
             tools = ctx.tools if ctx.tool_choice != "none" else []
-            stream = (self.inner.respond_messages(messages, tools, ctx.tool_choice, options=options)  # type: ignore[call-arg]
+            # Only the sampling asks on this path (the conversation's messages are the client's, as before).
+            asks = ReplyOptions(temperature=options.temperature, max_tokens=options.max_tokens)
+            stream = (self.inner.respond_messages(messages, tools, ctx.tool_choice, options=asks)  # type: ignore[call-arg]
                       if takes_options(self.inner.respond_messages)
                       else self.inner.respond_messages(messages, tools, ctx.tool_choice))
             async for out in stream:

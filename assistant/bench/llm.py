@@ -91,7 +91,8 @@ def add_llm_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", default="", help="GGUF file (default: respond.model_path, or the packaged SmolLM2)")
     parser.add_argument("--turns", type=int, default=10, help="questions per conversation (default: %(default)s)")
     parser.add_argument("--repeats", type=int, default=3,
-                        help="conversations per engine, one after the other (default: %(default)s)")
+                        help="conversations per engine, one after the other (default: %(default)s; 0: only the "
+                        "voice-to-voice part)")
     parser.add_argument("--conversations", type=session_levels, default=[1],
                         help="conversations at once, or a list run one after the other, e.g. 1,4 (default: 1)")
     parser.add_argument("--max-tokens", type=int, default=0,
@@ -279,7 +280,8 @@ def run_llm_bench(args: argparse.Namespace) -> int:
                                 "gap_s": args.gap_s,
                                 "temperature": cfg.temperature})
     try:
-        asyncio.run(run_conversations(args, cfg, results, folder))
+        if args.repeats > 0:
+            asyncio.run(run_conversations(args, cfg, results, folder))
         if args.v2v_sessions:
             run_v2v_pair(args, cfg, results, folder)
     except (RuntimeError, TimeoutError, OSError) as exc:

@@ -235,6 +235,10 @@ def cmd_bench(args: argparse.Namespace) -> int:
         from assistant.bench.narrowband import run_narrowband
 
         return asyncio.run(run_narrowband(args))
+    if args.bench_cmd == "languages":
+        from assistant.bench.asr_languages import run_languages
+
+        return asyncio.run(run_languages(args))
     return 2
 
 
@@ -273,6 +277,9 @@ BENCHES = (  # name, help, module, function adding its flags
      "assistant.bench.narrowband", "add_narrowband_arguments"),
     ("llm", "the embedded model's first token per turn vs the same GGUF behind llama_cpp.server (openai "
      "responder); --v2v-sessions: voice-to-voice with each", "assistant.bench.llm", "add_llm_arguments"),
+    ("languages", "the price of hearing every language on a CPU: ASR time of base+auto against tiny.en+en on the "
+     "same English turns, and v2v at one session with asr.language auto (and en)", "assistant.bench.asr_languages",
+     "add_languages_arguments"),
 )
 
 
@@ -309,7 +316,7 @@ def build_parser(bench: str | None = None) -> argparse.ArgumentParser:
 
     p = sub.add_parser("dispatch", help="one front for several gateways (assistant serve --server.gateway_id ...): "
                        "offers go to the least-loaded one")
-    _config_args(p, ("server", "dispatch", "log"))
+    _config_args(p, ("server", "dispatch", "log", "keys"))
     p.set_defaults(func=cmd_dispatch)
 
     p = sub.add_parser("say", help="synthesize text to a WAV file with the configured TTS engine")

@@ -52,7 +52,10 @@ class ServerConfig:
     max_sdp_bytes: int = _f(65_536, "largest SDP accepted in an offer")
     body_timeout_s: float = _f(60.0, "a request body still arriving after this long is refused (408): a body "
                                "trickled in forever would hold its handler forever")
-    auth_token: str = _f("", "bearer token required on /api/* and /ws/* (empty: no auth)")
+    auth_token: str = _f(
+        "", "the admin key: bearer token required on /api/*, /ws/* and /v1/* (or a key it minted); empty: no auth, "
+        "and only a loopback address (server.allow_public_without_token)",
+    )
     cors_origins: list[str] = _f([], "origins allowed to call the API cross-site (empty: CORS off)")
     tls_cert: str = _f("", "PEM certificate chain file: serve HTTPS and WSS directly (with server.tls_key)")
     tls_key: str = _f("", "PEM private key file for server.tls_cert")
@@ -72,8 +75,8 @@ class ServerConfig:
     )
     allowed_hosts: list[str] = _f(
         [], "host names this server answers to (421 otherwise; loopback names always); empty: any, except that a "
-        "server listening on a loopback address with no auth_token answers only to loopback names and trusted "
-        "proxies (no DNS rebinding)",
+        "server with no auth_token answers only to loopback names, IP addresses and trusted proxies (no DNS "
+        "rebinding)",
     )
     offers_per_minute: int = _f(20, "offers (POST /api/offer, WHIP) per client per minute (0: unlimited)")
     trickle_per_minute: int = _f(600, "trickle PATCHes per client per minute (0: unlimited)")
@@ -83,6 +86,24 @@ class ServerConfig:
         "the oldest one still connecting after 5 s (else 503)",
     )
     max_connecting_per_client: int = _f(4, "sessions not yet connected per client; past it 429")
+    # Who may call, and how much one client may hold (docs/security.md).
+    max_sessions_per_client: int = _f(
+        8, "sessions one client holds at once, connected or not (page calls, WHIP, Realtime calls and WebSockets); "
+        "past it 429 (0: no cap)",
+    )
+    ipv6_client_prefix: int = _f(
+        48, "the IPv6 prefix the per-client limits count as one client: a /48 is one site, so its holder cannot "
+        "multiply its budgets by hopping addresses; everyone behind one /48 shares them (64: one subnet)",
+    )
+    allow_public_without_token: bool = _f(
+        False, "I mean it: listen on a non-loopback address with no auth_token (anyone who reaches the port may "
+        "open calls and use the TTS API; a warning is logged). Off: `serve` and `dispatch` refuse to start so",
+    )
+    metrics_port: int = _f(
+        0, "a second listener serving only GET /metrics with no token, for Prometheus (0: none; /metrics on the "
+        "main port needs the token)",
+    )
+    metrics_host: str = _f("127.0.0.1", "address of the metrics listener (server.metrics_port)")
 
 
 @dataclass
@@ -535,6 +556,15 @@ class DispatchConfig:
 
 
 @dataclass
+class KeysConfig:
+    """Short-lived keys the server token mints (POST /api/keys, POST /v1/realtime/client_secrets)."""
+
+    default_ttl_s: int = _f(600, "lifetime of a minted key when the request names none")
+    max_ttl_s: int = _f(86_400, "longest lifetime a minted key may have")
+    per_minute: int = _f(600, "keys minted per client per minute (0: unlimited)")
+
+
+@dataclass
 class Config:
     server: ServerConfig = field(default_factory=ServerConfig)
     ice: ICEConfig = field(default_factory=ICEConfig)
@@ -551,6 +581,7 @@ class Config:
     ray: RayConfig = field(default_factory=RayConfig)
     log: LogConfig = field(default_factory=LogConfig)
     dispatch: DispatchConfig = field(default_factory=DispatchConfig)
+    keys: KeysConfig = field(default_factory=KeysConfig)
 
     def to_dict(self) -> dict[str, dict[str, object]]:
         """Every section's settings (what crosses to a Ray replica; :func:`apply_overrides` reads it back)."""

@@ -37,7 +37,12 @@ _ALIASES = {"jp": "ja", "cn": "zh", "zh-cn": "zh", "zh-tw": "zh", "cmn": "zh", "
 
 
 class UnknownLanguage(ValueError):
-    """A language code no table here knows; the message says which codes are known."""
+    """A language code no table here knows; the message says which codes are known, ``problem`` only what is
+    wrong with this one (for an API's short answer)."""
+
+    def __init__(self, message: str, problem: str = "") -> None:
+        super().__init__(message)
+        self.problem = problem or message
 
 
 def name(code: str) -> str:
@@ -53,10 +58,10 @@ def check(code: str, where: str, *, auto: bool = False) -> str:
     hint = _ALIASES.get(code.strip().lower())
     did_you_mean = f"; did you mean {hint!r}?" if hint else ""
     allowed = f"'{AUTO}' or " if auto else ""
+    problem = f"{code!r} is not a language code{did_you_mean}"
     raise UnknownLanguage(
-        f"{where}: {code!r} is not a language code{did_you_mean} Use {allowed}one of Whisper's codes, e.g. en, zh, "
-        f"ja, ko, yue, de, fr, es (all: {', '.join(sorted(CODES))})"
-    )
+        f"{where}: {problem} Use {allowed}one of Whisper's codes, e.g. en, zh, ja, ko, yue, de, fr, es (all: "
+        f"{', '.join(sorted(CODES))})", problem)
 
 
 def script_language(text: str) -> str | None:

@@ -101,9 +101,32 @@ def test_english_only_models_refuse_other_languages() -> None:
     assert hearing(ASRConfig()) == (("en",), False)
     assert hearing(ASRConfig(language="auto")) == (("en", "zh", "ja", "ko"), True)
     assert hearing(ASRConfig(language="de")) == (("de", "en", "zh", "ja", "ko"), True)
+    every, detects = hearing(ASRConfig(language="auto", languages=[]))  # empty: every language, as the engine says
+    assert detects and {"en", "ja", "zh", "de"} <= set(every)
 
 
 def test_a_language_the_model_lacks_is_a_config_error(base: FasterWhisperEngine) -> None:
     with pytest.raises(ConfigError, match="'base' does not know 'yue'"):
         FasterWhisperEngine(ASRConfig(language="auto", languages=["en", "yue"], cache_dir=str(
             base.model_path.parent)))
+
+
+def test_the_languages_bench_measures_both_engines_on_the_same_english_turns() -> None:
+    """``assistant bench languages``' ASR part, one pass per turn: the English clips cut as the voice chat cuts
+    them, both engines hear English, and the ratio is of the sums."""
+    from assistant.bench.asr_languages import asr_table, english_turns, measure_asr
+
+    turns = english_turns(AUDIO)
+    assert {name for name, _ in turns} >= {"en_weather.wav", "en_timer.wav"}
+    assert all(0.5 < len(audio) / 16_000 < 10 for _, audio in turns)
+    rows = measure_asr(AUDIO, repeat=1)
+    assert [r.file for r in rows] == [name for name, _ in turns]
+    for row in rows:
+        assert row.heard["base+auto"]["language"] == "en" and row.heard["tiny.en+en"]["language"] == "en"
+        assert all(ms > 0 for ms in row.median_ms.values())
+    weather = next(r for r in rows if r.file == "en_weather.wav")
+    assert all("weather" in h["text"].lower() for h in weather.heard.values())
+    table, ratio = asr_table(rows)
+    total = {k: sum(r.median_ms[k] for r in rows) for k in ("base+auto", "tiny.en+en")}
+    assert ratio == pytest.approx(total["base+auto"] / total["tiny.en+en"])
+    assert table.count("\n") == len(rows) + 2 and f"| all {len(rows)} |" in table

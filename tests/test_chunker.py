@@ -133,11 +133,13 @@ def test_whole_text_splitter_uses_the_chunker_rules() -> None:
 
 
 def test_cjk_helpers_and_short_piece_joining() -> None:
-    from assistant.tts.text import contains_chinese, has_cjk, is_cjk, join_short, starts_cjk
+    from assistant.tts.text import contains_chinese, has_cjk, is_cjk, join_short, spoken_length, starts_cjk
 
     assert is_cjk("。") and is_cjk("か") and is_cjk("한") and is_cjk("中") and not is_cjk("a")
     assert has_cjk("ok かな") and not contains_chinese("ok かな") and contains_chinese("ok 中")
     assert starts_cjk("中a") and not starts_cjk("a中") and not starts_cjk("")
+    # A CJK letter takes about as long to say as two Latin ones; its punctuation counts once, as Latin's does.
+    assert spoken_length("好的，") == 5 and spoken_length("Sure,") == 5 and spoken_length("はい、OK") == 7
     assert join_short(["Hi.", " Ok.", " This is long enough."], 12) == ["Hi. Ok. This is long enough."]
     assert join_short(["今天。", "明天很好很好很好很好很好。"], 6) == ["今天。明天很好很好很好很好很好。"]
     assert join_short(["A long first sentence.", " Ok."], 12) == ["A long first sentence. Ok."]
@@ -147,7 +149,7 @@ def test_cjk_helpers_and_short_piece_joining() -> None:
 # --- CJK replies reach the voice early -----------------------------------------------------------------------
 MANDARIN_REPLY = (
     "好的，我来帮你查一下今天的天气情况。北京今天晴转多云，最高气温二十五度，最低气温十五度，空气质量良好，"
-    "适合外出散步。下午可能会有一阵小雨，记得带伞，晚上气温下降，注意保暖。"
+    "适合外出散步。下午可能会有一阵小雨，记得带伞，晚上气温下降，注意保暖。明天还想出门的话，我可以再帮你看看天气。"
 )
 
 
@@ -193,3 +195,13 @@ def test_japanese_speech_text_reads_units_and_decimals() -> None:
 
     assert for_speech("気温は25℃、湿度は50%です。") == "気温は25度、湿度は50パーセントです。"
     assert for_speech("3.5kgと5 kmとPython 3") == "3点5キログラムと5キロメートルとPython 3"
+
+
+def test_kokoro_cuts_a_long_sentence_within_its_context_and_drops_nothing() -> None:
+    from assistant.tts.kokoro_engine import MAX_PHONEMES, _phoneme_chunks
+
+    plain = "a" * (2 * MAX_PHONEMES + 10)  # no punctuation to cut at
+    assert "".join(_phoneme_chunks(plain)) == plain
+    assert all(len(c) <= MAX_PHONEMES for c in _phoneme_chunks(plain))
+    marked = ("b" * 300 + ", ") * 4
+    assert _phoneme_chunks(marked) == [("b" * 300 + ",")] * 4  # at the marks when there are some

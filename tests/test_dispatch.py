@@ -151,13 +151,17 @@ async def test_dispatcher_guards_like_the_server() -> None:
         for path in ("/", "/healthz", "/static/app.js"):
             async with http.get(url + path) as r:
                 assert r.status == 200, path
-        async with http.get(f"{url}/readyz") as r:
+        async with http.get(f"{url}/readyz") as r:  # the public learn only that it is not ready
+            assert r.status == 503 and await r.json() == {"status": "no_gateway"}
+        auth = {"Authorization": f"Bearer {token}"}
+        async with http.get(f"{url}/readyz", headers=auth) as r:
             body = await r.json()
         assert r.status == 503 and body["gateways"][0]["state"] == "down"
         for method, path in (("POST", "/api/offer"), ("GET", "/api/ice"), ("GET", "/v1/models"), ("GET", "/ws/tts")):
             async with http.request(method, url + path) as r:
-                assert r.status == 401 and (await r.json())["error"] == "unauthorized", path
-        auth = {"Authorization": f"Bearer {token}"}
+                error = (await r.json())["error"]
+                assert r.status == 401, path
+                assert (error["code"] if path.startswith("/v1/") else error) in ("unauthorized", "invalid_api_key")
         async with http.post(f"{url}/api/offer", json={"sdp": "v=0", "type": "offer"}, headers=auth) as r:
             assert r.status == 503 and (await r.json())["error"] == "not_ready" and "Retry-After" in r.headers
         with pytest.raises(aiohttp.WSServerHandshakeError) as refused:  # the token by query, as the page sends it

@@ -195,6 +195,22 @@ speech_bodies = fields({
 })
 
 
+def _nest(levels: int, kind: str) -> str:
+    return "[" * levels + "]" * levels if kind == "[" else '{"a":' * levels + "0" + "}" * levels
+
+
+# JSON nested past any sane depth (up to 3,000: past Python's recursion limit), or with thousands of members, alone
+# or as the value of a field a route reads.
+nested_json = st.builds(
+    lambda levels, kind, wide, field: (
+        ("{" + ",".join(f'"k{i}":{i}' for i in range(wide)) + "}") if wide
+        else _nest(levels, kind) if field is None else f'{{"{field}": {_nest(levels, kind)}}}'),
+    st.integers(1, 3000), st.sampled_from(["[", "{"]), st.sampled_from([0, 0, 0, 1500]),
+    st.sampled_from([None, "text", "sdp", "session", "voice", "input", "scope", "expires_after"]),
+)
+NESTED_ROUTES = ["/api/offer", "/api/tts", "/v1/audio/speech", "/api/keys", "/v1/realtime/client_secrets"]
+
+
 # --- surfaces ----------------------------------------------------------------------------------------
 def test_fuzz_offer(server: Server) -> None:
     @FUZZ
@@ -268,6 +284,49 @@ def test_fuzz_ws_tts(server: Server) -> None:
 
         status, body = server.call(go)
         check("WS /ws/tts", status, body)
+
+    run()
+    still_serving(server)
+
+
+def test_fuzz_nested_json(server: Server) -> None:
+    @FUZZ
+    @given(body=nested_json, path=st.sampled_from(NESTED_ROUTES))
+    def run(body: str, path: str) -> None:
+        status, text = request(server, "POST nested JSON", "POST", path, data=body.encode(),
+                               headers={"Content-Type": "application/json"})
+        assert status in (400, 413), (path, status, text[:200])  # never a parse that recursed into a 500
+
+    run()
+    still_serving(server)
+
+
+def test_fuzz_nested_json_on_sockets(server: Server) -> None:
+    """Each socket answers nested JSON with an error message (``/ws/tts``) or an ``error`` event (the Realtime
+    socket), then serves the next good message."""
+
+    @FUZZ
+    @given(body=nested_json, which=st.sampled_from(["/ws/tts?keep_open=1", "/v1/realtime"]))
+    def run(body: str, which: str) -> None:
+        async def go() -> tuple[int, str]:
+            async with server.http.ws_connect(server.url + which) as ws:
+                realtime = which == "/v1/realtime"
+                if realtime:
+                    assert json.loads((await ws.receive(timeout=20)).data)["type"] == "session.created"
+                await ws.send_str(body)
+                msg = await ws.receive(timeout=20)
+                if msg.type != aiohttp.WSMsgType.TEXT:
+                    return 500, f"socket closed: {msg.type} {msg.extra}"
+                reply = json.loads(msg.data)
+                if (realtime and reply.get("type") != "error") or reply.get("error") in (None, "internal_error"):
+                    return 500, msg.data
+                good = {"type": "session.update", "session": {"instructions": "ok"}} if realtime else {"text": "Ok."}
+                await ws.send_str(json.dumps(good))
+                msg = await ws.receive(timeout=20)
+                return (200 if msg.type in (aiohttp.WSMsgType.TEXT, aiohttp.WSMsgType.BINARY) else 500), str(msg.data)
+
+        status, text = server.call(go)
+        check(f"WS {which.split('?')[0]} nested JSON", status, text)
 
     run()
     still_serving(server)

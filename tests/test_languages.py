@@ -91,6 +91,8 @@ def _finals(client: BenchSession, start: int) -> list[dict[str, Any]]:
 
 
 async def test_a_conversation_switches_language_turn_by_turn(services: Services, shared_audio) -> None:
+    (kokoro,) = services.tts.voices_routed  # type: ignore[union-attr]
+    assert kokoro.engine is not None  # the ASR hears Japanese: its voice was loaded (and warmed) at start
     ja_question = "今何時ですか？"
     ja = await japanese_utterance(services, ja_question)
     async with serve(multilingual_config(), services) as (url, _app), aiohttp.ClientSession() as http:

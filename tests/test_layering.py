@@ -159,12 +159,13 @@ def test_the_circle_finder_finds_lazy_circles() -> None:
 # The Realtime API is the voice session under another protocol: it uses the voice room, and the TTS API's voice
 # names (so ``voice`` means what it means there). A phone call is a peerless voice session too: telephony uses the
 # voice room. ``app`` assembles the rooms into one gateway.
-SHARED_SERVER = {"http", "front", "limits", "metrics", "services", "routes", "openapi", "openai_front", "tls", "local"}
+SHARED_SERVER = {"http", "front", "limits", "metrics", "services", "routes", "openapi", "openai_front", "tls", "local",
+                 "keys"}
 ASSEMBLY = {"app"}
 PRODUCT_ALLOWED = {
     "voice": SHARED_SERVER,
     "tts_api": SHARED_SERVER,
-    "dispatch": {"http", "front", "limits", "routes", "openapi", "openai_front", "tls"},
+    "dispatch": {"http", "front", "limits", "routes", "openapi", "openai_front", "tls", "keys"},
     "realtime": SHARED_SERVER | {"voice", "tts_api"},
     "telephony": SHARED_SERVER | {"voice"},
 }

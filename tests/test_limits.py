@@ -287,9 +287,13 @@ async def test_bearer_token_guards_api_and_ws(services: Services, tmp_path) -> N
         async with http.ws_connect(f"{url}/ws/tts?metadata=1", headers=good) as ws:
             await ws.send_json({"text": "Hi."})
             assert (await ws.receive_json(timeout=30))["type"] == "start"
-        for path in ("/healthz", "/readyz", "/metrics", "/"):
+        for path in ("/healthz", "/readyz", "/"):
             async with http.get(f"{url}{path}") as r:
                 assert r.status == 200, path
+        async with http.get(f"{url}/metrics") as r:  # the admin's (or a metrics listener's: tests/test_keys.py)
+            assert r.status == 401
+        async with http.get(f"{url}/metrics", headers=good) as r:
+            assert r.status == 200
 
 
 async def test_cors_only_for_allow_listed_origins(services: Services, tmp_path) -> None:
@@ -387,12 +391,82 @@ async def test_the_client_is_the_peer_unless_a_trusted_proxy_names_it() -> None:
     fwd = {"Forwarded": 'for=6.6.6.6, for="[2001:db8:1:2::9]:443";proto=https'}
     request = _mocked(fwd, "::1")
     assert limits.client_address(request) == "2001:db8:1:2::9"
-    assert limits.client(request) == "2001:db8:1:2::/64"  # an IPv6 subscriber is one client
+    assert limits.client(request) == "2001:db8:1::/48"  # an IPv6 site is one client
+    # Hopping addresses inside one /48 (65,536 /64s) does not multiply the budget.
+    other = _mocked({"Forwarded": "for=\"[2001:db8:1:ffff::1]\""}, "::1")
+    assert limits.client(other) == limits.client(request)
+    wide = Limits(test_config(server={"trusted_proxies": ["::1/128"], "ipv6_client_prefix": 64}))
+    assert wide.client(_mocked(fwd, "::1")) == "2001:db8:1:2::/64"  # an operator may choose /64 (and its cost)
     assert limits.client_address(_mocked({"X-Forwarded-For": "garbage"}, "10.0.0.2")) == "10.0.0.2"
     # The dispatcher passes on the address it worked out, never the client's own header.
     request = _mocked(xff, "10.0.0.2")
     request.app[LIMITS] = limits
     assert forward_headers(request)["X-Forwarded-For"] == "203.0.113.7"
+
+
+async def test_an_origin_is_the_servers_own_only_with_its_scheme_host_and_port() -> None:
+    from unittest import mock
+
+    from aiohttp.test_utils import make_mocked_request
+
+    from assistant.server.front import Guard
+    from assistant.server.http import APIError
+    from assistant.server.limits import Limits
+
+    def origin_ok(origin: str, host: str, *, peer: str = "198.51.100.1", tls: bool = False, trusted: bool = False,
+                  **headers: str) -> bool:
+        c = test_config(server={"trusted_proxies": ["10.0.0.0/8"] if trusted else [], "auth_token": "t"})
+        transport = mock.Mock()
+        transport.get_extra_info.side_effect = lambda name, default=None: (
+            (peer, 1234) if name == "peername" else (object() if name == "sslcontext" and tls else default))
+        request = make_mocked_request("POST", "/api/offer", headers={"Origin": origin, "Host": host, **headers},
+                                      transport=transport, sslcontext=mock.Mock() if tls else None)
+        try:
+            Guard(c.server, Limits(c)).check_origin(request)
+        except APIError:
+            return False
+        return True
+
+    assert origin_ok("http://voice.example:8080", "voice.example:8080")
+    assert not origin_ok("https://voice.example:8080", "voice.example:8080")  # another scheme: another origin
+    assert not origin_ok("http://voice.example:9999", "voice.example:8080")   # another port
+    assert not origin_ok("http://voice.example:8080", "voice.example")        # Host without a port: port 80
+    assert origin_ok("http://voice.example", "voice.example")
+    assert origin_ok("https://voice.example", "voice.example", tls=True)
+    assert not origin_ok("http://voice.example", "voice.example", tls=True)
+    assert not origin_ok("null", "voice.example")
+    # Behind a trusted proxy: its X-Forwarded-Proto and X-Forwarded-Host say what the browser used.
+    proxied = {"peer": "10.0.0.2", "trusted": True}
+    assert origin_ok("https://voice.example", "127.0.0.1:8080", **proxied, **{
+        "X-Forwarded-Host": "voice.example", "X-Forwarded-Proto": "https"})
+    assert not origin_ok("http://voice.example", "127.0.0.1:8080", **proxied, **{
+        "X-Forwarded-Host": "voice.example", "X-Forwarded-Proto": "https"})
+    # An untrusted peer's X-Forwarded-* is not believed.
+    assert not origin_ok("https://voice.example", "127.0.0.1:8080", **{
+        "X-Forwarded-Host": "voice.example", "X-Forwarded-Proto": "https"})
+
+
+async def test_without_a_token_only_loopback_names_and_addresses_are_answered() -> None:
+    from aiohttp.test_utils import make_mocked_request
+
+    from assistant.server.front import Guard
+    from assistant.server.http import APIError
+    from assistant.server.limits import Limits
+
+    def answered(host: str, **server: Any) -> bool:
+        c = test_config(server={"host": "0.0.0.0", "allow_public_without_token": True, **server})
+        try:
+            Guard(c.server, Limits(c)).check_host(make_mocked_request("GET", "/", headers={"Host": host}))
+        except APIError as exc:
+            assert exc.status == 421
+            return False
+        return True
+
+    # Listening on every interface with no token: a rebinding name is refused, addresses are fine.
+    assert answered("192.0.2.10:8080") and answered("[2001:db8::1]:8080") and answered("localhost:8080")
+    assert not answered("rebind.evil.example:8080")
+    assert answered("voice.example", allowed_hosts=["voice.example"])
+    assert answered("rebind.evil.example", auth_token="t")  # with a token a foreign page has nothing to send
 
 
 async def test_offers_spend_a_per_client_budget_and_connecting_sessions_have_their_own(services, tmp_path) -> None:

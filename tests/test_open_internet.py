@@ -151,6 +151,15 @@ async def test_a_flood_of_tts_websockets_is_capped_and_idle_ones_closed(target, 
     assert outcome.details["closed"] and outcome.details["closed"][0].startswith("4408 idle_timeout")
 
 
+async def test_json_nested_too_deep_or_too_wide_is_refused_wherever_json_is_read(target, http, bystander) -> None:
+    outcome = await attack(target, "json", http, bystander)
+    answers = outcome.details["answers"]
+    sockets = {k: v for k, v in answers.items() if k.startswith(("ws tts", "realtime ws"))}
+    assert len(answers) == 18 and len(sockets) == 4, answers
+    assert all(v == "400" for k, v in answers.items() if k not in sockets), answers
+    assert all(v in ("error bad_json", "error invalid_json") for v in sockets.values()), sockets
+
+
 async def test_a_flood_of_offers_that_never_connect_leaves_room_for_real_calls(target, http, bystander) -> None:
     outcome = await attack(target, "offer_flood", http, bystander)
     statuses = outcome.details["statuses"]

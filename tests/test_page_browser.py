@@ -156,3 +156,45 @@ async def test_the_page_takes_its_token_from_the_url_and_removes_it(mic_wav: Pat
             assert api and all(auth == "Bearer page-secret" and "page-secret" not in u for u, auth in api), api
         finally:
             await browser.close()
+
+
+async def test_the_page_holds_a_conversation_on_a_minted_key(mic_wav: Path) -> None:
+    """A server-side app holds the token and mints the page a short-lived key that can only open calls: the page
+    talks on it (offer, trickle, the turn, hang-up), and the token itself never reaches the browser."""
+    import aiohttp
+
+    playwright = pytest.importorskip("playwright.async_api")
+    admin = "long-lived-admin-token"
+    async with serve(test_config(server={"auth_token": admin})) as (url, _app), playwright.async_playwright() as pw:
+        async with aiohttp.ClientSession() as http, http.post(  # the app's server side
+                f"{url}/api/keys", json={"scope": ["call"], "ttl_s": 600, "max_sessions": 1},
+                headers={"Authorization": f"Bearer {admin}"}) as r:
+            minted = await r.json()
+        key = minted["key"]
+        browser = await pw.chromium.launch(executable_path=CHROMIUM, headless=True, args=chromium_args(mic_wav))
+        try:
+            page = await browser.new_page()
+            errors: list[str] = []
+            page.on("pageerror", lambda exc: errors.append(str(exc)))
+            seen: list[tuple[str, str, int]] = []
+            page.on("response", lambda resp: seen.append(
+                (f"{resp.request.method} {resp.url}", resp.request.headers.get("authorization", ""), resp.status)))
+            await page.goto(f"{url}/?token={key}")
+            await page.click("#connect")
+            await page.wait_for_selector("#status.live", timeout=20_000)
+            await page.locator(".msg.user", has_text="weather").first.wait_for(timeout=60_000)
+            await page.locator(".msg.bot", has_text="weather").first.wait_for(timeout=30_000)
+            assert not await page.locator("#error").is_visible()
+            await page.click("#hangup")
+            await page.wait_for_function("() => window.assistantState.hangupStatus != null", timeout=10_000)
+            assert await page.evaluate("window.assistantState.hangupStatus") == 200
+            api = [(u.split("?")[0].replace(url, ""), auth, status) for u, auth, status in seen if "/api/" in u]
+            assert all(auth == f"Bearer {key}" for _, auth, _ in api), api
+            assert not any(admin in u or admin in auth for u, auth, _ in seen)
+            calls = {p.split("/api/sessions/")[0]: s for p, _, s in api}  # "PATCH " / "DELETE ": the session's
+            assert calls["POST /api/offer"] == 200 and calls["GET /api/ice"] == 200, calls
+            assert calls["PATCH "] == 204 and calls["DELETE "] == 200, calls  # trickled, then hung up, on the key
+            assert calls.get("GET /api/voices") == 403  # the TTS panel's list: not this key's scope; no error shown
+            assert not errors, errors
+        finally:
+            await browser.close()

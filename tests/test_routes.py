@@ -9,7 +9,7 @@ from assistant.config import Config
 from assistant.server.openapi import build_openapi, operation_of
 from assistant.server.routes import OPENAI_PREFIX, ROUTES
 
-PRODUCT_MODULES = {"front": ("front", "app", "openapi"), "voice": ("voice.", "app"),
+PRODUCT_MODULES = {"front": ("front", "app", "openapi", "keys"), "voice": ("voice.", "app"),
                    "tts": ("tts_api.",), "realtime": ("realtime.",), "telephony": ("telephony.",)}
 
 
@@ -77,3 +77,23 @@ def test_the_guard_reads_each_route_from_its_row() -> None:
             ("GET", "/api/ice"), ("POST", "/api/tts"), ("POST", "/v1/audio/speech"), ("POST", "/api/voices"),
             ("DELETE", "/api/voices/{voice_id}")} <= budgeted
     assert next(r for r in ROUTES if r.path == "/ws/tts").refuses_foreign_origin
+
+
+def test_every_route_that_mints_or_opens_spends_a_budget_and_needs_a_scope() -> None:
+    """What a caller gets is bounded: opening a session, minting a key or a TURN credential each spend a per-client
+    budget; opening or acting on a session needs a key of the call scope, minting the admin's."""
+    from assistant.server.front import PROTECTED
+    from assistant.server.keys import SCOPES
+
+    mints = {("GET", "/api/ice"), ("GET", "/v1/realtime/ice-servers"), ("POST", "/api/keys"),
+             ("POST", "/v1/realtime/client_secrets")}
+    for route in ROUTES:
+        assert route.scope is None or route.scope in SCOPES, route
+        if route.opens_session or (route.method, route.path) in mints:
+            assert route.budget is not None, f"{route.method} {route.path} opens or mints without a budget"
+        if (route.opens_session or route.acts_on_own_session) and route.path.startswith(PROTECTED):
+            assert route.scope == "call", route  # (a carrier's signed webhook is checked by its own room)
+    assert {r.path for r in ROUTES if r.scope == "admin"} >= {"/api/keys", "/v1/realtime/client_secrets",
+                                                               "/api/voices", "/api/voices/{voice_id}"}
+    assert {(r.method, r.path) for r in ROUTES if r.opens_session} >= {
+        ("POST", "/api/offer"), ("POST", "/api/whip"), ("POST", "/v1/realtime/calls"), ("GET", "/v1/realtime")}

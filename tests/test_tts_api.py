@@ -560,3 +560,30 @@ async def test_a_client_that_goes_away_mid_stream_is_one_info_line(tmp_path, cap
         assert "Traceback" not in text and "Error handling request" not in text and "request_failed" not in text
         lines = [r for r in caplog.records if "client_gone" in r.getMessage()]
         assert len(lines) == 1 and lines[0].levelno == logging.INFO, [r.getMessage() for r in caplog.records]
+
+
+async def test_the_japanese_voice_loads_on_the_first_request_for_it_once(tmp_path, caplog):
+    """The default config routes Japanese to Kokoro, but nothing loads it until a request asks for Japanese
+    (the ASR hears English alone): then it loads once, however many such requests arrive together."""
+    import logging
+
+    from assistant.tts.routing import LanguageRouter
+
+    cfg = make_cfg(tmp_path)
+    engine = create_tts(cfg.tts)  # what a server hearing English alone makes (nothing reachable but en)
+    assert isinstance(engine, LanguageRouter)
+    (kokoro,) = engine.voices_routed
+    assert kokoro.engine is None and kokoro.languages == ["ja"]
+    try:
+        async with serve(cfg, engine) as (base, _), aiohttp.ClientSession() as http:
+            assert len(await say(http, base)) > 0  # English: Piper, and still no Kokoro
+            assert kokoro.engine is None
+            caplog.clear()
+            with caplog.at_level(logging.INFO, logger="assistant.tts.routing"):
+                spoken = await asyncio.gather(*(say(http, base, text="今日は晴れです。", language="ja")
+                                                for _ in range(3)))
+            assert [r.getMessage().split()[0] for r in caplog.records].count("tts.voice_loaded") == 1
+            assert kokoro.engine is not None and kokoro.engine.name == "kokoro"
+            assert all(0.5 < len(a) / 22050 < 5 for a in spoken), [len(a) for a in spoken]  # at Piper's rate
+    finally:
+        await engine.close()

@@ -139,7 +139,7 @@ async def test_websocket_opt_ins(tmp_path, piper):
             assert json.loads(await ws.recv())["type"] == "start"
             while await ws.recv() != b"END":
                 pass
-            await ws.send(json.dumps({"text": "hi", "language": "ja"}))  # an error: the socket stays open
+            await ws.send(json.dumps({"text": "hi", "language": "ko"}))  # no Korean CPU voice: error, socket stays
             assert json.loads(await ws.recv())["error"] == "unsupported"
             await ws.send(json.dumps({"text": SHORT}))  # metadata and keep_open stay for the socket
             assert json.loads(await ws.recv())["type"] == "start"

@@ -190,3 +190,14 @@ async def test_silent_peer_is_reaped_and_metrics_exported(services: Services) ->
         async with http.get(f"{url}/metrics") as r:
             text = await r.text()
         assert "assistant_sessions_total" in text and "assistant_sessions_active 0.0" in text
+
+
+async def test_the_default_stack_does_not_load_a_voice_no_turn_can_reach(services: Services) -> None:
+    """It hears English alone (tiny.en): the Japanese voice of tts.voices waits for a request in Japanese (the TTS
+    API may still ask for it, so it is still listed)."""
+    from assistant.tts.routing import LanguageRouter
+
+    assert isinstance(services.tts, LanguageRouter)
+    (kokoro,) = services.tts.voices_routed
+    assert kokoro.languages == ["ja"] and kokoro.engine is None
+    assert "ja" in services.tts.capabilities.languages

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from assistant import languages
 from assistant.asr.base import ASREngine, ASRModelMissing, Transcript
 from assistant.config import ASRConfig
 from assistant.loading import load_named
@@ -14,19 +15,17 @@ ENGINES = {"faster-whisper": "assistant.asr.whisper:FasterWhisperEngine"}
 
 def hearing(cfg: ASRConfig, engine: object = None) -> tuple[tuple[str, ...], bool]:
     """(the languages a pass may be asked for, whether ``auto`` may be): the engine's own when it says, else
-    what the config gives (an English-only model name hears ``en`` alone; otherwise ``asr.languages``)."""
+    what the config gives (an English-only model name hears ``en`` alone; otherwise ``asr.languages``, empty:
+    every language)."""
     langs, detects = getattr(engine, "languages", None), getattr(engine, "detects", None)
     if isinstance(langs, tuple) and isinstance(detects, bool):
         return langs, detects
-    from assistant.asr.whisper import BUNDLED_NAMES, model_name
+    from assistant.asr.whisper import BUNDLED_NAMES, hearable, model_name
 
     name = model_name(cfg)
     if name.endswith(".en") or name in BUNDLED_NAMES:
         return ("en",), False
-    codes = list(cfg.languages) or ["en"]
-    if cfg.language != "auto" and cfg.language not in codes:
-        codes.insert(0, cfg.language)
-    return tuple(dict.fromkeys(codes)), True
+    return hearable(cfg, tuple(languages.NAMES)), True  # as the engine would, knowing every language
 
 
 def create_asr(cfg: ASRConfig) -> ASREngine:

@@ -1,33 +1,48 @@
-"""The price of hearing every language on a CPU: ASR time of the multilingual ``base`` with ``auto`` (detection
-in every pass) against ``tiny.en`` with ``en``, on the same English turns, in one run.
+"""``assistant bench languages``: the price of hearing every language on a CPU, in one run.
 
-    python -m assistant.bench.asr_languages [--repeat 5] [--out bench-out/asr_languages.json]
-
-Each turn is the shared clip cut as the voice chat cuts it (the VAD's pad before the speech, the speculative
-pause after), transcribed by both engines in alternation (``repeat`` times each; the median is reported), with
-the engines' own settings as the voice chat runs them (int8, ``asr.cpu_threads``, the fitted window).
+1. ASR: the multilingual ``base`` with ``asr.language = auto`` (detection in every pass) against ``tiny.en`` with
+   ``en``, on the same English turns. Each turn is a shared clip cut as the voice chat cuts it (the VAD's pad
+   before the speech, the speculative pause after), transcribed by both engines in alternation (``--repeat``
+   times each, so both see the same machine state; the median is kept), with the voice chat's own settings
+   (int8, ``asr.cpu_threads``, the fitted window). The ratio of the sums is the price.
+2. Voice to voice: ``assistant serve --asr.language auto`` (and ``en``, for comparison in the same run) as a child
+   process, measured by ``assistant bench v2v``'s client at one session on the same English files.
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import statistics
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
-from assistant.asr.whisper import FasterWhisperEngine
 from assistant.audio import SPEECH_RATE, read_audio
+from assistant.bench.figures import markdown_table, provenance, write_markdown
 from assistant.bench.shared_data import shared_path
 from assistant.config import ASRConfig, VADConfig
 
 PAUSE_S = 0.096  # the speculative pause: the audio a speculative pass gets after the speech
+ENGINES = {"tiny.en+en": "en", "base+auto": "auto"}  # label → asr.language (asr.model = auto picks the model)
+V2V_LANGUAGES = ("auto", "en")  # asr.language of each server measured
 
 
-def english_turns(folder: Path) -> list[tuple[str, str, np.ndarray]]:
-    """(file, text, 16 kHz audio from the VAD's pad before the speech to the speculative pause after it)."""
+@dataclass
+class ASRRow:
+    file: str
+    audio_s: float
+    median_ms: dict[str, float] = field(default_factory=dict)
+    heard: dict[str, dict[str, Any]] = field(default_factory=dict)  # label → text, language, probability
+
+
+def english_turns(folder: Path) -> list[tuple[str, np.ndarray]]:
+    """(file, 16 kHz audio from the VAD's pad before the speech to the speculative pause after it) for each
+    English clip of the shared manifest."""
     manifest = json.loads((folder / "manifest.json").read_text(encoding="utf-8"))
     pad = VADConfig().speech_pad_ms / 1000
     out = []
@@ -35,53 +50,119 @@ def english_turns(folder: Path) -> list[tuple[str, str, np.ndarray]]:
         if entry.get("lang") != "en":
             continue
         audio, rate = read_audio(folder / entry["file"])
-        assert rate == SPEECH_RATE, entry["file"]
+        if rate != SPEECH_RATE:
+            raise ValueError(f"{entry['file']}: {rate} Hz, not {SPEECH_RATE}")
         start = max(0, int((entry["speech_starts_s"] - pad) * rate))
         end = int((entry["speech_ends_s"] + PAUSE_S) * rate)
-        out.append((entry["file"], entry["text"], audio[start:end]))
+        out.append((entry["file"], audio[start:end]))
     return out
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--repeat", type=int, default=5, help="passes per turn and engine (median reported)")
-    parser.add_argument("--audio", type=Path, default=shared_path("audio"), help="folder of the shared clips")
-    parser.add_argument("--out", type=Path, default=Path("bench-out/asr_languages.json"))
-    args = parser.parse_args(argv)
-    engines = {
-        "tiny.en+en": FasterWhisperEngine(ASRConfig(model="auto", language="en")),
-        "base+auto": FasterWhisperEngine(ASRConfig(model="auto", language="auto")),
-    }
+def measure_asr(folder: Path, repeat: int) -> list[ASRRow]:
+    """Part 1 (module docstring): one row per English turn."""
+    from assistant.asr.whisper import FasterWhisperEngine
+
+    engines = {label: FasterWhisperEngine(ASRConfig(model="auto", language=lang)) for label, lang in ENGINES.items()}
     for engine in engines.values():
         engine.warmup()
     rows = []
-    for name, text, audio in english_turns(args.audio):
-        times: dict[str, list[float]] = {k: [] for k in engines}
-        heard: dict[str, tuple[str, str, float]] = {}
-        for _ in range(args.repeat):
-            for label, engine in engines.items():  # alternating: both see the same machine state
+    for name, audio in english_turns(folder):
+        times: dict[str, list[float]] = {label: [] for label in engines}
+        row = ASRRow(name, round(len(audio) / SPEECH_RATE, 2))
+        for _ in range(repeat):
+            for label, engine in engines.items():
                 t0 = time.perf_counter()
                 result = engine.transcribe(audio)
                 times[label].append(time.perf_counter() - t0)
-                heard[label] = (result.text, result.language, result.language_probability)
-        row = {"file": name, "audio_s": round(len(audio) / SPEECH_RATE, 2), "text": text}
-        for label in engines:
-            row[label] = {"median_ms": round(1000 * statistics.median(times[label]), 1), "text": heard[label][0],
-                          "language": heard[label][1], "language_probability": heard[label][2]}
-        row["ratio"] = round(row["base+auto"]["median_ms"] / row["tiny.en+en"]["median_ms"], 2)  # type: ignore[index]
+                row.heard[label] = {"text": result.text, "language": result.language,
+                                    "p": result.language_probability}
+        row.median_ms = {label: round(1000 * statistics.median(t), 1) for label, t in times.items()}
         rows.append(row)
-        print(f"{name:28s} {row['audio_s']:5.2f} s  tiny.en+en {row['tiny.en+en']['median_ms']:7.1f} ms  "  # type: ignore[index]
-              f"base+auto {row['base+auto']['median_ms']:7.1f} ms  ×{row['ratio']:.2f}  "  # type: ignore[index]
-              f"heard {row['base+auto']['language']} p={row['base+auto']['language_probability']:.2f}")  # type: ignore[index]
-    total = {label: sum(r[label]["median_ms"] for r in rows) for label in engines}  # type: ignore[index]
-    summary = {"turns": len(rows), "repeat": args.repeat, "sum_median_ms": total,
-               "ratio": round(total["base+auto"] / total["tiny.en+en"], 2)}
-    print(f"all {len(rows)} turns: tiny.en+en {total['tiny.en+en']:.0f} ms, base+auto {total['base+auto']:.0f} ms, "
-          f"ratio ×{summary['ratio']:.2f}")
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps({"rows": rows, "summary": summary}, ensure_ascii=False, indent=1), encoding="utf-8")
+        print(f"{name:28s} {row.audio_s:5.2f} s  " + "  ".join(f"{k} {v:7.1f} ms" for k, v in row.median_ms.items())
+              + f"  heard {row.heard['base+auto']['language']} p={row.heard['base+auto']['p']:.2f}", flush=True)
+    return rows
+
+
+def asr_table(rows: list[ASRRow]) -> tuple[str, float]:
+    """The Markdown table (one row per turn, then all turns) and the ratio of the sums."""
+    base, fast = "base+auto", "tiny.en+en"
+    table = [{"turn": r.file, "audio s": r.audio_s, f"{fast} ms": r.median_ms[fast], f"{base} ms": r.median_ms[base],
+              "ratio": round(r.median_ms[base] / r.median_ms[fast], 2),
+              "heard (base+auto)": f"{r.heard[base]['language']} p={r.heard[base]['p']:.2f}"} for r in rows]
+    total = {label: sum(r.median_ms[label] for r in rows) for label in ENGINES}
+    ratio = total[base] / total[fast]
+    table.append({"turn": f"all {len(rows)}", "audio s": round(sum(r.audio_s for r in rows), 2),
+                  f"{fast} ms": round(total[fast], 1), f"{base} ms": round(total[base], 1),
+                  "ratio": round(ratio, 2), "heard (base+auto)": ""})
+    return markdown_table(table), ratio
+
+
+async def measure_v2v(files: list[Path], repeats: int, out: Path) -> dict[str, dict[str, Any]]:
+    """Part 2 (module docstring): the summary of each server's level (one session)."""
+    from assistant.bench.processes import start_assistant, stop, wait_ready
+    from assistant.bench.report import summarize_level
+    from assistant.bench.v2v import bench_v2v
+    from assistant.rtc.loopback_ice import allow_loopback_ice
+
+    allow_loopback_ice()
+    summaries = {}
+    for lang in V2V_LANGUAGES:
+        server = start_assistant(f"serve-{lang}", "serve",
+                                 ["--asr.language", lang, "--server.data_dir", str(out / f"data-{lang}")], out)
+        try:
+            await asyncio.to_thread(wait_ready, [server])
+            result = await bench_v2v(server.url, files * repeats, None, 1, out / f"v2v-{lang}", plot=False)
+        finally:
+            await asyncio.to_thread(stop, [server])
+        summaries[lang] = summarize_level(result.levels[0])
+    return summaries
+
+
+def v2v_table(summaries: dict[str, dict[str, Any]]) -> str:
+    base = summaries["en"]["columns"]["v2v_ms"]["p50"]
+    rows = []
+    for lang, s in summaries.items():
+        cols = s["columns"]
+        p50 = cols["v2v_ms"]["p50"]
+        rows.append({"asr.language": lang, "turns heard": f"{s['ok']} of {s['turns']}", "v2v p50 ms": p50,
+                     "v2v p90 ms": cols["v2v_ms"]["p90"], "asr p50 ms": cols["asr_ms"]["p50"],
+                     "endpoint p50 ms": cols["endpoint_ms"]["p50"],
+                     "v2v p50 ÷ en": round(p50 / base, 2) if p50 and base else None})
+    return markdown_table(rows)
+
+
+def add_languages_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--repeat", type=int, default=5, help="ASR passes per turn and engine (the median is kept)")
+    parser.add_argument("--repeats", type=int, default=3, help="times each file is played per v2v server")
+    parser.add_argument("--no-v2v", action="store_true", help="only the ASR comparison")
+    parser.add_argument("--out", type=Path, default=Path("bench-out/languages"), help="output folder")
+    parser.add_argument("--markdown", type=Path, default=None, metavar="FILE",
+                        help="also write the tables to FILE under a line naming this command, the git commit and "
+                        "the machine; docs that include FILE are refreshed (assistant/bench/figures.py)")
+
+
+async def run_languages(args: argparse.Namespace) -> int:
+    from assistant.bench.v2v import default_audio_files
+
+    origin = provenance()  # the machine's load as the bench starts
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    rows = await asyncio.to_thread(measure_asr, shared_path("audio"), args.repeat)
+    table, ratio = asr_table(rows)
+    print(f"\n{table}\n\nASR time, base+auto ÷ tiny.en+en over the turns: ×{ratio:.2f}")
+    result: dict[str, Any] = {"asr": [r.__dict__ for r in rows], "asr_ratio": round(ratio, 3)}
+    body = (f"ASR, median of {args.repeat} passes per turn, ms (both engines int8, alternating):\n\n{table}")
+    if not args.no_v2v:
+        files = default_audio_files()
+        summaries = await measure_v2v(files, args.repeats, out)
+        vtable = v2v_table(summaries)
+        print(f"\n{vtable}")
+        result["v2v"] = summaries
+        names = ", ".join(f.name for f in files)
+        body += (f"\n\nVoice to voice at one session, {args.repeats} × ({names}) per server, ms:\n\n{vtable}")
+    (out / "languages.json").write_text(json.dumps(result, ensure_ascii=False, indent=1), encoding="utf-8")
+    print(f"\nwrote {out / 'languages.json'}")
+    if args.markdown is not None:
+        docs = write_markdown(args.markdown, body, origin)
+        print(f"wrote {args.markdown}" + (f"; refreshed {', '.join(map(str, docs))}" if docs else ""))
     return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

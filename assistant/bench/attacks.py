@@ -5,7 +5,9 @@
 - clips that decode into gigabytes (:func:`flac_of_silence`, :func:`opus_of_silence`, :func:`lying_wav`);
 - readers that stop reading (:func:`stalled_reader`: a tiny receive window, then nothing);
 - a WebRTC peer whose RTP is hostile (:class:`HostilePeer`: sequence or timestamp jumps, floods, garbage);
-- floods of offers and of TTS WebSockets; a page on a foreign ``Origin``.
+- floods of offers and of TTS WebSockets; a page on a foreign ``Origin``;
+- JSON nested thousands deep, or with more members than anyone needs, at every place JSON is read
+  (:func:`json_bombs`).
 
 And what the server pays for them, measured from outside: its RSS and peak RSS (``/proc``), and its event loop's
 lag, seen as the latency of ``GET /healthz`` sampled while an attack runs (:class:`LagProbe`).
@@ -683,6 +685,57 @@ async def foreign_origin(t: Target, http: aiohttp.ClientSession) -> Outcome:
     return Outcome("a page on a foreign Origin", ", ".join(f"{k} {v}" for k, v in got.items()), {"statuses": got})
 
 
+def deep_json(levels: int) -> str:
+    """``levels`` arrays inside each other (what once raised ``RecursionError`` in the parser)."""
+    return "[" * levels + "]" * levels
+
+
+def wide_json(members: int) -> str:
+    """One object with ``members`` members (one short name, repeated: 6 bytes a member, so the smallest body cap,
+    OpenAI speech's 73 KB, holds 11,000)."""
+    return "{" + ",".join(['"a":0'] * members) + "}"
+
+
+async def json_bombs(t: Target, http: aiohttp.ClientSession) -> Outcome:
+    """Every route and socket that reads JSON, sent JSON nested 30,000 deep (in an object, where the route wants
+    one) and an object of 11,000 members, each under every route's body cap: each must answer 400 (an ``error``
+    event, or an error message, on a socket), never a 5xx or a dropped connection."""
+    deep, wide = deep_json(30_000), wide_json(11_000)
+    got: dict[str, str] = {}
+    json_type = {"Content-Type": "application/json", **t.attacker}
+    bodies = {"deep": '{"a": ' + deep + "}", "wide": wide}
+    for name, path in (("offer", "/api/offer"), ("tts", "/api/tts"), ("speech", "/v1/audio/speech"),
+                       ("keys", "/api/keys"), ("client secret", "/v1/realtime/client_secrets")):
+        for shape, body in bodies.items():
+            answer = await send_request(t.url + path, "POST", body.encode(), json_type, pause_s=0.0)
+            got[f"{name} {shape}"] = str(answer.status)
+    boundary = "jsonbomb"
+    for shape, body in bodies.items():
+        form, ctype = multipart({"sdp": "v=0\r\n", "session": body}, boundary)
+        answer = await send_request(t.url + "/v1/realtime/calls", "POST", form,
+                                    {"Content-Type": ctype, **t.attacker}, pause_s=0.0)
+        got[f"call session {shape}"] = str(answer.status)
+        form, ctype = multipart({"request": body}, boundary)
+        answer = await send_request(t.url + "/api/tts", "POST", form, {"Content-Type": ctype, **t.attacker},
+                                    pause_s=0.0)
+        got[f"tts form {shape}"] = str(answer.status)
+    for name, path, first in (("ws tts", "/ws/tts?keep_open=1", None), ("realtime ws", "/v1/realtime", "session")):
+        for shape, body in bodies.items():
+            try:
+                async with http.ws_connect(t.url + path, headers=t.attacker) as ws:
+                    if first:
+                        await ws.receive(timeout=15)  # session.created
+                    await ws.send_str(body)
+                    msg = await ws.receive(timeout=15)
+                    reply = json.loads(msg.data) if msg.type == aiohttp.WSMsgType.TEXT else {}
+                    error = reply.get("error")
+                    code = error.get("code") if isinstance(error, dict) else error
+                    got[f"{name} {shape}"] = f"error {code}" if code else f"{msg.type.name} {msg.extra or ''}"
+            except (aiohttp.ClientError, TimeoutError) as exc:
+                got[f"{name} {shape}"] = type(exc).__name__
+    return Outcome("JSON nested 30,000 deep, or with 11,000 members", _counts(list(got.values())), {"answers": got})
+
+
 # What a scenario makes before it runs (outside the measured window: making a bomb is the client's work, and would
 # stall this process's lag probe and bystander).
 PREPARE: dict[str, Callable[[], Any]] = {
@@ -704,6 +757,7 @@ SCENARIOS: dict[str, Callable[[Target, aiohttp.ClientSession], Awaitable[Outcome
     "rtp_garbage": rtp_garbage,
     "origin": foreign_origin,
     "ws_flood": ws_flood,
+    "json": json_bombs,
     "offer_flood": offer_flood,  # last: it spends the attacker's offer budget
 }
 

@@ -99,7 +99,10 @@ class TTSReplica:
         cfg = config_from_dict(config)
         self.cfg = cfg
         self.tts_cfg = dataclasses.replace(cfg.tts, backend="local")
-        self.engine: TTSEngine = await asyncio.to_thread(create_tts, self.tts_cfg)
+        from assistant.asr import hearing
+
+        reachable = {*hearing(cfg.asr)[0], cfg.tts.language}  # a voice per language for another: on first use
+        self.engine: TTSEngine = await asyncio.to_thread(create_tts, self.tts_cfg, reachable)
         await self.engine.warmup()
         self.replica, self.actor = replica_names()
         self.active = 0                       # streams running now

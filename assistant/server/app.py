@@ -15,8 +15,15 @@ from aiohttp import web
 from assistant.config import Config, check_gateway_id
 from assistant.pipeline.trace import gap_legend, stage_legend
 from assistant.server import telephony, tts_api
-from assistant.server.front import add_static_routes, middlewares
+from assistant.server.front import (
+    add_metrics_listener,
+    add_static_routes,
+    check_exposure,
+    middlewares,
+    refuse_unless_admin,
+)
 from assistant.server.http import CONFIG
+from assistant.server.keys import principal_of
 from assistant.server.limits import LIMITS, Limits
 from assistant.server.openai_front import create_openai_app
 from assistant.server.openapi import documented, json_body
@@ -31,7 +38,8 @@ OWNS_SERVICES: web.AppKey[bool] = web.AppKey("owns_services", bool)
 
 
 READYZ_SCHEMA = {
-    "type": "object", "required": ["status", "gateway", "sessions", "max_sessions"],
+    "type": "object", "required": ["status"],
+    "description": "without the admin key only status; with it (or with no server token) the rest",
     "properties": {
         "status": {"type": "string", "enum": ["ready", "loading", "failed"]},
         "reason": {"type": "string", "description": "why loading failed (status failed)"},
@@ -44,14 +52,17 @@ READYZ_SCHEMA = {
 
 
 # --- handlers ------------------------------------------------------------------------------------------
-@documented("Readiness: models loaded and warmed; with this gateway's load (the heartbeat `assistant dispatch` "
-            "reads)", public=True,
+@documented("Readiness: models loaded and warmed; to the admin key also this gateway's load and why loading "
+            "failed (the heartbeat `assistant dispatch` reads)", public=True,
             responses={"200": json_body(READYZ_SCHEMA, "ready"),
                        "503": json_body(READYZ_SCHEMA, "still loading, or loading failed (the reason)")})
 async def readyz(request: web.Request) -> web.Response:
-    """Readiness, and this gateway's load: the heartbeat ``assistant dispatch`` polls."""
+    """Readiness; for the admin, this gateway's load too: the heartbeat ``assistant dispatch`` polls."""
     app = request.app
     services = app[SERVICES]
+    if not principal_of(request).admin:  # the public learn ready or not, and nothing more
+        state = "failed" if services.load_error else "ready" if services.ready else "loading"
+        return web.json_response({"status": state}, status=200 if state == "ready" else 503)
     load = {
         "gateway": app[CONFIG].server.gateway_id,
         "sessions": len(app[SESSIONS]),
@@ -65,8 +76,10 @@ async def readyz(request: web.Request) -> web.Response:
     return web.json_response({"status": "ready", "load_seconds": services.load_seconds, **load})
 
 
-@documented("Prometheus metrics", public=True, responses={"200": {"description": "text exposition format"}})
+@documented("Prometheus metrics (the admin key, or server.metrics_port's listener without one)", public=True,
+            responses={"200": {"description": "text exposition format"}, "401": {"description": "not the admin"}})
 async def metrics(request: web.Request) -> web.Response:
+    refuse_unless_admin(request)
     body, content_type = request.app[SERVICES].metrics.render()
     return web.Response(body=body, headers={"Content-Type": content_type})
 
@@ -83,6 +96,7 @@ async def stages(request: web.Request) -> web.Response:
 def create_app(cfg: Config, services: Services | None = None) -> web.Application:
     """Build the app; models load in the background at startup (``/readyz`` says when they are done)."""
     check_gateway_id(cfg.server.gateway_id)
+    check_exposure(cfg.server)
     # Uploads (reference clips) are bounded by the TTS API's own cap; everything else by max_body_bytes.
     client_max = max(cfg.server.max_body_bytes, cfg.tts_api.max_upload_bytes + 65_536)
     limits = Limits(cfg)
@@ -100,6 +114,7 @@ def create_app(cfg: Config, services: Services | None = None) -> web.Application
     register(app, routes(), openai_app)
     add_static_routes(app)
     app.add_subapp(OPENAI_PREFIX, openai_app)
+    add_metrics_listener(app, cfg.server, app[SERVICES].metrics.render)
     app.on_startup.append(_start_loading)
     app.on_shutdown.append(_close_sessions)
     app.on_cleanup.append(_close_services)

@@ -16,7 +16,7 @@ from typing import Any
 from aiohttp import BodyPartReader, web
 from aiohttp.http_exceptions import HttpProcessingError
 
-from assistant.body import BodyTooLarge, read_capped
+from assistant.body import BodyTooLarge, JSONTooComplex, loads_bounded, read_capped
 from assistant.config import Config
 
 MULTIPART_SLACK = 65_536  # headers and boundaries around the parts of a multipart body
@@ -84,13 +84,19 @@ async def body_deadline(request: web.Request) -> AsyncIterator[None]:
 
 async def read_json(request: web.Request, max_bytes: int) -> dict[str, Any]:
     """Read a JSON object body, with a size cap and clear 4xx errors."""
-    raw = await read_body(request, max_bytes)
+    return json_object(await read_body(request, max_bytes), "body")
+
+
+def json_object(raw: str | bytes, what: str = "body") -> dict[str, Any]:
+    """A JSON object from outside (``body.loads_bounded``: bounded nesting and members), or 400 ``bad_json``."""
     try:
-        data = json.loads(raw)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise HTTPJSONError(400, "bad_json", f"body is not valid JSON: {exc}") from None
+        data = loads_bounded(raw)
+    except JSONTooComplex as exc:
+        raise HTTPJSONError(400, "bad_json", f"{what} is too complex: {exc}") from None
+    except ValueError as exc:  # JSONDecodeError, UnicodeDecodeError
+        raise HTTPJSONError(400, "bad_json", f"{what} is not valid JSON: {exc}") from None
     if not isinstance(data, dict):
-        raise HTTPJSONError(400, "bad_json", "body must be a JSON object")
+        raise HTTPJSONError(400, "bad_json", f"{what} must be a JSON object")
     return data
 
 

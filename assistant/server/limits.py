@@ -7,7 +7,9 @@ spends the ``tts`` budget once per request it carries, the same bucket as ``POST
 
 The client is the peer address, unless the peer is one of ``server.trusted_proxies``: then the address its
 ``X-Forwarded-For`` (or, without one, ``Forwarded``) names, read from the right, past every trusted hop. IPv6
-clients are keyed by their /64, the block one subscriber gets.
+clients are keyed by their /48 (``server.ipv6_client_prefix``): a /48 is what one site gets, and keying by anything
+longer would hand its holder a budget per address it can take (a /48 holds 65,536 /64s). The price: everyone behind
+one /48 (a carrier that numbers its phones from one, as a large NAT shares one IPv4 address) shares one budget.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from assistant.config import Config, ConfigError
 from assistant.server.http import APIError
 
 MAX_RATE_CLIENTS = 10_000   # buckets kept per budget; the least recently seen go first
-IPV6_CLIENT_PREFIX = 64
+IPV6_CLIENT_PREFIX = 48  # the default of server.ipv6_client_prefix
 CLIENT_KEY: web.RequestKey[str] = web.RequestKey("client", str)  # a request's client, once worked out
 
 Network = ipaddress.IPv4Network | ipaddress.IPv6Network
@@ -66,6 +68,7 @@ BUDGETS: dict[str, tuple[Callable[[Config], int], str]] = {
     "ice": (lambda c: c.server.ice_per_minute, "ICE configurations"),
     "tts": (lambda c: c.tts_api.rate_per_minute, "TTS requests"),
     "voices": (lambda c: c.tts_api.voices_per_minute, "voice changes"),
+    "keys": (lambda c: c.keys.per_minute, "keys minted"),
 }
 
 
@@ -107,12 +110,12 @@ def _forwarded_chain(request: web.Request) -> list[str]:
     return chain
 
 
-def client_key(address: Address) -> str:
-    """What the limits count by: the address, an IPv6 one by its /64."""
+def client_key(address: Address, ipv6_prefix: int = IPV6_CLIENT_PREFIX) -> str:
+    """What the limits count by: the address, an IPv6 one by its ``ipv6_prefix`` (a /48 by default)."""
     if isinstance(address, ipaddress.IPv6Address):
         if address.ipv4_mapped is not None:
             return str(address.ipv4_mapped)
-        return str(ipaddress.ip_network(f"{address}/{IPV6_CLIENT_PREFIX}", strict=False))
+        return str(ipaddress.ip_network(f"{address}/{ipv6_prefix}", strict=False))
     return str(address)
 
 
@@ -121,6 +124,9 @@ class Limits:
 
     def __init__(self, cfg: Config, clock: Callable[[], float] = time.monotonic) -> None:
         self.trusted = trusted_networks(cfg.server.trusted_proxies)
+        self.ipv6_prefix = cfg.server.ipv6_client_prefix
+        if not 16 <= self.ipv6_prefix <= 128:
+            raise ConfigError(f"server.ipv6_client_prefix must be from 16 to 128, got {self.ipv6_prefix}")
         self.rates = {kind: RateLimiter(rate(cfg), clock) for kind, (rate, _) in BUDGETS.items()}
         self._held: dict[str, Counter[str]] = {}
 
@@ -150,7 +156,8 @@ class Limits:
         """The key the per-client limits use for this request (worked out once per request)."""
         if CLIENT_KEY not in request:
             address = _address(self.client_address(request))
-            request[CLIENT_KEY] = client_key(address) if address is not None else (request.remote or "unknown")
+            request[CLIENT_KEY] = (client_key(address, self.ipv6_prefix) if address is not None
+                                   else (request.remote or "unknown"))
         return request[CLIENT_KEY]
 
     def take(self, kind: str, client: str) -> None:

@@ -1,17 +1,17 @@
-"""The front of OpenAI's API family under ``/v1``: OpenAI's error shape and its bearer-token check.
+"""The front of OpenAI's API family under ``/v1``: OpenAI's error shape, and where OpenAI's clients put the key.
 
 Every ``/v1`` route of the table (``routes.py``) is registered on one sub-application made here, whose
-middleware answers every refusal as ``{"error": {"message", "type", "param", "code"}}`` and applies
-``server.auth_token`` as OpenAI's SDKs send it (``Authorization: Bearer <token>``, or on a WebSocket upgrade
-from a browser, which cannot set headers, the subprotocol ``openai-insecure-api-key.<token>``). Handlers read
-the app's state through ``request.config_dict``, which reaches the parent app's keys.
+middleware answers every refusal as ``{"error": {"message", "type", "param", "code"}}``. The key is checked by
+the front's auth middleware (``front.py``, ``keys.py``), in the shape OpenAI's SDKs send it: ``Authorization:
+Bearer <key>``, or on a WebSocket upgrade from a browser, which cannot set headers, the subprotocol
+``openai-insecure-api-key.<key>`` (:func:`subprotocol_key`). Handlers read the app's state through
+``request.config_dict``, which reaches the parent app's keys.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import hmac
 import json
 import logging
 from typing import Any
@@ -23,7 +23,7 @@ from assistant.server.http import APIError
 
 log = logging.getLogger(__name__)
 
-ERROR_TYPES = {401: "authentication_error", 429: "rate_limit_error"}
+ERROR_TYPES = {401: "authentication_error", 403: "permission_error", 429: "rate_limit_error"}
 KEY_SUBPROTOCOL = "openai-insecure-api-key."  # how browsers send the key on a WebSocket (the SDKs do it)
 
 
@@ -40,16 +40,9 @@ def from_api_error(exc: APIError) -> web.Response:
     return resp
 
 
-def _auth_and_errors(token: str) -> Any:
-    expected = f"Bearer {token}".encode()
-
+def _errors() -> Any:
     @web.middleware
     async def middleware(request: web.Request, handler: Any) -> web.StreamResponse:
-        if token and request.method != "OPTIONS":
-            got = request.headers.get("Authorization", "").encode() or subprotocol_key(request)
-            if not hmac.compare_digest(got, expected):
-                return openai_error(401, "missing or wrong bearer token (Authorization: Bearer <token>)",
-                                    "invalid_api_key")
         try:
             return await handler(request)
         except APIError as exc:
@@ -87,4 +80,4 @@ def subprotocol_key(request: web.Request) -> bytes:
 
 def create_openai_app(cfg: Config) -> web.Application:
     """The ``/v1`` sub-application (empty: the caller registers the table's ``/v1`` routes, then mounts it)."""
-    return web.Application(middlewares=[_auth_and_errors(cfg.server.auth_token)])
+    return web.Application(middlewares=[_errors()])

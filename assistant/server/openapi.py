@@ -94,7 +94,8 @@ ERROR_SCHEMA = {
                   "unsupported, unknown_voice, url_not_allowed, url_fetch_failed, rate_limited, "
                   "busy, not_ready, timeout, voice_limit, unauthorized, synthesis_failed, bad_offer, "
                   "bad_fragment, unknown_session, unsupported_media_type, precondition_failed, "
-                  "ice_restart_unsupported, too_many_candidates"},
+                  "ice_restart_unsupported, too_many_candidates, invalid_key, key_expired, forbidden_scope, "
+                  "too_many_sessions, key_session_limit"},
         "detail": {"type": "string", "description": "what was wrong, naming the field"},
     },
 }
@@ -105,7 +106,7 @@ OPENAI_ERROR_SCHEMA = {
         "properties": {
             "message": {"type": "string"},
             "type": {"type": "string", "enum": ["invalid_request_error", "authentication_error",
-                                               "rate_limit_error", "server_error"]},
+                                               "permission_error", "rate_limit_error", "server_error"]},
             "param": {"type": ["string", "null"], "description": "the request field at fault"},
             "code": {"type": ["string", "null"], "description": "as Error.error, or model_not_found, "
                                                                 "invalid_api_key"},
@@ -123,7 +124,10 @@ def build_openapi(cfg: Config, table: Iterable[Route] = ROUTES) -> Doc:
         if found is None:
             continue
         op, own_schemas = found
-        paths.setdefault(route.path, {})[route.method.lower()] = _fill(op, cfg)
+        filled = _fill(op, cfg)
+        if isinstance(filled, dict) and route.scope is not None:
+            filled["x-key-scope"] = route.scope  # what a minted key must allow (docs/security.md)
+        paths.setdefault(route.path, {})[route.method.lower()] = filled
         schemas.update({name: _fill(schema, cfg) for name, schema in own_schemas.items()})
     bearer: list[dict[str, list[str]]] = [{"bearer": []}] if cfg.server.auth_token else []
     return {
@@ -133,8 +137,9 @@ def build_openapi(cfg: Config, table: Iterable[Route] = ROUTES) -> Doc:
             "version": "0.1.0",
             "description": "Real-time spoken assistant: WebRTC voice chat and a TTS API. Errors are JSON "
                            "{error, detail} (OpenAI's shape under /v1). With server.auth_token set, /api/*, "
-                           "/v1/* and /ws/* need "
-                           "'Authorization: Bearer <token>' (WebSocket: ?token=<token>).",
+                           "/v1/* and /ws/* need 'Authorization: Bearer <token>' (WebSocket: ?token=<token>), or "
+                           "a key the token minted (POST /api/keys) whose scope (x-key-scope: call, tts, admin) "
+                           "allows the operation; a session belongs to the key that opened it.",
         },
         "security": bearer,
         "components": {"securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}}, "schemas": schemas},

@@ -8,7 +8,7 @@ the voice session or the TTS engines. Each handler carries its own OpenAPI descr
 How the dispatcher (``assistant dispatch``) handles a route is its :class:`Forward` kind. What every request
 passes before its handler (``front.guard_middleware``, on the gateway and the dispatcher alike) is read from the
 row too: the per-client budget it spends, the media types its body may have, whether a foreign ``Origin`` is
-refused.
+refused, and the scope a caller's key needs (``keys.py``).
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ Handler = Callable[["web.Request"], Awaitable["web.StreamResponse"]]
 HANDLER_PACKAGE = "assistant.server"
 OPENAI_PREFIX = "/v1"  # OpenAI's API family: its own error shape and token check (``openai_front``)
 SAFE_METHODS = ("GET", "HEAD", "OPTIONS")
+CALL, TTS, ADMIN = "call", "tts", "admin"  # the scopes a key may have (``keys.py``)
 # Media types a body may have (``Route.content_types``).
 JSON, SDP, FORM = "application/json", "application/sdp", "multipart/form-data"
 URLENCODED = "application/x-www-form-urlencoded"  # the carriers' webhooks
@@ -58,10 +59,21 @@ class Route:
     budget: str | None = None  # the per-client budget a request spends (``limits.BUDGETS``); None: none
     content_types: tuple[str, ...] = ()  # what its body's Content-Type must be (415 otherwise); (): not checked
     checks_origin: bool | None = None  # refuse a foreign Origin (403); None: when the method changes state
+    scope: str | None = None  # what a caller's key must allow (keys.SCOPES); None: any valid key (public rows: none)
 
     @property
     def refuses_foreign_origin(self) -> bool:
         return self.checks_origin if self.checks_origin is not None else self.method not in SAFE_METHODS
+
+    @property
+    def acts_on_own_session(self) -> bool:
+        """It acts on the one session its path names, which must be the caller's (``signaling.owned_session``)."""
+        return self.forward is Forward.OWNER
+
+    @property
+    def opens_session(self) -> bool:
+        """It opens a session (an offer, or the Realtime WebSocket): the per-client and per-key caps apply."""
+        return self.forward is Forward.OFFER or self.budget == "offer"
 
     def resolve(self) -> Handler:
         """The handler function (imports its module)."""
@@ -110,37 +122,48 @@ ROUTES: tuple[Route, ...] = (
     Route("GET", "/api/openapi.json", "openapi:serve_openapi", F.PROXY, "front"),
     # The voice session: signaling (JSON and WHIP), the session resource, ICE, the page's stage legend.
     Route("POST", "/api/offer", "voice.signaling:offer", F.OFFER, "voice", _json, budget="offer",
-          content_types=(JSON,)),
-    Route("POST", "/api/whip", "voice.whip:whip_offer", F.OFFER, "voice", _sdp, budget="offer", content_types=(SDP,)),
-    Route("GET", "/api/sessions", "voice.signaling:list_sessions", F.GATHER, "voice"),
+          content_types=(JSON,), scope=CALL),
+    Route("POST", "/api/whip", "voice.whip:whip_offer", F.OFFER, "voice", _sdp, budget="offer", content_types=(SDP,),
+          scope=CALL),
+    Route("GET", "/api/sessions", "voice.signaling:list_sessions", F.GATHER, "voice", scope=CALL),
     Route("PATCH", "/api/sessions/{session_id}", "voice.signaling:trickle", F.OWNER, "voice", _fragment,
-          budget="trickle", content_types=(SDPFRAG,)),
-    Route("DELETE", "/api/sessions/{session_id}", "voice.signaling:hang_up", F.OWNER, "voice", budget="trickle"),
-    Route("GET", "/api/ice", "voice.ice:get_ice", F.PROXY, "voice", budget="ice"),
+          budget="trickle", content_types=(SDPFRAG,), scope=CALL),
+    Route("DELETE", "/api/sessions/{session_id}", "voice.signaling:hang_up", F.OWNER, "voice", budget="trickle",
+          scope=CALL),
+    Route("GET", "/api/ice", "voice.ice:get_ice", F.PROXY, "voice", budget="ice", scope=CALL),
     Route("GET", "/api/stages", "app:stages", F.PROXY, "voice"),
     # The TTS API.
     Route("POST", "/api/tts", "tts_api.routes:tts_http", F.PROXY, "tts", tts_body, budget="tts",
-          content_types=(JSON, FORM)),
+          content_types=(JSON, FORM), scope=TTS),
     # A WebSocket upgrade is a GET, but a page on another site could open one to spend this server's voice.
-    Route("GET", "/ws/tts", "tts_api.routes:tts_ws", F.WEBSOCKET, "tts", checks_origin=True),
-    Route("GET", "/api/voices", "tts_api.routes:list_voices", F.PROXY, "tts"),
+    Route("GET", "/ws/tts", "tts_api.routes:tts_ws", F.WEBSOCKET, "tts", checks_origin=True, scope=TTS),
+    Route("GET", "/api/voices", "tts_api.routes:list_voices", F.PROXY, "tts", scope=TTS),
+    # Registered voices are shared by every caller: only the admin changes them.
     Route("POST", "/api/voices", "tts_api.routes:create_voice", F.GATEWAY, "tts", _upload, budget="voices",
-          content_types=(FORM,)),
-    Route("DELETE", "/api/voices/{voice_id}", "tts_api.routes:delete_voice", F.GATEWAY, "tts", budget="voices"),
+          content_types=(FORM,), scope=ADMIN),
+    Route("DELETE", "/api/voices/{voice_id}", "tts_api.routes:delete_voice", F.GATEWAY, "tts", budget="voices",
+          scope=ADMIN),
     Route("POST", "/v1/audio/speech", "tts_api.openai_speech:speech", F.PROXY, "tts", _json, budget="tts",
-          content_types=(JSON,)),
+          content_types=(JSON,), scope=TTS),
     Route("GET", "/v1/models", "tts_api.openai_speech:list_models", F.PROXY, "tts"),
     Route("GET", "/v1/models/{model}", "tts_api.openai_speech:get_model", F.PROXY, "tts"),
     Route("GET", "/v1/audio/models", "tts_api.openai_speech:list_audio_models", F.PROXY, "tts"),
     Route("GET", "/v1/audio/voices", "tts_api.openai_speech:list_voices", F.PROXY, "tts"),
     # OpenAI's Realtime API: a WebSocket session, or a WebRTC call (our voice session with the oai-events channel).
     Route("GET", "/v1/realtime", "realtime.websocket:realtime_ws", F.WEBSOCKET, "realtime", budget="offer",
-          checks_origin=True),
+          checks_origin=True, scope=CALL),
     Route("POST", "/v1/realtime/calls", "realtime.calls:create_call", F.OFFER, "realtime", _call, budget="offer",
-          content_types=(SDP, FORM)),
+          content_types=(SDP, FORM), scope=CALL),
     Route("POST", "/v1/realtime/calls/{session_id}/hangup", "realtime.calls:hangup", F.OWNER, "realtime",
-          budget="trickle"),  # no body
-    Route("GET", "/v1/realtime/ice-servers", "realtime.calls:ice_servers", F.PROXY, "realtime"),
+          budget="trickle", scope=CALL),  # no body
+    Route("GET", "/v1/realtime/ice-servers", "realtime.calls:ice_servers", F.PROXY, "realtime", budget="ice",
+          scope=CALL),
+    # Keys (``keys.py``): the admin mints short-lived, scoped ones; the Realtime API's client secrets are such keys.
+    # Gateways and the dispatcher that share the token verify each other's keys (they are signed, not stored).
+    Route("POST", "/api/keys", "keys:create_key", F.PROXY, "front", _json, budget="keys", content_types=(JSON,),
+          scope=ADMIN),
+    Route("POST", "/v1/realtime/client_secrets", "realtime.client_secrets:create_client_secret", F.PROXY,
+          "realtime", _json, budget="keys", content_types=(JSON,), scope=ADMIN),
     # Phone calls: each carrier's signed webhook and its media stream. The media token the webhook mints is kept by
     # the gateway that answered, so the carrier calls a gateway, not the dispatcher (501 there). The media sockets
     # refuse a foreign Origin: carriers send none, and a page has no business opening one.

@@ -137,7 +137,10 @@ class Services:
 
             self.tts = await timed("tts", asyncio.to_thread(connect_tts, cfg, self.metrics.observe_ray_hop))
         if self.tts is None:
-            self.tts = await timed("tts", asyncio.to_thread(create_tts, cfg.tts))
+            # A voice per language loads now only for what a turn can be in (what the ASR hears, tts.language);
+            # any other on its first request (routing.py).
+            reachable = {*getattr(self.asr, "languages", ()), cfg.tts.language}
+            self.tts = await timed("tts", asyncio.to_thread(create_tts, cfg.tts, reachable))
             await timed("tts_warmup", self.tts.warmup())
         if self.responder is None and _backend(cfg.respond.backend, "respond") == "ray":
             connect_llm = _ray_client().connect_llm

@@ -8,6 +8,7 @@ engine constructed with the :class:`TTSConfig`. ``tts.voices`` adds a voice per 
 from __future__ import annotations
 
 import logging
+from collections.abc import Collection
 
 from assistant.config import TTSConfig
 from assistant.loading import load_named
@@ -25,12 +26,13 @@ ENGINES = {
 __all__ = ["ENGINES", "TTSCapabilities", "TTSEngine", "TTSRequest", "TTSUnsupported", "create_tts"]
 
 
-def create_tts(cfg: TTSConfig) -> TTSEngine:
-    """Make the engine ``cfg.engine`` names, with the voices ``tts.voices`` adds per language; ``ValueError``
-    for an unknown name or a bad plug-in."""
+def create_tts(cfg: TTSConfig, reachable: Collection[str] = ()) -> TTSEngine:
+    """Make the engine ``cfg.engine`` names, with the voices ``tts.voices`` adds per language (loaded now for the
+    languages in ``reachable``, else on first use: ``routing.py``); ``ValueError`` for an unknown name or a bad
+    plug-in."""
     from assistant.tts.routing import build_router
 
-    return build_router(cfg, _create_one(cfg), _create_one)
+    return build_router(cfg, _create_one(cfg), _create_one, reachable)
 
 
 def _create_one(cfg: TTSConfig) -> TTSEngine:

@@ -30,7 +30,7 @@ class TTSRequest:
     text: str
     voice: str | None = None            # a registered voice id, or None for the engine's default
     reference: ReferenceClip | None = None  # an ad-hoc voice (cloning) instead of ``voice``
-    language: str | None = None         # zh / en / ja / yue / ko
+    language: str | None = None         # a language code (assistant/languages.py): en, zh, ja, yue, ko, ...
     instruct: str | None = None         # instruction / emotion prompt
     speed: float = 1.0                  # within SPEED_RANGE, engine-native where the engine supports it
     pitch: float = 0.0                  # semitones; only engines with ``native_pitch`` take it here

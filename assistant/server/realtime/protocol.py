@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import base64
 import binascii
-import json
 import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -38,6 +37,7 @@ from typing import Any
 import numpy as np
 
 from assistant.audio import AudioChunk
+from assistant.body import loads_bounded
 from assistant.pipeline.reply import played_text
 from assistant.server.realtime.conversation_events import ConversationEvents
 from assistant.server.realtime.formats import FormatError, InputDecoder, OutputEncoder, decode_clip
@@ -156,7 +156,7 @@ class RealtimeProtocol:
             self.error(f"event over {self.max_event_bytes} bytes (realtime.max_event_bytes)", code="event_too_large")
             return
         try:
-            event = json.loads(text)
+            event = loads_bounded(text)  # nesting and members bounded: never a RecursionError
         except ValueError as exc:
             self.error(f"the event is not valid JSON: {exc}", code="invalid_json")
             return

@@ -53,13 +53,17 @@ def voice_resolver(state: Mapping[Any, Any]) -> Callable[[str], Awaitable[str | 
     return resolve
 
 
-async def prepare(state: Mapping[Any, Any], model: str | None, session: object = None) -> Start:
-    """Settings from our config and the client's ``session`` object (as in ``session.update``), and the rest.
+async def prepare(state: Mapping[Any, Any], model: str | None, session: object = None,
+                  base: object = None) -> Start:
+    """Settings from our config, the session of the client secret the caller holds (``base``), and the client's
+    ``session`` object (as in ``session.update``), and the rest.
 
     Raises :class:`ClientError` (or a settings error) for a session the client cannot have."""
     cfg: Config = state[CONFIG]
     services: Services = state[SERVICES]
     settings = Settings.defaults(cfg, model or DEFAULT_MODEL)
+    if base is not None:
+        settings = settings.updated(base)
     if session is not None:
         settings = settings.updated(session)
     if model is None and settings.model:

@@ -22,13 +22,15 @@ from typing import Any
 from aiohttp import WSMsgType, web
 
 from assistant.server.http import CONFIG, APIError
-from assistant.server.limits import LIMITS
+from assistant.server.keys import principal_of
 from assistant.server.openapi import documented, openai_error
+from assistant.server.realtime.protocol import ClientError
+from assistant.server.realtime.settings import SettingsError
 from assistant.server.realtime.setup import DEFAULT_MODEL, make_protocol, prepare
 from assistant.server.realtime.sink import StreamSink
 from assistant.server.services import SERVICES
 from assistant.server.voice.session import ConversationSession
-from assistant.server.voice.signaling import admit, check_ready
+from assistant.server.voice.signaling import admit, caller, check_ready
 
 log = logging.getLogger(__name__)
 
@@ -105,12 +107,17 @@ async def realtime_ws(request: web.Request) -> web.StreamResponse:
     if not ws.can_prepare(request).ok:
         raise APIError(400, "websocket_expected", "GET /v1/realtime is a WebSocket: send an Upgrade request")
     check_ready(state)
-    start = await prepare(state, request.query.get("model", DEFAULT_MODEL))
+    key_session = principal_of(request).session  # a client secret's session: the socket's starting point
+    model = request.query.get("model") or (None if key_session is not None else DEFAULT_MODEL)
+    try:
+        start = await prepare(state, model, base=key_session)
+    except (ClientError, SettingsError) as exc:  # a key minted before the server's voices or engines changed
+        raise APIError(400, exc.code, str(exc), param=exc.param) from None
     services = state[SERVICES]
     sink = StreamSink(rt.audio_lead_ms)
-    client = state[LIMITS].client(request)
+    who = caller(request)
     session = admit(state, lambda on_closed: SocketSession(services, start.cfg, sink, on_closed,
-                                                            responder=start.responder, client=client))
+                                                            responder=start.responder, client=who.client), who)
     await ws.prepare(request)
     session.ws = ws
     def too_slow() -> None:

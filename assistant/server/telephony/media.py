@@ -20,7 +20,6 @@ import asyncio
 import base64
 import binascii
 import contextlib
-import json
 import logging
 import time
 from collections.abc import Callable
@@ -29,6 +28,7 @@ from typing import Any
 
 from aiohttp import WSMsgType, web
 
+from assistant.body import loads_bounded
 from assistant.config import Config
 from assistant.server.http import CONFIG, HTTPJSONError, Outbox
 from assistant.server.limits import LIMITS, RateLimiter
@@ -105,7 +105,7 @@ def decode(msg: Any, dialect: Dialect) -> Event:
     if msg.type is WSMsgType.BINARY:
         raise ProtocolError("binary_frame", "carriers send JSON text")
     try:
-        message = json.loads(msg.data)
+        message = loads_bounded(msg.data)  # nesting and members bounded: never a RecursionError
     except ValueError:
         raise ProtocolError("malformed_json") from None
     return dialect.parse(message)

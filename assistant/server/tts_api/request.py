@@ -201,9 +201,9 @@ def _check(name: str, s: FieldSpec, value: object, cfg: Config) -> bool | int | 
         raise bad_field(name, "must be a string" if s.kind != "voice" else 'must be a name or {"id": "<voice>"}')
     if s.kind == "language":
         try:
-            languages.check(value, f"field '{name}'")
+            languages.check(value, name)
         except languages.UnknownLanguage as exc:
-            raise TTSError(400, "bad_request", str(exc).split(" Use ")[0], param=name) from None
+            raise bad_field(name, exc.problem) from None
     if s.choices and value not in s.choices:
         raise bad_field(name, f"{value!r} is not supported; allowed: {', '.join(s.choices)}")
     cap = _limit(s.max_chars, cfg)

@@ -32,12 +32,14 @@ import numpy as np
 from aiohttp import WSMsgType, web
 
 from assistant.audio import write_wav_bytes
+from assistant.body import loads_bounded
 from assistant.config import Config
 from assistant.server.http import (
     CONFIG,
     APIError,
     HTTPJSONError,
     WriteStalled,
+    json_object,
     read_json,
     read_multipart,
     write_within,
@@ -131,13 +133,7 @@ async def _read_tts_body(request: web.Request, cfg: Config) -> tuple[dict[str, o
         raw = _text_part(parts, "request")
         if raw is None:
             raise HTTPJSONError(400, "bad_request", "multipart body needs a 'request' part holding the JSON")
-        try:
-            data = json.loads(raw)
-        except json.JSONDecodeError as exc:
-            raise HTTPJSONError(400, "bad_json", f"'request' part is not valid JSON: {exc}") from None
-        if not isinstance(data, dict):
-            raise HTTPJSONError(400, "bad_json", "'request' part must be a JSON object")
-        return data, parts.get("speaker_wav")
+        return json_object(raw, "'request' part"), parts.get("speaker_wav")
     return await read_json(request, _json_cap(cfg)), None
 
 
@@ -349,8 +345,8 @@ async def _ws_serve(request: web.Request, ws: web.WebSocketResponse, client: str
                 break
             if msg.type == WSMsgType.TEXT:
                 try:
-                    data = json.loads(msg.data)
-                except json.JSONDecodeError as exc:
+                    data = loads_bounded(msg.data)
+                except ValueError as exc:  # bad JSON, or nested too deep (body.loads_bounded)
                     await _ws_fail(ws, opts, TTSError(400, "bad_json", f"message is not valid JSON: {exc}"))
                     continue
                 if not isinstance(data, dict):

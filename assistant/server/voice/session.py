@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import secrets
 import time
@@ -21,6 +20,7 @@ from aiortc import RTCDataChannel, RTCIceCandidate, RTCPeerConnection, RTCSessio
 from aiortc.mediastreams import MediaStreamTrack
 
 from assistant.audio import AudioChunk
+from assistant.body import loads_bounded
 from assistant.config import Config
 from assistant.pipeline.conversation import Conversation, TurnDeps
 from assistant.pipeline.events import DataChannel, EventChannel
@@ -91,6 +91,7 @@ class ConversationSession:
         self.cfg = cfg
         self.id = new_session_id(cfg.server.gateway_id)
         self.client = options.get("client", "")  # who opened it (the key of the per-client limits)
+        self.owner = ""  # the key that opened it (keys.Principal.id; signaling.admit sets it): who may act on it
         self.connected = True  # a peerless session is connected once admitted; a peer's says when it is
         self.services = services
         self.created = time.monotonic()
@@ -269,7 +270,7 @@ class Session(ConversationSession):
         if not isinstance(message, str) or len(message) > MAX_CLIENT_MESSAGE:
             return
         try:
-            body = json.loads(message)
+            body = loads_bounded(message)  # nesting bounded: a deep message is bad JSON, not a RecursionError
         except ValueError:
             return
         if not isinstance(body, dict) or body.get("type") != "language":

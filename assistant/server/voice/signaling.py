@@ -2,6 +2,12 @@
 ``whip.py`` opens them the same way), the session resource (``GET /api/sessions``, trickled candidates by
 ``PATCH /api/sessions/{id}``, hang-up by ``DELETE``).
 
+The table is where ownership lives, for every kind of session (the page's, WHIP's, the Realtime API's calls and
+WebSockets, phone calls): :func:`admit` binds each new session to the key that opened it (its :class:`Caller`) and
+holds each client and each key to its cap of sessions at once; :func:`owned_session` finds a session only for its
+owner or the admin, and the list shows a caller only its own. Anyone else is told "no such session" (404), so
+session ids cannot be probed.
+
 Every failure answers a JSON 4xx/5xx and closes only the session it concerns.
 """
 
@@ -13,12 +19,14 @@ import logging
 import re
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import TypeVar
 
 from aiohttp import web
 from aiohttp.helpers import ChainMapProxy
 
 from assistant.server.http import CONFIG, HTTPJSONError, read_body, read_json
+from assistant.server.keys import principal_of
 from assistant.server.limits import LIMITS
 from assistant.server.openapi import documented, error, json_body, ref
 from assistant.server.services import SERVICES
@@ -93,17 +101,52 @@ S = TypeVar("S", bound=ConversationSession)
 OnClosed = Callable[[ConversationSession], None]
 
 
-def admit(app: AppState, make: Callable[[OnClosed], S]) -> S:
-    """A new session in the table, made by ``make(on_closed)``, or 503 ``busy`` when every slot is taken."""
+@dataclass(frozen=True)
+class Caller:
+    """Who opens a session: the key it is bound to (``keys.Principal.id``: only that key, or the admin, may see and
+    act on it), the client the per-client limits count, and the key's own cap on sessions at once."""
+
+    owner: str = ""
+    client: str = ""
+    key_cap: int | None = None
+
+
+def caller(request: web.Request) -> Caller:
+    """The :class:`Caller` of a request that opens a session (its key, and its client past trusted proxies)."""
+    who = principal_of(request)
+    return Caller(who.id, request.config_dict[LIMITS].client(request), who.max_sessions)
+
+
+def check_held(app: AppState, who: Caller) -> None:
+    """429 when ``who``'s client already holds ``server.max_sessions_per_client`` sessions (connected or not), or its
+    key the sessions it may hold at once."""
+    per_client = app[CONFIG].server.max_sessions_per_client
+    live = [s for s in app[SESSIONS].values() if not s.closed]
+    if per_client > 0 and who.client and sum(s.client == who.client for s in live) >= per_client:
+        raise HTTPJSONError(429, "too_many_sessions", f"this client already holds {per_client} sessions "
+                            "(server.max_sessions_per_client)", headers={"Retry-After": "5"})
+    if who.key_cap is not None and sum(s.owner == who.owner for s in live) >= who.key_cap:
+        raise HTTPJSONError(429, "key_session_limit", f"this key may hold {who.key_cap} sessions at once",
+                            headers={"Retry-After": "5"})
+
+
+def admit(app: AppState, make: Callable[[OnClosed], S], who: Caller | None = None) -> S:
+    """A new session in the table, made by ``make(on_closed)`` and bound to ``who`` (None: to nobody, so only the
+    admin sees it); 429 past the caller's caps (:func:`check_held`), 503 ``busy`` when every slot is taken."""
     cfg = app[CONFIG]
     services = app[SERVICES]
     sessions = app[SESSIONS]
+    if who is not None:
+        check_held(app, who)
     if len(sessions) >= cfg.server.max_sessions:
         services.metrics.errors_total.labels(stage="capacity").inc()
         raise HTTPJSONError(
             503, "busy", f"all {cfg.server.max_sessions} session slots are in use", headers={"Retry-After": "5"}
         )
     session = make(lambda s: forget(app, s))
+    if who is not None:
+        session.owner = who.owner
+        session.client = session.client or who.client
     sessions[session.id] = session
     services.metrics.sessions_total.inc()
     services.metrics.sessions_active.set(len(sessions))
@@ -111,18 +154,20 @@ def admit(app: AppState, make: Callable[[OnClosed], S]) -> S:
 
 
 async def open_session(
-    app: AppState, sdp: str, *, client: str = "", responder: str | None = None, voice: str | None = None,
+    app: AppState, sdp: str, who: Caller, *, responder: str | None = None, voice: str | None = None,
     make: Callable[[OnClosed], Session] | None = None, language: str | None = None,
 ) -> Session:
-    """Start a session for this offer and apply it; the answer is ``session.pc.localDescription``.
+    """Start a session for this offer, bound to ``who``, and apply it; the answer is
+    ``session.pc.localDescription``.
 
-    ``make(on_closed)`` builds the session (default: a :class:`Session` with ``responder``, ``voice`` and
-    ``client``, the key of the per-client limits)."""
+    ``make(on_closed)`` builds the session (default: a :class:`Session` with ``responder``, ``voice`` and the
+    caller's client, the key of the per-client limits)."""
     cfg = app[CONFIG]
     services = app[SERVICES]
-    await make_room_to_connect(app, client)
+    check_held(app, who)  # before anyone's connecting session is evicted to make room for this one
+    await make_room_to_connect(app, who.client)
     session = admit(app, make or (lambda on_closed: Session(
-        services, cfg, on_closed=on_closed, responder=responder, voice=voice, client=client)))
+        services, cfg, on_closed=on_closed, responder=responder, voice=voice, client=who.client)), who)
     if language is not None:
         session.conversation.set_language(language)
     try:
@@ -143,10 +188,19 @@ def forget(app: AppState, session: ConversationSession) -> None:
     app[SERVICES].metrics.sessions_active.set(len(sessions))
 
 
+def owned_session(request: web.Request) -> ConversationSession | None:
+    """The open session the path's ``{session_id}`` names, if the caller's key opened it (or is the admin's);
+    None otherwise, so another caller's session looks like no session at all."""
+    session = request.config_dict[SESSIONS].get(request.match_info["session_id"])
+    if session is None or session.closed or not principal_of(request).owns(session.owner):
+        return None
+    return session
+
+
 def session_or_404(request: web.Request) -> Session:
-    """The peer session the path names (a Realtime WebSocket session has no peer: 404 here too)."""
-    session = request.app[SESSIONS].get(request.match_info["session_id"])
-    if not isinstance(session, Session) or session.closed:
+    """The caller's peer session the path names (a Realtime WebSocket session has no peer: 404 here too)."""
+    session = owned_session(request)
+    if not isinstance(session, Session):
         raise HTTPJSONError(404, "unknown_session", "no such session")
     return session
 
@@ -211,8 +265,7 @@ async def offer(request: web.Request) -> web.Response:
     responder, voice = data.get("responder"), data.get("voice")
     check_choices(app, responder, voice)
     language = check_language(app, data["language"]) if data.get("language") is not None else None
-    session = await open_session(app, sdp, client=app[LIMITS].client(request), responder=responder, voice=voice,
-                                 language=language)
+    session = await open_session(app, sdp, caller(request), responder=responder, voice=voice, language=language)
     answer = session.pc.localDescription
     return web.json_response(
         {
@@ -232,24 +285,26 @@ def _who_answers(app: AppState, responder: object) -> dict[str, str]:
     return {"engine": str(info.get("engine", "")), "model": str(info.get("model", ""))}
 
 
-@documented("The open voice sessions of this gateway", responses={
-    "200": json_body({"type": "object"}, "{sessions: [{session_id, turns, tasks}]}")})
+@documented("The caller's open sessions on this gateway (the admin's key: every session, with its owner and "
+            "client)", responses={"200": json_body({"type": "object"}, "{sessions: [{session_id, turns, tasks}]}")})
 async def list_sessions(request: web.Request) -> web.Response:
-    sessions = request.app[SESSIONS]
-    return web.json_response(
-        {
-            "sessions": [
-                {"session_id": s.id, "turns": s.conversation.turns, "tasks": s.task_count} for s in sessions.values()
-            ]
-        }
-    )
+    who = principal_of(request)
+    listed = []
+    for s in request.app[SESSIONS].values():
+        if s.closed or not who.owns(s.owner):
+            continue
+        entry: dict[str, object] = {"session_id": s.id, "turns": s.conversation.turns, "tasks": s.task_count}
+        if who.admin:
+            entry |= {"owner": s.owner, "client": s.client}
+        listed.append(entry)
+    return web.json_response({"sessions": listed})
 
 
-@documented("Hang up a session (WHIP DELETE too)", parameters=SESSION_ID, responses={
-    "200": json_body({"type": "object"}, "closed"), "404": error("unknown session")})
+@documented("Hang up one of the caller's sessions (WHIP DELETE too)", parameters=SESSION_ID, responses={
+    "200": json_body({"type": "object"}, "closed"), "404": error("no such session (or not the caller's)")})
 async def hang_up(request: web.Request) -> web.Response:
     """``DELETE /api/sessions/{id}``."""
-    session = request.app[SESSIONS].get(request.match_info["session_id"])
+    session = owned_session(request)
     if session is None:
         raise HTTPJSONError(404, "unknown_session", "no such session")
     await session.close("hangup")

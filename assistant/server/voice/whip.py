@@ -7,8 +7,10 @@
 - ``PATCH /api/sessions/{id}`` with ``application/trickle-ice-sdpfrag``: trickled candidates → ``204``.
 - ``DELETE /api/sessions/{id}``: hang up.
 
-The bearer token applies as on every ``/api/`` route. The ``events`` data channel is optional: a client that
-offers only audio gets the spoken replies all the same.
+The bearer token (or a key it minted) applies as on every ``/api/`` route, and the session belongs to that key: PATCH
+and DELETE on its resource need the same key (RFC 9725: the client sends its token on every request), or the
+admin's. The resource URL is unguessable and shown to nobody else, so it is a capability as the standard expects.
+The ``events`` data channel is optional: a client that offers only audio gets the spoken replies all the same.
 """
 
 from __future__ import annotations
@@ -16,11 +18,10 @@ from __future__ import annotations
 from aiohttp import web
 
 from assistant.server.http import CONFIG
-from assistant.server.limits import LIMITS
 from assistant.server.openapi import documented, error
 from assistant.server.voice.ice import ice_servers, link_headers
 from assistant.server.voice.sdpfrag import CONTENT_TYPE as SDPFRAG
-from assistant.server.voice.signaling import check_choices, check_ready, check_sdp, open_session, read_text
+from assistant.server.voice.signaling import caller, check_choices, check_ready, check_sdp, open_session, read_text
 
 SDP = "application/sdp"
 
@@ -43,7 +44,7 @@ async def whip_offer(request: web.Request) -> web.Response:
     sdp = check_sdp(await read_text(request, SDP, cfg.server.max_sdp_bytes), cfg.server.max_sdp_bytes)
     responder, voice = request.query.get("responder"), request.query.get("voice")
     check_choices(app, responder, voice)
-    session = await open_session(app, sdp, client=app[LIMITS].client(request), responder=responder, voice=voice)
+    session = await open_session(app, sdp, caller(request), responder=responder, voice=voice)
     location = f"/api/sessions/{session.id}"
     headers = {
         "Location": location,

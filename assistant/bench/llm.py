@@ -105,6 +105,9 @@ def add_llm_arguments(parser: argparse.ArgumentParser) -> None:
                         help="then voice-to-voice at these session levels against a server with each engine "
                         "(e.g. 1,4; default: skip)")
     parser.add_argument("--out", type=Path, default=Path("bench-out"), help="folder for llm.json")
+    parser.add_argument("--markdown", type=Path, default=None, metavar="FILE",
+                        help="also write the tables as Markdown under a line naming the command, commit and "
+                        "machine (docs include FILE)")
 
 
 def _respond_config(args: argparse.Namespace) -> RespondConfig:
@@ -271,6 +274,9 @@ def _fmt_pair(st: dict[str, Any] | None) -> str:
 
 
 def run_llm_bench(args: argparse.Namespace) -> int:
+    from assistant.bench.figures import provenance, write_markdown
+
+    origin = provenance()  # the command and commit as it started
     cfg = _respond_config(args)
     folder = Path(args.out)
     folder.mkdir(parents=True, exist_ok=True)
@@ -287,7 +293,14 @@ def run_llm_bench(args: argparse.Namespace) -> int:
     except (RuntimeError, TimeoutError, OSError) as exc:
         print(f"bench llm: {exc}")
         return 2
-    print(format_results(results, args.turns, args.conversations))
+    text = format_results(results, args.turns, args.conversations)
+    print(text)
+    if args.markdown is not None:
+        body = (f"Model `{Path(cfg.model_path).name}`, {cfg.threads} thread(s), max_tokens {cfg.max_tokens}, "
+                f"{args.turns} turns per conversation, {args.repeats} conversation(s) per engine.\n\n"
+                f"```text\n{text}\n```")
+        docs = write_markdown(args.markdown, body, origin)
+        print(f"wrote {args.markdown}" + (f"; refreshed {', '.join(map(str, docs))}" if docs else ""))
     path = folder / "llm.json"
     path.write_text(json.dumps({"bench": "llm", "settings": results.settings,
                                 "turns": [dataclasses.asdict(t) for t in results.turns], "v2v": results.v2v},

@@ -446,9 +446,10 @@ class RealtimeConfig:
         "drops what is ahead, the rest is what the client already holds"
     )
     max_pending_events: int = _f(1024, "server events queued for a WebSocket client that reads slowly; past it, closed")
-    turn_metrics: bool = _f(
-        True, "send our per-turn latency breakdown as the extra server event assistant.turn_metrics (clients can "
-        "also turn it off per session with ?turn_metrics=0)"
+    extensions: bool = _f(
+        False, "send our own server events (assistant.turn_metrics: the per-turn latency breakdown; "
+        "assistant.notice) to every session; off, only sessions that ask with ?extensions=1 get them (a strict "
+        "client of the reference sees only the reference's events)"
     )
 
 

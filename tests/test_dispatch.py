@@ -357,6 +357,15 @@ async def test_realtime_websocket_through_the_dispatcher(gateways, http) -> None
             await ws.send_json({"type": "no.such.event"})
             error = await ws.receive_json(timeout=30)
             assert error["type"] == "error", error
+        # A call's control socket goes to the gateway its call id names: an id no gateway holds is refused here.
+        with pytest.raises(aiohttp.WSServerHandshakeError) as unknown:
+            await http.ws_connect(url.replace("http://", "ws://") + "/v1/realtime?call_id=gZ.nope",
+                                  headers={"Authorization": f"Bearer {token}"})
+        assert unknown.value.status == 404
+        with pytest.raises(aiohttp.WSServerHandshakeError) as gone:  # gA's own answer: it holds no such call
+            await http.ws_connect(url.replace("http://", "ws://") + "/v1/realtime?call_id=gA.nope",
+                                  headers={"Authorization": f"Bearer {token}"})
+        assert gone.value.status == 404
 
 
 @pytest.mark.slow

@@ -135,11 +135,7 @@ def _circles(graph: dict[str, list[str]]) -> list[list[str]]:
 
 
 # Circles being taken apart (issue 33): each entry names the work that removes it. Do not add to this list.
-KNOWN_CIRCLES = [
-    # the Realtime protocol's halves share one back-pointer; the Realtime rework (issue 31) gives them narrow seams
-    ["assistant.server.realtime.conversation_events", "assistant.server.realtime.protocol",
-     "assistant.server.realtime.responses"],
-]
+KNOWN_CIRCLES: list[list[str]] = []
 
 
 def test_no_import_cycle() -> None:

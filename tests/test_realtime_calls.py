@@ -83,6 +83,7 @@ async def test_sdk_call_turn_heard_on_track_events_on_oai_events(services: Servi
                 sdp=await peer.offer(),
                 session={"type": "realtime", "model": "echo", "instructions": "Answer briefly.",
                          "audio": {"output": {"voice": "alloy"}}},
+                extra_query={"extensions": "1"},  # our per-turn metrics event too
             )
             assert raw.http_response.status_code == 201
             location = raw.headers["location"]
@@ -150,3 +151,68 @@ async def test_bench_realtime_client_measures_a_turn(services: Services, shared_
     assert result.status == "ok", result.reason
     assert "timer" in result.transcript.lower() and "timer" in result.reply_text.lower()
     assert result.columns["v2v_ms"] > 0 and result.columns["server_v2v_ms"] > 0
+
+
+async def test_truncate_clear_and_a_control_socket_beside_the_call(services: Services) -> None:
+    """Over WebRTC a truncate during playback works (the item's length is what the track played), clearing the
+    output cancels with one output_audio_buffer.cleared, and a server-side WebSocket attached with ?call_id= gets
+    the call's events and drives it."""
+    async with serve(test_config(), services) as (url, app), aiohttp.ClientSession() as http:
+        client = openai.AsyncOpenAI(base_url=f"{url}/v1", api_key="unused")
+        peer = Peer()
+        try:
+            raw = await client.realtime.calls.with_raw_response.create(
+                sdp=await peer.offer(), session={"type": "realtime", "model": "echo"})
+            call_id = raw.headers["location"].rsplit("/", 1)[-1]
+            await peer.pc.setRemoteDescription(RTCSessionDescription(sdp=raw.http_response.text, type="answer"))
+            await asyncio.wait_for(peer.opened.wait(), 20)
+            await peer.wait("session.created")
+
+            def send(event: dict[str, Any]) -> None:
+                peer.channel.send(json.dumps(event))
+
+            send({"type": "conversation.item.create", "item": {"type": "message", "role": "user", "content": [
+                {"type": "input_text", "text": "Tell me a short story about a cat who learns to play the piano"}]}})
+            send({"type": "response.create"})
+            started = await peer.wait("output_audio_buffer.started")
+            item_id = (await peer.wait("response.output_item.added"))["item"]["id"]
+            while sum(len(f) for f in peer.heard) < SPEECH_RATE * 0.6:  # the track has played a while
+                await asyncio.sleep(0.05)
+            since = len(peer.events)
+            send({"type": "conversation.item.truncate", "item_id": item_id, "content_index": 0, "audio_end_ms": 400})
+            cut = await peer.wait("conversation.item.truncated", since=since)
+            assert cut["audio_end_ms"] == 400
+            send({"type": "output_audio_buffer.clear"})
+            done = await peer.wait("response.done", since=since)
+            assert done["response"]["status"] == "cancelled"
+            await asyncio.sleep(0.5)
+            after = peer.events[since:]
+            cleared = [e for e in after if e["type"] == "output_audio_buffer.cleared"]
+            assert [e["response_id"] for e in cleared] == [started["response_id"]]
+            assert [e["type"] for e in after].count("conversation.item.truncated") == 1  # the client's cut stands
+            assert not [e for e in after if e["type"] == "error"]
+
+            ws_url = url.replace("http", "ws", 1) + f"/v1/realtime?call_id={call_id}"
+            async with http.ws_connect(ws_url) as ws:
+                first = json.loads((await ws.receive(timeout=10)).data)
+                assert first["type"] == "session.created" and first["session"]["type"] == "realtime"
+                since = len(peer.events)
+                await ws.send_str(json.dumps({"type": "conversation.item.create", "item": {
+                    "type": "message", "role": "user", "content": [{"type": "input_text", "text": "hi there"}]}}))
+                await ws.send_str(json.dumps({"type": "response.create"}))
+                seen: list[str] = []
+                while "response.done" not in seen:
+                    seen.append(json.loads((await ws.receive(timeout=30)).data)["type"])
+                assert "response.created" in seen
+                assert (await peer.wait("response.done", since=since))["response"]["status"] == "completed"
+                assert len(app[SESSIONS]) == 1  # the control socket is no session of its own
+                await client.realtime.calls.hangup(call_id)
+                closed = await ws.receive(timeout=10)
+                while closed.type is aiohttp.WSMsgType.TEXT:  # the call's last events, then the close
+                    closed = await ws.receive(timeout=10)
+                assert closed.type in (aiohttp.WSMsgType.CLOSE, aiohttp.WSMsgType.CLOSED)
+            async with http.get(ws_url.replace("ws", "http", 1), headers={"Upgrade": "websocket",
+                                                                          "Connection": "Upgrade"}) as r:
+                assert r.status in (400, 404)
+        finally:
+            await peer.close()

@@ -4,6 +4,7 @@ and the model's answer is spoken. The official SDK is the client."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 
 import pytest
@@ -20,18 +21,32 @@ WEATHER_TOOL = {"type": "function", "name": "get_weather", "description": "The w
                 "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}
 
 
+USAGE = {"id": "c1", "object": "chat.completion.chunk", "choices": [],
+         "usage": {"prompt_tokens": 37, "completion_tokens": 9, "total_tokens": 46}}
+
+
+def call_piece(**fields: object) -> bytes:
+    return sse({"choices": [{"index": 0, "delta": {"tool_calls": [{"index": 0, **fields}]}, "finish_reason": None}]})
+
+
 async def llm(request: web.Request) -> web.StreamResponse:
-    """Calls get_weather when asked about the weather and given the tool; speaks the tool's answer after."""
+    """Calls get_weather when asked about the weather and given the tool (its arguments in three pieces); speaks
+    the tool's answer after; counts tokens in a last chunk. Asked about the time, it starts a call and stalls."""
     body = await request.json()
     last = body["messages"][-1]
     if last["role"] == "tool":
         sky = json.loads(last["content"])["sky"]
-        parts = [sse(chunk(f"It is {sky} in Paris.")), sse(chunk(None, "stop"))]
+        parts = [sse(chunk(f"It is {sky} in Paris.")), sse(chunk(None, "stop")), sse(USAGE)]
     elif body.get("tools") and "weather" in last["content"]:
-        calls = [{"index": 0, "id": "call_7", "type": "function",
-                  "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}]
-        parts = [sse({"choices": [{"index": 0, "delta": {"tool_calls": calls}, "finish_reason": None}]}),
-                 sse(chunk(None, "tool_calls"))]
+        parts = [call_piece(id="call_7", type="function", function={"name": "get_weather", "arguments": ""}),
+                 call_piece(function={"arguments": '{"city": '}), call_piece(function={"arguments": '"Paris"}'}),
+                 sse(chunk(None, "tool_calls")), sse(USAGE)]
+    elif body.get("tools") and "time" in last["content"]:
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(request)
+        await resp.write(call_piece(id="call_8", type="function", function={"name": "get_time", "arguments": '{"tz'}))
+        await asyncio.sleep(30)  # the response is cancelled meanwhile
+        return resp
     else:
         parts = [sse(chunk("Hello.")), sse(chunk(None, "stop"))]
     return await stream(request, [*parts, b"data: [DONE]\n\n"])
@@ -59,6 +74,13 @@ async def test_tool_call_round_trip(services: Services) -> None:
             assert json.loads(call["arguments"]) == {"city": "Paris"}
             args_done = await ev.wait("response.function_call_arguments.done")
             assert args_done["arguments"] == call["arguments"] and args_done["item_id"] == call["id"]
+            # The arguments came as the model wrote them, before the call was done.
+            deltas = ev.of("response.function_call_arguments.delta")
+            assert [d["delta"] for d in deltas] == ['{"city": ', '"Paris"}']
+            assert ev.all.index(deltas[-1]) < ev.all.index(args_done)
+            usage = first["response"]["usage"]  # the model's own count
+            counted = (usage["input_token_details"]["text_tokens"], usage["output_token_details"]["text_tokens"])
+            assert counted == (37, 9)
 
             since = len(ev.all)
             await conn.conversation.item.create(item={"type": "function_call_output", "call_id": "call_7",
@@ -69,12 +91,28 @@ async def test_tool_call_round_trip(services: Services) -> None:
             said = second["response"]["output"][0]["content"][0]["transcript"]
             assert said == "It is sunny in Paris."
             assert "sunny" in await heard(services, reply_audio(ev, second["response"]["id"]))
+
+            # A call the response was cancelled in the middle of: incomplete, its arguments never done.
+            since = len(ev.all)
+            await conn.conversation.item.create(item={"type": "message", "role": "user", "content": [
+                {"type": "input_text", "text": "What time is it?"}]})
+            await conn.response.create()
+            await ev.wait("response.function_call_arguments.delta", since)
+            await conn.response.cancel()
+            third = await ev.wait("response.done", since)
+            assert third["response"]["status"] == "cancelled"
+            cut = third["response"]["output"][-1]
+            assert (cut["type"], cut["status"], cut["name"]) == ("function_call", "incomplete", "get_time")
+            assert not ev.of("response.function_call_arguments.done", since)
         await own.responder.aclose()  # the engines are the module's: only the responder is ours
-    # What the model was given the second time: the instructions, the user, its own call, the tool's output.
-    messages = fake.requests[-1][0]["messages"]
+    # What the model was given the second time: the instructions (and the session's language rule after them), the
+    # user, its own call, the tool's output.
+    continued = next(body for body, _ in fake.requests if body["messages"][-1]["role"] == "tool")
+    messages = continued["messages"]
     assert messages[0] == {"role": "system", "content": "Use the tools."}
-    assert messages[1] == {"role": "user", "content": "What is the weather in Paris?"}
-    assert messages[2]["tool_calls"][0]["id"] == "call_7"
-    assert messages[3] == {"role": "tool", "content": '{"sky": "sunny"}', "tool_call_id": "call_7"}
-    assert len(messages) == 4  # the continuation adds no user words
-    assert fake.requests[-1][0]["tools"][0]["function"]["name"] == "get_weather"
+    assert messages[1]["role"] == "system" and "Answer in English" in messages[1]["content"]
+    assert messages[2] == {"role": "user", "content": "What is the weather in Paris?"}
+    assert messages[3]["tool_calls"][0]["id"] == "call_7"
+    assert messages[4] == {"role": "tool", "content": '{"sky": "sunny"}', "tool_call_id": "call_7"}
+    assert len(messages) == 5  # the continuation adds no user words
+    assert continued["tools"][0]["function"]["name"] == "get_weather"

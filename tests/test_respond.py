@@ -15,7 +15,7 @@ from aiohttp import web
 
 from assistant.config import RespondConfig
 from assistant.respond import ConversationHistory, Message, ResponderError, create_responder
-from assistant.respond.base import ToolCall
+from assistant.respond.base import ReplyOptions, ToolCall, ToolCallDelta, Usage
 from assistant.respond.echo import EchoResponder
 from assistant.respond.openai import OpenAIResponder
 from assistant.respond.rules import RulesResponder
@@ -392,7 +392,7 @@ async def test_openai_consumer_stops_early_closes_stream() -> None:
 
 async def test_openai_tools_in_the_request_and_tool_calls_streamed_back() -> None:
     """Function tools go out in chat-completions' shape; a streamed tool call (its arguments in pieces) comes back as
-    one ToolCall; tool calls and tool results in the history go out as the API wants them."""
+    its pieces, then one ToolCall; tool calls and tool results in the history go out as the API wants them."""
 
     def call_chunk(**fields: object) -> dict:
         return {"choices": [{"index": 0, "delta": {"tool_calls": [{"index": 0, **fields}]}, "finish_reason": None}]}
@@ -416,8 +416,13 @@ async def test_openai_tools_in_the_request_and_tool_calls_streamed_back() -> Non
             out = [x async for x in r.respond_messages(history, tools, "auto")]
         finally:
             await r.aclose()
-    assert out == ["Let me look.", ToolCall("call_1", "get_weather", '{"city": "Oslo"}')]
+    # The call's pieces as they come (its name first), then the whole call.
+    assert out == ["Let me look.", ToolCallDelta(0, "call_1", "get_weather", ""),
+                   ToolCallDelta(0, "call_1", "get_weather", '{"city": '),
+                   ToolCallDelta(0, "call_1", "get_weather", '"Oslo"}'),
+                   ToolCall("call_1", "get_weather", '{"city": "Oslo"}')]
     body, _ = srv.requests[0]
+    assert body["stream_options"] == {"include_usage": True}
     assert body["tools"] == [{"type": "function", "function": {"name": "get_weather", "description": "Weather by city",
                                                                "parameters": tools[0]["parameters"]}}]
     assert body["tool_choice"] == "auto"
@@ -449,3 +454,26 @@ async def test_reply_options_reach_responders_that_take_them_and_only_those() ->
     assert [d async for d in reply_stream(Plain(), "hi", [], options)] == ["hi"]
     assert [d async for d in reply_stream(WithOptions(), "hi", [], options)] == ["hi/ja"]
     assert options.usage == Usage(3, 1, exact=True)
+
+
+async def test_openai_reports_the_servers_token_counts_and_takes_sampling_options() -> None:
+    """With ``stream_options.include_usage`` the server's last chunk counts the tokens: the responder puts them in
+    ``options.usage`` (exact); the options' temperature and token limit go into the request."""
+
+    async def handler(request: web.Request) -> web.StreamResponse:
+        usage = {"id": "c1", "object": "chat.completion.chunk", "choices": [],
+                 "usage": {"prompt_tokens": 21, "completion_tokens": 4, "total_tokens": 25}}
+        return await stream(request, [sse(chunk("Hi there.")), sse(chunk(None, "stop")), sse(usage),
+                                      b"data: [DONE]\n\n"])
+
+    options = ReplyOptions(temperature=0.2, max_tokens=33)
+    async with FakeLLM(handler) as srv:
+        r = create_responder(srv.cfg())
+        try:
+            out = [x async for x in r.respond("hello", [], options=options)]
+        finally:
+            await r.aclose()
+    assert out == ["Hi there."]
+    assert options.usage == Usage(21, 4, exact=True)
+    body, _ = srv.requests[0]
+    assert (body["temperature"], body["max_tokens"]) == (0.2, 33)

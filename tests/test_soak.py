@@ -11,7 +11,10 @@ Tolerances: file descriptors and tasks must return exactly to the start level. R
 ``malloc_trim`` (freed heap handed back); it may stay above the start by the memory pools of the inference
 runtimes (ONNX Runtime and CTranslate2 keep arenas at the high-water mark of the largest and most concurrent
 work they saw). The soak therefore runs two rounds of K fresh sessions: a leak grows from the first round
-to the second, pools do not (``ROUND_GROWTH_MB``).
+to the second, pools do not (``ROUND_GROWTH_MB``). With two sessions in 12 s rounds the pools settle slowly and
+noisily (measured 2026-12-02, five rounds of 2 × 12 s in a fresh process: 343 MB at the start, then 505, 553,
+554, 543, 537 MB after each round; another run: 347, then 493, 512, 569): the short form's RSS bounds catch only
+a gross leak, the long soak is the leak detector.
 """
 
 from __future__ import annotations
@@ -38,7 +41,8 @@ from tests.waiting import own_tasks, until
 
 SOAK_SESSIONS = int(os.environ.get("SOAK_SESSIONS", "8"))
 SOAK_MINUTES = float(os.environ.get("SOAK_MINUTES", "3"))
-SHORT_RSS_TOLERANCE_MB = 150.0  # 2 sessions × 24 s
+SHORT_RSS_TOLERANCE_MB = 250.0  # 2 sessions × 24 s in a fresh process: the pools' plateau is ~200 MB over the start
+SHORT_ROUND_GROWTH_MB = 100.0  # round 2 over round 1 measured +19 to +57 MB with 2 sessions
 SOAK_RSS_TOLERANCE_MB = 300.0  # K sessions: ONNX/CTranslate2 arenas grow to the high-water mark of K at once
 ROUND_GROWTH_MB = 48.0  # the second round of K sessions over the first: a leak grows here
 FILES = ("en_weather.wav", "en_timer.wav", "en_story.wav")
@@ -152,21 +156,22 @@ def settled(start: dict[str, float]) -> bool:
     return now["fds"] <= start["fds"] and now["tasks"] <= start["tasks"]
 
 
-def check(report: dict[str, Any], rss_tolerance_mb: float) -> None:
+def check(report: dict[str, Any], rss_tolerance_mb: float, round_growth_mb: float = ROUND_GROWTH_MB) -> None:
     before, first, after = report["before"], report["after_first_round"], report["after"]
     assert report["error_events"] == 0 and report["error"] == 0, report
     assert report["ok"] >= report["sessions"], report  # every session completed turns
     assert after["fds"] <= before["fds"] and after["tasks"] <= before["tasks"], report
     assert after["rss_mb"] <= before["rss_mb"] + rss_tolerance_mb, report
     if report["rounds"] > 1:  # no growth from one round of sessions to the next
-        assert after["rss_mb"] <= first["rss_mb"] + ROUND_GROWTH_MB, report
+        assert after["rss_mb"] <= first["rss_mb"] + round_growth_mb, report
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(240)
 async def test_soak_short(services: Services, tmp_path: Path, shared_audio: Path) -> None:
     """The soak in CI: the same two rounds and checks as ``test_soak``, 2 sessions for 2 × 12 s."""
-    check(await soak(services, tmp_path, shared_audio, sessions=2, seconds=24, rounds=2), SHORT_RSS_TOLERANCE_MB)
+    check(await soak(services, tmp_path, shared_audio, sessions=2, seconds=24, rounds=2), SHORT_RSS_TOLERANCE_MB,
+          SHORT_ROUND_GROWTH_MB)
 
 
 @pytest.mark.soak

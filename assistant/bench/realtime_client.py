@@ -52,7 +52,7 @@ class RealtimeBenchSession(BenchSession):
     async def exchange(self, offer: str) -> str:
         """The Realtime API's way: the SDP itself to ``/v1/realtime/calls``; the call's path comes back."""
         headers = {"Content-Type": "application/sdp", **self._headers()}
-        async with self.http.post(f"{self.url}/v1/realtime/calls?model=default", data=offer,
+        async with self.http.post(f"{self.url}/v1/realtime/calls?model=default&extensions=1", data=offer,
                                   headers=headers) as resp:
             answer = await resp.text()
             if resp.status != 201:
@@ -128,7 +128,7 @@ async def ws_turn(http: aiohttp.ClientSession, url: str, utt: Utterance, *, mode
                   token: str = "", timeout_s: float = 30.0) -> WSTurn:
     """One turn over ``/v1/realtime`` (see the module docstring); never raises for a turn that fails."""
     result = WSTurn(utt.name, mode)
-    ws_url = url.replace("http", "ws", 1) + "/v1/realtime?model=default"
+    ws_url = url.replace("http", "ws", 1) + "/v1/realtime?model=default&extensions=1"
     headers = {"Authorization": f"Bearer {token}"} if token else {}
     mark: float | None = None
     async with http.ws_connect(ws_url, headers=headers, max_msg_size=0) as ws:

@@ -62,6 +62,20 @@ class Conversation:
         now = time.time()  # the request is the turn's end: the trace counts from it, and nothing was waited for
         self.runner.commit(turn, Ending(speech_end=now, decided=now, silence_met=now, reason="client"))
 
+    def end_utterance(self) -> bool:
+        """End the user's utterance in progress now (its turn follows as after any end of speech); False when
+        the user is not speaking."""
+        return self.policy.end_utterance("client")
+
+    def drop_utterance(self) -> None:
+        """Forget the user's utterance in progress: it will not become a turn."""
+        self.policy.drop_utterance()
+
+    @property
+    def speaking(self) -> bool:
+        """The user is speaking (an utterance is in progress)."""
+        return self.policy.endpointer.speaking
+
     @property
     def responding(self) -> bool:
         """A reply is being prepared or played."""

@@ -197,7 +197,7 @@ class TurnTaking:
     def _on_speech_start(self, ev: SpeechStart) -> None:
         self.last_activity_wall = time.time()
         at_ms = round(self.clock.wall_time(ev.sample_index) * 1000, 1)
-        self.events.emit("speech_start", turn=self.runner.turns + 1, at_ms=at_ms)
+        self.events.emit("speech_start", turn=self.runner.turns + 1, at_ms=at_ms, start_sample=ev.sample_index)
         self._partial_text = ""
         self._last_partial_at = ev.sample_index
         if self._check is not None and not self._check.done():
@@ -243,6 +243,9 @@ class TurnTaking:
             ago_ms=round(max(0.0, decided - speech_end) * 1000, 1),
             duration_ms=round(len(ev.audio) * 1000 / SPEECH_RATE, 1),
             reason=ev.reason,
+            # Where the utterance's audio starts and where its end was decided, on the stream's sample clock.
+            start_sample=round(ev.audio_start_s * SPEECH_RATE),
+            end_sample=round(ev.detected_at_s * SPEECH_RATE),
         )
         self._cancel_partial()
         if self.runner.busy:
@@ -323,6 +326,8 @@ class TurnTaking:
             text = result.text.strip()
             pause.text, pause.cue = judge(text), cue(text)
             pause.words = word_count(text)
+        if result is not None:
+            self._partial_from(result.text.strip())
         self._decide()
 
     async def _hear_end_of_turn(self, pause: Pause, audio: np.ndarray, pause_ms: int) -> None:
@@ -361,6 +366,34 @@ class TurnTaking:
             return
         self._last_partial_at = self.clock.samples
         self._partial = asyncio.get_running_loop().create_task(self._run_partial(audio))
+
+    def end_utterance(self, reason: str = "client") -> bool:
+        """End the utterance in progress now, as if its silence had passed (a client that commits the audio
+        itself); False when nobody is speaking."""
+        if not self.endpointer.speaking:
+            return False
+        ev = self.endpointer.force_end(reason)  # in a pause: the speech ends where the pause began
+        if ev is None:  # still voiced: it ends with the audio fed so far
+            ends = self.endpointer.finish()
+            ev = ends[0] if ends and isinstance(ends[0], SpeechEnd) else None
+        if ev is None:
+            return False
+        self._on_speech_end(ev)
+        return True
+
+    def drop_utterance(self) -> None:
+        """Forget the utterance in progress and any speculation on it (a client that clears its input)."""
+        self._cancel_partial()
+        self._drop_speculation("cleared")
+        self._carry = np.zeros(0, dtype=np.float32)
+        self.endpointer.reset()
+
+    def _partial_from(self, text: str) -> None:
+        """A pass over the speech so far (a speculative turn's ASR) is a partial transcript too."""
+        if text and self.endpointer.speaking and text != self._partial_text:
+            stable = _common_prefix(self._partial_text, text)
+            self._partial_text = text
+            self.events.emit("transcript", turn=self.runner.turns + 1, final=False, text=text, stable=stable)
 
     async def _run_partial(self, audio: np.ndarray) -> None:
         try:

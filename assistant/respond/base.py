@@ -1,7 +1,8 @@
 """The Responder protocol: a user turn and the history in, an async stream of text deltas out.
 
 A responder that can call tools (``MessagesResponder``: the OpenAI-compatible one) also takes the whole message
-list with tool definitions, and yields :class:`ToolCall` among its text deltas.
+list with tool definitions, and yields :class:`ToolCall` among its text deltas (and, as the model writes a call,
+its :class:`ToolCallDelta` pieces).
 
 Per reply, a responder may also take :class:`ReplyOptions` (the turn's language, sampling limits a client asked
 for) as the keyword ``options``, and report what the reply cost in ``options.usage``. A plug-in whose
@@ -23,6 +24,18 @@ Role = Literal["system", "user", "assistant", "tool"]
 class ToolCall:
     """A function the model asks the client to run: its call id, name and JSON arguments."""
 
+    call_id: str
+    name: str
+    arguments: str
+
+
+@dataclass(frozen=True)
+class ToolCallDelta:
+    """A piece of a tool call as the model writes it, before the call is complete: ``index`` tells the calls of
+    one reply apart; ``call_id`` and ``name`` are known from the first piece; ``arguments`` is this piece's part
+    of the JSON arguments. The complete :class:`ToolCall` follows once the call is whole."""
+
+    index: int
     call_id: str
     name: str
     arguments: str
@@ -84,8 +97,10 @@ class MessagesResponder(Protocol):
     name: str
 
     def respond_messages(self, messages: Sequence[Message], tools: Sequence[dict[str, Any]] = (),
-                         tool_choice: Any = "auto") -> AsyncIterator[str | ToolCall]:
-        """Yield text deltas and, once each is complete, the tool calls the model makes."""
+                         tool_choice: Any = "auto") -> AsyncIterator[str | ToolCall | ToolCallDelta]:
+        """Yield text deltas and, once each is complete, the tool calls the model makes; a responder that streams
+        a call's arguments may yield :class:`ToolCallDelta` pieces before it (callers that want only whole calls
+        skip them). Like ``respond``, it may take ``options: ReplyOptions`` as a keyword."""
         ...
 
 

@@ -23,6 +23,7 @@ import logging
 import os
 import time
 from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import aiohttp
@@ -30,7 +31,7 @@ import aiohttp
 from assistant import languages
 from assistant.body import BodyTooLarge, read_capped
 from assistant.config import RespondConfig
-from assistant.respond.base import Message, ReplyOptions, ResponderError, ToolCall
+from assistant.respond.base import Message, ReplyOptions, ResponderError, ToolCall, ToolCallDelta, Usage
 
 log = logging.getLogger(__name__)
 
@@ -124,6 +125,7 @@ class OpenAIResponder:
             "stream": True,
             "temperature": self.cfg.temperature,
             "max_tokens": self.cfg.max_tokens,
+            "stream_options": {"include_usage": True},  # the token counts come in a last chunk
         }
         if options is not None and options.temperature is not None:
             payload["temperature"] = options.temperature
@@ -147,19 +149,22 @@ class OpenAIResponder:
 
     async def respond(self, text: str, history: Sequence[Message],
                       options: ReplyOptions | None = None) -> AsyncIterator[str]:
-        async for out in self._stream(self.build_payload(text, history, options), len(history), len(text)):
+        payload = self.build_payload(text, history, options)
+        async for out in self._stream(payload, len(history), len(text), options):
             if isinstance(out, str):
                 yield out
 
     async def respond_messages(self, messages: Sequence[Message], tools: Sequence[dict[str, Any]] = (),
-                               tool_choice: Any = "auto",
-                               options: ReplyOptions | None = None) -> AsyncIterator[str | ToolCall]:
-        """The whole conversation in, text deltas and tool calls (each once complete) out."""
+                               tool_choice: Any = "auto", options: ReplyOptions | None = None,
+                               ) -> AsyncIterator[str | ToolCall | ToolCallDelta]:
+        """The whole conversation in, text deltas, the pieces of each tool call as they come, and each tool call
+        once complete out."""
         payload = self.messages_payload(messages, tools, tool_choice, options)
-        async for out in self._stream(payload, len(messages), sum(len(m.content) for m in messages)):
+        async for out in self._stream(payload, len(messages), sum(len(m.content) for m in messages), options):
             yield out
 
-    async def _stream(self, payload: dict[str, Any], n_history: int, n_chars_in: int) -> AsyncIterator[str | ToolCall]:
+    async def _stream(self, payload: dict[str, Any], n_history: int, n_chars_in: int,
+                      options: ReplyOptions | None = None) -> AsyncIterator[str | ToolCall | ToolCallDelta]:
         cfg = self.cfg
         t0 = time.monotonic()
         total_deadline = t0 + cfg.total_timeout_s
@@ -168,7 +173,8 @@ class OpenAIResponder:
                  cfg.model, n_history, n_chars_in, len(payload.get("tools", ())))
         if self.debug_content:
             log.info("respond.request_text text=%r", payload["messages"][-1].get("content"))
-        calls: dict[int, dict[str, str]] = {}  # tool calls being streamed, by index
+        calls: dict[int, _Call] = {}  # tool calls being streamed, by index
+        usage: dict[str, int] = {}  # the server's token counts (stream_options.include_usage)
 
         def remaining(first: bool) -> float:
             return max(0.0, (first_deadline if first else total_deadline) - time.monotonic())
@@ -221,7 +227,7 @@ class OpenAIResponder:
                     raise ResponderError(MSG_BAD_STREAM) from exc
                 if not raw:  # EOF
                     if pending:
-                        for delta in self._event("\n".join(pending), calls, strict=True) or []:
+                        for delta in self._event("\n".join(pending), calls, usage, strict=True) or []:
                             finished = finished or delta is None
                     if finished:
                         break  # some servers end with finish_reason and no [DONE]
@@ -232,17 +238,17 @@ class OpenAIResponder:
                     log.warning("respond.error kind=bad_stream reason=too_large bytes=%d", read_bytes)
                     raise ResponderError(MSG_BAD_STREAM)
                 line = raw.decode("utf-8", errors="replace").rstrip("\r\n")
-                deltas: list[str | None] = []
+                deltas: list[str | ToolCallDelta | None] = []
                 if not line:  # blank line ends an event
                     if pending:
-                        deltas = self._event("\n".join(pending), calls, strict=True) or []
+                        deltas = self._event("\n".join(pending), calls, usage, strict=True) or []
                         pending.clear()
                 elif line.startswith(":") or not line.startswith("data:"):
                     continue  # comment / keep-alive, or event:, id:, retry: fields
                 else:
                     pending.append(line[5:].removeprefix(" "))
                     # Lenient: most servers send one JSON object per data line; handle it right away.
-                    parsed = self._event("\n".join(pending), calls, strict=False)
+                    parsed = self._event("\n".join(pending), calls, usage, strict=False)
                     if parsed is not None or pending[-1] == "[DONE]":
                         pending.clear()  # handled: a blank line after it must not parse it again
                     deltas = parsed or []
@@ -253,7 +259,8 @@ class OpenAIResponder:
                     if first:
                         first = False
                         log.info("respond.first_token engine=openai ms=%.0f", (time.monotonic() - t0) * 1000)
-                    n_chars += len(delta)
+                    if isinstance(delta, str):
+                        n_chars += len(delta)
                     yield delta
         except _StreamDone:
             clean = True
@@ -266,16 +273,19 @@ class OpenAIResponder:
                 resp.release()
             else:
                 resp.close()  # drop the connection so the server stops generating (barge-in, errors)
-        log.info("respond.done engine=openai ms=%.0f chars=%d tool_calls=%d",
-                 (time.monotonic() - t0) * 1000, n_chars, len(calls))
+        log.info("respond.done engine=openai ms=%.0f chars=%d tool_calls=%d usage=%s",
+                 (time.monotonic() - t0) * 1000, n_chars, len(calls), usage or "-")
+        if options is not None and "prompt_tokens" in usage and "completion_tokens" in usage:
+            options.usage = Usage(usage["prompt_tokens"], usage["completion_tokens"], exact=True)
         for index in sorted(calls):
             call = calls[index]
-            if not call["name"]:
+            if not call.name:
                 log.warning("respond.error kind=bad_stream reason=tool_call_without_name")
                 raise ResponderError(MSG_BAD_STREAM)
-            yield ToolCall(call["id"] or f"call_{index}", call["name"], call["arguments"])
+            yield ToolCall(call.call_id(index), call.name, call.arguments)
 
-    def _event(self, data: str, calls: dict[int, dict[str, str]], *, strict: bool) -> list[str | None] | None:
+    def _event(self, data: str, calls: dict[int, _Call], usage: dict[str, int], *,
+               strict: bool) -> list[str | ToolCallDelta | None] | None:
         """Parse one SSE ``data`` payload into content deltas (tool call pieces go to ``calls``); ``None`` in the
         list marks ``finish_reason``.
 
@@ -297,7 +307,11 @@ class OpenAIResponder:
         if "error" in obj:
             log.warning("respond.error kind=server_error_in_stream")
             raise ResponderError(MSG_SERVER_ERROR)
-        out: list[str | None] = []
+        counts = obj.get("usage")
+        if isinstance(counts, dict):
+            usage.update({k: v for k, v in counts.items() if k in ("prompt_tokens", "completion_tokens")
+                          and isinstance(v, int) and not isinstance(v, bool) and v >= 0})
+        out: list[str | ToolCallDelta | None] = []
         choices = obj.get("choices") or []
         if not isinstance(choices, list):
             raise ResponderError(MSG_BAD_STREAM)
@@ -306,7 +320,7 @@ class OpenAIResponder:
                 raise ResponderError(MSG_BAD_STREAM)
             delta = choice.get("delta") or {}
             if isinstance(delta, dict) and isinstance(delta.get("tool_calls"), list):
-                _gather_tool_calls(delta["tool_calls"], calls)
+                out.extend(_gather_tool_calls(delta["tool_calls"], calls))
             content = delta.get("content") if isinstance(delta, dict) else None
             if content is None and isinstance(choice.get("text"), str):
                 content = choice["text"]  # legacy completions-style chunk
@@ -345,21 +359,43 @@ class OpenAIResponder:
         return ResponderError(MSG_HTTP)
 
 
-def _gather_tool_calls(deltas: list[Any], calls: dict[int, dict[str, str]]) -> None:
+@dataclass
+class _Call:
+    """One tool call as its pieces arrive: the id and name come once, the arguments in pieces."""
+
+    id: str = ""
+    name: str = ""
+    arguments: str = ""
+    sent_id: str = ""  # the id its pieces went out with (the server's, or ours when it gave none)
+    sent: int = -1  # arguments passed on so far (-1: nothing yet)
+
+    def call_id(self, index: int) -> str:
+        if not self.sent_id:
+            self.sent_id = self.id or f"call_{index}"
+        return self.sent_id
+
+
+def _gather_tool_calls(deltas: list[Any], calls: dict[int, _Call]) -> list[ToolCallDelta]:
     """Add one chunk's ``delta.tool_calls`` pieces to the calls being streamed (id and name come once, the
-    arguments in pieces); at most ``MAX_TOOL_CALLS`` calls (the arguments count toward the stream's bytes)."""
+    arguments in pieces); at most ``MAX_TOOL_CALLS`` calls (the arguments count toward the stream's bytes).
+    Returns the pieces to pass on: each call's arguments since the last piece, once its name is known."""
+    out: list[ToolCallDelta] = []
     for piece in deltas:
         if not isinstance(piece, dict):
             raise ResponderError(MSG_BAD_STREAM)
         index = piece.get("index", 0)
         if not isinstance(index, int) or not 0 <= index < MAX_TOOL_CALLS:
             raise ResponderError(MSG_BAD_STREAM)
-        call = calls.setdefault(index, {"id": "", "name": "", "arguments": ""})
+        call = calls.setdefault(index, _Call())
         if isinstance(piece.get("id"), str):
-            call["id"] = piece["id"]
+            call.id = piece["id"]
         fn = piece.get("function") or {}
         if isinstance(fn, dict):
-            if isinstance(fn.get("name"), str) and not call["name"]:
-                call["name"] = fn["name"]
+            if isinstance(fn.get("name"), str) and not call.name:
+                call.name = fn["name"]
             if isinstance(fn.get("arguments"), str):
-                call["arguments"] += fn["arguments"]
+                call.arguments += fn["arguments"]
+        if call.name and call.sent < len(call.arguments):
+            out.append(ToolCallDelta(index, call.call_id(index), call.name, call.arguments[max(0, call.sent):]))
+            call.sent = len(call.arguments)
+    return out

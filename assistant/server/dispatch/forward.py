@@ -317,7 +317,13 @@ async def ws_proxy(request: web.Request, cap: int) -> web.StreamResponse:
     offered = tuple(p.strip() for p in request.headers.get("Sec-WebSocket-Protocol", "").split(",") if p.strip())
     if "Authorization" not in headers and TOKEN_PARAM in request.query:  # the page's ?token=, as a header
         headers["Authorization"] = f"Bearer {request.query[TOKEN_PARAM]}"
-    for g in d.for_request():
+    candidates = d.for_request()
+    if "call_id" in request.query:  # a Realtime call's control socket: to the gateway that holds the call
+        owner = d.owner(request.query["call_id"])
+        if owner is None:
+            raise HTTPJSONError(404, "call_not_found", "no open call has this call_id")
+        candidates = [owner]
+    for g in candidates:
         try:
             upstream = await d.http.ws_connect(
                 _target(g, request), headers=headers, max_msg_size=cap, protocols=offered,

@@ -7,6 +7,7 @@
     conversation_events.py  the conversation's events → the reference's server events (user audio items)
     input_audio.py  the input audio: to turn-taking, or held for a commit while turn detection is off
     responses.py  each response's lifecycle: opened, its message and function calls, closed with response.done
+    state.py      what those three share: the session's state and the way out (no half reaches into another)
     settings.py   the session object: session.update in the GA and beta shapes, and what turn_detection means
     items.py      the Realtime conversation's items: the responder's history
     responder.py  the configured responder, given the session's instructions, items and tools

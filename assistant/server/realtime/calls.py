@@ -17,12 +17,13 @@ import asyncio
 import json
 import logging
 import secrets
+import weakref
 from collections import deque
-from typing import Any
 
 from aiohttp import web
 
 from assistant.body import loads_bounded
+from assistant.pipeline.events import DataChannel
 from assistant.server.http import CONFIG, APIError, read_multipart
 from assistant.server.keys import principal_of
 from assistant.server.openapi import documented, json_body, openai_error
@@ -32,7 +33,15 @@ from assistant.server.realtime.setup import make_protocol, prepare
 from assistant.server.services import SERVICES
 from assistant.server.voice.ice import browser_config
 from assistant.server.voice.session import Session
-from assistant.server.voice.signaling import caller, check_ready, check_sdp, open_session, owned_session, read_text
+from assistant.server.voice.signaling import (
+    SESSIONS,
+    caller,
+    check_ready,
+    check_sdp,
+    open_session,
+    owned_session,
+    read_text,
+)
 
 log = logging.getLogger(__name__)
 
@@ -40,6 +49,9 @@ SDP = "application/sdp"
 EVENTS_LABEL = "oai-events"
 MAX_PENDING = 256  # events kept until the data channel opens; older ones go first
 INBOX = 256  # client events waiting to be handled; past it, an error event and the event is dropped
+# Each open call's protocol by call id, for a control socket beside it (GET /v1/realtime?call_id=); weak: a call
+# that ends leaves the table with its session.
+PROTOCOLS: weakref.WeakValueDictionary[str, RealtimeProtocol] = weakref.WeakValueDictionary()
 CALL_ID = [{"name": "session_id", "in": "path", "required": True, "schema": {"type": "string"},
             "description": "the call id (from the Location of POST /v1/realtime/calls)"}]
 
@@ -50,12 +62,12 @@ class ChannelEvents:
 
     def __init__(self, session: Session) -> None:
         self.session = session
-        self.channel: Any = None
+        self.channel: DataChannel | None = None
         self.pending: deque[str] = deque(maxlen=MAX_PENDING)
         self.inbox: asyncio.Queue[str | bytes] = asyncio.Queue(maxsize=INBOX)
         self.protocol: RealtimeProtocol | None = None
 
-    def send(self, event: dict[str, Any]) -> None:
+    def send(self, event: dict[str, object]) -> None:
         text = json.dumps(event, ensure_ascii=False)
         ch = self.channel
         if ch is not None and ch.readyState == "open":
@@ -66,20 +78,18 @@ class ChannelEvents:
         else:
             self.pending.append(text)
 
-    def attach(self, channel: Any) -> None:
+    def attach(self, channel: DataChannel) -> None:
         self.channel = channel
 
-        @channel.on("open")
-        def _on_open() -> None:
-            self._drain()
-
-        @channel.on("message")
-        def _on_message(message: str | bytes) -> None:
+        def on_message(message: str | bytes) -> None:
             try:
                 self.inbox.put_nowait(message)
             except asyncio.QueueFull:
                 if self.protocol is not None:
                     self.protocol.error("too many events at once: this one was dropped", code="rate_limited")
+
+        channel.add_listener("open", self._drain)
+        channel.add_listener("message", on_message)
 
         if channel.readyState == "open":
             self._drain()
@@ -96,7 +106,18 @@ class ChannelEvents:
                 await self.protocol.receive(message)
 
 
-async def read_offer(request: web.Request, max_sdp: int, max_session: int) -> tuple[str, Any]:
+def call_protocol(request: web.Request, call_id: str) -> RealtimeProtocol | None:
+    """The protocol of an open call of this gateway that the caller's key opened (or any, for the admin's key);
+    None otherwise: another caller's call looks like no call at all."""
+    session = request.config_dict[SESSIONS].get(call_id)
+    protocol = PROTOCOLS.get(call_id)
+    if (session is None or session.closed or protocol is None or protocol.session is not session
+            or not principal_of(request).owns(session.owner)):
+        return None
+    return protocol
+
+
+async def read_offer(request: web.Request, max_sdp: int, max_session: int) -> tuple[str, object]:
     """The offer's SDP and the optional ``session`` object, from either body shape."""
     if request.content_type == "multipart/form-data":
         parts = await read_multipart(request, {"sdp": max_sdp, "session": max_session})
@@ -148,6 +169,7 @@ async def create_call(request: web.Request) -> web.Response:
     events = ChannelEvents(session)
     protocol = make_protocol(state, session, start, events.send, webrtc=True, beta=False, query=request.query)
     events.protocol = protocol
+    PROTOCOLS[session.id] = protocol
     session.channels[EVENTS_LABEL] = events.attach
     session.on_audio = protocol.on_track_audio
     log.info("realtime_open session=%s transport=webrtc", session.id)
@@ -184,7 +206,7 @@ ICE_SCHEMA = {
 async def ice_servers(request: web.Request) -> web.Response:
     """``GET /v1/realtime/ice-servers``: what ``new RTCPeerConnection({iceServers})`` takes."""
     ice = browser_config(request.config_dict[CONFIG].ice, f"realtime-{secrets.token_urlsafe(9)}")
-    body: dict[str, Any] = {"ice_servers": ice["iceServers"], "ice_transport_policy": ice["iceTransportPolicy"]}
+    body: dict[str, object] = {"ice_servers": ice["iceServers"], "ice_transport_policy": ice["iceTransportPolicy"]}
     if "expires_at" in ice:
         body["expires_at"] = ice["expires_at"]
     return web.json_response(body, headers={"Cache-Control": "no-store"})

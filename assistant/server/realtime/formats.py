@@ -9,7 +9,6 @@ resampler for the session, so chunk edges leave no clicks and no samples are los
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 import soxr
@@ -38,7 +37,7 @@ class AudioFormat:
     rate: int
     bytes_per_sample: int
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, object]:
         return {"type": self.type, "rate": self.rate} if self.type == "audio/pcm" else {"type": self.type}
 
     @property
@@ -124,6 +123,7 @@ class OutputEncoder:
 
     def __init__(self, fmt: AudioFormat, in_rate: int = PCM_RATE) -> None:
         self.format = fmt
+        self._in_rate = in_rate
         self._resampler = (
             soxr.ResampleStream(in_rate, fmt.rate, 1, dtype="float32", quality=RESAMPLE_QUALITY)
             if fmt.rate != in_rate else None
@@ -132,6 +132,23 @@ class OutputEncoder:
     def encode(self, pcm: np.ndarray) -> bytes:
         if self._resampler is None:
             return pcm.astype("<i2").tobytes()
-        y = self._resampler.resample_chunk(pcm.astype(np.float32) / S16_SCALE)
+        return self._companded(self._resampler.resample_chunk(pcm.astype(np.float32) / S16_SCALE))
+
+    def flush(self) -> bytes:
+        """The end of a reply: what the resampler still holds, and a fresh resampler for the next reply (so
+        the tail of one reply never starts the next)."""
+        if self._resampler is None:
+            return b""
+        tail = self._resampler.resample_chunk(np.zeros(0, dtype=np.float32), last=True)
+        self.reset()
+        return self._companded(tail) if tail.size else b""
+
+    def reset(self) -> None:
+        """Drop what the resampler holds (a reply cut short: its tail is not heard)."""
+        if self._resampler is not None:
+            self._resampler = soxr.ResampleStream(self._in_rate, self.format.rate, 1, dtype="float32",
+                                                  quality=RESAMPLE_QUALITY)
+
+    def _companded(self, y: np.ndarray) -> bytes:
         s16 = np.clip(np.rint(y * S16_SCALE), -S16_SCALE, S16_SCALE - 1).astype(np.int16)
         return ulaw_encode(s16) if self.format is PCMU else alaw_encode(s16)

@@ -1,15 +1,23 @@
 """A Realtime session's input audio: to the conversation's turn-taking as it arrives, or, while turn detection is
 off, held in the input audio buffer until the client commits or clears it. Both on one clock: the 16 kHz samples
-given to the conversation, which the speech events' ``audio_start_ms`` / ``audio_end_ms`` are read against."""
+given to the conversation, which the speech events' ``audio_start_ms`` / ``audio_end_ms`` are read against.
+
+The last ``RECENT_S`` of what was given to the conversation is kept too: a client may commit, under turn
+detection, audio that no speech was detected in, and speech the conversation made no turn of (spoken over a
+reply that ``interrupt_response: false`` lets play on) is still transcribed into its item.
+"""
 
 from __future__ import annotations
 
 import time
+from collections import deque
 
 import numpy as np
 
 from assistant.audio import SPEECH_RATE, AudioChunk
 from assistant.pipeline.conversation import Conversation
+
+RECENT_S = 30.0  # audio given to the conversation that stays at hand (longer than an utterance may be)
 
 
 class InputAudio:
@@ -19,24 +27,44 @@ class InputAudio:
         self.conversation = conversation
         self.max_buffer_s = max_buffer_s
         self.fed = 0  # 16 kHz samples given to the conversation (the input stream's clock)
+        self.committed = 0  # where the audio not yet committed starts (turn detection on)
         self._held: list[np.ndarray] = []
         self._held_samples = 0
+        self._recent: deque[tuple[int, np.ndarray]] = deque()  # (start, samples) of what was fed, oldest first
 
     @property
     def held_ms(self) -> float:
         return self._held_samples * 1000 / SPEECH_RATE
 
+    @property
+    def uncommitted_ms(self) -> float:
+        """Audio given to turn-taking since the last commit (of speech or by the client)."""
+        return max(0, self.fed - self.committed) * 1000 / SPEECH_RATE
+
     def feed(self, samples: np.ndarray, arrived: float = 0.0) -> None:
         """Audio to the conversation's turn-taking, stamped with when it arrived (now, if not given)."""
         if samples.size:
             chunk = AudioChunk(self.fed, samples, arrived or time.time())
+            self._keep(self.fed, samples)
             self.fed += samples.size
             self.conversation.feed(chunk)
 
     def feed_chunk(self, chunk: AudioChunk) -> None:
         """A chunk already on the input stream's clock (the peer's track)."""
+        self._keep(chunk.start, chunk.samples)
         self.fed = chunk.end
         self.conversation.feed(chunk)
+
+    def _keep(self, start: int, samples: np.ndarray) -> None:
+        self._recent.append((start, samples))
+        horizon = start + samples.size - int(RECENT_S * SPEECH_RATE)
+        while self._recent and self._recent[0][0] + self._recent[0][1].size < horizon:
+            self._recent.popleft()
+
+    def recent(self, start: int, end: int) -> np.ndarray:
+        """What was fed from stream sample ``start`` to ``end`` (as far as it is still kept)."""
+        parts = [x[max(0, start - s): max(0, end - s)] for s, x in self._recent if s < end and s + x.size > start]
+        return np.concatenate(parts) if parts else np.zeros(0, dtype=np.float32)
 
     def hold(self, samples: np.ndarray) -> bool:
         """Keep ``samples`` for a commit; False (nothing kept) when the buffer would pass ``max_buffer_s``."""
@@ -52,6 +80,13 @@ class InputAudio:
         self.clear()
         return clip
 
+    def take_uncommitted(self) -> np.ndarray:
+        """What turn-taking was given since the last commit, as one clip; committed from now on."""
+        clip = self.recent(self.committed, self.fed)
+        self.committed = self.fed
+        return clip
+
     def clear(self) -> None:
         self._held.clear()
         self._held_samples = 0
+        self.committed = self.fed

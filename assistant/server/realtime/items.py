@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import re
 import secrets
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
 
 import numpy as np
 
 from assistant.audio import SPEECH_RATE
+from assistant.pipeline.reply import played_text
 from assistant.respond.base import Message, ToolCall
 
 
@@ -35,7 +36,10 @@ class Item:
     transcript: str | None = None  # audio content: what was said (None: not transcribed yet)
     audio: bool = False  # an audio part (input_audio / output_audio)
     clip: np.ndarray | None = field(default=None, repr=False)  # a user audio item's 16 kHz audio (until answered)
-    audio_ms: float = 0.0  # assistant audio made so far (what truncate may cut)
+    audio_ms: float = 0.0  # its audio's length now (assistant: made so far, less what a truncation cut off)
+    made_ms: float = 0.0  # assistant audio the client was given (a truncation is clamped to it)
+    spoken: str | None = None  # an assistant item's whole transcript, before any truncation
+    client_cut: bool = False  # the client truncated it: its cut stands (the server does not cut again)
     call_id: str = ""
     name: str = ""
     arguments: str = ""
@@ -46,8 +50,21 @@ class Item:
         """What the item says, for the history (None: nothing to say)."""
         return self.transcript if self.audio else self.text
 
-    def to_json(self, beta: bool = False) -> dict[str, Any]:
-        out: dict[str, Any] = {"id": self.id, "object": "realtime.item", "type": self.type}
+    def cut(self, end_ms: float, heard: str | None = None) -> None:
+        """Truncate an assistant item's audio at ``end_ms`` (within what was made): its transcript keeps only what
+        that audio said (``heard``, when the conversation knows it; else the share of the whole reply's words the
+        audio kept, so a later cut can give back what an earlier one took)."""
+        made = max(self.made_ms, self.audio_ms)
+        if self.spoken is None:
+            self.spoken = self.transcript or ""
+        end = min(float(end_ms), made) if made else float(end_ms)
+        if heard is None:
+            heard = played_text([(0, self.spoken)], max(1, int(made)), int(end)) if made else ""
+        self.transcript = heard
+        self.audio_ms = end
+
+    def to_json(self, beta: bool = False) -> dict[str, object]:
+        out: dict[str, object] = {"id": self.id, "object": "realtime.item", "type": self.type}
         if self.type == "message":
             out.update(status=self.status, role=self.role, content=[self._part(beta)])
         elif self.type == "function_call":
@@ -56,7 +73,7 @@ class Item:
             out.update(call_id=self.call_id, output=self.output)
         return out
 
-    def _part(self, beta: bool) -> dict[str, Any]:
+    def _part(self, beta: bool) -> dict[str, object]:
         if self.role == "assistant":
             if self.audio:
                 return {"type": "audio" if beta else "output_audio", "transcript": self.transcript}
@@ -74,10 +91,12 @@ class ItemError(ValueError):
 
 
 class Items:
-    """The items in conversation order, bounded."""
+    """The items in conversation order, bounded: past ``max_items`` the oldest finished item goes, and
+    ``on_evict`` hears of it (the client is told it was deleted)."""
 
-    def __init__(self, max_items: int) -> None:
+    def __init__(self, max_items: int, on_evict: Callable[[Item], None] = lambda item: None) -> None:
         self.max_items = max_items
+        self.on_evict = on_evict
         self.items: list[Item] = []
 
     def get(self, item_id: object) -> Item | None:
@@ -86,7 +105,8 @@ class Items:
     def add(self, item: Item, after: str | None = None) -> str | None:
         """Insert ``item`` after the item ``after`` (``"root"``: first; None: last); returns the previous item's id."""
         if self.get(item.id) is not None:
-            raise ItemError(f"an item with id {item.id!r} already exists", "item.id")
+            raise ItemError(f"Error adding item: the item with id '{item.id}' already exists.", "item.id",
+                            "item_create_duplicate_item_id")
         if after is None:
             index = len(self.items)
         elif after == "root":
@@ -94,12 +114,16 @@ class Items:
         else:
             found = next((k for k, i in enumerate(self.items) if i.id == after), None)
             if found is None:
-                raise ItemError(f"previous_item_id {after!r} is not in the conversation", "previous_item_id",
-                                "item_not_found")
+                raise ItemError(f"Error adding item: the previous item with id '{after[:64]}' does not exist.",
+                                "previous_item_id", "item_create_invalid_previous_item_id")
             index = found + 1
         self.items.insert(index, item)
         while len(self.items) > self.max_items:
-            self.items.pop(0)
+            old = next((i for i in self.items if not i.current and i is not item), None)
+            if old is None:
+                break
+            self.items.remove(old)
+            self.on_evict(old)
         at = self.items.index(item)
         return self.items[at - 1].id if at > 0 else None
 
@@ -116,23 +140,26 @@ class Items:
     def history(self, tools: bool) -> list[Message]:
         """The conversation so far as messages, oldest first, without the response in progress and without
         audio nobody transcribed; function calls and outputs only for a responder that takes ``tools``."""
-        out: list[Message] = []
-        for item in self.items:
-            if item.current:
-                continue
-            if item.type == "message":
-                words = item.words()
-                if words and item.role in ("user", "assistant", "system"):
-                    out.append(Message(item.role, words))  # type: ignore[arg-type]
-            elif tools and item.type == "function_call":
-                out.append(Message("assistant", "", tool_calls=(ToolCall(item.call_id, item.name, item.arguments),)))
-            elif tools and item.type == "function_call_output":
-                out.append(Message("tool", item.output, call_id=item.call_id))
-        return out
+        return history_of([i for i in self.items if not i.current], tools)
 
 
-def parse_item(raw: object, decode_audio: Any, max_clip_s: float) -> Item:
-    """A ``conversation.item.create`` item → :class:`Item` (user audio decoded by ``decode_audio(bytes)``)."""
+def history_of(items: list[Item], tools: bool) -> list[Message]:
+    """Items as the responder's messages (see :meth:`Items.history`)."""
+    out: list[Message] = []
+    for item in items:
+        if item.type == "message":
+            words = item.words()
+            if words and item.role in ("user", "assistant", "system"):
+                out.append(Message(item.role, words))  # type: ignore[arg-type]
+        elif tools and item.type == "function_call":
+            out.append(Message("assistant", "", tool_calls=(ToolCall(item.call_id, item.name, item.arguments),)))
+        elif tools and item.type == "function_call_output":
+            out.append(Message("tool", item.output, call_id=item.call_id))
+    return out
+
+
+def parse_item(raw: object, decode_audio: Callable[[object, str], np.ndarray], max_clip_s: float) -> Item:
+    """A ``conversation.item.create`` item → :class:`Item` (user audio decoded by ``decode_audio(value, param)``)."""
     if not isinstance(raw, dict):
         raise ItemError("'item' must be an object", "item")
     kind = raw.get("type", "message")

@@ -3,10 +3,11 @@ items its history, and tools go through to a responder that takes them.
 
 The turn runner calls it like any responder (text in, text deltas out), so a Realtime turn is an ordinary turn.
 What it adds is read from the protocol at call time (:class:`ReplyContext`): the session's instructions (or the
-response's own), the items (so a deleted item is forgotten and a cut reply remembered as heard), and the tools.
-A tool call is not text: it is kept with the reply that made it (:class:`Reply`), and the protocol sends it to
-the client as a function call item when that reply's turn ends. Kept, not sent at once, because a reply may be
-written for a speculative turn that is then dropped: nothing of such a turn may reach the client.
+response's own), the items (so a deleted item is forgotten and a cut reply remembered as heard), the tools and
+the response's sampling limits. A tool call is not text: its pieces and the whole call are kept with the reply
+that made it (:class:`Reply`) until a response claims that reply, and from then on go to the response as they
+come. Kept, not sent at once, because a reply may be written for a speculative turn that is then dropped: nothing
+of such a turn may reach the client.
 """
 
 from __future__ import annotations
@@ -22,22 +23,47 @@ from assistant.respond.base import (
     ReplyOptions,
     Responder,
     ToolCall,
+    ToolCallDelta,
+    Usage,
     reply_stream,
     takes_options,
 )
+from assistant.server.realtime.settings import ToolChoice
 
 log = logging.getLogger(__name__)
 
 
 REPLIES_KEPT = 4  # replies written but not yet claimed: a committed turn and the speculations before it
 
+ToolEvent = ToolCallDelta | ToolCall
+ToolListener = Callable[[ToolEvent], None]
+
 
 @dataclass
 class Reply:
-    """One call of the responder: the words it answered and the tool calls it made."""
+    """One call of the responder: the words it answered, the tool calls it made, and what it cost."""
 
     text: str
     calls: list[ToolCall] = field(default_factory=list)
+    usage: Usage | None = None  # the responder's own count, when it gave one
+    prompt_chars: int = 0  # what it was given (for an estimate when it gave no count)
+    listener: ToolListener | None = None  # the response that claimed it
+    held: list[ToolEvent] = field(default_factory=list)  # tool events before a response claimed it
+
+    def tool_event(self, event: ToolEvent) -> None:
+        if isinstance(event, ToolCall):
+            self.calls.append(event)
+        if self.listener is not None:
+            self.listener(event)
+        else:
+            self.held.append(event)
+
+    def claim(self, listener: ToolListener) -> None:
+        """The response this reply belongs to: what it held goes there now, the rest as it comes."""
+        self.listener = listener
+        held, self.held = self.held, []
+        for event in held:
+            listener(event)
 
 
 @dataclass
@@ -47,17 +73,40 @@ class ReplyContext:
     instructions: str = ""
     history: Callable[[bool], list[Message]] = lambda tools: []
     tools: list[dict[str, Any]] = field(default_factory=list)
-    tool_choice: Any = "auto"
-    temperature: float | None = None  # the session's (or the response's own); None: the responder's default
+    tool_choice: ToolChoice = "auto"
+    continuation: bool = False  # no new user words: the model goes on from the conversation
+    only: Callable[[bool], list[Message]] | None = None  # a response with its own input: its context instead
     max_tokens: int | None = None
-    continuation: bool = False  # no new user words: the model goes on (after a tool's output)
+    temperature: float | None = None
+    server_replies: bool = True  # a turn the server detected gets a reply (turn_detection.create_response)
+    client_text: str | None = None  # the words of the response the client asked for (always replied to)
     replies: list[Reply] = field(default_factory=list)
+    _claims: dict[str, ToolListener] = field(default_factory=dict)
 
-    def take_calls(self, text: str) -> list[ToolCall]:
-        """The tool calls of the latest reply to ``text`` (the turn that was committed); forgets them all."""
-        found = next((r for r in reversed(self.replies) if r.text == text), None)
+    def add(self, reply: Reply) -> None:
+        self.replies.append(reply)
+        del self.replies[:-REPLIES_KEPT]
+        listener = self._claims.pop(reply.text, None)
+        if listener is not None:
+            reply.claim(listener)
+
+    def claim(self, text: str, listener: ToolListener) -> Reply | None:
+        """The latest unclaimed reply to ``text`` goes to ``listener``; if none is written yet, the next one will."""
+        found = next((r for r in reversed(self.replies) if r.text == text and r.listener is None), None)
+        if found is None:
+            self._claims = {text: listener}  # one response at a time: an older claim is void
+            return None
+        self._claims.clear()
+        found.claim(listener)
+        return found
+
+    def reply_to(self, text: str) -> Reply | None:
+        """The reply a response to ``text`` claimed (or would have), for its usage."""
+        return next((r for r in reversed(self.replies) if r.text == text), None)
+
+    def forget(self) -> None:
         self.replies.clear()
-        return found.calls if found is not None else []
+        self._claims.clear()
 
 
 class RealtimeResponder:
@@ -76,32 +125,38 @@ class RealtimeResponder:
                       options: ReplyOptions | None = None) -> AsyncIterator[str]:
         ctx = self.context
         reply = Reply(text)
-        ctx.replies.append(reply)
-        del ctx.replies[:-REPLIES_KEPT]
-        system = [Message("system", ctx.instructions)] if ctx.instructions else []
+        ctx.add(reply)
+        if not ctx.server_replies and text != ctx.client_text:
+            return  # a turn the server detected, with create_response off: transcribed, not answered
         options = options if options is not None else ReplyOptions()
-        if ctx.temperature is not None:  # the session's (or this response's) sampling asks reach the model
-            options.temperature = ctx.temperature
         if ctx.max_tokens is not None:
             options.max_tokens = ctx.max_tokens
-        if isinstance(self.inner, MessagesResponder):
-            messages = [*system, *ctx.history(True)]
-            if not ctx.continuation:
-                messages.append(Message("user", text))
-            tools = ctx.tools if ctx.tool_choice != "none" else []
-            # Only the sampling asks on this path (the conversation's messages are the client's, as before).
-            asks = ReplyOptions(temperature=options.temperature, max_tokens=options.max_tokens)
-            stream = (self.inner.respond_messages(messages, tools, ctx.tool_choice, options=asks)  # type: ignore[call-arg]
-                      if takes_options(self.inner.respond_messages)
-                      else self.inner.respond_messages(messages, tools, ctx.tool_choice))
-            async for out in stream:
-                if isinstance(out, ToolCall):
-                    reply.calls.append(out)
-                elif out:
-                    yield out
-            return
-        async for delta in reply_stream(self.inner, text, [*system, *ctx.history(False)], options):
-            yield delta
+        if ctx.temperature is not None:
+            options.temperature = ctx.temperature
+        system = [Message("system", ctx.instructions)] if ctx.instructions else []
+        context = ctx.only if ctx.only is not None else ctx.history
+        try:
+            if isinstance(self.inner, MessagesResponder):
+                messages = [*system, *context(True)]
+                if not ctx.continuation:
+                    messages.append(Message("user", text))
+                reply.prompt_chars = sum(len(m.content) for m in messages)
+                tools = ctx.tools if ctx.tool_choice != "none" else []
+                method = self.inner.respond_messages
+                stream = (method(messages, tools, ctx.tool_choice, options=options)  # type: ignore[call-arg]
+                          if takes_options(method) else method(messages, tools, ctx.tool_choice))
+                async for out in stream:
+                    if isinstance(out, ToolCall | ToolCallDelta):
+                        reply.tool_event(out)
+                    elif out:
+                        yield out
+                return
+            messages = [*system, *context(False)]
+            reply.prompt_chars = sum(len(m.content) for m in messages) + len(text)
+            async for delta in reply_stream(self.inner, text, messages, options):
+                yield delta
+        finally:
+            reply.usage = options.usage
 
     async def aclose(self) -> None:
         """The inner responder is shared by every session: it is not ours to close."""

@@ -9,20 +9,23 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, replace
-from typing import Any
+
+import numpy as np
 
 from assistant.config import Config
 from assistant.server.http import CONFIG
 from assistant.server.realtime.protocol import ClientError, RealtimeProtocol
 from assistant.server.realtime.responder import RealtimeResponder, ReplyContext
 from assistant.server.realtime.settings import REFERENCE_VOICES, Settings
+from assistant.server.realtime.state import Send
 from assistant.server.services import SERVICES, Services
 from assistant.server.tts_api import TTS_SERVICE
 from assistant.server.tts_api.request import TTSError
 from assistant.server.voice.session import ConversationSession
+from assistant.server.voice.signaling import AppState
 
 DEFAULT_MODEL = "assistant"
-TURN_METRICS_OFF = ("0", "false", "no", "off")
+YES = ("1", "true", "yes", "on")
 
 
 @dataclass
@@ -37,7 +40,7 @@ class Start:
     voice_id: str | None = None
 
 
-def voice_resolver(state: Mapping[Any, Any]) -> Callable[[str], Awaitable[str | None]]:
+def voice_resolver(state: AppState) -> Callable[[str], Awaitable[str | None]]:
     """``voice`` → the engine's voice id: our voices by name or id (Piper voices, registered and cloned ones);
     the reference's own names (alloy, marin, ...) and ``default`` speak in the default voice."""
     service = state[TTS_SERVICE]
@@ -53,8 +56,7 @@ def voice_resolver(state: Mapping[Any, Any]) -> Callable[[str], Awaitable[str | 
     return resolve
 
 
-async def prepare(state: Mapping[Any, Any], model: str | None, session: object = None,
-                  base: object = None) -> Start:
+async def prepare(state: AppState, model: str | None, session: object = None, base: object = None) -> Start:
     """Settings from our config, the session of the client secret the caller holds (``base``), and the client's
     ``session`` object (as in ``session.update``), and the rest.
 
@@ -72,13 +74,20 @@ async def prepare(state: Mapping[Any, Any], model: str | None, session: object =
     name = model if model in services.allowed_responders() else None
     context = ReplyContext()
     responder = RealtimeResponder(services.responder_for(name), context)
-    if settings.tools and not responder.takes_tools:
-        raise ClientError(f"tools are not supported by the responder {responder.name!r}", code="unsupported",
-                          param="session.tools")
     check_speed(services, settings.speed)
     voice_id = await voice_resolver(state)(settings.voice) if settings.voice != "default" else None
     own = replace(cfg, vad=settings.vad_config(cfg.vad), turn=settings.turn_config(cfg.turn))
     return Start(settings, context, responder, own, voice_id)
+
+
+def transcriber(services: Services, session_id: str) -> Callable[[np.ndarray], Awaitable[str]]:
+    """Our ASR for audio the conversation made no turn of (its words still belong in the conversation)."""
+
+    async def transcribe(audio: np.ndarray) -> str:
+        assert services.asr is not None
+        return (await services.asr.transcribe(audio, session=session_id)).text
+
+    return transcribe
 
 
 def check_speed(services: Services, speed: float) -> None:
@@ -88,8 +97,15 @@ def check_speed(services: Services, speed: float) -> None:
                           param="session.audio.output.speed")
 
 
-def make_protocol(state: Mapping[Any, Any], session: ConversationSession, start: Start,
-                  send: Callable[[dict[str, Any]], None], *, webrtc: bool, beta: bool,
+def wants_extensions(cfg: Config, query: Mapping[str, str]) -> bool:
+    """Our own server events (``assistant.turn_metrics``, ``assistant.notice``): for every session with
+    ``realtime.extensions``, else only for one that asks (``?extensions=1``; ``?turn_metrics=1`` as before)."""
+    asked = query.get("extensions", query.get("turn_metrics", "")).lower()
+    return cfg.realtime.extensions or asked in YES
+
+
+def make_protocol(state: AppState, session: ConversationSession, start: Start,
+                  send: Send, *, webrtc: bool, beta: bool,
                   query: Mapping[str, str]) -> RealtimeProtocol:
     """The protocol over ``session``; the first event (``session.created``) is sent at once."""
     cfg: Config = state[CONFIG]
@@ -97,8 +113,9 @@ def make_protocol(state: Mapping[Any, Any], session: ConversationSession, start:
     services: Services = state[SERVICES]
     protocol = RealtimeProtocol(
         session, start.settings, start.context, send, webrtc=webrtc, beta=beta,
-        turn_metrics=rt.turn_metrics and query.get("turn_metrics", "1").lower() not in TURN_METRICS_OFF,
+        extensions=wants_extensions(cfg, query),
         voices=voice_resolver(state), speed_check=lambda speed: check_speed(services, speed),
+        transcribe=transcriber(services, session.id),
         max_event_bytes=rt.max_event_bytes, max_buffer_s=rt.max_buffer_s, max_items=rt.max_items,
     )
     if start.voice_id is not None or start.settings.speed != 1.0:

@@ -5,6 +5,10 @@ A session without a peer: audio arrives in ``input_audio_buffer.append`` events 
 conversation a peer has. The session takes one of the server's session slots, is listed by
 ``GET /api/sessions`` and can be hung up by ``DELETE /api/sessions/{id}``.
 
+With ``?call_id=`` it is instead a control socket beside a WebRTC call (``POST /v1/realtime/calls``): a server
+of the caller's reads and sends the call's events there while the browser holds the media; it takes no session
+slot of its own and closes when the call ends.
+
 Events to the client wait in a bounded queue; a client that does not read them is closed (1008), not
 buffered for without limit. A message over 4 × ``realtime.max_event_bytes`` closes the socket (1009); a
 smaller one over the limit is answered with an error event.
@@ -14,16 +18,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
-from collections.abc import Callable
-from typing import Any
 
 from aiohttp import WSMsgType, web
 
-from assistant.server.http import CONFIG, APIError
+from assistant.server.http import CONFIG, APIError, Outbox
 from assistant.server.keys import principal_of
 from assistant.server.openapi import documented, openai_error
+from assistant.server.realtime.calls import call_protocol
 from assistant.server.realtime.protocol import ClientError
 from assistant.server.realtime.settings import SettingsError
 from assistant.server.realtime.setup import DEFAULT_MODEL, make_protocol, prepare
@@ -52,32 +54,6 @@ class SocketSession(ConversationSession):
                 await self.ws.close(code=code, message=self.close_reason.encode()[:120])
 
 
-class Outbox:
-    """Server events to the socket, in order, through a bounded queue (``on_full`` when a client lags)."""
-
-    def __init__(self, ws: web.WebSocketResponse, limit: int, on_full: Callable[[], None]) -> None:
-        self.ws = ws
-        self.queue: asyncio.Queue[str] = asyncio.Queue(maxsize=limit)
-        self.on_full = on_full
-        self.full = False
-
-    def put(self, event: dict[str, Any]) -> None:
-        if self.full:
-            return
-        try:
-            self.queue.put_nowait(json.dumps(event, ensure_ascii=False))
-        except asyncio.QueueFull:
-            self.full = True
-            self.on_full()
-
-    async def run(self) -> None:
-        while True:
-            text = await self.queue.get()
-            if self.ws.closed:
-                return
-            await self.ws.send_str(text)
-
-
 def is_beta(request: web.Request) -> bool:
     """The client speaks the beta dialect (``OpenAI-Beta: realtime=v1``, or the beta subprotocol)."""
     offered = request.headers.get("Sec-WebSocket-Protocol", "")
@@ -87,14 +63,17 @@ def is_beta(request: web.Request) -> bool:
 @documented(
     "The OpenAI Realtime API over a WebSocket (upgrade): JSON client events in, server events out",
     description="OpenAI's Realtime protocol (see docs/realtime.md for what is supported). Query: `model` (any "
-                "name; echo, rules or the configured responder's name pick that responder), `turn_metrics=0` to "
-                "leave out our per-turn latency event. The bearer token may come as the subprotocol "
-                "`openai-insecure-api-key.<token>` (browsers). `OpenAI-Beta: realtime=v1` gets the beta event "
-                "names.",
+                "name; echo, rules or the configured responder's name pick that responder), `extensions=1` for "
+                "our own events (assistant.turn_metrics, the per-turn latency breakdown; assistant.notice), "
+                "`call_id` to attach to a WebRTC call as its control socket. The bearer token may come as the "
+                "subprotocol `openai-insecure-api-key.<token>` (browsers). `OpenAI-Beta: realtime=v1` gets the "
+                "beta event names.",
     parameters=[{"name": "model", "in": "query", "required": False, "schema": {"type": "string"}},
-                {"name": "turn_metrics", "in": "query", "required": False, "schema": {"type": "string"}}],
+                {"name": "extensions", "in": "query", "required": False, "schema": {"type": "string"}},
+                {"name": "call_id", "in": "query", "required": False, "schema": {"type": "string"}}],
     responses={"101": {"description": "switching protocols: the Realtime session"},
                "400": openai_error("not a WebSocket upgrade"), "401": openai_error("missing or wrong token"),
+               "404": openai_error("call_id names no open call"),
                "503": openai_error("not ready, or every session slot is taken")},
 )
 async def realtime_ws(request: web.Request) -> web.StreamResponse:
@@ -106,6 +85,8 @@ async def realtime_ws(request: web.Request) -> web.StreamResponse:
                                max_msg_size=HARD_LIMIT_FACTOR * rt.max_event_bytes)
     if not ws.can_prepare(request).ok:
         raise APIError(400, "websocket_expected", "GET /v1/realtime is a WebSocket: send an Upgrade request")
+    if "call_id" in request.query:
+        return await control_socket(request, ws, request.query["call_id"])
     check_ready(state)
     key_session = principal_of(request).session  # a client secret's session: the socket's starting point
     model = request.query.get("model") or (None if key_session is not None else DEFAULT_MODEL)
@@ -141,4 +122,45 @@ async def realtime_ws(request: web.Request) -> web.StreamResponse:
         await protocol.close()
         sink.stop()
         await session.close("websocket_closed")
+    return ws
+
+
+async def control_socket(request: web.Request, ws: web.WebSocketResponse, call_id: str) -> web.WebSocketResponse:
+    """``GET /v1/realtime?call_id=``: the call's events, and client events into it, beside its WebRTC peer."""
+    protocol = call_protocol(request, call_id)
+    if protocol is None:
+        raise APIError(404, "call_not_found", "no open call has this call_id", param="call_id")
+    session = protocol.session
+    await ws.prepare(request)
+
+    loop = asyncio.get_running_loop()
+    closing: list[asyncio.Task[bool]] = []  # not the session's tasks: those end with the call, before this
+
+    def close(code: int, why: bytes) -> None:
+        if not ws.closed and not closing:
+            closing.append(loop.create_task(ws.close(code=code, message=why)))
+
+    outbox = Outbox(ws, request.config_dict[CONFIG].realtime.max_pending_events,
+                    lambda: close(1008, b"client_too_slow"))
+    sender = loop.create_task(outbox.run(), name=f"realtime-control-out-{session.id}")
+    detach = protocol.attach(outbox.put)
+
+    def on_event(event: dict[str, object]) -> None:
+        if event.get("type") == "close":  # the call ended: so does its control socket
+            close(1000, b"call_ended")
+
+    session.events.subscribe(on_event)
+    log.info("realtime_control_open session=%s", session.id)
+    try:
+        async for msg in ws:
+            if msg.type in (WSMsgType.TEXT, WSMsgType.BINARY):
+                await protocol.receive(msg.data)
+            elif msg.type is WSMsgType.ERROR:
+                break
+    finally:
+        detach()
+        sender.cancel()
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await sender
+        log.info("realtime_control_closed session=%s", session.id)
     return ws

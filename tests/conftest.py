@@ -81,10 +81,13 @@ def _quiet_threads() -> None:
 
 
 def test_config(**sections: dict) -> object:
-    """The default config with test-friendly overrides (short timeouts, a temp data dir)."""
+    """The default config with test-friendly overrides: the ``echo`` responder unless ``respond`` names another
+    (the conversation's machinery is tested on a reply that is quick and known word for word; the embedded model's
+    own tests ask for ``{"engine": "llama"}``)."""
     from assistant.config import load_config
 
-    return load_config(overrides=sections or None, environ={})
+    overrides = {**sections, "respond": {"engine": "echo", **sections.get("respond", {})}}
+    return load_config(overrides=overrides, environ={})
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")

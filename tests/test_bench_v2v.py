@@ -273,7 +273,7 @@ async def slowed(services: Services, shared_audio: Path, tmp_path_factory: pytes
 # Sub-millisecond with the echo responder (first text, first chunk): present, and ≥ 0 rather than > 0.
 # ASR after the endpoint too: the end of turn waits for the speculative transcript (its evidence), so
 # the turn's ASR is often done when the turn ends.
-MAY_BE_ZERO = {"llm_first_text_ms", "chunker_ms", "asr_ms"}
+MAY_BE_ZERO = {"llm_first_text_ms", "chunker_ms", "llm_first_clause_ms", "asr_ms"}
 # The wait's other parts are each 0 unless that piece of evidence was the last one waited for.
 MAY_BE_ZERO |= {"worker_wait_ms", "end_of_turn_ms", "decide_ms"}
 # The falling end-of-turn policy decides after ~700 ms of a finished sentence's silence: the speculative reply's

@@ -45,7 +45,8 @@ def gateways(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Ass
         for gid in GATEWAYS:
             started[gid] = start_assistant(gid, "serve", [
                 "--server.gateway_id", gid, "--server.max_sessions", "1", "--server.idle_timeout_s", "30",
-                "--server.data_dir", str(folder / gid), "--tts_api.rate_per_minute", "0"], folder, cwd=REPO)
+                "--server.data_dir", str(folder / gid), "--tts_api.rate_per_minute", "0",
+                "--respond.engine", "echo"], folder, cwd=REPO)
         wait_ready(list(started.values()), timeout_s=150)
         yield started
     finally:

@@ -314,7 +314,7 @@ async def test_a_model_that_fails_to_load_stops_the_server_or_says_why(tmp_path)
 
     empty = tmp_path / "no-model"
     empty.mkdir()
-    flags = ["--asr.model", str(empty), "--server.data_dir", str(tmp_path / "data")]
+    flags = ["--asr.model", str(empty), "--server.data_dir", str(tmp_path / "data"), "--respond.engine", "echo"]
     child = start_assistant("fails", "serve", flags, tmp_path)
     try:
         assert await asyncio.to_thread(child.proc.wait, 120) == 1, child.tail()

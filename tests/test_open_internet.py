@@ -33,7 +33,8 @@ ATTACKER = {"X-Forwarded-For": "203.0.113.66"}
 # above the server at rest (the "none" row of `assistant bench attacks`); a 5 MB upload is held two or three times
 # while it is parsed. The 3 h FLAC grew the old server by 661 MB; a clip at the 30 s limit decodes to 5.8 MB.
 RSS_BOUND_MB = 128.0
-FLAGS = ["--server.trusted_proxies", "127.0.0.1/32", "--tts_api.write_timeout_s", str(WRITE_TIMEOUT_S),
+FLAGS = ["--respond.engine", "echo",
+         "--server.trusted_proxies", "127.0.0.1/32", "--tts_api.write_timeout_s", str(WRITE_TIMEOUT_S),
          "--tts_api.ws_idle_timeout_s", str(WS_IDLE_S), "--tts_api.max_ws_connections", "16",
          "--tts_api.max_ws_per_client", "4"]
 FIGURES: list[Outcome] = []

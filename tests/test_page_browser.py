@@ -55,6 +55,8 @@ async def test_page_connects_shows_transcript_and_latency(mic_wav: Path) -> None
             await page.goto(url + "/")
             await page.click("#connect")
             await page.wait_for_selector("#status.live", timeout=20_000)
+            # Who answers, from the offer's answer (this test's config: echo, which has no model).
+            assert await page.locator("#responder").text_content() == "echo"
             user = page.locator(".msg.user", has_text="weather")
             await user.first.wait_for(timeout=60_000)
             bot = page.locator(".msg.bot", has_text="weather")

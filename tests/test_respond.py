@@ -32,7 +32,7 @@ async def collect(it: AsyncIterator[str]) -> list[str]:
 
 
 async def test_echo_streams_words() -> None:
-    r = create_responder(RespondConfig())
+    r = create_responder(RespondConfig(engine="echo"))
     assert isinstance(r, EchoResponder) and r.name == "echo"
     deltas = await collect(r.respond("  hello   there  world ", []))
     assert len(deltas) == 5

@@ -28,6 +28,7 @@ def ray_config(**ray_keys: object) -> object:
         # one slot and no waiting room per replica: two requests fill the deployment, a third waits at the
         # caller (max_queued 1), a fourth is refused
         "tts": {"deterministic": True, "backend": "ray", "max_concurrent": 1, "max_waiting": 0},
+        "respond": {"engine": "echo"},
         "ray": {"tts_replicas": 2, "tts_num_cpus": 0.5, "max_queued": 1, "app_name": "test", **ray_keys},
     })
 

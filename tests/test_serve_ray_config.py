@@ -10,8 +10,8 @@ from ray.serve._private.api import call_user_app_builder_with_args_if_necessary
 from ray.serve.schema import ServeDeploySchema
 
 from assistant.config import load_config
-from assistant.serve_ray import caller_queue, tts_capacity, tts_gateway_capacity
-from assistant.serve_ray.app import asr_app_name, build_asr, build_tts, tts_app_name
+from assistant.serve_ray import caller_queue, llm_capacity, tts_capacity, tts_gateway_capacity
+from assistant.serve_ray.app import asr_app_name, build_asr, build_tts, llm_app_name, tts_app_name
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -20,7 +20,8 @@ def test_serve_yaml_builds_the_engine_applications(monkeypatch) -> None:
     monkeypatch.chdir(REPO)  # the file's config paths are relative to the repository, as `serve deploy` runs
     schema = ServeDeploySchema.model_validate(yaml.safe_load((REPO / "configs/serve.yaml").read_text()))
     default = load_config(environ={})
-    assert [a.name for a in schema.applications] == [tts_app_name(default), asr_app_name(default)]
+    assert [a.name for a in schema.applications] == [tts_app_name(default), asr_app_name(default),
+                                                     llm_app_name(default)]
     for app in schema.applications:
         built = call_user_app_builder_with_args_if_necessary(import_attr(app.import_path), app.args)
         deployment = built._bound_deployment
@@ -31,10 +32,16 @@ def test_serve_yaml_builds_the_engine_applications(monkeypatch) -> None:
             assert deployment.max_ongoing_requests == tts_capacity(cfg) == 16  # slots + waiting room
             assert deployment._deployment_config.max_queued_requests == caller_queue(2, 16, cfg.ray.max_queued)
             assert cfg.tts.engine == "cosyvoice2"
-        else:
+        elif app.name.endswith("-asr"):
             assert deployment.ray_actor_options["num_gpus"] == cfg.ray.asr_num_gpus == 0.25
             assert cfg.asr.workers == 2
             assert deployment.max_ongoing_requests == 4  # as many waiting on the replica as working
+        else:  # the embedded LLM: its slots plus its waiting room per replica, on a quarter of a GPU
+            assert deployment.ray_actor_options["num_gpus"] == cfg.ray.llm_num_gpus == 0.25
+            assert (cfg.respond.engine, cfg.respond.gpu_layers) == ("llama", -1)
+            assert deployment.max_ongoing_requests == llm_capacity(cfg) == 16 + 8
+            # What crosses to the replica: the model's settings, never the gateway's API key.
+            assert "api_key" not in deployment.init_args[0]["respond"]
 
 
 def test_gateway_bound_leaves_busy_to_the_deployment() -> None:

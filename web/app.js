@@ -306,6 +306,7 @@ async function connect() {
       return;
     }
     state.sessionId = body.session_id;
+    showResponder(body.responder);
     await pc.setRemoteDescription({ sdp: body.sdp, type: body.type });
     if (state.trickle) {
       state.trickle.url = `/api/sessions/${body.session_id}`;
@@ -318,6 +319,12 @@ async function connect() {
     setStatus('idle');
     await hangup();
   }
+}
+
+function showResponder(who) {  // the offer's answer names who answers: {engine, model}
+  const el = $('responder');
+  el.textContent = who ? [who.engine, who.model].filter(Boolean).join(' · ') : '';
+  el.hidden = !el.textContent;
 }
 
 async function hangup() {

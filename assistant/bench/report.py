@@ -41,6 +41,9 @@ COLUMNS: dict[str, str] = {
     "jitter buffer, decode); one clock only when client and server share a host",
     "onset_ms": "client received the first reply frame → first sample at or above the audible threshold "
     "(position inside the frame, quiet first frames, client playout queue)",
+    "llm_first_clause_ms": "server: turn decided and transcribed → first clause handed to TTS (llm_first_text_ms + "
+    "chunker_ms: what the listener waited for the responder's first speakable piece; 0 when a speculative reply "
+    "had it ready before the turn was decided)",
     "unaccounted_ms": "v2v_ms minus every stage column it contains (endpoint … onset): the uplink (encode, "
     "network, server jitter buffer, decode) plus where the server's VAD put the speech end against the "
     "manifest; negative when the VAD put the end earlier than the uplink took (by less than one VAD window, "

@@ -191,6 +191,7 @@ class BenchSession:
     low_latency_receive: bool = True  # False: aiortc's own 4-packet receive buffer
     rtc_config: RTCConfiguration | None = None  # e.g. the server's GET /api/ice (TURN); None: host candidates
     events: list[BenchEvent] = field(default_factory=list)
+    answer: dict[str, Any] = field(default_factory=dict)  # the offer's answer (its session id, who answers, …)
 
     def __post_init__(self) -> None:
         self.pc = RTCPeerConnection(self.rtc_config or RTCConfiguration(iceServers=[]))
@@ -255,6 +256,7 @@ class BenchSession:
             if resp.status != 200:
                 raise RuntimeError(f"offer refused: HTTP {resp.status} {data}")
         self.session_id = data.get("session_id", "")
+        self.answer = {k: v for k, v in data.items() if k != "sdp"}
         return str(data["sdp"])
 
     def on_event(self, at: float, body: dict[str, Any]) -> None:
@@ -369,6 +371,8 @@ class BenchSession:
         sent = marks.get("first_frame_sent")
         cols["downlink_ms"] = round(first_rx * 1000 - float(sent), 1) if sent is not None else None
         cols["onset_ms"] = round((heard - first_rx) * 1000, 1)
+        first, chunker = cols.get("llm_first_text_ms"), cols.get("chunker_ms")
+        cols["llm_first_clause_ms"] = round(first + chunker, 1) if first is not None and chunker is not None else None
         cols["unaccounted_ms"] = round(cols["v2v_ms"] - stage_sum(cols), 1)  # type: ignore[operator]
         result.columns = cols
         if below_server(cols):

@@ -23,6 +23,7 @@ BUILTIN = {
     "echo": "assistant.respond.echo:EchoResponder",
     "rules": "assistant.respond.rules:RulesResponder",
     "openai": "assistant.respond.openai:OpenAIResponder",
+    "llama": "assistant.respond.llama:LlamaResponder",
 }
 
 __all__ = ["BUILTIN", "ConversationHistory", "Message", "Responder", "ResponderError", "create_responder"]

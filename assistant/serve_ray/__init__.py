@@ -1,8 +1,8 @@
 """The engines as Ray Serve deployments, shared by many gateways (the optional ``.[ray]`` extra).
 
-``tts.backend = "ray"`` / ``asr.backend = "ray"`` make a gateway use them; the default, ``local``, never
-imports Ray. ``replicas.py`` is what runs on a replica, ``app.py`` builds and deploys the applications,
-``client.py`` is the gateway's side of the hop. This module itself imports nothing from Ray.
+``tts.backend = "ray"`` / ``asr.backend = "ray"`` / ``respond.backend = "ray"`` make a gateway use them; the
+default, ``local``, never imports Ray. ``replicas.py`` is what runs on a replica, ``app.py`` builds and deploys
+the applications, ``client.py`` is the gateway's side of the hop. This module itself imports nothing from Ray.
 """
 
 from __future__ import annotations
@@ -19,6 +19,11 @@ def asr_capacity(cfg: Config) -> int:
     """Requests one ASR replica takes at once: ``asr.workers`` running and as many waiting on the replica (it
     reports that wait apart from the hop)."""
     return 2 * max(1, cfg.asr.workers)
+
+
+def llm_capacity(cfg: Config) -> int:
+    """Replies one LLM replica takes at once: the model's slots plus its waiting room (past that it says busy)."""
+    return max(1, cfg.respond.slots) + max(0, cfg.respond.max_waiting)
 
 
 def caller_queue(replicas: int, per_replica: int, extra: int) -> int:

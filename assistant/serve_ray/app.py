@@ -1,4 +1,4 @@
-"""The engines as Ray Serve applications: ``<ray.app_name>-tts`` and ``<ray.app_name>-asr``.
+"""The engines as Ray Serve applications: ``<ray.app_name>-tts``, ``<ray.app_name>-asr`` and ``<ray.app_name>-llm``.
 
 Each application is one deployment whose options come from the config:
 
@@ -10,6 +10,9 @@ Each application is one deployment whose options come from the config:
   in-process; see :func:`caller_queue`).
 - ASR: ``ray.asr_replicas`` replicas of ``ray.asr_num_gpus`` GPUs (a fraction shares a GPU) or CPUs, each
   running ``asr.workers`` transcriptions at once with as many waiting on the replica.
+- LLM (``respond.backend = "ray"``): ``ray.llm_replicas`` replicas of the embedded model, each taking its
+  ``respond.slots`` replies plus ``respond.max_waiting`` waiting. A conversation is routed by a key of its
+  start (Serve's multiplexing), so its turns find its prefix in the same replica's KV cache.
 
 Three ways to deploy, all the same applications: a gateway with ``ray.deploy`` on deploys what is missing;
 ``assistant engines`` deploys and exits; ``serve deploy configs/serve.yaml`` uses the builders below
@@ -25,13 +28,14 @@ from ray import serve
 from ray.serve import Application
 
 from assistant.config import Config, ConfigError, load_config
-from assistant.serve_ray import asr_capacity, caller_queue, tts_capacity
-from assistant.serve_ray.replicas import ASRReplica, TTSReplica
+from assistant.serve_ray import asr_capacity, caller_queue, llm_capacity, tts_capacity
+from assistant.serve_ray.replicas import ASRReplica, LLMReplica, TTSReplica
 
 log = logging.getLogger(__name__)
 
 TTS_DEPLOYMENT = "TTS"
 ASR_DEPLOYMENT = "ASR"
+LLM_DEPLOYMENT = "LLM"
 
 
 def tts_app_name(cfg: Config) -> str:
@@ -42,12 +46,19 @@ def asr_app_name(cfg: Config) -> str:
     return f"{cfg.ray.app_name}-asr"
 
 
+def llm_app_name(cfg: Config) -> str:
+    return f"{cfg.ray.app_name}-llm"
+
+
 # What each deployment's replicas are handed: only the settings they read (a section, or some of its keys), so
 # that no secret of the gateway (server.auth_token, ice.turn_secret, respond.api_key) is given to Ray, its logs
 # or its dashboard.
 TTS_SETTINGS: dict[str, tuple[str, ...] | None] = {"tts": None, "tts_api": None, "ray": None,
                                                    "server": ("data_dir",)}
 ASR_SETTINGS: dict[str, tuple[str, ...] | None] = {"asr": None}
+LLM_SETTINGS: dict[str, tuple[str, ...] | None] = {"respond": (
+    "engine", "system_prompt", "temperature", "max_tokens", "model_path", "context_tokens", "slots", "max_waiting",
+    "threads", "gpu_layers", "prefill_chunk", "language")}  # not api_key, not base_url
 
 
 def replica_settings(cfg: Config, wanted: dict[str, tuple[str, ...] | None]) -> dict[str, dict[str, object]]:
@@ -84,6 +95,12 @@ def build_asr(cfg: Config) -> Application:
                         asr_capacity(cfg), ASR_SETTINGS)
 
 
+def build_llm(cfg: Config) -> Application:
+    r = cfg.ray
+    return _application(cfg, LLMReplica, LLM_DEPLOYMENT, r.llm_replicas, r.llm_num_cpus, r.llm_num_gpus,
+                        llm_capacity(cfg), LLM_SETTINGS)
+
+
 def _config_from_args(args: Mapping[str, object]) -> Config:
     """``serve deploy`` builder args: ``config`` (a TOML file) and ``overrides`` ({section: {key: value}})."""
     path, overrides = args.get("config") or None, args.get("overrides") or None
@@ -102,6 +119,11 @@ def tts_app(args: Mapping[str, object]) -> Application:
 def asr_app(args: Mapping[str, object]) -> Application:
     """Builder for ``serve deploy`` / ``serve run``: the ASR application."""
     return build_asr(_config_from_args(args))
+
+
+def llm_app(args: Mapping[str, object]) -> Application:
+    """Builder for ``serve deploy`` / ``serve run``: the embedded LLM application."""
+    return build_llm(_config_from_args(args))
 
 
 def start_local_cluster(num_cpus: int) -> str:
@@ -133,13 +155,14 @@ def running_apps() -> set[str]:
     return {name for name, app in status.applications.items() if str(app.status).endswith("RUNNING")}
 
 
-def deploy(cfg: Config, *, tts: bool = True, asr: bool = True, force: bool = False) -> list[str]:
+def deploy(cfg: Config, *, tts: bool = True, asr: bool = True, llm: bool = False, force: bool = False) -> list[str]:
     """Deploy the engine applications that are not running (all of them with ``force``); their names."""
     join_cluster(cfg)
     serve.start(proxy_location="Disabled")  # gateways call through handles: no Serve HTTP proxy (as serve.yaml)
     running = running_apps()
     done = []
-    for wanted, name, build in ((tts, tts_app_name(cfg), build_tts), (asr, asr_app_name(cfg), build_asr)):
+    for wanted, name, build in ((tts, tts_app_name(cfg), build_tts), (asr, asr_app_name(cfg), build_asr),
+                                (llm, llm_app_name(cfg), build_llm)):
         if not wanted or (name in running and not force):
             continue
         log.info("ray.deploying app=%s", name)

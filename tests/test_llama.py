@@ -1,0 +1,301 @@
+"""The embedded llama.cpp responder on the real packaged model (SmolLM2-135M-Instruct Q4_1): prompts, the KV
+cache across turns, slots, cancellation, limits, bad model files. No stubs: every reply here is the model's."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+import pytest_asyncio
+
+from assistant.config import RespondConfig
+from assistant.respond import create_responder
+from assistant.respond.base import Message, ReplyOptions, ResponderError, Usage
+from assistant.respond.llama import (
+    AHEAD_TOKENS,
+    ChatPrompt,
+    ClauseLimit,
+    LlamaResponder,
+    ModelFileError,
+    clause_end,
+    default_model_path,
+    ends_clause,
+    plan_reuse,
+)
+from tests.waiting import until
+
+pytestmark = [pytest.mark.slow]
+LOOP = pytest.mark.asyncio(loop_scope="module")
+
+SYSTEM = "You are a helpful voice assistant. Answer briefly in plain spoken sentences."
+LONG_ASK = "Write a long essay about the history of Rome."  # greedy SmolLM2 runs to 300 tokens on it
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def llama() -> AsyncIterator[LlamaResponder]:
+    """The default model, 2 slots of 1024 tokens, one thread (the suite shares 2 cores), warmed up."""
+    r = LlamaResponder(RespondConfig(engine="llama", slots=2, context_tokens=1024, threads=1, max_waiting=1,
+                                     system_prompt=SYSTEM, temperature=0.0))
+    await r.warmup()
+    yield r
+    await r.aclose()
+
+
+async def reply(r: LlamaResponder, text: str, history: list[Message] | None = None,
+                options: ReplyOptions | None = None) -> str:
+    return "".join([d async for d in r.respond(text, history or [], options)])
+
+
+async def drain(stream: AsyncIterator[str]) -> str:
+    return "".join([d async for d in stream])
+
+
+async def wait_idle(r: LlamaResponder) -> None:
+    await until(lambda: r.engine.active == 0, "every slot to be free", 30)
+
+
+# --- pure parts: the KV reuse plan, clause ends, templates -------------------------------------------------------
+def test_reuse_plan_prefix_and_shifted_chunks() -> None:
+    system, t1, t2, t3 = list(range(100, 110)), list(range(200, 230)), list(range(300, 330)), list(range(400, 420))
+    cache = system + t1 + t2
+    # The next turn: the whole cache is the prefix; the new turn's tokens are left (and never the last token).
+    assert plan_reuse(cache, cache + t3, can_shift=True).n_past == len(cache)
+    assert plan_reuse(cache, cache, can_shift=True).n_past == len(cache) - 1
+    # The history dropped its oldest turn: the system prompt is the prefix, the later turn moves up into place.
+    plan = plan_reuse(cache, system + t2 + t3, can_shift=True)
+    assert plan.n_past == len(system) + len(t2)
+    assert plan.shifts == ((len(system) + len(t1), len(t2), -len(t1)),)
+    # A model whose positions cannot move (can_shift false) reuses only the prefix.
+    assert plan_reuse(cache, system + t2 + t3, can_shift=False) == type(plan)(len(system))
+    # Chunks shorter than the minimum are not worth moving.
+    assert plan_reuse([*system, 1, 2, 3, *t1], system + t1[:5] + t3, can_shift=True).n_past == len(system)
+
+
+def test_clause_ends() -> None:
+    assert clause_end("Sure, I can help. Then") == len("Sure, I can help.")
+    assert clause_end("No marks here") == 0
+    assert clause_end('He said "go." And') == len('He said "go."')
+    assert clause_end("好的，我来") == len("好的，")
+    assert ends_clause("Done.") and ends_clause("Done!\" ") and not ends_clause("not done")
+
+
+def test_clause_limit_holds_the_unfinished_clause_near_the_limit() -> None:
+    limit = ClauseLimit(max_tokens=30)  # text is held from token 6 on
+    said = limit.feed("Hello there.", 3) + limit.feed(" First part,", 7) + limit.feed(" and then", 9)
+    assert said == "Hello there. First part,"
+    assert limit.finish(cut=True) == "" and limit.dropped == " and then"
+    done = ClauseLimit(max_tokens=30)
+    assert done.feed("One", 1) == "One"
+    assert done.feed(" two", 29) == ""  # held, then the model ended by itself: said
+    assert done.finish(cut=False) == " two"
+    tiny = ClauseLimit(max_tokens=3)  # nothing else would be said: the words are kept
+    assert tiny.feed("Hi", 1) == "" and tiny.finish(cut=True) == "Hi"
+
+
+def test_template_without_a_system_role_gets_it_in_the_first_user_turn() -> None:
+    gemma_like = ("{% for m in messages %}{% if m['role'] == 'system' %}{{ raise_exception('System role not "
+                  "supported') }}{% endif %}<start_of_turn>{{ m['role'] }}\n{{ m['content'] }}<end_of_turn>\n"
+                  "{% endfor %}{% if add_generation_prompt %}<start_of_turn>model\n{% endif %}")
+    prompt = ChatPrompt(gemma_like, "<bos>", "<eos>")
+    text = prompt.render([{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}])
+    assert text == "<start_of_turn>user\nBe brief.\n\nHi<end_of_turn>\n<start_of_turn>model\n"
+
+
+# --- bad model files ---------------------------------------------------------------------------------------------
+def test_missing_and_corrupt_model_files_are_named(tmp_path: Path) -> None:
+    missing = tmp_path / "nope.gguf"
+    with pytest.raises(ModelFileError, match=str(missing)):
+        create_responder(RespondConfig(engine="llama", model_path=str(missing)))
+    text = tmp_path / "notes.gguf"
+    text.write_text("not a model")
+    with pytest.raises(ModelFileError, match=f"not a GGUF model file.*{text}"):
+        create_responder(RespondConfig(engine="llama", model_path=str(text)))
+    truncated = tmp_path / "truncated.gguf"  # a real model's first 64 KiB: GGUF magic, then nothing
+    with default_model_path().open("rb") as f:
+        truncated.write_bytes(f.read(65536))
+    with pytest.raises(ModelFileError, match=f"could not load.*{truncated}"):
+        create_responder(RespondConfig(engine="llama", model_path=str(truncated)))
+
+
+def test_default_model_comes_from_the_installed_package() -> None:
+    path = default_model_path()
+    assert path.name == "SmolLM2-135M-Instruct.Q4_1.gguf" and path.stat().st_size > 90_000_000
+
+
+# --- the real model ----------------------------------------------------------------------------------------------
+@LOOP
+async def test_answers_with_its_own_words_and_exact_usage(llama: LlamaResponder) -> None:
+    options = ReplyOptions()
+    text = await reply(llama, "What should I cook tonight?", options=options)
+    assert text.strip() and "what should i cook tonight" not in text.lower()
+    assert isinstance(options.usage, Usage) and options.usage.exact
+    request = llama.last_request
+    assert request is not None
+    assert options.usage.input_tokens == len(request.prompt) and options.usage.output_tokens == request.generated
+    assert 0 < options.usage.output_tokens <= RespondConfig().max_tokens
+    # The prompt is the GGUF's template (ChatML here) over the system prompt and the turn.
+    assert llama.last_prompt_text.startswith(f"<|im_start|>system\n{SYSTEM}<|im_end|>")
+    assert llama.last_prompt_text.endswith("<|im_start|>user\nWhat should I cook tonight?<|im_end|>\n"
+                                           "<|im_start|>assistant\n")
+    # Warm-up put the system prompt in every slot: this turn evaluated only its own tokens.
+    assert request.reused >= len(llama.engine.tokenize(f"<|im_start|>system\n{SYSTEM}<|im_end|>\n"))
+
+
+@LOOP
+async def test_next_turn_holds_the_last_and_reuses_its_cache(llama: LlamaResponder) -> None:
+    first = await reply(llama, "My name is Ada. What is a good name for a cat?")
+    turn1 = llama.last_request
+    history = [Message("user", "My name is Ada. What is a good name for a cat?"), Message("assistant", first)]
+    # The user speaks: meanwhile the slot evaluates the next prompt's start.
+    await until(lambda: llama.engine.settled, "the next prompt's start to be evaluated", 30)
+    await reply(llama, "And for a dog?", history)
+    turn2 = llama.last_request
+    assert turn1 is not None and turn2 is not None
+    assert "My name is Ada. What is a good name for a cat?" in llama.last_prompt_text
+    assert first.strip() in llama.last_prompt_text
+    # Everything of turn 1 (its prompt, the reply as the history holds it, the next user turn's opening) was in
+    # the slot: only turn 2's own words (and the assistant's opening after them) were evaluated.
+    assert turn2.slot == turn1.slot
+    own = llama.engine.tokenize("And for a dog?<|im_end|>\n<|im_start|>assistant\n")
+    assert len(turn2.prompt) - turn2.reused <= len(own) + 1, (len(turn2.prompt), turn2.reused, len(own))
+    # The oldest turn dropped from the history: the later turns move up in the cache instead of being evaluated.
+    history2 = [*history, Message("user", "And for a dog?"), Message("assistant", "Rex is a classic dog name.")]
+    await reply(llama, "Thanks!", history2)
+    await reply(llama, "Which one is shorter?", history2[2:])
+    turn4 = llama.last_request
+    assert turn4 is not None
+    system_len = len(llama.engine.tokenize(f"<|im_start|>system\n{SYSTEM}<|im_end|>\n"))
+    assert turn4.reused > system_len + 10, (turn4.reused, system_len)
+
+
+@LOOP
+async def test_the_turns_language_reaches_the_prompt(llama: LlamaResponder) -> None:
+    await reply(llama, "Bonjour, comment ça va ?", options=ReplyOptions(language="fr", max_tokens=8))
+    assert "(Answer in French.)" in llama.last_prompt_text
+    await reply(llama, "Hello!", options=ReplyOptions(language="en", max_tokens=8))
+    assert "Answer in" not in llama.last_prompt_text  # the configured language: no note
+
+
+@LOOP
+async def test_max_tokens_stops_at_a_clause(llama: LlamaResponder) -> None:
+    options = ReplyOptions(max_tokens=40, temperature=0.0)
+    text = await reply(llama, "Tell me a long story about a dragon and a knight.", options=options)
+    assert options.usage is not None and options.usage.output_tokens <= 40
+    assert text.strip() and ends_clause(text), text
+
+
+@LOOP
+async def test_context_full_drops_oldest_turns_never_the_system_prompt(llama: LlamaResponder) -> None:
+    history: list[Message] = []
+    for i in range(40):  # ~40 × 25 tokens: more than the 1024-token slot holds beside the reply's room
+        history += [Message("user", f"Question number {i}: what is {i} plus {i}?"),
+                    Message("assistant", f"{i} plus {i} is {2 * i}. Anything else?")]
+    options = ReplyOptions(max_tokens=16)
+    text = await reply(llama, "What was my last question?", history, options)
+    assert text.strip()
+    prompt = llama.last_prompt_text
+    assert prompt.startswith(f"<|im_start|>system\n{SYSTEM}")
+    assert "Question number 39" in prompt and "Question number 0:" not in prompt
+    assert options.usage is not None and options.usage.input_tokens <= llama.engine.n_ctx_seq - 16
+    # One turn longer than the whole context: its end is kept.
+    long_turn = " ".join(f"word{i}" for i in range(3000)) + " What is the last word?"
+    text = await reply(llama, long_turn, options=ReplyOptions(max_tokens=8))
+    assert "What is the last word?" in llama.last_prompt_text and "word0 " not in llama.last_prompt_text
+
+
+@LOOP
+async def test_cancel_stops_within_a_token_and_frees_the_slot(llama: LlamaResponder) -> None:
+    await wait_idle(llama)
+    before = llama.engine.stats["tokens_after_cancel"]
+    options = ReplyOptions(max_tokens=200)
+    stream = llama.respond(LONG_ASK, [], options)
+    got = [await anext(stream), await anext(stream)]
+    assert "".join(got).strip()
+    request = llama.last_request
+    assert request is not None
+    await stream.aclose()  # what the turn runner's cancel does to the iterator
+    await wait_idle(llama)
+    assert request.cancelled and request.done
+    made_after = request.after_cancel
+    assert made_after <= 2 and llama.engine.stats["tokens_after_cancel"] - before == made_after
+    assert request.generated < 20, request.generated  # it did not run on to max_tokens
+    assert options.usage is not None and options.usage.output_tokens == request.generated
+    assert (await reply(llama, "Say hi.", options=ReplyOptions(max_tokens=8))).strip()  # the slot works again
+
+
+@LOOP
+async def test_a_long_reply_does_not_starve_another_sessions_first_token(llama: LlamaResponder) -> None:
+    """Both replies advance in the same steps: the second's first token comes while the first keeps going."""
+    await wait_idle(llama)
+    long = llama.respond(LONG_ASK, [], ReplyOptions(max_tokens=300))
+    await anext(long)
+    long_request = llama.last_request
+    assert long_request is not None
+    reader = asyncio.ensure_future(drain(long))  # a listener keeps taking the long reply
+    await until(lambda: long_request.generated >= 10, "the long reply to be under way", 30)
+    short = llama.respond("What is two plus two?", [], ReplyOptions(max_tokens=64))
+    first = await anext(short)
+    at_first = long_request.generated
+    assert first.strip()
+    assert not long_request.done, "the second session waited for the long reply to end"
+    rest = "".join([d async for d in short])
+    assert (first + rest).strip()
+    assert long_request.generated > at_first, "the long reply stopped while the other was answered"
+    reader.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await reader
+    await long.aclose()
+    await wait_idle(llama)
+
+
+@LOOP
+async def test_a_reply_waits_for_its_reader(llama: LlamaResponder) -> None:
+    """Nobody reads (a slow voice): the engine stops AHEAD_TOKENS ahead instead of making the whole reply."""
+    await wait_idle(llama)
+    stream = llama.respond(LONG_ASK, [], ReplyOptions(max_tokens=300))
+    await anext(stream)
+    request = llama.last_request
+    assert request is not None
+    await until(lambda: request.stalled, "the unread reply to wait for its reader", 30)
+    assert request.generated - request.consumed == AHEAD_TOKENS and not request.done
+    text = await drain(stream)  # reading again lets it go on
+    assert request.done and request.generated > AHEAD_TOKENS + 1 and text.strip()
+
+
+@LOOP
+async def test_past_the_slots_and_the_waiting_room_a_turn_is_busy(llama: LlamaResponder) -> None:
+    await wait_idle(llama)
+    streams = [llama.respond(f"Count slowly from one to fifty, number {i}.", [], ReplyOptions(max_tokens=300))
+               for i in range(3)]
+    try:
+        for s in streams[:2]:  # both slots busy
+            await anext(s)
+        waiting = asyncio.ensure_future(anext(streams[2]))  # the one place in the waiting room
+        await until(lambda: llama.engine.waiting == 1, "the third reply to wait for a slot", 30, 0.005)
+        with pytest.raises(ResponderError, match="busy"):
+            await anext(llama.respond("Hello?", [], ReplyOptions(max_tokens=4)))
+        await streams[0].aclose()  # a slot frees: the waiting reply starts
+        assert await waiting  # its first words
+    finally:
+        for s in streams:
+            with contextlib.suppress(Exception):
+                await s.aclose()
+    await wait_idle(llama)
+    assert llama.engine.stats["busy"] >= 1
+
+
+@LOOP
+async def test_the_realtime_sessions_sampling_reaches_the_model(llama: LlamaResponder) -> None:
+    from assistant.server.realtime.responder import RealtimeResponder, ReplyContext
+
+    ctx = ReplyContext(instructions="Answer in one word.", temperature=0.0, max_tokens=5)
+    wrapped = RealtimeResponder(llama, ctx)
+    options = ReplyOptions()
+    text = "".join([d async for d in wrapped.respond("What colour is the sky?", [], options)])
+    assert text.strip()
+    assert llama.last_prompt_text.startswith("<|im_start|>system\nAnswer in one word.<|im_end|>")
+    assert options.max_tokens == 5 and options.temperature == 0.0
+    assert options.usage is not None and options.usage.output_tokens <= 5

@@ -245,7 +245,9 @@ async def test_openai_responder_failures_time_out_per_config(services, tmp_path,
                 kinds = [e.body.get("type") for e in client.events[before:]]
                 assert kinds.index("transcript") < kinds.index("error"), kinds
                 if mode == "hang":
-                    assert llm.hanging == 1, "the responder's first-token limit, not the server, ended the turn"
+                    # At least the committed turn's request is still unanswered: the client gave up. A speculative
+                    # request for the same words may hang beside it (the server keeps a handler whose client left).
+                    assert llm.hanging >= 1, "the responder's first-token limit, not the server, ended the turn"
             assert len(app[SESSIONS]) == 1
     finally:
         services.responder = saved

@@ -183,7 +183,9 @@ async def test_queues_stay_bounded_while_a_fast_tts_floods_the_reply(services: S
     flood = FloodResponder(400)
     saved = services.tts, services.responder
     services.tts, services.responder = tone, flood
-    c = cfg(tmp_path, tts={"timeout_s": 1.5})
+    # No speculative turns: a speculation dropped unheard would have its (instant) audio counted in tone.yielded_s
+    # without ever playing, and read as the committed reply running ahead (CI saw 2.02 s once).
+    c = cfg(tmp_path, tts={"timeout_s": 1.5}, turn={"speculative": False})
     reply_queue_ms = c.audio.reply_queue_ms
     try:
         async with serve(c, services) as (url, app), aiohttp.ClientSession() as http:

@@ -34,6 +34,7 @@ from urllib.parse import urlsplit
 
 import aiohttp
 import numpy as np
+import pylibsrtp
 
 from assistant.bench.v2v import BenchSession
 
@@ -294,6 +295,7 @@ class HostilePeer:
         self.copies = copies
         self.sent = 0
         self._seq = 0
+        self._seq_from: int | None = None
         self._ts = 0
 
     async def connect(self) -> None:
@@ -305,7 +307,8 @@ class HostilePeer:
         async def hostile(data: bytes) -> None:
             for packet in self._rewrite(bytes(data)):
                 self.sent += 1
-                with contextlib.suppress(ConnectionError):
+                # A packet our own SRTP refuses (its replay check) is dropped, not allowed to end the sender.
+                with contextlib.suppress(ConnectionError, pylibsrtp.Error):
                     await original(packet)
 
         transport._send_rtp = hostile  # type: ignore[method-assign]  # the hostile peer's whole point
@@ -319,6 +322,8 @@ class HostilePeer:
         header = bytearray(data[:size])
         payload = data[size:]
         if self.mode == "seq_jump":
+            if self._seq_from is None:  # jump forward from where the real stream is, or our own SRTP refuses it
+                self._seq_from = self._seq = struct.unpack(">H", header[2:4])[0]
             self._seq = (self._seq + 30_000) % 65_536
             header[2:4] = struct.pack(">H", self._seq)
         elif self.mode == "ts_jump":

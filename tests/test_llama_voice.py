@@ -32,7 +32,8 @@ MODEL = "SmolLM2-135M-Instruct.Q4_1.gguf"
 def llama_config(**respond: object) -> object:
     # Greedy (temperature 0), so each clip always gets the same reply; one thread: the suite shares two cores.
     return test_config(server={"idle_timeout_s": 60.0},
-                       respond={"engine": "llama", "temperature": 0.0, "threads": 1, "slots": 2, **respond})
+                       respond={"engine": "llama", "backend": "local", "temperature": 0.0, "threads": 1, "slots": 2,
+                                **respond})
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")

@@ -36,7 +36,7 @@ from assistant.pipeline.reply import ReplySink
 from assistant.pipeline.synthesis import SynthesisPath, SynthesisTimeout
 from assistant.pipeline.trace import Ending, Span
 from assistant.pipeline.turn import StageError, Turn, TurnDeps, stage
-from assistant.respond.base import ReplyOptions, ResponderError, reply_stream
+from assistant.respond.base import ReplyOptions, ResponderError, closing, reply_stream
 from assistant.respond.history import ConversationHistory
 from assistant.tts.base import TTSBusy, TTSRequest
 from assistant.tts.routing import choose_voice, speaks_piece_by_piece
@@ -270,13 +270,19 @@ class TurnRunner:
         try:
             async with asyncio.timeout(self.respond_cfg.total_timeout_s):
                 options = self._reply_options(turn)
-                async for delta in reply_stream(self.deps.responder, text, self.history.messages, options):
-                    if not delta:
-                        continue
-                    turn.trace.mark("first_text")
-                    turn.reply.text += delta
-                    self._emit(turn, "reply_text", delta=delta, text=turn.reply.text)
-                    await deltas.put(delta)
+                told = False
+                stream = reply_stream(self.deps.responder, text, self.history.messages, options)
+                async with closing(stream):  # a cancelled turn frees the responder's slot at once
+                    async for delta in stream:
+                        if options.fallback and not told:  # another responder stands in: the page says so
+                            told = True
+                            self._emit(turn, "responder_fallback", reason=options.fallback)
+                        if not delta:
+                            continue
+                        turn.trace.mark("first_text")
+                        turn.reply.text += delta
+                        self._emit(turn, "reply_text", delta=delta, text=turn.reply.text)
+                        await deltas.put(delta)
         except ResponderError as exc:
             raise StageError("responder", str(exc), exc) from exc
         except TimeoutError as exc:

@@ -12,6 +12,7 @@ that accept them.
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
@@ -70,6 +71,7 @@ class ReplyOptions:
     temperature: float | None = None
     max_tokens: int | None = None
     usage: Usage | None = None  # set by the responder when the reply ends (or is cancelled)
+    fallback: str | None = None  # set by the responder: another responder answered, and why (the page shows it)
 
 
 @runtime_checkable
@@ -119,3 +121,15 @@ def reply_stream(responder: Responder, text: str, history: Sequence[Message],
     if options is not None and takes_options(responder.respond):
         return responder.respond(text, history, options=options)  # type: ignore[call-arg]
     return responder.respond(text, history)
+
+
+@contextlib.asynccontextmanager
+async def closing(stream: AsyncIterator[Any]) -> AsyncIterator[AsyncIterator[Any]]:
+    """``stream``, closed on leaving the block (its ``aclose()``, where it has one): a reply given up (barge-in, a
+    dropped speculative turn, a cancelled task) frees the responder's slot now, not when it is collected."""
+    try:
+        yield stream
+    finally:
+        aclose = getattr(stream, "aclose", None)
+        if aclose is not None:
+            await aclose()

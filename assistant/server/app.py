@@ -41,8 +41,11 @@ READYZ_SCHEMA = {
     "type": "object", "required": ["status"],
     "description": "without the admin key only status; with it (or with no server token) the rest",
     "properties": {
-        "status": {"type": "string", "enum": ["ready", "loading", "failed"]},
-        "reason": {"type": "string", "description": "why loading failed (status failed)"},
+        "status": {"type": "string", "enum": ["ready", "degraded", "loading", "failed"]},
+        "reason": {"type": "string", "description": "why loading failed (failed), or which engine is down and why "
+                   "(degraded: an engine's child process restarts or failed for good, and a fallback answers)"},
+        "engines": {"type": "object", "description": "engines in supervised child processes: state (starting, "
+                    "ready, restarting, failed, closed), reason, restarts, failures, pid, since"},
         "gateway": {"type": "string", "description": "server.gateway_id (empty: none)"},
         "sessions": {"type": "integer", "description": "open voice sessions"},
         "max_sessions": {"type": "integer"},
@@ -54,25 +57,34 @@ READYZ_SCHEMA = {
 # --- handlers ------------------------------------------------------------------------------------------
 @documented("Readiness: models loaded and warmed; to the admin key also this gateway's load and why loading "
             "failed (the heartbeat `assistant dispatch` reads)", public=True,
-            responses={"200": json_body(READYZ_SCHEMA, "ready"),
+            responses={"200": json_body(READYZ_SCHEMA, "ready, or degraded (answering with a fallback)"),
                        "503": json_body(READYZ_SCHEMA, "still loading, or loading failed (the reason)")})
 async def readyz(request: web.Request) -> web.Response:
     """Readiness; for the admin, this gateway's load too: the heartbeat ``assistant dispatch`` polls."""
     app = request.app
     services = app[SERVICES]
-    if not principal_of(request).admin:  # the public learn ready or not, and nothing more
-        state = "failed" if services.load_error else "ready" if services.ready else "loading"
-        return web.json_response({"status": state}, status=200 if state == "ready" else 503)
+    if not principal_of(request).admin:  # the public learn ready (or degraded: answering, worse) or not
+        state = "failed" if services.load_error else "loading" if not services.ready else (
+            "degraded" if services.degraded else "ready")
+        return web.json_response({"status": state}, status=200 if state in ("ready", "degraded") else 503)
     load = {
         "gateway": app[CONFIG].server.gateway_id,
         "sessions": len(app[SESSIONS]),
         "max_sessions": app[CONFIG].server.max_sessions,
     }
+    engines = services.engine_health()
+    if engines:  # engines in supervised child processes: each one's state and why
+        load["engines"] = engines
     failed = services.load_error
     if failed:
         return web.json_response({"status": "failed", "reason": failed, **load}, status=503)
     if not services.ready:
         return web.json_response({"status": "loading", **load}, status=503)
+    if services.degraded:  # calls are answered (a fallback stands in): ready for them, and says what is wrong
+        reasons = "; ".join(f"{name} {e['state']}: {e['reason']}" for name, e in engines.items()
+                            if e["state"] != "ready")
+        return web.json_response({"status": "degraded", "reason": reasons, "load_seconds": services.load_seconds,
+                                  **load})
     return web.json_response({"status": "ready", "load_seconds": services.load_seconds, **load})
 
 

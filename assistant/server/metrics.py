@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from assistant.pipeline.trace import DURATIONS, GAPS
+
+if TYPE_CHECKING:
+    from assistant.engine_host.supervisor import Health
 
 # Buckets in seconds, dense where conversational latency lives (50 ms … 2 s).
 # The Ray hop: sub-millisecond to tens of milliseconds on loopback and in one data centre.
@@ -72,6 +77,28 @@ class Metrics:
             registry=self.registry,
         )
 
+        # Engines in supervised child processes (engine_host/): their state now, and why they restarted.
+        self.engine_up = Gauge(
+            "assistant_engine_up", "1 while an engine's child process is ready; 0 while it starts, restarts or has "
+            "failed for good", ["engine"], registry=self.registry,
+        )
+        self.engine_state = Gauge(
+            "assistant_engine_state", "1 for the state an engine is in (starting, ready, restarting, failed, closed)",
+            ["engine", "state"], registry=self.registry,
+        )
+        self.engine_deaths_total = Counter(
+            "assistant_engine_deaths_total", "engine child processes that died or were killed, by the kind of end "
+            "(SIGSEGV, SIGKILL, hung, exit)", ["engine", "how"], registry=self.registry,
+        )
+
+    def observe_engine(self, health: Health) -> None:
+        """An engine's state changed (``EngineProcess.on_change``)."""
+        self.engine_up.labels(engine=health.name).set(1 if health.ready else 0)
+        for state in ENGINE_STATES:
+            self.engine_state.labels(engine=health.name, state=state).set(1 if state == health.state else 0)
+        if health.state in ("restarting", "failed") and health.reason and health.pid is None:
+            self.engine_deaths_total.labels(engine=health.name, how=_how(health.reason)).inc()
+
     def observe_ray_hop(self, kind: str, seconds: float) -> None:
         self.ray_hop_seconds.labels(kind=kind).observe(max(seconds, 0.0))
 
@@ -86,3 +113,16 @@ class Metrics:
 
     def render(self) -> tuple[bytes, str]:
         return generate_latest(self.registry), CONTENT_TYPE_LATEST
+
+
+ENGINE_STATES = ("starting", "ready", "restarting", "failed", "closed")
+
+
+def _how(reason: str) -> str:
+    """A death's kind, from its reason's words (a bounded label set)."""
+    if reason.startswith("hung"):
+        return "hung"
+    for name in ("SIGSEGV", "SIGKILL", "SIGABRT", "SIGBUS", "SIGILL", "SIGFPE", "SIGTERM"):
+        if name in reason:
+            return name
+    return "exit"

@@ -21,6 +21,7 @@ from assistant.tts.base import TTSEngine
 
 if TYPE_CHECKING:
     from assistant.asr.base import Transcriber
+    from assistant.engine_host.supervisor import EngineProcess
     from assistant.pipeline.end_of_turn import EndOfTurnModel
     from assistant.vad.endpoint import Endpointer
     from assistant.vad.silero import SileroModel
@@ -57,6 +58,8 @@ class Services:
     ready: bool = False
     load_error: str = ""  # why loading failed (``/readyz`` says it; ``assistant serve`` exits on it)
     load_seconds: dict[str, float] = field(default_factory=dict)
+
+    engines: dict[str, EngineProcess] = field(default_factory=dict)  # engines in supervised child processes
 
     _responders: dict[str, Responder] = field(default_factory=dict)
 
@@ -102,11 +105,13 @@ class Services:
         from assistant.asr import create_asr
         from assistant.asr.runner import ASRRunner
         from assistant.respond import create_responder
+        from assistant.respond.hosted import placement
         from assistant.tts import create_tts
         from assistant.vad.silero import SileroModel
 
         cfg = self.cfg
-        if self.responder is None and cfg.respond.engine.strip() == "llama" and cfg.respond.backend == "local":
+        where = placement(cfg.respond)  # a bad respond.backend fails now
+        if self.responder is None and cfg.respond.engine.strip() == "llama" and where != "ray":
             from assistant.respond.llama import resolve_model_path
 
             resolve_model_path(cfg.respond)  # a missing or foreign model file fails now, before anything loads
@@ -142,10 +147,12 @@ class Services:
             reachable = {*getattr(self.asr, "languages", ()), cfg.tts.language}
             self.tts = await timed("tts", asyncio.to_thread(create_tts, cfg.tts, reachable))
             await timed("tts_warmup", self.tts.warmup())
-        if self.responder is None and _backend(cfg.respond.backend, "respond") == "ray":
+        if self.responder is None and where == "ray":
             connect_llm = _ray_client().connect_llm
 
             self.responder = await timed("respond", asyncio.to_thread(connect_llm, cfg))
+        if self.responder is None and where == "process":
+            self.responder = await timed("respond", self._start_hosted())
         if self.responder is None:
             # Off the event loop: the embedded model loads its weights here (a bad file fails the start).
             self.responder = await timed("respond", asyncio.to_thread(
@@ -157,6 +164,32 @@ class Services:
         self.ready = True
         log.info("services_loaded %s", " ".join(f"{k}_s={v}" for k, v in self.load_seconds.items()))
 
+    async def _start_hosted(self) -> Responder:
+        """The responder in its supervised child process (``respond/hosted.py``), with its fallback; ready (loaded
+        and warm) or failed for good (a crash loop: the fallback answers, ``/readyz`` says why)."""
+        from assistant.respond import create_responder
+        from assistant.respond.hosted import HostedResponder
+
+        cfg = self.cfg.respond
+        fallback = None
+        if cfg.fallback.strip():
+            fallback = create_responder(dataclasses.replace(cfg, engine=cfg.fallback.strip(), backend="local"))
+        hosted = HostedResponder(cfg, fallback, on_change=self.metrics.observe_engine)
+        self.engines[hosted.host.name] = hosted.host
+        await hosted.start()
+        if hosted.host.start_seconds:
+            self.load_seconds["respond_warmup"] = round(hosted.host.start_seconds, 3)
+        return hosted
+
+    def engine_health(self) -> dict[str, dict[str, object]]:
+        """Each supervised engine's state and why (``/readyz``, the page)."""
+        return {name: host.health.as_dict() for name, host in self.engines.items()}
+
+    @property
+    def degraded(self) -> bool:
+        """Some supervised engine is not ready (restarting, or failed for good): calls are answered, worse."""
+        return any(not host.health.ready for host in self.engines.values())
+
     async def close(self) -> None:
         if self.tts is not None:
             await self.tts.close()
@@ -164,6 +197,9 @@ class Services:
             aclose = getattr(responder, "aclose", None)
             if aclose is not None:
                 await aclose()
+        close_eot = getattr(self.end_of_turn, "close", None)  # Smart Turn's own worker thread
+        if close_eot is not None:
+            close_eot()
         close = getattr(self.asr, "close", None)  # the local runner's worker threads (a remote one has none)
         if close is not None:
             close()

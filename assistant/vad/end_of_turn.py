@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -128,7 +129,10 @@ class SmartTurnModel(SharedModel):
 
 class SmartTurnBatcher:
     """Async front of the model for many sessions: calls that arrive together run as one batch in a worker
-    thread, so the event loop never waits on the model and concurrent pauses share one ONNX run."""
+    thread, so the event loop never waits on the model and concurrent pauses share one ONNX run.
+
+    The thread is its own (one worker): in the loop's default executor a batch would queue behind TTS work and
+    voice loading, and the end of a turn would wait for them."""
 
     def __init__(
         self,
@@ -143,6 +147,11 @@ class SmartTurnBatcher:
         self._flush: asyncio.TimerHandle | None = None
         self.batches = 0
         self.calls = 0
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="smart-turn")
+
+    def close(self) -> None:
+        """Let the worker thread go (a batch running finishes first)."""
+        self._executor.shutdown(wait=False)
 
     async def probability(self, audio: np.ndarray) -> float:
         loop = asyncio.get_running_loop()
@@ -165,7 +174,7 @@ class SmartTurnBatcher:
             return
         self.batches += 1
         loop = asyncio.get_running_loop()
-        work = loop.run_in_executor(None, self.model.predict, [a for a, _ in batch])
+        work = loop.run_in_executor(self._executor, self.model.predict, [a for a, _ in batch])
 
         def deliver(done: asyncio.Future[np.ndarray]) -> None:
             exc = None if done.cancelled() else done.exception()

@@ -227,7 +227,8 @@ class Dispatcher:
             g.id = gid
         if not GATEWAY_ID.fullmatch(gid):
             return NO_ID  # its session ids would name no gateway: PATCH and DELETE could not find it again
-        return READY if status == 200 and data.get("status") == "ready" else LOADING
+        # A degraded gateway (an engine restarting, a fallback answering) still takes calls.
+        return READY if status == 200 and data.get("status") in ("ready", "degraded") else LOADING
 
     def _set_state(self, g: Gateway, state: str) -> None:
         if g.state != state and state != DOWN:  # going down is logged with its reason where it is seen

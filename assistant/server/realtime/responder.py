@@ -25,6 +25,7 @@ from assistant.respond.base import (
     ToolCall,
     ToolCallDelta,
     Usage,
+    closing,
     reply_stream,
     takes_options,
 )
@@ -145,16 +146,18 @@ class RealtimeResponder:
                 method = self.inner.respond_messages
                 stream = (method(messages, tools, ctx.tool_choice, options=options)  # type: ignore[call-arg]
                           if takes_options(method) else method(messages, tools, ctx.tool_choice))
-                async for out in stream:
-                    if isinstance(out, ToolCall | ToolCallDelta):
-                        reply.tool_event(out)
-                    elif out:
-                        yield out
+                async with closing(stream):
+                    async for out in stream:
+                        if isinstance(out, ToolCall | ToolCallDelta):
+                            reply.tool_event(out)
+                        elif out:
+                            yield out
                 return
             messages = [*system, *context(False)]
             reply.prompt_chars = sum(len(m.content) for m in messages) + len(text)
-            async for delta in reply_stream(self.inner, text, messages, options):
-                yield delta
+            async with closing(reply_stream(self.inner, text, messages, options)) as deltas:
+                async for delta in deltas:
+                    yield delta
         finally:
             reply.usage = options.usage
 

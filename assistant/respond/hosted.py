@@ -1,0 +1,192 @@
+"""Where a responder runs, and the responder that answers from a supervised child process.
+
+``respond.backend`` places the responder:
+
+- ``auto`` (default): the embedded model (``llama``) in a child process, everything else (echo, rules, openai,
+  plug-ins) in this one;
+- ``process``: in a supervised child process (any responder but echo and rules, which load nothing native);
+- ``local``: in this process (a native crash there ends every call);
+- ``ray``: on the Ray Serve LLM deployment (``serve_ray``).
+
+All three speak one protocol: the :class:`~assistant.respond.base.Responder` face (``respond(text, history,
+options)``, ``describe()``, ``warmup()``, ``aclose()``); the child and the Ray replica each serve it as a stream
+of text deltas, then the reply's :class:`~assistant.respond.base.Usage`.
+
+:class:`HostedResponder` is that face over :class:`~assistant.engine_host.supervisor.EngineProcess`. When the
+child dies mid-reply the turn fails with a :class:`ResponderError` (the pipeline's spoken apology) and the
+engine restarts; a turn that comes while it restarts waits up to ``respond.restart_wait_s`` for it, and past
+that (or when the engine is failed for good, a crash loop) the fallback responder (``respond.fallback``)
+answers, and the reply's options say so (``ReplyOptions.fallback``: the page shows it).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections.abc import AsyncGenerator, Callable, Sequence
+from typing import Any
+
+from assistant.config import RespondConfig
+from assistant.engine_host.supervisor import (
+    EngineDied,
+    EngineProcess,
+    EngineUnavailable,
+    Health,
+    RemoteError,
+)
+from assistant.respond.base import Message, ReplyOptions, Responder, ResponderError, Usage, closing, reply_stream
+
+log = logging.getLogger(__name__)
+
+PLACEMENTS = ("auto", "process", "local", "ray")
+IN_PROCESS_ONLY = ("echo", "rules")  # nothing native to isolate
+FACTORY = "assistant.respond.hosted:serve_responder"
+
+MSG_DIED = "The language model stopped while answering. It is restarting."
+MSG_FAILED = "The language model failed to answer."
+
+
+def placement(cfg: RespondConfig) -> str:
+    """Where ``cfg``'s responder runs: ``local``, ``process`` or ``ray`` (``auto`` resolved)."""
+    backend = cfg.backend.strip()
+    if backend not in PLACEMENTS:
+        raise ValueError(f"respond.backend must be one of {', '.join(PLACEMENTS)}, got {backend!r}")
+    engine = cfg.engine.strip()
+    if backend == "auto":
+        return "process" if engine == "llama" else "local"
+    if backend == "process" and engine in IN_PROCESS_ONLY:
+        return "local"
+    return backend
+
+
+# --- the child's side ------------------------------------------------------------------------------------------
+class ResponderService:
+    """The responder as the child serves it: made from the config, warmed up, replies streamed."""
+
+    CALLS = ("describe", "stats")
+    STREAMS = ("respond",)
+
+    def __init__(self, config: dict[str, Any]) -> None:
+        from assistant.respond import create_responder
+
+        cfg = RespondConfig(**{**config, "backend": "local"})
+        self.responder: Any = create_responder(cfg)
+
+    async def start(self) -> dict[str, Any]:
+        warmup = getattr(self.responder, "warmup", None)
+        if warmup is not None:
+            await warmup()
+        return self.describe()
+
+    def describe(self) -> dict[str, Any]:
+        describe = getattr(self.responder, "describe", None)
+        return dict(describe()) if describe is not None else {"engine": getattr(self.responder, "name", "?"),
+                                                              "model": ""}
+
+    def stats(self) -> dict[str, int]:
+        stats = getattr(self.responder, "stats", None)
+        return dict(stats()) if stats is not None else {}
+
+    def progress(self) -> tuple[bool, int] | None:
+        engine = getattr(self.responder, "engine", None)
+        progress = getattr(engine, "progress", None)
+        return progress() if progress is not None else None
+
+    async def respond(self, text: str, history: list[Message], asks: dict[str, Any]) -> AsyncGenerator[Any, None]:
+        options = ReplyOptions(**asks)
+        async with closing(reply_stream(self.responder, text, history, options)) as stream:
+            async for delta in stream:  # a cancelled reply frees its slot now (closing)
+                yield delta
+        if options.usage is not None:
+            yield options.usage
+
+    async def aclose(self) -> None:
+        aclose = getattr(self.responder, "aclose", None)
+        if aclose is not None:
+            await aclose()
+
+
+def serve_responder(config: dict[str, Any]) -> ResponderService:
+    """The child's factory (``FACTORY``)."""
+    return ResponderService(config)
+
+
+# --- the server's side -----------------------------------------------------------------------------------------
+class HostedResponder:
+    """``respond.engine``'s responder in a supervised child process, with a fallback while it is down."""
+
+    def __init__(self, cfg: RespondConfig, fallback: Responder | None = None,
+                 on_change: Callable[[Health], None] | None = None) -> None:
+        self.cfg = cfg
+        self.name = cfg.engine.strip()
+        self.fallback = fallback
+        self.host = EngineProcess(
+            "llm" if self.name == "llama" else self.name, FACTORY, dataclasses.asdict(cfg),
+            backoff_s=cfg.restart_backoff_s, max_failures=cfg.max_failures, hang_timeout_s=cfg.hang_timeout_s,
+            start_timeout_s=cfg.start_timeout_s, on_change=on_change)
+        self.fallback_replies = 0
+
+    @property
+    def health(self) -> Health:
+        return self.host.health
+
+    async def start(self) -> None:
+        """Start the child; returns when it is ready or failed for good (then the fallback answers).
+        :class:`~assistant.engine_host.supervisor.EngineLoadError` for a clean load error (a bad model file)."""
+        await self.host.start()
+
+    async def warmup(self) -> None:
+        """The child warms up before it says ready (:meth:`start`)."""
+
+    def describe(self) -> dict[str, Any]:
+        info = dict(self.host.info or {"engine": self.name, "model": ""})
+        health = self.host.health
+        if not health.ready:
+            info["state"], info["reason"] = health.state, health.reason
+        return info
+
+    async def stats(self) -> dict[str, int]:
+        return dict(await self.host.call("stats", timeout=5.0))
+
+    async def respond(self, text: str, history: Sequence[Message],
+                      options: ReplyOptions | None = None) -> AsyncGenerator[str, None]:
+        opts = options if options is not None else ReplyOptions()
+        if not await self.host.wait_ready(self.cfg.restart_wait_s):
+            async for delta in self._fall_back(text, history, opts):
+                yield delta
+            return
+        asks = {"language": opts.language, "temperature": opts.temperature, "max_tokens": opts.max_tokens}
+        stream = self.host.stream("respond", text, list(history), asks)
+        try:
+            async for item in stream:
+                if isinstance(item, Usage):
+                    opts.usage = item
+                elif item:
+                    yield item
+        except EngineDied as exc:
+            log.warning("respond.engine_died engine=%s reason=%s", self.name, exc)
+            raise ResponderError(MSG_DIED) from exc
+        except EngineUnavailable as exc:  # it died between the wait and the call
+            raise ResponderError(MSG_DIED) from exc
+        except RemoteError as exc:
+            if exc.kind == "responder":
+                raise ResponderError(str(exc)) from exc
+            log.warning("respond.engine_error engine=%s kind=%s error=%s", self.name, exc.kind, exc)
+            raise ResponderError(MSG_FAILED) from exc
+        finally:
+            await stream.aclose()
+
+    async def _fall_back(self, text: str, history: Sequence[Message], opts: ReplyOptions) -> AsyncGenerator[str, None]:
+        health = self.host.health
+        why = f"the {self.name} engine is {health.state}" + (f": {health.reason}" if health.reason else "")
+        if self.fallback is None:
+            raise ResponderError(f"The language model is unavailable ({health.state}).")
+        self.fallback_replies += 1
+        opts.fallback = f"{self.fallback.name} answers: {why}"
+        log.info("respond.fallback engine=%s fallback=%s state=%s", self.name, self.fallback.name, health.state)
+        async with closing(reply_stream(self.fallback, text, history, opts)) as stream:
+            async for delta in stream:
+                yield delta
+
+    async def aclose(self) -> None:
+        await self.host.close()

@@ -1,0 +1,182 @@
+"""``respond.engine = "llama"``: the embedded model as a responder, in the process that calls it. Where it runs by
+default (a supervised child process) is ``respond/hosted.py``'s business; this class is what runs there."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import AsyncGenerator, Callable, Sequence
+from typing import TypedDict
+
+from assistant.config import RespondConfig
+from assistant.respond.base import Message, ReplyOptions, ResponderError, Usage
+from assistant.respond.llama.clauses import ClauseLimit
+from assistant.respond.llama.engine import MSG_CLOSED, MSG_FAILED, LlamaEngine, _End, _Request, _Token
+from assistant.respond.llama.model_file import resolve_model_path
+from assistant.respond.llama.prompt import Chat, ChatPrompt, PromptBuilder, alternating
+
+log = logging.getLogger(__name__)
+
+
+class ModelInfo(TypedDict):
+    """What answers (the page, the logs, a Ray replica's or a child process's ``info``)."""
+
+    engine: str
+    model: str  # the GGUF file's name
+    description: str  # llama.cpp's: architecture, size, quantization
+    slots: int
+    context_tokens: int  # per slot
+    file_mb: float
+    kv_mb_per_slot: float
+
+
+class LlamaResponder:
+    """The embedded model: the system prompt, the history and the turn in, text deltas out, as the model makes
+    them. Takes :class:`ReplyOptions` and reports exact token counts in them."""
+
+    name = "llama"
+
+    def __init__(self, cfg: RespondConfig | None = None) -> None:
+        self.cfg = cfg or RespondConfig()
+        path = resolve_model_path(self.cfg)
+        c = self.cfg
+        self.engine = LlamaEngine(path, slots=c.slots, context_tokens=c.context_tokens, threads=c.threads,
+                                  gpu_layers=c.gpu_layers, prefill_chunk=c.prefill_chunk, max_waiting=c.max_waiting,
+                                  extra_buffers=c.extra_buffers)
+        e = self.engine
+        chat = ChatPrompt(e.template, e.token_text(e.L.llama_vocab_bos(e.vocab)),
+                          e.token_text(e.L.llama_vocab_eos(e.vocab)))
+        self.prompts = PromptBuilder(chat, e.tokenize, e.n_ctx_seq, c.system_prompt, c.language)
+        self.model = path.name
+        self.last_prompt_text = ""  # the latest reply's prompt, as rendered (tests, diagnostics)
+        self.last_request: _Request | None = None  # the latest reply's request: its reuse, tokens (diagnostics)
+
+    @property
+    def prompt(self) -> ChatPrompt:
+        return self.prompts.prompt
+
+    def describe(self) -> ModelInfo:
+        """What answers: for the page and logs."""
+        e = self.engine
+        return {"engine": self.name, "model": self.model, "description": e.description, "slots": e.slots_n,
+                "context_tokens": e.n_ctx_seq, "file_mb": round(e.file_bytes / 2**20, 1),
+                "kv_mb_per_slot": round(e.kv_bytes_per_slot / 2**20, 1)}
+
+    def stats(self) -> dict[str, int]:
+        """The engine's counters and its load now (Ray replica, child process, metrics)."""
+        return {**self.engine.stats, "active": self.engine.active, "waiting": self.engine.waiting}
+
+    # --- prompt (kept for callers of the old names) ------------------------------------------------------------
+    def messages(self, text: str, history: Sequence[Message], options: ReplyOptions) -> Chat:
+        return self.prompts.messages(text, history, options)
+
+    def prompt_for(self, messages: Chat, reserve: int) -> tuple[Chat, str, list[int]]:
+        return self.prompts.fit(messages, reserve)
+
+    def next_prompt_start(self, messages: Chat) -> list[int]:
+        return self.prompts.next_prompt_start(messages)
+
+    # --- reply -------------------------------------------------------------------------------------------------
+    async def respond(self, text: str, history: Sequence[Message],
+                      options: ReplyOptions | None = None) -> AsyncGenerator[str, None]:
+        opts = options if options is not None else ReplyOptions()
+        max_tokens = max(1, opts.max_tokens if opts.max_tokens is not None else self.cfg.max_tokens)
+        temperature = opts.temperature if opts.temperature is not None else self.cfg.temperature
+        reserve = min(max_tokens, self.engine.n_ctx_seq // 2)
+        # Off the event loop: a long history costs a few renders and tokenizations of the whole conversation.
+        kept, self.last_prompt_text, prompt = await asyncio.to_thread(
+            self.prompts.fit, self.prompts.messages(text, history, opts), reserve)
+        loop = asyncio.get_running_loop()
+        queue: asyncio.Queue[_Token | _End] = asyncio.Queue()
+
+        def deliver(item: _Token | _End) -> None:
+            with contextlib.suppress(RuntimeError):  # the loop closed under a reply: nobody is listening
+                loop.call_soon_threadsafe(queue.put_nowait, item)
+
+        t0 = time.monotonic()
+        request = self.engine.submit(prompt, max_tokens, temperature, deliver)
+        self.last_request = request
+        limit = ClauseLimit(request.max_tokens)
+        end: _End | None = None
+        n_out = 0
+        started = False  # the reply's first words came (the whitespace a model puts before them is dropped)
+        said: list[str] = []
+        try:
+            while True:
+                item = await queue.get()
+                if isinstance(item, _End):
+                    end = item
+                    break
+                if n_out == 0 and item.text:
+                    log.info("llm.first_token ms=%.0f prompt=%d reused=%d", (time.monotonic() - t0) * 1000,
+                             len(prompt), request.reused)
+                n_out = item.n_tokens
+                piece = item.text if started else item.text.lstrip()
+                started = started or bool(piece)
+                say = limit.feed(piece, item.n_tokens)
+                if say:
+                    said.append(say)
+                    yield say
+                self.engine.consumed(request, item.n_tokens)
+            if end.reason == "error":
+                raise ResponderError(MSG_FAILED)
+            if end.reason == "cancelled":  # the engine closed under us
+                raise ResponderError(end.error or MSG_CLOSED)
+            tail = limit.finish(cut=end.reason == "length")
+            if tail:
+                said.append(tail)
+                yield tail
+            await asyncio.to_thread(self._prepare_next, request,
+                                    [*kept, {"role": "assistant", "content": "".join(said)}])
+            if limit.dropped:
+                log.info("llm.cut_at_clause max_tokens=%d dropped_chars=%d", request.max_tokens, len(limit.dropped))
+        finally:
+            if end is None:
+                self.engine.cancel(request)
+            opts.usage = Usage(len(prompt), end.output_tokens if end is not None else request.generated, exact=True)
+            log.info("llm.reply reason=%s prompt=%d reused=%d tokens=%d ms=%.0f", end.reason if end else "cancelled",
+                     len(prompt), request.reused, opts.usage.output_tokens, (time.monotonic() - t0) * 1000)
+
+    def _prepare_next(self, request: _Request, messages: Chat) -> None:
+        """The reply is over: while the user speaks, its slot evaluates the start of the next prompt (this turn as
+        the history will hold it, re-tokenized as the template writes it, and the user turn's opening)."""
+        try:
+            tokens = self.prompts.next_prompt_start(alternating(messages))
+        except Exception:  # a template that cannot render this: the next turn evaluates it instead
+            log.debug("llm.prepare_skipped", exc_info=True)
+            return
+        self.engine.prepare(request, tokens)
+
+    async def warmup(self) -> None:
+        """Evaluate the system prompt in every slot (so no session's first turn pays for it) and run a few
+        decode steps (so the first reply does not pay for the graph's first run)."""
+        msgs = self.prompts.messages("Hello.", [], ReplyOptions())
+        _, _, prompt = await asyncio.to_thread(self.prompts.fit, msgs, 8)
+        loop = asyncio.get_running_loop()
+        done = [loop.create_future() for _ in range(self.engine.slots_n)]
+
+        def deliver_to(fut: asyncio.Future[None]) -> Callable[[_Token | _End], None]:
+            def settle() -> None:
+                if not fut.done():
+                    fut.set_result(None)
+
+            def deliver(item: _Token | _End) -> None:
+                if isinstance(item, _End):
+                    loop.call_soon_threadsafe(settle)
+            return deliver
+
+        t0 = time.monotonic()
+        requests = [self.engine.submit(prompt, 4, 0.0, deliver_to(fut), warmup=True) for fut in done]
+        await asyncio.gather(*done)
+        start = self.prompts.next_prompt_start(msgs[:1] if msgs and msgs[0]["role"] == "system" else [])
+        for request in requests:  # every slot: the system prompt and the first user turn's opening
+            self.engine.prepare(request, start)
+        while not self.engine.settled:
+            await asyncio.sleep(0.005)
+        log.info("llm.warm slots=%d prompt=%d ms=%.0f", len(done), len(prompt), (time.monotonic() - t0) * 1000)
+
+    async def aclose(self) -> None:
+        await asyncio.to_thread(self.engine.close)
+

@@ -190,3 +190,21 @@ class FaultyASR:
             async with asyncio.timeout(self.runner.cfg.timeout_s):  # what ASRRunner does to a stuck engine
                 await asyncio.sleep(self.hang_s)
         return await self.runner.transcribe(audio, **kw)
+
+
+class CrashAtWarmup:
+    """A responder plug-in whose warm-up crashes its process for real: a read of address 0 (SIGSEGV), as a native
+    engine's bug would. Hosted in a child process (``respond.backend = "process"``), it never gets ready."""
+
+    name = "crash-at-warmup"
+
+    def __init__(self, cfg: Any = None) -> None:
+        self.cfg = cfg
+
+    async def warmup(self) -> None:
+        import ctypes
+
+        ctypes.string_at(0)  # SIGSEGV
+
+    async def respond(self, text: str, history: Sequence[Message]) -> AsyncIterator[str]:
+        yield text

@@ -22,12 +22,14 @@ ALLOWED: dict[str, set[str]] = {
     "loading": set(),
     "body": set(),
     "rtc": BASE,
+    "engine_host": BASE,  # runs any engine in a supervised child process: knows none of them
     **{engine: BASE for engine in ENGINES},
+    "respond": BASE | {"engine_host"},
     "pipeline": BASE | ENGINES,
     "serve_ray": BASE | ENGINES | {"pipeline"},
-    "server": BASE | ENGINES | {"pipeline", "rtc", "serve_ray"},
-    "bench": BASE | ENGINES | {"pipeline", "rtc", "server", "serve_ray"},
-    "cli": BASE | ENGINES | {"pipeline", "rtc", "server", "bench", "serve_ray"},
+    "server": BASE | ENGINES | {"pipeline", "rtc", "serve_ray", "engine_host"},
+    "bench": BASE | ENGINES | {"pipeline", "rtc", "server", "serve_ray", "engine_host"},
+    "cli": BASE | ENGINES | {"pipeline", "rtc", "server", "bench", "serve_ray", "engine_host"},
     "__main__": {"cli"},
     "__init__": set(),
 }

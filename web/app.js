@@ -90,6 +90,7 @@ function renderBar(t) {
 function onEvent(ev) {
   switch (ev.type) {
     case 'session': state.sessionId = ev.session_id; fillLanguages(ev); break;
+    case 'responder_fallback': showError(`the model is down; ${ev.reason}`); break;
     case 'voice_fallback': showError(`no voice speaks ${ev.language}: the ${ev.engine} default voice reads it`); break;
     case 'speech_start': setStatus('listening…', true); break;
     case 'speech_end':
@@ -323,7 +324,9 @@ async function connect() {
 
 function showResponder(who) {  // the offer's answer names who answers: {engine, model}
   const el = $('responder');
-  el.textContent = who ? [who.engine, who.model].filter(Boolean).join(' · ') : '';
+  // An engine down (its child process restarting, or failed for good) says so, and why.
+  const down = who && who.state ? `${who.state}${who.reason ? `: ${who.reason}` : ''}` : '';
+  el.textContent = who ? [who.engine, who.model, down].filter(Boolean).join(' · ') : '';
   el.hidden = !el.textContent;
 }
 

@@ -113,9 +113,9 @@ class _Child:
 
 
 def _error(rid: int, exc: BaseException) -> Frame:
-    from assistant.respond.base import ResponderError
-
-    kind = "responder" if isinstance(exc, ResponderError) else type(exc).__name__
+    """An exception as a frame: ``kind`` ``user_safe`` for one whose message a user may hear (an exception class
+    that says so with ``user_safe = True``, as ``ResponderError`` does), else its class name."""
+    kind = "user_safe" if getattr(exc, "user_safe", False) else type(exc).__name__
     return {"op": "error", "id": rid, "kind": kind, "message": str(exc)}
 
 

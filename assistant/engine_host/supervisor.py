@@ -54,8 +54,8 @@ class EngineLoadError(RuntimeError):
 
 
 class RemoteError(RuntimeError):
-    """The hosted object raised: ``kind`` is ``responder`` for a user-safe :class:`ResponderError`, else the
-    exception's class name; ``str()`` is its message."""
+    """The hosted object raised: ``kind`` is ``user_safe`` for an exception whose message a user may hear (a
+    ``ResponderError``), else the exception's class name; ``str()`` is its message."""
 
     def __init__(self, kind: str, message: str) -> None:
         super().__init__(message)

@@ -4,7 +4,9 @@ Types (DESIGN.md): speech_start, speech_end, transcript (partial/final, with the
 the ASR, its ``language_probability``), reply_text, reply_audio_start, reply_done, interrupted (``paused`` when
 the reply is only held while the user makes a sound over it), reply_resumed (that sound was a backchannel: the
 reply goes on), turn_metrics, voice_fallback (no voice speaks the reply's language: the default one reads it),
-error; plus session (sent once on open, and again when the session's settings change) and close.
+responder_fallback (the responder's engine is down, restarting or failed for good: another responder answers
+this turn, and ``reason`` says why), error; plus session (sent once on open, and again when the session's settings
+change) and close.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ EVENT_TYPES = frozenset(
         "reply_resumed",
         "turn_metrics",
         "voice_fallback",
+        "responder_fallback",
         "error",
         "close",
     }

@@ -91,6 +91,8 @@ class Responder(Protocol):
 class ResponderError(RuntimeError):
     """A reply could not be produced (server down, timeout, bad answer); ``str()`` is user-safe."""
 
+    user_safe = True  # its message may be said to the user (and crosses an engine's process boundary as such)
+
 
 @runtime_checkable
 class MessagesResponder(Protocol):

@@ -169,7 +169,7 @@ class HostedResponder:
         except EngineUnavailable as exc:  # it died between the wait and the call
             raise ResponderError(MSG_DIED) from exc
         except RemoteError as exc:
-            if exc.kind == "responder":
+            if exc.kind == "user_safe":
                 raise ResponderError(str(exc)) from exc
             log.warning("respond.engine_error engine=%s kind=%s error=%s", self.name, exc.kind, exc)
             raise ResponderError(MSG_FAILED) from exc

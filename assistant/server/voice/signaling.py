@@ -234,7 +234,8 @@ ANSWER_SCHEMA = {
                    "location": {"type": "string", "description": "the session resource: PATCH "
                                 "trickled candidates there, DELETE to hang up"},
                    "etag": {"type": "string", "description": "If-Match value for PATCH"},
-                   "responder": {"type": "object", "description": "who answers: {engine, model}",
+                   "responder": {"type": "object", "description": "who answers: {engine, model}, and while "
+                                 "its engine is down {state, reason} too",
                                  "properties": {"engine": {"type": "string"}, "model": {"type": "string"}}}},
 }
 SESSION_ID = [{"name": "session_id", "in": "path", "required": True, "schema": {"type": "string"}}]
@@ -282,7 +283,10 @@ async def offer(request: web.Request) -> web.Response:
 def _who_answers(app: AppState, responder: object) -> dict[str, str]:
     """The responder (and its model) this session talks to: the page shows it."""
     info = app[SERVICES].describe_responder(responder if isinstance(responder, str) else None)
-    return {"engine": str(info.get("engine", "")), "model": str(info.get("model", ""))}
+    who = {"engine": str(info.get("engine", "")), "model": str(info.get("model", ""))}
+    if info.get("state"):  # its engine is down (its child process restarting, or failed for good): why
+        who["state"], who["reason"] = str(info["state"]), str(info.get("reason", ""))
+    return who
 
 
 @documented("The caller's open sessions on this gateway (the admin's key: every session, with its owner and "

@@ -1,0 +1,216 @@
+"""``assistant bench isolation``: what the embedded model's child process costs and what it buys.
+
+In one run, on one machine:
+
+1. **Voice to voice**, ``assistant serve`` with the model in this process (``--respond.backend local``) against the
+   model in its supervised child process (``process``, the default), at each ``--sessions`` level, the two
+   placements taking turns over ``--rounds`` rounds (local first in odd rounds, process first in even ones, so
+   neither always runs on a warmer or cooler machine). Every heard turn of a placement pools into its p50/p90.
+2. **Memory**: the server's resident set, and the child's, after each run (Linux ``/proc``).
+3. **Crash to answer**, ``--crashes`` times: the child is killed with SIGSEGV and a reply is asked for at the same
+   moment (it waits for the restart, as a turn does): the time from the kill to the engine ready again, and to
+   the reply's first words. Each crash is counted as the first in a row (the child had run a while), so every
+   restart takes the backoff's first step (``respond.restart_backoff_s``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import dataclasses
+import logging
+import os
+import signal
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from assistant.bench.processes import start_assistant, stop, wait_ready
+from assistant.bench.report import BenchResult, percentile
+from assistant.bench.v2v import bench_v2v, session_levels
+from assistant.config import RespondConfig
+
+log = logging.getLogger(__name__)
+
+PLACEMENTS = ("local", "process")
+QUESTION = "What is the capital of France?"
+
+
+def add_isolation_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--sessions", type=session_levels, default=[1, 4],
+                        help="concurrency levels for voice to voice, e.g. 1,4 (default)")
+    parser.add_argument("--rounds", type=int, default=2, help="rounds of both placements per level (default 2)")
+    parser.add_argument("--crashes", type=int, default=10, help="crashes for the crash-to-answer time (0: skip)")
+    parser.add_argument("--threads", type=int, default=1, help="respond.threads for the model (default 1)")
+    parser.add_argument("--out", default="bench-out/isolation", help="folder for logs and v2v.json files")
+    parser.add_argument("--markdown", default="", help="also write the tables as Markdown to this file")
+
+
+def rss_mb(pid: int) -> float | None:
+    """A process's resident set in MiB (``/proc/PID/status``), None if it cannot be read."""
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
+def children_of(pid: int) -> list[int]:
+    """The processes whose parent is ``pid`` (Linux ``/proc``)."""
+    out = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if int(fields[1]) == pid:
+                out.append(int(entry.name))
+    return out
+
+
+@dataclasses.dataclass
+class Placement:
+    v2v: dict[int, list[float]] = dataclasses.field(default_factory=dict)  # level → every heard turn's v2v ms
+    ok: dict[int, list[int]] = dataclasses.field(default_factory=dict)  # level → [heard, turns]
+    server_mb: list[float] = dataclasses.field(default_factory=list)
+    child_mb: list[float] = dataclasses.field(default_factory=list)
+
+
+def run_v2v(args: argparse.Namespace, folder: Path) -> dict[str, Placement]:
+    from assistant.rtc.loopback_ice import allow_loopback_ice
+
+    allow_loopback_ice()  # the servers are children on this machine (they offer 127.0.0.1 too)
+    results = {p: Placement() for p in PLACEMENTS}
+    for level in args.sessions:
+        for r in range(args.rounds):
+            order = PLACEMENTS if r % 2 == 0 else PLACEMENTS[::-1]
+            for where in order:
+                name = f"serve-{where}-{level}-{r}"
+                child = start_assistant(name, "serve", ["--respond.backend", where, "--respond.threads",
+                                                        str(args.threads)], folder)
+                try:
+                    wait_ready([child])
+                    result: BenchResult = asyncio.run(bench_v2v(child.url, None, None, level, folder / name,
+                                                                plot=False))
+                    mine = results[where]
+                    for lv in result.levels:
+                        heard = [t.columns["v2v_ms"] for t in lv.turns if t.columns.get("v2v_ms") is not None]
+                        mine.v2v.setdefault(level, []).extend(heard)
+                        counts = mine.ok.setdefault(level, [0, 0])
+                        counts[0] += len(heard)
+                        counts[1] += len(lv.turns)
+                    if (mb := rss_mb(child.pid)) is not None:
+                        mine.server_mb.append(mb)
+                    for pid in children_of(child.pid):
+                        if (mb := rss_mb(pid)) is not None:
+                            mine.child_mb.append(mb)
+                finally:
+                    stop([child])
+                log.info("bench.isolation v2v placement=%s level=%d round=%d", where, level, r)
+    return results
+
+
+async def crash_to_answer(args: argparse.Namespace) -> list[tuple[float, float]]:
+    """(kill → ready, kill → first words) in ms, per crash."""
+    from assistant.respond import create_responder
+    from assistant.respond.base import ReplyOptions
+    from assistant.respond.hosted import HostedResponder
+
+    cfg = RespondConfig(engine="llama", backend="process", threads=args.threads, temperature=0.0, slots=4,
+                        restart_wait_s=120.0)
+    responder = HostedResponder(cfg, create_responder(dataclasses.replace(cfg, engine="rules", backend="local")))
+    await responder.start()
+    responder.host.stable_s = 0.0  # every crash is the first in a row (see the module docstring)
+    out: list[tuple[float, float]] = []
+    try:
+        for i in range(args.crashes):
+            pid = responder.host.pid
+            if pid is None:
+                raise RuntimeError(f"the child is not running: {responder.health}")
+            ready_at: list[float] = []
+            t0 = time.perf_counter()
+            os.kill(pid, signal.SIGSEGV)
+            while responder.host.pid == pid:  # the death noticed (the supervisor has the exit)
+                await asyncio.sleep(0.001)
+
+            waiter = asyncio.create_task(_stamp_ready(responder.host, ready_at))
+            stream = responder.respond(QUESTION, [], ReplyOptions())
+            first = await anext(stream)
+            answered = time.perf_counter()
+            await stream.aclose()
+            await waiter
+            if not first.strip():
+                raise RuntimeError("the restarted model said nothing")
+            out.append(((ready_at[0] - t0) * 1000, (answered - t0) * 1000))
+            log.info("bench.isolation crash=%d ready_ms=%.0f answer_ms=%.0f", i, *out[-1])
+    finally:
+        await responder.aclose()
+    return out
+
+
+async def _stamp_ready(host: Any, stamps: list[float]) -> None:
+    await host.wait_ready(120.0)
+    stamps.append(time.perf_counter())
+
+
+def _p(values: Sequence[float], q: float) -> str:
+    return f"{percentile(values, q):.0f}" if values else "—"
+
+
+def format_results(v2v: dict[str, Placement], crashes: list[tuple[float, float]]) -> str:
+    lines: list[str] = []
+    if v2v:
+        lines += ["== voice to voice (ms), the model in this process (local) vs in its child process (process)",
+                  "| sessions | local p50 | local p90 | process p50 | process p90 | process/local p50 | "
+                  "process/local p90 | heard (local, process) |",
+                  "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |"]
+        levels = sorted({lv for p in v2v.values() for lv in p.v2v})
+        for level in levels:
+            loc, pro = v2v["local"].v2v.get(level, []), v2v["process"].v2v.get(level, [])
+            r50 = f"{percentile(pro, 50) / percentile(loc, 50):.3f}" if loc and pro else "—"
+            r90 = f"{percentile(pro, 90) / percentile(loc, 90):.3f}" if loc and pro else "—"
+            ok_l, ok_p = v2v["local"].ok.get(level, [0, 0]), v2v["process"].ok.get(level, [0, 0])
+            lines.append(f"| {level} | {_p(loc, 50)} | {_p(loc, 90)} | {_p(pro, 50)} | {_p(pro, 90)} | {r50} | {r90} | "
+                         f"{ok_l[0]}/{ok_l[1]}, {ok_p[0]}/{ok_p[1]} |")
+        lines += ["", "== memory after each run (MiB, resident: median of the runs)",
+                  "| placement | server | model's child | together |", "| --- | ---: | ---: | ---: |"]
+        for where in PLACEMENTS:
+            p = v2v[where]
+            server = percentile(p.server_mb, 50) if p.server_mb else None
+            child = percentile(p.child_mb, 50) if p.child_mb else None
+            both = (server or 0) + (child or 0)
+            lines.append(f"| {where} | {server or 0:.0f} | {child or 0:.0f} | {both:.0f} |")
+    if crashes:
+        ready = [c[0] for c in crashes]
+        answer = [c[1] for c in crashes]
+        lines += ["", f"== a crash (SIGSEGV) to the next answer, {len(crashes)} crashes (ms)",
+                  "| | p50 | p90 | max |", "| --- | ---: | ---: | ---: |",
+                  f"| kill → engine ready again | {_p(ready, 50)} | {_p(ready, 90)} | {max(ready):.0f} |",
+                  f"| kill → the next reply's first words | {_p(answer, 50)} | {_p(answer, 90)} | {max(answer):.0f} |"]
+    return "\n".join(lines)
+
+
+def run_isolation_bench(args: argparse.Namespace) -> int:
+    from assistant.bench.figures import provenance, write_markdown
+
+    origin = provenance()
+    folder = Path(args.out)
+    folder.mkdir(parents=True, exist_ok=True)
+    try:
+        v2v = run_v2v(args, folder) if args.sessions and args.rounds > 0 else {}
+        crashes = asyncio.run(crash_to_answer(args)) if args.crashes > 0 else []
+    except (RuntimeError, TimeoutError, OSError) as exc:
+        print(f"bench isolation: {exc}")
+        return 2
+    text = format_results(v2v, crashes)
+    print(text)
+    if args.markdown:
+        write_markdown(Path(args.markdown), text, origin)
+    return 0
+
+
+__all__ = ["add_isolation_arguments", "run_isolation_bench"]

@@ -98,7 +98,7 @@ def run_v2v(args: argparse.Namespace, folder: Path) -> dict[str, Placement]:
                                                                 plot=False))
                     mine = results[where]
                     for lv in result.levels:
-                        heard = [t.columns["v2v_ms"] for t in lv.turns if t.columns.get("v2v_ms") is not None]
+                        heard = [float(v) for t in lv.turns if (v := t.columns.get("v2v_ms")) is not None]
                         mine.v2v.setdefault(level, []).extend(heard)
                         counts = mine.ok.setdefault(level, [0, 0])
                         counts[0] += len(heard)

@@ -241,7 +241,10 @@ class RespondConfig:
     restart_wait_s: float = _f(
         5.0, "process: how long a turn waits for a restarting engine before the fallback answers"
     )
-    restart_backoff_s: float = _f(0.5, "process: wait before the first restart, doubled per failure in a row (≤ 30 s)")
+    restart_backoff_s: float = _f(
+        0.5, "process: a failed child restarts at once; a second failure in a row waits this long, doubled for each "
+        "further one (≤ 30 s)"
+    )
     max_failures: int = _f(
         5, "process: failures in a row (deaths before ready or soon after) before the engine is failed for good; "
         "then it is retried every 5 minutes and the fallback answers"

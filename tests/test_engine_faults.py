@@ -121,6 +121,29 @@ def kill_child(responder: HostedResponder, how: str) -> None:
 
 
 @LOOP
+async def test_replies_stream_across_the_boundary_and_a_cancel_stops_the_model_within_a_step(
+        hosted_services: Services) -> None:
+    """Token by token: the first words arrive while the model is still writing; closing the reply (a barge-in) stops
+    its generation in the child within a step or two, and frees the slot."""
+    responder = hosted(hosted_services)
+    before = await responder.stats()
+    stream = responder.respond("Write a long essay about the history of Rome.", [], ReplyOptions())
+    first = await anext(stream)
+    during = await responder.stats()
+    await stream.aclose()
+
+    async def stopped() -> bool:
+        stats = await responder.stats()
+        return stats["active"] == 0 and stats["cancelled"] > before["cancelled"]
+
+    await until_async(stopped, "the cancelled reply to stop in the child", 30)
+    after = await responder.stats()
+    assert first.strip() and during["active"] == 1  # the reply was still being written when its words came
+    assert after["tokens_after_cancel"] - before["tokens_after_cancel"] <= 2
+    assert after["generated_tokens"] - before["generated_tokens"] < 100  # stopped long before max_tokens (400)
+
+
+@LOOP
 @pytest.mark.parametrize("how", ["SIGSEGV", "SIGKILL", "hang"])
 async def test_a_child_that_dies_mid_reply_costs_one_turn_and_no_call(
         hosted_services: Services, shared_audio: Path, how: str) -> None:

@@ -7,10 +7,14 @@ In one run, on one machine:
    placements taking turns over ``--rounds`` rounds (local first in odd rounds, process first in even ones, so
    neither always runs on a warmer or cooler machine). Every heard turn of a placement pools into its p50/p90.
 2. **Memory**: the server's resident set, and the child's, after each run (Linux ``/proc``).
-3. **Crash to answer**, ``--crashes`` times: the child is killed with SIGSEGV and a reply is asked for at the same
+3. **The boundary by itself** (``--boundary``): a child hosting nothing but a probe (``engine_host/probe.py``)
+   takes an ASR pass's audio (1, 5 and 15 s at 16 kHz, float32) and sends back a TTS reply's chunks (50 chunks of
+   40 ms at 22.05 kHz): the time each costs over the socket pair, against the same call in process. It is what
+   moving ASR or TTS into a child would add to every pass and every chunk.
+4. **Crash to answer**, ``--crashes`` times: the child is killed with SIGSEGV and a reply is asked for at the same
    moment (it waits for the restart, as a turn does): the time from the kill to the engine ready again, and to
    the reply's first words. Each crash is counted as the first in a row (the child had run a while), so every
-   restart takes the backoff's first step (``respond.restart_backoff_s``).
+   restart is immediate, as a lone crash's is.
 """
 
 from __future__ import annotations
@@ -42,6 +46,8 @@ def add_isolation_arguments(parser: argparse.ArgumentParser) -> None:
                         help="concurrency levels for voice to voice, e.g. 1,4 (default)")
     parser.add_argument("--rounds", type=int, default=2, help="rounds of both placements per level (default 2)")
     parser.add_argument("--crashes", type=int, default=10, help="crashes for the crash-to-answer time (0: skip)")
+    parser.add_argument("--boundary", type=int, default=200,
+                        help="round trips per payload for the boundary's own cost (0: skip)")
     parser.add_argument("--threads", type=int, default=1, help="respond.threads for the model (default 1)")
     parser.add_argument("--out", default="bench-out/isolation", help="folder for logs and v2v.json files")
     parser.add_argument("--markdown", default="", help="also write the tables as Markdown to this file")
@@ -152,6 +158,48 @@ async def crash_to_answer(args: argparse.Namespace) -> list[tuple[float, float]]
     return out
 
 
+async def boundary(args: argparse.Namespace) -> list[tuple[str, float, float]]:
+    """(payload, p50 µs in process, p50 µs through a child) per payload shape."""
+    import numpy as np
+
+    from assistant.engine_host.probe import Probe
+    from assistant.engine_host.supervisor import EngineProcess
+
+    local = Probe({})
+    host = EngineProcess("probe", "assistant.engine_host.probe:make_probe", {}, hang_timeout_s=30.0)
+    await host.start()
+    out: list[tuple[str, float, float]] = []
+    try:
+        for seconds in (1, 5, 15):
+            audio = np.zeros(16000 * seconds, dtype=np.float32)
+            here, there = [], []
+            for _ in range(args.boundary):
+                t0 = time.perf_counter()
+                local.take(audio)
+                t1 = time.perf_counter()
+                await host.call("take", audio)
+                t2 = time.perf_counter()
+                here.append((t1 - t0) * 1e6)
+                there.append((t2 - t1) * 1e6)
+            out.append((f"ASR pass: {seconds} s of 16 kHz audio in", percentile(here, 50), percentile(there, 50)))
+        here, there = [], []
+        for _ in range(max(1, args.boundary // 10)):
+            t0 = time.perf_counter()
+            async for _chunk in local.chunks(50, 882):
+                pass
+            t1 = time.perf_counter()
+            async for _chunk in host.stream("chunks", 50, 882):
+                pass
+            t2 = time.perf_counter()
+            here.append((t1 - t0) * 1e6 / 50)
+            there.append((t2 - t1) * 1e6 / 50)
+        out.append(("TTS chunk: 40 ms at 22.05 kHz out (per chunk, 50 a reply)", percentile(here, 50),
+                    percentile(there, 50)))
+    finally:
+        await host.close()
+    return out
+
+
 async def _stamp_ready(host: Any, stamps: list[float]) -> None:
     await host.wait_ready(120.0)
     stamps.append(time.perf_counter())
@@ -161,8 +209,14 @@ def _p(values: Sequence[float], q: float) -> str:
     return f"{percentile(values, q):.0f}" if values else "—"
 
 
-def format_results(v2v: dict[str, Placement], crashes: list[tuple[float, float]]) -> str:
+def format_results(v2v: dict[str, Placement], crashes: list[tuple[float, float]],
+                   wire: list[tuple[str, float, float]] | None = None) -> str:
     lines: list[str] = []
+    if wire:
+        lines += ["== the process boundary by itself (µs, p50): a probe that only carries the data",
+                  "| payload | in process | through a child | added |", "| --- | ---: | ---: | ---: |"]
+        lines += [f"| {name} | {here:.0f} | {there:.0f} | {there - here:.0f} |" for name, here, there in wire]
+        lines.append("")
     if v2v:
         lines += ["== voice to voice (ms), the model in this process (local) vs in its child process (process)",
                   "| sessions | local p50 | local p90 | process p50 | process p90 | process/local p50 | "
@@ -203,10 +257,11 @@ def run_isolation_bench(args: argparse.Namespace) -> int:
     try:
         v2v = run_v2v(args, folder) if args.sessions and args.rounds > 0 else {}
         crashes = asyncio.run(crash_to_answer(args)) if args.crashes > 0 else []
+        wire = asyncio.run(boundary(args)) if args.boundary > 0 else []
     except (RuntimeError, TimeoutError, OSError) as exc:
         print(f"bench isolation: {exc}")
         return 2
-    text = format_results(v2v, crashes)
+    text = format_results(v2v, crashes, wire)
     print(text)
     if args.markdown:
         write_markdown(Path(args.markdown), text, origin)

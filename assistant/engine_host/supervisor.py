@@ -9,7 +9,8 @@ alive:
   was in flight fails with :class:`EngineDied`, so each turn that was waiting gets its apology at once.
 - **Hangs are noticed within** ``hang_timeout_s``: the watchdog pings the child, and asks it whether its engine
   is making progress while it has work; a child that answers no ping, or whose engine is stuck, is killed.
-- **Restarts back off**: ``backoff_s``, doubling per failure in a row, at most ``max_backoff_s``. A child that dies
+- **Restarts back off**: the first at once, then ``backoff_s``, doubling per failure in a row, at most
+  ``max_backoff_s``. A child that dies
   before it is ready, or before it has run ``stable_s``, adds to the failures in a row; one that served longer
   starts the count again.
 - **A crash loop does not spin**: after ``max_failures`` failures in a row the engine is ``failed`` (logged once,
@@ -302,7 +303,9 @@ class EngineProcess:
                     self._settle_first()
                     await asyncio.sleep(self.retry_failed_s)
                     continue
-                delay = min(self.max_backoff_s, self.backoff_s * 2 ** (failures - 1))
+                # The first failure restarts at once (a turn is waiting); a second in a row waits backoff_s, then
+                # twice that each time.
+                delay = 0.0 if failures <= 1 else min(self.max_backoff_s, self.backoff_s * 2 ** (failures - 2))
                 self._set(state="restarting", reason=reason, failures=failures, pid=None)
                 log.warning("engine.died engine=%s reason=%s failures=%d restart_in_s=%.1f", self.name, reason,
                             failures, delay)

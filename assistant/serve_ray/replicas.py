@@ -10,7 +10,7 @@ The classes are plain; :mod:`assistant.serve_ray.app` makes them deployments wit
   gone) cancels the generator here, which closes the engine's stream and frees its slot.
 - :class:`ASRReplica` runs ``transcribe`` on a worker thread, so its ``max_ongoing_requests`` transcriptions
   overlap.
-- :class:`LLMReplica` holds the embedded model (``respond/llama.py``: its slots and waiting room) and streams a
+- :class:`LLMReplica` holds the embedded model (``respond/llama/``: its slots and waiting room) and streams a
   reply's text deltas, then what it cost; cancelling the stream cancels the reply and frees its slot.
 """
 
@@ -29,7 +29,7 @@ from ray import serve
 
 from assistant.asr.base import Transcript
 from assistant.config import Config, Overrides, apply_overrides
-from assistant.respond.base import Message, ReplyOptions, Usage
+from assistant.respond.base import Message, Usage
 from assistant.tts.base import ReferenceClip, TTSCapabilities, TTSEngine, TTSRequest, VoiceCloner
 from assistant.tts.voice_store import ReferenceClipStore
 
@@ -272,36 +272,34 @@ class LLMReplicaStats(TypedDict):
 
 class LLMReplica:
     """The embedded model on one replica (``respond.slots`` replies at once, ``respond.max_waiting`` waiting; past
-    that ``busy``). A reply streams as text deltas, then its :class:`~assistant.respond.base.Usage`."""
+    that ``busy``). A reply streams as text deltas, then its :class:`~assistant.respond.base.Usage`.
+
+    It serves the same object a child process serves (``respond/hosted.ResponderService``): one protocol for the
+    model in process, in a child process and on Ray."""
 
     async def __init__(self, config: Overrides) -> None:  # type: ignore[misc]  # Serve awaits it
-        from assistant.respond.llama import LlamaResponder
+        from assistant.respond.hosted import ResponderService
 
         cfg = config_from_dict(config)
         respond = dataclasses.replace(cfg.respond, engine="llama", backend="local")
-        self.responder = await asyncio.to_thread(LlamaResponder, respond)
-        await self.responder.warmup()
+        self.service = await asyncio.to_thread(ResponderService, dataclasses.asdict(respond))
+        await self.service.start()
         self.replica, self.actor = replica_names()
-        log.info("ray.llm_replica_ready replica=%s model=%s", self.replica, self.responder.model)
+        log.info("ray.llm_replica_ready replica=%s model=%s", self.replica, self.service.describe().get("model"))
 
     async def info(self) -> ModelInfo:
-        return self.responder.describe()
+        return self.service.describe()  # type: ignore[return-value]  # the embedded model's ModelInfo
 
     async def stats(self) -> LLMReplicaStats:
-        engine = self.responder.engine
-        counts = engine.stats
-        return {"replica": self.replica, "actor": self.actor, "active": engine.active, "waiting": engine.waiting,
-                "cancelled": counts["cancelled"], "tokens_after_cancel": counts["tokens_after_cancel"],
-                "generated_tokens": counts["generated_tokens"]}
+        counts = self.service.stats()
+        return {"replica": self.replica, "actor": self.actor, "active": counts["active"],
+                "waiting": counts["waiting"], "cancelled": counts["cancelled"],
+                "tokens_after_cancel": counts["tokens_after_cancel"], "generated_tokens": counts["generated_tokens"]}
 
     async def respond(self, text: str, history: list[Message], asks: ReplyAsks) -> AsyncIterator[str | Usage]:
-        options = ReplyOptions(language=asks["language"], temperature=asks["temperature"],
-                               max_tokens=asks["max_tokens"])
-        stream = self.responder.respond(text, history, options)
+        stream = self.service.respond(text, history, dict(asks))
         try:
-            async for delta in stream:
-                yield delta
+            async for item in stream:
+                yield item
         finally:
             await stream.aclose()  # a cancelled call (barge-in, a gateway gone) cancels the reply here
-        if options.usage is not None:
-            yield options.usage

@@ -139,6 +139,8 @@ async def test_replies_stream_across_the_boundary_and_a_cancel_stops_the_model_w
     await until_async(stopped, "the cancelled reply to stop in the child", 30)
     after = await responder.stats()
     assert first.strip() and during["active"] == 1  # the reply was still being written when its words came
+    # When memory runs out, the kernel kills the model's child before the server.
+    assert Path(f"/proc/{responder.host.pid}/oom_score_adj").read_text().strip() == "500"
     assert after["tokens_after_cancel"] - before["tokens_after_cancel"] <= 2
     assert after["generated_tokens"] - before["generated_tokens"] < 100  # stopped long before max_tokens (400)
 

@@ -11,6 +11,8 @@ and its config; the child builds the hosted object, calls its ``start()`` (load 
 - ``ping``: answered at once (the parent's watchdog);
 - ``close``, or the parent gone (the socket closes; and on Linux the kernel sends SIGKILL when the parent dies):
   the hosted object is closed and the process ends.
+
+When memory runs out, the kernel's OOM killer takes this child before the server (``oom_score_adj`` raised).
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ import socket
 import sys
 import time
 from collections.abc import AsyncGenerator
+from pathlib import Path
 from typing import Any
 
 from assistant.engine_host.wire import Frame, encode, read_frame
@@ -33,6 +36,7 @@ from assistant.loading import load_named
 log = logging.getLogger("assistant.engine_host.child")
 
 WINDOW = 8  # stream items sent and not yet taken by the parent's reader
+OOM_SCORE_ADJ = 500  # of -1000..1000: well before the server (0) when memory runs out
 
 
 class _Child:
@@ -159,6 +163,13 @@ def _die_with_parent() -> None:
         libc.prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG
 
 
+def _first_for_the_oom_killer() -> None:
+    """Linux: when memory runs out, the kernel should kill this child (the engine: restarted, one turn lost) before
+    the server (every call). Raising one's own ``oom_score_adj`` needs no privilege."""
+    with contextlib.suppress(OSError):
+        Path("/proc/self/oom_score_adj").write_text(str(OOM_SCORE_ADJ))
+
+
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     if len(args) != 1 or not args[0].isdigit():
@@ -166,6 +177,7 @@ def main(argv: list[str] | None = None) -> int:
               file=sys.stderr)
         return 2
     _die_with_parent()
+    _first_for_the_oom_killer()
     if os.getppid() == 1:  # the parent died before the line above took effect
         return 1
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C in a terminal reaches the group: the parent decides

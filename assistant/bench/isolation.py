@@ -140,7 +140,7 @@ async def crash_to_answer(args: argparse.Namespace) -> list[tuple[float, float]]
             ready_at: list[float] = []
             t0 = time.perf_counter()
             os.kill(pid, signal.SIGSEGV)
-            while responder.host.pid == pid:  # the death noticed (the supervisor has the exit)
+            while responder.health.ready:  # the death noticed (the supervisor has the exit)
                 await asyncio.sleep(0.001)
 
             waiter = asyncio.create_task(_stamp_ready(responder.host, ready_at))

@@ -14,9 +14,11 @@ of text deltas, then the reply's :class:`~assistant.respond.base.Usage`.
 
 :class:`HostedResponder` is that face over :class:`~assistant.engine_host.supervisor.EngineProcess`. When the
 child dies mid-reply the turn fails with a :class:`ResponderError` (the pipeline's spoken apology) and the
-engine restarts; a turn that comes while it restarts waits up to ``respond.restart_wait_s`` for it, and past
-that (or when the engine is failed for good, a crash loop) the fallback responder (``respond.fallback``)
-answers, and the reply's options say so (``ReplyOptions.fallback``: the page shows it).
+engine restarts. A reply it died under before its first words is asked again of the restarted engine, once (a
+prompt that kills the engine costs two crashes, not a loop). A turn that comes while it restarts waits up to
+``respond.restart_wait_s`` for it; past that (or when the engine is failed for good, a crash loop) the fallback
+responder (``respond.fallback``) answers, and the reply's options say so (``ReplyOptions.fallback``: the page
+shows it).
 """
 
 from __future__ import annotations
@@ -151,30 +153,34 @@ class HostedResponder:
     async def respond(self, text: str, history: Sequence[Message],
                       options: ReplyOptions | None = None) -> AsyncGenerator[str, None]:
         opts = options if options is not None else ReplyOptions()
-        if not await self.host.wait_ready(self.cfg.restart_wait_s):
-            async for delta in self._fall_back(text, history, opts):
-                yield delta
-            return
         asks = {"language": opts.language, "temperature": opts.temperature, "max_tokens": opts.max_tokens}
-        stream = self.host.stream("respond", text, list(history), asks)
-        try:
-            async for item in stream:
-                if isinstance(item, Usage):
-                    opts.usage = item
-                elif item:
-                    yield item
-        except EngineDied as exc:
-            log.warning("respond.engine_died engine=%s reason=%s", self.name, exc)
-            raise ResponderError(MSG_DIED) from exc
-        except EngineUnavailable as exc:  # it died between the wait and the call
-            raise ResponderError(MSG_DIED) from exc
-        except RemoteError as exc:
-            if exc.kind == "user_safe":
-                raise ResponderError(str(exc)) from exc
-            log.warning("respond.engine_error engine=%s kind=%s error=%s", self.name, exc.kind, exc)
-            raise ResponderError(MSG_FAILED) from exc
-        finally:
-            await stream.aclose()
+        for attempt in range(2):  # a reply the child died under before its first words is asked again, once
+            if not await self.host.wait_ready(self.cfg.restart_wait_s):
+                async for delta in self._fall_back(text, history, opts):
+                    yield delta
+                return
+            said = False
+            stream = self.host.stream("respond", text, list(history), asks)
+            try:
+                async for item in stream:
+                    if isinstance(item, Usage):
+                        opts.usage = item
+                    elif item:
+                        said = True
+                        yield item
+                return
+            except (EngineDied, EngineUnavailable) as exc:  # unavailable: it died between the wait and the call
+                log.warning("respond.engine_died engine=%s reason=%s said=%s attempt=%d", self.name, exc, said,
+                            attempt + 1)
+                if said or attempt:
+                    raise ResponderError(MSG_DIED) from exc
+            except RemoteError as exc:
+                if exc.kind == "user_safe":
+                    raise ResponderError(str(exc)) from exc
+                log.warning("respond.engine_error engine=%s kind=%s error=%s", self.name, exc.kind, exc)
+                raise ResponderError(MSG_FAILED) from exc
+            finally:
+                await stream.aclose()
 
     async def _fall_back(self, text: str, history: Sequence[Message], opts: ReplyOptions) -> AsyncGenerator[str, None]:
         health = self.host.health

@@ -20,9 +20,10 @@ import pytest_asyncio
 from assistant.bench.audio_source import load_utterance
 from assistant.bench.v2v import BenchSession, TurnSettings
 from assistant.config import RespondConfig
+from assistant.engine_host.supervisor import EngineLoadError
 from assistant.respond.base import Message, ReplyOptions
 from assistant.respond.hosted import MSG_DIED, HostedResponder, placement
-from assistant.respond.llama import model_params
+from assistant.respond.llama import default_model_path, model_params
 from assistant.respond.llama.prompt import ChatPrompt, PromptBuilder
 from assistant.server.app import SESSIONS, create_app
 from assistant.server.local import serve_on_loopback
@@ -243,6 +244,24 @@ async def test_a_child_that_crashes_at_warmup_leaves_a_server_that_answers_with_
     fallback = events(client, "responder_fallback")
     assert fallback and "rules answers" in fallback[0]["reason"] and "SIGSEGV" in fallback[0]["reason"]
     assert result.reply_text.strip()
+
+
+@LOOP
+async def test_a_model_the_child_cannot_load_fails_the_start_naming_it_and_is_not_retried(tmp_path: Path) -> None:
+    """A truncated GGUF (a real model's first 64 KiB): the child says why and exits; that is a clean load error,
+    not a crash, so the start fails with the file's name at once instead of restarting in a loop."""
+    truncated = tmp_path / "truncated.gguf"
+    with default_model_path().open("rb") as f:
+        truncated.write_bytes(f.read(65536))
+    responder = HostedResponder(RespondConfig(engine="llama", backend="process", model_path=str(truncated),
+                                              threads=1, restart_backoff_s=0.0))
+    try:
+        with pytest.raises(EngineLoadError, match=f"could not load.*{truncated}"):
+            await responder.start()
+        assert responder.health.state == "failed" and str(truncated) in responder.health.reason
+        assert responder.host.deaths == [] and responder.host.pid is None  # not restarted, no child left
+    finally:
+        await responder.aclose()
 
 
 def test_a_null_read_is_a_real_segfault() -> None:

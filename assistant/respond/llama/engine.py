@@ -16,13 +16,14 @@
 from __future__ import annotations
 
 import codecs
+import contextlib
 import ctypes
 import logging
 import os
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -582,6 +583,27 @@ def model_params(llama_cpp: Any, *, gpu_layers: int, extra_buffers: bool) -> Any
     mparams.n_gpu_layers = gpu_layers if gpu_layers >= 0 else 999
     mparams.use_extra_bufts = bool(extra_buffers)
     return mparams
+
+
+@contextlib.contextmanager
+def plain_cpu_buffers() -> Iterator[None]:
+    """While this block runs, llama-cpp-python's high-level ``Llama`` class loads models without extra buffer types
+    (it takes no setting for them; the default parameters it starts from have them off here). See
+    :func:`model_params`. Not for concurrent use with other model loads."""
+    import llama_cpp.llama_cpp as lib
+
+    original = lib.llama_model_default_params
+
+    def plain() -> Any:
+        params = original()
+        params.use_extra_bufts = False
+        return params
+
+    lib.llama_model_default_params = plain
+    try:
+        yield
+    finally:
+        lib.llama_model_default_params = original
 
 
 def default_threads() -> int:

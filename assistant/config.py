@@ -161,7 +161,10 @@ class VADConfig:
 @dataclass
 class ASRConfig:
     engine: str = _f("faster-whisper", "ASR engine name")
-    backend: str = _f("local", "local (in this process) or ray (the Ray Serve ASR deployment; see [ray])")
+    backend: str = _f(
+        "local", "local (in this process), process (a supervised child process: a crash in the engine costs one "
+        "turn's transcript, not the calls; asr/hosted.py) or ray (the Ray Serve ASR deployment; see [ray])"
+    )
     model: str = _f(
         "auto",
         "model name or folder: auto (tiny.en when asr.language is en, else the multilingual base), tiny.en (shipped "

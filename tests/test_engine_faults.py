@@ -269,6 +269,47 @@ async def test_a_model_the_child_cannot_load_fails_the_start_naming_it_and_is_no
         await responder.aclose()
 
 
+@LOOP
+async def test_the_asr_engine_in_its_own_process_survives_a_segfault(shared_audio: Path) -> None:
+    """``asr.backend = "process"``: transcripts come from the child; killed (SIGSEGV) as a turn ends, the call stays
+    up, that turn is answered or fails at the asr stage (whichever the kill caught), and the next turn is heard by
+    the restarted engine."""
+    cfg = test_config(server={"idle_timeout_s": 60.0}, asr={"backend": "process"})
+    svc = Services(cfg)  # type: ignore[arg-type]
+    await svc.load()
+    host = svc.engines["asr"]
+    weather = load_utterance(shared_audio / "en_weather.wav")
+    timer = load_utterance(shared_audio / "en_timer.wav")
+    try:
+        async with serve(cfg, svc) as (url, app), aiohttp.ClientSession() as http:
+            client = await connect(url, http, 0)
+            try:
+                first = await client.run_turn(weather, 0, SETTINGS)
+                old_pid = host.pid
+                before = len(client.events)
+                turn = asyncio.create_task(client.run_turn(timer, 1, SETTINGS))
+                await until(lambda: any(e.body.get("type") == "speech_end" for e in client.events[before:]),
+                            "the second turn's speech to end", 60)
+                assert old_pid is not None
+                os.kill(old_pid, signal.SIGSEGV)
+                caught = await turn
+                await until(lambda: host.health.ready and host.pid not in (None, old_pid), "the ASR to restart", 90)
+                after = await client.run_turn(weather, 2, SETTINGS)
+                assert client.pc.connectionState == "connected" and len(app[SESSIONS]) == 1
+                async with http.get(f"{url}/readyz") as r:
+                    ready = await r.json()
+            finally:
+                await client.close()
+    finally:
+        await svc.close()
+    assert first.status == "ok" and "weather" in first.transcript.lower(), first.reason
+    assert caught.status == "ok" or "asr" in caught.reason, caught.reason
+    assert after.status == "ok" and "weather" in after.transcript.lower(), after.reason
+    assert host.deaths and "SIGSEGV" in host.deaths[0]
+    assert ready["engines"]["asr"]["state"] == "ready" and ready["engines"]["asr"]["restarts"] >= 1
+    assert host.health.state == "closed" and host.pid is None  # closed with the services
+
+
 def test_a_null_read_is_a_real_segfault() -> None:
     """The crash the plug-in above uses is a real SIGSEGV of its process (checked in a child of our own)."""
     import subprocess

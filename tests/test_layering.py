@@ -25,6 +25,7 @@ ALLOWED: dict[str, set[str]] = {
     "engine_host": BASE,  # runs any engine in a supervised child process: knows none of them
     **{engine: BASE for engine in ENGINES},
     "respond": BASE | {"engine_host"},
+    "asr": BASE | {"engine_host"},
     "pipeline": BASE | ENGINES,
     "serve_ray": BASE | ENGINES | {"pipeline"},
     "server": BASE | ENGINES | {"pipeline", "rtc", "serve_ray", "engine_host"},

@@ -4,7 +4,8 @@ The parent hands over one end of a socket pair as ``FD``. The first frame names 
 and its config; the child builds the hosted object, calls its ``start()`` (load and warm up) and answers
 ``ready`` with what it returns, or ``failed`` with why (a clean error: a bad model file, say). Then it serves:
 
-- ``call``: ``method(*args)`` of the hosted object (only those it lists in ``CALLS``), answered once;
+- ``call``: ``method(*args)`` of the hosted object (only those it lists in ``CALLS``), answered once; a blocking
+  method runs on a thread, so the child answers pings while it works;
 - ``stream``: an async generator method (``STREAMS``), sent item by item; the parent acknowledges each item it
   takes (``ack``), and at most ``WINDOW`` items are in flight, so the engine stays as far ahead of the listener
   as it would in process; ``cancel`` closes the generator (the engine drops the request within a step);
@@ -20,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import ctypes
+import inspect
 import logging
 import os
 import signal
@@ -54,9 +56,9 @@ class _Child:
         try:
             if method not in getattr(self.obj, "CALLS", ()):
                 raise AttributeError(f"{method!r} is not a call this engine serves")
-            value = getattr(self.obj, method)(*args)
-            if asyncio.iscoroutine(value):
-                value = await value
+            fn = getattr(self.obj, method)
+            # A blocking method runs on a thread: the loop keeps answering pings (and other calls) meanwhile.
+            value = await fn(*args) if inspect.iscoroutinefunction(fn) else await asyncio.to_thread(fn, *args)
             await self.send({"op": "result", "id": rid, "value": value})
         except asyncio.CancelledError:
             raise

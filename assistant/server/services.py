@@ -30,11 +30,12 @@ log = logging.getLogger(__name__)
 
 
 BACKENDS = ("local", "ray")
+PLACED = (*BACKENDS, "process")  # engines that may also run in a supervised child process (engine_host/)
 
 
-def _backend(value: str, section: str) -> str:
-    if value not in BACKENDS:
-        raise ValueError(f"{section}.backend must be one of {', '.join(BACKENDS)}, got {value!r}")
+def _backend(value: str, section: str, allowed: tuple[str, ...] = BACKENDS) -> str:
+    if value not in allowed:
+        raise ValueError(f"{section}.backend must be one of {', '.join(allowed)}, got {value!r}")
     return value
 
 
@@ -129,10 +130,17 @@ class Services:
 
             model = await timed("end_of_turn", asyncio.to_thread(SmartTurnModel))
             self.end_of_turn = SmartTurnBatcher(model)
-        if self.asr is None and _backend(cfg.asr.backend, "asr") == "ray":
+        if self.asr is None and _backend(cfg.asr.backend, "asr", PLACED) == "ray":
             connect_asr = _ray_client().connect_asr
 
             self.asr = await timed("asr", asyncio.to_thread(connect_asr, cfg, self.metrics.observe_ray_hop))
+        if self.asr is None and cfg.asr.backend == "process":
+            from assistant.asr.hosted import ChildASREngine
+
+            child = ChildASREngine(cfg.asr, on_change=self.metrics.observe_engine)
+            self.engines[child.host.name] = child.host
+            await timed("asr", child.start())  # loaded and warmed up in the child
+            self.asr = ASRRunner(child, cfg.asr)
         if self.asr is None:
             engine = await timed("asr", asyncio.to_thread(create_asr, cfg.asr))
             self.asr = ASRRunner(engine, cfg.asr)
@@ -203,6 +211,8 @@ class Services:
         close = getattr(self.asr, "close", None)  # the local runner's worker threads (a remote one has none)
         if close is not None:
             close()
+        for host in self.engines.values():  # any child not closed with its engine above
+            await host.close()
 
 
 SERVICES: web.AppKey[Services] = web.AppKey("services", Services)

@@ -3,9 +3,10 @@
 In one run, on one machine:
 
 1. **Voice to voice**, ``assistant serve`` with the model in this process (``--respond.backend local``) against the
-   model in its supervised child process (``process``, the default), at each ``--sessions`` level, the two
-   placements taking turns over ``--rounds`` rounds (local first in odd rounds, process first in even ones, so
-   neither always runs on a warmer or cooler machine). Every heard turn of a placement pools into its p50/p90.
+   model in its supervised child process (``process``, the default) and, with ``--arms local,process,process+asr``,
+   the ASR engine in a child of its own too, at each ``--sessions`` level, the placements taking turns over
+   ``--rounds`` rounds (in order in odd rounds, reversed in even ones, so none always runs on a warmer or cooler
+   machine). Every heard turn of a placement pools into its p50/p90.
 2. **Memory**: the server's resident set, and the child's, after each run (Linux ``/proc``).
 3. **The boundary by itself** (``--boundary``): a child hosting nothing but a probe (``engine_host/probe.py``)
    takes an ASR pass's audio (1, 5 and 15 s at 16 kHz, float32) and sends back a TTS reply's chunks (50 chunks of
@@ -37,14 +38,23 @@ from assistant.config import RespondConfig
 
 log = logging.getLogger(__name__)
 
-PLACEMENTS = ("local", "process")
+# An arm: its name and the flags that place the engines. "local" is everything in the server; "process" the default
+# (the model in its child process); "process+asr" the ASR engine in a child of its own too.
+ARMS = {
+    "local": ["--respond.backend", "local"],
+    "process": ["--respond.backend", "process"],
+    "process+asr": ["--respond.backend", "process", "--asr.backend", "process"],
+}
 QUESTION = "What is the capital of France?"
 
 
 def add_isolation_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--sessions", type=session_levels, default=[1, 4],
                         help="concurrency levels for voice to voice, e.g. 1,4 (default)")
-    parser.add_argument("--rounds", type=int, default=2, help="rounds of both placements per level (default 2)")
+    parser.add_argument("--rounds", type=int, default=2, help="rounds of every arm per level (default 2)")
+    parser.add_argument("--arms", default="local,process",
+                        help=f"placements to compare, the first the baseline: any of {', '.join(ARMS)} "
+                        "(default local,process)")
     parser.add_argument("--crashes", type=int, default=10, help="crashes for the crash-to-answer time (0: skip)")
     parser.add_argument("--boundary", type=int, default=200,
                         help="round trips per payload for the boundary's own cost (0: skip)")
@@ -86,23 +96,31 @@ class Placement:
     child_mb: list[float] = dataclasses.field(default_factory=list)
 
 
+def arms_of(args: argparse.Namespace) -> list[str]:
+    arms = [a.strip() for a in str(args.arms).split(",") if a.strip()]
+    unknown = [a for a in arms if a not in ARMS]
+    if unknown or len(arms) < 2:
+        raise ValueError(f"--arms: two or more of {', '.join(ARMS)}, got {args.arms!r}")
+    return arms
+
+
 def run_v2v(args: argparse.Namespace, folder: Path) -> dict[str, Placement]:
     from assistant.rtc.loopback_ice import allow_loopback_ice
 
     allow_loopback_ice()  # the servers are children on this machine (they offer 127.0.0.1 too)
-    results = {p: Placement() for p in PLACEMENTS}
+    arms = arms_of(args)
+    results = {arm: Placement() for arm in arms}
     for level in args.sessions:
         for r in range(args.rounds):
-            order = PLACEMENTS if r % 2 == 0 else PLACEMENTS[::-1]
-            for where in order:
-                name = f"serve-{where}-{level}-{r}"
-                child = start_assistant(name, "serve", ["--respond.backend", where, "--respond.threads",
-                                                        str(args.threads)], folder)
+            order = arms if r % 2 == 0 else arms[::-1]
+            for arm in order:
+                name = f"serve-{arm}-{level}-{r}"
+                child = start_assistant(name, "serve", [*ARMS[arm], "--respond.threads", str(args.threads)], folder)
                 try:
                     wait_ready([child])
                     result: BenchResult = asyncio.run(bench_v2v(child.url, None, None, level, folder / name,
                                                                 plot=False))
-                    mine = results[where]
+                    mine = results[arm]
                     for lv in result.levels:
                         heard = [float(v) for t in lv.turns if (v := t.columns.get("v2v_ms")) is not None]
                         mine.v2v.setdefault(level, []).extend(heard)
@@ -111,12 +129,10 @@ def run_v2v(args: argparse.Namespace, folder: Path) -> dict[str, Placement]:
                         counts[1] += len(lv.turns)
                     if (mb := rss_mb(child.pid)) is not None:
                         mine.server_mb.append(mb)
-                    for pid in children_of(child.pid):
-                        if (mb := rss_mb(pid)) is not None:
-                            mine.child_mb.append(mb)
+                    mine.child_mb.append(sum(mb for pid in children_of(child.pid) if (mb := rss_mb(pid)) is not None))
                 finally:
                     stop([child])
-                log.info("bench.isolation v2v placement=%s level=%d round=%d", where, level, r)
+                log.info("bench.isolation v2v arm=%s level=%d round=%d", arm, level, r)
     return results
 
 
@@ -218,26 +234,31 @@ def format_results(v2v: dict[str, Placement], crashes: list[tuple[float, float]]
         lines += [f"| {name} | {here:.0f} | {there:.0f} | {there - here:.0f} |" for name, here, there in wire]
         lines.append("")
     if v2v:
-        lines += ["== voice to voice (ms), the model in this process (local) vs in its child process (process)",
-                  "| sessions | local p50 | local p90 | process p50 | process p90 | process/local p50 | "
-                  "process/local p90 | heard (local, process) |",
-                  "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |"]
+        arms = list(v2v)
+        base = arms[0]
+        lines += [f"== voice to voice (ms: p50 / p90), each placement against {base}; heard: turns with a reply heard",
+                  "| sessions | " + " | ".join(arms) + " | " + " | ".join(f"{a}/{base} p50, p90" for a in arms[1:])
+                  + " | heard |",
+                  "| ---: | " + " | ".join("---:" for _ in arms) + " | " + " | ".join("---:" for _ in arms[1:])
+                  + " | --- |"]
         levels = sorted({lv for p in v2v.values() for lv in p.v2v})
         for level in levels:
-            loc, pro = v2v["local"].v2v.get(level, []), v2v["process"].v2v.get(level, [])
-            r50 = f"{percentile(pro, 50) / percentile(loc, 50):.3f}" if loc and pro else "—"
-            r90 = f"{percentile(pro, 90) / percentile(loc, 90):.3f}" if loc and pro else "—"
-            ok_l, ok_p = v2v["local"].ok.get(level, [0, 0]), v2v["process"].ok.get(level, [0, 0])
-            lines.append(f"| {level} | {_p(loc, 50)} | {_p(loc, 90)} | {_p(pro, 50)} | {_p(pro, 90)} | {r50} | {r90} | "
-                         f"{ok_l[0]}/{ok_l[1]}, {ok_p[0]}/{ok_p[1]} |")
-        lines += ["", "== memory after each run (MiB, resident: median of the runs)",
-                  "| placement | server | model's child | together |", "| --- | ---: | ---: | ---: |"]
-        for where in PLACEMENTS:
-            p = v2v[where]
-            server = percentile(p.server_mb, 50) if p.server_mb else None
-            child = percentile(p.child_mb, 50) if p.child_mb else None
-            both = (server or 0) + (child or 0)
-            lines.append(f"| {where} | {server or 0:.0f} | {child or 0:.0f} | {both:.0f} |")
+            values = {a: v2v[a].v2v.get(level, []) for a in arms}
+            cells = [f"{_p(values[a], 50)} / {_p(values[a], 90)}" for a in arms]
+            ratios = []
+            for a in arms[1:]:
+                b, v = values[base], values[a]
+                r50, r90 = (percentile(v, q) / percentile(b, q) for q in (50, 90)) if b and v else (0.0, 0.0)
+                ratios.append(f"{r50:.3f}, {r90:.3f}" if b and v else "—")
+            heard = ", ".join(f"{v2v[a].ok.get(level, [0, 0])[0]}/{v2v[a].ok.get(level, [0, 0])[1]}" for a in arms)
+            lines.append(f"| {level} | " + " | ".join(cells) + " | " + " | ".join(ratios) + f" | {heard} |")
+        lines += ["", "== memory after each run (MiB resident, median of the runs)",
+                  "| placement | server | its children | together |", "| --- | ---: | ---: | ---: |"]
+        for arm in arms:
+            p = v2v[arm]
+            server = percentile(p.server_mb, 50) if p.server_mb else 0.0
+            child = percentile(p.child_mb, 50) if p.child_mb else 0.0
+            lines.append(f"| {arm} | {server:.0f} | {child:.0f} | {server + child:.0f} |")
     if crashes:
         ready = [c[0] for c in crashes]
         answer = [c[1] for c in crashes]
@@ -258,7 +279,7 @@ def run_isolation_bench(args: argparse.Namespace) -> int:
         v2v = run_v2v(args, folder) if args.sessions and args.rounds > 0 else {}
         crashes = asyncio.run(crash_to_answer(args)) if args.crashes > 0 else []
         wire = asyncio.run(boundary(args)) if args.boundary > 0 else []
-    except (RuntimeError, TimeoutError, OSError) as exc:
+    except (RuntimeError, TimeoutError, OSError, ValueError) as exc:
         print(f"bench isolation: {exc}")
         return 2
     text = format_results(v2v, crashes, wire)

@@ -55,6 +55,8 @@ def add_isolation_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--arms", default="local,process",
                         help=f"placements to compare, the first the baseline: any of {', '.join(ARMS)} "
                         "(default local,process)")
+    parser.add_argument("--turns", type=int, default=0,
+                        help="turns per session in each run (default: one per shared clip)")
     parser.add_argument("--crashes", type=int, default=10, help="crashes for the crash-to-answer time (0: skip)")
     parser.add_argument("--boundary", type=int, default=200,
                         help="round trips per payload for the boundary's own cost (0: skip)")
@@ -118,8 +120,8 @@ def run_v2v(args: argparse.Namespace, folder: Path) -> dict[str, Placement]:
                 child = start_assistant(name, "serve", [*ARMS[arm], "--respond.threads", str(args.threads)], folder)
                 try:
                     wait_ready([child])
-                    result: BenchResult = asyncio.run(bench_v2v(child.url, None, None, level, folder / name,
-                                                                plot=False))
+                    result: BenchResult = asyncio.run(bench_v2v(child.url, None, args.turns or None, level,
+                                                                folder / name, plot=False))
                     mine = results[arm]
                     for lv in result.levels:
                         heard = [float(v) for t in lv.turns if (v := t.columns.get("v2v_ms")) is not None]

@@ -57,6 +57,9 @@ def add_isolation_arguments(parser: argparse.ArgumentParser) -> None:
                         "(default local,process)")
     parser.add_argument("--turns", type=int, default=0,
                         help="turns per session in each run (default: one per shared clip)")
+    parser.add_argument("--max-tokens", type=int, default=48,
+                        help="respond.max_tokens of the servers (default 48): v2v ends at the first sound, and "
+                        "long replies only make each turn wait for the last")
     parser.add_argument("--crashes", type=int, default=10, help="crashes for the crash-to-answer time (0: skip)")
     parser.add_argument("--boundary", type=int, default=200,
                         help="round trips per payload for the boundary's own cost (0: skip)")
@@ -117,7 +120,9 @@ def run_v2v(args: argparse.Namespace, folder: Path) -> dict[str, Placement]:
             order = arms if r % 2 == 0 else arms[::-1]
             for arm in order:
                 name = f"serve-{arm}-{level}-{r}"
-                child = start_assistant(name, "serve", [*ARMS[arm], "--respond.threads", str(args.threads)], folder)
+                flags = [*ARMS[arm], "--respond.threads", str(args.threads),
+                         "--respond.max_tokens", str(args.max_tokens)]
+                child = start_assistant(name, "serve", flags, folder)
                 try:
                     wait_ready([child])
                     result: BenchResult = asyncio.run(bench_v2v(child.url, None, args.turns or None, level,

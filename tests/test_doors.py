@@ -1,0 +1,148 @@
+"""The doors the Realtime API, phone calls and minted keys opened (issue 40), attacked over real sockets against the
+real app on 127.0.0.1: audio appended faster than anyone speaks, upgrades that fail after their slot was taken,
+control sockets piling up on one call.
+
+Every test waits on a condition, never a fixed time; what an attack costs in loop lag is the bench's to measure
+(``assistant bench attacks``, docs/reliability.md)."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import socket
+import struct
+from typing import Any
+
+import aiohttp
+import numpy as np
+import pytest
+
+from assistant.server.app import SESSIONS
+from assistant.server.realtime import websocket as realtime_websocket
+from assistant.server.services import Services
+from tests.conftest import serve, test_config
+from tests.waiting import until
+
+pytestmark = [pytest.mark.asyncio(loop_scope="module"), pytest.mark.timeout(300)]
+
+RATE = 24_000  # the Realtime API's PCM16 rate
+FLOOD_S = 180  # seconds of audio a flood sends: past the pace's burst and as much again refused
+
+
+def ws_url(url: str, query: str = "model=echo") -> str:
+    return url.replace("http", "ws", 1) + "/v1/realtime?" + query
+
+
+def upgrade_request(url: str, path: str) -> bytes:
+    host = url.split("://", 1)[1]
+    return (f"GET {path} HTTP/1.1\r\nHost: {host}\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+            "Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n"
+            "Sec-WebSocket-Protocol: realtime\r\n\r\n").encode()
+
+
+async def send_and_reset(url: str, path: str) -> None:
+    """An upgrade request, then a TCP reset at once (SO_LINGER 0): the server's 101 has nowhere to go."""
+    host, port = url.split("://", 1)[1].split(":")
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setblocking(False)
+    loop = asyncio.get_running_loop()
+    await loop.sock_connect(sock, (host, int(port)))
+    await loop.sock_sendall(sock, upgrade_request(url, path))
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    sock.close()
+
+
+def live(app: Any) -> list[Any]:
+    return [s for s in app[SESSIONS].values() if not s.closed]
+
+
+async def test_upgrades_reset_after_the_request_give_their_session_slot_back(services: Services) -> None:
+    unlimited = test_config(server={"offers_per_minute": 0, "max_sessions_per_client": 0})  # one client resets all
+    async with serve(unlimited, services) as (url, app):
+        for _ in range(40):
+            await send_and_reset(url, "/v1/realtime?model=echo")
+        await until(lambda: not app[SESSIONS], "every reset upgrade's session gone from the table")
+        # And the server still takes a real client.
+        async with aiohttp.ClientSession() as http, http.ws_connect(ws_url(url), protocols=("realtime",)) as ws:
+            first = json.loads((await ws.receive(timeout=30)).data)
+            assert first["type"] == "session.created"
+
+
+async def test_a_session_whose_protocol_fails_to_start_gives_its_slot_back(services: Services,
+                                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    def broken(*_: object, **__: object) -> None:
+        raise RuntimeError("make_protocol failed")
+
+    monkeypatch.setattr(realtime_websocket, "make_protocol", broken)
+    async with serve(test_config(), services) as (url, app), aiohttp.ClientSession() as http:
+        for _ in range(3):
+            with pytest.raises((aiohttp.ClientError, asyncio.TimeoutError)):
+                async with http.ws_connect(ws_url(url), protocols=("realtime",)) as ws:
+                    msg = await ws.receive(timeout=30)
+                    assert msg.type in (aiohttp.WSMsgType.CLOSE, aiohttp.WSMsgType.CLOSED)
+                    raise aiohttp.ClientError("closed as it opened")
+        await until(lambda: not app[SESSIONS], "the failed sessions gone from the table")
+
+
+async def test_audio_appended_faster_than_the_pace_is_refused_and_a_flood_closed(services: Services) -> None:
+    second = base64.b64encode(np.zeros(RATE, dtype="<i2").tobytes()).decode()  # 1 s of PCM16 silence
+    event = json.dumps({"type": "input_audio_buffer.append", "audio": second})
+    async with serve(test_config(), services) as (url, app), aiohttp.ClientSession() as http:
+        ws = await http.ws_connect(ws_url(url), protocols=("realtime",), max_msg_size=0)
+        assert json.loads((await ws.receive(timeout=30)).data)["type"] == "session.created"
+        errors: list[str] = []
+
+        async def read() -> None:
+            async for msg in ws:
+                if msg.type is aiohttp.WSMsgType.TEXT:
+                    data = json.loads(msg.data)
+                    if data["type"] == "error":
+                        errors.append(data["error"]["code"])
+
+        reader = asyncio.create_task(read())
+        try:
+            for _ in range(FLOOD_S):  # as fast as the socket takes it
+                if ws.closed:
+                    break
+                await ws.send_str(event)
+        except (ConnectionResetError, aiohttp.ClientError):
+            pass  # the server closed it under us: what the test waits for below
+        await asyncio.wait_for(reader, 60)
+        assert "input_audio_too_fast" in errors
+        assert ws.close_code == 1008, ws.close_code
+        await until(lambda: not live(app), "the flooding session closed")
+
+
+async def test_control_sockets_are_capped_per_call_and_leave_no_listener(services: Services) -> None:
+    from assistant.server.realtime.calls import PROTOCOLS
+    from assistant.server.realtime.websocket import CONTROLS, MAX_CONTROL_SOCKETS
+
+    async with (serve(test_config(), services) as (url, app), aiohttp.ClientSession() as http,
+                http.ws_connect(ws_url(url), protocols=("realtime",)) as call):
+        assert json.loads((await call.receive(timeout=30)).data)["type"] == "session.created"
+        (session,) = live(app)
+        # A WebSocket session stands in for a WebRTC call: registered as POST /v1/realtime/calls registers one.
+        PROTOCOLS[session.id] = next(p for p in _protocols() if p.session is session)
+        listeners = len(session.events._listeners)
+        opened = []
+        for _ in range(MAX_CONTROL_SOCKETS):
+            opened.append(await http.ws_connect(ws_url(url, f"call_id={session.id}")))
+        with pytest.raises(aiohttp.WSServerHandshakeError) as refused:
+            await http.ws_connect(ws_url(url, f"call_id={session.id}"))
+        assert refused.value.status == 429
+        await until(lambda: len(session.events._listeners) == listeners + len(opened), "each control listening")
+        for ws in opened:
+            await ws.close()
+        await until(lambda: len(session.events._listeners) == listeners, "every control's listener removed")
+        await until(lambda: session.id not in CONTROLS, "the call's control sockets forgotten")
+
+
+def _protocols() -> list[Any]:
+    """Every live Realtime protocol (the one of a WebSocket session is held by its handler alone)."""
+    import gc
+
+    from assistant.server.realtime.protocol import RealtimeProtocol
+
+    return [o for o in gc.get_objects() if isinstance(o, RealtimeProtocol)]
+

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
+import time
 import warnings
 import xml.etree.ElementTree as ET
 
@@ -30,6 +31,7 @@ from assistant.server.telephony.dialects import (
 from assistant.server.telephony.signatures import ReplayGuard, telnyx_key, telnyx_valid, twilio_signature, twilio_valid
 from assistant.server.telephony.sink import FRAME, PIECE, CallSink
 from assistant.server.telephony.tokens import CallTokens, TokenError
+from tests.waiting import until
 
 
 # --- G.711 -----------------------------------------------------------------------------------------------------
@@ -293,6 +295,29 @@ async def test_a_carrier_that_never_returns_marks_does_not_hang_the_reply(monkey
     assert await asyncio.wait_for(sink.write(np.full(1600, 3000, dtype=np.int16)), 5)
     assert await asyncio.wait_for(sink.flush(), 5)
     assert sink.marks_overdue == 2 and sink.audible_frames_sent == 1600 // FRAME
+
+
+async def test_after_the_first_overdue_mark_the_clock_paces_the_call(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A carrier that drops every mark, at the real grace: one gap of MARK_GRACE_S, then each piece goes out when
+    the one before it is due to have played (the caller hears the rest at real time, not ~8 % of it)."""
+    from types import SimpleNamespace
+
+    from assistant.server.telephony import sink as sink_module
+
+    now = [0.0]  # the sink's clock, moved by the test (the event loop keeps its own)
+    monkeypatch.setattr(sink_module, "time", SimpleNamespace(monotonic=lambda: now[0], time=time.time))
+    monkeypatch.setattr(sink_module, "POLL_S", 0.005)
+    carrier = Carrier()
+    sink = carrier.sink(lead_ms=100)  # one piece in flight at a time
+    writer = asyncio.create_task(sink.write(np.full(10 * PIECE, 3000, dtype=np.int16)))
+    await until(lambda: len(carrier.media_samples()) == 1, "the first piece sent")
+    now[0] = 0.1 + sink_module.MARK_GRACE_S + 0.01  # the first mark is overdue
+    await until(lambda: len(carrier.media_samples()) == 2, "the second piece after the grace")
+    assert sink.marks_overdue == 1
+    for sent in range(3, 11):
+        now[0] += PIECE / 8000 + 0.001  # the piece before is due to have played: no second grace
+        await until(lambda n=sent: len(carrier.media_samples()) == n, f"piece {sent} sent at its time", timeout_s=5)
+    assert await writer
 
 
 async def test_a_partial_frame_waits_for_the_next_write_and_flush_pads_it() -> None:

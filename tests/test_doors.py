@@ -17,6 +17,7 @@ from typing import Any
 import aiohttp
 import numpy as np
 import pytest
+from yarl import URL
 
 from assistant.server.app import SESSIONS
 from assistant.server.realtime import websocket as realtime_websocket
@@ -146,3 +147,78 @@ def _protocols() -> list[Any]:
 
     return [o for o in gc.get_objects() if isinstance(o, RealtimeProtocol)]
 
+
+# --- replayed webhooks --------------------------------------------------------------------------------------------
+TWILIO_AUTH = "test-auth-token-0123456789abcdef"
+
+
+async def test_a_captured_twilio_webhook_gets_no_token_after_a_restart_or_at_another_gateway(
+        services: Services, tmp_path: Any) -> None:
+    from assistant.bench.telephony_client import TWILIO, dial, signed_headers, webhook_form
+
+    cfg = test_config(server={"data_dir": str(tmp_path / "shared-data")},
+                      telephony={"twilio_auth_token": TWILIO_AUTH, "public_url": "https://voice.example.com"})
+    _, call_id = TWILIO.new_ids()
+    hook = "https://voice.example.com/telephony/twilio/voice"
+    headers = signed_headers(TWILIO, hook, webhook_form(TWILIO, call_id), b"", auth_token=TWILIO_AUTH)
+    async with aiohttp.ClientSession() as http:
+        async with serve(cfg, services) as (url, _app):
+            first = await dial(http, url, TWILIO, call_id=call_id, headers=headers)
+            assert first.status == 200 and first.parameters.get("token"), first
+        async with serve(cfg, services) as (url, _app), serve(cfg, services) as (other, _):  # restarted; a 2nd gateway
+            for base in (url, other):
+                again = await dial(http, base, TWILIO, call_id=call_id, headers=headers)
+                assert again.status == 403 and json.loads(again.body)["error"] == "replayed", again
+
+
+async def test_a_telnyx_signature_respelled_in_base64_is_still_a_replay(services: Services, tmp_path: Any) -> None:
+    from urllib.parse import urlencode
+
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+    from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
+
+    from assistant.bench.telephony_client import TELNYX, dial, signed_headers, webhook_form
+
+    key = Ed25519PrivateKey.generate()
+    public = base64.b64encode(key.public_key().public_bytes(Encoding.Raw, PublicFormat.Raw)).decode()
+    cfg = test_config(server={"data_dir": str(tmp_path / "data")}, telephony={"telnyx_public_key": public})
+    async with serve(cfg, services) as (url, _app), aiohttp.ClientSession() as http:
+        _, call_id = TELNYX.new_ids()
+        form = webhook_form(TELNYX, call_id)
+        headers = signed_headers(TELNYX, "", form, urlencode(form).encode(), telnyx_private_key=key)
+        captured = headers["telnyx-signature-ed25519"]
+        answers = []
+        for spelling in respellings(captured):
+            answers.append(await dial(http, url, TELNYX, call_id=call_id,
+                                      headers={**headers, "telnyx-signature-ed25519": spelling}))
+        assert len(answers) == 16 and len({a.parameters.get("token") for a in answers if a.status == 200}) == 1
+        assert all(json.loads(a.body)["error"] == "replayed" for a in answers[1:])
+
+
+def respellings(signature_b64: str) -> list[str]:
+    """Every base64 spelling of the same 64 bytes: the last character's 4 unused bits, set any way."""
+    alphabet = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/"
+    body, last, pad = signature_b64[:-3], signature_b64[-3], signature_b64[-2:]
+    base = alphabet.index(last) & ~0xF
+    spellings = [body + alphabet[base | low] + pad for low in range(16)]
+    assert all(base64.b64decode(s, validate=True) == base64.b64decode(signature_b64) for s in spellings)
+    return spellings
+
+
+async def test_a_twilio_webhook_url_with_an_escaped_query_is_checked_as_twilio_signed_it(services: Services,
+                                                                                         tmp_path: Any) -> None:
+    from urllib.parse import urlencode
+
+    from assistant.bench.telephony_client import TWILIO, read_answer, signed_headers, webhook_form
+
+    cfg = test_config(server={"data_dir": str(tmp_path / "data")},
+                      telephony={"twilio_auth_token": TWILIO_AUTH, "public_url": "https://voice.example.com"})
+    _, call_id = TWILIO.new_ids()
+    form = webhook_form(TWILIO, call_id)
+    path = "/telephony/twilio/voice?line=sales%2feu&who=%7Ea"  # Twilio signs the URL as it requests it
+    headers = signed_headers(TWILIO, "https://voice.example.com" + path, form, b"", auth_token=TWILIO_AUTH)
+    async with (serve(cfg, services) as (url, _app), aiohttp.ClientSession() as http,
+                http.post(URL(url + path, encoded=True), data=urlencode(form).encode(),  # sent as written
+                          headers={"Content-Type": "application/x-www-form-urlencoded", **headers}) as resp):
+        answer = read_answer(resp.status, await resp.text())
+    assert answer.status == 200 and answer.parameters.get("token"), answer

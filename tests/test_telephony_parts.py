@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 from assistant.g711 import alaw_decode, alaw_encode, ulaw_decode, ulaw_encode
+from assistant.server.telephony.answered import AnsweredCalls
 from assistant.server.telephony.caller import MAX_LATE_FRAMES, CallerAudio
 from assistant.server.telephony.dialects import (
     TELNYX,
@@ -28,7 +29,14 @@ from assistant.server.telephony.dialects import (
     Start,
     Stop,
 )
-from assistant.server.telephony.signatures import ReplayGuard, telnyx_key, telnyx_valid, twilio_signature, twilio_valid
+from assistant.server.telephony.signatures import (
+    ReplayGuard,
+    telnyx_key,
+    telnyx_message_key,
+    telnyx_valid,
+    twilio_signature,
+    twilio_valid,
+)
 from assistant.server.telephony.sink import FRAME, PIECE, CallSink
 from assistant.server.telephony.tokens import CallTokens, TokenError
 from tests.waiting import until
@@ -96,10 +104,37 @@ def test_replay_guard_refuses_a_signature_twice_within_its_window_and_stays_boun
     guard = ReplayGuard(300.0, clock=lambda: clock[0], limit=3)
     assert guard.first_time("a") and not guard.first_time("a")
     clock[0] = 301.0
-    assert guard.first_time("a")  # the window passed: forgotten
+    assert guard.first_time("a")  # the guard forgot it (the answered call ids still refuse it: AnsweredCalls)
     for name in "bcdef":
         guard.first_time(name)
     assert len(guard) == 3 and guard.evicted == 3
+
+
+def test_a_telnyx_message_is_remembered_until_its_timestamp_leaves_the_window() -> None:
+    clock = [1000.0]
+    guard = ReplayGuard(300.0, clock=lambda: clock[0])
+    key = telnyx_message_key("900", b"CallSid=v3%3Aabc")
+    assert key == telnyx_message_key("900", b"CallSid=v3%3Aabc") != telnyx_message_key("901", b"CallSid=v3%3Aabc")
+    assert guard.first_time(key, until=900 + 300) and not guard.first_time(key, until=900 + 300)
+    clock[0] = 1199.0  # first seen at 1000, stamped 900: remembered until 1200, not 1300
+    assert not guard.first_time(key, until=1200)
+    clock[0] = 1200.0
+    assert len(guard) == 1 and guard.first_time("other") and len(guard) == 1
+
+
+def test_answered_call_ids_are_refused_again_for_their_memory_across_restarts(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    clock = [0.0]
+    path = tmp_path / "answered.sqlite3"
+    first = AnsweredCalls(path, memory_s=100.0, clock=lambda: clock[0])
+    assert first.first_answer("twilio", "CA1") and not first.first_answer("twilio", "CA1")
+    assert first.first_answer("telnyx", "CA1")  # per carrier
+    first.close()
+    clock[0] = 99.0
+    again = AnsweredCalls(path, memory_s=100.0, clock=lambda: clock[0])  # a restart, or another gateway
+    assert not again.first_answer("twilio", "CA1")
+    clock[0] = 101.0
+    assert again.first_answer("twilio", "CA1")  # past a call's longest life
+    again.close()
 
 
 # --- media tokens -----------------------------------------------------------------------------------------------

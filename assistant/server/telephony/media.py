@@ -62,7 +62,8 @@ MESSAGE_SLACK = 4096  # the JSON around a media payload
 OUTBOX_LIMIT = 256  # messages to the carrier not yet written (the sink keeps ~10 in flight); past it, closed
 # Close codes (RFC 6455): a call that ended is 1000; a carrier that broke the protocol 1008, sent data we cannot
 # take 1003 (a format) or 1007 (not JSON); 1013 when there is no room; 1011 when we failed.
-NORMAL = {"stop", "websocket_closed", "media_timeout", "silence_timeout", "hangup", "server_shutdown"}
+NORMAL = {"stop", "websocket_closed", "media_timeout", "silence_timeout", "hangup", "server_shutdown",
+          "max_call_length"}
 CLOSE_CODES = {"unsupported_media_format": 1003, "malformed_json": 1007, "busy": 1013, "server_error": 1011}
 
 
@@ -79,9 +80,13 @@ class CallSession(ConversationSession):
     media_timeout_s = 0.0
     last_media = 0.0  # monotonic time of the latest media message
 
+    max_call_s = 0.0
+
     def _stale(self) -> str:
         if self.media_timeout_s and time.monotonic() - self.last_media > self.media_timeout_s:
             return "media_timeout"
+        if self.max_call_s and time.monotonic() - self.created > self.max_call_s:
+            return "max_call_length"  # past it, the call's id is no longer remembered as answered
         return super()._stale()
 
     async def _release(self) -> None:
@@ -265,25 +270,29 @@ async def run_call(request: web.Request, ws: web.WebSocketResponse, dialect: Dia
         await ws.close(code=close_code("busy"), message=b"busy")
         return
     holder.append(session)
-    sink.session_id = session.id
-    session.ws, session.carrier, session.call_id = ws, dialect.name, start.call_id
-    session.media_timeout_s, session.last_media = settings.media_timeout_s, time.monotonic()
-    session.events.subscribe(partial(log_turn, session))
-    stream = CallStream(session, sink, dialect, cfg)
-    session.spawn(outbox.run(), "call-out")
-    session.watch()
-    log.info("call_open session=%s carrier=%s call=%s active=%d", session.id, dialect.name, start.call_id[:64],
-             len(state[SESSIONS]))
-    reason = "websocket_closed"
-    try:
+    stream: CallStream | None = None
+    reason = "open_failed"
+    try:  # from admit on, every exit gives the slot back
+        sink.session_id = session.id
+        session.ws, session.carrier, session.call_id = ws, dialect.name, start.call_id
+        session.media_timeout_s, session.last_media = settings.media_timeout_s, time.monotonic()
+        session.max_call_s = settings.max_call_s
+        session.events.subscribe(partial(log_turn, session))
+        stream = CallStream(session, sink, dialect, cfg)
+        session.spawn(outbox.run(), "call-out")
+        session.watch()
+        log.info("call_open session=%s carrier=%s call=%s active=%d", session.id, dialect.name,
+                 start.call_id[:64], len(state[SESSIONS]))
+        reason = "websocket_closed"
         reason = await stream.run(ws)
     finally:
-        log.info("call_media session=%s media=%d late=%d missing=%d other_track=%d dtmf=%d clears=%d "
-                 "marks_ignored=%d marks_overdue=%d", session.id, stream.media, stream.audio.late,
-                 stream.audio.missing, stream.other_track, stream.dtmf_count, sink.clears, sink.marks_ignored,
-                 sink.marks_overdue)
+        if stream is not None:
+            log.info("call_media session=%s media=%d late=%d missing=%d other_track=%d dtmf=%d clears=%d "
+                     "marks_ignored=%d marks_overdue=%d", session.id, stream.media, stream.audio.late,
+                     stream.audio.missing, stream.other_track, stream.dtmf_count, sink.clears, sink.marks_ignored,
+                     sink.marks_overdue)
         sink.stop()
-        await session.close(reason)
+        await asyncio.shield(session.close(reason))
 
 
 def log_turn(session: CallSession, event: dict[str, object]) -> None:

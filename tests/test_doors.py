@@ -222,3 +222,87 @@ async def test_a_twilio_webhook_url_with_an_escaped_query_is_checked_as_twilio_s
                           headers={"Content-Type": "application/x-www-form-urlencoded", **headers}) as resp):
         answer = read_answer(resp.status, await resp.text())
     assert answer.status == 200 and answer.parameters.get("token"), answer
+
+
+# --- keys --------------------------------------------------------------------------------------------------------
+TOKEN = "admin-s3cret"
+
+
+def with_token(tmp_path: Any) -> Any:
+    return test_config(server={"data_dir": str(tmp_path / "data"), "auth_token": TOKEN, "offers_per_minute": 0})
+
+
+async def post_key(http: aiohttp.ClientSession, url: str, bearer: str, **body: Any) -> dict[str, Any]:
+    async with http.post(f"{url}/api/keys", json=body, headers={"Authorization": f"Bearer {bearer}"}) as r:
+        answer = await r.json()
+        assert r.status == 200, answer
+        return dict(answer)
+
+
+async def test_a_capped_minted_key_mints_only_keys_within_its_cap(services: Services, tmp_path: Any) -> None:
+    async with serve(with_token(tmp_path), services) as (url, app), aiohttp.ClientSession() as http:
+        parent = await post_key(http, url, TOKEN, scope=["admin"], max_sessions=1)
+        child = await post_key(http, url, parent["key"], scope=["call"])
+        assert child["max_sessions"] == 1  # not uncapped
+        wider = await post_key(http, url, parent["key"], scope=["call"], max_sessions=50)
+        assert wider["max_sessions"] == 1
+        # The children share the parent's one session: the second child is refused while the first holds it.
+        first = await http.ws_connect(ws_url(url), headers={"Authorization": f"Bearer {child['key']}"})
+        assert json.loads((await first.receive(timeout=30)).data)["type"] == "session.created"
+        with pytest.raises(aiohttp.WSServerHandshakeError) as refused:
+            await http.ws_connect(ws_url(url), headers={"Authorization": f"Bearer {wider['key']}"})
+        assert refused.value.status == 429
+        await first.close()
+        await until(lambda: not app[SESSIONS], "the first child's session closed")
+
+
+async def test_an_expired_key_is_still_held_to_its_scope_on_owner_routes(services: Services, tmp_path: Any) -> None:
+    from assistant.server import keys
+
+    expired = keys.mint(TOKEN, ["tts"], 60, now=keys.wall_clock() - 3600).value
+    async with (serve(with_token(tmp_path), services) as (url, _app), aiohttp.ClientSession() as http,
+                http.delete(f"{url}/api/sessions/s-none", headers={"Authorization": f"Bearer {expired}"}) as r):
+        assert r.status == 403 and (await r.json())["error"] == "forbidden_scope"
+
+
+# --- header bytes that are not UTF-8 -----------------------------------------------------------------------------
+async def raw_request(url: str, head: bytes) -> tuple[int, bytes]:
+    """One request written byte for byte (aiohttp's client would refuse these headers); the status and body."""
+    host, port = url.split("://", 1)[1].split(":")
+    reader, writer = await asyncio.open_connection(host, int(port))
+    writer.write(head)
+    await writer.drain()
+    try:
+        head_in = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 30)
+        length = next((int(line.split(b":", 1)[1]) for line in head_in.split(b"\r\n")
+                       if line.lower().startswith(b"content-length:")), 0)
+        body = await asyncio.wait_for(reader.readexactly(length), 30)
+    finally:
+        writer.close()
+    return int(head_in.split(b" ", 2)[1]), body
+
+
+async def test_header_bytes_that_are_not_utf8_are_refused_not_a_server_error(services: Services, tmp_path: Any,
+                                                                             caplog: pytest.LogCaptureFixture) -> None:
+    cfg = test_config(server={"data_dir": str(tmp_path / "data"), "auth_token": TOKEN},
+                      telephony={"twilio_auth_token": TWILIO_AUTH})
+    body = b"CallSid=CA1"
+    async with serve(cfg, services) as (url, _app):
+        host = url.split("://", 1)[1].encode()
+        cases = {
+            "bearer": b"GET /api/sessions HTTP/1.1\r\nHost: " + host + b"\r\nAuthorization: Bearer ek_\xff\xfe.x\r\n"
+                      b"Connection: close\r\n\r\n",
+            "admin-like": b"GET /api/sessions HTTP/1.1\r\nHost: " + host + b"\r\nAuthorization: Bearer \xc3\x28\r\n"
+                          b"Connection: close\r\n\r\n",
+            "subprotocol": b"GET /v1/realtime HTTP/1.1\r\nHost: " + host + b"\r\nUpgrade: websocket\r\n"
+                           b"Connection: Upgrade\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n"
+                           b"Sec-WebSocket-Version: 13\r\nSec-WebSocket-Protocol: realtime, "
+                           b"openai-insecure-api-key.\xff\xfe\r\n\r\n",
+            "twilio": b"POST /telephony/twilio/voice HTTP/1.1\r\nHost: " + host
+                      + b"\r\nX-Twilio-Signature: \xff\xfe=\r\nContent-Type: application/x-www-form-urlencoded\r\n"
+                      b"Content-Length: "
+                      + str(len(body)).encode() + b"\r\nConnection: close\r\n\r\n" + body,
+        }
+        statuses = {name: (await raw_request(url, head))[0] for name, head in cases.items()}
+    assert statuses == {"bearer": 401, "admin-like": 401, "subprotocol": 401, "twilio": 403}, statuses
+    assert not [r for r in caplog.records if r.exc_info], "a stack trace in the log"

@@ -56,7 +56,7 @@ def url_spellings(url: str) -> list[str]:
 
 def twilio_valid(auth_token: str, signature: str, url: str, params: list[tuple[str, str]]) -> bool:
     """Whether ``signature`` is Twilio's for this request (constant-time compare)."""
-    if not auth_token or not signature:
+    if not auth_token or not signature or not signature.isascii():  # base64 is ASCII; other bytes never match
         return False
     given = signature.encode()
     return any(hmac.compare_digest(twilio_signature(auth_token, u, params).encode(), given)

@@ -39,6 +39,7 @@ from assistant.server.telephony.signatures import (
 )
 from assistant.server.telephony.sink import FRAME, PIECE, CallSink
 from assistant.server.telephony.tokens import CallTokens, TokenError
+from tests import needs
 from tests.waiting import until
 
 
@@ -46,7 +47,7 @@ from tests.waiting import until
 def test_g711_matches_the_reference_codec_for_every_sample_and_code() -> None:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", DeprecationWarning)
-        audioop = pytest.importorskip("audioop")  # CPython's G.711 (gone in 3.13)
+        audioop = needs.module("audioop")  # CPython's G.711 (3.13 on: the audioop-lts package)
     x = np.arange(-32768, 32768, dtype=np.int16)
     assert ulaw_encode(x) == audioop.lin2ulaw(x.tobytes(), 2)
     assert alaw_encode(x) == audioop.lin2alaw(x.tobytes(), 2)

@@ -122,8 +122,8 @@ class ReplayGuard:
             if expiry > now:
                 break
             del self._seen[oldest]
-        expiry = self._seen.get(key)
-        if expiry is not None and expiry > now:
+        known = self._seen.get(key)
+        if known is not None and known > now:
             return False
         self._seen[key] = now + self.window_s if until is None else until
         self._seen.move_to_end(key)

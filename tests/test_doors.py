@@ -306,3 +306,23 @@ async def test_header_bytes_that_are_not_utf8_are_refused_not_a_server_error(ser
         statuses = {name: (await raw_request(url, head))[0] for name, head in cases.items()}
     assert statuses == {"bearer": 401, "admin-like": 401, "subprotocol": 401, "twilio": 403}, statuses
     assert not [r for r in caplog.records if r.exc_info], "a stack trace in the log"
+
+
+# --- media sockets before their start -----------------------------------------------------------------------------
+async def test_one_host_cannot_take_every_media_socket_place_and_a_page_cannot_open_one(services: Services,
+                                                                                      tmp_path: Any) -> None:
+    from assistant.server.telephony.media import PENDING_SHARE
+
+    cfg = test_config(server={"data_dir": str(tmp_path / "data")}, telephony={"twilio_auth_token": TWILIO_AUTH})
+    async with serve(cfg, services) as (url, _app), aiohttp.ClientSession() as http:
+        media = url.replace("http", "ws", 1) + "/telephony/twilio/media"
+        share = cfg.telephony.max_pending_calls // PENDING_SHARE
+        waiting = [await http.ws_connect(media) for _ in range(share)]  # sockets that never send their start
+        with pytest.raises(aiohttp.WSServerHandshakeError) as refused:
+            await http.ws_connect(media)
+        assert refused.value.status == 429
+        with pytest.raises(aiohttp.WSServerHandshakeError) as page:
+            await http.ws_connect(media, headers={"Origin": "https://evil.example"})
+        assert page.value.status == 403
+        for ws in waiting:
+            await ws.close()

@@ -59,6 +59,9 @@ from assistant.server.voice.signaling import SESSIONS, admit, check_ready
 log = logging.getLogger(__name__)
 
 MESSAGE_SLACK = 4096  # the JSON around a media payload
+# One client may hold this share of telephony.max_pending_calls before their start: a carrier opens streams from
+# several addresses (Twilio's media edge has many), and one host can no longer take every place.
+PENDING_SHARE = 4
 OUTBOX_LIMIT = 256  # messages to the carrier not yet written (the sink keeps ~10 in flight); past it, closed
 # Close codes (RFC 6455): a call that ended is 1000; a carrier that broke the protocol 1008, sent data we cannot
 # take 1003 (a format) or 1007 (not JSON); 1013 when there is no room; 1011 when we failed.
@@ -217,11 +220,14 @@ async def media_socket(request: web.Request, dialect: Dialect) -> web.StreamResp
     ws = web.WebSocketResponse(max_msg_size=settings.max_media_bytes * 4 // 3 + MESSAGE_SLACK)
     if not ws.can_prepare(request).ok:
         raise HTTPJSONError(400, "websocket_expected", f"{request.path} is a WebSocket: send an Upgrade request")
+    if "Origin" in request.headers:  # a carrier sends none: this is a browser page, on whatever site
+        raise HTTPJSONError(403, "origin_refused", "a call's media stream is opened by the carrier, not a web page")
     check_ready(state)
     limits = state[LIMITS]
     client = limits.client(request)
     refusal = ""
-    with limits.holding("telephony_start", client, settings.max_pending_calls, settings.max_pending_calls,
+    per_client = max(1, settings.max_pending_calls // PENDING_SHARE)
+    with limits.holding("telephony_start", client, per_client, settings.max_pending_calls,
                         "call media streams before their start"):
         await ws.prepare(request)
         try:
@@ -312,6 +318,7 @@ def media_doc(carrier: str) -> Callable[[Handler], Handler]:
                     "closes the socket with the reason.",
         responses={"101": {"description": "switching protocols: the call's media stream"},
                    "400": error("not a WebSocket upgrade"), "404": error("this carrier's calls are off"),
+                   "403": error("opened from a web page (an Origin header)"),
                    "429": error("too many streams waiting for their start from this client"),
                    "503": error("not ready, or too many streams waiting for their start")},
     )

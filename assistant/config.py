@@ -536,6 +536,11 @@ class TelephonyConfig:
         300.0, "a webhook whose signature was already seen this recently is refused (a replay); Telnyx webhooks "
         "stamped further from now than this are refused too"
     )
+    max_call_s: float = _f(
+        14_400.0, "the longest a phone call lasts (Twilio's own limit: 4 h); a longer one is closed, and each answered "
+        "call id is remembered this long (server.data_dir/telephony/answered_calls.sqlite3), so a replayed webhook "
+        "gets no media token"
+    )
     start_timeout_s: float = _f(
         10.0, "a media socket that has not sent a valid start this long after it opened is closed"
     )

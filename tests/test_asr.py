@@ -233,3 +233,27 @@ def test_fitted_window_hears_what_the_full_window_hears(name: str) -> None:
     x, _ = read_audio(AUDIO / name)
     assert fit.transcribe(x).text == full.transcribe(x).text
     assert fit.transcribe(np.zeros(16_000, np.float32)).text == ""
+
+
+async def test_the_fairness_memory_stays_bounded_however_many_sessions_came() -> None:
+    """One entry per session served, the least recently served forgotten first: not one more per session for ever."""
+    from assistant.asr.runner import MAX_SERVED
+
+    class Quick:
+        name = "quick"
+
+        def transcribe(self, audio: np.ndarray, *, language: str | None = None,
+                       prompt: str | None = None) -> Transcript:
+            return Transcript(text="ok")
+
+        def warmup(self) -> None:
+            pass
+
+    runner = ASRRunner(Quick(), ASRConfig(workers=1))
+    try:
+        for i in range(MAX_SERVED + 50):
+            await runner.transcribe(np.zeros(160, np.float32), session=f"s{i}")
+        assert len(runner._served) == MAX_SERVED and "s0" not in runner._served
+        assert f"s{MAX_SERVED + 49}" in runner._served
+    finally:
+        runner.close()

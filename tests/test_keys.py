@@ -22,6 +22,7 @@ from assistant.server import keys
 from assistant.server.app import SESSIONS
 from assistant.server.services import Services
 from assistant.server.voice.sdpfrag import build_sdpfrag, ice_credentials
+from tests import needs
 from tests.conftest import serve, test_config
 from tests.waiting import until
 
@@ -326,7 +327,7 @@ async def test_readiness_says_ready_and_nothing_more_to_the_public(services: Ser
 @aio
 async def test_client_secrets_in_the_reference_shape_open_realtime_sessions(services: Services, tmp_path,
                                                                            http) -> None:
-    openai = pytest.importorskip("openai")
+    openai = needs.module("openai")
     async with serve(cfg(tmp_path), services) as (url, app):
         server_side = openai.AsyncOpenAI(base_url=f"{url}/v1", api_key=TOKEN)
         secret = await server_side.realtime.client_secrets.create(

@@ -163,7 +163,7 @@ async def test_the_page_holds_a_conversation_on_a_minted_key(mic_wav: Path) -> N
     talks on it (offer, trickle, the turn, hang-up), and the token itself never reaches the browser."""
     import aiohttp
 
-    playwright = pytest.importorskip("playwright.async_api")
+    playwright = needs.module("playwright.async_api")
     admin = "long-lived-admin-token"
     async with serve(test_config(server={"auth_token": admin})) as (url, _app), playwright.async_playwright() as pw:
         async with aiohttp.ClientSession() as http, http.post(  # the app's server side

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
+import time
 import warnings
 import xml.etree.ElementTree as ET
 
@@ -14,6 +15,7 @@ import numpy as np
 import pytest
 
 from assistant.g711 import alaw_decode, alaw_encode, ulaw_decode, ulaw_encode
+from assistant.server.telephony.answered import AnsweredCalls
 from assistant.server.telephony.caller import MAX_LATE_FRAMES, CallerAudio
 from assistant.server.telephony.dialects import (
     TELNYX,
@@ -27,16 +29,25 @@ from assistant.server.telephony.dialects import (
     Start,
     Stop,
 )
-from assistant.server.telephony.signatures import ReplayGuard, telnyx_key, telnyx_valid, twilio_signature, twilio_valid
+from assistant.server.telephony.signatures import (
+    ReplayGuard,
+    telnyx_key,
+    telnyx_message_key,
+    telnyx_valid,
+    twilio_signature,
+    twilio_valid,
+)
 from assistant.server.telephony.sink import FRAME, PIECE, CallSink
 from assistant.server.telephony.tokens import CallTokens, TokenError
+from tests import needs
+from tests.waiting import until
 
 
 # --- G.711 -----------------------------------------------------------------------------------------------------
 def test_g711_matches_the_reference_codec_for_every_sample_and_code() -> None:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", DeprecationWarning)
-        audioop = pytest.importorskip("audioop")  # CPython's G.711 (gone in 3.13)
+        audioop = needs.module("audioop")  # CPython's G.711 (3.13 on: the audioop-lts package)
     x = np.arange(-32768, 32768, dtype=np.int16)
     assert ulaw_encode(x) == audioop.lin2ulaw(x.tobytes(), 2)
     assert alaw_encode(x) == audioop.lin2alaw(x.tobytes(), 2)
@@ -94,10 +105,37 @@ def test_replay_guard_refuses_a_signature_twice_within_its_window_and_stays_boun
     guard = ReplayGuard(300.0, clock=lambda: clock[0], limit=3)
     assert guard.first_time("a") and not guard.first_time("a")
     clock[0] = 301.0
-    assert guard.first_time("a")  # the window passed: forgotten
+    assert guard.first_time("a")  # the guard forgot it (the answered call ids still refuse it: AnsweredCalls)
     for name in "bcdef":
         guard.first_time(name)
     assert len(guard) == 3 and guard.evicted == 3
+
+
+def test_a_telnyx_message_is_remembered_until_its_timestamp_leaves_the_window() -> None:
+    clock = [1000.0]
+    guard = ReplayGuard(300.0, clock=lambda: clock[0])
+    key = telnyx_message_key("900", b"CallSid=v3%3Aabc")
+    assert key == telnyx_message_key("900", b"CallSid=v3%3Aabc") != telnyx_message_key("901", b"CallSid=v3%3Aabc")
+    assert guard.first_time(key, until=900 + 300) and not guard.first_time(key, until=900 + 300)
+    clock[0] = 1199.0  # first seen at 1000, stamped 900: remembered until 1200, not 1300
+    assert not guard.first_time(key, until=1200)
+    clock[0] = 1200.0
+    assert len(guard) == 1 and guard.first_time("other") and len(guard) == 1
+
+
+def test_answered_call_ids_are_refused_again_for_their_memory_across_restarts(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    clock = [0.0]
+    path = tmp_path / "answered.sqlite3"
+    first = AnsweredCalls(path, memory_s=100.0, clock=lambda: clock[0])
+    assert first.first_answer("twilio", "CA1") and not first.first_answer("twilio", "CA1")
+    assert first.first_answer("telnyx", "CA1")  # per carrier
+    first.close()
+    clock[0] = 99.0
+    again = AnsweredCalls(path, memory_s=100.0, clock=lambda: clock[0])  # a restart, or another gateway
+    assert not again.first_answer("twilio", "CA1")
+    clock[0] = 101.0
+    assert again.first_answer("twilio", "CA1")  # past a call's longest life
+    again.close()
 
 
 # --- media tokens -----------------------------------------------------------------------------------------------
@@ -293,6 +331,29 @@ async def test_a_carrier_that_never_returns_marks_does_not_hang_the_reply(monkey
     assert await asyncio.wait_for(sink.write(np.full(1600, 3000, dtype=np.int16)), 5)
     assert await asyncio.wait_for(sink.flush(), 5)
     assert sink.marks_overdue == 2 and sink.audible_frames_sent == 1600 // FRAME
+
+
+async def test_after_the_first_overdue_mark_the_clock_paces_the_call(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A carrier that drops every mark, at the real grace: one gap of MARK_GRACE_S, then each piece goes out when
+    the one before it is due to have played (the caller hears the rest at real time, not ~8 % of it)."""
+    from types import SimpleNamespace
+
+    from assistant.server.telephony import sink as sink_module
+
+    now = [0.0]  # the sink's clock, moved by the test (the event loop keeps its own)
+    monkeypatch.setattr(sink_module, "time", SimpleNamespace(monotonic=lambda: now[0], time=time.time))
+    monkeypatch.setattr(sink_module, "POLL_S", 0.005)
+    carrier = Carrier()
+    sink = carrier.sink(lead_ms=100)  # one piece in flight at a time
+    writer = asyncio.create_task(sink.write(np.full(10 * PIECE, 3000, dtype=np.int16)))
+    await until(lambda: len(carrier.media_samples()) == 1, "the first piece sent")
+    now[0] = 0.1 + sink_module.MARK_GRACE_S + 0.01  # the first mark is overdue
+    await until(lambda: len(carrier.media_samples()) == 2, "the second piece after the grace")
+    assert sink.marks_overdue == 1
+    for sent in range(3, 11):
+        now[0] += PIECE / 8000 + 0.001  # the piece before is due to have played: no second grace
+        await until(lambda n=sent: len(carrier.media_samples()) == n, f"piece {sent} sent at its time", timeout_s=5)
+    assert await writer
 
 
 async def test_a_partial_frame_waits_for_the_next_write_and_flush_pads_it() -> None:

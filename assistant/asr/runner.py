@@ -25,7 +25,7 @@ import functools
 import itertools
 import logging
 import time
-from collections import Counter
+from collections import Counter, OrderedDict
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
@@ -44,6 +44,7 @@ MAX_ABANDONED_POOLS = 4
 # Passes waiting for a worker, all sessions together; past it a pass is refused at once (an overloaded
 # process answers "busy" rather than queueing work nobody will wait for).
 MAX_WAITING = 256
+MAX_SERVED = 1024  # sessions whose latest pass is remembered for fairness (more than are ever open at once)
 
 
 class ASRBusy(RuntimeError):
@@ -76,7 +77,9 @@ class ASRRunner:
         self._waiting: list[_Pass] = []
         self._seq = itertools.count()
         self._tick = itertools.count(1)
-        self._served: dict[str, int] = {}  # session → tick of its latest dispatched pass
+        # session → tick of its latest dispatched pass, least recently served first; past MAX_SERVED the oldest go
+        # (a session forgotten counts as never served: first in line, as it was anyway, being served longest ago)
+        self._served: OrderedDict[str, int] = OrderedDict()
         self._abandoned = 0  # pools left behind a stuck transcription
         self.passes: Counter[str] = Counter()  # run per kind, and "dropped" (never run)
         from assistant.asr import hearing
@@ -172,6 +175,9 @@ class ASRRunner:
             job = min(self._waiting, key=lambda j: (j.kind, self._served.get(j.session, 0), j.seq))
             self._waiting.remove(job)
             self._served[job.session] = next(self._tick)
+            self._served.move_to_end(job.session)
+            while len(self._served) > MAX_SERVED:
+                self._served.popitem(last=False)
             self._running += 1
             self.passes[job.kind.name.lower()] += 1
             job.pool = self._pool

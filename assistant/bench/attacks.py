@@ -7,7 +7,9 @@
 - a WebRTC peer whose RTP is hostile (:class:`HostilePeer`: sequence or timestamp jumps, floods, garbage);
 - floods of offers and of TTS WebSockets; a page on a foreign ``Origin``;
 - JSON nested thousands deep, or with more members than anyone needs, at every place JSON is read
-  (:func:`json_bombs`).
+  (:func:`json_bombs`);
+- Realtime audio appended as fast as the socket drains (:func:`realtime_audio_flood`), and upgrades reset right
+  after the request (:func:`upgrade_resets`).
 
 And what the server pays for them, measured from outside: its RSS and peak RSS (``/proc``), and its event loop's
 lag, seen as the latency of ``GET /healthz`` sampled while an attack runs (:class:`LagProbe`).
@@ -16,6 +18,7 @@ lag, seen as the latency of ``GET /healthz`` sampled while an attack runs (:clas
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import functools
 import io
@@ -741,6 +744,74 @@ async def json_bombs(t: Target, http: aiohttp.ClientSession) -> Outcome:
     return Outcome("JSON nested 30,000 deep, or with 11,000 members", _counts(list(got.values())), {"answers": got})
 
 
+async def realtime_audio_flood(t: Target, http: aiohttp.ClientSession, seconds: int = 600) -> Outcome:
+    """``input_audio_buffer.append`` as fast as the socket drains: ``seconds`` of PCM16 in 1 s events (issue 40:
+    Silero over it inline held every other call's audio behind it)."""
+    event = json.dumps({"type": "input_audio_buffer.append",
+                        "audio": base64.b64encode(bytes(2 * 24_000)).decode()})
+    errors: dict[str, int] = {}
+    sent = 0
+    t0 = time.perf_counter()
+    async with http.ws_connect(t.url + "/v1/realtime?model=echo", protocols=("realtime",), headers=t.attacker,
+                               max_msg_size=0) as ws:
+        await ws.receive(timeout=15)  # session.created
+
+        async def read() -> None:
+            async for msg in ws:
+                if msg.type is aiohttp.WSMsgType.TEXT:
+                    data = json.loads(msg.data)
+                    if data.get("type") == "error":
+                        code = str(data["error"].get("code"))
+                        errors[code] = errors.get(code, 0) + 1
+
+        reader = asyncio.create_task(read())
+        with contextlib.suppress(ConnectionResetError, aiohttp.ClientError):
+            for _ in range(seconds):
+                if ws.closed:
+                    break
+                await ws.send_str(event)
+                sent += 1
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(asyncio.shield(reader), 5.0)
+        reader.cancel()
+        close = f"closed {ws.close_code}" if ws.closed else "open"
+    took = time.perf_counter() - t0
+    refused = _counts([k for k, n in errors.items() for _ in range(n)]) or "no errors"
+    got = f"{sent} s of audio in {took:.1f} s; {refused}; {close}"
+    return Outcome(f"Realtime audio appended as fast as the socket drains ({seconds} s)", got,
+                   {"sent_s": sent, "errors": errors, "close": close})
+
+
+async def upgrade_resets(t: Target, http: aiohttp.ClientSession, count: int = 1000) -> Outcome:
+    """``count`` ``/v1/realtime`` upgrade requests, each reset (RST) right after it is sent; then the session table
+    (issue 40: a failed upgrade left its session in the table for ever, and the server answered 503 to everyone)."""
+    parts = urlsplit(t.url)
+    extra = "".join(f"{k}: {v}\r\n" for k, v in t.attacker.items())
+    head = (f"GET /v1/realtime?model=echo HTTP/1.1\r\nHost: {parts.netloc}\r\nUpgrade: websocket\r\n"
+            "Connection: Upgrade\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n"
+            f"Sec-WebSocket-Protocol: realtime\r\n{extra}\r\n").encode()
+    loop = asyncio.get_running_loop()
+    for _ in range(count):
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        sock.setblocking(False)
+        try:
+            await loop.sock_connect(sock, (parts.hostname, parts.port))
+            await loop.sock_sendall(sock, head)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        finally:
+            sock.close()
+    left = -1
+    for _ in range(100):  # the server's closes run after the resets: look until the table empties (10 s at most)
+        async with http.get(t.url + "/api/sessions") as r:
+            listed = await r.json(content_type=None)
+        left = len(listed.get("sessions", [])) if isinstance(listed, dict) else -1
+        if 0 <= left <= 1:  # the bystander's own session
+            break
+        await asyncio.sleep(0.1)
+    return Outcome(f"{count} Realtime upgrades reset after the request",
+                   f"sessions listed after: {left} (the bystander's included)", {"left": left})
+
+
 # What a scenario makes before it runs (outside the measured window: making a bomb is the client's work, and would
 # stall this process's lag probe and bystander).
 PREPARE: dict[str, Callable[[], Any]] = {
@@ -763,6 +834,8 @@ SCENARIOS: dict[str, Callable[[Target, aiohttp.ClientSession], Awaitable[Outcome
     "origin": foreign_origin,
     "ws_flood": ws_flood,
     "json": json_bombs,
+    "realtime_flood": realtime_audio_flood,
+    "upgrade_resets": upgrade_resets,
     "offer_flood": offer_flood,  # last: it spends the attacker's offer budget
 }
 

@@ -228,8 +228,9 @@ class PhoneCall:
 
     def __init__(self, http: aiohttp.ClientSession, stream_url: str, carrier: Carrier, call_id: str,
                  parameters: dict[str, str], *, connect_url: str = "", media_format: dict[str, object] | None = None,
-                 threshold_dbfs: float = AUDIBLE_DBFS) -> None:
+                 threshold_dbfs: float = AUDIBLE_DBFS, drop_marks: bool = False) -> None:
         self.http = http
+        self.drop_marks = drop_marks  # a carrier (or proxy) that never echoes a mark: the server paces by its clock
         self.url = connect_url or stream_url
         self.carrier = carrier
         self.stream_id, _ = carrier.new_ids()
@@ -381,6 +382,8 @@ class PhoneCall:
             self.changed.set()
 
     def _echo_mark(self, name: str) -> None:
+        if self.drop_marks:
+            return
         task = asyncio.get_running_loop().create_task(self.send(self.carrier.mark(self._next_seq(), self.stream_id,
                                                                                   name)))
         task.add_done_callback(lambda t: t.exception() if not t.cancelled() else None)

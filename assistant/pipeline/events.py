@@ -83,12 +83,19 @@ class EventChannel:
         if channel.readyState == "open":
             self._drain()
 
-    def subscribe(self, fn: Callable[[Event], None]) -> None:
+    def subscribe(self, fn: Callable[[Event], None]) -> Callable[[], None]:
+        """Call ``fn`` with every later event; returns what unsubscribes it."""
         self._listeners.append(fn)
+
+        def unsubscribe() -> None:
+            if fn in self._listeners:
+                self._listeners.remove(fn)
+
+        return unsubscribe
 
     def emit(self, kind: str, **fields: object) -> Event:
         event = make_event(kind, **fields)
-        for fn in self._listeners:
+        for fn in list(self._listeners):
             try:
                 fn(event)
             except Exception:  # a listener must never break the conversation

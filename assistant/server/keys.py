@@ -9,7 +9,8 @@ A key is stateless: everything it grants is in it, signed. ::
 
     ek_<base64url(zlib(claims JSON))>.<base64url(HMAC-SHA256(signing key, "ek_<claims>"))>
     claims: {"v": 1, "kid": key id, "scope": ["call"], "iat": minted at, "exp": expires at (Unix s),
-             "max": sessions at once (optional), "rt": a Realtime session configuration (optional)}
+             "max": sessions at once (optional), "rt": a Realtime session configuration (optional),
+             "grp": the capped key whose cap "max" counts against (optional: minted under a capped key)}
     signing key = HMAC-SHA256(server.auth_token, "assistant key v1")
 
 Why signed rather than stored: a key minted on one gateway works on every gateway and on the dispatcher that
@@ -22,7 +23,9 @@ Scopes: ``call`` (open calls: the page's offer, WHIP, Realtime calls and WebSock
 ``tts`` (the TTS API and the voice list), ``admin`` (everything: minting, every session, changing voices,
 readiness details, metrics). A key's expiry bounds what it can start (open a session, list, synthesise, mint),
 not the calls it started: as the reference's client secrets, a session lives on after its key expired, and the
-key may still trickle candidates into it and hang it up.
+key may still trickle candidates into it and hang it up (its scope still checked). A key minted by a minted key
+stays within its parent: no longer-lived, and under a capped parent no more sessions than the parent's cap, counted
+together with the parent's (the ``grp`` claim).
 
 Without a server token nothing is checked (every caller is the admin: only a loopback address may run so,
 ``server.allow_public_without_token`` aside); a key presented there is still read, for its Realtime session.
@@ -80,6 +83,12 @@ class Principal:
     expired: bool = False
     max_sessions: int | None = None  # sessions this key may hold open at once (None: no cap of its own)
     session: dict[str, object] | None = field(default=None, compare=False)  # a client secret's Realtime session
+    cap_group: str = ""  # the capped key whose cap this one's sessions count against ("": its own)
+
+    @property
+    def group(self) -> str:
+        """Whose sessions this key's cap counts: a capped key's, and every key minted under it."""
+        return self.cap_group or self.id
 
     @property
     def admin(self) -> bool:
@@ -135,8 +144,9 @@ class Minted:
 
 
 def mint(token: str, scopes: list[str] | tuple[str, ...], ttl_s: int, *, max_sessions: int | None = None,
-         session: dict[str, object] | None = None, now: float | None = None) -> Minted:
-    """A new key for ``scopes`` that expires ``ttl_s`` from ``now`` (ValueError: unknown scope, or too large)."""
+         session: dict[str, object] | None = None, now: float | None = None, cap_group: str = "") -> Minted:
+    """A new key for ``scopes`` that expires ``ttl_s`` from ``now`` (ValueError: unknown scope, or too large);
+    ``cap_group``: the capped key whose cap its sessions count against (:func:`within_parent`)."""
     bad = [s for s in scopes if s not in SCOPES]
     if bad or not scopes:
         raise ValueError(f"scope must be one or more of {', '.join(SCOPES)}; got {list(scopes)!r}")
@@ -147,6 +157,8 @@ def mint(token: str, scopes: list[str] | tuple[str, ...], ttl_s: int, *, max_ses
         claims["max"] = int(max_sessions)
     if session is not None:
         claims["rt"] = session
+    if cap_group:
+        claims["grp"] = cap_group
     packed = zlib.compress(json.dumps(claims, separators=(",", ":"), ensure_ascii=False).encode(), 9)
     signed = PREFIX + _b64(packed)
     value = f"{signed}.{_b64(_mac(token, signed))}"
@@ -184,11 +196,14 @@ def _principal(claims: object, now: int) -> Principal:
     if not isinstance(claims, dict) or claims.get("v") != 1:
         raise ValueError("unknown key version")
     scopes, exp, cap, session = claims["scope"], claims["exp"], claims.get("max"), claims.get("rt")
+    group = claims.get("grp", "")
     if not isinstance(scopes, list) or not all(s in SCOPES for s in scopes) or not isinstance(exp, int):
         raise ValueError("bad claims")
     if (cap is not None and not isinstance(cap, int)) or (session is not None and not isinstance(session, dict)):
         raise ValueError("bad claims")
-    return Principal(str(claims["kid"]), frozenset(scopes), exp, now >= exp, cap, session)
+    if not isinstance(group, str):
+        raise ValueError("bad claims")
+    return Principal(str(claims["kid"]), frozenset(scopes), exp, now >= exp, cap, session, group)
 
 
 # --- who sent a request ----------------------------------------------------------------------------------
@@ -200,9 +215,11 @@ def presented(request: web.Request) -> str | None:
     if header is None and request.path.startswith("/ws/") and "token" in request.query:
         header = f"Bearer {request.query['token']}"
     if header is None and request.path.startswith("/v1/"):
-        header = subprotocol_key(request).decode() or None
+        header = subprotocol_key(request).decode("utf-8", "surrogateescape") or None
     if header is None:
         return None
+    if not header.isascii():  # bytes that are not ASCII (aiohttp keeps them surrogate-escaped): no key is spelled so
+        return ""
     scheme, _, value = header.strip().partition(" ")
     return value.strip() if scheme.lower() == "bearer" else ""
 
@@ -230,7 +247,7 @@ def refusal(who: Principal, scope: str | None, acts_on_own: bool) -> BadKey | No
         return BadKey("unauthorized", "missing or wrong bearer token")
     if who.expired and not acts_on_own:
         return BadKey("key_expired", "this key has expired: ask the app that gave it for a new one")
-    if not who.expired and not who.may(scope):
+    if not who.may(scope) and not (who.expired and (scope is None or ADMIN in who.scopes or scope in who.scopes)):
         return BadKey("forbidden_scope", f"this key's scope ({', '.join(sorted(who.scopes))}) does not allow this "
                       f"(needs {scope})")
     return None
@@ -250,6 +267,15 @@ def key_lifetime(value: object, default: int, longest: int, param: str) -> int:
 def within_parent(who: Principal, ttl_s: int, now: int) -> int:
     """A key minted by a minted admin key lives no longer than the key that minted it."""
     return ttl_s if who.expires_at is None else max(0, min(ttl_s, who.expires_at - now))
+
+
+def cap_within_parent(who: Principal, cap: int | None) -> tuple[int | None, str]:
+    """The session cap of a key minted by ``who`` and the group it counts against: under a capped parent, at most
+    the parent's cap, shared with the parent and every key minted under it (else a capped admin key would mint
+    uncapped keys, or many capped ones)."""
+    if who.max_sessions is None:
+        return cap, ""
+    return (who.max_sessions if cap is None else min(cap, who.max_sessions)), who.group
 
 
 KEY_REQUEST = {
@@ -292,8 +318,10 @@ async def create_key(request: web.Request) -> web.Response:
     if unknown:
         raise HTTPJSONError(400, "bad_request", f"unknown field {unknown[0]!r}; known: scope, ttl_s, max_sessions")
     now = int(wall_clock())
-    minted = mint(cfg.server.auth_token, scopes, within_parent(principal_of(request), ttl, now), max_sessions=cap,
-                  now=now)
+    parent = principal_of(request)
+    cap, group = cap_within_parent(parent, cap)
+    minted = mint(cfg.server.auth_token, scopes, within_parent(parent, ttl, now), max_sessions=cap, now=now,
+                  cap_group=group)
     who = minted.principal
     log.info("key_minted key=%s scope=%s ttl_s=%d max_sessions=%s", who.id, ",".join(sorted(who.scopes)),
              (who.expires_at or now) - now, cap)

@@ -74,7 +74,7 @@ def subprotocol_key(request: web.Request) -> bytes:
     for proto in offered.split(","):
         proto = proto.strip()
         if proto.startswith(KEY_SUBPROTOCOL):
-            return f"Bearer {proto[len(KEY_SUBPROTOCOL):]}".encode()
+            return f"Bearer {proto[len(KEY_SUBPROTOCOL):]}".encode("utf-8", "surrogateescape")  # bytes as sent
     return b""
 
 

@@ -167,7 +167,11 @@ async def create_call(request: web.Request) -> web.Response:
     session = await open_session(state, sdp, who, make=lambda on_closed: Session(
         services, start.cfg, on_closed=on_closed, responder=start.responder, client=who.client))
     events = ChannelEvents(session)
-    protocol = make_protocol(state, session, start, events.send, webrtc=True, beta=False, query=request.query)
+    try:
+        protocol = make_protocol(state, session, start, events.send, webrtc=True, beta=False, query=request.query)
+    except BaseException:  # the slot goes back now, not when the peer's connect timeout ends it
+        await asyncio.shield(session.close("open_failed"))
+        raise
     events.protocol = protocol
     PROTOCOLS[session.id] = protocol
     session.channels[EVENTS_LABEL] = events.attach

@@ -22,7 +22,7 @@ from aiohttp import web
 
 from assistant.server import keys
 from assistant.server.http import CONFIG, APIError, HTTPJSONError, read_json
-from assistant.server.keys import CALL, key_lifetime, mint, principal_of, within_parent
+from assistant.server.keys import CALL, cap_within_parent, key_lifetime, mint, principal_of, within_parent
 from assistant.server.openapi import documented, json_body, openai_error
 from assistant.server.realtime.protocol import ClientError
 from assistant.server.realtime.settings import Settings, SettingsError
@@ -105,8 +105,10 @@ async def create_client_secret(request: web.Request) -> web.Response:
         raise APIError(400, exc.code, str(exc), param=exc.param) from None
     now = int(keys.wall_clock())
     try:
-        minted = mint(cfg.server.auth_token, [CALL], within_parent(principal_of(request), ttl, now),
-                      session=session, now=now)
+        parent = principal_of(request)
+        cap, group = cap_within_parent(parent, None)
+        minted = mint(cfg.server.auth_token, [CALL], within_parent(parent, ttl, now), max_sessions=cap,
+                      session=session, now=now, cap_group=group)
     except ValueError as exc:
         raise APIError(400, "session_too_large", str(exc), param="session") from None
     log.info("client_secret_minted key=%s ttl_s=%d", minted.principal.id, ttl)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import time
 from collections import deque
+from collections.abc import Callable
 
 import numpy as np
 
@@ -18,6 +19,38 @@ from assistant.audio import SPEECH_RATE, AudioChunk
 from assistant.pipeline.conversation import Conversation
 
 RECENT_S = 30.0  # audio given to the conversation that stays at hand (longer than an utterance may be)
+# The pace of input_audio_buffer.append (every input path has one: the peer's is its RTP clock, a phone call's is
+# telephony/caller.py's): a recorded minute may come at once, then audio at most PACE_SPEED x real time: faster
+# than anyone speaks, and what our own clients send (4x), but not the 350x a flood reaches (docs/reliability.md).
+PACE_BURST_S = 60.0
+PACE_SPEED = 4.0
+FEED_SLICE = SPEECH_RATE  # a big append reaches turn-taking a second at a time, the loop free between slices
+
+
+class InputPace:
+    """A token bucket of audio seconds: ``PACE_BURST_S`` at once, refilled at ``PACE_SPEED`` x the wall clock.
+    What it refuses is counted: a client that sends another burst's worth past the refusals is flooding."""
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self.clock = clock
+        self.allowance = PACE_BURST_S
+        self._stamp = clock()
+        self.refused_s = 0.0
+
+    def take(self, seconds: float) -> bool:
+        """Spend ``seconds`` of audio; False (nothing spent) when it comes faster than the pace allows."""
+        now = self.clock()
+        self.allowance = min(PACE_BURST_S, self.allowance + (now - self._stamp) * PACE_SPEED)
+        self._stamp = now
+        if seconds > self.allowance:
+            self.refused_s += seconds
+            return False
+        self.allowance -= seconds
+        return True
+
+    @property
+    def flooding(self) -> bool:
+        return self.refused_s > PACE_BURST_S
 
 
 class InputAudio:

@@ -35,6 +35,7 @@ the rest applies.
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import binascii
 import logging
@@ -47,7 +48,7 @@ from assistant.audio import AudioChunk
 from assistant.body import loads_bounded
 from assistant.server.realtime.conversation_events import ConversationEvents, no_input_words
 from assistant.server.realtime.formats import FormatError, InputDecoder, OutputEncoder, decode_clip
-from assistant.server.realtime.input_audio import InputAudio
+from assistant.server.realtime.input_audio import FEED_SLICE, PACE_BURST_S, PACE_SPEED, InputAudio, InputPace
 from assistant.server.realtime.items import Item, ItemError, Items, history_of, new_id, parse_item
 from assistant.server.realtime.responder import RealtimeResponder, ReplyContext
 from assistant.server.realtime.responses import Responses
@@ -103,6 +104,7 @@ class RealtimeProtocol:
         self.voices, self.speed_check = voices, speed_check
         self.max_event_bytes, self.max_buffer_s = max_event_bytes, max_buffer_s
         self.decoder = InputDecoder(settings.input_format)
+        self.pace = InputPace()
         self.out = Outgoing(send, beta=beta, session_id=session.id, extensions=extensions)
         self.state = SessionState(
             conversation=self.conversation, sink=session.sink, settings=settings, context=context,
@@ -257,9 +259,20 @@ class RealtimeProtocol:
 
     async def _append(self, event: dict[str, Any]) -> None:
         data = self.audio_bytes(event.get("audio"), "audio")
+        fmt = self.decoder.format
+        if not self.pace.take(len(data) / (fmt.rate * fmt.bytes_per_sample)):
+            if self.pace.flooding and not self.session.closed:
+                log.info("realtime_input_flood session=%s refused_s=%.0f", self.session.id, self.pace.refused_s)
+                self.session.spawn(self.session.close("input_audio_flood"), "close")
+            raise ClientError(f"audio is appended faster than {PACE_SPEED:g}x real time (past a burst of "
+                              f"{PACE_BURST_S:g} s): this append was dropped", code="input_audio_too_fast",
+                              param="audio")
         samples = self.decoder.decode(data)
         if self.state.settings.turn_detection is not None:
-            self.state.input.feed(samples)
+            for at in range(0, samples.size, FEED_SLICE):  # VAD runs inline: a long append lets the loop breathe
+                if at:
+                    await asyncio.sleep(0)
+                self.state.input.feed(samples[at : at + FEED_SLICE])
         elif not self.state.input.hold(samples):
             raise ClientError(f"the input audio buffer holds at most {self.max_buffer_s:g} s: commit or clear it",
                               code="input_audio_buffer_full", param="audio")

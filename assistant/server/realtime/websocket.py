@@ -40,6 +40,8 @@ SUBPROTOCOL = "realtime"  # what the SDKs offer (with the key and the beta marke
 BETA_SUBPROTOCOL = "openai-beta.realtime-v1"
 HEARTBEAT_S = 30.0
 HARD_LIMIT_FACTOR = 4  # a message this many times over max_event_bytes is not read at all
+MAX_CONTROL_SOCKETS = 4  # control sockets one call may have at once (a server of the caller's needs one)
+CONTROLS: dict[str, set[web.WebSocketResponse]] = {}  # call (session id) → its open control sockets
 
 
 class SocketSession(ConversationSession):
@@ -49,7 +51,7 @@ class SocketSession(ConversationSession):
 
     async def _release(self) -> None:
         if self.ws is not None and not self.ws.closed:
-            code = 1008 if self.close_reason == "client_too_slow" else 1000
+            code = 1008 if self.close_reason in ("client_too_slow", "input_audio_flood") else 1000
             with contextlib.suppress(Exception):
                 await self.ws.close(code=code, message=self.close_reason.encode()[:120])
 
@@ -108,26 +110,34 @@ async def realtime_ws(request: web.Request) -> web.StreamResponse:
     who = caller(request)
     session = admit(state, lambda on_closed: SocketSession(services, start.cfg, sink, on_closed,
                                                             responder=start.responder, client=who.client), who)
-    await ws.prepare(request)
-    session.ws = ws
-    def too_slow() -> None:
-        session.spawn(session.close("client_too_slow"), "close")
+    protocol: RealtimeProtocol | None = None
+    try:  # from admit on, every exit (a failed upgrade, a reset, make_protocol raising) gives the slot back
+        await ws.prepare(request)
+        session.ws = ws
 
-    outbox = Outbox(ws, rt.max_pending_events, too_slow)
-    protocol = make_protocol(state, session, start, outbox.put, webrtc=False, beta=is_beta(request),
-                             query=request.query)
-    session.spawn(outbox.run(), "realtime-out")
-    session.watch()
-    log.info("realtime_open session=%s transport=websocket beta=%s", session.id, protocol.beta)
-    try:
+        def too_slow() -> None:
+            session.spawn(session.close("client_too_slow"), "close")
+
+        outbox = Outbox(ws, rt.max_pending_events, too_slow)
+        protocol = make_protocol(state, session, start, outbox.put, webrtc=False, beta=is_beta(request),
+                                 query=request.query)
+        session.spawn(outbox.run(), "realtime-out")
+        session.watch()
+        log.info("realtime_open session=%s transport=websocket beta=%s", session.id, protocol.beta)
         await client_events(ws, protocol)
         if ws.close_code == 1009:
             log.info("realtime_message_too_large session=%s", session.id)
     finally:
-        await protocol.close()
-        sink.stop()
-        await session.close("websocket_closed")
+        await asyncio.shield(_end(session, protocol, sink, "websocket_closed" if protocol else "open_failed"))
     return ws
+
+
+async def _end(session: SocketSession, protocol: RealtimeProtocol | None, sink: StreamSink, reason: str) -> None:
+    """The session's end, shielded: a handler cancelled mid-close still frees its slot."""
+    if protocol is not None:
+        await protocol.close()
+    sink.stop()
+    await session.close(reason)
 
 
 async def control_socket(request: web.Request, ws: web.WebSocketResponse, call_id: str) -> web.WebSocketResponse:
@@ -136,8 +146,11 @@ async def control_socket(request: web.Request, ws: web.WebSocketResponse, call_i
     if protocol is None:
         raise APIError(404, "call_not_found", "no open call has this call_id", param="call_id")
     session = protocol.session
-    await ws.prepare(request)
-
+    controls = CONTROLS.setdefault(session.id, set())
+    if len(controls) >= MAX_CONTROL_SOCKETS:
+        raise APIError(429, "too_many_control_sockets", f"a call takes at most {MAX_CONTROL_SOCKETS} control "
+                       "sockets at once", param="call_id")
+    controls.add(ws)
     loop = asyncio.get_running_loop()
     closing: list[asyncio.Task[bool]] = []  # not the session's tasks: those end with the call, before this
 
@@ -145,23 +158,34 @@ async def control_socket(request: web.Request, ws: web.WebSocketResponse, call_i
         if not ws.closed and not closing:
             closing.append(loop.create_task(ws.close(code=code, message=why)))
 
-    outbox = Outbox(ws, request.config_dict[CONFIG].realtime.max_pending_events,
-                    lambda: close(1008, b"client_too_slow"))
-    sender = loop.create_task(outbox.run(), name=f"realtime-control-out-{session.id}")
-    detach = protocol.attach(outbox.put)
-
     def on_event(event: dict[str, object]) -> None:
         if event.get("type") == "close":  # the call ended: so does its control socket
             close(1000, b"call_ended")
 
-    session.events.subscribe(on_event)
-    log.info("realtime_control_open session=%s", session.id)
-    try:
+    unsubscribe = session.events.subscribe(on_event)
+    sender: asyncio.Task[None] | None = None
+    detach = None
+    try:  # the socket's place, listener and sender are given back on every exit, a failed upgrade too
+        await ws.prepare(request)
+        if session.closed:  # the call ended between the lookup and the upgrade: its close event was missed
+            await ws.close(code=1000, message=b"call_ended")
+            return ws
+        outbox = Outbox(ws, request.config_dict[CONFIG].realtime.max_pending_events,
+                        lambda: close(1008, b"client_too_slow"))
+        sender = loop.create_task(outbox.run(), name=f"realtime-control-out-{session.id}")
+        detach = protocol.attach(outbox.put)
+        log.info("realtime_control_open session=%s", session.id)
         await client_events(ws, protocol)
     finally:
-        detach()
-        sender.cancel()
-        with contextlib.suppress(asyncio.CancelledError, Exception):
-            await sender
-        log.info("realtime_control_closed session=%s", session.id)
+        unsubscribe()
+        controls.discard(ws)
+        if not controls:
+            CONTROLS.pop(session.id, None)
+        if detach is not None:
+            detach()
+        if sender is not None:
+            sender.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await sender
+            log.info("realtime_control_closed session=%s", session.id)
     return ws

@@ -59,10 +59,14 @@ from assistant.server.voice.signaling import SESSIONS, admit, check_ready
 log = logging.getLogger(__name__)
 
 MESSAGE_SLACK = 4096  # the JSON around a media payload
+# One client may hold this share of telephony.max_pending_calls before their start: a carrier opens streams from
+# several addresses (Twilio's media edge has many), and one host can no longer take every place.
+PENDING_SHARE = 4
 OUTBOX_LIMIT = 256  # messages to the carrier not yet written (the sink keeps ~10 in flight); past it, closed
 # Close codes (RFC 6455): a call that ended is 1000; a carrier that broke the protocol 1008, sent data we cannot
 # take 1003 (a format) or 1007 (not JSON); 1013 when there is no room; 1011 when we failed.
-NORMAL = {"stop", "websocket_closed", "media_timeout", "silence_timeout", "hangup", "server_shutdown"}
+NORMAL = {"stop", "websocket_closed", "media_timeout", "silence_timeout", "hangup", "server_shutdown",
+          "max_call_length"}
 CLOSE_CODES = {"unsupported_media_format": 1003, "malformed_json": 1007, "busy": 1013, "server_error": 1011}
 
 
@@ -79,9 +83,13 @@ class CallSession(ConversationSession):
     media_timeout_s = 0.0
     last_media = 0.0  # monotonic time of the latest media message
 
+    max_call_s = 0.0
+
     def _stale(self) -> str:
         if self.media_timeout_s and time.monotonic() - self.last_media > self.media_timeout_s:
             return "media_timeout"
+        if self.max_call_s and time.monotonic() - self.created > self.max_call_s:
+            return "max_call_length"  # past it, the call's id is no longer remembered as answered
         return super()._stale()
 
     async def _release(self) -> None:
@@ -212,11 +220,14 @@ async def media_socket(request: web.Request, dialect: Dialect) -> web.StreamResp
     ws = web.WebSocketResponse(max_msg_size=settings.max_media_bytes * 4 // 3 + MESSAGE_SLACK)
     if not ws.can_prepare(request).ok:
         raise HTTPJSONError(400, "websocket_expected", f"{request.path} is a WebSocket: send an Upgrade request")
+    if "Origin" in request.headers:  # a carrier sends none: this is a browser page, on whatever site
+        raise HTTPJSONError(403, "origin_refused", "a call's media stream is opened by the carrier, not a web page")
     check_ready(state)
     limits = state[LIMITS]
     client = limits.client(request)
     refusal = ""
-    with limits.holding("telephony_start", client, settings.max_pending_calls, settings.max_pending_calls,
+    per_client = max(1, settings.max_pending_calls // PENDING_SHARE)
+    with limits.holding("telephony_start", client, per_client, settings.max_pending_calls,
                         "call media streams before their start"):
         await ws.prepare(request)
         try:
@@ -265,25 +276,29 @@ async def run_call(request: web.Request, ws: web.WebSocketResponse, dialect: Dia
         await ws.close(code=close_code("busy"), message=b"busy")
         return
     holder.append(session)
-    sink.session_id = session.id
-    session.ws, session.carrier, session.call_id = ws, dialect.name, start.call_id
-    session.media_timeout_s, session.last_media = settings.media_timeout_s, time.monotonic()
-    session.events.subscribe(partial(log_turn, session))
-    stream = CallStream(session, sink, dialect, cfg)
-    session.spawn(outbox.run(), "call-out")
-    session.watch()
-    log.info("call_open session=%s carrier=%s call=%s active=%d", session.id, dialect.name, start.call_id[:64],
-             len(state[SESSIONS]))
-    reason = "websocket_closed"
-    try:
+    stream: CallStream | None = None
+    reason = "open_failed"
+    try:  # from admit on, every exit gives the slot back
+        sink.session_id = session.id
+        session.ws, session.carrier, session.call_id = ws, dialect.name, start.call_id
+        session.media_timeout_s, session.last_media = settings.media_timeout_s, time.monotonic()
+        session.max_call_s = settings.max_call_s
+        session.events.subscribe(partial(log_turn, session))
+        stream = CallStream(session, sink, dialect, cfg)
+        session.spawn(outbox.run(), "call-out")
+        session.watch()
+        log.info("call_open session=%s carrier=%s call=%s active=%d", session.id, dialect.name,
+                 start.call_id[:64], len(state[SESSIONS]))
+        reason = "websocket_closed"
         reason = await stream.run(ws)
     finally:
-        log.info("call_media session=%s media=%d late=%d missing=%d other_track=%d dtmf=%d clears=%d "
-                 "marks_ignored=%d marks_overdue=%d", session.id, stream.media, stream.audio.late,
-                 stream.audio.missing, stream.other_track, stream.dtmf_count, sink.clears, sink.marks_ignored,
-                 sink.marks_overdue)
+        if stream is not None:
+            log.info("call_media session=%s media=%d late=%d missing=%d other_track=%d dtmf=%d clears=%d "
+                     "marks_ignored=%d marks_overdue=%d", session.id, stream.media, stream.audio.late,
+                     stream.audio.missing, stream.other_track, stream.dtmf_count, sink.clears, sink.marks_ignored,
+                     sink.marks_overdue)
         sink.stop()
-        await session.close(reason)
+        await asyncio.shield(session.close(reason))
 
 
 def log_turn(session: CallSession, event: dict[str, object]) -> None:
@@ -303,6 +318,7 @@ def media_doc(carrier: str) -> Callable[[Handler], Handler]:
                     "closes the socket with the reason.",
         responses={"101": {"description": "switching protocols: the call's media stream"},
                    "400": error("not a WebSocket upgrade"), "404": error("this carrier's calls are off"),
+                   "403": error("opened from a web page (an Origin header)"),
                    "429": error("too many streams waiting for their start from this client"),
                    "503": error("not ready, or too many streams waiting for their start")},
     )

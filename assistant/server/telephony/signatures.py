@@ -7,8 +7,12 @@
 - **Telnyx** (``telnyx-signature-ed25519``, ``telnyx-timestamp``): an Ed25519 signature, made with the account's
   private key, over ``"{timestamp}|{raw body}"``; base64. We hold only the public key, so nothing here can sign.
 
-A valid signature is not enough: a captured request would be valid again. :class:`ReplayGuard` remembers every
-signature it accepted for ``telephony.replay_window_s`` and refuses the same one again.
+A valid signature is not enough: a captured request would be valid again. :class:`ReplayGuard` remembers what it
+accepted and refuses the same again: a Twilio signature for ``telephony.replay_window_s`` after it was first seen;
+a Telnyx request by its signed message (:func:`telnyx_message_key`: the timestamp and body, not the base64 spelling
+of the signature, which has 16 spellings of one 64-byte signature) until its timestamp leaves the window, after
+which the timestamp check refuses it. Neither outlives the process: the call ids already answered
+(``answered.py``) are what refuses a replay after the window, a restart, or at another gateway.
 """
 
 from __future__ import annotations
@@ -52,7 +56,7 @@ def url_spellings(url: str) -> list[str]:
 
 def twilio_valid(auth_token: str, signature: str, url: str, params: list[tuple[str, str]]) -> bool:
     """Whether ``signature`` is Twilio's for this request (constant-time compare)."""
-    if not auth_token or not signature:
+    if not auth_token or not signature or not signature.isascii():  # base64 is ASCII; other bytes never match
         return False
     given = signature.encode()
     return any(hmac.compare_digest(twilio_signature(auth_token, u, params).encode(), given)
@@ -92,27 +96,37 @@ def telnyx_valid(public_key: bytes, signature_b64: str, timestamp: str, body: by
     return True
 
 
+def telnyx_message_key(timestamp: str, body: bytes) -> str:
+    """What a Telnyx signature signs, as the replay guard's key: one per signed message, however it is spelled."""
+    return hashlib.sha256(timestamp.encode() + b"|" + body).hexdigest()
+
+
 class ReplayGuard:
-    """Signatures accepted within the last ``window_s``: :meth:`first_time` is False for one seen before."""
+    """Keys accepted and not yet expired (by default ``window_s`` after first sight): :meth:`first_time` is False
+    for one seen before."""
 
     def __init__(self, window_s: float, clock: Callable[[], float] = time.monotonic,
                  limit: int = MAX_REMEMBERED) -> None:
         self.window_s = window_s
         self.clock = clock
         self.limit = limit
-        self._seen: OrderedDict[str, float] = OrderedDict()  # signature → when it was first seen
+        self._seen: OrderedDict[str, float] = OrderedDict()  # key → when it is forgotten, in order of first sight
         self.evicted = 0  # remembered ones pushed out before their window ended (a flood of signed requests)
 
-    def first_time(self, signature: str) -> bool:
+    def first_time(self, key: str, until: float | None = None) -> bool:
+        """Remember ``key`` until ``until`` (on this guard's clock; default ``window_s`` from now); False when it
+        is remembered already."""
         now = self.clock()
         while self._seen:
-            oldest, at = next(iter(self._seen.items()))
-            if now - at < self.window_s:
+            oldest, expiry = next(iter(self._seen.items()))
+            if expiry > now:
                 break
             del self._seen[oldest]
-        if signature in self._seen:
+        known = self._seen.get(key)
+        if known is not None and known > now:
             return False
-        self._seen[signature] = now
+        self._seen[key] = now + self.window_s if until is None else until
+        self._seen.move_to_end(key)
         while len(self._seen) > self.limit:
             self._seen.popitem(last=False)
             self.evicted += 1

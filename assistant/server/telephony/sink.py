@@ -16,7 +16,10 @@ each mark when the audio before it has been played. So:
   errs short, by at most the network's round trip.
 
 A carrier that never returns a mark must not hang the call: a mark more than ``MARK_GRACE_S`` past the moment
-its audio should have finished (by the server's clock) is taken as played, and the call's log says so once.
+its audio should have finished (by the server's clock) is taken as played, and the call's log says so once. From
+that first overdue mark on, the call is paced by the clock: each piece counts as played when its playout is due,
+with no grace, so a carrier (or a proxy) that drops marks costs the caller one gap of ``MARK_GRACE_S`` per call,
+not one per lead's worth of audio (with 400 ms of lead, the caller heard ~8 % of the time before).
 """
 
 from __future__ import annotations
@@ -219,10 +222,11 @@ class CallSink(SinkBase):
 
     def _settle_overdue(self) -> None:
         now = time.monotonic()
-        while self._pending and now > self._pending[0].due + MARK_GRACE_S:
+        grace = 0.0 if self.marks_overdue else MARK_GRACE_S  # after one overdue mark: the clock paces the call
+        while self._pending and now > self._pending[0].due + grace:
             piece = self._pending.popleft()
             self._confirmed += len(piece.pcm)
             self.marks_overdue += 1
             if self.marks_overdue == 1:
-                log.warning("call_mark_overdue session=%s mark=%s: the carrier does not return marks; what was "
-                            "heard is taken from the server's clock", self.session_id, piece.name)
+                log.warning("call_mark_overdue session=%s mark=%s: the carrier does not return marks; the server's "
+                            "clock says what was heard and paces the call from now on", self.session_id, piece.name)

@@ -4,7 +4,9 @@ the replay guards, and the URLs the carriers are told to use."""
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from urllib.parse import urlsplit
 
 from aiohttp import web
@@ -12,7 +14,9 @@ from aiohttp import web
 from assistant.config import Config, ConfigError
 from assistant.server.http import HTTPJSONError
 from assistant.server.services import Services
-from assistant.server.telephony.dialects import DIALECTS, TELNYX, TWILIO, Dialect
+from assistant.server.telephony.answered import FILE as ANSWERED_FILE
+from assistant.server.telephony.answered import AnsweredCalls
+from assistant.server.telephony.dialects import TELNYX, TWILIO, Dialect
 from assistant.server.telephony.signatures import PublicKeyError, ReplayGuard, telnyx_key
 from assistant.server.telephony.tokens import CallTokens
 from assistant.server.voice.signaling import VOICE_ID
@@ -26,6 +30,7 @@ MEDIA_PATH = "/telephony/{carrier}/media"
 class Telephony:
     cfg: Config
     tokens: CallTokens
+    answered: AnsweredCalls
     replays: dict[str, ReplayGuard] = field(default_factory=dict)
     telnyx_key: bytes = b""
 
@@ -39,8 +44,12 @@ class Telephony:
                 key = telnyx_key(tel.telnyx_public_key)
             except PublicKeyError as exc:
                 raise ConfigError(str(exc)) from None
-        return cls(cfg, CallTokens(tel.token_ttl_s, tel.max_pending_calls),
-                   {name: ReplayGuard(tel.replay_window_s) for name in DIALECTS}, key)
+        # Telnyx's guard runs on the wall clock: each signed message is remembered until its timestamp leaves the
+        # window (then the timestamp check refuses it), not for a window from first sight.
+        replays = {TWILIO.name: ReplayGuard(tel.replay_window_s),
+                   TELNYX.name: ReplayGuard(tel.replay_window_s, time.time)}
+        answered = AnsweredCalls(Path(cfg.server.data_dir) / ANSWERED_FILE, tel.max_call_s + tel.token_ttl_s)
+        return cls(cfg, CallTokens(tel.token_ttl_s, tel.max_pending_calls), answered, replays, key)
 
     def enabled(self, dialect: Dialect) -> bool:
         """A carrier's routes are on when its secret is set (Twilio's auth token, Telnyx's public key)."""
@@ -60,7 +69,7 @@ class Telephony:
     def webhook_url(self, request: web.Request) -> str:
         """The URL the carrier requested, as it signed it: ``telephony.public_url`` + the path, or the request's."""
         base = self.cfg.telephony.public_url.rstrip("/")
-        return base + request.path_qs if base else str(request.url)
+        return base + request.raw_path if base else str(request.url)  # as sent: Twilio signs it undecoded
 
     def media_url(self, request: web.Request, dialect: Dialect) -> str:
         """Where the carrier opens the call's media stream (``wss://`` from an ``https`` public URL)."""

@@ -1,7 +1,8 @@
 """``POST /telephony/{twilio,telnyx}/voice``: a carrier asks what to do with an incoming call.
 
 Only the carrier may ask: the request must carry its signature (``signatures.py``) over exactly this request,
-seen for the first time. The answer connects the call to our media stream (TwiML for Twilio, TeXML for Telnyx)
+seen for the first time, for a call not answered before (``answered.py``: a call id gets one token within a call's
+longest life). The answer connects the call to our media stream (TwiML for Twilio, TeXML for Telnyx)
 with a fresh per-call media token as the stream's parameter, or turns the call away busy when the server is
 not ready, every session slot is taken, or ``telephony.max_pending_calls`` calls are still connecting. Anything
 else (unsigned, a bad or replayed signature, a Telnyx timestamp outside the window, a body that is not the
@@ -23,7 +24,7 @@ from assistant.server.limits import LIMITS
 from assistant.server.openapi import documented, error
 from assistant.server.services import SERVICES
 from assistant.server.telephony.dialects import BUSY, MAX_ID_CHARS, TELNYX, TWILIO, Dialect
-from assistant.server.telephony.signatures import telnyx_valid, twilio_valid
+from assistant.server.telephony.signatures import telnyx_message_key, telnyx_valid, twilio_valid
 from assistant.server.telephony.state import TELEPHONY
 from assistant.server.voice.signaling import SESSIONS
 
@@ -60,6 +61,8 @@ def answer(request: web.Request, dialect: Dialect, params: list[tuple[str, str]]
     call_id = dict(params).get(CALL_ID, "")
     if not call_id or len(call_id) > MAX_ID_CHARS:
         raise refuse(request, dialect, 400, "no_call_id", f"the form must name the call ({CALL_ID})")
+    if not tel.answered.first_answer(dialect.name, call_id):  # every signed webhook of a call, busy ones too
+        raise refuse(request, dialect, 403, "replayed", "this call was already answered")
     busy = ""
     if not services.ready:
         busy = "not_ready"
@@ -127,6 +130,6 @@ async def telnyx_voice(request: web.Request) -> web.Response:
         raise refuse(request, TELNYX, 403, "stale_timestamp", f"{TELNYX_TIMESTAMP} is not within {window:g} s of now")
     if not telnyx_valid(tel.telnyx_key, signature, stamp, body):
         raise refuse(request, TELNYX, 403, "bad_signature", f"{TELNYX_SIGNATURE} does not match this request")
-    if not tel.replays[TELNYX.name].first_time(signature):
+    if not tel.replays[TELNYX.name].first_time(telnyx_message_key(stamp, body), until=int(stamp) + window):
         raise refuse(request, TELNYX, 403, "replayed", "this signed request was already answered")
     return answer(request, TELNYX, form(request, TELNYX, body))

@@ -92,6 +92,7 @@ class ConversationSession:
         self.id = new_session_id(cfg.server.gateway_id)
         self.client = options.get("client", "")  # who opened it (the key of the per-client limits)
         self.owner = ""  # the key that opened it (keys.Principal.id; signaling.admit sets it): who may act on it
+        self.cap_group = ""  # whose session cap it counts against (keys.Principal.group; "": the owner's)
         self.connected = True  # a peerless session is connected once admitted; a peer's says when it is
         self.services = services
         self.created = time.monotonic()

@@ -109,12 +109,13 @@ class Caller:
     owner: str = ""
     client: str = ""
     key_cap: int | None = None
+    cap_group: str = ""  # whose sessions key_cap counts (keys.Principal.group)
 
 
 def caller(request: web.Request) -> Caller:
     """The :class:`Caller` of a request that opens a session (its key, and its client past trusted proxies)."""
     who = principal_of(request)
-    return Caller(who.id, request.config_dict[LIMITS].client(request), who.max_sessions)
+    return Caller(who.id, request.config_dict[LIMITS].client(request), who.max_sessions, who.group)
 
 
 def check_held(app: AppState, who: Caller) -> None:
@@ -125,7 +126,8 @@ def check_held(app: AppState, who: Caller) -> None:
     if per_client > 0 and who.client and sum(s.client == who.client for s in live) >= per_client:
         raise HTTPJSONError(429, "too_many_sessions", f"this client already holds {per_client} sessions "
                             "(server.max_sessions_per_client)", headers={"Retry-After": "5"})
-    if who.key_cap is not None and sum(s.owner == who.owner for s in live) >= who.key_cap:
+    group = who.cap_group or who.owner
+    if who.key_cap is not None and sum((s.cap_group or s.owner) == group for s in live) >= who.key_cap:
         raise HTTPJSONError(429, "key_session_limit", f"this key may hold {who.key_cap} sessions at once",
                             headers={"Retry-After": "5"})
 
@@ -146,6 +148,7 @@ def admit(app: AppState, make: Callable[[OnClosed], S], who: Caller | None = Non
     session = make(lambda s: forget(app, s))
     if who is not None:
         session.owner = who.owner
+        session.cap_group = who.cap_group
         session.client = session.client or who.client
     sessions[session.id] = session
     services.metrics.sessions_total.inc()

@@ -25,9 +25,10 @@ ALLOWED: dict[str, set[str]] = {
     **{engine: BASE for engine in ENGINES},
     "pipeline": BASE | ENGINES,
     "serve_ray": BASE | ENGINES | {"pipeline"},
-    "server": BASE | ENGINES | {"pipeline", "rtc", "serve_ray"},
-    "bench": BASE | ENGINES | {"pipeline", "rtc", "server", "serve_ray"},
-    "cli": BASE | ENGINES | {"pipeline", "rtc", "server", "bench", "serve_ray"},
+    "telemetry": BASE | ENGINES | {"pipeline"},
+    "server": BASE | ENGINES | {"pipeline", "rtc", "serve_ray", "telemetry"},
+    "bench": BASE | ENGINES | {"pipeline", "rtc", "server", "serve_ray", "telemetry"},
+    "cli": BASE | ENGINES | {"pipeline", "rtc", "server", "bench", "serve_ray", "telemetry"},
     "__main__": {"cli"},
     "__init__": set(),
 }

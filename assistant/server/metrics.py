@@ -72,6 +72,15 @@ class Metrics:
             registry=self.registry,
         )
 
+        self.telemetry_spans_dropped_total = Counter(
+            "assistant_telemetry_spans_dropped_total", "OpenTelemetry spans that never reached the collector: its "
+            "queue was full (telemetry.max_queue_size) or the collector refused or did not answer in time",
+            registry=self.registry,
+        )
+
+    def count_dropped_spans(self, n: int) -> None:
+        self.telemetry_spans_dropped_total.inc(n)
+
     def observe_ray_hop(self, kind: str, seconds: float) -> None:
         self.ray_hop_seconds.labels(kind=kind).observe(max(seconds, 0.0))
 

@@ -22,6 +22,7 @@ from assistant.tts.base import TTSEngine
 if TYPE_CHECKING:
     from assistant.asr.base import Transcriber
     from assistant.pipeline.end_of_turn import EndOfTurnModel
+    from assistant.telemetry.setup import Telemetry
     from assistant.vad.endpoint import Endpointer
     from assistant.vad.silero import SileroModel
 
@@ -54,6 +55,7 @@ class Services:
     tts: TTSEngine | None = None
     responder: Responder | None = None
     end_of_turn: EndOfTurnModel | None = None  # vad.end_of_turn.SmartTurnBatcher, shared by every session
+    telemetry: Telemetry | None = None  # OpenTelemetry when on (the app starts and stops it: server/app.py)
     ready: bool = False
     load_error: str = ""  # why loading failed (``/readyz`` says it; ``assistant serve`` exits on it)
     load_seconds: dict[str, float] = field(default_factory=dict)

@@ -20,7 +20,7 @@ from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
 from assistant.telemetry.export import BoundedSpanProcessor
-from assistant.telemetry.spans import parent_context
+from assistant.telemetry.spans import ns, parent_context
 
 
 def test_off_unless_an_endpoint_is_set() -> None:
@@ -131,3 +131,90 @@ def test_a_refusing_collector_counts_every_span_dropped() -> None:
     processor.force_flush(5000)
     processor.shutdown(1)
     assert processor.dropped == 40 == sum(counted) and exporter.calls >= 5
+
+
+async def test_a_turn_s_spans_from_its_own_marks_barge_in_tools_and_failure() -> None:
+    """A turn built by hand (no call needed): its stages hang under it with the turn's own times, a barge-in is an
+    event with what was heard (its text only with include_text), each tool call the model wrote is an
+    ``execute_tool`` span under the responder's, and a failed stage marks the turn and its span as errors."""
+    import numpy as np
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    from assistant.pipeline.trace import Ending, Span
+    from assistant.pipeline.turn import BargeIn, Turn
+    from assistant.respond.base import ToolCallTiming, Usage
+    from assistant.telemetry import names
+    from assistant.telemetry.spans import CallTrace
+
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    seen: list[tuple[str, float | None, dict[str, str]]] = []
+
+    def observe(name: str, seconds: float | None, **attributes: str) -> None:
+        seen.append((name, seconds, attributes))
+
+    s = 1_000.0  # the user's speech end (wall s)
+    turn = Turn(3, np.zeros(160, np.float32), 160, 0, speculative=True)
+    turn.transcript, turn.language, turn.reply.text = "what's the weather", "en", "Sunny. And"
+    turn.reply.spoken.append((0, "Sunny."))
+    for stage, at in {"speech_end": s, "vad_end": s + 0.3, "asr_done": s + 0.35, "first_text": s + 0.4,
+                      "first_tts_text": s + 0.42, "first_audio": s + 0.5, "first_frame_sent": s + 0.52,
+                      "reply_done": s + 1.2}.items():
+        turn.trace.mark(stage, at)
+    turn.trace.asr = Span(s + 0.2, s + 0.21, s + 0.35)
+    turn.trace.ending = Ending(s, s + 0.3, s + 0.2, text=True, model=Span(s + 0.2, s + 0.2, s + 0.29),
+                               reason="model_complete")
+    n = turn.notes
+    n.asr_kind, n.respond_started, n.respond_done = "speculative", s + 0.36, s + 0.9
+    n.asr_remote = (s + 0.205, s + 0.345)  # the pass ran on a Ray replica: 5 ms there, 5 ms back
+    n.usage = Usage(12, 5)
+    n.tool_calls.append(ToolCallTiming("call_1", "lookup_forecast", '{"city": "Paris"}', s + 0.37, s + 0.39))
+    n.tts_engine, n.tts_voice, n.tts_done = "piper", "en_US-amy", s + 1.0
+    n.barge_ins.append(BargeIn(s + 1.1, "speech", False, "Sunny."))
+    n.ended = s + 1.2
+    turn.failed = "tts"
+
+    for include_text in (False, True):
+        exporter.clear()
+        call = CallTrace(provider.get_tracer("t"), observe, "sid", s - 5, describe=lambda: {
+            names.TRANSPORT: "phone", names.PROVIDER: "openai", names.REQUEST_MODEL: "gpt-x"},
+            include_text=include_text)
+        call.turn_ended(turn)
+        call.end("hangup", s + 2)
+        spans = {sp.name: sp for sp in exporter.get_finished_spans()}
+        hops = [sp for sp in exporter.get_finished_spans() if sp.name == "ray.hop"]
+        assert set(spans) == {"call", "turn", "vad.endpoint", "end_of_turn", "end_of_turn.model", "asr", "ray.hop",
+                              "chat gpt-x", "execute_tool lookup_forecast", "tts", "playout"}
+        assert sorted(h.attributes[names.RAY_LEG] for h in hops) == ["request", "response"]
+        assert all(h.parent.span_id == spans["asr"].context.span_id for h in hops)
+        assert spans["asr"].attributes[names.RAY_HOP_MS] == 10.0
+        root, t = spans["call"], spans["turn"]
+        assert root.parent is None and t.parent.span_id == root.context.span_id
+        assert spans["end_of_turn.model"].parent.span_id == spans["end_of_turn"].context.span_id
+        assert spans["execute_tool lookup_forecast"].parent.span_id == spans["chat gpt-x"].context.span_id
+        assert (t.start_time, t.end_time) == (ns(s), ns(s + 1.2))  # from the speech end to the turn's end
+        assert (spans["asr"].start_time, spans["asr"].end_time) == (ns(s + 0.2), ns(s + 0.35))
+        assert spans["end_of_turn"].end_time - spans["end_of_turn"].start_time == ns(s + 0.3) - ns(s)
+        assert t.attributes[names.INTERRUPTED] is True and t.attributes[names.TURN_NUMBER] == 3
+        assert t.attributes[names.FAILED_STAGE] == "tts" and t.status.status_code.name == "ERROR"
+        assert spans["tts"].status.status_code.name == "ERROR"
+        assert t.attributes[names.EOT_REASON] == "model_complete"
+        assert t.attributes["assistant.turn.server_v2v_ms"] == turn.trace.durations_ms()["server_v2v_ms"]
+        llm = spans["chat gpt-x"].attributes
+        assert (llm[names.INPUT_TOKENS], llm[names.OUTPUT_TOKENS], llm[names.TTFT_MS]) == (12, 5, 40.0)
+        (barge,) = t.events
+        assert barge.name == "barge_in" and barge.attributes[names.BARGE_IN_HEARD_CHARS] == 6
+        texts = [v for sp in spans.values() for v in sp.attributes.values() if "weather" in str(v).lower()]
+        texts += [v for v in barge.attributes.values() if "Sunny" in str(v)]
+        tool = spans["execute_tool lookup_forecast"].attributes
+        if include_text:
+            assert t.attributes[names.INPUT] == "what's the weather" and llm[names.COMPLETION] == "Sunny. And"
+            assert barge.attributes[names.BARGE_IN_HEARD] == "Sunny." and "Paris" in tool[names.TOOL_ARGUMENTS]
+        else:
+            assert not texts and names.TOOL_ARGUMENTS not in tool  # no words of the user's or the reply's
+        assert root.attributes[names.CALL_TURNS] == 1 and root.attributes[names.CLOSE_REASON] == "hangup"
+    observed = {name for name, _, _ in seen}
+    assert {names.H_V2V, names.H_EOT, names.H_ASR, names.H_TTFT, names.H_TTS_TTFB, names.H_STAGE} <= observed
+    assert ("assistant.turn.server_v2v", 0.52, {}) in [(a, round(b or 0, 3), c) for a, b, c in seen]

@@ -69,6 +69,7 @@ class TurnNotes:
     (``assistant/telemetry/``); nothing on the turn's way reads it. Times are wall seconds."""
 
     asr_kind: str = ""  # the turn's own ASR pass: "speculative" or "final" ("" for given words)
+    asr_remote: tuple[float, float] | None = None  # its pass on a Ray replica: arrived there, done there
     respond_started: float | None = None  # the responder was asked
     respond_done: float | None = None  # its last delta (only when it finished)
     usage: Usage | None = None  # what the reply cost, as the responder counted it

@@ -260,6 +260,7 @@ class TurnRunner:
             self.deps.asr.transcribe(turn.audio, session=self.session_id, kind=kind, language=self.language),
         )
         t = result.timing
+        turn.notes.asr_remote = t.remote if t is not None else None
         turn.trace.asr = Span(t.asked, t.started, t.done) if t is not None else Span(asked, asked, time.time())
         if not turn.heard.done():
             turn.heard.set_result(result)

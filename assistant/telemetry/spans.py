@@ -170,9 +170,16 @@ class CallTrace:
                                      names.ASR_CHARS: len(turn.transcript or "")}
             if self.include_text:
                 asr_attrs[names.OUTPUT] = turn.transcript
+            remote = notes.asr_remote
+            if remote is not None:
+                asr_attrs[names.RAY_HOP_MS] = _ms((remote[0] - asr.asked) + (asr.done - remote[1]))
             asr_span = child(names.ASR, asr.asked, asr.done, asr_attrs)
             if asr_span is not None and turn.failed == "asr":
                 asr_span.set_status(Status(StatusCode.ERROR))
+            if asr_span is not None and remote is not None:  # the replica's clock: on another machine, NTP's
+                hop = trace.set_span_in_context(asr_span)
+                child(names.RAY_HOP, asr.asked, remote[0], {names.RAY_LEG: "request"}, parent=hop)
+                child(names.RAY_HOP, min(remote[1], asr.done), asr.done, {names.RAY_LEG: "response"}, parent=hop)
         self._llm(turn, ctx, end)
         self._speech(turn, ctx, end, durations)
         span.end(end_time=ns(max(start, end)))

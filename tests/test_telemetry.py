@@ -218,3 +218,22 @@ async def test_a_turn_s_spans_from_its_own_marks_barge_in_tools_and_failure() ->
     observed = {name for name, _, _ in seen}
     assert {names.H_V2V, names.H_EOT, names.H_ASR, names.H_TTFT, names.H_TTS_TTFB, names.H_STAGE} <= observed
     assert ("assistant.turn.server_v2v", 0.52, {}) in [(a, round(b or 0, 3), c) for a, b, c in seen]
+
+
+def test_the_dispatcher_passes_the_trace_context_on() -> None:
+    """``assistant dispatch`` forwards a client's traceparent and tracestate to the gateway (offers, WHIP, trickle,
+    WebSockets), so the gateway's call span joins the client's trace; what is not named still stays behind."""
+    from aiohttp import web
+    from aiohttp.test_utils import make_mocked_request
+
+    from assistant.server.dispatch.forward import WS_FORWARD_HEADERS, forward_headers
+    from assistant.server.limits import LIMITS, Limits
+
+    app = web.Application()
+    app[LIMITS] = Limits(load_config(environ={}))
+    traceparent = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+    request = make_mocked_request("POST", "/api/offer", app=app, headers={
+        "traceparent": traceparent, "tracestate": "vendor=1", "Cookie": "secret=1"})
+    for names_ in ((), WS_FORWARD_HEADERS):
+        out = forward_headers(request, *([names_] if names_ else []))
+        assert out["traceparent"] == traceparent and out["tracestate"] == "vendor=1" and "Cookie" not in out

@@ -68,7 +68,6 @@ EOT_DELAY_MS = "assistant.end_of_turn.delay_ms"  # speech end → committed
 # Every duration and gap of the turn's turn_metrics (pipeline/trace.py: DURATIONS, GAPS) as
 # "assistant.turn.<name>", e.g. assistant.turn.server_v2v_ms, assistant.turn.asr_ms: the same numbers.
 TURN_PREFIX = "assistant.turn."
-CLIENT_V2V_MS = "assistant.turn.client_v2v_ms"  # what a client reported hearing, where one does
 
 BARGE_IN = "barge_in"  # an event on the turn: the user spoke over the reply
 BARGE_IN_REASON = "assistant.barge_in.reason"

@@ -8,6 +8,7 @@ The tree (names in ``names.py``)::
         ├── end_of_turn                   speech end → committed (reason, what evidence it used)
         │   └── end_of_turn.model         the audio model's call, when the decision used it
         ├── asr                           the turn's pass (speculative or final), its worker wait
+        │   └── ray.hop                   its way to a Ray replica and back, when the ASR runs there
         ├── chat {model}                  the responder: TTFT, tokens in and out (GenAI conventions)
         │   └── execute_tool {name}       each tool call the model wrote (the Realtime API's tools)
         ├── tts                           first text in → last audio out: TTFB, characters, voice, engine
@@ -222,7 +223,7 @@ class CallTrace:
         notes, marks, tracer = turn.notes, turn.trace.marks, self.tracer
         if "first_tts_text" in marks:
             begin = marks["first_tts_text"]
-            spoken = "".join(piece for _, piece in turn.reply.spoken)
+            spoken = " ".join(piece.strip() for _, piece in turn.reply.spoken)  # the pieces as TTS got them
             attrs: Attributes = {names.TTS_CHARS: len(spoken), names.TTS_ENGINE: notes.tts_engine,
                                  names.TTS_VOICE: notes.tts_voice, names.TTS_LANGUAGE: notes.tts_language}
             if "first_audio" in marks:

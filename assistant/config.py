@@ -624,6 +624,31 @@ class KeysConfig:
 
 
 @dataclass
+class TelemetryConfig:
+    """OpenTelemetry traces and metrics (``assistant/telemetry/``; docs/telemetry.md): every call a trace, every
+    turn a span with its stages as children, the turn latencies as OTel histograms. Off unless an endpoint is set
+    (here, or by the standard ``OTEL_EXPORTER_OTLP_ENDPOINT`` / ``OTEL_EXPORTER_OTLP_TRACES_ENDPOINT``)."""
+
+    otlp_endpoint: str = _f(
+        "", "OTLP/HTTP collector base URL (http://127.0.0.1:4318: traces to /v1/traces, metrics to /v1/metrics); "
+        "empty: the OTEL_EXPORTER_OTLP_* environment variables, and with none of those telemetry is off"
+    )
+    service_name: str = _f("assistant", "service.name of the spans (OTEL_SERVICE_NAME wins when set)")
+    include_text: bool = _f(
+        False, "put transcripts and reply text into spans (gen_ai.prompt / gen_ai.completion, input.value / "
+        "output.value): off, spans carry only sizes and timings"
+    )
+    metrics: bool = _f(True, "export the turn latencies as OTel histograms too (beside Prometheus' /metrics)")
+    max_queue_size: int = _f(
+        2048, "spans held for export at most; past it new spans are dropped and counted "
+        "(assistant_telemetry_spans_dropped_total)"
+    )
+    export_timeout_s: float = _f(5.0, "longest one export to the collector may take (a slow collector never holds "
+                                 "a turn: export runs on its own thread)")
+    schedule_delay_ms: int = _f(1000, "how often the spans held are sent")
+
+
+@dataclass
 class Config:
     server: ServerConfig = field(default_factory=ServerConfig)
     ice: ICEConfig = field(default_factory=ICEConfig)
@@ -641,6 +666,7 @@ class Config:
     log: LogConfig = field(default_factory=LogConfig)
     dispatch: DispatchConfig = field(default_factory=DispatchConfig)
     keys: KeysConfig = field(default_factory=KeysConfig)
+    telemetry: TelemetryConfig = field(default_factory=TelemetryConfig)
 
     def to_dict(self) -> dict[str, dict[str, object]]:
         """Every section's settings (what crosses to a Ray replica; :func:`apply_overrides` reads it back)."""

@@ -28,9 +28,10 @@ ALLOWED: dict[str, set[str]] = {
     "asr": BASE | {"engine_host"},
     "pipeline": BASE | ENGINES,
     "serve_ray": BASE | ENGINES | {"pipeline"},
-    "server": BASE | ENGINES | {"pipeline", "rtc", "serve_ray", "engine_host"},
-    "bench": BASE | ENGINES | {"pipeline", "rtc", "server", "serve_ray", "engine_host"},
-    "cli": BASE | ENGINES | {"pipeline", "rtc", "server", "bench", "serve_ray", "engine_host"},
+    "telemetry": BASE | ENGINES | {"pipeline"},
+    "server": BASE | ENGINES | {"pipeline", "rtc", "serve_ray", "engine_host", "telemetry"},
+    "bench": BASE | ENGINES | {"pipeline", "rtc", "server", "serve_ray", "engine_host", "telemetry"},
+    "cli": BASE | ENGINES | {"pipeline", "rtc", "server", "bench", "serve_ray", "engine_host", "telemetry"},
     "__main__": {"cli"},
     "__init__": set(),
 }

@@ -34,6 +34,9 @@ class PassTiming:
     asked: float
     started: float
     done: float
+    # On a remote replica (the Ray hop): when the request arrived there and when the replica was done (its clock),
+    # so the hop's two legs are asked → arrived and done → this pass's done.
+    remote: tuple[float, float] | None = None
 
 
 class PassKind(IntEnum):

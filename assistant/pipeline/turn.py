@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 import numpy as np
@@ -25,7 +25,7 @@ from assistant.asr.base import Transcriber, Transcript
 from assistant.pipeline.end_of_turn import EndOfTurnModel
 from assistant.pipeline.reply import ReplyProgress
 from assistant.pipeline.trace import TurnTrace
-from assistant.respond.base import Responder
+from assistant.respond.base import Responder, ToolCallTiming, Usage
 from assistant.tts.base import TTSEngine
 
 T = TypeVar("T")
@@ -54,6 +54,35 @@ async def stage(name: str, message: str, coro: Awaitable[T]) -> T:
 
 
 @dataclass
+class BargeIn:
+    """The user spoke over the reply (wall s): why, whether the reply was only held, and what of it was heard."""
+
+    at: float
+    reason: str
+    paused: bool
+    heard: str
+
+
+@dataclass
+class TurnNotes:
+    """What a turn did besides its trace's marks, noted as it goes for telemetry to read once the turn has ended
+    (``assistant/telemetry/``); nothing on the turn's way reads it. Times are wall seconds."""
+
+    asr_kind: str = ""  # the turn's own ASR pass: "speculative" or "final" ("" for given words)
+    asr_remote: tuple[float, float] | None = None  # its pass on a Ray replica: arrived there, done there
+    respond_started: float | None = None  # the responder was asked
+    respond_done: float | None = None  # its last delta (only when it finished)
+    usage: Usage | None = None  # what the reply cost, as the responder counted it
+    tool_calls: list[ToolCallTiming] = field(default_factory=list)  # the tool calls the model wrote
+    tts_engine: str = ""
+    tts_voice: str = ""
+    tts_language: str = ""
+    tts_done: float | None = None  # the last audio of the reply synthesized
+    barge_ins: list[BargeIn] = field(default_factory=list)
+    ended: float | None = None  # the turn's task ended (its reply done, cut, or failed)
+
+
+@dataclass
 class TurnDeps:
     """What a turn needs besides the conversation's own state (shared, process-wide engines)."""
 
@@ -65,6 +94,7 @@ class TurnDeps:
     on_error: Callable[[str], None] | None = None
     on_interrupted: Callable[[], None] | None = None
     end_of_turn: EndOfTurnModel | None = None  # the audio end-of-turn model (None: none)
+    on_turn_end: Callable[[Turn], None] | None = None  # every committed turn, once it ended (telemetry)
 
 
 class Turn:
@@ -90,6 +120,7 @@ class Turn:
         self.language: str | None = None  # the language the reply is in (the user's, as heard or typed)
         self.failed: str | None = None  # the stage that failed (the turn then waits to say so if committed)
         self.reply = ReplyProgress()
+        self.notes = TurnNotes()
 
     @property
     def active(self) -> bool:

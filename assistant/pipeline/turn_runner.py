@@ -35,7 +35,7 @@ from assistant.pipeline.events import EventChannel
 from assistant.pipeline.reply import ReplySink
 from assistant.pipeline.synthesis import SynthesisPath, SynthesisTimeout
 from assistant.pipeline.trace import Ending, Span
-from assistant.pipeline.turn import StageError, Turn, TurnDeps, stage
+from assistant.pipeline.turn import BargeIn, StageError, Turn, TurnDeps, stage
 from assistant.respond.base import ReplyOptions, ResponderError, closing, reply_stream
 from assistant.respond.history import ConversationHistory
 from assistant.tts.base import TTSBusy, TTSRequest
@@ -141,6 +141,7 @@ class TurnRunner:
         if turn is None or not turn.active or self.paused:
             return
         self.paused = True
+        turn.notes.barge_ins.append(BargeIn(time.time(), reason, True, turn.reply.heard(self.sink)))
         self.sink.pause()
         self.events.emit("interrupted", turn=turn.number, reason=reason, paused=True, dropped_ms=0)
         if self.deps.on_interrupted is not None:
@@ -163,6 +164,7 @@ class TurnRunner:
         if turn is None or not turn.active:
             return
         heard = turn.reply.heard(self.sink)  # before the sink drops what is queued
+        turn.notes.barge_ins.append(BargeIn(time.time(), reason, False, heard))
         turn.cancel()
         self.current = None
         was_paused, self.paused = self.paused, False
@@ -241,16 +243,24 @@ class TurnRunner:
                 self.events.emit("reply_done", turn=turn.number, durations_ms=trace.durations_ms())
                 if self.deps.on_turn_done is not None:
                     self.deps.on_turn_done(trace)
+            turn.notes.ended = time.time()
+            if turn.committed.is_set() and self.deps.on_turn_end is not None:
+                try:
+                    self.deps.on_turn_end(turn)
+                except Exception:  # telemetry must never break the conversation
+                    log.exception("turn_end_listener_failed session=%s turn=%d", self.session_id, turn.number)
 
     async def _transcribe(self, turn: Turn) -> Transcript:
         """The turn's ASR pass; its span goes into the trace and its answer to ``turn.heard`` at once."""
         asked = time.time()
         kind = PassKind.SPECULATIVE if turn.speculative and not turn.committed.is_set() else PassKind.FINAL
+        turn.notes.asr_kind = kind.name.lower()
         result = await stage(
             "asr", "I could not make that out",
             self.deps.asr.transcribe(turn.audio, session=self.session_id, kind=kind, language=self.language),
         )
         t = result.timing
+        turn.notes.asr_remote = t.remote if t is not None else None
         turn.trace.asr = Span(t.asked, t.started, t.done) if t is not None else Span(asked, asked, time.time())
         if not turn.heard.done():
             turn.heard.set_result(result)
@@ -267,9 +277,11 @@ class TurnRunner:
 
     async def _respond(self, turn: Turn, text: str, deltas: asyncio.Queue[str | None]) -> None:
         """The responder's deltas into ``deltas`` (bounded: the responder waits when TTS is behind)."""
+        notes = turn.notes
+        options = self._reply_options(turn)
         try:
             async with asyncio.timeout(self.respond_cfg.total_timeout_s):
-                options = self._reply_options(turn)
+                notes.respond_started = time.time()
                 told = False
                 stream = reply_stream(self.deps.responder, text, self.history.messages, options)
                 async with closing(stream):  # a cancelled turn frees the responder's slot at once
@@ -283,12 +295,15 @@ class TurnRunner:
                         turn.reply.text += delta
                         self._emit(turn, "reply_text", delta=delta, text=turn.reply.text)
                         await deltas.put(delta)
+            notes.respond_done = time.time()
         except ResponderError as exc:
             raise StageError("responder", str(exc), exc) from exc
         except TimeoutError as exc:
             raise StageError("responder", "the reply took too long", exc) from exc
         except Exception as exc:
             raise StageError("responder", "the reply failed", exc) from exc
+        finally:
+            notes.usage, notes.tool_calls = options.usage, options.tool_calls
         # The end mark only on success: on failure or cancel the consumer is cancelled too, and an awaited
         # put into a full queue nobody reads would hang the turn (and Session.close) for ever.
         await deltas.put(None)
@@ -301,6 +316,7 @@ class TurnRunner:
         """The voice for the reply's language (``tts.voices``); with none for it, the default voice, and a
         ``voice_fallback`` event that says so."""
         choice = choose_voice(self.synthesis.engine, turn.language, self.request.voice)
+        turn.notes.tts_engine, turn.notes.tts_voice = choice.engine, choice.voice or self.request.voice or ""
         if choice.fallback:
             self._emit(turn, "voice_fallback", language=turn.language, engine=choice.engine,
                        voice=choice.voice or "default")
@@ -329,6 +345,7 @@ class TurnRunner:
         async def synthesize() -> None:
             onset = not self.trim_silence
             request = self._reply_request(turn)
+            turn.notes.tts_language = request.language or ""
             with _tts_stage():
                 async for out in self.synthesis.speak(text(), request, on_piece=on_piece):
                     if not onset:  # the reply starts where its voice does: leading silence is only delay
@@ -338,6 +355,7 @@ class TurnRunner:
                     turn.trace.mark("first_audio")
                     reply.samples_made += len(out)
                     await pcm_q.put(out)
+            turn.notes.tts_done = time.time()
             await pcm_q.put(None)  # only on success (see _respond)
 
         async def write() -> None:

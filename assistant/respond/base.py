@@ -14,8 +14,9 @@ from __future__ import annotations
 
 import contextlib
 import inspect
+import time
 from collections.abc import AsyncIterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol, runtime_checkable
 
 Role = Literal["system", "user", "assistant", "tool"]
@@ -72,6 +73,29 @@ class ReplyOptions:
     max_tokens: int | None = None
     usage: Usage | None = None  # set by the responder when the reply ends (or is cancelled)
     fallback: str | None = None  # set by the responder: another responder answered, and why (the page shows it)
+    tool_calls: list[ToolCallTiming] = field(default_factory=list)  # noted by :meth:`note_tool` (telemetry)
+    _tools_begun: dict[str, float] = field(default_factory=dict, repr=False)
+
+    def note_tool(self, event: ToolCall | ToolCallDelta) -> None:
+        """A tool call's piece or the whole call as the model wrote it: when it began and ended, for the turn's
+        telemetry (a responder that yields tool calls notes them here; nothing else reads it)."""
+        now = time.time()
+        if isinstance(event, ToolCallDelta):
+            self._tools_begun.setdefault(event.call_id, now)
+        else:
+            begun = self._tools_begun.pop(event.call_id, now)
+            self.tool_calls.append(ToolCallTiming(event.call_id, event.name, event.arguments, begun, now))
+
+
+@dataclass(frozen=True)
+class ToolCallTiming:
+    """One tool call the model wrote: its call id, name, arguments, and its first and last piece (wall s)."""
+
+    call_id: str
+    name: str
+    arguments: str
+    begun: float
+    done: float
 
 
 @runtime_checkable

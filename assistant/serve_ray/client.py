@@ -312,7 +312,8 @@ class RemoteASR:
         if self.on_hop is not None:
             self.on_hop("asr", (arrived - called) + (now - done))
             self.on_hop("asr_wait", waited)
-        return dataclasses.replace(result, timing=PassTiming(called, max(called, arrived + waited), now))
+        timing = PassTiming(called, max(called, arrived + waited), now, remote=(arrived, done))
+        return dataclasses.replace(result, timing=timing)
 
     async def transcribe_partial(self, audio: np.ndarray, *, language: str | None = None,
                                  prompt: str | None = None, session: str = "") -> Transcript | None:

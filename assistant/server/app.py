@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from typing import TYPE_CHECKING
 
 from aiohttp import web
 
@@ -31,6 +32,10 @@ from assistant.server.routes import OPENAI_PREFIX, register, routes
 from assistant.server.services import SERVICES, Services
 from assistant.server.voice.ice import check_ice_config
 from assistant.server.voice.signaling import SESSIONS
+from assistant.telemetry import start as start_telemetry
+
+if TYPE_CHECKING:
+    from assistant.telemetry.setup import Telemetry
 
 log = logging.getLogger(__name__)
 
@@ -127,8 +132,10 @@ def create_app(cfg: Config, services: Services | None = None) -> web.Application
     add_static_routes(app)
     app.add_subapp(OPENAI_PREFIX, openai_app)
     add_metrics_listener(app, cfg.server, app[SERVICES].metrics.render)
+    app.on_startup.append(_start_telemetry)
     app.on_startup.append(_start_loading)
     app.on_shutdown.append(_close_sessions)
+    app.on_cleanup.append(_stop_telemetry)
     app.on_cleanup.append(_close_services)
     return app
 
@@ -147,6 +154,27 @@ async def _start_loading(app: web.Application) -> None:
             raise
 
     app[LOADER] = asyncio.get_running_loop().create_task(load(), name="load-services")
+
+
+TELEMETRY: web.AppKey[Telemetry] = web.AppKey("telemetry")
+
+
+async def _start_telemetry(app: web.Application) -> None:
+    """OpenTelemetry for this app's sessions when ``[telemetry]`` or the OTEL_* environment asks for it (off: not
+    even imported)."""
+    services = app[SERVICES]
+    telemetry = start_telemetry(app[CONFIG].telemetry, on_dropped=services.metrics.count_dropped_spans)
+    if telemetry is not None:
+        app[TELEMETRY] = services.telemetry = telemetry
+
+
+async def _stop_telemetry(app: web.Application) -> None:
+    """After the sessions closed (their call spans ended): send what is held, within telemetry.export_timeout_s."""
+    telemetry = app.get(TELEMETRY)
+    if telemetry is not None:
+        if app[SERVICES].telemetry is telemetry:
+            app[SERVICES].telemetry = None
+        await asyncio.to_thread(telemetry.shutdown)
 
 
 async def _close_sessions(app: web.Application) -> None:

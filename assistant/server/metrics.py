@@ -90,6 +90,11 @@ class Metrics:
             "assistant_engine_deaths_total", "engine child processes that died or were killed, by the kind of end "
             "(SIGSEGV, SIGKILL, hung, exit)", ["engine", "how"], registry=self.registry,
         )
+        self.telemetry_spans_dropped_total = Counter(
+            "assistant_telemetry_spans_dropped_total", "OpenTelemetry spans that never reached the collector: its "
+            "queue was full (telemetry.max_queue_size) or the collector refused or did not answer in time",
+            registry=self.registry,
+        )
 
     def observe_engine(self, health: Health) -> None:
         """An engine's state changed (``EngineProcess.on_change``)."""
@@ -98,6 +103,9 @@ class Metrics:
             self.engine_state.labels(engine=health.name, state=state).set(1 if state == health.state else 0)
         if health.state in ("restarting", "failed") and health.reason and health.pid is None:
             self.engine_deaths_total.labels(engine=health.name, how=_how(health.reason)).inc()
+
+    def count_dropped_spans(self, n: int) -> None:
+        self.telemetry_spans_dropped_total.inc(n)
 
     def observe_ray_hop(self, kind: str, seconds: float) -> None:
         self.ray_hop_seconds.labels(kind=kind).observe(max(seconds, 0.0))

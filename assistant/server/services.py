@@ -23,6 +23,7 @@ if TYPE_CHECKING:
     from assistant.asr.base import Transcriber
     from assistant.engine_host.supervisor import EngineProcess
     from assistant.pipeline.end_of_turn import EndOfTurnModel
+    from assistant.telemetry.setup import Telemetry
     from assistant.vad.endpoint import Endpointer
     from assistant.vad.silero import SileroModel
 
@@ -56,6 +57,7 @@ class Services:
     tts: TTSEngine | None = None
     responder: Responder | None = None
     end_of_turn: EndOfTurnModel | None = None  # vad.end_of_turn.SmartTurnBatcher, shared by every session
+    telemetry: Telemetry | None = None  # OpenTelemetry when on (the app starts and stops it: server/app.py)
     ready: bool = False
     load_error: str = ""  # why loading failed (``/readyz`` says it; ``assistant serve`` exits on it)
     load_seconds: dict[str, float] = field(default_factory=dict)

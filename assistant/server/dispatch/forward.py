@@ -40,9 +40,11 @@ TOKEN_PARAM = "token"  # the WebSocket's query-string token (browsers cannot set
 ANSWER_CAP = 1 << 20  # an SDP answer, a session list or a JSON error: a few KB; more is a broken gateway
 WS_HEARTBEAT_S = 30.0  # as the gateway's /ws/tts: a peer silent this long is dead
 WS_CLOSE_TIMEOUT_S = 5.0
-# Request headers a gateway needs; nothing else (cookies, Origin, hop-by-hop) leaves the dispatcher.
-FORWARD_HEADERS = ("Authorization", "Content-Type", "If-Match", "Accept", "OpenAI-Beta")
-WS_FORWARD_HEADERS = ("Authorization", "OpenAI-Beta")
+# Request headers a gateway needs; nothing else (cookies, Origin, hop-by-hop) leaves the dispatcher. The W3C trace
+# context goes on, so a client's trace reaches the gateway's call span (telemetry) through the dispatcher.
+TRACE_HEADERS = ("traceparent", "tracestate")
+FORWARD_HEADERS = ("Authorization", "Content-Type", "If-Match", "Accept", "OpenAI-Beta", *TRACE_HEADERS)
+WS_FORWARD_HEADERS = ("Authorization", "OpenAI-Beta", *TRACE_HEADERS)
 # Answer headers of the signaling routes (WHIP: RFC 9725) relayed to the client.
 OFFER_HEADERS = ("Content-Type", "Location", "ETag", "Link", "Accept-Patch", "Access-Control-Expose-Headers",
                  "Retry-After")

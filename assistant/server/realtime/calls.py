@@ -165,7 +165,8 @@ async def create_call(request: web.Request) -> web.Response:
     services = state[SERVICES]
     who = caller(request)
     session = await open_session(state, sdp, who, make=lambda on_closed: Session(
-        services, start.cfg, on_closed=on_closed, responder=start.responder, client=who.client))
+        services, start.cfg, on_closed=on_closed, responder=start.responder, client=who.client),
+        transport="realtime_webrtc")
     events = ChannelEvents(session)
     try:
         protocol = make_protocol(state, session, start, events.send, webrtc=True, beta=False, query=request.query)

@@ -150,6 +150,7 @@ class RealtimeResponder:
                     async for out in stream:
                         if isinstance(out, ToolCall | ToolCallDelta):
                             reply.tool_event(out)
+                            options.note_tool(out)  # the turn's telemetry: when the model wrote each call
                         elif out:
                             yield out
                 return

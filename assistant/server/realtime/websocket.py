@@ -48,6 +48,7 @@ class SocketSession(ConversationSession):
     """A Realtime session over a WebSocket: closing the session closes the socket."""
 
     ws: web.WebSocketResponse | None = None
+    transport = "realtime_websocket"
 
     async def _release(self) -> None:
         if self.ws is not None and not self.ws.closed:

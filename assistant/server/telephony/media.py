@@ -78,6 +78,7 @@ class CallSession(ConversationSession):
     """A phone call: the conversation, its socket to the carrier, and the carrier's media state."""
 
     ws: web.WebSocketResponse | None = None
+    transport = "phone"
     carrier = ""
     call_id = ""
     media_timeout_s = 0.0
@@ -281,6 +282,9 @@ async def run_call(request: web.Request, ws: web.WebSocketResponse, dialect: Dia
     try:  # from admit on, every exit gives the slot back
         sink.session_id = session.id
         session.ws, session.carrier, session.call_id = ws, dialect.name, start.call_id
+        # Telemetry's call span: the carrier's trace (if it sent one) and the media format.
+        session.traceparent = request.headers.get("traceparent", "")[:128]
+        session.codec = f"{start.encoding}/{start.sample_rate}"
         session.media_timeout_s, session.last_media = settings.media_timeout_s, time.monotonic()
         session.max_call_s = settings.max_call_s
         session.events.subscribe(partial(log_turn, session))

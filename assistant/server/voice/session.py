@@ -14,7 +14,7 @@ import logging
 import secrets
 import time
 from collections.abc import Callable, Coroutine
-from typing import TypedDict, TypeVar, Unpack
+from typing import TYPE_CHECKING, Any, TypedDict, TypeVar, Unpack
 
 from aiortc import RTCDataChannel, RTCIceCandidate, RTCPeerConnection, RTCSessionDescription
 from aiortc.mediastreams import MediaStreamTrack
@@ -25,6 +25,7 @@ from assistant.config import Config
 from assistant.pipeline.conversation import Conversation, TurnDeps
 from assistant.pipeline.events import DataChannel, EventChannel
 from assistant.pipeline.reply import ReplySink
+from assistant.pipeline.turn import Turn
 from assistant.respond.base import Responder
 from assistant.rtc.inbound import InboundAudio, read_track
 from assistant.rtc.jitter import AdaptiveReceiveBuffer
@@ -32,6 +33,10 @@ from assistant.rtc.outbound import ReplyTrack
 from assistant.server.services import Services
 from assistant.server.voice.ice import ice_servers, rtc_configuration
 from assistant.server.voice.sdpfrag import ice_credentials
+from assistant.telemetry import names
+
+if TYPE_CHECKING:
+    from assistant.telemetry.spans import CallTrace
 
 log = logging.getLogger(__name__)
 
@@ -52,6 +57,23 @@ def choose_language(services: Services, language: object) -> str:
     if not isinstance(language, str) or language not in choices:
         raise ValueError(f"must be one of {', '.join(choices)}, got {language!r}")
     return language
+
+
+def answered_codec(sdp: str) -> str:
+    """The audio codec an SDP answer chose: its audio section's first payload type, as its rtpmap names it
+    (``opus/48000/2``); empty when the answer has none."""
+    payload, codecs = "", {}
+    for line in sdp.splitlines():
+        if line.startswith("m="):
+            if payload:
+                break
+            fields = line.split()
+            if line.startswith("m=audio") and len(fields) > 3:
+                payload = fields[3]
+        elif payload and line.startswith("a=rtpmap:"):
+            pt, _, name = line[len("a=rtpmap:"):].partition(" ")
+            codecs[pt] = name.strip()
+    return codecs.get(payload, "").lower()
 
 
 def new_session_id(gateway_id: str = "") -> str:
@@ -79,6 +101,12 @@ class ConversationSession:
     another, with a sink of its own and audio fed to :attr:`conversation` as it arrives.
     """
 
+    # What telemetry's call span says of it (assistant/telemetry/): the transport (page, whip, realtime_webrtc,
+    # realtime_websocket, phone), the audio codec, and the W3C traceparent the caller sent (signaling.admit).
+    transport = ""
+    codec = ""
+    traceparent = ""
+
     def __init__(
         self,
         services: Services,
@@ -96,6 +124,7 @@ class ConversationSession:
         self.connected = True  # a peerless session is connected once admitted; a peer's says when it is
         self.services = services
         self.created = time.monotonic()
+        self.created_wall = time.time()
         self.closed = False
         self.close_reason = ""
         self._on_closed = on_closed
@@ -116,10 +145,37 @@ class ConversationSession:
             on_error=lambda stage: metrics.errors_total.labels(stage=stage).inc(),
             on_interrupted=metrics.interruptions_total.inc,
             end_of_turn=services.end_of_turn,
+            on_turn_end=self._turn_traced if services.telemetry is not None else None,
         )
+        self.responder = deps.responder
+        self._call_trace: CallTrace | None = None
         self.conversation = Conversation(
             cfg, services.make_endpointer(cfg.vad), deps, sink, self.events, session_id=self.id
         )
+
+    # --- telemetry (off: services.telemetry is None, and none of this runs) ------------------------------
+    def call_trace(self) -> CallTrace | None:
+        """This session's spans (started with its first turn's end or its close), when telemetry is on."""
+        telemetry = self.services.telemetry
+        if self._call_trace is None and telemetry is not None:
+            self._call_trace = telemetry.call(self.id, self.created_wall, self.traceparent, self.call_attributes)
+        return self._call_trace
+
+    def _turn_traced(self, turn: Turn) -> None:
+        if (trace := self.call_trace()) is not None:
+            trace.turn_ended(turn)
+
+    def call_attributes(self) -> dict[str, Any]:
+        """What the call span says of this session (names in assistant/telemetry/names.py)."""
+        responder = self.responder
+        describe = getattr(responder, "describe", None) or getattr(getattr(responder, "inner", None), "describe", None)
+        info = dict(describe()) if describe is not None else {}
+        engine = str(info.get("engine") or getattr(getattr(responder, "inner", responder), "name", ""))
+        model = str(info.get("model") or (self.cfg.respond.model if engine == "openai" else ""))
+        return {names.TRANSPORT: self.transport, names.CODEC: self.codec, names.KEY_ID: self.owner,
+                names.LANGUAGE: self.conversation.language or self.cfg.asr.language, names.PROVIDER: engine,
+                names.SYSTEM: engine, names.REQUEST_MODEL: model, names.GATEWAY: self.cfg.server.gateway_id,
+                names.CARRIER: getattr(self, "carrier", "")}
 
     # --- lifecycle ---------------------------------------------------------------------------------
     def spawn(self, coro: Coroutine[object, object, T], name: str) -> asyncio.Task[T]:
@@ -161,6 +217,8 @@ class ConversationSession:
         except Exception as exc:  # the rest must close all the same
             log.warning("session_close_step_failed session=%s step=conversation error=%r", self.id, exc)
         await self._release()
+        if (trace := self.call_trace()) is not None:
+            trace.end(reason)
         if self._on_closed is not None:
             self._on_closed(self)
 
@@ -231,6 +289,7 @@ class Session(ConversationSession):
         self.pc.addTrack(self.track)
         answer = await self.pc.createAnswer()
         await self.pc.setLocalDescription(answer)
+        self.codec = answered_codec(self.pc.localDescription.sdp)
         self.watch()
         return self.pc.localDescription
 

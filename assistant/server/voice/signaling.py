@@ -41,6 +41,7 @@ SESSIONS: web.AppKey[dict[str, ConversationSession]] = web.AppKey("sessions", di
 AppState = web.Application | ChainMapProxy
 VOICE_ID = re.compile(r"[A-Za-z0-9_-]{1,64}")
 CONNECT_GRACE_S = 5.0  # a real peer connects within this; an older unconnected session may give its place up
+TRACEPARENT_MAX = 128  # a W3C traceparent is 55 characters; a longer header is not one (kept bounded, then parsed)
 
 
 def check_sdp(sdp: object, max_bytes: int) -> str:
@@ -110,12 +111,15 @@ class Caller:
     client: str = ""
     key_cap: int | None = None
     cap_group: str = ""  # whose sessions key_cap counts (keys.Principal.group)
+    traceparent: str = ""  # the W3C trace context the request carried: the call span becomes its child
 
 
 def caller(request: web.Request) -> Caller:
-    """The :class:`Caller` of a request that opens a session (its key, and its client past trusted proxies)."""
+    """The :class:`Caller` of a request that opens a session (its key, its client past trusted proxies, and the
+    ``traceparent`` header it sent, if any)."""
     who = principal_of(request)
-    return Caller(who.id, request.config_dict[LIMITS].client(request), who.max_sessions, who.group)
+    traceparent = request.headers.get("traceparent", "")[:TRACEPARENT_MAX]
+    return Caller(who.id, request.config_dict[LIMITS].client(request), who.max_sessions, who.group, traceparent)
 
 
 def check_held(app: AppState, who: Caller) -> None:
@@ -150,6 +154,7 @@ def admit(app: AppState, make: Callable[[OnClosed], S], who: Caller | None = Non
         session.owner = who.owner
         session.cap_group = who.cap_group
         session.client = session.client or who.client
+        session.traceparent = who.traceparent
     sessions[session.id] = session
     services.metrics.sessions_total.inc()
     services.metrics.sessions_active.set(len(sessions))
@@ -158,7 +163,7 @@ def admit(app: AppState, make: Callable[[OnClosed], S], who: Caller | None = Non
 
 async def open_session(
     app: AppState, sdp: str, who: Caller, *, responder: str | None = None, voice: str | None = None,
-    make: Callable[[OnClosed], Session] | None = None, language: str | None = None,
+    make: Callable[[OnClosed], Session] | None = None, language: str | None = None, transport: str = "page",
 ) -> Session:
     """Start a session for this offer, bound to ``who``, and apply it; the answer is
     ``session.pc.localDescription``.
@@ -171,6 +176,7 @@ async def open_session(
     await make_room_to_connect(app, who.client)
     session = admit(app, make or (lambda on_closed: Session(
         services, cfg, on_closed=on_closed, responder=responder, voice=voice, client=who.client)), who)
+    session.transport = transport
     if language is not None:
         session.conversation.set_language(language)
     try:

@@ -44,7 +44,7 @@ async def whip_offer(request: web.Request) -> web.Response:
     sdp = check_sdp(await read_text(request, SDP, cfg.server.max_sdp_bytes), cfg.server.max_sdp_bytes)
     responder, voice = request.query.get("responder"), request.query.get("voice")
     check_choices(app, responder, voice)
-    session = await open_session(app, sdp, caller(request), responder=responder, voice=voice)
+    session = await open_session(app, sdp, caller(request), responder=responder, voice=voice, transport="whip")
     location = f"/api/sessions/{session.id}"
     headers = {
         "Location": location,

@@ -1,0 +1,119 @@
+"""The process's OpenTelemetry: a tracer and a meter of our own (the global providers are left to the application
+that embeds us), OTLP/HTTP exporters, the bounded span processor, and the turn histograms.
+
+The standard environment is honoured: ``OTEL_EXPORTER_OTLP_(TRACES_|METRICS_)ENDPOINT``, ``_HEADERS`` (Honeycomb's
+team key, Langfuse's basic auth), ``_TIMEOUT``, ``_COMPRESSION`` and ``_CERTIFICATE`` by the exporters themselves;
+``OTEL_SERVICE_NAME`` and ``OTEL_RESOURCE_ATTRIBUTES`` by the resource; ``OTEL_TRACES_SAMPLER`` by the tracer
+provider (parent-based by default: a caller's unsampled ``traceparent`` is respected); ``OTEL_METRIC_EXPORT_INTERVAL``
+by the metric reader. ``telemetry.otlp_endpoint``, when set, is the base URL both signals go under.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter
+from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+from opentelemetry.metrics import Histogram, Meter
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics.export import PeriodicExportingMetricReader
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import TracerProvider
+
+from assistant.config import TelemetryConfig
+from assistant.telemetry import names
+from assistant.telemetry.export import BoundedSpanProcessor
+from assistant.telemetry.spans import CallTrace
+
+log = logging.getLogger(__name__)
+
+SCOPE = "assistant"  # the instrumentation scope our spans and histograms carry
+# Bucket bounds in seconds for the turn histograms: the same as /metrics' stage histograms (server/metrics.py).
+LATENCY_BUCKETS = (0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0, 10.0)
+
+
+def _env_set(*variables: str) -> bool:
+    return any(os.environ.get(v, "").strip() for v in variables)
+
+
+class Telemetry:
+    """Tracer, meter and exporters for one process; :meth:`call` gives each session its spans."""
+
+    def __init__(self, cfg: TelemetryConfig, on_dropped: Callable[[int], None] | None = None) -> None:
+        self.cfg = cfg
+        attributes = {} if _env_set("OTEL_SERVICE_NAME") else {"service.name": cfg.service_name}
+        resource = Resource.create(attributes)
+        base = cfg.otlp_endpoint.strip().rstrip("/")
+        # The exporter reads its own timeout variable when given none: ours only where the environment is silent.
+        timeout = None if _env_set("OTEL_EXPORTER_OTLP_TIMEOUT", "OTEL_EXPORTER_OTLP_TRACES_TIMEOUT") \
+            else cfg.export_timeout_s
+        span_exporter = OTLPSpanExporter(endpoint=f"{base}/v1/traces" if base else None, timeout=timeout)
+        self.processor = BoundedSpanProcessor(span_exporter, cfg.max_queue_size, cfg.schedule_delay_ms / 1000,
+                                              on_dropped)
+        # shutdown_on_exit off: the app stops us itself (server/app.py), once; a second stop at exit only warns.
+        self.tracer_provider = TracerProvider(resource=resource, shutdown_on_exit=False)
+        self.tracer_provider.add_span_processor(self.processor)
+        self.tracer = self.tracer_provider.get_tracer(SCOPE)
+        self.meter_provider: MeterProvider | None = None
+        self.histograms: dict[str, Histogram] = {}
+        if cfg.metrics:
+            metric_exporter = OTLPMetricExporter(endpoint=f"{base}/v1/metrics" if base else None, timeout=timeout)
+            reader = PeriodicExportingMetricReader(metric_exporter)
+            self.meter_provider = MeterProvider(resource=resource, metric_readers=[reader], shutdown_on_exit=False)
+            self.histograms = _histograms(self.meter_provider.get_meter(SCOPE))
+        log.info("telemetry_on endpoint=%s metrics=%s include_text=%s queue=%d", base or "(environment)",
+                 cfg.metrics, cfg.include_text, cfg.max_queue_size)
+
+    @property
+    def dropped(self) -> int:
+        return self.processor.dropped
+
+    def call(self, session_id: str, started: float, traceparent: str = "",
+             describe: Callable[[], Mapping[str, Any]] | None = None) -> CallTrace:
+        """One session's spans: its call span begins at ``started`` (wall s), under the caller's ``traceparent``
+        when it sent a valid one; ``describe()`` gives the call's attributes once they are all known."""
+        return CallTrace(self.tracer, self.observe, session_id, started, traceparent, describe,
+                         include_text=self.cfg.include_text)
+
+    def observe(self, name: str, seconds: float | None, **attributes: str) -> None:
+        """One measurement of a histogram of :mod:`names` (``H_*``), in seconds; None is no measurement."""
+        hist = self.histograms.get(name)
+        if hist is not None and seconds is not None:
+            hist.record(max(seconds, 0.0), attributes or None)
+
+    def shutdown(self, timeout_s: float | None = None) -> None:
+        """Send what is held (within ``export_timeout_s``), then stop; what is left is counted dropped."""
+        timeout_s = self.cfg.export_timeout_s if timeout_s is None else timeout_s
+        t0 = time.monotonic()
+        self.processor.shutdown(timeout_s)
+        if self.meter_provider is not None:
+            left_ms = max(0.0, timeout_s - (time.monotonic() - t0)) * 1000
+            try:
+                self.meter_provider.shutdown(timeout_millis=left_ms)
+            except Exception as exc:  # a collector gone at shutdown
+                log.debug("otel_meter_shutdown_failed error=%r", exc)
+        log.info("telemetry_off exported=%d dropped=%d", self.processor.exported, self.processor.dropped)
+
+
+def _histograms(meter: Meter) -> dict[str, Histogram]:
+    """The turn histograms (names.H_*), all in seconds with the buckets /metrics uses."""
+    described = {
+        names.H_V2V: "the user's speech end to the reply's first frame sent (server voice-to-voice)",
+        names.H_EOT: "the user's speech end to the turn committed (end-of-turn delay)",
+        names.H_ASR: "the turn's ASR pass, its wait for a worker included",
+        names.H_TTFT: "the responder asked to its first text (time to first token)",
+        names.H_TTS_TTFB: "first text handed to TTS to its first audio",
+        names.H_STAGE: "every part of a turn's turn_metrics durations, by stage (as /metrics' assistant_stage_seconds)",
+    }
+    out: dict[str, Histogram] = {}
+    for name, description in described.items():
+        try:
+            out[name] = meter.create_histogram(name, unit="s", description=description,
+                                               explicit_bucket_boundaries_advisory=list(LATENCY_BUCKETS))
+        except TypeError:  # an API older than bucket advice: the SDK's default buckets
+            out[name] = meter.create_histogram(name, unit="s", description=description)
+    return out

@@ -48,6 +48,7 @@ from typing import Any, TypedDict
 
 from assistant import languages
 from assistant.config import RespondConfig
+from assistant.respond import persona
 from assistant.respond.base import Message, ReplyOptions, ResponderError, Usage
 
 log = logging.getLogger(__name__)
@@ -856,6 +857,8 @@ class LlamaResponder:
         if turns and turns[0].role == "system":
             system, turns = turns[0].content, turns[1:]
         out = [{"role": "system", "content": system}] if system else []
+        if len(turns) == len(history):  # issue 39: the persona's example turns (none when the history brings a prompt)
+            out += persona.example_messages(self.cfg)
         for m in turns:
             if m.role in ("user", "assistant") and (m.content or m.role == "user"):
                 out.append({"role": m.role, "content": m.content})

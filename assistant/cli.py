@@ -235,6 +235,10 @@ def cmd_bench(args: argparse.Namespace) -> int:
         from assistant.bench.narrowband import run_narrowband
 
         return asyncio.run(run_narrowband(args))
+    if args.bench_cmd == "replies":
+        from assistant.bench.replies import run_replies_bench
+
+        return run_replies_bench(args)
     if args.bench_cmd == "languages":
         from assistant.bench.asr_languages import run_languages
 
@@ -280,6 +284,9 @@ BENCHES = (  # name, help, module, function adding its flags
     ("languages", "the price of hearing every language on a CPU: ASR time of base+auto against tiny.en+en on the "
      "same English turns, and v2v at one session with asr.language auto (and en)", "assistant.bench.asr_languages",
      "add_languages_arguments"),
+    ("replies", "are the replies worth hearing: requests through the responder the calls use, scored per category "
+     "(answered, speakable, short, no role reversal, right, language), before and after in one run",
+     "assistant.bench.replies", "add_replies_arguments"),
 )
 
 

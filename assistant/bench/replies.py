@@ -9,7 +9,8 @@ cannot do: timers, messages, music), ``howto``, ``chitchat``, ``recommend``; a f
 
 The rubric, one reply at a time (:func:`score`):
   * **answered**: it says something of its own: not empty, not the request handed back, not an apology for a
-    misunderstanding nobody had, not a request for clarification; for ``cannot`` it says plainly that it cannot;
+    misunderstanding nobody had, not a request for clarification; for ``cannot`` it says plainly that it cannot,
+    and for the other categories it does not refuse (whether a refusal names the right thing is not checked);
   * **speakable**: no Markdown, URLs or emoji in the model's own text (``raw``); and in what the TTS is given,
     after the speech path's shaping (``heard``, tts/speakable.py; this one must always hold);
   * **short**: the first sentence within :data:`SHORT_FIRST_S` seconds of speech and the whole reply within
@@ -167,8 +168,9 @@ def answered(request: Request, reply: str) -> bool:
     if (request.category != "chitchat" and mine and not mine - content_words(request.text)
             and word_count(said) <= word_count(request.text) + 3):
         return False  # the request said back ("Good morning!" to "Good morning!" is an answer)
-    # For what it cannot do, it must say so (not pretend to have set the timer, or talk of something else).
-    return request.category != "cannot" or bool(_CANNOT.search(said))
+    # For what it cannot do, it must say so (not pretend to have set the timer, or talk of something else); for
+    # anything else, a refusal is no answer ("I can't send messages" to "I just got a new puppy").
+    return bool(_CANNOT.search(said)) == (request.category == "cannot")
 
 
 def right(request: Request, reply: str) -> bool | None:
@@ -295,8 +297,20 @@ def format_tables(results: Results, *, markdown: bool = False) -> str:
                      for c in CATEGORIES if any(r.request.category == c for r in rows)]
             table.append({"category": "all", **summarize(rows)})
             out.append(_table(table, markdown))
+            out.append(_right_by_language(rows) + ("\n" if markdown else ""))
             out.append("")
     return "\n".join(out).rstrip()
+
+
+def _right_by_language(rows: Sequence[Row]) -> str:
+    """Right answers to the factual requests, English and the others apart."""
+    parts = []
+    for label, pick in (("English", lambda r: r.request.language == "en"),
+                        ("other languages", lambda r: r.request.language != "en")):
+        marks = [r.score.right for r in rows if r.score.right is not None and pick(r)]
+        if marks:
+            parts.append(f"{label} {sum(bool(m) for m in marks)}/{len(marks)}")
+    return f"right, factual: {', '.join(parts)}" if parts else ""
 
 
 def _table(rows: list[dict[str, str]], markdown: bool) -> str:

@@ -71,10 +71,10 @@ STOPWORDS = _words(
     "some any this that these those please can could would will should up tonight today tomorrow morning "
     "now there here am was were get got give tell")
 _FUNCTION_WORDS = {
-    "en": _words("the a an is are and of to you it i that this in for with your be can"),
-    "fr": _words("le la les est et de des un une je tu vous il que pour avec ça bien"),
-    "es": _words("el la los las es y de un una yo tú que para con muy bien estoy"),
-    "de": _words("der die das ist und ein eine ich du sie nicht mit für es gut"),
+    "en": _words("the a an is are and of to you it i that this in for with your be can hello hi thanks"),
+    "fr": _words("le la les est et de des un une je tu vous il que pour avec ça bien bonjour comment va merci"),
+    "es": _words("el la los las es y de un una yo tú que para con muy bien estoy hola cómo está qué tal gracias"),
+    "de": _words("der die das ist und ein eine ich du sie nicht mit für es gut hallo wie geht danke"),
 }
 
 

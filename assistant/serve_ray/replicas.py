@@ -275,10 +275,12 @@ class LLMReplica:
     that ``busy``). A reply streams as text deltas, then its :class:`~assistant.respond.base.Usage`."""
 
     async def __init__(self, config: Overrides) -> None:  # type: ignore[misc]  # Serve awaits it
+        from assistant.respond.hub import resolve_model
         from assistant.respond.llama import LlamaResponder
 
         cfg = config_from_dict(config)
         respond = dataclasses.replace(cfg.respond, engine="llama", backend="local")
+        respond = await asyncio.to_thread(resolve_model, respond)  # an hf://… model: pulled on the replica's node
         self.responder = await asyncio.to_thread(LlamaResponder, respond)
         await self.responder.warmup()
         self.replica, self.actor = replica_names()

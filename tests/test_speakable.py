@@ -75,6 +75,8 @@ def test_code_block_state_ends_with_the_reply() -> None:
     ("On 2024-01-15 at 10:30.", "en", "On 2024-01-15 at 10:30."),  # a date is no range
     ("50% 20°C", "it", "50% 20°C"),  # no table for Italian: no English words, the voice says the symbols
     ("snake_case and _this_", "en", "snake_case and this"),
+    ("2. 1. Add the tea leaves", "en", "Add the tea leaves."),  # nested markers, as SmolLM2 writes them
+    ("1. 1. 1. 1. ", "en", ""),
 ])
 def test_symbols_and_units_in_the_language(text: str, language: str | None, want: str) -> None:
     assert speakable(text, language) == want

@@ -26,6 +26,7 @@ not know (a bicycle's "eight wheels"), and Chinese and Japanese, which SmolLM2 d
 from __future__ import annotations
 
 from dataclasses import replace
+from typing import Any
 
 from assistant.config import RespondConfig
 from assistant.respond.base import Message
@@ -63,7 +64,7 @@ def example_messages(cfg: RespondConfig) -> list[dict[str, str]]:
 
 
 # name → the settings the bench runs (on top of the config it is given); "config" is the config as it is.
-PRESETS: dict[str, dict[str, object]] = {
+PRESETS: dict[str, dict[str, Any]] = {
     "before": {"system_prompt": BEFORE_SYSTEM_PROMPT, "examples": False, "temperature": 0.7, "max_tokens": 256},
     "config": {},
     "prompt-only": {"examples": False},
@@ -77,7 +78,7 @@ def preset(cfg: RespondConfig, name: str) -> RespondConfig:
     """``cfg`` with the named preset's settings."""
     if name not in PRESETS:
         raise KeyError(f"unknown preset {name!r}; known: {', '.join(PRESETS)}")
-    return replace(cfg, **PRESETS[name])  # type: ignore[arg-type]
+    return replace(cfg, **PRESETS[name])
 
 
 __all__ = ["BEFORE_SYSTEM_PROMPT", "EXAMPLES", "EXAMPLES_BY_LANGUAGE", "PRESETS", "example_messages", "examples",

@@ -166,9 +166,10 @@ def shape_inline(text: str, lang: str) -> str:
     text = _HTML.sub(" ", text)
     text = _URL.sub(lambda m: _say_url(m.group(0), words), text)
     if words is not None:
-        text = _EMAIL.sub(lambda m: f"{m.group(1)} {words['at']} {_say_host(m.group(2), words)}", text)
-    if words is not None:  # "3 * 4" before emphasis marks go
-        text = _TIMES.sub(lambda m: _join(lang, m.group(1), words["times"], m.group(2)), text)
+        said = words  # (not Optional inside the lambdas)
+        text = _EMAIL.sub(lambda m: f"{m.group(1)} {said['at']} {_say_host(m.group(2), said)}", text)
+        # "3 * 4" before the emphasis marks go
+        text = _TIMES.sub(lambda m: _join(lang, m.group(1), said["times"], m.group(2)), text)
     text = _EMPHASIS.sub("", text)
     text = _STRAY_STAR.sub(" ", text)
     if words is not None:

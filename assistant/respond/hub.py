@@ -256,9 +256,10 @@ def resolve_model(cfg: RespondConfig, *, progress: bool = False) -> RespondConfi
         try:
             path = pull(cfg.model_path, progress=progress)
         except PullError:
-            path = cached_path(ref)  # offline, but an earlier pull left it
-            if path is None:
+            earlier = cached_path(ref)  # offline, but an earlier pull left it
+            if earlier is None:
                 raise
+            path = earlier
             log.warning("respond.model_offline model=%s path=%s (the hub is unreachable: using the pulled copy)",
                         ref, path)
     except PullError as exc:

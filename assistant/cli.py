@@ -1,4 +1,4 @@
-"""Command line: ``assistant serve | dispatch | engines | say | bench | models | doctor``.
+"""Command line: ``assistant serve | dispatch | engines | say | pull | bench | models | doctor``.
 
 ``serve`` takes one ``--section.key`` flag per config setting (see ``assistant serve --help``).
 """
@@ -170,6 +170,22 @@ def _pull_piper(voice: str, args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_pull(args: argparse.Namespace) -> int:
+    """``assistant pull MODEL``: a GGUF chat model from the Hugging Face hub into models/gguf (respond/hub.py)."""
+    from assistant.respond.hub import PullError, parse_ref, pull
+
+    _setup_logging("WARNING")
+    try:
+        path = pull(args.model, Path(args.dest) if args.dest else None, progress=not args.quiet,
+                    sha256=args.sha256)
+    except PullError as exc:
+        print(f"pull {args.model}: {exc}", file=sys.stderr)
+        return 1
+    print(f"{parse_ref(args.model)} ready in {path} (size and sha256 checked); answer with it: assistant serve "
+          f"--respond.model_path {path}")
+    return 0
+
+
 def cmd_models(args: argparse.Namespace) -> int:
     _setup_logging("WARNING" if args.models_cmd == "pull" and args.name.startswith("piper:") else "INFO")
     if args.models_cmd == "pull" and args.name.startswith("piper:"):
@@ -235,6 +251,10 @@ def cmd_bench(args: argparse.Namespace) -> int:
         from assistant.bench.narrowband import run_narrowband
 
         return asyncio.run(run_narrowband(args))
+    if args.bench_cmd == "replies":
+        from assistant.bench.replies import run_replies_bench
+
+        return run_replies_bench(args)
     if args.bench_cmd == "languages":
         from assistant.bench.asr_languages import run_languages
 
@@ -286,6 +306,9 @@ BENCHES = (  # name, help, module, function adding its flags
      "add_languages_arguments"),
     ("isolation", "the embedded model in this process vs in its supervised child process: voice to voice at each "
      "level, memory, and a crash's time to the next answer", "assistant.bench.isolation", "add_isolation_arguments"),
+    ("replies", "are the replies worth hearing: requests through the responder the calls use, scored per category "
+     "(answered, speakable, short, no role reversal, right, language), before and after in one run",
+     "assistant.bench.replies", "add_replies_arguments"),
 )
 
 
@@ -346,6 +369,15 @@ def build_parser(bench: str | None = None) -> argparse.ArgumentParser:
     mp = msub.add_parser("verify", help="check a CosyVoice2 model directory without loading it for inference")
     mp.add_argument("dir", nargs="?", default="models/CosyVoice2-0.5B", help="the model directory")
     p.set_defaults(func=cmd_models)
+
+    p = sub.add_parser("pull", help="fetch a GGUF chat model from the Hugging Face hub (progress, resume, size "
+                       "and sha256 checked) into models/gguf; then --respond.model_path PATH, or hf://… directly")
+    p.add_argument("model", help="owner/repo/file.gguf (hf:// and @revision optional), a hub …/resolve/… URL, or a "
+                   "short name: smollm2-1.7b, qwen2.5-1.5b, qwen2.5-3b, llama3.1-8b")
+    p.add_argument("--dest", default="", help="models folder (default: $ASSISTANT_MODELS_DIR or models/gguf)")
+    p.add_argument("--sha256", default="", help="the hash the file must have (default: the hub's)")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.set_defaults(func=cmd_pull)
 
     p = sub.add_parser("bench", help="latency benchmarks (voice-to-voice, TTS)")
     p.add_argument("--log-level", default="WARNING", help="log level while benchmarking")

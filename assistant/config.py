@@ -218,15 +218,26 @@ class RespondConfig:
         "responder"
     )
     system_prompt: str = _f(
-        "You are a helpful voice assistant. Answer briefly in plain spoken sentences.",
+        # Chosen with `assistant bench replies` on its tuning half (respond/persona.py keeps the example turns and
+        # the settings it was measured against; docs/figures/replies.md the held-out figures).
+        "You are a voice assistant: the user speaks to you and hears your answer. Answer the question yourself, "
+        "in one or two short spoken sentences, with no lists, no markdown and no emojis. You cannot set timers "
+        "or alarms, send messages, make calls, play music or control devices: when asked, say plainly that you "
+        "cannot, and offer what you can do instead. Never ask the user to do what they asked you to do.",
         "system prompt for LLM responders",
+    )
+    examples: bool = _f(
+        True, "llama: put the persona's example turns (respond/persona.py) between the system prompt and the history "
+        "(in respond.language; none when the history brings its own system prompt)"
     )
     history_turns: int = _f(8, "user/assistant turn pairs kept per session")
     base_url: str = _f("http://127.0.0.1:8000/v1", "OpenAI-compatible server base URL (openai engine)")
     model: str = _f("default", "model name sent to the OpenAI-compatible server")
     api_key: str = _f("", "API key for the OpenAI-compatible server (or env OPENAI_API_KEY)")
-    temperature: float = _f(0.7, "sampling temperature for LLM responders")
-    max_tokens: int = _f(256, "most tokens in one reply")
+    temperature: float = _f(0.0, "sampling temperature for LLM responders (0: greedy, the small model's best on "
+                            "`assistant bench replies`)")
+    max_tokens: int = _f(48, "most tokens in one reply (the embedded model stops at the clause end before it; about "
+                         "13 s of speech)")
     connect_timeout_s: float = _f(5.0, "time to connect to the LLM server")
     first_token_timeout_s: float = _f(15.0, "time to the first reply token before the turn fails")
     total_timeout_s: float = _f(60.0, "longest a whole reply may take")

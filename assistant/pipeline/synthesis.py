@@ -64,7 +64,8 @@ class SynthesisPath:
         import soxr  # not at module level: the TTS service's import must not need it on a GPU box
 
         clock = _EngineClock(self.timeout_s)
-        chunks = self.engine.synthesize_stream(self._pieces(text, on_piece, clock), replace(request, text=""))
+        chunks = self.engine.synthesize_stream(self._pieces(text, on_piece, clock, request.language),
+                                               replace(request, text=""))
         resampler = (
             soxr.ResampleStream(self.engine.sample_rate, self.out_rate, 1, dtype="float32", quality="HQ")
             if self.engine.sample_rate != self.out_rate else None
@@ -100,8 +101,8 @@ class SynthesisPath:
                 await chunks.aclose()  # type: ignore[attr-defined]
 
     async def _pieces(self, text: str | AsyncIterator[str], on_piece: Callable[[str], None] | None,
-                      clock: _EngineClock) -> AsyncIterator[str]:
-        chunker = TextChunker(self.chunker)
+                      clock: _EngineClock, language: str | None = None) -> AsyncIterator[str]:
+        chunker = TextChunker(self.chunker, language=language)  # the text shaped for the ear, in the turn's language
         if isinstance(text, str):
             pieces = [*chunker.push(text), *chunker.flush()]
         else:

@@ -41,6 +41,10 @@ def create_responder(cfg: RespondConfig, *, debug_content: bool = False) -> Resp
     cls = load_named(name, BUILTIN, kind="responder")
     if name == "openai":
         return cls(cfg, debug_content=debug_content)
+    if name == "llama":
+        from assistant.respond.hub import resolve_model
+
+        cfg = resolve_model(cfg)  # respond.model_path may name a hub file (respond/hub.py)
     if name in BUILTIN:
         return cls(cfg)
     instance = _instantiate(name, cls, cfg)

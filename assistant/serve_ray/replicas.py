@@ -279,9 +279,11 @@ class LLMReplica:
 
     async def __init__(self, config: Overrides) -> None:  # type: ignore[misc]  # Serve awaits it
         from assistant.respond.hosted import ResponderService
+        from assistant.respond.hub import resolve_model
 
         cfg = config_from_dict(config)
         respond = dataclasses.replace(cfg.respond, engine="llama", backend="local")
+        respond = await asyncio.to_thread(resolve_model, respond)  # an hf://… model: pulled on the replica's node
         self.service = await asyncio.to_thread(ResponderService, dataclasses.asdict(respond))
         await self.service.start()
         self.replica, self.actor = replica_names()

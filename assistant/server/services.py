@@ -115,7 +115,12 @@ class Services:
         cfg = self.cfg
         where = placement(cfg.respond)  # a bad respond.backend fails now
         if self.responder is None and cfg.respond.engine.strip() == "llama" and where != "ray":
+            from assistant.respond.hub import is_hub_ref, resolve_model
             from assistant.respond.llama import resolve_model_path
+
+            if is_hub_ref(cfg.respond.model_path):  # a hub model: pulled now unless an earlier pull left it
+                respond = await asyncio.to_thread(resolve_model, cfg.respond, progress=True)
+                self.cfg = cfg = dataclasses.replace(cfg, respond=respond)
 
             resolve_model_path(cfg.respond)  # a missing or foreign model file fails now, before anything loads
 

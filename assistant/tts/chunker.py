@@ -6,31 +6,21 @@ or inside ``3.5``, CJK ``。！？；`` anywhere). On top of them, the chunker a
   * before the first chunk only: a clause break (``, ; : —`` followed by a space, or CJK ``，、：``) ends it
     once the clause is ``first_min_chars`` long (a CJK letter counts as two: it takes as long to say);
   * a chunk longer than ``max_chars`` is cut at its last space (or CJK clause mark) before the limit;
-  * Markdown an LLM emits is stripped, and pieces with nothing to say are dropped.
+  * every piece is shaped for the ear (:mod:`assistant.tts.speakable`: Markdown, lists, URLs, symbols and units
+    in the reply's language), and pieces with nothing to say are dropped. Every responder's text comes through
+    here, so the shaping is the same for all of them; it works per piece, which is safe for a stream because
+    pieces end at newlines (where Markdown's line syntax starts) and only whole pieces are shaped.
 A trailing ``.`` is held until the next character arrives, since ``3.`` may become ``3.5``; :meth:`flush`
 releases everything at the end of the reply.
 """
 
 from __future__ import annotations
 
-import re
-
 from assistant.config import ChunkerConfig
-from assistant.tts.text import DASHES, find_break, has_cjk, is_cjk, is_clause_break
+from assistant.tts.speakable import Speakable, speakable
+from assistant.tts.text import DASHES, find_break, is_cjk, is_clause_break
 
 HARD_LIMIT_FACTOR = 2  # text with no space at all (a URL, CJK with no marks) is cut hard at 2 × max_chars
-
-_MD_LINK = re.compile(r"\[([^\]]+)\]\([^)]*\)")
-_MD_LINE_PREFIX = re.compile(r"^\s*(?:#{1,6}\s+|[-*+•]\s+|>\s*)")
-_MD_EMPHASIS = re.compile(r"(\*\*|__|\*|`+|~~)")
-
-
-def speakable(text: str) -> str:
-    """Strip the Markdown an LLM likes to emit (``**bold**``, ``# heading``, ``- item``, links, ticks)."""
-    text = _MD_LINK.sub(r"\1", text)
-    text = _MD_LINE_PREFIX.sub("", text)
-    text = _MD_EMPHASIS.sub("", text)
-    return " ".join(text.split()) if not has_cjk(text) else text.strip()
 
 
 class TextChunker:
@@ -40,11 +30,12 @@ class TextChunker:
     """
 
     def __init__(self, cfg: ChunkerConfig | None = None, *, first_min_chars: int | None = None,
-                 max_chars: int | None = None, strip_markdown: bool = True) -> None:
+                 max_chars: int | None = None, strip_markdown: bool = True, language: str | None = None) -> None:
         cfg = cfg or ChunkerConfig()
         self.first_min_chars = cfg.first_min_chars if first_min_chars is None else first_min_chars
         self.max_chars = max(8, cfg.max_chars if max_chars is None else max_chars)
         self.strip_markdown = strip_markdown
+        self.shape = Speakable(language)  # the reply's language when known (else each piece's script says)
         self._buf = ""
         self._sent_first = False
 
@@ -52,6 +43,7 @@ class TextChunker:
         """Drop pending text (barge-in) and start a new reply."""
         self._buf = ""
         self._sent_first = False
+        self.shape.reset()
 
     @property
     def pending(self) -> str:
@@ -90,7 +82,7 @@ class TextChunker:
                 self._sent_first = True
 
     def _emit(self, piece: str) -> str:
-        text = speakable(piece) if self.strip_markdown else piece.strip()
+        text = self.shape(piece) if self.strip_markdown else piece.strip()
         # Nothing to say (only punctuation or markup): drop it rather than send TTS an empty request.
         return text if any(c.isalnum() for c in text) else ""
 
@@ -118,3 +110,6 @@ class TextChunker:
         if len(buf) >= HARD_LIMIT_FACTOR * limit:
             return limit
         return None
+
+
+__all__ = ["HARD_LIMIT_FACTOR", "TextChunker", "speakable"]

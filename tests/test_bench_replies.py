@@ -81,22 +81,24 @@ def test_speakable_short_right_language() -> None:
 
 def test_examples_go_between_the_system_prompt_and_the_history() -> None:
     pytest.importorskip("llama_cpp")
-    from assistant.respond.llama import LlamaResponder
+    from assistant.respond.llama.prompt import PromptBuilder
 
-    r = LlamaResponder.__new__(LlamaResponder)  # the prompt's assembly only: no model loaded
-    r.cfg = RespondConfig()
+    def builder(cfg: RespondConfig) -> PromptBuilder:  # the prompt's assembly only: no model, no template
+        return PromptBuilder(None, lambda text: [], 1024, cfg.system_prompt, cfg.language,  # type: ignore[arg-type]
+                             persona.example_messages(cfg))
+
     history = [Message("user", "Hi"), Message("assistant", "Hello!")]
-    msgs = r.messages("What now?", history, ReplyOptions())
+    msgs = builder(RespondConfig()).messages("What now?", history, ReplyOptions())
     n = len(persona.EXAMPLES)
     assert msgs[0] == {"role": "system", "content": RespondConfig().system_prompt}
     assert [m["content"] for m in msgs[1 : 1 + n]] == [m.content for m in persona.EXAMPLES]
     assert [m["content"] for m in msgs[1 + n :]] == ["Hi", "Hello!", "What now?"]
-    r.cfg = RespondConfig(examples=False)
-    assert len(r.messages("What now?", history, ReplyOptions())) == 4
-    r.cfg = RespondConfig(language="fr")  # no examples in other languages
-    assert len(r.messages("What now?", [], ReplyOptions())) == 2
-    r.cfg = RespondConfig()  # a history with its own system prompt (a Realtime session's instructions): none
-    assert len(r.messages("What now?", [Message("system", "Be a pirate."), *history], ReplyOptions())) == 4
+    assert len(builder(RespondConfig(examples=False)).messages("What now?", history, ReplyOptions())) == 4
+    # No examples in other languages.
+    assert len(builder(RespondConfig(language="fr")).messages("What now?", [], ReplyOptions())) == 2
+    # A history with its own system prompt (a Realtime session's instructions): none.
+    own = [Message("system", "Be a pirate."), *history]
+    assert len(builder(RespondConfig()).messages("What now?", own, ReplyOptions())) == 4
 
 
 @pytest.mark.slow

@@ -48,7 +48,17 @@ import numpy as np
 from assistant.bench.eot_corpus import HALVES
 from assistant.bench.eot_evidence import ClipEvidence, collect, collect_entries, collect_files, load_cache
 from assistant.config import TurnConfig, VADConfig
-from assistant.pipeline.end_of_turn import Cue, Decision, Evidence, cue, decide, judge, word_count
+from assistant.pipeline.end_of_turn import (
+    Cue,
+    Decision,
+    Evidence,
+    cue,
+    cue_weight,
+    decide,
+    falling_threshold,
+    judge,
+    word_count,
+)
 
 log = logging.getLogger(__name__)
 
@@ -1037,12 +1047,66 @@ def human_report(turns: Turns, operating_point: dict[str, Any], vad_ms: int) -> 
         readings.append(row)
         lines.append(f"  curve {name:28s} " + "  ".join(f"{k}: {v or '-'}" for k, v in row.items()
                                                         if k != "curve on the human set"))
+    fluent = parts.get("fluent", turns)
+    where = wait_breakdown(fluent, falling, fixed)
+    lines.append(f"  where the wait goes on {len(fluent.clips)} fluent turns (falling, p50 ms after the labelled end): "
+                 + ", ".join(f"{r['step']}: {r['p50']}" for r in where))
     md = "\n".join([
         f"The human set (`../shared/audio/human`, {len(turns.clips)} turns; **a tuning set**: these figures are "
         "not figures on unseen speech), at the operating points above:", "", markdown_table(rows), "",
         "Its own curves (the least median wait at or under each false cut-off rate; the knob in brackets):", "",
-        markdown_table(readings)])
-    return {"text": "\n".join(lines), "markdown": md, "rows": rows, "curves": readings}
+        markdown_table(readings), "",
+        f"Where the wait goes on its {len(fluent.clips)} fluent turns at the falling operating point (ms after the "
+        "labelled end of speech, over turns; the compute times are this machine's as the evidence was collected; "
+        "measured, not tuned):", "", markdown_table(where)])
+    return {"text": "\n".join(lines), "markdown": md, "rows": rows, "curves": readings, "wait_breakdown": where}
+
+
+def wait_breakdown(turns: Turns, cfg: TurnConfig, fixed_ms: int) -> list[dict[str, Any]]:
+    """Where the time from the labelled end of speech to the decision goes, at each turn's real end: the VAD's
+    silence starts (its hangover past the label), the speculative pass starts, Smart Turn's first answer and the
+    speculative transcript land, the policy decides; then the policy's own share (the decision after the later of
+    the two answers), and the score against the threshold when the transcript lands."""
+    ends = [p for p in turns.pauses if p.is_end]
+    cols: dict[str, list[float]] = {k: [] for k in ("vad", "spec", "model", "text", "decided", "policy_wait",
+                                                    "score", "threshold")}
+    reasons: dict[str, int] = {}
+    marks = policy_marks(cfg)
+    for p in ends:
+        arrivals = model_arrivals(p, marks)
+        text_at = cfg.speculative_pause_ms + p.asr_ms
+        t, d = replay_decision(cfg, p, fixed_ms)
+        cols["vad"].append(p.offset_ms)
+        cols["spec"].append(p.offset_ms + cfg.speculative_pause_ms)
+        if arrivals:
+            cols["model"].append(p.offset_ms + arrivals[0][0])
+        cols["text"].append(p.offset_ms + text_at)
+        cols["decided"].append(p.offset_ms + t)
+        cols["policy_wait"].append(t - max(text_at, arrivals[0][0] if arrivals else 0.0))
+        known = [q for at, q in arrivals if at <= text_at]
+        cols["score"].append((known[-1] if known else cfg.model_off_prob) + cue_weight(cfg, p.cue))
+        cols["threshold"].append(falling_threshold(cfg, int(text_at) // VAD_WINDOW_MS * VAD_WINDOW_MS))
+        reason = d.reason if d is not None else "max_silence"
+        reasons[reason] = reasons.get(reason, 0) + 1
+
+    def q(xs: Sequence[float], pct: float, digits: int = 0) -> float | None:
+        if not xs:
+            return None
+        v = float(np.percentile(xs, pct))
+        return round(v, digits) if digits else round(v)
+
+    names = {"vad": "the VAD's silence starts (its lag past the label)",
+             "spec": f"the speculative pass starts ({cfg.speculative_pause_ms} ms of silence)",
+             "model": "Smart Turn's first answer lands", "text": "the speculative transcript lands",
+             "decided": "the policy ends the turn",
+             "policy_wait": "... of which the policy's own wait (after both answers are in)"}
+    rows: list[dict[str, Any]] = [{"step": v, "p50": q(cols[k], 50), "p90": q(cols[k], 90)} for k, v in names.items()]
+    rows += [{"step": "score when the transcript lands (model + cue)", "p50": q(cols["score"], 50, 2),
+              "p90": q(cols["score"], 90, 2)},
+             {"step": "the threshold then", "p50": q(cols["threshold"], 50, 2), "p90": q(cols["threshold"], 90, 2)},
+             {"step": "what ended the turns", "p50": ", ".join(f"{k} {v}" for k, v in sorted(reasons.items())),
+              "p90": ""}]
+    return rows
 
 
 def _run_human_only(args: argparse.Namespace, origin: str) -> int:

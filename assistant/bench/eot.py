@@ -1034,10 +1034,11 @@ def human_report(turns: Turns, operating_point: dict[str, Any], vad_ms: int) -> 
             rows.append({"policy": name, "turns": f"{part} ({sc.turns})", "false cut-offs": f"{sc.fcr * 100:.1f} %",
                          "wait p50": f"{sc.wait(50):.0f} ms", "wait p90": f"{sc.wait(90):.0f} ms"})
     ft = FallingTable(turns, falling)
-    curves = {"vad (silence_ms)": [(k, score_vad(turns, k)) for k in VAD_SWEEP_MS],
-              "flat (unsure_endpoint_ms)": [(u, score_replay(replace(flat, unsure_endpoint_ms=u), turns, fixed))
-                                            for u in FLAT_SWEEP_MS],
-              "falling (threshold_shift)": [(d, ft.score(shifted(falling, d))) for d in OFFSETS]}
+    curves: dict[str, list[tuple[Any, Score]]] = {
+        "vad (silence_ms)": [(k, score_vad(turns, k)) for k in VAD_SWEEP_MS],
+        "flat (unsure_endpoint_ms)": [(u, score_replay(replace(flat, unsure_endpoint_ms=u), turns, fixed))
+                                      for u in FLAT_SWEEP_MS],
+        "falling (threshold_shift)": [(d, ft.score(shifted(falling, d))) for d in OFFSETS]}
     readings = []
     for name, pts in curves.items():
         row: dict[str, Any] = {"curve on the human set": name}

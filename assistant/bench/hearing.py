@@ -134,13 +134,13 @@ def slot_table(clips: list[Clip]) -> str:
     counts: dict[str, Counter[str]] = defaultdict(Counter)
     for c in clips:
         end = next((p for p in c.passes if p.is_end), None)
+        said = {label: end.text.get(label, "") if end is not None else "" for label in ENGINES}  # none: not heard
         for kind, words in c.slots.items():
             for key in (kind, "all slots"):
                 counts[key]["slots"] += 1
                 for label in ENGINES:
-                    counts[key][label] += bool(end and heard(words, end.text.get(label, "")))
-        whole = {label: bool(end) and all(heard(w, end.text.get(label, "")) for w in c.slots.values())
-                 for label in ENGINES}
+                    counts[key][label] += heard(words, said[label])
+        whole = {label: all(heard(w, said[label]) for w in c.slots.values()) for label in ENGINES}
         counts["whole order (every slot)"]["slots"] += 1
         for label in ENGINES:
             counts["whole order (every slot)"][label] += whole[label]

@@ -259,6 +259,10 @@ def cmd_bench(args: argparse.Namespace) -> int:
         from assistant.bench.asr_languages import run_languages
 
         return asyncio.run(run_languages(args))
+    if args.bench_cmd == "hearing":
+        from assistant.bench.hearing import run_hearing
+
+        return run_hearing(args)
     if args.bench_cmd == "isolation":
         from assistant.bench.isolation import run_isolation_bench
 
@@ -304,6 +308,8 @@ BENCHES = (  # name, help, module, function adding its flags
     ("languages", "the price of hearing every language on a CPU: ASR time of base+auto against tiny.en+en on the "
      "same English turns, and v2v at one session with asr.language auto (and en)", "assistant.bench.asr_languages",
      "add_languages_arguments"),
+    ("hearing", "the human set (a tuning set) through tiny.en and base+auto: how often each slot's words are in the "
+     "transcript, and the language detected at every pass", "assistant.bench.hearing", "add_hearing_arguments"),
     ("isolation", "the embedded model in this process vs in its supervised child process: voice to voice at each "
      "level, memory, and a crash's time to the next answer", "assistant.bench.isolation", "add_isolation_arguments"),
     ("replies", "are the replies worth hearing: requests through the responder the calls use, scored per category "

@@ -130,3 +130,29 @@ def test_the_languages_bench_measures_both_engines_on_the_same_english_turns() -
     total = {k: sum(r.median_ms[k] for r in rows) for k in ("base+auto", "tiny.en+en")}
     assert ratio == pytest.approx(total["base+auto"] / total["tiny.en+en"])
     assert table.count("\n") == len(rows) + 2 and f"| all {len(rows)} |" in table
+
+
+HUMAN = shared_path("audio/human")  # the human tuning set (its README)
+
+
+@pytest.mark.skipif(not (HUMAN / "987aba7c.flac").is_file(), reason="no ../shared/audio/human")
+def test_a_short_speculative_pass_of_english_is_heard_as_english(base: FasterWhisperEngine) -> None:
+    """A human English turn's first speculative pass (0.5 s of speech, up to a pause): Whisper ranks Thai 0.68,
+    Japanese 0.22, English 0.02; the likeliest allowed language, Japanese, was taken. Unsure, it is English."""
+    from assistant.bench.eot_evidence import vad_pauses
+    from assistant.config import TurnConfig, VADConfig
+
+    x, _ = read_audio(HUMAN / "987aba7c.flac")
+    spec = TurnConfig().speculative_pause_ms * 16
+    (start, audio_start, _), *rest = vad_pauses(x, VADConfig(), TurnConfig().speculative_pause_ms)[0]
+    assert rest, "the clip has a pause before its end"
+    heard = base.transcribe(x[audio_start:start + spec])
+    assert heard.language == "en" and heard.language_probability < base.cfg.language_sure, heard
+    whole = base.transcribe(x[audio_start:])  # the whole turn is sure of itself
+    assert whole.language == "en" and whole.language_probability >= base.cfg.language_sure
+
+
+def test_an_unsure_detection_falls_back_to_the_first_allowed_language(base: FasterWhisperEngine) -> None:
+    assert base._pick([("ja", 0.9), ("en", 0.05)]) == ("ja", 0.9)
+    assert base._pick([("th", 0.68), ("ja", 0.22), ("en", 0.02)]) == ("en", 0.02)
+    assert base._pick([("en", 0.3), ("ja", 0.2)]) == ("en", 0.3)

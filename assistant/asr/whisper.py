@@ -12,8 +12,9 @@ Otherwise ``ASRModelMissing`` says what to do.
 **Languages.** ``asr.language`` is a code or ``auto``; a session may ask for another per pass. With ``auto`` the
 language is detected in every pass (speculative and partial ones too, so the end of the turn pays nothing for
 it) from the same encoder output the text is decoded from: one decoder step gives every language's
-probability, and the most likely of ``asr.languages`` (those the model knows) wins. The transcript carries the
-language and its probability.
+probability, and the most likely of ``asr.languages`` (those the model knows) wins when it is sure
+(``asr.language_sure``, at least 0.5); a less sure pass is heard in the first of ``asr.languages`` (English by
+default). The transcript carries the language and its probability.
 
 **A window the size of the turn** (``asr.fit_window``). faster-whisper pads every segment's features to
 Whisper's 30 s window, and the encoder's cost follows the window, not the speech: tiny.en int8 on two CPU
@@ -237,12 +238,20 @@ class FasterWhisperEngine:
                           compute_s=compute_s)
 
     def _pick(self, ranked: list[tuple[str, float]]) -> tuple[str, float]:
-        """The most likely language of :attr:`languages` among (code, probability) pairs, most likely first."""
+        """The language of a pass from (code, probability) pairs over every language, most likely first: the most
+        likely of :attr:`languages` when it is sure (``asr.language_sure``), else the first of them (the
+        fall-back language), with their probabilities. An unsure detection is mostly a short pass, or speech
+        Whisper places outside the allowed languages: the likeliest allowed one is then a guess (a 0.5 s
+        speculative pass of English: Thai 0.68, Japanese 0.22, English 0.02)."""
         allowed = set(self.languages)
+        probability = {code: float(p) for code, p in ranked}
         for code, p in ranked:
             if code in allowed:
-                return code, float(p)
-        return self.languages[0], 0.0
+                if float(p) >= self.cfg.language_sure:
+                    return code, float(p)
+                break
+        fallback = self.languages[0]
+        return fallback, probability.get(fallback, 0.0)
 
     @staticmethod
     def _window(samples: int) -> int | None:

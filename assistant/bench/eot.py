@@ -22,6 +22,11 @@ A policy's curve is one knob swept with its other settings fixed: VAD alone (the
 shape tuned on the tuning half). "Wait at 5 %" reads the held-out curve: the least median wait among its
 settings at or under 5 % false cut-offs. The operating point is chosen on the tuning half alone (the least
 median wait at or under the target there) and then measured on the held-out half.
+
+The human set (``../shared/audio/human``, ``human_set.py``: 120 spoken coffee orders, 41 with pauses) is heard
+beside the corpus and reported on its own rows: the operating points on it, and its own curves. It is a tuning
+set (its README): its figures say how the policies do on human speech, not how they do on speech unseen.
+``--human-only`` hears it alone, at today's defaults, without a corpus.
 """
 
 from __future__ import annotations
@@ -41,9 +46,19 @@ from typing import Any
 import numpy as np
 
 from assistant.bench.eot_corpus import HALVES
-from assistant.bench.eot_evidence import ClipEvidence, collect, collect_files, load_cache
+from assistant.bench.eot_evidence import ClipEvidence, collect, collect_entries, collect_files, load_cache
 from assistant.config import TurnConfig, VADConfig
-from assistant.pipeline.end_of_turn import Cue, Decision, Evidence, cue, decide, judge, word_count
+from assistant.pipeline.end_of_turn import (
+    Cue,
+    Decision,
+    Evidence,
+    cue,
+    cue_weight,
+    decide,
+    falling_threshold,
+    judge,
+    word_count,
+)
 
 log = logging.getLogger(__name__)
 
@@ -579,6 +594,10 @@ def add_eot_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--guard", action="store_true",
                         help="an operating point must cut none of the --also files' mid-turn pauses (the issue's "
                         "check on ../shared/audio and tests/data/pauses); the tuning half still chooses among those")
+    parser.add_argument("--no-human", action="store_true",
+                        help="skip the human set (../shared/audio/human; a tuning set, reported on its own rows)")
+    parser.add_argument("--human-only", action="store_true",
+                        help="only the human set, at today's defaults (TurnConfig) and on its own curves: no corpus")
     parser.add_argument("--no-collect", action="store_true",
                         help="analyse the cached evidence only (no VAD, model or ASR runs)")
     parser.add_argument("--no-plot", action="store_true", help="skip the PNG")
@@ -619,6 +638,8 @@ def run_eot(args: argparse.Namespace) -> int:
     from assistant.bench.figures import provenance
 
     origin = provenance()
+    if args.human_only:
+        return _run_human_only(args, origin)
     corpus = Path(args.corpus)
     for half in HALVES:
         if not (corpus / half / "manifest.json").is_file():
@@ -649,6 +670,11 @@ def run_eot(args: argparse.Namespace) -> int:
         also = also_report(flatten(extra), report)
         print(also)
         report["also_text"] = also
+    human = None if args.no_human else _human_evidence(args)
+    if human:
+        vad_ms = next(c for c in report["curves"] if c["name"] == "vad")["operating_point"]["knob"]
+        report["human"] = human_report(flatten(human), report["operating_point"], vad_ms)
+        print(report["human"]["text"])
     if args.markdown is not None:
         from assistant.bench.figures import write_markdown
 
@@ -941,6 +967,8 @@ def markdown(report: dict[str, Any]) -> str:
              f"alone, p = {report['operating_point']['model_off_prob']}): tuning half "
              f"{pct(report['model_off']['tune'])}, held-out {pct(report['model_off']['heldout'])}.", "",
              "```", report["text"].split("\n")[0], report.get("also_text", "").strip(), "```"]
+    if report.get("human"):
+        parts += ["", report["human"]["markdown"]]
     return "\n".join(parts)
 
 
@@ -966,3 +994,139 @@ def load_evidence(out: Path) -> dict[str, list[ClipEvidence]]:
     """The cached evidence of both halves (``--out``/evidence)."""
     return {h: list(load_cache(out / "evidence" / f"{h}.jsonl").values()) for h in HALVES}
 
+
+
+# --- the human set (a tuning set), on its own rows ----------------------------------------------------------
+def _human_evidence(args: argparse.Namespace) -> list[ClipEvidence] | None:
+    """The human set's evidence (cached in ``--out``/evidence/human.jsonl), or None when the set is absent."""
+    from assistant.bench.human_set import LABELS, human_dir, load_human
+
+    folder = human_dir()
+    if not (folder / LABELS).is_file():
+        log.warning("eot.human_missing folder=%s", folder)
+        return None
+    cache = Path(args.out) / "evidence" / "human.jsonl"
+    if args.no_collect:
+        return list(load_cache(cache).values()) or None
+    from assistant.vad.end_of_turn import SmartTurnModel
+
+    return collect_entries(folder, "human", load_human(folder)[: args.limit], cache, _asr_engines(), SmartTurnModel())
+
+
+def human_report(turns: Turns, operating_point: dict[str, Any], vad_ms: int) -> dict[str, Any]:
+    """The human set on its own rows: the operating points (flat as today, falling, VAD alone at ``vad_ms``) on
+    all its turns, on the fluent ones and on those with pauses; then its own curves read at 5 % and 10 %."""
+    from assistant.bench.figures import markdown_table
+    from assistant.bench.human_set import TUNING_NOTE
+
+    fixed = VADConfig().end_silence_ms
+    falling = replace(TurnConfig(), policy="falling", **operating_point)
+    flat = replace(TurnConfig(), policy="flat")
+    parts = {"all": turns, **by_group(turns, lambda c: c.kind)}
+    rows, lines = [], [f"\nhuman set ({TUNING_NOTE}): {len(turns.clips)} turns, "
+                       f"{sum(c.kind == 'pauses' for c in turns.clips)} with pauses (labels.json)"]
+    for name, sc_of in (("flat (before)", lambda t: score_replay(flat, t, fixed)),
+                        ("falling", lambda t: FallingTable(t, falling).score(falling)),
+                        (f"vad {vad_ms} ms", lambda t: score_vad(t, vad_ms))):
+        for part, t in parts.items():
+            sc = sc_of(t)
+            lines.append(_format_row(f"{name}, {part}", sc))
+            rows.append({"policy": name, "turns": f"{part} ({sc.turns})", "false cut-offs": f"{sc.fcr * 100:.1f} %",
+                         "wait p50": f"{sc.wait(50):.0f} ms", "wait p90": f"{sc.wait(90):.0f} ms"})
+    ft = FallingTable(turns, falling)
+    curves: dict[str, list[tuple[Any, Score]]] = {
+        "vad (silence_ms)": [(k, score_vad(turns, k)) for k in VAD_SWEEP_MS],
+        "flat (unsure_endpoint_ms)": [(u, score_replay(replace(flat, unsure_endpoint_ms=u), turns, fixed))
+                                      for u in FLAT_SWEEP_MS],
+        "falling (threshold_shift)": [(d, ft.score(shifted(falling, d))) for d in OFFSETS]}
+    readings = []
+    for name, pts in curves.items():
+        row: dict[str, Any] = {"curve on the human set": name}
+        for target in (0.0, 0.05, 0.10):
+            r = best_under(pts, target)
+            row[f"wait at {target * 100:.0f} %"] = "" if r is None else f"{r[1].wait(50):.0f} ms ({r[0]})"
+        readings.append(row)
+        lines.append(f"  curve {name:28s} " + "  ".join(f"{k}: {v or '-'}" for k, v in row.items()
+                                                        if k != "curve on the human set"))
+    fluent = parts.get("fluent", turns)
+    where = wait_breakdown(fluent, falling, fixed)
+    lines.append(f"  where the wait goes on {len(fluent.clips)} fluent turns (falling, p50 ms after the labelled end): "
+                 + ", ".join(f"{r['step']}: {r['p50']}" for r in where))
+    md = "\n".join([
+        f"The human set (`../shared/audio/human`, {len(turns.clips)} turns; **a tuning set**: these figures are "
+        "not figures on unseen speech), at the operating points above:", "", markdown_table(rows), "",
+        "Its own curves (the least median wait at or under each false cut-off rate; the knob in brackets):", "",
+        markdown_table(readings), "",
+        f"Where the wait goes on its {len(fluent.clips)} fluent turns at the falling operating point (ms after the "
+        "labelled end of speech, over turns; the compute times are this machine's as the evidence was collected; "
+        "measured, not tuned):", "", markdown_table(where)])
+    return {"text": "\n".join(lines), "markdown": md, "rows": rows, "curves": readings, "wait_breakdown": where}
+
+
+def wait_breakdown(turns: Turns, cfg: TurnConfig, fixed_ms: int) -> list[dict[str, Any]]:
+    """Where the time from the labelled end of speech to the decision goes, at each turn's real end: the VAD's
+    silence starts (its hangover past the label), the speculative pass starts, Smart Turn's first answer and the
+    speculative transcript land, the policy decides; then the policy's own share (the decision after the later of
+    the two answers), and the score against the threshold when the transcript lands."""
+    ends = [p for p in turns.pauses if p.is_end]
+    cols: dict[str, list[float]] = {k: [] for k in ("vad", "spec", "model", "text", "decided", "policy_wait",
+                                                    "score", "threshold")}
+    reasons: dict[str, int] = {}
+    marks = policy_marks(cfg)
+    for p in ends:
+        arrivals = model_arrivals(p, marks)
+        text_at = cfg.speculative_pause_ms + p.asr_ms
+        t, d = replay_decision(cfg, p, fixed_ms)
+        cols["vad"].append(p.offset_ms)
+        cols["spec"].append(p.offset_ms + cfg.speculative_pause_ms)
+        if arrivals:
+            cols["model"].append(p.offset_ms + arrivals[0][0])
+        cols["text"].append(p.offset_ms + text_at)
+        cols["decided"].append(p.offset_ms + t)
+        cols["policy_wait"].append(t - max(text_at, arrivals[0][0] if arrivals else 0.0))
+        known = [q for at, q in arrivals if at <= text_at]
+        cols["score"].append((known[-1] if known else cfg.model_off_prob) + cue_weight(cfg, p.cue))
+        cols["threshold"].append(falling_threshold(cfg, int(text_at) // VAD_WINDOW_MS * VAD_WINDOW_MS))
+        reason = d.reason if d is not None else "max_silence"
+        reasons[reason] = reasons.get(reason, 0) + 1
+
+    def q(xs: Sequence[float], pct: float, digits: int = 0) -> float | None:
+        if not xs:
+            return None
+        v = float(np.percentile(xs, pct))
+        return round(v, digits) if digits else round(v)
+
+    names = {"vad": "the VAD's silence starts (its lag past the label)",
+             "spec": f"the speculative pass starts ({cfg.speculative_pause_ms} ms of silence)",
+             "model": "Smart Turn's first answer lands", "text": "the speculative transcript lands",
+             "decided": "the policy ends the turn",
+             "policy_wait": "... of which the policy's own wait (after both answers are in)"}
+    rows: list[dict[str, Any]] = [{"step": v, "p50": q(cols[k], 50), "p90": q(cols[k], 90)} for k, v in names.items()]
+    rows += [{"step": "score when the transcript lands (model + cue)", "p50": q(cols["score"], 50, 2),
+              "p90": q(cols["score"], 90, 2)},
+             {"step": "the threshold then", "p50": q(cols["threshold"], 50, 2), "p90": q(cols["threshold"], 90, 2)},
+             {"step": "what ended the turns", "p50": ", ".join(f"{k} {v}" for k, v in sorted(reasons.items())),
+              "p90": ""}]
+    return rows
+
+
+def _run_human_only(args: argparse.Namespace, origin: str) -> int:
+    """``--human-only``: the human set at today's defaults (the falling policy as ``TurnConfig`` has it, VAD alone
+    at the bench's last chosen silence), no corpus."""
+    human = _human_evidence(args)
+    if not human:
+        print("bench eot: no human set (../shared/audio/human/labels.json)")
+        return 2
+    report = human_report(flatten(human), _settings(TurnConfig(), "falling"), HUMAN_ONLY_VAD_MS)
+    print(report["text"])
+    if args.markdown is not None:
+        from assistant.bench.figures import write_markdown
+
+        body = (f"Today's defaults (`TurnConfig`; VAD alone at {HUMAN_ONLY_VAD_MS} ms, the corpus's last choice)."
+                f"\n\n{report['markdown']}\n\n```{report['text']}\n```")
+        docs = write_markdown(args.markdown, body, origin)
+        print(f"wrote {args.markdown}" + (f"; refreshed {', '.join(str(d) for d in docs)}" if docs else ""))
+    return 0
+
+
+HUMAN_ONLY_VAD_MS = 1200  # VAD alone's operating point on the corpus (docs/figures/eot.md)

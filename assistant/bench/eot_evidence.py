@@ -217,15 +217,26 @@ def collect(
     manifest = json.loads((corpus / half / "manifest.json").read_text(encoding="utf-8"))
     if only is not None:
         manifest = [e for e in manifest if e["file"] in only]
-    if limit is not None:
-        manifest = manifest[:limit]
+    return collect_entries(corpus / half, half, manifest[:limit], cache, asr, model)
+
+
+def collect_entries(
+    folder: Path,
+    half: str,
+    manifest: list[dict[str, Any]],
+    cache: Path,
+    asr: Transcriber | dict[str, Transcriber],
+    model: TurnModel,
+) -> list[ClipEvidence]:
+    """Evidence for the clips of ``manifest`` (entries of files in ``folder``; the human set's come from
+    ``human_set.load_human``), reusing and appending to the cache as :func:`collect` does."""
     have = load_cache(cache)
     out: list[ClipEvidence] = []
     cache.parent.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
     with cache.open("a", encoding="utf-8") as f:
         for i, entry in enumerate(manifest):
-            path = corpus / half / entry["file"]
+            path = folder / entry["file"]
             sha = hashlib.sha256(path.read_bytes()).hexdigest()[:16]
             entry = {"split": half, **entry}
             lang = entry.get("lang", "en")

@@ -13,6 +13,7 @@ from assistant.bench import replies as R
 from assistant.config import RespondConfig
 from assistant.respond import persona
 from assistant.respond.base import Message, ReplyOptions
+from tests.needs import module
 
 
 def req(text: str, category: str = "howto", answer: tuple[str, ...] = (), language: str = "en") -> R.Request:
@@ -80,7 +81,7 @@ def test_speakable_short_right_language() -> None:
 
 
 def test_examples_go_between_the_system_prompt_and_the_history() -> None:
-    pytest.importorskip("llama_cpp")
+    module("llama_cpp")
     from assistant.respond.llama.prompt import PromptBuilder
 
     def builder(cfg: RespondConfig) -> PromptBuilder:  # the prompt's assembly only: no model, no template
@@ -103,7 +104,7 @@ def test_examples_go_between_the_system_prompt_and_the_history() -> None:
 
 @pytest.mark.slow
 def test_the_bench_runs_on_the_default_model(tmp_path: Path) -> None:
-    pytest.importorskip("llama_cpp")
+    module("llama_cpp")
     parser = argparse.ArgumentParser()
     R.add_replies_arguments(parser)
     args = parser.parse_args(["--half", "heldout", "--presets", "before,config", "--limit", "3",

@@ -9,18 +9,17 @@ import threading
 import time
 from collections.abc import Sequence
 
-import pytest
-
 from assistant.config import TelemetryConfig, load_config
 from assistant.telemetry import wanted
+from tests.needs import module
 
-pytest.importorskip("opentelemetry.sdk.trace")
+module("opentelemetry.sdk.trace")
 
-from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
-from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
+from opentelemetry.sdk.trace import ReadableSpan, TracerProvider  # noqa: E402
+from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult  # noqa: E402
 
-from assistant.telemetry.export import BoundedSpanProcessor
-from assistant.telemetry.spans import ns, parent_context
+from assistant.telemetry.export import BoundedSpanProcessor  # noqa: E402
+from assistant.telemetry.spans import ns, parent_context  # noqa: E402
 
 
 def test_off_unless_an_endpoint_is_set() -> None:

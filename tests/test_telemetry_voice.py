@@ -11,16 +11,18 @@ from typing import Any
 import aiohttp
 import pytest
 
-pytest.importorskip("opentelemetry.proto.collector.trace.v1.trace_service_pb2")
+from tests.needs import module
 
-from assistant.bench.audio_source import load_utterance
-from assistant.bench.v2v import BenchSession, TurnSettings
-from assistant.server.app import TELEMETRY
-from assistant.server.services import Services
-from assistant.telemetry import names
-from tests.conftest import serve, test_config
-from tests.otlp_receiver import ReceivedSpan, otlp_receiver
-from tests.waiting import until
+module("opentelemetry.proto.collector.trace.v1.trace_service_pb2")
+
+from assistant.bench.audio_source import load_utterance  # noqa: E402
+from assistant.bench.v2v import BenchSession, TurnSettings  # noqa: E402
+from assistant.server.app import TELEMETRY  # noqa: E402
+from assistant.server.services import Services  # noqa: E402
+from assistant.telemetry import names  # noqa: E402
+from tests.conftest import serve, test_config  # noqa: E402
+from tests.otlp_receiver import ReceivedSpan, otlp_receiver  # noqa: E402
+from tests.waiting import until  # noqa: E402
 
 pytestmark = [pytest.mark.asyncio(loop_scope="module"), pytest.mark.slow]
 

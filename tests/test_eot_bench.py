@@ -14,7 +14,17 @@ import numpy as np
 import pytest
 import soundfile as sf
 
-from assistant.bench.eot import AFTERTHOUGHT, FallingTable, Pause, Turns, best_under, flatten, replay, score_replay
+from assistant.bench.eot import (
+    AFTERTHOUGHT,
+    FallingTable,
+    Pause,
+    Turns,
+    best_under,
+    flatten,
+    join,
+    replay,
+    score_replay,
+)
 from assistant.bench.eot_corpus import (
     ESPEAK_VOICES,
     HALVES,
@@ -151,6 +161,26 @@ def test_afterthoughts_are_counted_apart() -> None:
     points = [("quick", s), ("patient", slow)]
     assert best_under(points, 0.3)[0] == "quick"  # type: ignore[index]
     assert best_under(points, 0.3, afterthoughts=True)[0] == "patient"  # type: ignore[index]
+
+
+def test_the_human_set_joins_the_tuning_turns_pause_for_pause() -> None:
+    """Tuning on the synthetic half and the human set together: every pause stays with its own clip, and the
+    joined score is the sum of the two sets' scores (the same cut-offs, the same waits)."""
+    def clips(n: int, voice: str) -> list[ClipEvidence]:
+        return [ClipEvidence(file=f"{voice}{i}", split="tune", engine=voice, voice=voice, lang="en", kind="k",
+                             speech_ends_s=1.0, status="ok", pauses=[]) for i in range(n)]
+
+    synthetic = Turns(clips(2, "piper"), [_pause(0, False, 900, "after_and", 0.98), _pause(0, True, None, None, 0.98),
+                                          _pause(1, True, None, None, 0.6)])
+    human = Turns(clips(2, "human"), [_pause(0, True, None, None, 0.99), _pause(1, False, 400, None, 0.3),
+                                      _pause(1, True, None, None, 0.97)])
+    both = join(synthetic, human)
+    assert [both.clips[p.clip].voice for p in both.pauses] == ["piper"] * 3 + ["human"] * 3
+    assert both.subset(lambda c: c.voice == "human").pauses == human.pauses
+    cfg = replace(TurnConfig(), falling_from=1.2, falling_to=1.0, falling_over_ms=300)
+    a, b, ab = (FallingTable(t, cfg).score(cfg) for t in (synthetic, human, both))
+    assert (ab.turns, ab.cut) == (a.turns + b.turns, a.cut + b.cut) and ab.cut == 1
+    assert sorted(ab.waits) == sorted([*a.waits, *b.waits])
 
 
 def test_the_threshold_falls_with_the_silence() -> None:

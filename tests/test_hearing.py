@@ -3,10 +3,14 @@
 
 from __future__ import annotations
 
+import json
+
+from assistant.bench.audio_source import load_utterance, read_manifest
 from assistant.bench.eot import flatten, human_report
 from assistant.bench.eot_evidence import ClipEvidence, PauseEvidence
 from assistant.bench.hearing import Clip, Pass, heard, normalise, slot_table
 from assistant.bench.human_set import TUNING_NOTE, human_dir, load_human
+from tests.needs import shared
 
 
 def test_words_are_matched_whatever_the_case_punctuation_or_digits() -> None:
@@ -41,17 +45,33 @@ def test_the_human_set_has_rows_of_its_own_that_say_it_is_a_tuning_set() -> None
     from assistant.bench.eot import _settings
     from assistant.config import TurnConfig
 
-    report = human_report(flatten([fluent, paused]), _settings(TurnConfig(), "falling"), 1200)
+    eager = {**_settings(TurnConfig(), "falling"), "falling_from": 0.1, "falling_to": 0.0, "cue_continues": 0.0}
+    report = human_report(flatten([fluent, paused]), _settings(TurnConfig(), "falling"), 1200, eager)
     assert TUNING_NOTE in report["text"] and "**a tuning set**" in report["markdown"]
     parts = {(r["policy"], r["turns"]) for r in report["rows"]}
     assert {("falling", "all (2)"), ("falling", "fluent (1)"), ("falling", "pauses (1)")} <= parts
+    # The point tuned without the human set, on rows of its own: this one ends at "and" (its veto is off).
+    other = next(r for r in report["rows"] if r["policy"] == "falling, tuned without it" and r["turns"] == "all (2)")
+    assert other["false cut-offs"] == "50.0 %"
     falling = next(r for r in report["rows"] if r["policy"] == "falling" and r["turns"] == "all (2)")
     assert falling["false cut-offs"] == "0.0 %"  # "and" at the pause is a veto
 
 
 def test_the_human_set_loads_as_manifest_entries() -> None:
-    if not (human_dir() / "labels.json").is_file():
-        return
+    folder = shared("audio/human")
+    assert folder == human_dir()
     clips = load_human()
     assert len(clips) == 120 and sum(c["kind"] == "pauses" for c in clips) == 41
     assert all(c["speech_ends_s"] > c["speech_starts_s"] and "pauses_s" not in c for c in clips)
+
+
+def test_bench_v2v_plays_the_human_set_with_its_labelled_ends() -> None:
+    """``assistant bench v2v --audio ../shared/audio/human/*.flac``: no manifest there, the labels give the ends."""
+    folder = shared("audio/human")
+    manifest = read_manifest(folder)
+    assert len(manifest) == 120
+    labels = {row["file"]: row for row in json.loads((folder / "labels.json").read_text())}
+    for name in sorted(manifest)[:3]:
+        utt = load_utterance(folder / name, manifest)
+        assert utt.speech_end_sample == round(labels[name]["speech_end_s"] * 48000)
+        assert len(utt.pcm) > utt.speech_end_sample

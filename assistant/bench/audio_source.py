@@ -56,9 +56,14 @@ class Utterance:
 
 
 def read_manifest(audio_dir: Path) -> dict[str, dict]:
-    """``manifest.json`` of a speech folder, keyed by file name (empty if there is none)."""
+    """``manifest.json`` of a speech folder, keyed by file name; for the human set (``labels.json`` and no manifest:
+    ``bench/human_set.py``) its labels in the manifest's names; empty if there is neither."""
     path = audio_dir / "manifest.json"
     if not path.is_file():
+        from assistant.bench.human_set import LABELS, load_human
+
+        if (audio_dir / LABELS).is_file():
+            return {entry["file"]: entry for entry in load_human(audio_dir)}
         return {}
     return {entry["file"]: entry for entry in json.loads(path.read_text(encoding="utf-8"))}
 

@@ -119,6 +119,12 @@ class Turns:
         return Turns(clips, pauses)
 
 
+def join(a: Turns, b: Turns) -> Turns:
+    """Two sets of turns as one (``b``'s pauses renumbered after ``a``'s clips)."""
+    n = len(a.clips)
+    return Turns([*a.clips, *b.clips], [*a.pauses, *(replace(p, clip=p.clip + n) for p in b.pauses)])
+
+
 def flatten(clips: Iterable[ClipEvidence]) -> Turns:
     ok = [c for c in clips if c.status == "ok"]
     pauses: list[Pause] = []
@@ -576,6 +582,17 @@ def model_cost(turns: Turns, cfg: TurnConfig, fixed_ms: int) -> dict[str, float]
 
 
 # --- the command --------------------------------------------------------------------------------------------
+def _variant_point(curves: Sequence[Curve], variants: Sequence[Variant], name: str) -> dict[str, Any] | None:
+    """A variant's operating point (its settings at the threshold shift chosen on the tuning turns), if it ran."""
+    v = next((v for v in variants if v.name == name), None)
+    c = next((c for c in curves if c.name == name), None)
+    if v is None or c is None or c.chosen is None:
+        return None
+    cfg = shifted(v.cfg, c.chosen)
+    return _settings(replace(cfg, falling_from=round(float(cfg.falling_from), 3),
+                             falling_to=round(float(cfg.falling_to), 3)), "falling")
+
+
 def add_eot_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--corpus", type=Path, default=Path("bench-out/eot-corpus"),
                         help="the corpus (assistant bench eot-corpus --out) (default: %(default)s)")
@@ -596,6 +613,9 @@ def add_eot_arguments(parser: argparse.ArgumentParser) -> None:
                         "check on ../shared/audio and tests/data/pauses); the tuning half still chooses among those")
     parser.add_argument("--no-human", action="store_true",
                         help="skip the human set (../shared/audio/human; a tuning set, reported on its own rows)")
+    parser.add_argument("--no-human-tuning", action="store_true",
+                        help="report the human set but tune on the synthetic tuning half alone (by default the "
+                        "human set is tuned on beside it)")
     parser.add_argument("--human-only", action="store_true",
                         help="only the human set, at today's defaults (TurnConfig) and on its own curves: no corpus")
     parser.add_argument("--no-collect", action="store_true",
@@ -655,25 +675,27 @@ def run_eot(args: argparse.Namespace) -> int:
 
         extra = collect_files([Path(f) for f in args.also], Path(args.out) / "evidence" / "also.jsonl",
                               _asr_engines(), SmartTurnModel())
+    human = None if args.no_human else _human_evidence(args)
     if args.collect_only:
         return 0
     llm = None
     if args.llm:
         from assistant.bench.eot_llm import llm_evidence
 
-        texts = [p.text for ev in [*evidence.values(), extra] for c in ev for p in c.pauses]
+        texts = [p.text for ev in [*evidence.values(), extra, human or []] for c in ev for p in c.pauses]
         llm = llm_evidence(texts, Path(args.out) / "evidence" / "llm.json")
     report = analyse(evidence, args.target, Path(args.out), plot_png=not args.no_plot, llm=llm,
-                     guard=flatten(extra) if args.guard else None)
+                     guard=flatten(extra) if args.guard else None,
+                     human=flatten(human) if human and not args.no_human_tuning else None)
     print(report["text"])
     if extra:
         also = also_report(flatten(extra), report)
         print(also)
         report["also_text"] = also
-    human = None if args.no_human else _human_evidence(args)
     if human:
         vad_ms = next(c for c in report["curves"] if c["name"] == "vad")["operating_point"]["knob"]
-        report["human"] = human_report(flatten(human), report["operating_point"], vad_ms)
+        report["human"] = human_report(flatten(human), report["operating_point"], vad_ms,
+                                       report.get("operating_point_without_human"))
         print(report["human"]["text"])
     if args.markdown is not None:
         from assistant.bench.figures import write_markdown
@@ -712,14 +734,18 @@ def cross_validate(tune: Turns, base: TurnConfig, target: float, targets: Sequen
 
 def analyse(evidence: dict[str, list[ClipEvidence]], target: float, out: Path,
             plot_png: bool = True, llm: dict[str, list[float]] | None = None, tune_lang: str = "en",
-            guard: Turns | None = None) -> dict[str, Any]:
-    """Tune on the tuning half, measure on the held-out half; write eot.json (and eot.png). ``guard``: turns
-    none of whose mid-turn pauses an operating point may cut (the pause files: the issue's check)."""
+            guard: Turns | None = None, human: Turns | None = None) -> dict[str, Any]:
+    """Tune on the tuning half (and ``human``, the human set, when given), measure on the held-out half; write
+    eot.json (and eot.png). ``guard``: turns none of whose mid-turn pauses an operating point may cut (the pause
+    files: the issue's check)."""
     base, fixed = TurnConfig(), VADConfig().end_silence_ms
     tune, held = flatten(evidence["tune"]), flatten(evidence["heldout"])
     # Tuned on the tuning half's English turns: the CPU default ASR (tiny.en) is English-only, so on Japanese
     # speech its transcript is made-up English, no evidence to tune a policy on (measured per language).
     tune = tune.subset(lambda c: c.lang == tune_lang) if tune_lang else tune
+    synthetic = tune
+    if human is not None:  # real speech beside the synthetic voices: one more "voice" in the cross-validation
+        tune = join(tune, human)
     t0 = time.perf_counter()
     falling = replace(base, **START)
     # How much tighter than the target to tune: the largest tuning target whose leave-one-voice-out figure
@@ -739,6 +765,9 @@ def analyse(evidence: dict[str, list[ClipEvidence]], target: float, out: Path,
     if guard is not None:  # what the check on the pause files costs
         cfg, _ = tune_falling(FallingTable(tune, base), falling, tune_target)
         variants.append(Variant("falling, pause files unchecked", cfg, {}, {}, unguarded=True))
+    if human is not None:  # what tuning on the human set changed: the same tuning on the synthetic half alone
+        cfg, _ = tune_falling(FallingTable(synthetic, base), falling, tune_target, guard=guard)
+        variants.append(Variant("falling, tuned without the human set", cfg, {}, {}))
     if llm is not None:
         kw = {"llm": llm}
         cfg, extras = tune_falling(FallingTable(tune, base, **kw), variants[0].cfg, tune_target, extras={},
@@ -765,7 +794,8 @@ def analyse(evidence: dict[str, list[ClipEvidence]], target: float, out: Path,
                  FallingTable(held, op_cfg, use_audio=False).score(op_cfg))
     exact = score_replay(op_cfg, held, fixed)
     fast = FallingTable(held, op_cfg).score(op_cfg)
-    lines = [f"end-of-turn policies: tuned on {len(tune.clips)} {tune_lang or 'all'} turns"
+    lines = [f"end-of-turn policies: tuned on {len(synthetic.clips)} {tune_lang or 'all'} turns"
+             + ("" if human is None else f" and the human set's {len(human.clips)}")
              + ("" if guard is None else f" (cutting none of the {len(guard.clips)} pause files' mid-turn pauses)")
              + f", measured on {len(held.clips)} held-out turns "
              f"(target ≤ {target * 100:.0f} % false cut-offs, afterthoughts counted apart; tuned for ≤ "
@@ -856,9 +886,11 @@ def analyse(evidence: dict[str, list[ClipEvidence]], target: float, out: Path,
                      f"{by_kind[k]['flat']:3d}")
     out.mkdir(parents=True, exist_ok=True)
     result = {
-        "target": target, "tune_target": tune_target, "cross_validation": {str(k): v for k, v in cv.items()},
+        "target": target, "tune_target": tune_target, "tuned_on_human": human is not None,
+        "cross_validation": {str(k): v for k, v in cv.items()},
         "curves": [curve_json(c, tune_target) for c in curves],
         "operating_point": _settings(op_cfg, "falling"), "operating_point_heldout": exact.row(),
+        "operating_point_without_human": _variant_point(curves, variants, "falling, tuned without the human set"),
         "model_off": {"tune": model_off[0].row(), "heldout": model_off[1].row()},
         "groups": group_rows, "afterthoughts": after, "floor": floor, "cost": cost, "pause_kinds": by_kind,
     }
@@ -1013,9 +1045,11 @@ def _human_evidence(args: argparse.Namespace) -> list[ClipEvidence] | None:
     return collect_entries(folder, "human", load_human(folder)[: args.limit], cache, _asr_engines(), SmartTurnModel())
 
 
-def human_report(turns: Turns, operating_point: dict[str, Any], vad_ms: int) -> dict[str, Any]:
-    """The human set on its own rows: the operating points (flat as today, falling, VAD alone at ``vad_ms``) on
-    all its turns, on the fluent ones and on those with pauses; then its own curves read at 5 % and 10 %."""
+def human_report(turns: Turns, operating_point: dict[str, Any], vad_ms: int,
+                 without_human: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The human set on its own rows: the operating points (flat as today, falling, VAD alone at ``vad_ms``; and
+    the falling point tuned without the human set, when given) on all its turns, on the fluent ones and on those
+    with pauses; then its own curves read at 5 % and 10 %."""
     from assistant.bench.figures import markdown_table
     from assistant.bench.human_set import TUNING_NOTE
 
@@ -1025,9 +1059,14 @@ def human_report(turns: Turns, operating_point: dict[str, Any], vad_ms: int) -> 
     parts = {"all": turns, **by_group(turns, lambda c: c.kind)}
     rows, lines = [], [f"\nhuman set ({TUNING_NOTE}): {len(turns.clips)} turns, "
                        f"{sum(c.kind == 'pauses' for c in turns.clips)} with pauses (labels.json)"]
-    for name, sc_of in (("flat (before)", lambda t: score_replay(flat, t, fixed)),
-                        ("falling", lambda t: FallingTable(t, falling).score(falling)),
-                        (f"vad {vad_ms} ms", lambda t: score_vad(t, vad_ms))):
+    policies: list[tuple[str, Callable[[Turns], Score]]] = [
+        ("flat (before)", lambda t: score_replay(flat, t, fixed)),
+        ("falling", lambda t: FallingTable(t, falling).score(falling))]
+    if without_human is not None:
+        other = replace(TurnConfig(), policy="falling", **without_human)
+        policies.append(("falling, tuned without it", lambda t: FallingTable(t, other).score(other)))
+    policies.append((f"vad {vad_ms} ms", lambda t: score_vad(t, vad_ms)))
+    for name, sc_of in policies:
         for part, t in parts.items():
             sc = sc_of(t)
             lines.append(_format_row(f"{name}, {part}", sc))

@@ -79,8 +79,9 @@ def test_the_model_alone_decides_and_the_transcript_vetoes() -> None:
     # Not sure enough: the falling threshold decides (at 288 ms it is far above 0.96 + cue_complete).
     d = decide(cfg, Evidence(use_text=True, use_audio=True, cue=Cue.COMPLETE, words=6, probs=[(96, 0.96)]), 288, 500)
     assert not d.end_now
-    # Off by default (chosen on the tuning half), and only cue names may veto.
-    assert TurnConfig().model_alone > 1.0
+    # Nearly off by default (0.995, chosen on the tuning half and the human set: it ends no held-out turn), and
+    # only cue names may veto.
+    assert TurnConfig().model_alone >= 0.99
     assert set(TurnConfig().model_alone_veto) <= set(TURN_CUES) == {c.value for c in Cue}
     with pytest.raises(ConfigError, match="model_alone_veto"):
         load_config(overrides={"turn": {"model_alone_veto": ["maybe"]}})

@@ -151,7 +151,7 @@ def test_afterthoughts_are_counted_apart() -> None:
               _pause(1, False, 900, "after_and", 0.98), _pause(1, True, None, None, 0.98),  # "and [pause] ..."
               _pause(2, True, None, None, 0.98), _pause(3, True, None, None, 0.98)]
     turns = Turns(clips, pauses)
-    quick = replace(TurnConfig(), falling_from=1.2, falling_to=1.0, falling_over_ms=300)
+    quick = replace(TurnConfig(), falling_from=1.2, falling_to=1.0, falling_over_ms=300, cue_complete=0.5)
     s = score_replay(quick, turns, 500)
     assert (s.cut, s.cut_all, s.after_cut, s.after_turns) == (1, 2, 1, 1)
     assert s.fcr == 0.25 and s.fcr_all == 0.5
@@ -177,7 +177,7 @@ def test_the_human_set_joins_the_tuning_turns_pause_for_pause() -> None:
     both = join(synthetic, human)
     assert [both.clips[p.clip].voice for p in both.pauses] == ["piper"] * 3 + ["human"] * 3
     assert both.subset(lambda c: c.voice == "human").pauses == human.pauses
-    cfg = replace(TurnConfig(), falling_from=1.2, falling_to=1.0, falling_over_ms=300)
+    cfg = replace(TurnConfig(), falling_from=1.2, falling_to=1.0, falling_over_ms=300, cue_complete=0.5)
     a, b, ab = (FallingTable(t, cfg).score(cfg) for t in (synthetic, human, both))
     assert (ab.turns, ab.cut) == (a.turns + b.turns, a.cut + b.cut) and ab.cut == 1
     assert sorted(ab.waits) == sorted([*a.waits, *b.waits])
@@ -189,7 +189,7 @@ def test_the_threshold_falls_with_the_silence() -> None:
     cfg = TurnConfig()
     r = random.Random(1)
     p = _random_pause(r, 0, True)
-    p.cue, p.asr_ms, p.probs = Cue.COMPLETE, 100.0, [[96, 0.6, 30.0]]
+    p.cue, p.asr_ms, p.probs = Cue.COMPLETE, 100.0, [[96, 0.9, 30.0]]
     t_complete = replay(cfg, p, 500, marks=(96,))
     p.cue = Cue.CONTINUES
     t_continues = replay(cfg, p, 500, marks=(96,))

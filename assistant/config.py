@@ -442,8 +442,7 @@ class TurnConfig:
         "policy (not tuned)"
     )
     cue_open: float = _f(
-        0.2, "falling: added when it has no final punctuation and nothing that goes on (tuning half and human set: "
-        "people's turns often end without Whisper's full stop)"
+        0.2, "falling: added when it has no final punctuation and nothing that goes on (tuning half and human set)"
     )
     cue_number: float = _f(
         -0.4, "falling: added when it ends on a number: a phone number or a time may be half said (tuning half and "

@@ -6,6 +6,7 @@ costs the turn nothing but dropped spans, counted on /metrics."""
 from __future__ import annotations
 
 import asyncio
+from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -16,6 +17,7 @@ from tests.needs import module
 module("opentelemetry.proto.collector.trace.v1.trace_service_pb2")
 
 from assistant.bench.audio_source import load_utterance  # noqa: E402
+from assistant.bench.report import TurnResult  # noqa: E402
 from assistant.bench.v2v import BenchSession, TurnSettings  # noqa: E402
 from assistant.server.app import TELEMETRY  # noqa: E402
 from assistant.server.services import Services  # noqa: E402
@@ -127,12 +129,7 @@ async def test_a_page_turn_is_a_call_turn_stage_tree(services: Services, shared_
 async def test_text_stays_out_of_spans_by_default(services: Services, shared_audio) -> None:
     async with otlp_receiver() as rx, serve(telemetry_cfg(rx.url), services) as (url, _app), \
             aiohttp.ClientSession() as http:
-        client = BenchSession(index=0, url=url, http=http)
-        await client.connect()
-        try:
-            result = await client.run_turn(load_utterance(shared_audio / "en_timer.wav"), 0, SETTINGS)
-        finally:
-            await client.close()
+        result = await one_turn(url, http, shared_audio / "en_timer.wav")
     assert result.status == "ok", result.reason
     (call,) = rx.named(names.CALL)
     assert call.parent_id == "" and call.trace_id != TRACE_ID  # no traceparent: a trace of its own
@@ -149,18 +146,23 @@ async def test_a_collector_down_costs_the_turn_nothing(services: Services, share
         endpoint = "http://127.0.0.1:9" if collector == "absent" else rx.url  # port 9 (discard): nobody there
         cfg = telemetry_cfg(endpoint, max_queue_size=4, export_timeout_s=0.5)
         async with serve(cfg, services) as (url, app), aiohttp.ClientSession() as http:
-            client = BenchSession(index=0, url=url, http=http)
-            await client.connect()
-            try:
-                result = await client.run_turn(load_utterance(shared_audio / "en_weather.wav"), 0, SETTINGS)
-            finally:
-                await client.close()
+            result = await one_turn(url, http, shared_audio / "en_weather.wav")
             processor = app[TELEMETRY].processor
             await until_dropped(http, url)
             assert len(processor._queue) <= 4  # memory bounded by telemetry.max_queue_size
     assert result.status == "ok", result.reason  # answered as before
     assert "weather" in result.reply_text.lower()
     assert not rx.spans
+
+
+async def one_turn(url: str, http: aiohttp.ClientSession, wav: Path) -> TurnResult:
+    """One spoken turn over a fresh page session, hung up after."""
+    client = BenchSession(index=0, url=url, http=http)
+    await client.connect()
+    try:
+        return await client.run_turn(load_utterance(wav), 0, SETTINGS)
+    finally:
+        await client.close()
 
 
 async def until_dropped(http: aiohttp.ClientSession, url: str) -> None:

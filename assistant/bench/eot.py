@@ -323,6 +323,12 @@ def shifted(cfg: TurnConfig, delta: float) -> TurnConfig:
     return replace(cfg, falling_from=cfg.falling_from + delta, falling_to=cfg.falling_to + delta)
 
 
+def settled(cfg: TurnConfig, delta: float) -> TurnConfig:
+    """``cfg`` shifted by ``delta``, its thresholds rounded as a chosen setting is written down."""
+    cfg = shifted(cfg, delta)
+    return replace(cfg, falling_from=round(float(cfg.falling_from), 3), falling_to=round(float(cfg.falling_to), 3))
+
+
 def best_under(points: Iterable[tuple[Any, Score]], target: float,
                afterthoughts: bool = False) -> tuple[Any, Score] | None:
     """The setting with the least median wait at or under ``target`` false cut-offs (ties: fewer cut-offs);
@@ -408,9 +414,7 @@ def tune_falling(table: FallingTable, base: TurnConfig, target: float, rounds: i
                     cfg, extra, best, improved = c, e, o, True
         if not improved:
             break
-    cfg = shifted(cfg, best[2])  # the point at the target itself
-    cfg = replace(cfg, falling_from=round(float(cfg.falling_from), 3), falling_to=round(float(cfg.falling_to), 3))
-    return cfg, extra
+    return settled(cfg, best[2]), extra  # the point at the target itself
 
 
 # --- the report -----------------------------------------------------------------------------------------------
@@ -588,9 +592,7 @@ def _variant_point(curves: Sequence[Curve], variants: Sequence[Variant], name: s
     c = next((c for c in curves if c.name == name), None)
     if v is None or c is None or c.chosen is None:
         return None
-    cfg = shifted(v.cfg, c.chosen)
-    return _settings(replace(cfg, falling_from=round(float(cfg.falling_from), 3),
-                             falling_to=round(float(cfg.falling_to), 3)), "falling")
+    return _settings(settled(v.cfg, c.chosen), "falling")
 
 
 def add_eot_arguments(parser: argparse.ArgumentParser) -> None:
@@ -778,9 +780,7 @@ def analyse(evidence: dict[str, list[ClipEvidence]], target: float, out: Path,
     curves = build_curves(tune, held, tune_target, base, fixed, variants, guard)
     fall_curve = next(c for c in curves if c.name == "falling")
     # The operating point's settings, and a check that the vectorised replay is the pipeline's decide().
-    op_cfg = shifted(tuned, fall_curve.chosen or 0.0)
-    op_cfg = replace(op_cfg, falling_from=round(float(op_cfg.falling_from), 3),
-                     falling_to=round(float(op_cfg.falling_to), 3))
+    op_cfg = settled(tuned, fall_curve.chosen or 0.0)
     # The model off or failed: the transcript alone with the operating point's shape, its stand-in probability
     # chosen on the tuning half (at or under the tuning target, cutting none of the pause files).
     off_tune, off_guard = FallingTable(tune, op_cfg, use_audio=False), None

@@ -35,6 +35,7 @@ class Hub:
     size: int
     announce_sha: str = ""  # what the hub says the sha256 is (default: the truth)
     cut_after: int = 0  # the next GET's connection drops after this many bytes (once)
+    commit: str = COMMIT  # what the hub says the file's commit is
     gets: list[str] = dataclasses.field(default_factory=list)  # the Range header of each GET ("" for none)
 
 
@@ -54,7 +55,7 @@ def local_hub(gguf: tuple[Path, str], monkeypatch: pytest.MonkeyPatch, tmp_path:
         repo = f"{request.match_info['owner']}/{request.match_info['name']}"
         if repo != REPO or request.match_info["file"] != FILE:
             return web.Response(status=404, headers={"X-Error-Code": "EntryNotFound"})
-        headers = {"X-Repo-Commit": COMMIT, "X-Linked-Etag": f'"{state.announce_sha or state.sha256}"',
+        headers = {"X-Repo-Commit": state.commit, "X-Linked-Etag": f'"{state.announce_sha or state.sha256}"',
                    "X-Linked-Size": str(state.size), "ETag": '"not-the-sha"', "Accept-Ranges": "bytes"}
         if request.method == "HEAD":
             return web.Response(status=200, headers={**headers, "Content-Length": str(state.size)})
@@ -108,6 +109,12 @@ def test_refs() -> None:
     assert not hub.is_hub_ref("models/some/file.gguf") and not hub.is_hub_ref("")
     with pytest.raises(hub.PullError, match=r"owner/repo/file\.gguf"):
         hub.parse_ref("just-a-name")
+    # Whatever the form, nothing may name a place outside the models folder, nor a file that is not a GGUF.
+    for bad in (f"https://huggingface.co/{REPO}/resolve/main/../../../etc/x.gguf",
+                f"https://huggingface.co/{REPO}/resolve/main/config.json", f"hf://{REPO}/{FILE}@..",
+                f"hf://{REPO}/{FILE}@a/b"):
+        with pytest.raises(hub.PullError):
+            hub.parse_ref(bad)
 
 
 def test_pull_shows_progress_checks_and_caches(local_hub: Hub, capsys: pytest.CaptureFixture[str]) -> None:
@@ -148,6 +155,13 @@ def test_a_wrong_hash_is_refused_and_nothing_is_left(local_hub: Hub) -> None:
     local_hub.announce_sha = ""
     assert main(["pull", "--quiet", "--sha256", "f" * 64, f"{REPO}/{FILE}"]) == 1
     assert list(folder.iterdir()) == []
+
+
+def test_a_hub_commit_that_climbs_out_of_the_models_folder_is_refused(local_hub: Hub, tmp_path: Path) -> None:
+    local_hub.commit = "../../escaped"
+    with pytest.raises(hub.PullError, match="not a plain name"):
+        hub.pull(f"{REPO}/{FILE}", progress=False)
+    assert not list(tmp_path.rglob("*.gguf*"))
 
 
 def test_unknown_file_says_so(local_hub: Hub) -> None:

@@ -39,6 +39,7 @@ TIMEOUT_S = 30.0
 READ_BYTES = 1 << 20
 GGUF_MAGIC = b"GGUF"
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
+_PLAIN = re.compile(r"^(?!\.{1,2}$)[A-Za-z0-9._-]{1,128}$")  # a revision or commit: one safe path component
 
 # Short names for the models the README's table recommends: hub repository and file (Q4_K_M quantizations; names
 # as their publishers list them).
@@ -76,14 +77,14 @@ def parse_ref(value: str) -> HubRef:
     name in :data:`KNOWN` → :class:`HubRef`; :class:`PullError` for anything else."""
     v = KNOWN.get(value.strip(), value.strip())
     m = re.match(r"^https?://[^/]+/(?P<repo>[^/]+/[^/]+)/resolve/(?P<rev>[^/]+)/(?P<file>.+)$", v)
-    if m:
-        return HubRef(m["repo"], m["file"], m["rev"])
-    v = v.removeprefix(PREFIX)
-    revision = "main"
-    if "@" in v:
-        v, revision = v.rsplit("@", 1)
+    if m:  # a hub URL: only its repository, revision and file are kept (the download goes to endpoint())
+        v, revision = f"{m['repo']}/{m['file']}", m["rev"]
+    else:
+        v, revision = v.removeprefix(PREFIX), "main"
+        if "@" in v:
+            v, revision = v.rsplit("@", 1)
     parts = [p for p in v.split("/") if p]
-    if len(parts) < 3 or not parts[-1].lower().endswith(".gguf") or ".." in parts or not revision:
+    if len(parts) < 3 or not parts[-1].lower().endswith(".gguf") or ".." in parts or not _PLAIN.match(revision):
         known = ", ".join(KNOWN)
         raise PullError(f"{value!r} is not a hub GGUF file: write owner/repo/file.gguf (hf://… and @revision "
                         f"optional), or one of {known}")
@@ -147,8 +148,10 @@ def remote_file(ref: HubRef, *, timeout: float = TIMEOUT_S) -> RemoteFile:
     size = headers.get("X-Linked-Size") or headers.get("Content-Length") or ""
     if not size.isdigit():
         raise PullError(f"{url}: the hub did not say the file's size")
-    return RemoteFile(url, headers.get("X-Repo-Commit", "").strip() or ref.revision, int(size),
-                      etag if _SHA256.match(etag) else "")
+    commit = headers.get("X-Repo-Commit", "").strip() or ref.revision
+    if not _PLAIN.match(commit):  # it names a folder under models_dir(): nothing a hub says may climb out of it
+        raise PullError(f"{url}: the hub's commit id {commit[:80]!r} is not a plain name")
+    return RemoteFile(url, commit, int(size), etag if _SHA256.match(etag) else "")
 
 
 def cached_path(ref: HubRef, root: Path | None = None) -> Path | None:

@@ -351,7 +351,7 @@ def build_parser(bench: str | None = None) -> argparse.ArgumentParser:
 
     p = sub.add_parser("dispatch", help="one front for several gateways (assistant serve --server.gateway_id ...): "
                        "offers go to the least-loaded one")
-    _config_args(p, ("server", "dispatch", "log", "keys"))
+    _config_args(p, ("server", "dispatch", "log", "keys", "telemetry"))
     p.set_defaults(func=cmd_dispatch)
 
     p = sub.add_parser("say", help="synthesize text to a WAV file with the configured TTS engine")

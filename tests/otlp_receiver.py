@@ -10,7 +10,8 @@ import asyncio
 import contextlib
 import gzip
 import socket
-from collections.abc import AsyncIterator
+import threading
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -132,3 +133,30 @@ async def otlp_receiver(mode: str = "ok") -> AsyncIterator[Receiver]:
     finally:
         receiver._stop.set()
         await runner.cleanup()
+
+
+@contextlib.contextmanager
+def threaded_otlp_receiver() -> Iterator[Receiver]:
+    """:func:`otlp_receiver` on a thread and loop of its own: for a module whose processes (gateways, replicas)
+    export between its tests, when no test's loop is running to answer them."""
+    loop = asyncio.new_event_loop()
+    started = threading.Event()
+    held: dict[str, Any] = {}
+
+    async def run() -> None:
+        held["stop"] = asyncio.Event()
+        async with otlp_receiver() as receiver:
+            held["receiver"] = receiver
+            started.set()
+            await held["stop"].wait()
+
+    thread = threading.Thread(target=loop.run_until_complete, args=(run(),), name="otlp-receiver", daemon=True)
+    thread.start()
+    if not started.wait(30):
+        raise RuntimeError("the OTLP receiver did not start")
+    try:
+        yield held["receiver"]
+    finally:
+        loop.call_soon_threadsafe(held["stop"].set)
+        thread.join(10)
+        loop.close()

@@ -22,6 +22,8 @@ from assistant.bench.audio_source import load_utterance
 from assistant.bench.processes import AssistantProcess, start_assistant, stop, wait_ready
 from assistant.bench.v2v import BenchSession, TurnSettings
 from assistant.config import load_config
+from assistant.telemetry import names
+from tests.otlp_receiver import ReceivedSpan, Receiver, threaded_otlp_receiver
 from tests.waiting import until, until_async
 
 pytestmark = [pytest.mark.slow, pytest.mark.asyncio(loop_scope="module")]
@@ -31,22 +33,34 @@ APP = "gw"
 SETTINGS = TurnSettings(timeout_s=40.0, silence_ms=1500, settle_ms=300)
 
 
-def cluster_config() -> object:
+def telemetry(receiver: Receiver) -> dict[str, object]:
+    """Every process of the stack sends its spans to the test's receiver (quickly, so the test waits little)."""
+    return {"otlp_endpoint": receiver.url, "schedule_delay_ms": 100, "metrics": False}
+
+
+def cluster_config(receiver: Receiver) -> object:
     return load_config(environ={}, overrides={
         "tts": {"backend": "ray"}, "asr": {"backend": "ray"},
         "ray": {"app_name": APP, "tts_replicas": 2, "tts_num_cpus": 0.5, "asr_num_cpus": 0.5},
+        "telemetry": telemetry(receiver),
     })
 
 
 @pytest.fixture(scope="module")
-def cluster(ray_cluster: str) -> Iterator[str]:
+def receiver() -> Iterator[Receiver]:
+    with threaded_otlp_receiver() as rx:
+        yield rx
+
+
+@pytest.fixture(scope="module")
+def cluster(ray_cluster: str, receiver: Receiver) -> Iterator[str]:
     """Both engine applications on the run's Ray cluster; yields the address gateways join."""
     from ray import serve
 
     from assistant.serve_ray.app import deploy
 
     try:
-        assert sorted(deploy(cluster_config())) == [f"{APP}-asr", f"{APP}-tts"]
+        assert sorted(deploy(cluster_config(receiver))) == [f"{APP}-asr", f"{APP}-tts"]
         yield ray_cluster
     finally:
         for app in (f"{APP}-asr", f"{APP}-tts"):
@@ -54,20 +68,23 @@ def cluster(ray_cluster: str) -> Iterator[str]:
 
 
 @pytest.fixture(scope="module")
-def stack(cluster: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, list[AssistantProcess]]]:
+def stack(cluster: str, receiver: Receiver,
+          tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, list[AssistantProcess]]]:
     """Two gateway processes using the cluster's engines (they only connect: ray.deploy off), and the dispatcher
-    in front of them; (the dispatcher's URL, the gateways)."""
+    in front of them, all with telemetry on; (the dispatcher's URL, the gateways)."""
     folder = tmp_path_factory.mktemp("gateways")
     children: list[AssistantProcess] = []
+    traced = [f"--telemetry.{key}={str(value).lower()}" for key, value in telemetry(receiver).items()]
     try:
         for gid in ("gA", "gB"):
             children.append(start_assistant(gid, "serve", [
                 "--server.gateway_id", gid, "--server.data_dir", str(folder / gid), "--server.idle_timeout_s", "60",
                 "--tts.backend", "ray", "--asr.backend", "ray", "--ray.address", cluster, "--ray.app_name", APP,
-                "--ray.deploy", "false", "--respond.engine", "tests.long_responder:LongReply"], folder, cwd=REPO))
+                "--ray.deploy", "false", "--respond.engine", "tests.long_responder:LongReply", *traced],
+                folder, cwd=REPO))
         wait_ready(children)
         front = start_assistant("dispatch", "dispatch", [
-            "--dispatch.gateways", ",".join(c.url for c in children), "--dispatch.poll_interval_s", "0.5"],
+            "--dispatch.gateways", ",".join(c.url for c in children), "--dispatch.poll_interval_s", "0.5", *traced],
             folder, cwd=REPO)
         wait_ready([front])
         gateways = list(children)
@@ -163,3 +180,54 @@ async def test_sessions_on_two_gateways_and_a_replica_killed_mid_turn(stack, sha
         finally:
             await a.close()
             await b.close()
+
+
+CLIENT_TRACE = "4bf92f3577b34da6a3ce929d0e0e4736"
+CLIENT_SPAN = "00f067aa0ba902b7"
+
+
+class TracedSession(BenchSession):
+    """A page client that sends a W3C traceparent with its offer (as an instrumented app would)."""
+
+    def _headers(self) -> dict[str, str]:
+        return {**super()._headers(), "traceparent": f"00-{CLIENT_TRACE}-{CLIENT_SPAN}-01"}
+
+
+async def test_one_trace_crosses_the_dispatcher_the_gateway_and_the_replicas(stack, receiver, shared_audio) -> None:
+    """A client's traceparent, through the dispatcher, a gateway and the ASR and TTS replicas: every process adds
+    its spans to the client's trace, each under the span of the process that sent it the work."""
+    front, _ = stack
+    weather = load_utterance(shared_audio / "en_weather.wav")
+    async with aiohttp.ClientSession() as http:
+        client = TracedSession(index=0, url=front, http=http)
+        await client.connect()
+        try:
+            result = await client.run_turn(weather, 0, SETTINGS)
+            assert result.status == "ok", result.reason
+        finally:
+            await client.close()
+    session = client.session_id
+
+    def mine() -> list[ReceivedSpan]:
+        return [s for s in receiver.spans if s.trace_id == CLIENT_TRACE]
+
+    def complete() -> bool:
+        got = {s.name for s in mine()}
+        return {names.DISPATCH, names.CALL, names.TURN, names.REPLICA_ASR, names.REPLICA_TTS} <= got
+
+    await until(complete, "the spans of the dispatcher, the gateway and both replicas", 30)
+    spans = mine()
+    dispatch = next(s for s in spans if s.name == names.DISPATCH)
+    call = next(s for s in spans if s.name == names.CALL and s.attributes.get(names.SESSION_ID) == session)
+    assert dispatch.parent_id == CLIENT_SPAN and call.parent_id == dispatch.span_id
+    assert dispatch.attributes[names.DISPATCH_GATEWAY] == session.split(".")[0]
+    replicas = [s for s in spans if s.name in (names.REPLICA_ASR, names.REPLICA_TTS)]
+    assert {s.parent_id for s in replicas} == {call.span_id}  # hung under the call: its context at request time
+    services = {s.resource["service.name"] for s in spans}
+    assert {"assistant-dispatch", "assistant", "assistant-asr", "assistant-tts"} <= services
+    asr = [s for s in replicas if s.name == names.REPLICA_ASR]
+    assert all(s.attributes[names.RAY_DEPLOYMENT] == "ASR" and s.attributes[names.AUDIO_S] > 0 for s in asr)
+    tts = [s for s in replicas if s.name == names.REPLICA_TTS]
+    assert all(s.attributes[names.TTS_CHARS] > 0 for s in tts) and any(s.attributes[names.TTS_CHUNKS] for s in tts)
+    # The replicas' work sits inside the call's time, on this machine's one clock.
+    assert all(call.start_ns <= s.start_ns <= s.end_ns <= call.end_ns for s in replicas)

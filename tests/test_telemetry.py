@@ -36,12 +36,15 @@ def test_off_unless_an_endpoint_is_set() -> None:
 
 
 def test_off_imports_no_opentelemetry() -> None:
-    """With telemetry off, a whole app is built without importing OpenTelemetry at all: no cost to pay."""
+    """With telemetry off, a whole app (and a dispatcher's) is built without importing OpenTelemetry at all: no
+    cost to pay."""
     code = (
         "import sys\n"
         "from assistant.config import load_config\n"
         "from assistant.server.app import create_app\n"
+        "from assistant.server.dispatch.app import create_dispatch_app\n"
         "create_app(load_config(environ={}))\n"
+        "create_dispatch_app(load_config(environ={}, overrides={'dispatch': {'gateways': ['http://127.0.0.1:9']}}))\n"
         "print(sorted(m for m in sys.modules if m.startswith('opentelemetry')))\n"
     )
     env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(__import__("pathlib").Path(__file__).parents[1])}

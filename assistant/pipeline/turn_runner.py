@@ -76,7 +76,7 @@ class TurnRunner:
             # clause allows, since the listener waits for it (a streaming engine starts on any text anyway).
             chunker = dataclasses.replace(chunker, first_min_chars=chunker.reply_first_min_chars)
         self.synthesis = SynthesisPath(deps.tts, sink.sample_rate, timeout_s=tts.timeout_s, chunker=chunker)
-        self.request = TTSRequest(text="", voice=deps.voice, language=tts.language or None)
+        self.request = TTSRequest(text="", voice=deps.voice, language=tts.language or None, session=session_id)
         # The language this session's turns are heard in: a code, "auto" (detected per turn), or None (asr.language).
         self.language: str | None = None
         self.apology = turn.error_message.strip()
@@ -310,7 +310,7 @@ class TurnRunner:
 
     def _reply_options(self, turn: Turn) -> ReplyOptions:
         """The turn's own asks of the responder: the language the user spoke (from the ASR pass)."""
-        return ReplyOptions(language=turn.language)
+        return ReplyOptions(language=turn.language, session=self.session_id)
 
     def _reply_request(self, turn: Turn) -> TTSRequest:
         """The voice for the reply's language (``tts.voices``); with none for it, the default voice, and a

@@ -71,6 +71,7 @@ class ReplyOptions:
     language: str | None = None
     temperature: float | None = None
     max_tokens: int | None = None
+    session: str = ""  # the call it is for: a responder in another process joins its trace (telemetry/carry.py)
     usage: Usage | None = None  # set by the responder when the reply ends (or is cancelled)
     fallback: str | None = None  # set by the responder: another responder answered, and why (the page shows it)
     tool_calls: list[ToolCallTiming] = field(default_factory=list)  # noted by :meth:`note_tool` (telemetry)

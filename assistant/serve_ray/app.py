@@ -53,12 +53,14 @@ def llm_app_name(cfg: Config) -> str:
 # What each deployment's replicas are handed: only the settings they read (a section, or some of its keys), so
 # that no secret of the gateway (server.auth_token, ice.turn_secret, respond.api_key) is given to Ray, its logs
 # or its dashboard.
+# ``telemetry`` (no secret in it: a collector's key goes in OTEL_EXPORTER_OTLP_HEADERS on the nodes) lets the
+# replicas add their spans to the calls' traces (``traced.py``).
 TTS_SETTINGS: dict[str, tuple[str, ...] | None] = {"tts": None, "tts_api": None, "ray": None,
-                                                   "server": ("data_dir",)}
-ASR_SETTINGS: dict[str, tuple[str, ...] | None] = {"asr": None}
+                                                   "server": ("data_dir",), "telemetry": None}
+ASR_SETTINGS: dict[str, tuple[str, ...] | None] = {"asr": None, "telemetry": None}
 LLM_SETTINGS: dict[str, tuple[str, ...] | None] = {"respond": (
     "engine", "system_prompt", "temperature", "max_tokens", "model_path", "context_tokens", "slots", "max_waiting",
-    "threads", "gpu_layers", "prefill_chunk", "language")}  # not api_key, not base_url
+    "threads", "gpu_layers", "prefill_chunk", "language"), "telemetry": None}  # not api_key, not base_url
 
 
 def replica_settings(cfg: Config, wanted: dict[str, tuple[str, ...] | None]) -> dict[str, dict[str, object]]:

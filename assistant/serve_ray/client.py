@@ -60,6 +60,7 @@ from assistant.serve_ray.replicas import (
     TimedTranscript,
     TTSReplicaStats,
 )
+from assistant.telemetry import carry
 from assistant.tts.base import PieceByPiece, ReferenceClip, TTSBusy, TTSRequest
 
 if TYPE_CHECKING:
@@ -120,7 +121,7 @@ class TTSHandle(Protocol):
 class TTSStreamHandle(Protocol):
     """The TTS deployment's streaming handle (``options(stream=True)``)."""
 
-    synthesize: Method[[TTSRequest], ChunkStream]
+    synthesize: Method[[TTSRequest, dict[str, str]], ChunkStream]
 
 
 class ReplyStream(Protocol):
@@ -141,13 +142,13 @@ class LLMHandle(Protocol):
 
 
 class LLMStreamHandle(Protocol):
-    respond: Method[[str, list[Message], ReplyAsks], ReplyStream]
+    respond: Method[[str, list[Message], ReplyAsks, dict[str, str]], ReplyStream]
 
 
 class ASRHandle(Protocol):
     """The ASR deployment (``replicas.ASRReplica``) as this gateway calls it."""
 
-    transcribe: Method[[np.ndarray, str | None, str | None], Response[TimedTranscript]]
+    transcribe: Method[[np.ndarray, str | None, str | None, dict[str, str]], Response[TimedTranscript]]
     stats: Method[[], Response[ASRReplicaStats]]
 
 
@@ -193,7 +194,8 @@ class RemoteTTS(PieceByPiece):
         """Chunks as the replica makes them. A reader task takes them off the stream as they arrive (so each
         is stamped on arrival, not when the listener wants it), at most ``READ_AHEAD`` ahead of the caller."""
         self.calls += 1
-        stream = self._stream_handle(request.voice).synthesize.remote(request)
+        # The call's trace context goes along (telemetry on): the replica's span joins the call's trace.
+        stream = self._stream_handle(request.voice).synthesize.remote(request, carry.headers(request.session))
         queue: asyncio.Queue[np.ndarray | _End | _Failed] = asyncio.Queue(maxsize=READ_AHEAD)
         reader = asyncio.get_running_loop().create_task(self._read(stream, queue, time.time()))
         try:
@@ -296,7 +298,8 @@ class RemoteASR:
         """A transcription on a replica (``session`` and ``kind`` are this gateway's to weigh: Serve queues
         calls in order)."""
         called = time.time()
-        response = self._handle.transcribe.remote(np.asarray(audio, dtype=np.float32), language, prompt)
+        response = self._handle.transcribe.remote(np.asarray(audio, dtype=np.float32), language, prompt,
+                                                  carry.headers(session))
         self._in_flight += 1
         try:
             result, arrived, waited, done = await asyncio.wait_for(response, self.timeout_s)
@@ -350,7 +353,7 @@ class RemoteResponder:
                       options: ReplyOptions | None = None) -> AsyncIterator[str]:
         opts = options if options is not None else ReplyOptions()
         asks: ReplyAsks = {"language": opts.language, "temperature": opts.temperature, "max_tokens": opts.max_tokens}
-        stream = self._handle.respond.remote(text, list(history), asks)
+        stream = self._handle.respond.remote(text, list(history), asks, carry.headers(opts.session))
         try:
             async for item in stream:
                 if isinstance(item, Usage):

@@ -28,8 +28,11 @@ import numpy as np
 from ray import serve
 
 from assistant.asr.base import Transcript
+from assistant.audio import SPEECH_RATE
 from assistant.config import Config, Overrides, apply_overrides
 from assistant.respond.base import Message, Usage
+from assistant.serve_ray.traced import Headers, ReplicaTelemetry, failure
+from assistant.telemetry import names
 from assistant.tts.base import ReferenceClip, TTSCapabilities, TTSEngine, TTSRequest, VoiceCloner
 from assistant.tts.voice_store import ReferenceClipStore
 
@@ -105,6 +108,7 @@ class TTSReplica:
         self.engine: TTSEngine = await asyncio.to_thread(create_tts, self.tts_cfg, reachable)
         await self.engine.warmup()
         self.replica, self.actor = replica_names()
+        self.traced = ReplicaTelemetry(cfg, "TTS", self.replica)
         self.active = 0                       # streams running now
         self.served = 0                       # streams started
         self.voice_engines: dict[str, TTSEngine] = {}   # per-voice engines (Piper: one model per voice)
@@ -182,22 +186,47 @@ class TTSReplica:
                 "sentences_made": sum(getattr(e, "sentences_made", 0)
                                       for e in [self.engine, *self.voice_engines.values()])}
 
-    async def synthesize(self, request: TTSRequest) -> AsyncIterator[SentChunk]:
+    async def synthesize(self, request: TTSRequest, trace: Headers | None = None) -> AsyncIterator[SentChunk]:
         """(float32 chunk, wall time it left here, wall time the call arrived, this replica) as the engine makes
-        each chunk; a cancel stops the engine."""
+        each chunk; a cancel stops the engine. ``trace``: the call's context (a ``ray.replica.tts`` span)."""
         started = time.time()
-        engine = await self._engine_for_request()
-        if engine is not self.engine:
-            request = dataclasses.replace(request, voice=None)  # a per-voice engine speaks only its voice
-        self.active += 1
-        self.served += 1
-        chunks = engine.synthesize(request)
+        attrs: dict[str, object] = {names.TTS_CHARS: len(request.text), names.TTS_VOICE: request.voice or "",
+                                    names.TTS_LANGUAGE: request.language or "", names.TTS_ENGINE: self.engine.name}
+        if self.traced.include_text:
+            attrs[names.INPUT] = request.text
+        error, chunks_sent, first = "", 0, None
         try:
-            async for chunk in chunks:
-                yield np.asarray(chunk, dtype=np.float32), time.time(), started, self.replica
+            engine = await self._engine_for_request()
+            if engine is not self.engine:
+                request = dataclasses.replace(request, voice=None)  # a per-voice engine speaks only its voice
+            self.active += 1
+            self.served += 1
+            chunks = engine.synthesize(request)
+            try:
+                async for chunk in chunks:
+                    if first is None:
+                        first = time.time()
+                    chunks_sent += 1
+                    yield np.asarray(chunk, dtype=np.float32), time.time(), started, self.replica
+            finally:
+                self.active -= 1
+                await chunks.aclose()  # type: ignore[attr-defined]
+        except (GeneratorExit, asyncio.CancelledError):
+            attrs[names.CANCELLED] = True
+            raise
+        except Exception as exc:
+            error = failure(exc)
+            raise
         finally:
-            self.active -= 1
-            await chunks.aclose()  # type: ignore[attr-defined]
+            attrs[names.TTS_CHUNKS] = chunks_sent
+            if first is not None:
+                attrs[names.TTS_TTFB_MS] = round((first - started) * 1000, 1)
+            self.traced.span(names.REPLICA_TTS, trace, started, time.time(), attrs, error)
+
+    def __del__(self) -> None:  # Serve calls it when the replica stops: the last spans go out
+        traced = getattr(self, "traced", None)
+        if traced is not None:
+            traced.close()
 
 
 class _VoiceHandle:
@@ -231,22 +260,42 @@ class ASRReplica:
         self.engine = await asyncio.to_thread(create_asr, dataclasses.replace(cfg.asr, backend="local"))
         await asyncio.to_thread(self.engine.warmup)
         self.replica, self.actor = replica_names()
+        self.traced = ReplicaTelemetry(cfg, "ASR", self.replica)
         self.active = 0
         self._workers = asyncio.Semaphore(max(1, cfg.asr.workers))
         log.info("ray.asr_replica_ready replica=%s engine=%s", self.replica, self.engine.name)
 
-    async def transcribe(self, audio: np.ndarray, language: str | None = None,
-                         prompt: str | None = None) -> TimedTranscript:
-        """(the transcript, wall time the call arrived, time it waited for a worker, wall time it was done)."""
+    async def transcribe(self, audio: np.ndarray, language: str | None = None, prompt: str | None = None,
+                         trace: Headers | None = None) -> TimedTranscript:
+        """(the transcript, wall time the call arrived, time it waited for a worker, wall time it was done).
+        ``trace``: the call's context (a ``ray.replica.asr`` span)."""
         arrived = time.time()
-        async with self._workers:
-            waited = time.time() - arrived
-            self.active += 1
-            try:
-                result = await asyncio.to_thread(self.engine.transcribe, audio, language=language, prompt=prompt)
-            finally:
-                self.active -= 1
-        return result, arrived, waited, time.time()
+        waited = 0.0
+        attrs: dict[str, object] = {names.AUDIO_S: round(len(audio) / SPEECH_RATE, 3)}
+        try:
+            async with self._workers:
+                waited = time.time() - arrived
+                self.active += 1
+                try:
+                    result = await asyncio.to_thread(self.engine.transcribe, audio, language=language, prompt=prompt)
+                finally:
+                    self.active -= 1
+        except BaseException as exc:
+            attrs[names.QUEUE_MS] = round(waited * 1000, 1)
+            self.traced.span(names.REPLICA_ASR, trace, arrived, time.time(), attrs, failure(exc))
+            raise
+        done = time.time()
+        attrs |= {names.QUEUE_MS: round(waited * 1000, 1), names.ASR_CHARS: len(result.text),
+                  names.TURN_LANGUAGE: result.language}
+        if self.traced.include_text:
+            attrs[names.OUTPUT] = result.text
+        self.traced.span(names.REPLICA_ASR, trace, arrived, done, attrs)
+        return result, arrived, waited, done
+
+    def __del__(self) -> None:  # Serve calls it when the replica stops: the last spans go out
+        traced = getattr(self, "traced", None)
+        if traced is not None:
+            traced.close()
 
     async def stats(self) -> ASRReplicaStats:
         return {"replica": self.replica, "actor": self.actor, "active": self.active}
@@ -287,7 +336,9 @@ class LLMReplica:
         self.service = await asyncio.to_thread(ResponderService, dataclasses.asdict(respond))
         await self.service.start()
         self.replica, self.actor = replica_names()
-        log.info("ray.llm_replica_ready replica=%s model=%s", self.replica, self.service.describe().get("model"))
+        self.traced = ReplicaTelemetry(cfg, "LLM", self.replica)
+        self.model = str(self.service.describe().get("model", ""))
+        log.info("ray.llm_replica_ready replica=%s model=%s", self.replica, self.model)
 
     async def info(self) -> ModelInfo:
         return self.service.describe()  # type: ignore[return-value]  # the embedded model's ModelInfo
@@ -298,10 +349,35 @@ class LLMReplica:
                 "waiting": counts["waiting"], "cancelled": counts["cancelled"],
                 "tokens_after_cancel": counts["tokens_after_cancel"], "generated_tokens": counts["generated_tokens"]}
 
-    async def respond(self, text: str, history: list[Message], asks: ReplyAsks) -> AsyncIterator[str | Usage]:
+    async def respond(self, text: str, history: list[Message], asks: ReplyAsks,
+                      trace: Headers | None = None) -> AsyncIterator[str | Usage]:
+        """The reply's text deltas, then its usage. ``trace``: the call's context (a ``ray.replica.llm`` span)."""
+        started = time.time()
+        attrs: dict[str, object] = {names.LLM_MODEL: self.model}
+        error, first, chars = "", None, 0
         stream = self.service.respond(text, history, dict(asks))
         try:
             async for item in stream:
+                if isinstance(item, Usage):
+                    attrs |= {names.LLM_INPUT_TOKENS: item.input_tokens, names.LLM_OUTPUT_TOKENS: item.output_tokens}
+                elif item:
+                    first = first or time.time()
+                    chars += len(item)
                 yield item
+        except (GeneratorExit, asyncio.CancelledError):
+            attrs[names.CANCELLED] = True
+            raise
+        except Exception as exc:
+            error = failure(exc)
+            raise
         finally:
             await stream.aclose()  # a cancelled call (barge-in, a gateway gone) cancels the reply here
+            attrs[names.RESPONSE_CHARS] = chars
+            if first is not None:
+                attrs[names.TTFT_MS] = round((first - started) * 1000, 1)
+            self.traced.span(names.REPLICA_LLM, trace, started, time.time(), attrs, error)
+
+    def __del__(self) -> None:  # Serve calls it when the replica stops: the last spans go out
+        traced = getattr(self, "traced", None)
+        if traced is not None:
+            traced.close()

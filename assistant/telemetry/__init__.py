@@ -16,13 +16,15 @@ hangs never delays a turn, and what does not fit is dropped and counted.
 - ``export.py``: the bounded span processor that counts what it drops.
 - ``spans.py``: one call's spans (:class:`~assistant.telemetry.spans.CallTrace`).
 - ``setup.py``: the providers, exporters and histograms (:class:`~assistant.telemetry.setup.Telemetry`).
+- ``carry.py``: each call's trace context, for the requests it sends to other processes (the Ray replicas).
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
-from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Iterator, Mapping
+from typing import TYPE_CHECKING, Any
 
 from assistant.config import TelemetryConfig
 
@@ -43,11 +45,28 @@ def wanted(cfg: TelemetryConfig, environ: Mapping[str, str] | None = None) -> bo
 
 
 def start(cfg: TelemetryConfig, on_dropped: Callable[[int], None] | None = None,
-          environ: Mapping[str, str] | None = None) -> Telemetry | None:
+          environ: Mapping[str, str] | None = None, role: str = "") -> Telemetry | None:
     """The process's telemetry when it is wanted (:func:`wanted`), else None; ``on_dropped(n)`` counts spans
-    that could not be sent (the queue was full, or the collector refused them)."""
+    that could not be sent (the queue was full, or the collector refused them). ``role`` names a process that is
+    not a gateway (``dispatch``, ``asr``, ``tts``, ``llm``): its spans' service is ``<service_name>-<role>``."""
     if not wanted(cfg, environ):
         return None
     from assistant.telemetry.setup import Telemetry
 
-    return Telemetry(cfg, on_dropped=on_dropped)
+    return Telemetry(cfg, on_dropped=on_dropped, role=role)
+
+
+def _ignore(**values: Any) -> None:
+    """What :func:`forwarding` yields with telemetry off."""
+
+
+@contextlib.contextmanager
+def forwarding(telemetry: Telemetry | None, name: str, headers: dict[str, str],
+               attributes: Mapping[str, Any]) -> Iterator[Callable[..., None]]:
+    """``Telemetry.forwarding`` when telemetry is on (a span around forwarding a request, whose trace headers in
+    ``headers`` become its own); off, nothing is done and the client's trace headers go on unchanged."""
+    if telemetry is None:
+        yield _ignore
+        return
+    with telemetry.forwarding(name, headers, attributes) as note:
+        yield note

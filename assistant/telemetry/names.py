@@ -24,6 +24,12 @@ TTS = "tts"  # the reply's synthesis: first text in → last audio out (LiveKit:
 PLAYOUT = "playout"  # first audio made → the reply's last frame sent (or cut)
 # The responder's span is named as the GenAI conventions say: "{gen_ai.operation.name} {gen_ai.request.model}".
 LLM_OPERATION = "chat"
+# Spans of other processes in the same trace. Not "asr"/"chat"/"tts" again: a backend that counts generations or
+# ASR calls by name would count each twice (the gateway's span is the turn's stage; these are the work behind it).
+DISPATCH = "dispatch"  # the dispatcher placing an offer or a WebSocket on a gateway (parent of the call span)
+REPLICA_ASR = "ray.replica.asr"  # a transcription on a Ray Serve ASR replica (under the call span)
+REPLICA_TTS = "ray.replica.tts"  # one piece of text spoken on a TTS replica
+REPLICA_LLM = "ray.replica.llm"  # a reply written on an LLM replica
 
 # --- the call ------------------------------------------------------------------------------------------------
 SESSION_ID = "session.id"  # OTel's session convention; Langfuse and LangSmith group traces into sessions by it
@@ -36,6 +42,24 @@ GATEWAY = "assistant.gateway_id"  # server.gateway_id: which gateway behind `ass
 CARRIER = "assistant.carrier"  # a phone call's carrier (twilio, ...)
 CALL_TURNS = "assistant.call.turns"
 CLOSE_REASON = "assistant.call.close_reason"  # hangup, idle_timeout, peer_failed, ...
+
+# --- the process (resource attributes) -------------------------------------------------------------------------
+ROLE = "assistant.role"  # gateway, dispatch, asr, tts or llm; service.name is "<service_name>-<role>" off gateways
+
+# --- the dispatcher and the replicas -----------------------------------------------------------------------------
+HTTP_METHOD = "http.request.method"  # OTel's HTTP conventions
+HTTP_ROUTE = "http.route"
+HTTP_STATUS = "http.response.status_code"
+DISPATCH_GATEWAY = "assistant.dispatch.gateway"  # the gateway that took it (server.gateway_id)
+DISPATCH_TRIES = "assistant.dispatch.tries"  # gateways asked (one more than those that were down or busy)
+RAY_DEPLOYMENT = "assistant.ray.deployment"  # ASR, TTS or LLM
+RAY_REPLICA = "assistant.ray.replica"  # the replica's id (its actor is in Serve's namespace)
+AUDIO_S = "assistant.asr.audio_s"  # seconds of audio transcribed
+TTS_CHUNKS = "assistant.tts.chunks"
+CANCELLED = "assistant.cancelled"  # the caller stopped it (a barge-in, a gateway gone)
+LLM_MODEL = "assistant.llm.model"  # not gen_ai.*: the replica's span is not a second generation
+LLM_INPUT_TOKENS = "assistant.llm.input_tokens"
+LLM_OUTPUT_TOKENS = "assistant.llm.output_tokens"
 
 # --- the GenAI conventions (gen_ai.*) ---------------------------------------------------------------------------
 OPERATION = "gen_ai.operation.name"

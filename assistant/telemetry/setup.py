@@ -10,12 +10,14 @@ by the metric reader. ``telemetry.otlp_endpoint``, when set, is the base URL bot
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
+from opentelemetry import trace
 from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter
 from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 from opentelemetry.metrics import Histogram, Meter
@@ -23,16 +25,22 @@ from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import PeriodicExportingMetricReader
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.trace import SpanKind, Status, StatusCode
+from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 from assistant.config import TelemetryConfig
 from assistant.telemetry import names
 from assistant.telemetry.export import BoundedSpanProcessor
-from assistant.telemetry.spans import CallTrace
+from assistant.telemetry.spans import CallTrace, clean_attributes, ns, parent_context
 
 log = logging.getLogger(__name__)
 
 SCOPE = "assistant"  # the instrumentation scope our spans and histograms carry
 # Bucket bounds in seconds for the turn histograms: the same as /metrics' stage histograms (server/metrics.py).
+TRACE_HEADERS = ("traceparent", "tracestate")
+_PROPAGATOR = TraceContextTextMapPropagator()
+# ``note(gateway=..., status=..., tries=...)``'s short keys (the dispatcher's), as attribute names.
+NOTE_NAMES = {"gateway": names.DISPATCH_GATEWAY, "status": names.HTTP_STATUS, "tries": names.DISPATCH_TRIES}
 LATENCY_BUCKETS = (0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0, 10.0)
 
 
@@ -43,9 +51,13 @@ def _env_set(*variables: str) -> bool:
 class Telemetry:
     """Tracer, meter and exporters for one process; :meth:`call` gives each session its spans."""
 
-    def __init__(self, cfg: TelemetryConfig, on_dropped: Callable[[int], None] | None = None) -> None:
+    def __init__(self, cfg: TelemetryConfig, on_dropped: Callable[[int], None] | None = None,
+                 role: str = "") -> None:
         self.cfg = cfg
-        attributes = {} if _env_set("OTEL_SERVICE_NAME") else {"service.name": cfg.service_name}
+        service = f"{cfg.service_name}-{role}" if role else cfg.service_name
+        attributes: dict[str, str] = {names.ROLE: role or "gateway"}
+        if not _env_set("OTEL_SERVICE_NAME"):
+            attributes["service.name"] = service
         resource = Resource.create(attributes)
         base = cfg.otlp_endpoint.strip().rstrip("/")
         # The exporter reads its own timeout variable when given none: ours only where the environment is silent.
@@ -65,8 +77,8 @@ class Telemetry:
             reader = PeriodicExportingMetricReader(metric_exporter)
             self.meter_provider = MeterProvider(resource=resource, metric_readers=[reader], shutdown_on_exit=False)
             self.histograms = _histograms(self.meter_provider.get_meter(SCOPE))
-        log.info("telemetry_on endpoint=%s metrics=%s include_text=%s queue=%d", base or "(environment)",
-                 cfg.metrics, cfg.include_text, cfg.max_queue_size)
+        log.info("telemetry_on role=%s endpoint=%s metrics=%s include_text=%s queue=%d", role or "gateway",
+                 base or "(environment)", cfg.metrics, cfg.include_text, cfg.max_queue_size)
 
     @property
     def dropped(self) -> int:
@@ -78,6 +90,50 @@ class Telemetry:
         when it sent a valid one; ``describe()`` gives the call's attributes once they are all known."""
         return CallTrace(self.tracer, self.observe, session_id, started, traceparent, describe,
                          include_text=self.cfg.include_text)
+
+    def served(self, name: str, headers: Mapping[str, str], start: float, end: float,
+               attributes: Mapping[str, Any], error: str = "") -> None:
+        """A span of work this process did for a request that carried ``headers`` (a call's W3C context:
+        ``carry.py``), from ``start`` to ``end`` (wall s), built after the fact as the turn's spans are. A request
+        without a context (telemetry off at the gateway, a TTS API call) makes no span: it would be a trace of its
+        own, with nothing to join it to."""
+        traceparent = headers.get("traceparent", "")
+        if not traceparent:
+            return
+        context = parent_context(traceparent, headers.get("tracestate", ""))
+        span = self.tracer.start_span(name, context=context, kind=SpanKind.SERVER,
+                                      attributes=clean_attributes(attributes), start_time=ns(start))
+        if error:
+            span.set_status(Status(StatusCode.ERROR, error))
+        span.end(end_time=ns(max(start, end)))
+
+    @contextlib.contextmanager
+    def forwarding(self, name: str, headers: dict[str, str],
+                   attributes: Mapping[str, Any]) -> Iterator[Callable[..., None]]:
+        """A span around forwarding one request (the dispatcher's): under the client's ``traceparent`` in
+        ``headers``, which it replaces with its own, so what the next process makes is its child. Yields
+        ``note(key=value, ...)`` for attributes learnt on the way (names from :mod:`names`)."""
+        context = parent_context(headers.get("traceparent", ""), headers.get("tracestate", ""))
+        span = self.tracer.start_span(name, context=context, kind=SpanKind.SERVER,
+                                      attributes=clean_attributes(attributes))
+        for key in TRACE_HEADERS:
+            headers.pop(key, None)
+        _PROPAGATOR.inject(headers, context=trace.set_span_in_context(span))
+
+        def note(**values: Any) -> None:
+            span.set_attributes(clean_attributes({NOTE_NAMES.get(k, k): v for k, v in values.items()}))
+
+        try:
+            yield note
+        except BaseException as exc:
+            status = getattr(exc, "status", None)
+            if isinstance(status, int):
+                span.set_attribute(names.HTTP_STATUS, status)
+            if not isinstance(status, int) or status >= 500:
+                span.set_status(Status(StatusCode.ERROR, type(exc).__name__))
+            raise
+        finally:
+            span.end()
 
     def observe(self, name: str, seconds: float | None, **attributes: str) -> None:
         """One measurement of a histogram of :mod:`names` (``H_*``), in seconds; None is no measurement."""

@@ -15,6 +15,10 @@ The tree (names in ``names.py``)::
         └── playout                       first audio → the last frame sent (or cut)
         events: barge_in (what was heard), first_token, first_audio, first_frame_sent
 
+Other processes add theirs to the same trace: the dispatcher's ``dispatch`` span is the call span's parent, and
+the Ray Serve replicas hang ``ray.replica.asr|tts|llm`` under the call span (the one whose context exists while a
+turn runs: ``carry.py``, ``serve_ray/traced.py``).
+
 Every time is one the turn took itself (wall seconds from ``time.time()``, as ``TurnTrace`` has them), so the
 spans' durations are the turn's metrics, and the turn span carries its ``turn_metrics`` durations as attributes.
 """
@@ -58,7 +62,7 @@ def parent_context(traceparent: str, tracestate: str = "") -> Context:
     return _PROPAGATOR.extract(carrier) if traceparent else Context()
 
 
-def _clean(attributes: Mapping[str, Any]) -> Attributes:
+def clean_attributes(attributes: Mapping[str, Any]) -> Attributes:
     """Only values OTLP carries: None and empty strings are left out."""
     return {k: v for k, v in attributes.items() if v is not None and v != ""}
 
@@ -79,12 +83,22 @@ class CallTrace:
         self.engine = ""
         self.model = ""
         self.span: trace.Span | None = None
+        self._headers: dict[str, str] | None = None
         self.turns = 0
         self.ended = False
 
     @property
     def context(self) -> Context:
         return trace.set_span_in_context(self._call())
+
+    def headers(self) -> dict[str, str]:
+        """The call span's W3C trace context as headers: what this call's engine requests carry to another
+        process (``carry.py``), whose spans then join this trace under the call span. Empty when unsampled."""
+        if self._headers is None:
+            carrier: dict[str, str] = {}
+            _PROPAGATOR.inject(carrier, context=self.context)
+            self._headers = carrier
+        return dict(self._headers)
 
     def _call(self) -> trace.Span:
         """The call span, started (in memory) the first time it is needed, when the call's attributes are known."""
@@ -96,7 +110,7 @@ class CallTrace:
             self.model = str(attrs.get(names.REQUEST_MODEL, ""))
             self.span = self.tracer.start_span(
                 names.CALL, context=parent_context(self.traceparent), kind=SpanKind.SERVER,
-                attributes=_clean(attrs), start_time=ns(self.started))
+                attributes=clean_attributes(attrs), start_time=ns(self.started))
         return self.span
 
     def end(self, reason: str, at: float | None = None) -> None:
@@ -105,7 +119,9 @@ class CallTrace:
             return
         self.ended = True
         span = self._call()
-        span.set_attributes(_clean({names.CALL_TURNS: self.turns, names.CLOSE_REASON: reason}))
+        if self.describe is not None:  # the call span may have started before all was known (an engine request)
+            span.set_attributes(clean_attributes(dict(self.describe())))
+        span.set_attributes(clean_attributes({names.CALL_TURNS: self.turns, names.CLOSE_REASON: reason}))
         span.end(end_time=ns(time.time() if at is None else at))
 
     # --- one turn -----------------------------------------------------------------------------------------
@@ -132,14 +148,15 @@ class CallTrace:
             attrs |= {names.EOT_REASON: ending.reason, names.EOT_DELAY_MS: _ms(ending.decided - ending.speech_end)}
         if self.include_text:
             attrs |= {names.INPUT: turn.transcript, names.OUTPUT: turn.reply.text}
-        span = tracer.start_span(names.TURN, context=self.context, attributes=_clean(attrs), start_time=ns(start))
+        span = tracer.start_span(names.TURN, context=self.context, attributes=clean_attributes(attrs),
+                                 start_time=ns(start))
         self.turns += 1
         for b in notes.barge_ins:
             event: Attributes = {names.BARGE_IN_REASON: b.reason, names.BARGE_IN_PAUSED: b.paused,
                                  names.BARGE_IN_HEARD_CHARS: len(b.heard)}
             if self.include_text:
                 event[names.BARGE_IN_HEARD] = b.heard
-            span.add_event(names.BARGE_IN, _clean(event), timestamp=ns(b.at))
+            span.add_event(names.BARGE_IN, clean_attributes(event), timestamp=ns(b.at))
         if turn.failed:
             span.set_status(Status(StatusCode.ERROR, f"the {turn.failed} stage failed"))
         ctx = trace.set_span_in_context(span)
@@ -148,7 +165,7 @@ class CallTrace:
                   parent: Context = ctx, kind: SpanKind = SpanKind.INTERNAL) -> trace.Span | None:
             if begin is None:
                 return None
-            s = tracer.start_span(name, context=parent, kind=kind, attributes=_clean(attributes or {}),
+            s = tracer.start_span(name, context=parent, kind=kind, attributes=clean_attributes(attributes or {}),
                                   start_time=ns(begin))
             s.end(end_time=ns(max(begin, finish if finish is not None else end)))
             return s
@@ -160,7 +177,7 @@ class CallTrace:
                          names.EOT_USED_MODEL: ending.model is not None,
                          names.EOT_DELAY_MS: _ms(ending.decided - ending.speech_end)}
             eot = tracer.start_span(names.END_OF_TURN, context=ctx, start_time=ns(ending.speech_end),
-                                    attributes=_clean(eot_attrs))
+                                    attributes=clean_attributes(eot_attrs))
             if ending.model is not None:
                 m = ending.model
                 child(names.END_OF_TURN_MODEL, m.asked, m.done, {names.QUEUE_MS: _ms(m.started - m.asked)},
@@ -202,7 +219,7 @@ class CallTrace:
             attrs |= {names.PROMPT: turn.transcript, names.INPUT: turn.transcript,
                       names.COMPLETION: turn.reply.text, names.OUTPUT: turn.reply.text}
         name = f"{names.LLM_OPERATION} {self.model}" if self.model else names.LLM_OPERATION
-        span = self.tracer.start_span(name, context=ctx, kind=SpanKind.CLIENT, attributes=_clean(attrs),
+        span = self.tracer.start_span(name, context=ctx, kind=SpanKind.CLIENT, attributes=clean_attributes(attrs),
                                                 start_time=ns(begin))
         if "first_text" in marks:
             span.add_event(names.FIRST_TOKEN, timestamp=ns(marks["first_text"]))
@@ -215,7 +232,7 @@ class CallTrace:
             if self.include_text:
                 tool[names.TOOL_ARGUMENTS] = call.arguments
             t = self.tracer.start_span(f"{names.TOOL} {call.name}", context=tool_ctx,
-                                                 attributes=_clean(tool), start_time=ns(call.begun))
+                                                 attributes=clean_attributes(tool), start_time=ns(call.begun))
             t.end(end_time=ns(max(call.begun, call.done)))
         span.end(end_time=ns(max(begin, notes.respond_done or end)))
 
@@ -230,7 +247,7 @@ class CallTrace:
                 attrs[names.TTS_TTFB_MS] = _ms(marks["first_audio"] - begin)
             if self.include_text:
                 attrs[names.INPUT] = spoken
-            span = tracer.start_span(names.TTS, context=ctx, attributes=_clean(attrs), start_time=ns(begin))
+            span = tracer.start_span(names.TTS, context=ctx, attributes=clean_attributes(attrs), start_time=ns(begin))
             if "first_audio" in marks:
                 span.add_event(names.FIRST_AUDIO, timestamp=ns(marks["first_audio"]))
             if turn.failed == "tts":
@@ -240,7 +257,8 @@ class CallTrace:
             begin = marks["first_audio"]
             playout = {names.PLAYOUT_QUEUE_MS: durations.get("playout_ms"),
                        names.PLAYOUT_REPLY_MS: durations.get("reply_ms")}
-            span = tracer.start_span(names.PLAYOUT, context=ctx, start_time=ns(begin), attributes=_clean(playout))
+            span = tracer.start_span(names.PLAYOUT, context=ctx, start_time=ns(begin),
+                                     attributes=clean_attributes(playout))
             if "first_frame_sent" in marks:
                 span.add_event(names.FIRST_FRAME, timestamp=ns(marks["first_frame_sent"]))
             span.end(end_time=ns(max(begin, marks.get("reply_done", end))))

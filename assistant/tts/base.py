@@ -35,6 +35,7 @@ class TTSRequest:
     speed: float = 1.0                  # within SPEED_RANGE, engine-native where the engine supports it
     pitch: float = 0.0                  # semitones; only engines with ``native_pitch`` take it here
     seed: int | None = None
+    session: str = ""                   # the call it is for ("" outside one): a remote engine joins its trace
 
 
 @dataclass(frozen=True)

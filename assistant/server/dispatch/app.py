@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Awaitable, Callable
 
@@ -14,6 +15,7 @@ from assistant.server.front import add_metrics_listener, add_static_routes, chec
 from assistant.server.http import CONFIG
 from assistant.server.limits import LIMITS, Limits
 from assistant.server.routes import ROUTES, Forward, Handler, Route
+from assistant.telemetry import start as start_telemetry
 
 log = logging.getLogger(__name__)
 
@@ -77,12 +79,17 @@ def create_dispatch_app(cfg: Config) -> web.Application:
     add_metrics_listener(app, cfg.server, dispatcher.metrics.render)
 
     async def start(app: web.Application) -> None:
+        dispatcher.telemetry = start_telemetry(cfg.telemetry, dispatcher.metrics.count_dropped_spans,
+                                               role="dispatch")
         await dispatcher.start()
         log.info("dispatch_ready gateways=%d ready=%d", len(dispatcher.gateways),
                  sum(g.ready for g in dispatcher.gateways))
 
     async def stop(app: web.Application) -> None:
         await dispatcher.close()
+        telemetry, dispatcher.telemetry = dispatcher.telemetry, None
+        if telemetry is not None:
+            await asyncio.to_thread(telemetry.shutdown)
 
     app.on_startup.append(start)
     app.on_cleanup.append(stop)

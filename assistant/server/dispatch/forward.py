@@ -14,7 +14,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Sequence
 
 import aiohttp
 from aiohttp import WSMsgType, web
@@ -26,6 +26,7 @@ from assistant.server.dispatch.gateways import (
     DISPATCHER,
     LOADING,
     READY,
+    Dispatcher,
     Gateway,
     failure_text,
 )
@@ -33,6 +34,7 @@ from assistant.server.front import refuse_unless_admin
 from assistant.server.http import CONFIG, HTTPJSONError, WriteStalled, json_error, read_body, write_within
 from assistant.server.keys import principal_of
 from assistant.server.limits import LIMITS
+from assistant.telemetry import forwarding, names
 
 log = logging.getLogger(__name__)
 
@@ -128,13 +130,30 @@ async def check_caps(request: web.Request) -> None:
 
 
 # --- signaling -------------------------------------------------------------------------------------------
+def _span_attributes(request: web.Request) -> dict[str, str]:
+    """What the dispatcher's span of a forwarded request says of it (route and method: never the query, which
+    may hold a token)."""
+    route = request.match_info.route.resource
+    return {names.HTTP_METHOD: request.method,
+            names.HTTP_ROUTE: route.canonical if route is not None else request.path}
+
+
 async def place_offer(request: web.Request, cap: int) -> web.Response:
-    """An offer (``/api/offer`` JSON, WHIP SDP) to the least-loaded gateway; see ``dispatch/__init__.py``."""
+    """An offer (``/api/offer`` JSON, WHIP SDP) to the least-loaded gateway; see ``dispatch/__init__.py``. With
+    telemetry on, a ``dispatch`` span (under the client's traceparent) is the parent of the gateway's call span."""
     d = request.app[DISPATCHER]
     body = await read_body(request, cap)
     headers = forward_headers(request)
+    with forwarding(d.telemetry, names.DISPATCH, headers, _span_attributes(request)) as note:
+        return await _offer(request, body, headers, note)
+
+
+async def _offer(request: web.Request, body: bytes, headers: dict[str, str],
+                 note: Callable[..., None]) -> web.Response:
+    d = request.app[DISPATCHER]
     busy = False
-    for g in d.for_offer():
+    for tries, g in enumerate(d.for_offer(), start=1):
+        note(tries=tries)
         t0 = time.perf_counter()
         g.sessions += 1  # the slot is taken now, so offers arriving meanwhile see it (the heartbeat corrects)
         try:
@@ -173,6 +192,7 @@ async def place_offer(request: web.Request, cap: int) -> web.Response:
             g.sessions = max(0, g.sessions - 1)
         d.metrics.offers_total.labels(gateway=g.id, outcome="ok" if ok else "refused").inc()
         log.info("dispatch_offer gateway=%s status=%d ms=%.1f", g.id, up.status, ms)
+        note(gateway=g.id, status=up.status)
         return relay(up, answer)
     if busy or any(g.ready for g in d.gateways):
         d.metrics.offers_total.labels(gateway="none", outcome="busy").inc()
@@ -311,7 +331,6 @@ async def ws_proxy(request: web.Request, cap: int) -> web.StreamResponse:
     d = request.app[DISPATCHER]
     if not web.WebSocketResponse().can_prepare(request).ok:
         raise HTTPJSONError(400, "bad_request", "expected a WebSocket upgrade")
-    upstream: aiohttp.ClientWebSocketResponse | None = None
     headers = forward_headers(request, WS_FORWARD_HEADERS)
     # The subprotocols the client offers go to the gateway (OpenAI's Realtime clients name the API, a beta
     # marker, and from a browser the key); the one it picks is the one the client gets.
@@ -324,26 +343,12 @@ async def ws_proxy(request: web.Request, cap: int) -> web.StreamResponse:
         if owner is None:
             raise HTTPJSONError(404, "call_not_found", "no open call has this call_id")
         candidates = [owner]
-    for g in candidates:
-        try:
-            upstream = await d.http.ws_connect(
-                _target(g, request), headers=headers, max_msg_size=cap, protocols=offered,
-                heartbeat=WS_HEARTBEAT_S, timeout=aiohttp.ClientWSTimeout(ws_close=WS_CLOSE_TIMEOUT_S),
-            )
-        except aiohttp.WSServerHandshakeError as exc:  # the gateway refused the upgrade: tell the client why
-            error = (exc.message or "refused").lower().replace(" ", "_")
-            return json_error(exc.status, error, f"gateway {g.id} refused the WebSocket")
-        except aiohttp.ConnectionTimeoutError as exc:
-            d.mark_down(g, failure_text(exc))
-            continue
-        except TimeoutError:
-            raise HTTPJSONError(504, "gateway_timeout", f"gateway {g.id} did not answer in time") from None
-        except (aiohttp.ClientError, OSError) as exc:
-            d.mark_down(g, failure_text(exc))
-            continue
-        break
-    if upstream is None:
-        raise HTTPJSONError(503, "not_ready", "no gateway is ready; retry shortly", headers={"Retry-After": "2"})
+    # With telemetry on, a ``dispatch`` span covers the upgrade's way to a gateway (not the socket's life).
+    with forwarding(d.telemetry, names.DISPATCH, headers, _span_attributes(request)) as note:
+        joined = await _connect(d, request, candidates, headers, offered, cap, note)
+    if isinstance(joined, web.Response):
+        return joined
+    upstream, g = joined
     ws = web.WebSocketResponse(heartbeat=WS_HEARTBEAT_S, max_msg_size=cap,
                                protocols=(upstream.protocol,) if upstream.protocol else ())
     # The handshake's own headers (/ws/tts: X-Sample-Rate, X-Channels, X-Sample-Format) are part of the protocol.
@@ -358,6 +363,34 @@ async def ws_proxy(request: web.Request, cap: int) -> web.StreamResponse:
     finally:
         await upstream.close()
     return ws
+
+
+async def _connect(d: Dispatcher, request: web.Request, candidates: Sequence[Gateway], headers: dict[str, str],
+                   offered: tuple[str, ...], cap: int,
+                   note: Callable[..., None]) -> tuple[aiohttp.ClientWebSocketResponse, Gateway] | web.Response:
+    """The upstream WebSocket on the first candidate that takes it (and which), or the refusal to answer."""
+    for tries, g in enumerate(candidates, start=1):
+        note(tries=tries)
+        try:
+            upstream = await d.http.ws_connect(
+                _target(g, request), headers=headers, max_msg_size=cap, protocols=offered,
+                heartbeat=WS_HEARTBEAT_S, timeout=aiohttp.ClientWSTimeout(ws_close=WS_CLOSE_TIMEOUT_S),
+            )
+        except aiohttp.WSServerHandshakeError as exc:  # the gateway refused the upgrade: tell the client why
+            error = (exc.message or "refused").lower().replace(" ", "_")
+            note(gateway=g.id, status=exc.status)
+            return json_error(exc.status, error, f"gateway {g.id} refused the WebSocket")
+        except aiohttp.ConnectionTimeoutError as exc:
+            d.mark_down(g, failure_text(exc))
+            continue
+        except TimeoutError:
+            raise HTTPJSONError(504, "gateway_timeout", f"gateway {g.id} did not answer in time") from None
+        except (aiohttp.ClientError, OSError) as exc:
+            d.mark_down(g, failure_text(exc))
+            continue
+        note(gateway=g.id, status=101)
+        return upstream, g
+    raise HTTPJSONError(503, "not_ready", "no gateway is ready; retry shortly", headers={"Retry-After": "2"})
 
 
 Socket = web.WebSocketResponse | aiohttp.ClientWebSocketResponse  # either end of a forwarded WebSocket

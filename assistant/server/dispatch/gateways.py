@@ -15,6 +15,7 @@ import logging
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import aiohttp
 from aiohttp import web
@@ -25,6 +26,10 @@ from yarl import URL
 
 from assistant.body import loads_bounded, read_capped
 from assistant.config import GATEWAY_ID, Config, ConfigError
+from assistant.telemetry.names import DROPPED_METRIC
+
+if TYPE_CHECKING:
+    from assistant.telemetry.setup import Telemetry
 
 log = logging.getLogger(__name__)
 
@@ -113,6 +118,13 @@ class DispatchMetrics:
                                  registry=self.registry)
         self.gateways_ready = Gauge("assistant_dispatch_gateways_ready", "gateways taking sessions",
                                     registry=self.registry)
+        self.spans_dropped_total = Counter(
+            DROPPED_METRIC.removesuffix("_total"), "OpenTelemetry spans of the dispatcher that never reached the "
+            "collector (its queue was full, or the collector refused or did not answer in time)",
+            registry=self.registry)
+
+    def count_dropped_spans(self, n: int) -> None:
+        self.spans_dropped_total.inc(n)
 
     def render(self) -> tuple[bytes, str]:
         return generate_latest(self.registry), CONTENT_TYPE_LATEST
@@ -125,6 +137,7 @@ class Dispatcher:
         self.cfg = cfg
         self.gateways = [Gateway(url) for url in check_dispatch_config(cfg)]
         self.metrics = DispatchMetrics()
+        self.telemetry: Telemetry | None = None  # OpenTelemetry, when [telemetry] asks for it (app.py starts it)
         self._origins = {(g.base.scheme, g.base.host, g.base.port) for g in self.gateways}
         self._turn = 0  # round robin among equals
         self._admin = {"Authorization": f"Bearer {cfg.server.auth_token}"} if cfg.server.auth_token else {}

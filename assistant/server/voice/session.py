@@ -33,7 +33,7 @@ from assistant.rtc.outbound import ReplyTrack
 from assistant.server.services import Services
 from assistant.server.voice.ice import ice_servers, rtc_configuration
 from assistant.server.voice.sdpfrag import ice_credentials
-from assistant.telemetry import names
+from assistant.telemetry import carry, names
 
 if TYPE_CHECKING:
     from assistant.telemetry.spans import CallTrace
@@ -149,6 +149,8 @@ class ConversationSession:
         )
         self.responder = deps.responder
         self._call_trace: CallTrace | None = None
+        if services.telemetry is not None:  # engines in other processes (Ray) join this call's trace
+            carry.register(self.id, self._trace_headers)
         self.conversation = Conversation(
             cfg, services.make_endpointer(cfg.vad), deps, sink, self.events, session_id=self.id
         )
@@ -160,6 +162,11 @@ class ConversationSession:
         if self._call_trace is None and telemetry is not None:
             self._call_trace = telemetry.call(self.id, self.created_wall, self.traceparent, self.call_attributes)
         return self._call_trace
+
+    def _trace_headers(self) -> dict[str, str]:
+        """The call span's W3C context, for an engine request sent to another process (telemetry/carry.py)."""
+        trace = self.call_trace()
+        return trace.headers() if trace is not None and not self.closed else {}
 
     def _turn_traced(self, turn: Turn) -> None:
         if (trace := self.call_trace()) is not None:
@@ -219,6 +226,7 @@ class ConversationSession:
         await self._release()
         if (trace := self.call_trace()) is not None:
             trace.end(reason)
+        carry.forget(self.id)
         if self._on_closed is not None:
             self._on_closed(self)
 

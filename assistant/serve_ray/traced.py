@@ -1,0 +1,57 @@
+"""A replica's own spans, in the trace of the call each request is for (docs/telemetry.md).
+
+A gateway sends each engine request with the W3C context of the call it serves (``telemetry/carry.py``); the
+replica starts telemetry from the same ``[telemetry]`` settings (handed over with its config; the standard
+``OTEL_*`` variables of the replica's node apply as anywhere), as service ``<service_name>-<asr|tts|llm>``, and
+records its work on each request as one span under the call span, built after the fact from the times it took
+anyway: ``ray.replica.asr``, ``ray.replica.tts``, ``ray.replica.llm`` (names in ``telemetry/names.py``). A request
+without a context (telemetry off at the gateway, a TTS API request) adds nothing. Off (no endpoint anywhere),
+nothing of OpenTelemetry is imported.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections.abc import Mapping
+from typing import Any
+
+from assistant.config import Config
+from assistant.telemetry import names, start
+
+log = logging.getLogger(__name__)
+
+Headers = dict[str, str]
+SHUTDOWN_S = 2.0  # what a replica's stop waits for its last spans to go
+
+
+class ReplicaTelemetry:
+    """The spans one replica adds to its callers' traces."""
+
+    def __init__(self, cfg: Config, deployment: str, replica: str) -> None:
+        # No histograms here: the turn's latencies are the gateway's (it sees the whole turn).
+        self.telemetry = start(dataclasses.replace(cfg.telemetry, metrics=False), role=deployment.lower())
+        self.include_text = cfg.telemetry.include_text
+        self.where = {names.RAY_DEPLOYMENT: deployment, names.RAY_REPLICA: replica}
+
+    def span(self, name: str, headers: Mapping[str, str] | None, start_s: float, end_s: float,
+             attributes: Mapping[str, Any], error: str = "") -> None:
+        """One span of this replica's work on a request, under the context the request carried. Never raises:
+        telemetry must not fail the request it describes."""
+        if self.telemetry is None or not headers:
+            return
+        try:
+            self.telemetry.served(name, headers, start_s, end_s, {**self.where, **attributes}, error)
+        except Exception as exc:
+            log.debug("replica_span_failed name=%s error=%r", name, exc)
+
+    def close(self) -> None:
+        """Send what is held (the replica is stopping)."""
+        telemetry, self.telemetry = self.telemetry, None
+        if telemetry is not None:
+            telemetry.shutdown(SHUTDOWN_S)
+
+
+def failure(exc: BaseException) -> str:
+    """A span's error text: the exception's kind (its message may hold a user's words)."""
+    return type(exc).__name__

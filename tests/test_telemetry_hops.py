@@ -5,6 +5,7 @@ and the gateway's call span, each checked with a real OTLP/HTTP receiver. (Throu
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import time
 from collections.abc import AsyncIterator
@@ -62,12 +63,24 @@ async def test_a_replica_span_joins_the_call_it_was_sent_for() -> None:
                         {names.QUEUE_MS: 3.0, names.AUDIO_S: 1.5})
             traced.span(names.REPLICA_ASR, {}, t0, t0 + 0.1, {})
             traced.span(names.REPLICA_ASR, None, t0, t0 + 0.1, {})
-            traced.span(names.REPLICA_ASR, {"traceparent": TRACEPARENT}, t0, t0 + 0.1, {}, error="RuntimeError")
-            await until(lambda: len(rx.named(names.REPLICA_ASR)) >= 2, "both spans with a context", 10)
+            with pytest.raises(RuntimeError), traced.recording(names.REPLICA_ASR, {"traceparent": TRACEPARENT},
+                                                               time.time(), {}):
+                raise RuntimeError("the engine failed on the user's words")
+            with pytest.raises(asyncio.CancelledError), traced.recording(names.REPLICA_TTS, {
+                    "traceparent": TRACEPARENT}, time.time(), {names.TTS_CHUNKS: 0}) as attrs:
+                attrs[names.TTS_CHUNKS] = 2
+                raise asyncio.CancelledError  # the gateway stopped it (a barge-in)
+            await until(lambda: len(rx.named(names.REPLICA_ASR)) >= 2 and rx.named(names.REPLICA_TTS),
+                        "the spans with a context", 10)
         finally:
             traced.close()
     ok, failed = sorted(rx.named(names.REPLICA_ASR), key=lambda s: s.status_code)
     assert len(rx.named(names.REPLICA_ASR)) == 2
+    assert failed.attributes == {**failed.attributes, names.RAY_REPLICA: "replica-1"}
+    assert "user" not in str(failed.attributes)  # the exception's kind only: its message may hold words
+    cut = rx.named(names.REPLICA_TTS)[0]
+    assert cut.attributes[names.CANCELLED] is True and cut.attributes[names.TTS_CHUNKS] == 2
+    assert cut.status_code == 0  # a cancel is not a failure
     for s in (ok, failed):
         assert (s.trace_id, s.parent_id) == (CLIENT_TRACE, CLIENT_SPAN)
         assert s.resource["service.name"] == "assistant-asr" and s.resource[names.ROLE] == "asr"

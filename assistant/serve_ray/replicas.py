@@ -31,7 +31,7 @@ from assistant.asr.base import Transcript
 from assistant.audio import SPEECH_RATE
 from assistant.config import Config, Overrides, apply_overrides
 from assistant.respond.base import Message, Usage
-from assistant.serve_ray.traced import Headers, ReplicaTelemetry, failure
+from assistant.serve_ray.traced import Headers, ReplicaTelemetry, TracedReplica
 from assistant.telemetry import names
 from assistant.tts.base import ReferenceClip, TTSCapabilities, TTSEngine, TTSRequest, VoiceCloner
 from assistant.tts.voice_store import ReferenceClipStore
@@ -93,7 +93,7 @@ SentChunk = tuple[np.ndarray, float, float, str]
 TimedTranscript = tuple[Transcript, float, float, float]
 
 
-class TTSReplica:
+class TTSReplica(TracedReplica):
     """One TTS engine on one replica; voices multiplexed by id; chunks streamed with their send time."""
 
     async def __init__(self, config: Overrides) -> None:  # type: ignore[misc]  # Serve awaits it
@@ -191,42 +191,28 @@ class TTSReplica:
         each chunk; a cancel stops the engine. ``trace``: the call's context (a ``ray.replica.tts`` span)."""
         started = time.time()
         attrs: dict[str, object] = {names.TTS_CHARS: len(request.text), names.TTS_VOICE: request.voice or "",
-                                    names.TTS_LANGUAGE: request.language or "", names.TTS_ENGINE: self.engine.name}
+                                    names.TTS_LANGUAGE: request.language or "", names.TTS_ENGINE: self.engine.name,
+                                    names.TTS_CHUNKS: 0}
         if self.traced.include_text:
             attrs[names.INPUT] = request.text
-        error, chunks_sent, first = "", 0, None
-        try:
+        with self.traced.recording(names.REPLICA_TTS, trace, started, attrs):
             engine = await self._engine_for_request()
             if engine is not self.engine:
                 request = dataclasses.replace(request, voice=None)  # a per-voice engine speaks only its voice
             self.active += 1
             self.served += 1
             chunks = engine.synthesize(request)
+            sent = 0
             try:
                 async for chunk in chunks:
-                    if first is None:
-                        first = time.time()
-                    chunks_sent += 1
+                    if not sent:
+                        attrs[names.TTS_TTFB_MS] = round((time.time() - started) * 1000, 1)
+                    sent += 1
+                    attrs[names.TTS_CHUNKS] = sent
                     yield np.asarray(chunk, dtype=np.float32), time.time(), started, self.replica
             finally:
                 self.active -= 1
                 await chunks.aclose()  # type: ignore[attr-defined]
-        except (GeneratorExit, asyncio.CancelledError):
-            attrs[names.CANCELLED] = True
-            raise
-        except Exception as exc:
-            error = failure(exc)
-            raise
-        finally:
-            attrs[names.TTS_CHUNKS] = chunks_sent
-            if first is not None:
-                attrs[names.TTS_TTFB_MS] = round((first - started) * 1000, 1)
-            self.traced.span(names.REPLICA_TTS, trace, started, time.time(), attrs, error)
-
-    def __del__(self) -> None:  # Serve calls it when the replica stops: the last spans go out
-        traced = getattr(self, "traced", None)
-        if traced is not None:
-            traced.close()
 
 
 class _VoiceHandle:
@@ -246,7 +232,7 @@ class _VoiceHandle:
         log.info("ray.voice_evicted replica=%s voice=%s", owner.replica, self.voice_id)
 
 
-class ASRReplica:
+class ASRReplica(TracedReplica):
     """One ASR engine on one replica: ``asr.workers`` transcriptions at once, each on a worker thread.
 
     Serve sends a replica up to twice that (``app.build_asr``); the rest wait here, so each answer can say how
@@ -270,32 +256,20 @@ class ASRReplica:
         """(the transcript, wall time the call arrived, time it waited for a worker, wall time it was done).
         ``trace``: the call's context (a ``ray.replica.asr`` span)."""
         arrived = time.time()
-        waited = 0.0
         attrs: dict[str, object] = {names.AUDIO_S: round(len(audio) / SPEECH_RATE, 3)}
-        try:
+        with self.traced.recording(names.REPLICA_ASR, trace, arrived, attrs):
             async with self._workers:
                 waited = time.time() - arrived
+                attrs[names.QUEUE_MS] = round(waited * 1000, 1)
                 self.active += 1
                 try:
                     result = await asyncio.to_thread(self.engine.transcribe, audio, language=language, prompt=prompt)
                 finally:
                     self.active -= 1
-        except BaseException as exc:
-            attrs[names.QUEUE_MS] = round(waited * 1000, 1)
-            self.traced.span(names.REPLICA_ASR, trace, arrived, time.time(), attrs, failure(exc))
-            raise
-        done = time.time()
-        attrs |= {names.QUEUE_MS: round(waited * 1000, 1), names.ASR_CHARS: len(result.text),
-                  names.TURN_LANGUAGE: result.language}
-        if self.traced.include_text:
-            attrs[names.OUTPUT] = result.text
-        self.traced.span(names.REPLICA_ASR, trace, arrived, done, attrs)
-        return result, arrived, waited, done
-
-    def __del__(self) -> None:  # Serve calls it when the replica stops: the last spans go out
-        traced = getattr(self, "traced", None)
-        if traced is not None:
-            traced.close()
+            attrs |= {names.ASR_CHARS: len(result.text), names.TURN_LANGUAGE: result.language}
+            if self.traced.include_text:
+                attrs[names.OUTPUT] = result.text
+        return result, arrived, waited, time.time()
 
     async def stats(self) -> ASRReplicaStats:
         return {"replica": self.replica, "actor": self.actor, "active": self.active}
@@ -319,7 +293,7 @@ class LLMReplicaStats(TypedDict):
     generated_tokens: int
 
 
-class LLMReplica:
+class LLMReplica(TracedReplica):
     """The embedded model on one replica (``respond.slots`` replies at once, ``respond.max_waiting`` waiting; past
     that ``busy``). A reply streams as text deltas, then its :class:`~assistant.respond.base.Usage`.
 
@@ -353,31 +327,20 @@ class LLMReplica:
                       trace: Headers | None = None) -> AsyncIterator[str | Usage]:
         """The reply's text deltas, then its usage. ``trace``: the call's context (a ``ray.replica.llm`` span)."""
         started = time.time()
-        attrs: dict[str, object] = {names.LLM_MODEL: self.model}
-        error, first, chars = "", None, 0
-        stream = self.service.respond(text, history, dict(asks))
-        try:
-            async for item in stream:
-                if isinstance(item, Usage):
-                    attrs |= {names.LLM_INPUT_TOKENS: item.input_tokens, names.LLM_OUTPUT_TOKENS: item.output_tokens}
-                elif item:
-                    first = first or time.time()
-                    chars += len(item)
-                yield item
-        except (GeneratorExit, asyncio.CancelledError):
-            attrs[names.CANCELLED] = True
-            raise
-        except Exception as exc:
-            error = failure(exc)
-            raise
-        finally:
-            await stream.aclose()  # a cancelled call (barge-in, a gateway gone) cancels the reply here
-            attrs[names.RESPONSE_CHARS] = chars
-            if first is not None:
-                attrs[names.TTFT_MS] = round((first - started) * 1000, 1)
-            self.traced.span(names.REPLICA_LLM, trace, started, time.time(), attrs, error)
-
-    def __del__(self) -> None:  # Serve calls it when the replica stops: the last spans go out
-        traced = getattr(self, "traced", None)
-        if traced is not None:
-            traced.close()
+        attrs: dict[str, object] = {names.LLM_MODEL: self.model, names.RESPONSE_CHARS: 0}
+        with self.traced.recording(names.REPLICA_LLM, trace, started, attrs):
+            stream = self.service.respond(text, history, dict(asks))
+            chars = 0
+            try:
+                async for item in stream:
+                    if isinstance(item, Usage):
+                        attrs |= {names.LLM_INPUT_TOKENS: item.input_tokens,
+                                  names.LLM_OUTPUT_TOKENS: item.output_tokens}
+                    elif item:
+                        if not chars:
+                            attrs[names.TTFT_MS] = round((time.time() - started) * 1000, 1)
+                        chars += len(item)
+                        attrs[names.RESPONSE_CHARS] = chars
+                    yield item
+            finally:
+                await stream.aclose()  # a cancelled call (barge-in, a gateway gone) cancels the reply here

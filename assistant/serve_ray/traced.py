@@ -11,9 +11,12 @@ nothing of OpenTelemetry is imported.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import dataclasses
 import logging
-from collections.abc import Mapping
+import time
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 from assistant.config import Config
@@ -45,11 +48,40 @@ class ReplicaTelemetry:
         except Exception as exc:
             log.debug("replica_span_failed name=%s error=%r", name, exc)
 
+    @contextlib.contextmanager
+    def recording(self, name: str, headers: Mapping[str, str] | None, start_s: float,
+                  attributes: dict[str, Any]) -> Iterator[dict[str, Any]]:
+        """One span of the work done in the block (from ``start_s`` to the block's end), with ``attributes`` as
+        the block leaves them; a block cancelled (the caller stopped it) says so, a failing one is an ERROR."""
+        error = ""
+        try:
+            yield attributes
+        except (GeneratorExit, asyncio.CancelledError):
+            attributes[names.CANCELLED] = True
+            raise
+        except Exception as exc:
+            error = failure(exc)
+            raise
+        finally:
+            self.span(name, headers, start_s, time.time(), attributes, error)
+
     def close(self) -> None:
         """Send what is held (the replica is stopping)."""
         telemetry, self.telemetry = self.telemetry, None
         if telemetry is not None:
             telemetry.shutdown(SHUTDOWN_S)
+
+
+class TracedReplica:
+    """A replica class that adds spans (``traced``, set in its ``__init__``): the last of them go out when Serve
+    stops the replica (it calls ``__del__``)."""
+
+    traced: ReplicaTelemetry
+
+    def __del__(self) -> None:
+        traced = getattr(self, "traced", None)  # not there when __init__ failed before it
+        if traced is not None:
+            traced.close()
 
 
 def failure(exc: BaseException) -> str:

@@ -26,21 +26,19 @@ from opentelemetry.sdk.metrics.export import PeriodicExportingMetricReader
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.trace import SpanKind, Status, StatusCode
-from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 from assistant.config import TelemetryConfig
 from assistant.telemetry import names
 from assistant.telemetry.export import BoundedSpanProcessor
-from assistant.telemetry.spans import CallTrace, clean_attributes, ns, parent_context
+from assistant.telemetry.spans import PROPAGATOR, CallTrace, clean_attributes, ns, parent_context
 
 log = logging.getLogger(__name__)
 
 SCOPE = "assistant"  # the instrumentation scope our spans and histograms carry
-# Bucket bounds in seconds for the turn histograms: the same as /metrics' stage histograms (server/metrics.py).
-TRACE_HEADERS = ("traceparent", "tracestate")
-_PROPAGATOR = TraceContextTextMapPropagator()
+TRACE_HEADERS = ("traceparent", "tracestate")  # the W3C trace context's headers
 # ``note(gateway=..., status=..., tries=...)``'s short keys (the dispatcher's), as attribute names.
 NOTE_NAMES = {"gateway": names.DISPATCH_GATEWAY, "status": names.HTTP_STATUS, "tries": names.DISPATCH_TRIES}
+# Bucket bounds in seconds for the turn histograms: the same as /metrics' stage histograms (server/metrics.py).
 LATENCY_BUCKETS = (0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0, 10.0)
 
 
@@ -118,7 +116,7 @@ class Telemetry:
                                       attributes=clean_attributes(attributes))
         for key in TRACE_HEADERS:
             headers.pop(key, None)
-        _PROPAGATOR.inject(headers, context=trace.set_span_in_context(span))
+        PROPAGATOR.inject(headers, context=trace.set_span_in_context(span))
 
         def note(**values: Any) -> None:
             span.set_attributes(clean_attributes({NOTE_NAMES.get(k, k): v for k, v in values.items()}))

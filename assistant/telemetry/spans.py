@@ -46,7 +46,7 @@ class Observe(Protocol):
 
 
 Attributes = dict[str, Any]
-_PROPAGATOR = TraceContextTextMapPropagator()
+PROPAGATOR = TraceContextTextMapPropagator()
 
 
 def ns(seconds: float) -> int:
@@ -59,7 +59,7 @@ def parent_context(traceparent: str, tracestate: str = "") -> Context:
     carrier = {"traceparent": traceparent.strip()}
     if tracestate:
         carrier["tracestate"] = tracestate
-    return _PROPAGATOR.extract(carrier) if traceparent else Context()
+    return PROPAGATOR.extract(carrier) if traceparent else Context()
 
 
 def clean_attributes(attributes: Mapping[str, Any]) -> Attributes:
@@ -96,7 +96,7 @@ class CallTrace:
         process (``carry.py``), whose spans then join this trace under the call span. Empty when unsampled."""
         if self._headers is None:
             carrier: dict[str, str] = {}
-            _PROPAGATOR.inject(carrier, context=self.context)
+            PROPAGATOR.inject(carrier, context=self.context)
             self._headers = carrier
         return dict(self._headers)
 

@@ -36,7 +36,7 @@ from assistant.bench.eot_corpus import (
 )
 from assistant.bench.eot_evidence import ClipEvidence, collect_clip
 from assistant.config import TurnConfig
-from assistant.pipeline.end_of_turn import Cue, TurnEnd, cue
+from assistant.pipeline.end_of_turn import Cue, TurnEnd, cue, finished_number
 
 PAUSES = Path(__file__).parent / "data" / "pauses"
 
@@ -100,6 +100,23 @@ def test_transcript_cues() -> None:
     assert cue("Hello?") is Cue.SHORT
     assert cue("play some jazz music") is Cue.OPEN
     assert cue("") is Cue.OPEN
+
+
+def test_a_finished_time_or_amount_is_no_half_said_number() -> None:
+    """Only a digit string that may be half said (a phone number or a code being read out) holds the turn as
+    Cue.NUMBER; a time after "at", a clock time or an amount reads as finished (meeting_date.wav waited the full
+    max_silence_ms at its real end, "...at 1030.", held by cue_number)."""
+    assert cue("The meeting is on the 23rd of March at 1030.") is Cue.COMPLETE
+    assert cue("Book a table for seven people at eight.") is Cue.COMPLETE
+    assert cue("Wake me up at 7:30.") is Cue.COMPLETE
+    assert cue("Meet me at 10:30") is Cue.OPEN  # finished, but no final punctuation
+    assert cue("Transfer 200 dollars, make it $12.") is Cue.COMPLETE
+    assert cue("Remind me tomorrow at ten thirty.") is Cue.COMPLETE
+    # Still half said: digit groups with no closing word, a code, "for"/"to" + a number ("for 10 minutes").
+    for text in ("My number is 555-213-449", "My number is 555.", "The confirmation code is 620.",
+                 "Set an alarm for 10.", "Transfer to 100."):
+        assert cue(text) is Cue.NUMBER, text
+    assert finished_number("at 1030.") and not finished_number("My number is 555-213")
 
 
 def _random_pause(r: random.Random, clip: int, is_end: bool) -> Pause:

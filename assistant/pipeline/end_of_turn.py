@@ -110,6 +110,11 @@ class Cue(Enum):
     SHORT = "short"  # fewer than SHORT_TURN_WORDS words ("Hello?"): Whisper's punctuation is least reliable
 
 
+# A number that reads as finished, a time ("at 10:30", "at 1030.", "at eight.") or an amount ("$12."), is no
+# half-said digit string: only the latter (a phone number or a code being read out) holds the turn as Cue.NUMBER.
+CLOCK_TIME = re.compile(r"\b\d{1,2}:\d{2}\s*[.?!]?\s*$")
+AMOUNT = re.compile(r"[$£€¥]\s?\d[\d,.]*[.?!]?\s*$")
+TIME_WORDS = frozenset(["at"])  # "at 1030." (a time of day); "for 10" / "to 100" may go on ("for 10 minutes")
 # A transcript of fewer words than this is a fragment (Cue.SHORT): "Hello, [pause] what is the weather like
 # today?" is the commonest pause a turn must survive.
 SHORT_TURN_WORDS = 3
@@ -136,9 +141,25 @@ def cue(text: str) -> Cue:
         return Cue.CONTINUES
     if word_count(text) < SHORT_TURN_WORDS:
         return Cue.SHORT
-    if words[-1] in NUMBER_WORDS or ENDS_ON_DIGIT.search(text):
+    if (words[-1] in NUMBER_WORDS or ENDS_ON_DIGIT.search(text)) and not finished_number(text, words):
         return Cue.NUMBER
     return Cue.COMPLETE if judge(text) is TurnEnd.COMPLETE else Cue.OPEN
+
+
+def _is_number(word: str) -> bool:
+    return word.isdigit() or word in NUMBER_WORDS
+
+
+def finished_number(text: str, words: list[str] | None = None) -> bool:
+    """A transcript ending on a number that reads as finished: a clock time ("10:30"), an amount ("$12.") or a
+    time after "at" ("at 1030.", "at eight."). A bare digit string ("My number is 555-213") may be half said."""
+    if CLOCK_TIME.search(text) or AMOUNT.search(text):
+        return True
+    words = WORD.findall(text.lower()) if words is None else words
+    i = len(words)
+    while i > 0 and _is_number(words[i - 1]):
+        i -= 1
+    return 0 < i < len(words) and words[i - 1] in TIME_WORDS
 
 
 def judge(text: str) -> TurnEnd:

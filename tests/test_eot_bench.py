@@ -36,7 +36,16 @@ from assistant.bench.eot_corpus import (
 )
 from assistant.bench.eot_evidence import ClipEvidence, collect_clip
 from assistant.config import TurnConfig
-from assistant.pipeline.end_of_turn import Cue, TurnEnd, cue
+from assistant.pipeline.end_of_turn import (
+    Cue,
+    Evidence,
+    TurnEnd,
+    cue,
+    decide,
+    falling_threshold,
+    finished_number,
+    silence_needed,
+)
 
 PAUSES = Path(__file__).parent / "data" / "pauses"
 
@@ -102,6 +111,23 @@ def test_transcript_cues() -> None:
     assert cue("") is Cue.OPEN
 
 
+def test_a_finished_time_or_amount_is_no_half_said_number() -> None:
+    """Only a digit string that may be half said (a phone number or a code being read out) holds the turn as
+    Cue.NUMBER; a time after "at", a clock time or an amount reads as finished (meeting_date.wav waited the full
+    max_silence_ms at its real end, "...at 1030.", held by cue_number)."""
+    assert cue("The meeting is on the 23rd of March at 1030.") is Cue.COMPLETE
+    assert cue("Book a table for seven people at eight.") is Cue.COMPLETE
+    assert cue("Wake me up at 7:30.") is Cue.COMPLETE
+    assert cue("Meet me at 10:30") is Cue.OPEN  # finished, but no final punctuation
+    assert cue("Transfer 200 dollars, make it $12.") is Cue.COMPLETE
+    assert cue("Remind me tomorrow at ten thirty.") is Cue.COMPLETE
+    # Still half said: digit groups with no closing word, a code, "for"/"to" + a number ("for 10 minutes").
+    for text in ("My number is 555-213-449", "My number is 555.", "The confirmation code is 620.",
+                 "Set an alarm for 10.", "Transfer to 100."):
+        assert cue(text) is Cue.NUMBER, text
+    assert finished_number("at 1030.") and not finished_number("My number is 555-213")
+
+
 def _random_pause(r: random.Random, clip: int, is_end: bool) -> Pause:
     c = r.choice(list(Cue))
     marks = [96, 192, 320, 480, 704, 1024, 1504]
@@ -130,6 +156,9 @@ def test_the_tuner_s_fast_replay_is_the_pipeline_s_decide() -> None:
                       cue_number=r.uniform(-.5, .2), cue_short=r.uniform(-.5, .1),
                       model_alone=r.choice([1.01, 0.99, 0.95, 0.9]),
                       model_alone_veto=r.choice([["continues"], ["continues", "number", "short", "open"]]))
+        cfg = replace(cfg, falling_late_to=cfg.falling_to - r.choice([0.0, 0.2, 0.5]),
+                      falling_late_ms=cfg.falling_over_ms + r.choice([0, 200, 600]),
+                      falling_late_veto=r.choice([["continues"], ["continues", "number", "short"]]))
         exact = score_replay(cfg, turns, 500)
         fast = FallingTable(turns, cfg).score(cfg)
         assert exact == fast, k
@@ -195,6 +224,42 @@ def test_the_threshold_falls_with_the_silence() -> None:
     t_continues = replay(cfg, p, 500, marks=(96,))
     assert cfg.speculative_pause_ms + 100 <= t_complete < t_continues
     assert t_continues >= cfg.max_silence_ms
+
+
+def test_the_late_stage_ends_an_unsure_turn_before_the_cap_unless_the_transcript_vetoes() -> None:
+    """falling_late_to / falling_late_ms: past falling_over_ms the threshold keeps falling, so a finished text the
+    model is unsure of (book_table.wav's real end: p = 0.52) ends well before max_silence_ms; a trailing "and", a
+    half-said digit string or a fragment (falling_late_veto) still waits for the cap."""
+    off = TurnConfig()
+    late = replace(off, falling_late_to=0.3, falling_late_ms=1200)
+    assert falling_threshold(late, late.falling_over_ms) == pytest.approx(late.falling_to)
+    assert falling_threshold(late, 1000) == pytest.approx((late.falling_to + late.falling_late_to) / 2)
+    assert falling_threshold(late, 1600) == pytest.approx(late.falling_late_to)
+    assert falling_threshold(late, 1000, late=False) == falling_threshold(off, 1000) == pytest.approx(off.falling_to)
+    for ms in (96, 320, 600, 800):  # the early stage is as before
+        assert falling_threshold(late, ms) == falling_threshold(off, ms)
+
+    def first_end(cfg: TurnConfig, c: Cue, p: float) -> tuple[int, str]:
+        ev = Evidence(use_text=True, use_audio=True, cue=c, words=8, probs=[(704, p)])
+        for ms in range(704, 2100, 16):
+            d = decide(cfg, ev, ms, 500)
+            if d.end_now:
+                return ms, d.reason
+        raise AssertionError("never ended")
+
+    assert first_end(off, Cue.COMPLETE, 0.52) == (2000, "max_silence")
+    ms, reason = first_end(late, Cue.COMPLETE, 0.52)
+    assert (ms, reason) == (1024, "score_complete")  # 0.8 - 0.5 * (ms - 800) / 400 <= 0.52 from 1024 ms on
+    ev = Evidence(use_text=True, use_audio=True, cue=Cue.COMPLETE, words=8, probs=[(704, 0.52)])
+    assert silence_needed(late, ev, 2000) == 1024 and silence_needed(late, ev, 900) == 900
+    for vetoed in (Cue.CONTINUES, Cue.NUMBER, Cue.SHORT):  # late.falling_late_veto, the default
+        assert first_end(late, vetoed, 0.99) == (2000, "max_silence"), vetoed
+    # The model off (the transcript alone): model_off_prob stands in, and the late stage applies as well.
+    text_only = replace(late, model_off_prob=0.6)
+    ev = Evidence(use_text=True, use_audio=False, cue=Cue.COMPLETE, words=8)
+    assert not decide(text_only, ev, 800, 500).end_now and decide(text_only, ev, 1000, 500).end_now
+    # A late stage that would rise is none.
+    assert falling_threshold(replace(off, falling_late_to=1.2, falling_late_ms=1200), 1100) == off.falling_to
 
 
 @pytest.fixture(scope="module")

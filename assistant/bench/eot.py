@@ -57,6 +57,7 @@ from assistant.pipeline.end_of_turn import (
     decide,
     falling_threshold,
     judge,
+    late_stage,
     word_count,
 )
 
@@ -84,7 +85,18 @@ GRID: dict[str, Sequence[Any]] = {
     "model_alone": (1.01, 0.995, 0.99, 0.985, 0.98, 0.97, 0.95, 0.9),
     "model_alone_veto": (("continues",), ("continues", "number"), ("continues", "number", "short"),
                          ("continues", "number", "short", "open")),
+    # The late stage (after falling_over_ms): how far below falling_to the threshold goes on to fall (0: no late
+    # stage; kept as a drop below falling_to as the shape changes), and by when.
+    "falling_late_drop": (0.0, 0.1, 0.2, 0.3, 0.4, 0.5),
+    "falling_late_ms": (1000, 1100, 1200, 1400, 1600),
+    "falling_late_veto": (("continues",), ("continues", "short"), ("continues", "number"),
+                          ("continues", "number", "short"), ("continues", "number", "short", "open")),
 }
+# The late stage's settings: tuned only on top of a tuned shape (tune_falling(late=True)), by the coordinate descent
+# alone (it moves only the turns that waited past falling_over_ms).
+LATE = ("falling_late_drop", "falling_late_ms", "falling_late_veto")
+LATE_VARIANT = "falling + late stage"
+LATE_START_MS = 1200  # where the late stage's descent starts (a drop of 0: the threshold still flat)
 
 
 @dataclass
@@ -303,8 +315,16 @@ class FallingTable:
             s = s + llm_weight * (self.llm_z - llm_center)[:, None]
         span = max(1, cfg.falling_over_ms - cfg.speculative_pause_ms)
         f = np.clip((self.pause_ms - cfg.speculative_pause_ms) / span, 0.0, 1.0)
-        theta = cfg.falling_from + (cfg.falling_to - cfg.falling_from) * f
-        end = (known & (s >= theta[None, :])) | (self.pause_ms >= cfg.max_silence_ms)[None, :]
+        early = cfg.falling_from + (cfg.falling_to - cfg.falling_from) * f
+        theta = early[None, :]
+        if late_stage(cfg):  # the late stage, for the pauses whose cue does not veto it
+            g = np.clip((self.pause_ms - cfg.falling_over_ms) / (cfg.falling_late_ms - cfg.falling_over_ms), 0.0, 1.0)
+            late = np.where(self.pause_ms > cfg.falling_over_ms,
+                            cfg.falling_to + (cfg.falling_late_to - cfg.falling_to) * g, early)
+            veto = np.array([c.value in cfg.falling_late_veto for c in CUE_ORDER])
+            ok = ~veto[self.cue_idx] if self.use_text else np.ones(len(self.cue_idx), bool)
+            theta = np.where(ok[:, None], late[None, :], early[None, :])
+        end = (known & (s >= theta)) | (self.pause_ms >= cfg.max_silence_ms)[None, :]
         if self.use_audio and cfg.model_alone <= 1.0:  # the model alone, unless the landed transcript vetoes
             veto = np.array([c.value in cfg.model_alone_veto for c in CUE_ORDER])
             ok = ~veto[self.cue_idx] if self.use_text else np.ones(len(self.cue_idx), bool)
@@ -320,13 +340,16 @@ class FallingTable:
 
 
 def shifted(cfg: TurnConfig, delta: float) -> TurnConfig:
-    return replace(cfg, falling_from=cfg.falling_from + delta, falling_to=cfg.falling_to + delta)
+    """The whole threshold moved up (``delta`` > 0) or down, its late stage with it."""
+    return replace(cfg, falling_from=cfg.falling_from + delta, falling_to=cfg.falling_to + delta,
+                   falling_late_to=cfg.falling_late_to + delta)
 
 
 def settled(cfg: TurnConfig, delta: float) -> TurnConfig:
     """``cfg`` shifted by ``delta``, its thresholds rounded as a chosen setting is written down."""
     cfg = shifted(cfg, delta)
-    return replace(cfg, falling_from=round(float(cfg.falling_from), 3), falling_to=round(float(cfg.falling_to), 3))
+    return replace(cfg, falling_from=round(float(cfg.falling_from), 3), falling_to=round(float(cfg.falling_to), 3),
+                   falling_late_to=round(float(cfg.falling_late_to), 3))
 
 
 def best_under(points: Iterable[tuple[Any, Score]], target: float,
@@ -350,25 +373,31 @@ LLM_GRID: dict[str, Sequence[float]] = {
 START: dict[str, Any] = {"policy": "falling", "falling_from": 1.0, "falling_to": 0.5, "falling_over_ms": 800,
          "end_of_turn_recheck_ms": [96, 320], "cue_complete": 0.2, "cue_continues": -1.0, "cue_open": 0.0,
          "cue_number": 0.0, "cue_short": -0.2, "model_off_prob": 0.5, "model_alone": 1.01,
-         "model_alone_veto": ["continues", "number"]}
+         "model_alone_veto": ["continues", "number"], "falling_late_to": 0.5, "falling_late_ms": 800,
+         "falling_late_veto": ["continues", "number", "short"]}
 COARSE_OFFSETS = tuple(round(x, 3) for x in np.arange(-0.8, 0.81, 0.05))
 
 
 def tune_falling(table: FallingTable, base: TurnConfig, target: float, rounds: int = 3,
                  extras: dict[str, float] | None = None, samples: int = 300,
                  seed: int = 0, fixed: dict[str, Any] | None = None,
-                 guard: Turns | None = None) -> tuple[TurnConfig, dict[str, float]]:
+                 guard: Turns | None = None, late: bool = False) -> tuple[TurnConfig, dict[str, float]]:
     """Tune the falling policy on the tuning half: the least median wait at or under ``target`` false cut-offs.
 
     A shape (every setting of :data:`GRID`, and :data:`LLM_GRID` when ``extras`` are given) is judged by the
     best point of its own curve (its threshold shifted by :data:`COARSE_OFFSETS`); ``samples`` random shapes,
     then coordinate descent from the best; the best shift is folded into ``falling_from``/``falling_to``.
     ``fixed``: settings held as given (not tuned); ``guard``: turns none of whose mid-turn pauses a point may
-    cut (the pause files), or the point is not taken."""
-    names = [n for n in GRID if n not in (fixed or {})]
+    cut (the pause files), or the point is not taken. ``late``: tune the late stage (:data:`LATE`) alone, on top
+    of ``base`` (the other settings held; a drop of 0 below ``falling_to`` leaves ``base`` as it was)."""
+    if late:
+        fixed = {n: getattr(base, n) for n in GRID if n not in LATE}
+        base = replace(base, falling_late_to=base.falling_to, falling_late_ms=LATE_START_MS)
+        samples = 0
+    names = [n for n in GRID if n not in (fixed or {}) and (late or n not in LATE)]
     base = replace(base, **(fixed or {}))
     if not table.use_text:
-        names = [n for n in names if not n.startswith("cue_") and n != "model_alone_veto"]
+        names = [n for n in names if not n.startswith("cue_") and n not in ("model_alone_veto", "falling_late_veto")]
     if not table.use_audio:
         names = [n for n in names if n not in ("end_of_turn_recheck_ms", "model_alone", "model_alone_veto")]
     if extras is not None:
@@ -379,11 +408,18 @@ def tune_falling(table: FallingTable, base: TurnConfig, target: float, rounds: i
         return list(v) if isinstance(v, tuple) else v
 
     def apply(c: TurnConfig, e: dict[str, float], name: str, v: Any) -> tuple[TurnConfig, dict[str, float]]:
-        return (c, {**e, name: v}) if name in LLM_GRID else (replace(c, **{name: value(name, v)}), e)
+        if name in LLM_GRID:
+            return c, {**e, name: v}
+        if name == "falling_late_drop":  # the late stage as a drop below falling_to, which it follows
+            return replace(c, falling_late_to=c.falling_to - v), e
+        if name == "falling_to":
+            return replace(c, falling_to=v, falling_late_to=v - (c.falling_to - c.falling_late_to)), e
+        return replace(c, **{name: value(name, v)}), e
 
-    def objective(c: TurnConfig, e: dict[str, float]) -> tuple[float, float, float]:
+    def objective(c: TurnConfig, e: dict[str, float]) -> tuple[float, float, float, float]:
         """The mean of the shape's least median waits at three targets up to ``target`` (a shape that is good
-        only at one point of its curve overfits), then the false cut-offs and shift at ``target``."""
+        only at one point of its curve overfits), then the false cut-offs and shift at ``target``, then the p90
+        wait there (what the late stage shortens)."""
         points = [(d, table.score(shifted(c, d), **e)) for d in COARSE_OFFSETS
                   if guard_table is None or guard_table.score(shifted(c, d), **e).cut_all == 0]
         waits = []
@@ -391,7 +427,8 @@ def tune_falling(table: FallingTable, base: TurnConfig, target: float, rounds: i
             b = best_under(points, t)
             waits.append(b[1].wait(50) if b is not None else 1e6)
         main = best_under(points, target)
-        return (float(np.mean(waits)), main[1].fcr if main else 1.0, main[0] if main else 0.0)
+        return (float(np.mean(waits)), main[1].fcr if main else 1.0, main[0] if main else 0.0,
+                main[1].wait(90) if main else 1e6)
 
     rng = np.random.default_rng(seed)
     cfg, extra = base, dict(extras or {})
@@ -494,9 +531,10 @@ def build_curves(tune: Turns, held: Turns, target: float, base: TurnConfig, fixe
 
 
 def _settings(cfg: TurnConfig, policy: str) -> dict[str, Any]:
-    keys = (["falling_from", "falling_to", "falling_over_ms", "end_of_turn_recheck_ms", "cue_complete",
-             "cue_continues", "cue_open", "cue_number", "cue_short", "model_off_prob", "model_alone",
-             "model_alone_veto", "max_silence_ms"] if policy == "falling" else
+    keys = (["falling_from", "falling_to", "falling_over_ms", "falling_late_to", "falling_late_ms",
+             "end_of_turn_recheck_ms", "cue_complete", "cue_continues", "cue_open", "cue_number", "cue_short",
+             "model_off_prob", "model_alone", "model_alone_veto", "falling_late_veto", "max_silence_ms"]
+            if policy == "falling" else
             ["end_of_turn_threshold", "end_of_turn_sure", "complete_endpoint_ms", "unsure_endpoint_ms",
              "incomplete_endpoint_ms", "max_silence_ms"])
     d = dataclasses.asdict(cfg)
@@ -697,7 +735,7 @@ def run_eot(args: argparse.Namespace) -> int:
     if human:
         vad_ms = next(c for c in report["curves"] if c["name"] == "vad")["operating_point"]["knob"]
         report["human"] = human_report(flatten(human), report["operating_point"], vad_ms,
-                                       report.get("operating_point_without_human"))
+                                       report.get("operating_point_without_human"), report.get("operating_point_late"))
         print(report["human"]["text"])
     if args.markdown is not None:
         from assistant.bench.figures import write_markdown
@@ -775,6 +813,9 @@ def analyse(evidence: dict[str, list[ClipEvidence]], target: float, out: Path,
         cfg, extras = tune_falling(FallingTable(tune, base, **kw), variants[0].cfg, tune_target, extras={},
                                    guard=guard)
         variants.append(Variant("falling + LLM", cfg, kw, extras))
+    # The late stage (issue 38): the operating point's shape, its threshold falling on past falling_over_ms.
+    cfg, _ = tune_falling(FallingTable(tune, base), variants[0].cfg, tune_target, guard=guard, late=True)
+    variants.append(Variant(LATE_VARIANT, cfg, {}, {}))
     tuned = variants[0].cfg
     tuning_s = time.perf_counter() - t0
     curves = build_curves(tune, held, tune_target, base, fixed, variants, guard)
@@ -891,6 +932,7 @@ def analyse(evidence: dict[str, list[ClipEvidence]], target: float, out: Path,
         "curves": [curve_json(c, tune_target) for c in curves],
         "operating_point": _settings(op_cfg, "falling"), "operating_point_heldout": exact.row(),
         "operating_point_without_human": _variant_point(curves, variants, "falling, tuned without the human set"),
+        "operating_point_late": _variant_point(curves, variants, LATE_VARIANT),
         "model_off": {"tune": model_off[0].row(), "heldout": model_off[1].row()},
         "groups": group_rows, "afterthoughts": after, "floor": floor, "cost": cost, "pause_kinds": by_kind,
     }
@@ -1016,9 +1058,17 @@ def also_report(turns: Turns, report: dict[str, Any]) -> str:
     vad_ms = next(c for c in report["curves"] if c["name"] == "vad")["operating_point"]["knob"]
     lines = [f"\nthe same operating points on {len(turns.clips)} other files "
              f"({', '.join(c.file for c in turns.clips)}):"]
-    for name, sc in (("flat (before)", score_replay(replace(TurnConfig(), policy="flat"), turns, fixed)),
-                     ("falling", score_replay(falling, turns, fixed)), (f"vad {vad_ms} ms", score_vad(turns, vad_ms))):
-        lines.append(_format_row(name, sc))
+    policies = [("flat (before)", replace(TurnConfig(), policy="flat")), ("falling", falling)]
+    if report.get("operating_point_late"):
+        policies.append((LATE_VARIANT, replace(TurnConfig(), policy="falling", **report["operating_point_late"])))
+    for name, cfg in policies:
+        lines.append(_format_row(name, score_replay(cfg, turns, fixed)))
+    lines.append(_format_row(f"vad {vad_ms} ms", score_vad(turns, vad_ms)))
+    lines.append("  each file's wait at its real end (ms after the labelled end of speech):")
+    for name, cfg in policies[1:]:
+        waits = {turns.clips[p.clip].file.rsplit("/", 1)[-1].removesuffix(".wav"): p.offset_ms + replay(cfg, p, fixed)
+                 for p in turns.pauses if p.is_end}
+        lines.append(f"    {name}: " + ", ".join(f"{f} {w:.0f}" for f, w in waits.items()))
     return "\n".join(lines)
 
 
@@ -1046,7 +1096,7 @@ def _human_evidence(args: argparse.Namespace) -> list[ClipEvidence] | None:
 
 
 def human_report(turns: Turns, operating_point: dict[str, Any], vad_ms: int,
-                 without_human: dict[str, Any] | None = None) -> dict[str, Any]:
+                 without_human: dict[str, Any] | None = None, late: dict[str, Any] | None = None) -> dict[str, Any]:
     """The human set on its own rows: the operating points (flat as today, falling, VAD alone at ``vad_ms``; and
     the falling point tuned without the human set, when given) on all its turns, on the fluent ones and on those
     with pauses; then its own curves read at 5 % and 10 %."""
@@ -1065,6 +1115,9 @@ def human_report(turns: Turns, operating_point: dict[str, Any], vad_ms: int,
     if without_human is not None:
         other = replace(TurnConfig(), policy="falling", **without_human)
         policies.append(("falling, tuned without it", lambda t: FallingTable(t, other).score(other)))
+    if late is not None:
+        with_late = replace(TurnConfig(), policy="falling", **late)
+        policies.append((LATE_VARIANT, lambda t: FallingTable(t, with_late).score(with_late)))
     policies.append((f"vad {vad_ms} ms", lambda t: score_vad(t, vad_ms)))
     for name, sc_of in policies:
         for part, t in parts.items():

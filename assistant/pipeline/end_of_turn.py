@@ -16,8 +16,9 @@ reliable.
 **The falling policy** (``turn.policy = "falling"``, the default). The score is the model's latest probability
 plus the transcript cue's weight (``turn.cue_*``); the turn ends once the score reaches a threshold that falls
 as the silence grows, from ``falling_from`` at the speculative pause to ``falling_to`` at ``falling_over_ms``,
-and at ``max_silence_ms`` whatever the evidence. The model hears the pause again at each silence of
-``end_of_turn_recheck_ms`` (one run of ~40-50 ms of one core each). A model very sure on its own
+then on, more slowly, to ``falling_late_to`` at ``falling_late_ms`` (an unsure turn the transcript does not veto
+ends well before the cap), and at ``max_silence_ms`` whatever the evidence. The model hears the pause again at
+each silence of ``end_of_turn_recheck_ms`` (one run of ~40-50 ms of one core each). A model very sure on its own
 (``model_alone``) ends the turn whatever the threshold, as soon as the transcript has landed and unless it
 vetoes (``model_alone_veto``, e.g. a trailing "and"): the veto is free, since the reply is made from that
 transcript and nothing of it could be heard sooner. With the model off or failed, ``model_off_prob`` stands
@@ -110,6 +111,11 @@ class Cue(Enum):
     SHORT = "short"  # fewer than SHORT_TURN_WORDS words ("Hello?"): Whisper's punctuation is least reliable
 
 
+# A number that reads as finished, a time ("at 10:30", "at 1030.", "at eight.") or an amount ("$12."), is no
+# half-said digit string: only the latter (a phone number or a code being read out) holds the turn as Cue.NUMBER.
+CLOCK_TIME = re.compile(r"\b\d{1,2}:\d{2}\s*[.?!]?\s*$")
+AMOUNT = re.compile(r"[$£€¥]\s?\d[\d,.]*[.?!]?\s*$")
+TIME_WORDS = frozenset(["at"])  # "at 1030." (a time of day); "for 10" / "to 100" may go on ("for 10 minutes")
 # A transcript of fewer words than this is a fragment (Cue.SHORT): "Hello, [pause] what is the weather like
 # today?" is the commonest pause a turn must survive.
 SHORT_TURN_WORDS = 3
@@ -136,9 +142,25 @@ def cue(text: str) -> Cue:
         return Cue.CONTINUES
     if word_count(text) < SHORT_TURN_WORDS:
         return Cue.SHORT
-    if words[-1] in NUMBER_WORDS or ENDS_ON_DIGIT.search(text):
+    if (words[-1] in NUMBER_WORDS or ENDS_ON_DIGIT.search(text)) and not finished_number(text, words):
         return Cue.NUMBER
     return Cue.COMPLETE if judge(text) is TurnEnd.COMPLETE else Cue.OPEN
+
+
+def _is_number(word: str) -> bool:
+    return word.isdigit() or word in NUMBER_WORDS
+
+
+def finished_number(text: str, words: list[str] | None = None) -> bool:
+    """A transcript ending on a number that reads as finished: a clock time ("10:30"), an amount ("$12.") or a
+    time after "at" ("at 1030.", "at eight."). A bare digit string ("My number is 555-213") may be half said."""
+    if CLOCK_TIME.search(text) or AMOUNT.search(text):
+        return True
+    words = WORD.findall(text.lower()) if words is None else words
+    i = len(words)
+    while i > 0 and _is_number(words[i - 1]):
+        i -= 1
+    return 0 < i < len(words) and words[i - 1] in TIME_WORDS
 
 
 def judge(text: str) -> TurnEnd:
@@ -212,12 +234,29 @@ class Decision:
     needed_ms: int | None = None  # ending now: the silence the decision needed (None: none past the first ask)
 
 
-def falling_threshold(cfg: TurnConfig, pause_ms: int) -> float:
+def falling_threshold(cfg: TurnConfig, pause_ms: int, late: bool = True) -> float:
     """The score that ends the turn after ``pause_ms`` of silence: ``falling_from`` at the speculative pause,
-    down in a straight line to ``falling_to`` at ``falling_over_ms``, flat after."""
+    down in a straight line to ``falling_to`` at ``falling_over_ms``; then the late stage, down in a straight
+    line to ``falling_late_to`` at ``falling_late_ms`` (none when ``falling_late_ms`` is not past
+    ``falling_over_ms``, or ``late`` is False: a cue in ``falling_late_veto``); flat after."""
+    if late and late_stage(cfg) and pause_ms > cfg.falling_over_ms:
+        g = min(1.0, (pause_ms - cfg.falling_over_ms) / (cfg.falling_late_ms - cfg.falling_over_ms))
+        return cfg.falling_to + (cfg.falling_late_to - cfg.falling_to) * g
     span = max(1, cfg.falling_over_ms - cfg.speculative_pause_ms)
     f = min(1.0, max(0.0, (pause_ms - cfg.speculative_pause_ms) / span))
     return cfg.falling_from + (cfg.falling_to - cfg.falling_from) * f
+
+
+def late_stage(cfg: TurnConfig) -> bool:
+    """Whether the threshold keeps falling after ``falling_over_ms``: ``falling_late_ms`` past it and
+    ``falling_late_to`` below ``falling_to`` (it never rises)."""
+    return cfg.falling_late_ms > cfg.falling_over_ms and cfg.falling_late_to < cfg.falling_to
+
+
+def late_allowed(cfg: TurnConfig, ev: Evidence) -> bool:
+    """The late stage applies to this evidence: the transcript (when asked) is in and its cue does not veto it
+    (``falling_late_veto``: a trailing "and", a half-said digit string, a fragment hold to ``max_silence_ms``)."""
+    return not ev.use_text or (ev.cue is not None and ev.cue.value not in cfg.falling_late_veto)
 
 
 def cue_weight(cfg: TurnConfig, c: Cue) -> float:
@@ -256,7 +295,7 @@ def _falling(cfg: TurnConfig, ev: Evidence, pause_ms: int, fixed_ms: int) -> Dec
             cfg.speculative_pause_ms, next(ms for ms, q in ev.probs if q >= cfg.model_alone))))
     p = ev.prob if ev.use_audio and ev.prob is not None else cfg.model_off_prob
     score = p + (cue_weight(cfg, ev.cue) if ev.use_text and ev.cue is not None else 0.0)
-    if score >= falling_threshold(cfg, pause_ms):
+    if score >= falling_threshold(cfg, pause_ms, late_allowed(cfg, ev)):
         return Decision(end_now=True, reason=f"score_{ev.cue.value if ev.use_text and ev.cue else 'audio'}",
                         needed_ms=silence_needed(cfg, ev, pause_ms))
     return Decision(end_now=False, end_silence_ms=cfg.max_silence_ms, reason="waiting")
@@ -276,10 +315,16 @@ def silence_needed(cfg: TurnConfig, ev: Evidence, pause_ms: int) -> int:
     ``pause_ms``), for the trace's split of the wait (the rest is waiting for the evidence itself)."""
     p = ev.prob if ev.use_audio and ev.prob is not None else cfg.model_off_prob
     score = p + (cue_weight(cfg, ev.cue) if ev.use_text and ev.cue is not None else 0.0)
-    if score >= cfg.falling_from or cfg.falling_from == cfg.falling_to:
+    if score >= cfg.falling_from:
         return min(pause_ms, cfg.speculative_pause_ms)
-    f = (cfg.falling_from - score) / (cfg.falling_from - cfg.falling_to)
-    needed = cfg.speculative_pause_ms + f * (cfg.falling_over_ms - cfg.speculative_pause_ms)
+    if score < cfg.falling_to and late_stage(cfg) and late_allowed(cfg, ev):  # met in the late stage
+        g = (cfg.falling_to - score) / (cfg.falling_to - cfg.falling_late_to)
+        needed = cfg.falling_over_ms + g * (cfg.falling_late_ms - cfg.falling_over_ms)
+    elif cfg.falling_from == cfg.falling_to:
+        return min(pause_ms, cfg.speculative_pause_ms)
+    else:
+        f = (cfg.falling_from - score) / (cfg.falling_from - cfg.falling_to)
+        needed = cfg.speculative_pause_ms + f * (cfg.falling_over_ms - cfg.speculative_pause_ms)
     return int(min(pause_ms, max(cfg.speculative_pause_ms, math.ceil(needed))))
 
 

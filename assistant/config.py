@@ -208,6 +208,12 @@ class ASRConfig:
         "encode a turn in a window of its own length (+2 s, at least 15 s), not Whisper's fixed 30 s: the encoder's "
         "cost follows the window (turns over 28 s and language detection keep faster-whisper's 30 s window)",
     )
+    window_timestamps: bool = _f(
+        True,
+        "decode the turn-sized window with Whisper's timestamps: it writes a segment per phrase and goes on past a "
+        "pause; without them it may stop at the first '?' and lose what follows ('What is the distance between? "
+        "[pause] Paris and Berlin?' heard as 'What is the distance between?')",
+    )
     cpu_threads: int = _f(2, "CPU threads used by one transcription")
     workers: int = _f(
         2,

@@ -8,7 +8,7 @@ import json
 from assistant.bench.audio_source import load_utterance, read_manifest
 from assistant.bench.eot import flatten, human_report
 from assistant.bench.eot_evidence import ClipEvidence, PauseEvidence
-from assistant.bench.hearing import Clip, Pass, heard, normalise, slot_table
+from assistant.bench.hearing import Clip, Pass, heard, normalise, slot_table, words_table
 from assistant.bench.human_set import TUNING_NOTE, human_dir, load_human
 from tests.needs import shared
 
@@ -26,9 +26,19 @@ def test_words_are_matched_whatever_the_case_punctuation_or_digits() -> None:
 def test_the_slot_table_counts_each_engine_at_the_turns_end() -> None:
     end = Pass(2.0, True, 2.1, {"tiny.en+en": "An iced mocha, light roast.", "base+auto": "A nice mocha light roast"})
     mid = Pass(1.0, False, 1.0, {"tiny.en+en": "", "base+auto": "An iced mocha"})
-    table = slot_table([Clip("human", "a.flac", {"coffeeDrink": "iced mocha", "roast": "light roast"}, [mid, end])])
+    table = slot_table([Clip("human", "a.flac", {"coffeeDrink": "iced mocha", "roast": "light roast"}, [mid, end])],
+                       ["tiny.en+en", "base+auto"])
     assert "| coffeeDrink | 1 | 1 (100.0 %) | 0 (0.0 %) |" in table
     assert "| all slots | 2 | 2 (100.0 %) | 1 (50.0 %) |" in table
+
+
+def test_the_words_table_counts_each_word_as_often_as_it_is_said() -> None:
+    end = Pass(3.0, True, 3.1, {"stamps": "What is the distance between? Paris and Berlin?",
+                                "none": "What is the distance between?"})
+    clip = Clip("synthetic en", "distance.wav", {}, [end], "What is the distance between Paris and Berlin?")
+    table = words_table([clip], ["stamps", "none"])
+    assert "| stamps | 1 | 8 of 8 (100.0 %) | 1 (100 %) |" in table
+    assert "| none | 1 | 5 of 8 (62.5 %) | 0 (0 %) |" in table
 
 
 def _clip(name: str, kind: str, pauses: list[PauseEvidence]) -> ClipEvidence:

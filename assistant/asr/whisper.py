@@ -25,9 +25,12 @@ same question. The window changes what Whisper writes at the end of a cut-off tu
 speech, a last word), and the shorter the window the more: measured on the shared clips and the pause files
 (whole and cut at 45 % and 60 %), 9 of 39 texts differ at 15 s (3 in a word), 13 at 10 s, 3 at 25 s; at 5 s
 the decoder loops. A loop that still happens (its text compresses too well) is decoded again in the full
-window. The decoding is faster-whisper's for one segment without
-timestamps (its tokenizer, its suppressed tokens, its no-speech rule); turns longer than the window take
-faster-whisper's own path (after a detection of their first 30 s when the language is ``auto``).
+window. The decoding is faster-whisper's, in one pass over the window (its tokenizer, its suppressed tokens, its
+no-speech rule), with timestamps (``asr.window_timestamps``): Whisper then writes a segment per phrase and goes on
+past a pause, where without them it may end at the first "?" and drop the rest ("What is the distance between?
+[pause] Paris and Berlin?", tests/data/pauses/distance.wav); the stamps are dropped from the text. Turns longer
+than the window take faster-whisper's own path (after a detection of their first 30 s when the language is
+``auto``).
 """
 
 from __future__ import annotations
@@ -305,9 +308,12 @@ class FasterWhisperEngine:
         before: list[int] = []
         if prompt and prompt.strip():
             before = [tokenizer.sot_prev, *tokenizer.encode(" " + prompt.strip())[-(MAX_TOKENS // 2 - 1):]]
+        # With timestamps (asr.window_timestamps) Whisper writes a segment per phrase and goes on past a pause;
+        # without, it may end the text at the first "?" and drop what follows a pause. The stamps are dropped.
+        stamps = [] if self.cfg.window_timestamps else [tokenizer.no_timestamps]
         result = model.model.generate(
             encoded,
-            [[*before, *tokenizer.sot_sequence, tokenizer.no_timestamps]],
+            [[*before, *tokenizer.sot_sequence, *stamps]],
             beam_size=self.cfg.beam_size,
             max_length=MAX_TOKENS,
             return_scores=True,
@@ -319,7 +325,8 @@ class FasterWhisperEngine:
         mean_logprob = result.scores[0] * len(tokens) / (len(tokens) + 1)
         if result.no_speech_prob > NO_SPEECH_THRESHOLD and mean_logprob < LOG_PROB_THRESHOLD:
             return "", lang, probability  # no speech in it, by faster-whisper's rule
-        text = str(tokenizer.decode(tokens)).strip()
+        words = [t for t in tokens if t < tokenizer.timestamp_begin]  # every token past the text's are stamps
+        text = str(tokenizer.decode(words)).strip()
         if get_compression_ratio(text) > COMPRESSION_RATIO_THRESHOLD:
             log.info("asr.window_loop window_s=%d: decoding again in the full window", window // FRAMES_PER_SECOND)
             return None, lang, probability

@@ -37,7 +37,11 @@ from assistant.bench.human_set import TUNING_NOTE, human_dir, load_human
 from assistant.bench.shared_data import shared_path
 from assistant.config import ASRConfig, TurnConfig, VADConfig
 
-ENGINES = {"tiny.en+en": "en", "base+auto": "auto"}  # label → asr.language (asr.model = auto picks the model)
+# label → the ASR settings of that engine (asr.model = auto picks tiny.en for en, the multilingual base for auto)
+ENGINES: dict[str, dict[str, Any]] = {"tiny.en+en": {"language": "en"}, "base+auto": {"language": "auto"}}
+# --without-timestamps adds these: the same engines decoding the fitted window without Whisper's timestamps
+UNSTAMPED: dict[str, dict[str, Any]] = {f"{label}, no timestamps": {**kw, "window_timestamps": False}
+                                        for label, kw in ENGINES.items()}
 DETECTING = "base+auto"
 SYNTHETIC = ("audio", "../tests/data/pauses")  # English clips with a manifest.json: shared/audio, the pause files
 TREE = Path(__file__).resolve().parents[2]
@@ -91,6 +95,7 @@ class Clip:
     file: str
     slots: dict[str, str]
     passes: list[Pass]
+    text: str = ""  # the whole text, where it is known (the synthetic clips)
 
 
 def passes_of(x: np.ndarray, end_s: float, engines: dict[str, Any], spec_ms: int) -> list[Pass]:
@@ -120,7 +125,8 @@ def hear_set(name: str, folder: Path, entries: list[dict[str, Any]], engines: di
         x, rate = read_audio(folder / e["file"])
         if rate != SPEECH_RATE:
             raise ValueError(f"{e['file']}: {rate} Hz, not {SPEECH_RATE}")
-        clip = Clip(name, e["file"], e.get("slots", {}), passes_of(x, float(e["speech_ends_s"]), engines, spec_ms))
+        clip = Clip(name, e["file"], e.get("slots", {}), passes_of(x, float(e["speech_ends_s"]), engines, spec_ms),
+                    e.get("text", "") if name != "human" else "")
         clips.append(clip)
         end = next((p for p in clip.passes if p.is_end), None)
         print(f"{name:9s} {i + 1:3d}/{len(entries)} {e['file']:26s} passes={len(clip.passes)} "
@@ -129,20 +135,20 @@ def hear_set(name: str, folder: Path, entries: list[dict[str, Any]], engines: di
     return clips
 
 
-def slot_table(clips: list[Clip]) -> str:
+def slot_table(clips: list[Clip], labels: list[str]) -> str:
     """Per slot type and overall: how many slots, and the share each engine heard at the turn's end."""
     counts: dict[str, Counter[str]] = defaultdict(Counter)
     for c in clips:
         end = next((p for p in c.passes if p.is_end), None)
-        said = {label: end.text.get(label, "") if end is not None else "" for label in ENGINES}  # none: not heard
+        said = {label: end.text.get(label, "") if end is not None else "" for label in labels}  # none: not heard
         for kind, words in c.slots.items():
             for key in (kind, "all slots"):
                 counts[key]["slots"] += 1
-                for label in ENGINES:
+                for label in labels:
                     counts[key][label] += heard(words, said[label])
-        whole = {label: all(heard(w, said[label]) for w in c.slots.values()) for label in ENGINES}
+        whole = {label: all(heard(w, said[label]) for w in c.slots.values()) for label in labels}
         counts["whole order (every slot)"]["slots"] += 1
-        for label in ENGINES:
+        for label in labels:
             counts["whole order (every slot)"][label] += whole[label]
     order = sorted(k for k in counts if k not in ("all slots", "whole order (every slot)"))
     rows = []
@@ -150,7 +156,25 @@ def slot_table(clips: list[Clip]) -> str:
         n = counts[key]["slots"]
         rows.append({"slot type": key, "slots": n,
                      **{f"heard by {label}": f"{counts[key][label]} ({100 * counts[key][label] / n:.1f} %)"
-                        for label in ENGINES}})
+                        for label in labels}})
+    return markdown_table(rows)
+
+
+def words_table(clips: list[Clip], labels: list[str]) -> str:
+    """The synthetic clips (whose whole text is known): per engine, the share of the text's words its transcript
+    at the turn's end holds (each word at most as often as it is said), and the clips heard whole."""
+    rows = []
+    for label in labels:
+        said = total = whole = 0
+        for c in clips:
+            end = next((p for p in c.passes if p.is_end), None)
+            want = Counter(normalise(c.text))
+            got = Counter(normalise(end.text.get(label, "") if end is not None else ""))
+            hit = sum(min(n, got[w]) for w, n in want.items())
+            said, total, whole = said + hit, total + sum(want.values()), whole + (hit == sum(want.values()))
+        rows.append({"engine": label, "clips": len(clips),
+                     "words heard": f"{said} of {total} ({100 * said / max(total, 1):.1f} %)",
+                     "clips heard whole": f"{whole} ({100 * whole / max(len(clips), 1):.0f} %)"})
     return markdown_table(rows)
 
 
@@ -182,6 +206,9 @@ def add_hearing_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--limit", type=int, default=None, help="only the first N clips of the human set")
     parser.add_argument("--no-synthetic", action="store_true",
                         help="skip the synthetic English clips (../shared/audio, tests/data/pauses)")
+    parser.add_argument("--without-timestamps", action="store_true",
+                        help="hear with each engine decoding without Whisper's timestamps too (asr.window_timestamps "
+                             "off: the way before it was on)")
     parser.add_argument("--out", type=Path, default=Path("bench-out/hearing"), help="output folder")
     parser.add_argument("--markdown", type=Path, default=None, metavar="FILE",
                         help="also write the tables to FILE under a line naming this command, the git commit and "
@@ -194,7 +221,9 @@ def run_hearing(args: argparse.Namespace) -> int:
     origin = provenance()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    engines = {label: FasterWhisperEngine(ASRConfig(model="auto", language=lang)) for label, lang in ENGINES.items()}
+    wanted = {**ENGINES, **(UNSTAMPED if args.without_timestamps else {})}
+    engines = {label: FasterWhisperEngine(ASRConfig(model="auto", **kw)) for label, kw in wanted.items()}
+    labels = list(engines)
     for engine in engines.values():
         engine.warmup()
     sure = engines[DETECTING].cfg.language_sure
@@ -204,7 +233,8 @@ def run_hearing(args: argparse.Namespace) -> int:
         for folder, manifest in synthetic_english():
             clips += hear_set("synthetic en", folder, manifest, engines)
     human = [c for c in clips if c.set == "human"]
-    slots, langs = slot_table(human), language_table(clips, sure)
+    slots, langs = slot_table(human, labels), language_table(clips, sure)
+    synthetic = [c for c in clips if c.set != "human"]
     missed = sum(not any(p.is_end for p in c.passes) for c in clips)
     note = (f"{len(human)} clips of the human set ({TUNING_NOTE}); every pass the voice chat would make (the VAD's "
             f"pauses of at least {TurnConfig().speculative_pause_ms} ms), {sum(len(c.passes) for c in clips)} in "
@@ -212,6 +242,10 @@ def run_hearing(args: argparse.Namespace) -> int:
     body = (f"{note}\n\nSlots heard at the turn's end (words normalised: `assistant/bench/hearing.py`):\n\n{slots}\n\n"
             f"Language detected by base + auto (asr.languages {', '.join(engines[DETECTING].languages)}; "
             f"asr.language_sure {sure}):\n\n{langs}")
+    if synthetic:
+        words = words_table(synthetic, labels)
+        body += (f"\n\nWords of the synthetic English clips' texts heard at the turn's end ({len(synthetic)} clips: "
+                 f"../shared/audio and the pause files, whose pauses are written in):\n\n{words}")
     print(f"\n{body}")
     (out / "hearing.json").write_text(json.dumps([asdict(c) for c in clips], ensure_ascii=False, indent=1),
                                       encoding="utf-8")

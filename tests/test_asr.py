@@ -235,6 +235,20 @@ def test_fitted_window_hears_what_the_full_window_hears(name: str) -> None:
     assert fit.transcribe(np.zeros(16_000, np.float32)).text == ""
 
 
+def test_the_words_after_a_pause_are_heard() -> None:
+    """tests/data/pauses/distance.wav says "What is the distance between [400 ms] Paris and Berlin?". Decoded
+    without Whisper's timestamps, the fitted window ended its text at "between?" and the rest was lost (the reply
+    would have answered another question); with them (asr.window_timestamps, the default) the tail is heard."""
+    import json
+
+    folder = Path(__file__).parent / "data" / "pauses"
+    entry = next(e for e in json.loads((folder / "manifest.json").read_text()) if e["file"] == "distance.wav")
+    x, rate = read_audio(folder / "distance.wav")
+    turn = x[: int((entry["speech_ends_s"] + 0.3) * rate)]  # as the speculative pass at the turn's end hears it
+    text = create_asr(ASRConfig()).transcribe(turn).text.lower()
+    assert "between" in text and "berlin" in text, text
+
+
 async def test_the_fairness_memory_stays_bounded_however_many_sessions_came() -> None:
     """One entry per session served, the least recently served forgotten first: not one more per session for ever."""
     from assistant.asr.runner import MAX_SERVED

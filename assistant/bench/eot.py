@@ -859,6 +859,12 @@ def analyse(evidence: dict[str, list[ClipEvidence]], target: float, out: Path,
     lines.append(f"\nfalling operating point: {_settings(op_cfg, 'falling')}")
     lines.append(_format_row("replayed with decide()", exact))
     lines.append(_format_row("vectorised", fast))
+    # What ships (TurnConfig's defaults, chosen by an earlier run of this bench) on this evidence: the tuner starts
+    # afresh from START each run, so when the evidence changed it may settle elsewhere; this says where the
+    # defaults stand now.
+    shipped = {"tune": score_replay(TurnConfig(), tune, fixed), "heldout": score_replay(TurnConfig(), held, fixed)}
+    lines.append(_format_row("shipped defaults, tune", shipped["tune"]))
+    lines.append(_format_row("shipped defaults, held-out", shipped["heldout"]))
     lines.append(f"  model off (the transcript alone, p = {op_cfg.model_off_prob}):")
     lines.append(_format_row("  tune", model_off[0]))
     lines.append(_format_row("  held-out", model_off[1]))
@@ -934,6 +940,7 @@ def analyse(evidence: dict[str, list[ClipEvidence]], target: float, out: Path,
         "operating_point_without_human": _variant_point(curves, variants, "falling, tuned without the human set"),
         "operating_point_late": _variant_point(curves, variants, LATE_VARIANT),
         "model_off": {"tune": model_off[0].row(), "heldout": model_off[1].row()},
+        "shipped": {half: score.row() for half, score in shipped.items()},
         "groups": group_rows, "afterthoughts": after, "floor": floor, "cost": cost, "pause_kinds": by_kind,
     }
     (out / "eot.json").write_text(json.dumps(result, indent=1))
@@ -1040,6 +1047,8 @@ def markdown(report: dict[str, Any]) -> str:
              f"Falling operating point: `{report['operating_point']}`. With the model off or failed (the transcript "
              f"alone, p = {report['operating_point']['model_off_prob']}): tuning half "
              f"{pct(report['model_off']['tune'])}, held-out {pct(report['model_off']['heldout'])}.", "",
+             f"The shipped defaults (`TurnConfig`, chosen by an earlier run; not tuned here) on this evidence: tuning "
+             f"{pct(report['shipped']['tune'])}, held-out {pct(report['shipped']['heldout'])}.", "",
              "```", report["text"].split("\n")[0], report.get("also_text", "").strip(), "```"]
     if report.get("human"):
         parts += ["", report["human"]["markdown"]]
@@ -1058,7 +1067,8 @@ def also_report(turns: Turns, report: dict[str, Any]) -> str:
     vad_ms = next(c for c in report["curves"] if c["name"] == "vad")["operating_point"]["knob"]
     lines = [f"\nthe same operating points on {len(turns.clips)} other files "
              f"({', '.join(c.file for c in turns.clips)}):"]
-    policies = [("flat (before)", replace(TurnConfig(), policy="flat")), ("falling", falling)]
+    policies = [("flat (before)", replace(TurnConfig(), policy="flat")), ("falling", falling),
+                ("falling, shipped defaults", TurnConfig())]
     if report.get("operating_point_late"):
         policies.append((LATE_VARIANT, replace(TurnConfig(), policy="falling", **report["operating_point_late"])))
     for name, cfg in policies:
@@ -1112,6 +1122,8 @@ def human_report(turns: Turns, operating_point: dict[str, Any], vad_ms: int,
     policies: list[tuple[str, Callable[[Turns], Score]]] = [
         ("flat (before)", lambda t: score_replay(flat, t, fixed)),
         ("falling", lambda t: FallingTable(t, falling).score(falling))]
+    if falling != TurnConfig():
+        policies.append(("falling, shipped defaults", lambda t: score_replay(TurnConfig(), t, fixed)))
     if without_human is not None:
         other = replace(TurnConfig(), policy="falling", **without_human)
         policies.append(("falling, tuned without it", lambda t: FallingTable(t, other).score(other)))

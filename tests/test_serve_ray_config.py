@@ -60,7 +60,10 @@ def test_replicas_are_handed_only_the_settings_they_read() -> None:
     cfg = load_config(environ={}, overrides={
         "server": {"auth_token": "gateway-secret", "data_dir": "/srv/voices"},
         "ice": {"turn_secret": "turn-secret"}, "respond": {"api_key": "llm-secret"}})
-    for build, sections in ((build_tts, {"tts", "tts_api", "ray", "server"}), (build_asr, {"asr"})):
+    # telemetry: the replicas' spans join the calls' traces (it holds no secret: a collector's key is an OTEL_*
+    # variable on the nodes)
+    for build, sections in ((build_tts, {"tts", "tts_api", "ray", "server", "telemetry"}),
+                            (build_asr, {"asr", "telemetry"})):
         (settings,) = build(cfg)._bound_deployment.init_args
         assert set(settings) == sections
         assert "secret" not in repr(settings)

@@ -123,7 +123,9 @@ def test_a_finished_time_or_amount_is_no_half_said_number() -> None:
     assert cue("Remind me tomorrow at ten thirty.") is Cue.COMPLETE
     # Still half said: digit groups with no closing word, a code, "for"/"to" + a number ("for 10 minutes").
     for text in ("My number is 555-213-449", "My number is 555.", "The confirmation code is 620.",
-                 "Set an alarm for 10.", "Transfer to 100."):
+                 "Set an alarm for 10.", "Transfer to 100.",
+                 "Set an alarm for 7:00."):  # a lone hour, as Whisper writes it at the pause before the minutes
+
         assert cue(text) is Cue.NUMBER, text
     assert finished_number("at 1030.") and not finished_number("My number is 555-213")
 

@@ -113,7 +113,9 @@ class Cue(Enum):
 
 # A number that reads as finished, a time ("at 10:30", "at 1030.", "at eight.") or an amount ("$12."), is no
 # half-said digit string: only the latter (a phone number or a code being read out) holds the turn as Cue.NUMBER.
-CLOCK_TIME = re.compile(r"\b\d{1,2}:\d{2}\s*[.?!]?\s*$")
+# Not ":00": Whisper writes a lone spoken hour as "7:00" ("Set an alarm for seven [pause] fifteen..." is heard
+# "Set an alarm for 7:00." at the pause), so only minutes that were said make a time finished.
+CLOCK_TIME = re.compile(r"\b\d{1,2}:(?!00)\d{2}\s*[.?!]?\s*$")
 AMOUNT = re.compile(r"[$£€¥]\s?\d[\d,.]*[.?!]?\s*$")
 TIME_WORDS = frozenset(["at"])  # "at 1030." (a time of day); "for 10" / "to 100" may go on ("for 10 minutes")
 # A transcript of fewer words than this is a fragment (Cue.SHORT): "Hello, [pause] what is the weather like

@@ -209,10 +209,11 @@ class ASRConfig:
         "cost follows the window (turns over 28 s and language detection keep faster-whisper's 30 s window)",
     )
     window_timestamps: bool = _f(
-        True,
-        "decode the turn-sized window with Whisper's timestamps: it writes a segment per phrase and goes on past a "
-        "pause; without them it may stop at the first '?' and lose what follows ('What is the distance between? "
-        "[pause] Paris and Berlin?' heard as 'What is the distance between?')",
+        False,
+        "decode the turn-sized window with Whisper's timestamps: it then goes on past a pause ('What is the "
+        "distance between? [pause] Paris and Berlin?', which the plain decode ends at 'between?'), but at a pause "
+        "after 'for' it writes 'for it.' sooner, and over WebRTC alarm.wav was split at its pause "
+        "(docs/end_of_turn.md, Hearing the tail)",
     )
     cpu_threads: int = _f(2, "CPU threads used by one transcription")
     workers: int = _f(
@@ -416,13 +417,12 @@ class TurnConfig:
     # 5 % false cut-offs, afterthoughts counted apart, among the points that cut none of the pause files' mid-sentence
     # pauses (../shared/audio, tests/data/pauses). Measured on the held-out half: 5.2 % false cut-offs, median added
     # wait 859 ms (tuned on the synthetic half alone, as before issue 38: 4.3 %, 911 ms; the flat policy: 20.0 %,
-    # 690 ms); on the evidence heard again with asr.window_timestamps, the same point: 5.2 %, 854 ms (a fresh tuning
-    # settles at 5.2 %, 935 ms, so these stay). docs/end_of_turn.md shows the curves and where it lies on them.
+    # 690 ms). docs/end_of_turn.md shows the curves and where it lies on them.
     policy: str = _f(
         "falling",
         "end-of-turn policy: falling (model probability + transcript cue against a threshold that falls as the "
-        "silence grows; held-out half: 5.2 per cent false cut-offs, 854 ms median wait) or flat (the verdict table of "
-        "pipeline/end_of_turn.py, a fixed wait per verdict; held-out: 22.9 per cent, 631 ms)",
+        "silence grows; held-out half: 5.2 per cent false cut-offs, 859 ms median wait) or flat (the verdict table of "
+        "pipeline/end_of_turn.py, a fixed wait per verdict; held-out: 20.0 per cent, 690 ms)",
     )
     falling_from: float = _f(
         1.8, "falling: the score that ends the turn at the speculative pause (tuning half and human set; above any "

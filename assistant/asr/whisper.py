@@ -25,12 +25,13 @@ same question. The window changes what Whisper writes at the end of a cut-off tu
 speech, a last word), and the shorter the window the more: measured on the shared clips and the pause files
 (whole and cut at 45 % and 60 %), 9 of 39 texts differ at 15 s (3 in a word), 13 at 10 s, 3 at 25 s; at 5 s
 the decoder loops. A loop that still happens (its text compresses too well) is decoded again in the full
-window. The decoding is faster-whisper's, in one pass over the window (its tokenizer, its suppressed tokens, its
-no-speech rule), with timestamps (``asr.window_timestamps``): Whisper then writes a segment per phrase and goes on
-past a pause, where without them it may end at the first "?" and drop the rest ("What is the distance between?
-[pause] Paris and Berlin?", tests/data/pauses/distance.wav); the stamps are dropped from the text. Turns longer
-than the window take faster-whisper's own path (after a detection of their first 30 s when the language is
-``auto``).
+window. The decoding is faster-whisper's for one segment without timestamps (its tokenizer, its suppressed tokens,
+its no-speech rule). With ``asr.window_timestamps`` it is decoded with them (the stamps dropped from the text):
+Whisper then writes a segment per phrase and goes on past a pause where the plain decode may end at the first "?"
+("What is the distance between? [pause] Paris and Berlin?", tests/data/pauses/distance.wav), but it also writes a
+made-up "for it." sooner at a pause after "for", which split alarm.wav over WebRTC: off by default
+(docs/end_of_turn.md, *Hearing the tail*). Turns longer than the window take faster-whisper's own path (after a
+detection of their first 30 s when the language is ``auto``).
 """
 
 from __future__ import annotations
@@ -308,8 +309,8 @@ class FasterWhisperEngine:
         before: list[int] = []
         if prompt and prompt.strip():
             before = [tokenizer.sot_prev, *tokenizer.encode(" " + prompt.strip())[-(MAX_TOKENS // 2 - 1):]]
-        # With timestamps (asr.window_timestamps) Whisper writes a segment per phrase and goes on past a pause;
-        # without, it may end the text at the first "?" and drop what follows a pause. The stamps are dropped.
+        # With timestamps (asr.window_timestamps) Whisper writes a segment per phrase and goes on past a pause
+        # (module docstring); the stamps are dropped from the text.
         stamps = [] if self.cfg.window_timestamps else [tokenizer.no_timestamps]
         result = model.model.generate(
             encoded,

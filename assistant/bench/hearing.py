@@ -39,9 +39,9 @@ from assistant.config import ASRConfig, TurnConfig, VADConfig
 
 # label → the ASR settings of that engine (asr.model = auto picks tiny.en for en, the multilingual base for auto)
 ENGINES: dict[str, dict[str, Any]] = {"tiny.en+en": {"language": "en"}, "base+auto": {"language": "auto"}}
-# --without-timestamps adds these: the same engines decoding the fitted window without Whisper's timestamps
-UNSTAMPED: dict[str, dict[str, Any]] = {f"{label}, no timestamps": {**kw, "window_timestamps": False}
-                                        for label, kw in ENGINES.items()}
+# --with-timestamps adds these: the same engines decoding the fitted window with Whisper's timestamps
+STAMPED: dict[str, dict[str, Any]] = {f"{label}, timestamps": {**kw, "window_timestamps": True}
+                                      for label, kw in ENGINES.items()}
 DETECTING = "base+auto"
 SYNTHETIC = ("audio", "../tests/data/pauses")  # English clips with a manifest.json: shared/audio, the pause files
 TREE = Path(__file__).resolve().parents[2]
@@ -206,9 +206,8 @@ def add_hearing_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--limit", type=int, default=None, help="only the first N clips of the human set")
     parser.add_argument("--no-synthetic", action="store_true",
                         help="skip the synthetic English clips (../shared/audio, tests/data/pauses)")
-    parser.add_argument("--without-timestamps", action="store_true",
-                        help="hear with each engine decoding without Whisper's timestamps too (asr.window_timestamps "
-                             "off: the way before it was on)")
+    parser.add_argument("--with-timestamps", action="store_true",
+                        help="hear with each engine decoding with Whisper's timestamps too (asr.window_timestamps)")
     parser.add_argument("--out", type=Path, default=Path("bench-out/hearing"), help="output folder")
     parser.add_argument("--markdown", type=Path, default=None, metavar="FILE",
                         help="also write the tables to FILE under a line naming this command, the git commit and "
@@ -221,7 +220,7 @@ def run_hearing(args: argparse.Namespace) -> int:
     origin = provenance()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    wanted = {**ENGINES, **(UNSTAMPED if args.without_timestamps else {})}
+    wanted = {**ENGINES, **(STAMPED if args.with_timestamps else {})}
     engines = {label: FasterWhisperEngine(ASRConfig(model="auto", **kw)) for label, kw in wanted.items()}
     labels = list(engines)
     for engine in engines.values():

@@ -438,11 +438,10 @@ class TurnConfig:
     )
     falling_late_to: float = _f(
         0.8, "falling: the late stage: from falling_over_ms on the threshold keeps falling, to this at "
-        "falling_late_ms, "
-        "so an unsure turn the transcript does not veto ends before max_silence_ms; off (not below falling_to) by "
-        "default: tuned on the tuning half and human set on top of the other settings it goes to 0.3 at 1200 ms, "
-        "which ends book_table.wav 1088 ms after its real end (2048 ms without) but costs the held-out half one "
-        "more false cut-off (5.7 per cent, p90 wait 2104 ms; without: 5.2 per cent, 2138 ms)"
+        "falling_late_ms, so an unsure turn the transcript does not veto ends before max_silence_ms; off (not below "
+        "falling_to) by default: tuned on the tuning half and human set on top of the other settings it goes to 0.3 "
+        "at 1200 ms, which ends book_table.wav 1088 ms after its real end (2048 ms without) but costs the held-out "
+        "half one more false cut-off (5.7 per cent, p90 wait 2104 ms; without: 5.2 per cent, 2138 ms)"
     )
     falling_late_ms: int = _f(
         800, "falling: silence at which the late stage reaches falling_late_to; not past falling_over_ms: no late "

@@ -51,6 +51,7 @@ class ReceivedSpan:
     events: list[tuple[str, int, dict[str, Any]]]
     status_code: int
     resource: dict[str, Any]
+    status_message: str = ""
 
     @property
     def ms(self) -> float:
@@ -91,7 +92,8 @@ class Receiver:
                     self.spans.append(ReceivedSpan(
                         s.name, s.trace_id.hex(), s.span_id.hex(), s.parent_span_id.hex(), s.start_time_unix_nano,
                         s.end_time_unix_nano, s.kind, attrs(s.attributes),
-                        [(e.name, e.time_unix_nano, attrs(e.attributes)) for e in s.events], s.status.code, resource))
+                        [(e.name, e.time_unix_nano, attrs(e.attributes)) for e in s.events], s.status.code, resource,
+                        s.status.message))
         return web.Response(body=ExportTraceServiceResponse().SerializeToString(),
                             content_type="application/x-protobuf")
 

@@ -76,8 +76,7 @@ async def test_a_replica_span_joins_the_call_it_was_sent_for() -> None:
             traced.close()
     ok, failed = sorted(rx.named(names.REPLICA_ASR), key=lambda s: s.status_code)
     assert len(rx.named(names.REPLICA_ASR)) == 2
-    assert failed.attributes == {**failed.attributes, names.RAY_REPLICA: "replica-1"}
-    assert "user" not in str(failed.attributes)  # the exception's kind only: its message may hold words
+    assert failed.status_message == "RuntimeError"  # the exception's kind only: its message may hold words
     cut = rx.named(names.REPLICA_TTS)[0]
     assert cut.attributes[names.CANCELLED] is True and cut.attributes[names.TTS_CHUNKS] == 2
     assert cut.status_code == 0  # a cancel is not a failure

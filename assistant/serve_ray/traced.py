@@ -60,7 +60,7 @@ class ReplicaTelemetry:
             attributes[names.CANCELLED] = True
             raise
         except Exception as exc:
-            error = failure(exc)
+            error = type(exc).__name__  # its kind only: its message may hold the user's words
             raise
         finally:
             self.span(name, headers, start_s, time.time(), attributes, error)
@@ -82,8 +82,3 @@ class TracedReplica:
         traced = getattr(self, "traced", None)  # not there when __init__ failed before it
         if traced is not None:
             traced.close()
-
-
-def failure(exc: BaseException) -> str:
-    """A span's error text: the exception's kind (its message may hold a user's words)."""
-    return type(exc).__name__

@@ -361,7 +361,7 @@ class ChunkerConfig:
 
 
 TURN_POLICIES = ("falling", "flat")  # pipeline/end_of_turn.decide
-TURN_CUES = ("complete", "continues", "open", "number", "short")  # pipeline/end_of_turn.Cue
+TURN_CUES = ("complete", "continues", "open", "number", "short", "doubtful")  # pipeline/end_of_turn.Cue
 
 
 @dataclass
@@ -448,9 +448,10 @@ class TurnConfig:
         "stage (off by default, see falling_late_to)"
     )
     falling_late_veto: list[str] = _f(
-        ["continues", "number", "short"], "falling: the transcript cues that get no late stage, their threshold "
-        "staying at falling_to: a trailing 'and', a digit string that may be half said, a fragment (tuning half and "
-        "human set: the late stage on number or short cues cuts more of their long mid-turn pauses)"
+        ["continues", "number", "short", "doubtful"], "falling: the transcript cues that get no late stage, their "
+        "threshold staying at falling_to: a trailing 'and' (or a doubtful word after it), a digit string that may be "
+        "half said, a fragment (tuning half and human set: the late stage on number or short cues cuts more of their "
+        "long mid-turn pauses)"
     )
     end_of_turn_recheck_ms: list[int] = _f(
         [96, 320, 704],
@@ -476,6 +477,16 @@ class TurnConfig:
         -0.2, "falling: added when it has fewer than three words ('Hello?'), where Whisper's punctuation is least "
         "reliable (tuning half and human set)"
     )
+    cue_doubtful: float = _f(
+        -1.0, "falling: added when the last word is doubtful (the ASR gave it less than doubtful_below) and the "
+        "words before it go on: tiny.en's made-up 'Can you book a table for it?' at a pause after 'for' (tuning "
+        "half and human set)"
+    )
+    doubtful_below: float = _f(
+        0.5, "falling: a last word the ASR wrote with less probability than this is doubtful (cue_doubtful); 0: "
+        "never (the pause files and the human set: the made-up words at their pauses 0.33-0.48, the human ends' "
+        "last words 0.98 p50)"
+    )
     model_off_prob: float = _f(
         0.95, "falling: the probability taken for the end-of-turn model when it is off or failed (the transcript "
         "alone), chosen on the tuning half and human set with the other settings fixed; held-out half: 6.2 per cent, "
@@ -488,9 +499,10 @@ class TurnConfig:
         "gives 6.2 per cent, 828 ms, 0.9 gives 8.1 per cent, 685 ms)"
     )
     model_alone_veto: list[str] = _f(
-        ["continues", "number", "short", "open"], "falling: the transcript cues that veto model_alone (continues, "
-        "number, short, open, complete; the figures of model_alone are with these); the veto is free: the reply is "
-        "made from the transcript, so nothing of it could be heard before the transcript lands"
+        ["continues", "number", "short", "open", "doubtful"], "falling: the transcript cues that veto model_alone "
+        "(continues, number, short, open, doubtful, complete; the figures of model_alone are with these); the veto "
+        "is free: the reply is made from the transcript, so nothing of it could be heard before the transcript "
+        "lands"
     )
     wait_for_evidence: bool = _f(
         True,

@@ -14,7 +14,7 @@ from assistant.asr.runner import ASRRunner
 from assistant.asr.whisper import FasterWhisperEngine, resolve_model
 from assistant.audio import read_audio
 from assistant.bench.shared_data import shared_path
-from assistant.config import ASRConfig
+from assistant.config import ASRConfig, TurnConfig
 
 AUDIO = shared_path("audio")  # ../shared/audio (assistant/bench/shared_data.py)
 
@@ -271,3 +271,31 @@ async def test_the_fairness_memory_stays_bounded_however_many_sessions_came() ->
         assert f"s{MAX_SERVED + 49}" in runner._served
     finally:
         runner.close()
+
+
+def test_a_made_up_last_word_is_heard_as_doubtful() -> None:
+    """tests/data/pauses/book_table.wav: "Can you book a table for [672 ms] four people…". At the pause tiny.en
+    writes "Can you book a table for it?": the decoder's own probability says the "it" is made up (under
+    turn.doubtful_below), and the cue doubts it; at the real end every word of the last phrase is sure."""
+    import json
+
+    from assistant.pipeline.end_of_turn import Cue, cue, last_word_probability
+
+    folder = Path(__file__).parent / "data" / "pauses"
+    entry = next(e for e in json.loads((folder / "manifest.json").read_text()) if e["file"] == "book_table.wav")
+    x, rate = read_audio(folder / "book_table.wav")
+    asr = create_asr(ASRConfig())
+    pause_start = entry["pauses_s"][0][0]
+    mid = asr.transcribe(x[int(0.45 * rate) : int((pause_start + 0.1) * rate)])
+    assert mid.words and "".join(w for w, _ in mid.words).replace(" ", "") == mid.text.replace(" ", "")
+    assert all(0.0 <= p <= 1.0 for _, p in mid.words)
+    last = last_word_probability(mid.words)
+    assert last is not None
+    below = TurnConfig().doubtful_below
+    assert mid.text.lower().rstrip("?.!").endswith("table for it"), mid.text  # the made-up object
+    assert last < below, mid.words
+    assert dict(mid.words)["table"] > below  # the words that were said are sure
+    assert cue(mid.text, last, below) is Cue.DOUBTFUL
+    assert cue(mid.text, None, below) is Cue.COMPLETE  # without the probability it reads finished
+    whole = asr.transcribe(x[: int((entry["speech_ends_s"] + 0.3) * rate)])
+    assert whole.words and whole.words[-1][0] in "?.!" and (last_word_probability(whole.words) or 0) > below

@@ -86,7 +86,7 @@ def test_the_model_alone_decides_and_the_transcript_vetoes() -> None:
     with pytest.raises(ConfigError, match="model_alone_veto"):
         load_config(overrides={"turn": {"model_alone_veto": ["maybe"]}})
     # The late stage's veto takes cue names too; the late stage is off by default (it cost a held-out cut-off).
-    assert set(TurnConfig().falling_late_veto) == {"continues", "number", "short"}
+    assert set(TurnConfig().falling_late_veto) == {"continues", "number", "short", "doubtful"}
     assert TurnConfig().falling_late_to >= TurnConfig().falling_to
     with pytest.raises(ConfigError, match="falling_late_veto"):
         load_config(overrides={"turn": {"falling_late_veto": ["and"]}})

@@ -44,6 +44,7 @@ from assistant.pipeline.end_of_turn import (
     decide,
     falling_threshold,
     finished_number,
+    last_word_probability,
     silence_needed,
 )
 
@@ -109,6 +110,24 @@ def test_transcript_cues() -> None:
     assert cue("Hello?") is Cue.SHORT
     assert cue("play some jazz music") is Cue.OPEN
     assert cue("") is Cue.OPEN
+
+
+def test_a_doubtful_last_word_after_a_word_that_goes_on() -> None:
+    """Cue.DOUBTFUL: the ASR was unsure of the last word (under doubtful_below) and the words before it go on,
+    as tiny.en's made-up object at a pause after "for" ("Can you book a table for it?", "it" at 0.39)."""
+    below = 0.5
+    assert cue("Can you book a table for it?", 0.39, below) is Cue.DOUBTFUL
+    assert cue("Set an alarm for it.", 0.3, below) is Cue.DOUBTFUL
+    assert cue("I'd like eggs, milk.", 0.2, below) is Cue.DOUBTFUL  # a list's comma goes on too
+    assert cue("Can you book a table for it?", 0.9, below) is Cue.COMPLETE  # a sure word stands
+    assert cue("Can you book a table for it?", None, below) is Cue.COMPLETE  # not known: the text alone
+    assert cue("Can you book a table for it?", 0.39) is Cue.COMPLETE  # doubtful_below 0: never
+    assert cue("I'd like a large oat latte.", 0.2, below) is Cue.COMPLETE  # "oat" does not go on
+    assert cue("Send it to", 0.1, below) is Cue.CONTINUES  # a text that goes on already stays so
+    assert cue("For it?", 0.1, below) is Cue.SHORT  # a fragment stays a fragment
+    assert cue("明日の東京の天気。", 0.1, below) is Cue.COMPLETE  # no spaces: no last word to doubt
+    assert last_word_probability([("Hello", 0.9), ("?", 0.2)]) == 0.9
+    assert last_word_probability([]) is None
 
 
 def test_a_finished_time_or_amount_is_no_half_said_number() -> None:

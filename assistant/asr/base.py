@@ -25,6 +25,9 @@ class Transcript:
     segments: list[tuple[float, float, str]] = field(default_factory=list)
     # Time the engine itself spent, seconds.
     compute_s: float = 0.0
+    # (word, probability) per word the decoder wrote, punctuation as words of its own, where the engine knows them
+    # (faster-whisper's fitted window): how sure it was of each; the end-of-turn cue doubts a made-up last word.
+    words: tuple[tuple[str, float], ...] = ()
     # When the pass was asked for, taken by a worker and answered (wall clock; set by the Transcriber).
     timing: PassTiming | None = None
 

@@ -215,9 +215,10 @@ class FasterWhisperEngine:
         window = self._window(len(audio)) if self.cfg.fit_window else None
         heard = self._transcribe_window(audio, window, lang, prompt) if window is not None else None
         probability = 1.0 if lang else 0.0
+        words: tuple[tuple[str, float], ...] = ()
         if heard is not None and heard[0] is not None:
             text: str = heard[0]
-            lang, probability = heard[1], heard[2]
+            lang, probability, words = heard[1], heard[2], heard[3]
             segs = [(0.0, len(audio) / SPEECH_RATE, text)] if text else []
         else:
             if heard is not None:  # the window's decoder looped: its detected language still holds
@@ -239,7 +240,7 @@ class FasterWhisperEngine:
             probability,
         )
         return Transcript(text=text, language=lang, language_probability=round(probability, 4), segments=segs,
-                          compute_s=compute_s)
+                          compute_s=compute_s, words=words)
 
     def _pick(self, ranked: list[tuple[str, float]]) -> tuple[str, float]:
         """The language of a pass from (code, probability) pairs over every language, most likely first: the most
@@ -287,10 +288,11 @@ class FasterWhisperEngine:
 
     def _transcribe_window(
         self, audio: np.ndarray, window: int, lang: str, prompt: str | None
-    ) -> tuple[str | None, str, float]:
+    ) -> tuple[str | None, str, float, tuple[tuple[str, float], ...]]:
         """One segment in an encoder window of ``window`` frames (module docstring): (text, language, its
-        probability); the language detected from the same encoder output when ``lang`` is "". The text is None
-        when the decoder looped (the caller decodes again in the full window, in the language found here)."""
+        probability, (word, probability) per word); the language detected from the same encoder output when
+        ``lang`` is "". The text is None when the decoder looped (the caller decodes again in the full window, in
+        the language found here)."""
         import ctranslate2
         from faster_whisper.tokenizer import Tokenizer
         from faster_whisper.transcribe import get_compression_ratio, get_suppressed_tokens
@@ -319,19 +321,22 @@ class FasterWhisperEngine:
             max_length=MAX_TOKENS,
             return_scores=True,
             return_no_speech_prob=True,
+            return_logits_vocab=True,  # each step's logits: how sure the decoder was of each word (~free)
             suppress_blank=True,
             suppress_tokens=list(get_suppressed_tokens(tokenizer, (-1,)) or ()),
         )[0]
         tokens = result.sequences_ids[0]
         mean_logprob = result.scores[0] * len(tokens) / (len(tokens) + 1)
         if result.no_speech_prob > NO_SPEECH_THRESHOLD and mean_logprob < LOG_PROB_THRESHOLD:
-            return "", lang, probability  # no speech in it, by faster-whisper's rule
-        words = [t for t in tokens if t < tokenizer.timestamp_begin]  # every token past the text's are stamps
-        text = str(tokenizer.decode(words)).strip()
+            return "", lang, probability, ()  # no speech in it, by faster-whisper's rule
+        text_tokens = [t for t in tokens if t < tokenizer.timestamp_begin]  # every token past the text's are stamps
+        text = str(tokenizer.decode(text_tokens)).strip()
         if get_compression_ratio(text) > COMPRESSION_RATIO_THRESHOLD:
             log.info("asr.window_loop window_s=%d: decoding again in the full window", window // FRAMES_PER_SECOND)
-            return None, lang, probability
-        return (text if any(c.isalnum() for c in text) else ""), lang, probability  # a lone "." is no words
+            return None, lang, probability, ()
+        if not any(c.isalnum() for c in text):
+            return "", lang, probability, ()  # a lone "." is no words
+        return text, lang, probability, word_probabilities(tokenizer, tokens, result.logits[0])
 
     def warmup(self) -> None:
         """Transcribe 1 s of silence then tone so the first user turn pays no first-call cost."""
@@ -341,3 +346,28 @@ class FasterWhisperEngine:
         clip = np.concatenate([np.zeros(n_sil, np.float32), tone.astype(np.float32)])
         result = self.transcribe(clip)
         log.info("asr.warmup compute_s=%.3f", result.compute_s)
+
+
+def word_probabilities(tokenizer: Any, tokens: list[int], logits: list[Any]) -> tuple[tuple[str, float], ...]:
+    """(word, probability) per word of a decoded sequence, from each step's logits (``return_logits_vocab``): a
+    token's probability is its softmax at its step, a word's the mean of its tokens' (faster-whisper's word
+    probability). Timestamp tokens are left out; punctuation is a word of its own (the tokenizer's split)."""
+    probs: list[float] = []
+    kept: list[int] = []
+    for token, step in zip(tokens, logits, strict=False):
+        if token >= tokenizer.timestamp_begin:
+            continue
+        z = np.asarray(step, dtype=np.float64).reshape(-1)
+        z = z - z.max()
+        e = np.exp(z)
+        probs.append(float(e[token] / e.sum()))
+        kept.append(token)
+    if not kept:
+        return ()
+    words, word_tokens = tokenizer.split_to_word_tokens(kept)
+    out: list[tuple[str, float]] = []
+    i = 0
+    for word, toks in zip(words, word_tokens, strict=True):
+        out.append((str(word).strip(), round(float(np.mean(probs[i : i + len(toks)])), 4)))
+        i += len(toks)
+    return tuple(out)

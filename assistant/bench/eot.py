@@ -68,7 +68,7 @@ VAD_WINDOW_MS = 32
 FLAT_SWEEP_MS = (200, 300, 400, 500, 600, 700, 800, 1000, 1200, 1500, 2000)
 VAD_SWEEP_MS = (200, 300, 400, 500, 600, 700, 800, 1000, 1200, 1400, 1600, 2000)
 OFFSETS = tuple(round(x, 3) for x in np.arange(-0.6, 0.61, 0.025))
-CUE_ORDER = (Cue.COMPLETE, Cue.CONTINUES, Cue.OPEN, Cue.NUMBER, Cue.SHORT)
+CUE_ORDER = (Cue.COMPLETE, Cue.CONTINUES, Cue.OPEN, Cue.NUMBER, Cue.SHORT, Cue.DOUBTFUL)
 MODEL_ALONE_SWEEP = (0.9, 0.95, 0.97, 0.98, 0.99, 1.01)
 MODEL_OFF_GRID = tuple(round(float(x), 2) for x in np.arange(0.3, 1.01, 0.05))
 AFTERTHOUGHT = "afterthought"  # the corpus's pause kind after a finished sentence (eot_sentences.py)
@@ -82,15 +82,18 @@ GRID: dict[str, Sequence[Any]] = {
     "cue_open": (-0.4, -0.3, -0.2, -0.1, 0.0, 0.1, 0.2),
     "cue_number": (-0.5, -0.4, -0.3, -0.2, -0.1, 0.0, 0.1, 0.2),
     "cue_short": (-0.6, -0.4, -0.3, -0.2, -0.1, 0.0, 0.1),
+    "cue_doubtful": (-1.0, -0.8, -0.6, -0.4, -0.2, 0.0),
     "model_alone": (1.01, 0.995, 0.99, 0.985, 0.98, 0.97, 0.95, 0.9),
-    "model_alone_veto": (("continues",), ("continues", "number"), ("continues", "number", "short"),
-                         ("continues", "number", "short", "open")),
+    "model_alone_veto": (("continues", "doubtful"), ("continues", "doubtful", "number"),
+                         ("continues", "doubtful", "number", "short"),
+                         ("continues", "doubtful", "number", "short", "open")),
     # The late stage (after falling_over_ms): how far below falling_to the threshold goes on to fall (0: no late
     # stage; kept as a drop below falling_to as the shape changes), and by when.
     "falling_late_drop": (0.0, 0.1, 0.2, 0.3, 0.4, 0.5),
     "falling_late_ms": (1000, 1100, 1200, 1400, 1600),
-    "falling_late_veto": (("continues",), ("continues", "short"), ("continues", "number"),
-                          ("continues", "number", "short"), ("continues", "number", "short", "open")),
+    "falling_late_veto": (("continues", "doubtful"), ("continues", "doubtful", "short"),
+                          ("continues", "doubtful", "number"), ("continues", "doubtful", "number", "short"),
+                          ("continues", "doubtful", "number", "short", "open")),
 }
 # The late stage's settings: tuned only on top of a tuned shape (tune_falling(late=True)), by the coordinate descent
 # alone (it moves only the turns that waited past falling_over_ms).
@@ -137,7 +140,8 @@ def join(a: Turns, b: Turns) -> Turns:
     return Turns([*a.clips, *b.clips], [*a.pauses, *(replace(p, clip=p.clip + n) for p in b.pauses)])
 
 
-def flatten(clips: Iterable[ClipEvidence]) -> Turns:
+def flatten(clips: Iterable[ClipEvidence], doubtful_below: float = TurnConfig.doubtful_below) -> Turns:
+    """The turns of ``clips`` as pauses, each with its transcript's cue (``doubtful_below``: see ``cue``)."""
     ok = [c for c in clips if c.status == "ok"]
     pauses: list[Pause] = []
     for i, c in enumerate(ok):
@@ -145,7 +149,8 @@ def flatten(clips: Iterable[ClipEvidence]) -> Turns:
             words = word_count(p.text)
             pauses.append(Pause(
                 clip=i, is_end=p.is_end, silence_ms=p.silence_ms,
-                offset_ms=(p.start_s - c.speech_ends_s) * 1000, text=p.text, cue=cue(p.text), text_end=judge(p.text),
+                offset_ms=(p.start_s - c.speech_ends_s) * 1000, text=p.text, cue=cue(p.text, p.last_p, doubtful_below),
+                text_end=judge(p.text),
                 words=words, asr_ms=p.asr_ms, probs=p.probs, labelled=p.labelled,
             ))
     return Turns(ok, pauses)
@@ -533,7 +538,8 @@ def build_curves(tune: Turns, held: Turns, target: float, base: TurnConfig, fixe
 def _settings(cfg: TurnConfig, policy: str) -> dict[str, Any]:
     keys = (["falling_from", "falling_to", "falling_over_ms", "falling_late_to", "falling_late_ms",
              "end_of_turn_recheck_ms", "cue_complete", "cue_continues", "cue_open", "cue_number", "cue_short",
-             "model_off_prob", "model_alone", "model_alone_veto", "falling_late_veto", "max_silence_ms"]
+             "cue_doubtful", "doubtful_below", "model_off_prob", "model_alone", "model_alone_veto",
+             "falling_late_veto", "max_silence_ms"]
             if policy == "falling" else
             ["end_of_turn_threshold", "end_of_turn_sure", "complete_endpoint_ms", "unsure_endpoint_ms",
              "incomplete_endpoint_ms", "max_silence_ms"])

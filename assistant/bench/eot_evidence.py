@@ -27,12 +27,13 @@ import numpy as np
 
 from assistant.audio import SPEECH_RATE, read_audio
 from assistant.config import TurnConfig, VADConfig
+from assistant.pipeline.end_of_turn import last_word_probability
 from assistant.vad.endpoint import Endpointer
 from assistant.vad.silero import WINDOW_SAMPLES
 
 log = logging.getLogger(__name__)
 
-VERSION = 1
+VERSION = 2  # 2: each pause's last word's probability (the doubtful cue)
 # Silences (ms) at which the model hears a pause: the speculative pause, then every few Silero windows.
 MODEL_MARKS = (96, 192, 320, 480, 704, 1024, 1504)
 END_TOLERANCE_S = 0.3  # a pause starting this close before the labelled speech end is the turn's end
@@ -56,6 +57,7 @@ class PauseEvidence:
     text: str = ""
     asr_ms: float = 0.0
     probs: list[list[float]] = field(default_factory=list)  # [mark_ms, probability, compute_ms]
+    last_p: float | None = None  # the ASR's probability of the transcript's last word (None: not known)
 
 
 @dataclass
@@ -148,7 +150,9 @@ def collect_clip(
                            labelled=labelled)
         spec_audio = x[audio_start : start + spec]
         t0 = time.perf_counter()
-        pe.text = str(asr.transcribe(spec_audio).text).strip()
+        heard = asr.transcribe(spec_audio)
+        pe.text = str(heard.text).strip()
+        pe.last_p = last_word_probability(getattr(heard, "words", ()))
         pe.asr_ms = round((time.perf_counter() - t0) * 1000, 1)
         limit_ms = turn.max_silence_ms if pe.silence_ms is None else pe.silence_ms
         for mark in MODEL_MARKS:

@@ -65,6 +65,7 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import Protocol
@@ -109,6 +110,7 @@ class Cue(Enum):
     OPEN = "open"  # no terminal punctuation and nothing that continues (or no words at all)
     NUMBER = "number"  # ends on a number: a phone number, a code or a time may be only half said
     SHORT = "short"  # fewer than SHORT_TURN_WORDS words ("Hello?"): Whisper's punctuation is least reliable
+    DOUBTFUL = "doubtful"  # the last word is one the ASR was unsure of, and the words before it go on
 
 
 # A number that reads as finished, a time ("at 10:30", "at 1030.", "at eight.") or an amount ("$12."), is no
@@ -135,8 +137,12 @@ def word_count(text: str) -> int:
     return len(WORD.findall(other)) + (cjk + 1) // 2
 
 
-def cue(text: str) -> Cue:
-    """The transcript's evidence: how complete it looks (final punctuation, a trailing conjunction, a number)."""
+def cue(text: str, last_word_p: float | None = None, doubtful_below: float = 0.0) -> Cue:
+    """The transcript's evidence: how complete it looks (final punctuation, a trailing conjunction, a number).
+
+    ``last_word_p``: how sure the ASR was of the last word (None: not known). Below ``doubtful_below``, with the
+    words before it going on, the cue is :attr:`Cue.DOUBTFUL`: at a pause after "for", tiny.en writes a made-up
+    object ("Can you book a table for it?", "it" at 0.39) that reads finished."""
     words = WORD.findall(text.lower())
     if not words:
         return Cue.OPEN
@@ -144,9 +150,33 @@ def cue(text: str) -> Cue:
         return Cue.CONTINUES
     if word_count(text) < SHORT_TURN_WORDS:
         return Cue.SHORT
+    if last_word_p is not None and last_word_p < doubtful_below and doubtful_tail(text):
+        return Cue.DOUBTFUL
     if (words[-1] in NUMBER_WORDS or ENDS_ON_DIGIT.search(text)) and not finished_number(text, words):
         return Cue.NUMBER
     return Cue.COMPLETE if judge(text) is TurnEnd.COMPLETE else Cue.OPEN
+
+
+LAST_WORD = re.compile(r"[\w']+\W*$")
+
+
+def doubtful_tail(text: str) -> bool:
+    """Whether the words before the last one go on ("… a table for" | "it?"): the text reads unfinished without
+    its last word. Only for text with spaces between words (a CJK text's last "word" is no word)."""
+    t = text.strip()
+    if not t or is_cjk(t[-1]):
+        return False
+    rest = LAST_WORD.sub("", t).rstrip()
+    return bool(rest) and judge(rest) is TurnEnd.INCOMPLETE
+
+
+def last_word_probability(words: Sequence[tuple[str, float]]) -> float | None:
+    """The ASR's probability of the transcript's last word (punctuation apart), from its (word, probability)
+    pairs; None when it gave none."""
+    for word, p in reversed(words):
+        if any(ch.isalnum() for ch in word):
+            return p
+    return None
 
 
 def _is_number(word: str) -> bool:
@@ -265,7 +295,7 @@ def cue_weight(cfg: TurnConfig, c: Cue) -> float:
     """What the transcript adds to the model's probability (``turn.cue_*``)."""
     return {
         Cue.COMPLETE: cfg.cue_complete, Cue.CONTINUES: cfg.cue_continues, Cue.OPEN: cfg.cue_open,
-        Cue.NUMBER: cfg.cue_number, Cue.SHORT: cfg.cue_short,
+        Cue.NUMBER: cfg.cue_number, Cue.SHORT: cfg.cue_short, Cue.DOUBTFUL: cfg.cue_doubtful,
     }[c]
 
 

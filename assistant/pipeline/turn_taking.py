@@ -33,7 +33,16 @@ from assistant.asr.base import Transcript
 from assistant.audio import SPEECH_RATE, AudioChunk
 from assistant.config import ASRConfig, TurnConfig, VADConfig
 from assistant.pipeline.clock import SampleClock
-from assistant.pipeline.end_of_turn import Cue, Evidence, TurnEnd, cue, decide, judge, word_count
+from assistant.pipeline.end_of_turn import (
+    Cue,
+    Evidence,
+    TurnEnd,
+    cue,
+    decide,
+    judge,
+    last_word_probability,
+    word_count,
+)
 from assistant.pipeline.events import EventChannel
 from assistant.pipeline.trace import Ending, Span
 from assistant.pipeline.turn import Turn, TurnDeps
@@ -324,7 +333,8 @@ class TurnTaking:
             pause.text_failed = True
         elif self.cfg.smart_endpoint:
             text = result.text.strip()
-            pause.text, pause.cue = judge(text), cue(text)
+            pause.text = judge(text)
+            pause.cue = cue(text, last_word_probability(result.words), self.cfg.doubtful_below)
             pause.words = word_count(text)
         if result is not None:
             self._partial_from(result.text.strip())

@@ -118,7 +118,9 @@ def test_a_doubtful_last_word_after_a_word_that_goes_on() -> None:
     below = 0.5
     assert cue("Can you book a table for it?", 0.39, below) is Cue.DOUBTFUL
     assert cue("Set an alarm for it.", 0.3, below) is Cue.DOUBTFUL
-    assert cue("I'd like eggs, milk.", 0.2, below) is Cue.DOUBTFUL  # a list's comma goes on too
+    assert cue("I have a meeting with you.", 0.16, below) is Cue.DOUBTFUL
+    assert cue("Brew an Americano with Cream", 0.49, below) is Cue.OPEN  # only pronouns are made up so
+    assert cue("How do I get to the hospital from here?", 0.56, below) is Cue.COMPLETE
     assert cue("Can you book a table for it?", 0.9, below) is Cue.COMPLETE  # a sure word stands
     assert cue("Can you book a table for it?", None, below) is Cue.COMPLETE  # not known: the text alone
     assert cue("Can you book a table for it?", 0.39) is Cue.COMPLETE  # doubtful_below 0: never

@@ -321,7 +321,8 @@ class FasterWhisperEngine:
             max_length=MAX_TOKENS,
             return_scores=True,
             return_no_speech_prob=True,
-            return_logits_vocab=True,  # each step's logits: how sure the decoder was of each word (~free)
+            # Greedy: each step's logits say how sure the decoder was of each word (~free). A beam's come back empty.
+            return_logits_vocab=self.cfg.beam_size == 1,
             suppress_blank=True,
             suppress_tokens=list(get_suppressed_tokens(tokenizer, (-1,)) or ()),
         )[0]
@@ -336,7 +337,8 @@ class FasterWhisperEngine:
             return None, lang, probability, ()
         if not any(c.isalnum() for c in text):
             return "", lang, probability, ()  # a lone "." is no words
-        return text, lang, probability, word_probabilities(tokenizer, tokens, result.logits[0])
+        sure = word_probabilities(tokenizer, tokens, result.logits[0]) if self.cfg.beam_size == 1 else ()
+        return text, lang, probability, sure
 
     def warmup(self) -> None:
         """Transcribe 1 s of silence then tone so the first user turn pays no first-call cost."""

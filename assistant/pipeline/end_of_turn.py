@@ -140,9 +140,10 @@ def word_count(text: str) -> int:
 def cue(text: str, last_word_p: float | None = None, doubtful_below: float = 0.0) -> Cue:
     """The transcript's evidence: how complete it looks (final punctuation, a trailing conjunction, a number).
 
-    ``last_word_p``: how sure the ASR was of the last word (None: not known). Below ``doubtful_below``, with the
-    words before it going on, the cue is :attr:`Cue.DOUBTFUL`: at a pause after "for", tiny.en writes a made-up
-    object ("Can you book a table for it?", "it" at 0.39) that reads finished."""
+    ``last_word_p``: how sure the ASR was of the last word (None: not known). A pronoun object written with less
+    than ``doubtful_below`` after words that go on is :attr:`Cue.DOUBTFUL` (:func:`doubtful_tail`): at a pause
+    after "for", tiny.en writes a made-up object ("Can you book a table for it?", "it" at 0.40-0.58 as the pause is
+    cut later) that reads finished."""
     words = WORD.findall(text.lower())
     if not words:
         return Cue.OPEN
@@ -158,13 +159,20 @@ def cue(text: str, last_word_p: float | None = None, doubtful_below: float = 0.0
 
 
 LAST_WORD = re.compile(r"[\w']+\W*$")
+# The objects Whisper makes up at a pause after a word that goes on ("…a table for it?", "…a meeting with you."):
+# short pronouns, which the audio before the pause predicts without hearing them. Not "here"/"there" ("…get to
+# the hospital from here?" ends turns).
+MADE_UP_OBJECTS = frozenset(["it", "that", "this", "them", "you", "me", "him", "her", "us", "one", "these", "those"])
 
 
 def doubtful_tail(text: str) -> bool:
-    """Whether the words before the last one go on ("… a table for" | "it?"): the text reads unfinished without
-    its last word. Only for text with spaces between words (a CJK text's last "word" is no word)."""
+    """Whether the text ends on a pronoun object after words that go on ("… a table for" | "it?"): the text reads
+    unfinished without it. Only for text with spaces between words (a CJK text's last "word" is no word)."""
     t = text.strip()
     if not t or is_cjk(t[-1]):
+        return False
+    words = WORD.findall(t.lower())
+    if not words or words[-1] not in MADE_UP_OBJECTS:
         return False
     rest = LAST_WORD.sub("", t).rstrip()
     return bool(rest) and judge(rest) is TurnEnd.INCOMPLETE

@@ -670,21 +670,27 @@ def add_eot_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--markdown", type=Path, default=None, metavar="FILE",
                         help="also write the tables as Markdown under a provenance line, and refresh the docs that "
                         "include FILE (e.g. docs/figures/eot.md)")
+    parser.add_argument("--with-timestamps", action="store_true",
+                        help="collect the evidence decoding with Whisper's timestamps (asr.window_timestamps); the "
+                        "cache keeps the two apart, but an --out of its own keeps both")
 
 
-def _asr_engines() -> dict[str, Any]:
+def _asr_engines(args: argparse.Namespace) -> dict[str, Any]:
     """The ASR per language of the corpus: the server's default (tiny.en) for English, and what
-    ``asr.language = ja`` loads for Japanese (the multilingual base)."""
+    ``asr.language = ja`` loads for Japanese (the multilingual base); ``--with-timestamps``: both decoding with
+    Whisper's timestamps (``asr.window_timestamps``)."""
     from assistant.asr.whisper import FasterWhisperEngine
     from assistant.config import ASRConfig
 
-    return {"en": FasterWhisperEngine(ASRConfig()), "ja": FasterWhisperEngine(ASRConfig(language="ja"))}
+    stamps = bool(getattr(args, "with_timestamps", False))
+    return {"en": FasterWhisperEngine(ASRConfig(window_timestamps=stamps)),
+            "ja": FasterWhisperEngine(ASRConfig(language="ja", window_timestamps=stamps))}
 
 
 def _collect(args: argparse.Namespace) -> dict[str, list[ClipEvidence]]:
     from assistant.vad.end_of_turn import SmartTurnModel
 
-    asr = _asr_engines()
+    asr = _asr_engines(args)
     model = SmartTurnModel()
     out = {}
     for half in args.halves.split(","):
@@ -720,7 +726,7 @@ def run_eot(args: argparse.Namespace) -> int:
         from assistant.vad.end_of_turn import SmartTurnModel
 
         extra = collect_files([Path(f) for f in args.also], Path(args.out) / "evidence" / "also.jsonl",
-                              _asr_engines(), SmartTurnModel())
+                              _asr_engines(args), SmartTurnModel())
     human = None if args.no_human else _human_evidence(args)
     if args.collect_only:
         return 0
@@ -1108,7 +1114,8 @@ def _human_evidence(args: argparse.Namespace) -> list[ClipEvidence] | None:
         return list(load_cache(cache).values()) or None
     from assistant.vad.end_of_turn import SmartTurnModel
 
-    return collect_entries(folder, "human", load_human(folder)[: args.limit], cache, _asr_engines(), SmartTurnModel())
+    engines = _asr_engines(args)
+    return collect_entries(folder, "human", load_human(folder)[: args.limit], cache, engines, SmartTurnModel())
 
 
 def human_report(turns: Turns, operating_point: dict[str, Any], vad_ms: int,

@@ -168,10 +168,12 @@ def collect_clip(
 
 
 def asr_name(engine: Any, lang: str) -> str:
-    """Which ASR made a transcript: the model folder's name and the language it was told."""
+    """Which ASR made a transcript: the model folder's name, the language it was told, and whether it decoded with
+    timestamps."""
     path = getattr(engine, "model_path", None)
     cfg = getattr(engine, "cfg", None)
-    return f"{Path(path).name if path else type(engine).__name__}:{getattr(cfg, 'language', lang)}"
+    stamps = "+timestamps" if getattr(cfg, "window_timestamps", False) else ""
+    return f"{Path(path).name if path else type(engine).__name__}:{getattr(cfg, 'language', lang)}{stamps}"
 
 
 def label_digest(entry: dict[str, Any]) -> str:

@@ -252,8 +252,10 @@ def test_the_threshold_falls_with_the_silence() -> None:
 def test_the_late_stage_ends_an_unsure_turn_before_the_cap_unless_the_transcript_vetoes() -> None:
     """falling_late_to / falling_late_ms: past falling_over_ms the threshold keeps falling, so a finished text the
     model is unsure of (book_table.wav's real end: p = 0.52) ends well before max_silence_ms; a trailing "and", a
-    half-said digit string or a fragment (falling_late_veto) still waits for the cap."""
-    off = TurnConfig()
+    half-said digit string or a fragment (falling_late_veto) still waits for the cap. On the shape the late stage
+    was tuned on (the defaults before the doubtful cue): 1.8 to 0.8 over 800 ms, no model-alone rule."""
+    off = replace(TurnConfig(), falling_from=1.8, falling_to=0.8, falling_over_ms=800, falling_late_to=0.8,
+                  falling_late_ms=800, model_alone=1.01)
     late = replace(off, falling_late_to=0.3, falling_late_ms=1200)
     assert falling_threshold(late, late.falling_over_ms) == pytest.approx(late.falling_to)
     assert falling_threshold(late, 1000) == pytest.approx((late.falling_to + late.falling_late_to) / 2)

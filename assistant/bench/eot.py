@@ -84,9 +84,10 @@ GRID: dict[str, Sequence[Any]] = {
     "cue_short": (-0.6, -0.4, -0.3, -0.2, -0.1, 0.0, 0.1),
     "cue_doubtful": (-1.0, -0.8, -0.6, -0.4, -0.2, 0.0),
     "model_alone": (1.01, 0.995, 0.99, 0.985, 0.98, 0.97, 0.95, 0.9),
-    "model_alone_veto": (("continues", "doubtful"), ("continues", "doubtful", "number"),
-                         ("continues", "doubtful", "number", "short"),
-                         ("continues", "doubtful", "number", "short", "open")),
+    # A fragment ("Hello?") never ends a turn on the model alone, however sure: Smart Turn says 0.98 at the pause
+    # after en_weather.wav's "Hello," and a surer model would cut it (tests/test_end_of_turn.py).
+    "model_alone_veto": (("continues", "doubtful", "short"), ("continues", "doubtful", "short", "number"),
+                         ("continues", "doubtful", "short", "number", "open")),
     # The late stage (after falling_over_ms): how far below falling_to the threshold goes on to fall (0: no late
     # stage; kept as a drop below falling_to as the shape changes), and by when.
     "falling_late_drop": (0.0, 0.1, 0.2, 0.3, 0.4, 0.5),

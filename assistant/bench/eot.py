@@ -118,6 +118,7 @@ class Pause:
     asr_ms: float
     probs: list[list[float]]  # [mark, p, compute_ms]
     labelled: str | None
+    last_p: float | None = None  # the ASR's probability of the transcript's last word
 
 
 @dataclass
@@ -152,7 +153,7 @@ def flatten(clips: Iterable[ClipEvidence], doubtful_below: float = TurnConfig.do
                 clip=i, is_end=p.is_end, silence_ms=p.silence_ms,
                 offset_ms=(p.start_s - c.speech_ends_s) * 1000, text=p.text, cue=cue(p.text, p.last_p, doubtful_below),
                 text_end=judge(p.text),
-                words=words, asr_ms=p.asr_ms, probs=p.probs, labelled=p.labelled,
+                words=words, asr_ms=p.asr_ms, probs=p.probs, labelled=p.labelled, last_p=p.last_p,
             ))
     return Turns(ok, pauses)
 
@@ -878,6 +879,13 @@ def analyse(evidence: dict[str, list[ClipEvidence]], target: float, out: Path,
     shipped = {"tune": score_replay(TurnConfig(), tune, fixed), "heldout": score_replay(TurnConfig(), held, fixed)}
     lines.append(_format_row("shipped defaults, tune", shipped["tune"]))
     lines.append(_format_row("shipped defaults, held-out", shipped["heldout"]))
+    doubt = {name: doubtful_counts(turns) for name, turns in
+             (("tuning half", synthetic), ("human set", human), ("pause files", guard), ("held-out", held))
+             if turns is not None}
+    lines.append(f"  the doubtful cue (doubtful_below {TurnConfig().doubtful_below}) on this evidence: "
+                 + "; ".join(f"{k}: {v['mid']} mid-turn pauses of {v['mids']}, {v['end']} ends of {v['ends']} "
+                             f"(last word's probability at the ends p50 {v['end_last_p_p50']})"
+                             for k, v in doubt.items()))
     lines.append(f"  model off (the transcript alone, p = {op_cfg.model_off_prob}):")
     lines.append(_format_row("  tune", model_off[0]))
     lines.append(_format_row("  held-out", model_off[1]))
@@ -953,7 +961,7 @@ def analyse(evidence: dict[str, list[ClipEvidence]], target: float, out: Path,
         "operating_point_without_human": _variant_point(curves, variants, "falling, tuned without the human set"),
         "operating_point_late": _variant_point(curves, variants, LATE_VARIANT),
         "model_off": {"tune": model_off[0].row(), "heldout": model_off[1].row()},
-        "shipped": {half: score.row() for half, score in shipped.items()},
+        "shipped": {half: score.row() for half, score in shipped.items()}, "doubtful": doubt,
         "groups": group_rows, "afterthoughts": after, "floor": floor, "cost": cost, "pause_kinds": by_kind,
     }
     (out / "eot.json").write_text(json.dumps(result, indent=1))
@@ -1062,10 +1070,25 @@ def markdown(report: dict[str, Any]) -> str:
              f"{pct(report['model_off']['tune'])}, held-out {pct(report['model_off']['heldout'])}.", "",
              f"The shipped defaults (`TurnConfig`, chosen by an earlier run; not tuned here) on this evidence: tuning "
              f"{pct(report['shipped']['tune'])}, held-out {pct(report['shipped']['heldout'])}.", "",
+             "The doubtful cue on this evidence (pauses whose transcript it holds; the ends' last words as sure as "
+             "the ASR was of them, p50): " + "; ".join(
+                 f"{k}: {v['mid']} of {v['mids']} mid-turn pauses, {v['end']} of {v['ends']} ends "
+                 f"({v['end_last_p_p50']})" for k, v in report.get("doubtful", {}).items()) + ".", "",
              "```", report["text"].split("\n")[0], report.get("also_text", "").strip(), "```"]
     if report.get("human"):
         parts += ["", report["human"]["markdown"]]
     return "\n".join(parts)
+
+
+def doubtful_counts(turns: Turns) -> dict[str, Any]:
+    """How often the doubtful cue fires on a set's mid-turn pauses and ends, and how sure the ASR was of the ends'
+    last words (p50): a cue that fires on ends costs waits, on mid-turn pauses it guards them."""
+    mids = [p for p in turns.pauses if not p.is_end]
+    ends = [p for p in turns.pauses if p.is_end]
+    known = [p.last_p for p in ends if p.last_p is not None]
+    return {"mids": len(mids), "mid": sum(p.cue is Cue.DOUBTFUL for p in mids), "ends": len(ends),
+            "end": sum(p.cue is Cue.DOUBTFUL for p in ends),
+            "end_last_p_p50": round(float(np.median(known)), 2) if known else None}
 
 
 def _ms(v: float | None) -> str:

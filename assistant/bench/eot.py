@@ -505,6 +505,7 @@ class Variant:
     kw: dict[str, Any]  # FallingTable flags (use_text, use_audio, llm)
     extras: dict[str, float]
     unguarded: bool = False  # its operating point may cut the pause files (for comparison)
+    guard: Turns | None = None  # the turns guarding its operating point instead of the run's (None: the run's)
 
 
 def build_curves(tune: Turns, held: Turns, target: float, base: TurnConfig, fixed_ms: int,
@@ -529,7 +530,8 @@ def build_curves(tune: Turns, held: Turns, target: float, base: TurnConfig, fixe
         pts = [(d, ht.score(shifted(v.cfg, d), **v.extras)) for d in OFFSETS]
         tpts = [(d, tt.score(shifted(v.cfg, d), **v.extras)) for d in OFFSETS]
         c = Curve(v.name, "threshold_shift", pts, tpts, cfg={**_settings(v.cfg, "falling"), **v.extras})
-        g = None if guard is None or v.unguarded else FallingTable(guard, v.cfg, **v.kw)
+        own = v.guard if v.guard is not None else guard
+        g = None if own is None or v.unguarded else FallingTable(own, v.cfg, **v.kw)
         passing = [(d, sc) for d, sc in tpts if g is None or g.score(shifted(v.cfg, d), **v.extras).cut_all == 0]
         pick = best_under(passing, target)
         c.chosen = pick[0] if pick else None
@@ -797,14 +799,17 @@ def analyse(evidence: dict[str, list[ClipEvidence]], target: float, out: Path,
     # Tuned on the tuning half's English turns: the CPU default ASR (tiny.en) is English-only, so on Japanese
     # speech its transcript is made-up English, no evidence to tune a policy on (measured per language).
     tune = tune.subset(lambda c: c.lang == tune_lang) if tune_lang else tune
-    synthetic = tune
+    synthetic, pause_files = tune, guard
     if human is not None:  # real speech beside the synthetic voices: one more "voice" in the cross-validation
         tune = join(tune, human)
+        # The issue's rule: the human clips' pauses guard every change, as the pause files do (no point may cut
+        # a human turn), beside being tuned on.
+        guard = human if guard is None else join(guard, human)
     t0 = time.perf_counter()
     falling = replace(base, **START)
     # How much tighter than the target to tune: the largest tuning target whose leave-one-voice-out figure
     # (tuned without a voice, measured on it, every voice of the tuning half in turn) stays within the target.
-    cv = cross_validate(tune, falling, target, guard=guard)
+    cv = cross_validate(tune, falling, target, guard=pause_files)  # the human set may be the voice left out
     tune_target = max([t for t, fcr in cv.items() if fcr <= target + 1e-9] or [min(cv)])
     variants: list[Variant] = []
     plain: list[tuple[str, dict[str, Any]]] = [
@@ -820,8 +825,8 @@ def analyse(evidence: dict[str, list[ClipEvidence]], target: float, out: Path,
         cfg, _ = tune_falling(FallingTable(tune, base), falling, tune_target)
         variants.append(Variant("falling, pause files unchecked", cfg, {}, {}, unguarded=True))
     if human is not None:  # what tuning on the human set changed: the same tuning on the synthetic half alone
-        cfg, _ = tune_falling(FallingTable(synthetic, base), falling, tune_target, guard=guard)
-        variants.append(Variant("falling, tuned without the human set", cfg, {}, {}))
+        cfg, _ = tune_falling(FallingTable(synthetic, base), falling, tune_target, guard=pause_files)
+        variants.append(Variant("falling, tuned without the human set", cfg, {}, {}, guard=pause_files))
     if llm is not None:
         kw = {"llm": llm}
         cfg, extras = tune_falling(FallingTable(tune, base, **kw), variants[0].cfg, tune_target, extras={},
@@ -851,7 +856,8 @@ def analyse(evidence: dict[str, list[ClipEvidence]], target: float, out: Path,
     fast = FallingTable(held, op_cfg).score(op_cfg)
     lines = [f"end-of-turn policies: tuned on {len(synthetic.clips)} {tune_lang or 'all'} turns"
              + ("" if human is None else f" and the human set's {len(human.clips)}")
-             + ("" if guard is None else f" (cutting none of the {len(guard.clips)} pause files' mid-turn pauses)")
+             + ("" if pause_files is None else f" (cutting none of the {len(pause_files.clips)} pause files' mid-turn "
+                                             "pauses" + ("" if human is None else ", nor any human turn") + ")")
              + f", measured on {len(held.clips)} held-out turns "
              f"(target ≤ {target * 100:.0f} % false cut-offs, afterthoughts counted apart; tuned for ≤ "
              f"{tune_target * 100:.1f} %: leave-one-voice-out on the tuning half gave "
@@ -880,7 +886,7 @@ def analyse(evidence: dict[str, list[ClipEvidence]], target: float, out: Path,
     lines.append(_format_row("shipped defaults, tune", shipped["tune"]))
     lines.append(_format_row("shipped defaults, held-out", shipped["heldout"]))
     doubt = {name: doubtful_counts(turns) for name, turns in
-             (("tuning half", synthetic), ("human set", human), ("pause files", guard), ("held-out", held))
+             (("tuning half", synthetic), ("human set", human), ("pause files", pause_files), ("held-out", held))
              if turns is not None}
     lines.append(f"  the doubtful cue (doubtful_below {TurnConfig().doubtful_below}) on this evidence: "
                  + "; ".join(f"{k}: {v['mid']} mid-turn pauses of {v['mids']}, {v['end']} ends of {v['ends']} "

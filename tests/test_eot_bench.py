@@ -255,7 +255,8 @@ def test_the_late_stage_ends_an_unsure_turn_before_the_cap_unless_the_transcript
     half-said digit string or a fragment (falling_late_veto) still waits for the cap. On the shape the late stage
     was tuned on (the defaults before the doubtful cue): 1.8 to 0.8 over 800 ms, no model-alone rule."""
     off = replace(TurnConfig(), falling_from=1.8, falling_to=0.8, falling_over_ms=800, falling_late_to=0.8,
-                  falling_late_ms=800, model_alone=1.01)
+                  falling_late_ms=800, model_alone=1.01, cue_complete=0.0, model_off_prob=0.95,
+                  falling_late_veto=["continues", "number", "short"])
     late = replace(off, falling_late_to=0.3, falling_late_ms=1200)
     assert falling_threshold(late, late.falling_over_ms) == pytest.approx(late.falling_to)
     assert falling_threshold(late, 1000) == pytest.approx((late.falling_to + late.falling_late_to) / 2)

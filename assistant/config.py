@@ -488,9 +488,10 @@ class TurnConfig:
     )
     doubtful_below: float = _f(
         0.8, "falling: a last word 'it', 'that', 'you', 'them'... after words that go on, written with less "
-        "probability than this, is doubtful (cue_doubtful); 0: never. Chosen on the tuning sets: the made-up 'it' of "
-        "book_table.wav is 0.40-0.58 as its pause is cut 32-416 ms in; no turn end of the tuning half, the human "
-        "set or the pause files ends on such a word under 0.9"
+        "probability than this, is doubtful (cue_doubtful); 0: never. Set by hand on the tuning sets, not tuned: "
+        "the made-up 'it' of book_table.wav stays under it however far into the pause the pass is cut "
+        "(tests/test_asr.py), and at 0.8 the cue holds no turn end of the tuning half, the human set or the pause "
+        "files (bench eot)"
     )
     model_off_prob: float = _f(
         0.9, "falling: the probability taken for the end-of-turn model when it is off or failed (the transcript "

@@ -297,6 +297,14 @@ def test_a_made_up_last_word_is_heard_as_doubtful() -> None:
     assert dict(mid.words)["table"] > below  # the words that were said are sure
     assert cue(mid.text, last, below) is Cue.DOUBTFUL
     assert cue(mid.text, None, below) is Cue.COMPLETE  # without the probability it reads finished
+    # However far into the pause the speculative pass is cut, the made-up object is doubted (or not written at
+    # all): its probability moves with the cut (0.40-0.51 on these cuts), all of it under doubtful_below.
+    seen = []
+    for ms in range(32, 417, 48):
+        heard = asr.transcribe(x[int(0.45 * rate) : int(pause_start * rate) + ms * rate // 1000])
+        p = last_word_probability(heard.words)
+        seen.append((ms, heard.text, p))
+        assert cue(heard.text, p, below) in (Cue.DOUBTFUL, Cue.CONTINUES), seen
     whole = asr.transcribe(x[: int((entry["speech_ends_s"] + 0.3) * rate)])
     assert whole.words and whole.words[-1][0] in "?.!" and (last_word_probability(whole.words) or 0) > 0.5
     # A beam search gives no word probabilities (CTranslate2 returns no logits for it): no doubt, no failure.

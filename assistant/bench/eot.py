@@ -142,8 +142,10 @@ def join(a: Turns, b: Turns) -> Turns:
     return Turns([*a.clips, *b.clips], [*a.pauses, *(replace(p, clip=p.clip + n) for p in b.pauses)])
 
 
-def flatten(clips: Iterable[ClipEvidence], doubtful_below: float = TurnConfig.doubtful_below) -> Turns:
-    """The turns of ``clips`` as pauses, each with its transcript's cue (``doubtful_below``: see ``cue``)."""
+def flatten(clips: Iterable[ClipEvidence]) -> Turns:
+    """The turns of ``clips`` as pauses, each with its transcript's cue, read once here: the doubtful cue at the
+    shipped ``turn.doubtful_below`` (set by hand, not tuned: the replay does not read a setting's own)."""
+    doubtful_below = TurnConfig().doubtful_below
     ok = [c for c in clips if c.status == "ok"]
     pauses: list[Pause] = []
     for i, c in enumerate(ok):

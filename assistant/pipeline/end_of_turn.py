@@ -142,8 +142,8 @@ def cue(text: str, last_word_p: float | None = None, doubtful_below: float = 0.0
 
     ``last_word_p``: how sure the ASR was of the last word (None: not known). A pronoun object written with less
     than ``doubtful_below`` after words that go on is :attr:`Cue.DOUBTFUL` (:func:`doubtful_tail`): at a pause
-    after "for", tiny.en writes a made-up object ("Can you book a table for it?", "it" at 0.40-0.58 as the pause is
-    cut later) that reads finished."""
+    after "for", tiny.en writes a made-up object ("Can you book a table for it?", "it" at 0.40-0.51 as the pass is
+    cut later into the pause, tests/test_asr.py) that reads finished."""
     words = WORD.findall(text.lower())
     if not words:
         return Cue.OPEN

@@ -113,8 +113,10 @@ def add_llm_arguments(parser: argparse.ArgumentParser) -> None:
 def _respond_config(args: argparse.Namespace) -> RespondConfig:
     cfg = load_config(args.config, environ={}).respond
     from assistant.respond.llama import default_threads, resolve_model_path
+    from assistant.respond.llama.weights import weights_path
 
-    model = Path(args.model) if args.model else resolve_model_path(cfg)
+    # The file the voice chat would load (the packaged model rewritten for the CPU), the same for both engines.
+    model = Path(args.model) if args.model else weights_path(resolve_model_path(cfg), cfg)
     threads = args.threads or cfg.threads or default_threads()
     return dataclasses.replace(cfg, engine="llama", model_path=str(model), threads=threads,
                                max_tokens=args.max_tokens or cfg.max_tokens)

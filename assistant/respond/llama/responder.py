@@ -17,6 +17,7 @@ from assistant.respond.llama.clauses import ClauseLimit
 from assistant.respond.llama.engine import MSG_CLOSED, MSG_FAILED, LlamaEngine, _End, _Request, _Token
 from assistant.respond.llama.model_file import resolve_model_path
 from assistant.respond.llama.prompt import Chat, ChatPrompt, PromptBuilder, alternating
+from assistant.respond.llama.weights import weights_path
 
 log = logging.getLogger(__name__)
 
@@ -41,7 +42,8 @@ class LlamaResponder:
 
     def __init__(self, cfg: RespondConfig | None = None) -> None:
         self.cfg = cfg or RespondConfig()
-        path = resolve_model_path(self.cfg)
+        source = resolve_model_path(self.cfg)
+        path = weights_path(source, self.cfg)  # the packaged Q4_1 as Q8_0 on a CPU (weights.py)
         c = self.cfg
         self.engine = LlamaEngine(path, slots=c.slots, context_tokens=c.context_tokens, threads=c.threads,
                                   gpu_layers=c.gpu_layers, prefill_chunk=c.prefill_chunk, max_waiting=c.max_waiting,
@@ -51,7 +53,8 @@ class LlamaResponder:
                           e.token_text(e.L.llama_vocab_eos(e.vocab)))
         self.prompts = PromptBuilder(chat, e.tokenize, e.n_ctx_seq, c.system_prompt, c.language,
                                      persona.example_messages(c))
-        self.model = path.name
+        self.model = source.name
+        self.weights = path  # the file loaded: the source, or its rewrite
         self.last_prompt_text = ""  # the latest reply's prompt, as rendered (tests, diagnostics)
         self.last_request: _Request | None = None  # the latest reply's request: its reuse, tokens (diagnostics)
 

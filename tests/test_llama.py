@@ -14,6 +14,7 @@ import pytest_asyncio
 from assistant.config import RespondConfig
 from assistant.respond import create_responder
 from assistant.respond.base import Message, ReplyOptions, ResponderError, Usage
+from assistant.respond.history import ConversationHistory
 from assistant.respond.llama import (
     AHEAD_TOKENS,
     ChatPrompt,
@@ -170,6 +171,28 @@ async def test_next_turn_holds_the_last_and_reuses_its_cache(llama: LlamaRespond
     assert turn4 is not None
     system_len = len(llama.engine.tokenize(f"<|im_start|>system\n{SYSTEM}<|im_end|>\n"))
     assert turn4.reused > system_len + 10, (turn4.reused, system_len)
+
+
+@LOOP
+async def test_a_full_history_is_shifted_while_the_user_speaks_not_when_they_wait(llama: LlamaResponder) -> None:
+    """Once the history holds ``respond.history_turns`` pairs, each turn drops the oldest: the slot's cache is
+    moved into place after the reply (while the user speaks), so the next turn starts with nothing to shift and
+    only its own words to evaluate."""
+    llama.cfg.history_turns, cap = 2, llama.cfg.history_turns
+    history = ConversationHistory(2)
+    try:
+        for k, ask in enumerate(["Name a fruit.", "Name a colour.", "Name a city.", "Name a river.", "Name a tree."]):
+            said = await reply(llama, ask, history.messages, ReplyOptions(max_tokens=10))
+            request = llama.last_request
+            assert request is not None
+            if k >= 3:  # the history was full the turn before: its oldest pair left then, not now
+                own = llama.engine.tokenize(f"{ask}<|im_end|>\n<|im_start|>assistant\n")
+                assert request.shifted == 0, (k, request.shifted)
+                assert len(request.prompt) - request.reused <= len(own) + 1, (k, len(request.prompt), request.reused)
+            history.add_turn(ask, said)
+            await until(lambda: llama.engine.settled, "the next prompt's start to be evaluated", 30)
+    finally:
+        llama.cfg.history_turns = cap
 
 
 @LOOP

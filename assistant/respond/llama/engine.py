@@ -67,6 +67,7 @@ class _Request:
     cancelled_at: float = 0.0
     done: bool = False
     reused: int = 0
+    shifted: int = 0  # of the reused tokens, those moved into place when it started (a shift costs time)
     generated: int = 0
     after_cancel: int = 0  # tokens made after the cancel was asked (at most the step already running)
     consumed: int = 0  # tokens the reader has taken (the engine stays at most AHEAD_TOKENS ahead of it)
@@ -418,10 +419,11 @@ class LlamaEngine:
         slot.decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
         slot.sampler = self._sampler(request.temperature)
         request.slot, request.reused = slot.seq, plan.n_past
+        request.shifted = sum(n for _, n, _ in plan.shifts)
         self.stats["prompt_tokens"] += len(request.prompt)
         self.stats["reused_tokens"] += plan.n_past
         log.debug("llm.start slot=%d prompt=%d reused=%d shifted=%d waited_ms=%.0f", slot.seq, len(request.prompt),
-                  plan.n_past, sum(n for _, n, _ in plan.shifts), (time.monotonic() - request.submitted) * 1000)
+                  plan.n_past, request.shifted, (time.monotonic() - request.submitted) * 1000)
 
     def _sampler(self, temperature: float) -> Any:
         L = self.L

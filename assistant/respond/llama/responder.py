@@ -16,7 +16,7 @@ from assistant.respond.base import Message, ReplyOptions, ResponderError, Usage
 from assistant.respond.llama.clauses import ClauseLimit
 from assistant.respond.llama.engine import MSG_CLOSED, MSG_FAILED, LlamaEngine, _End, _Request, _Token
 from assistant.respond.llama.model_file import resolve_model_path
-from assistant.respond.llama.prompt import Chat, ChatPrompt, PromptBuilder, alternating
+from assistant.respond.llama.prompt import NEXT_TURN, Chat, ChatPrompt, PromptBuilder
 from assistant.respond.llama.weights import weights_path
 
 log = logging.getLogger(__name__)
@@ -91,7 +91,7 @@ class LlamaResponder:
         temperature = opts.temperature if opts.temperature is not None else self.cfg.temperature
         reserve = min(max_tokens, self.engine.n_ctx_seq // 2)
         # Off the event loop: a long history costs a few renders and tokenizations of the whole conversation.
-        kept, self.last_prompt_text, prompt = await asyncio.to_thread(
+        _, self.last_prompt_text, prompt = await asyncio.to_thread(
             self.prompts.fit, self.prompts.messages(text, history, opts), reserve)
         loop = asyncio.get_running_loop()
         queue: asyncio.Queue[_Token | _End] = asyncio.Queue()
@@ -133,8 +133,8 @@ class LlamaResponder:
             if tail:
                 said.append(tail)
                 yield tail
-            await asyncio.to_thread(self._prepare_next, request,
-                                    [*kept, {"role": "assistant", "content": "".join(said)}])
+            await asyncio.to_thread(self._prepare_next, request, self.next_history(history, text, "".join(said)),
+                                    opts)
             if limit.dropped:
                 log.info("llm.cut_at_clause max_tokens=%d dropped_chars=%d", request.max_tokens, len(limit.dropped))
         finally:
@@ -144,11 +144,28 @@ class LlamaResponder:
             log.info("llm.reply reason=%s prompt=%d reused=%d tokens=%d ms=%.0f", end.reason if end else "cancelled",
                      len(prompt), request.reused, opts.usage.output_tokens, (time.monotonic() - t0) * 1000)
 
-    def _prepare_next(self, request: _Request, messages: Chat) -> None:
-        """The reply is over: while the user speaks, its slot evaluates the start of the next prompt (this turn as
-        the history will hold it, re-tokenized as the template writes it, and the user turn's opening)."""
+    def next_history(self, history: Sequence[Message], text: str, said: str) -> list[Message]:
+        """The history the next turn will bring, as the voice chat keeps it (``ConversationHistory``): this turn
+        added, and once ``respond.history_turns`` pairs are held, the oldest pair gone."""
+        head = [m for m in history[:1] if m.role == "system"]
+        turns = [*history[len(head):], Message("user", text), *([Message("assistant", said)] if said else [])]
+        users = [i for i, m in enumerate(turns) if m.role == "user"]
+        cap = max(0, self.cfg.history_turns)
+        if len(users) > cap:
+            turns = turns[users[len(users) - cap]:] if cap else []
+        return [*head, *turns]
+
+    def _prepare_next(self, request: _Request, history: list[Message], options: ReplyOptions) -> None:
+        """The reply is over: while the user speaks, its slot evaluates the start of the next prompt (the messages
+        the next turn will be built from, rendered as the template writes them, and the user turn's opening).
+        Built as the next turn will be, the oldest pair already gone once the history is full: the slot's cache
+        is shifted into place now, not when the user is waiting for the reply (a shift re-ropes the whole cache:
+        it doubled the first token's wait, 80 → 170-210 ms, once a 10-turn conversation filled the history)."""
         try:
-            tokens = self.prompts.next_prompt_start(alternating(messages))
+            messages = self.prompts.messages(NEXT_TURN, history, options)
+            if not messages or messages[-1]["content"] != NEXT_TURN:  # the turn merged into an unanswered one
+                return
+            tokens = self.prompts.next_prompt_start(messages[:-1])
         except Exception:  # a template that cannot render this: the next turn evaluates it instead
             log.debug("llm.prepare_skipped", exc_info=True)
             return

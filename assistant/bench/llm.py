@@ -40,7 +40,7 @@ from typing import Any
 from assistant.bench.processes import free_port, start_assistant, stop, wait_ready
 from assistant.bench.report import BenchResult, percentile, summarize_level
 from assistant.bench.v2v import bench_v2v, session_levels
-from assistant.config import RespondConfig, load_config
+from assistant.config import REQUANTIZE, RespondConfig, load_config
 from assistant.respond.base import ReplyOptions, Responder, reply_stream
 from assistant.respond.history import ConversationHistory
 
@@ -98,6 +98,8 @@ def add_llm_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-tokens", type=int, default=0,
                         help="longest reply (default: respond.max_tokens)")
     parser.add_argument("--threads", type=int, default=0, help="threads for both engines (default: respond.threads)")
+    parser.add_argument("--requantize", choices=REQUANTIZE, default=None,
+                        help="the weights both engines load (default: respond.requantize; off: the file as it is)")
     parser.add_argument("--gap-s", type=float, default=1.0,
                         help="pause between a reply's end and the next question: the user speaking "
                         "(default: %(default)s)")
@@ -112,6 +114,8 @@ def add_llm_arguments(parser: argparse.ArgumentParser) -> None:
 
 def _respond_config(args: argparse.Namespace) -> RespondConfig:
     cfg = load_config(args.config, environ={}).respond
+    if args.requantize is not None:
+        cfg = dataclasses.replace(cfg, requantize=args.requantize)
     from assistant.respond.llama import default_threads, resolve_model_path
     from assistant.respond.llama.weights import weights_path
 

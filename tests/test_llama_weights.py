@@ -3,6 +3,7 @@ real llama.cpp: the rewrite keeps the model's predictions, is reused, and a fail
 
 from __future__ import annotations
 
+import hashlib
 import logging
 from pathlib import Path
 
@@ -97,3 +98,21 @@ def test_a_failed_rewrite_loads_the_source_and_says_so(tmp_path: Path, caplog: p
 def test_the_setting_is_checked() -> None:
     with pytest.raises(ConfigError, match=r"respond\.requantize must be one of auto, q8_0, off"):
         load_config(environ={}, overrides={"respond": {"requantize": "q4_0"}})
+
+
+def test_a_damaged_rewrite_in_the_cache_is_removed_and_the_source_loads(tmp_path: Path,
+                                                                        caplog: pytest.LogCaptureFixture) -> None:
+    from assistant.respond.llama import LlamaResponder
+
+    source = default_model_path()
+    digest = hashlib.sha256(source.read_bytes()).hexdigest()
+    damaged = tmp_path / "cache" / "llm" / f"{source.stem}.{digest[:16]}.Q8_0.gguf"
+    damaged.parent.mkdir(parents=True)
+    damaged.write_bytes(b"GGUF\x03\x00\x00\x00" + b"x" * 64)  # whole-looking, but nothing llama.cpp can load
+    with caplog.at_level(logging.WARNING, logger="assistant.respond.llama.responder"):
+        r = LlamaResponder(cfg(tmp_path, slots=1, context_tokens=256, threads=1))
+    try:
+        assert r.weights == source and "Q4_1" in r.engine.description
+        assert "llm.rewrite_unloadable" in caplog.text and not damaged.exists()
+    finally:
+        r.engine.close()

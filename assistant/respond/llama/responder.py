@@ -8,6 +8,7 @@ import contextlib
 import logging
 import time
 from collections.abc import AsyncGenerator, Callable, Sequence
+from pathlib import Path
 from typing import TypedDict
 
 from assistant.config import RespondConfig
@@ -15,7 +16,7 @@ from assistant.respond import persona
 from assistant.respond.base import Message, ReplyOptions, ResponderError, Usage
 from assistant.respond.llama.clauses import ClauseLimit
 from assistant.respond.llama.engine import MSG_CLOSED, MSG_FAILED, LlamaEngine, _End, _Request, _Token
-from assistant.respond.llama.model_file import resolve_model_path
+from assistant.respond.llama.model_file import ModelFileError, resolve_model_path
 from assistant.respond.llama.prompt import NEXT_TURN, Chat, ChatPrompt, PromptBuilder
 from assistant.respond.llama.weights import weights_path
 
@@ -45,9 +46,23 @@ class LlamaResponder:
         source = resolve_model_path(self.cfg)
         path = weights_path(source, self.cfg)  # the packaged Q4_1 as Q8_0 on a CPU (weights.py)
         c = self.cfg
-        self.engine = LlamaEngine(path, slots=c.slots, context_tokens=c.context_tokens, threads=c.threads,
-                                  gpu_layers=c.gpu_layers, prefill_chunk=c.prefill_chunk, max_waiting=c.max_waiting,
-                                  extra_buffers=c.extra_buffers)
+
+        def engine(file: Path) -> LlamaEngine:
+            return LlamaEngine(file, slots=c.slots, context_tokens=c.context_tokens, threads=c.threads,
+                               gpu_layers=c.gpu_layers, prefill_chunk=c.prefill_chunk, max_waiting=c.max_waiting,
+                               extra_buffers=c.extra_buffers)
+
+        try:
+            self.engine = engine(path)
+        except ModelFileError:
+            if path == source:
+                raise
+            # A rewrite in the cache that llama.cpp cannot load (damaged since it was written): the source loads,
+            # and the next start writes the rewrite again.
+            log.warning("llm.rewrite_unloadable file=%s (removed; loading %s as it is)", path, source)
+            path.unlink(missing_ok=True)
+            path = source
+            self.engine = engine(path)
         e = self.engine
         chat = ChatPrompt(e.template, e.token_text(e.L.llama_vocab_bos(e.vocab)),
                           e.token_text(e.L.llama_vocab_eos(e.vocab)))
@@ -160,7 +175,7 @@ class LlamaResponder:
         the next turn will be built from, rendered as the template writes them, and the user turn's opening).
         Built as the next turn will be, the oldest pair already gone once the history is full: the slot's cache
         is shifted into place now, not when the user is waiting for the reply (a shift re-ropes the whole cache:
-        it doubled the first token's wait, 80 → 170-210 ms, once a 10-turn conversation filled the history)."""
+        once the history was full it doubled the first token's wait, 81-105 → 183-219 ms in a one-off probe)."""
         try:
             messages = self.prompts.messages(NEXT_TURN, history, options)
             if not messages or messages[-1]["content"] != NEXT_TURN:  # the turn merged into an unanswered one

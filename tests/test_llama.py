@@ -196,6 +196,20 @@ async def test_a_full_history_is_shifted_while_the_user_speaks_not_when_they_wai
 
 
 @LOOP
+async def test_after_a_turn_in_another_language_the_next_evaluates_only_its_own_words(llama: LlamaResponder) -> None:
+    """The note asking for the turn's language goes on that turn's prompt only; the start prepared for the next
+    turn holds the history as the next prompt will (no note), so nothing but the new turn is evaluated."""
+    ask = "Bonjour, comment ça va ?"
+    said = await reply(llama, ask, options=ReplyOptions(language="fr", max_tokens=8))
+    await until(lambda: llama.engine.settled, "the next prompt's start to be evaluated", 30)
+    await reply(llama, "Hello!", [Message("user", ask), Message("assistant", said)], ReplyOptions(max_tokens=8))
+    request = llama.last_request
+    assert request is not None
+    own = llama.engine.tokenize("Hello!<|im_end|>\n<|im_start|>assistant\n")
+    assert len(request.prompt) - request.reused <= len(own) + 1, (len(request.prompt), request.reused, len(own))
+
+
+@LOOP
 async def test_the_turns_language_reaches_the_prompt(llama: LlamaResponder) -> None:
     await reply(llama, "Bonjour, comment ça va ?", options=ReplyOptions(language="fr", max_tokens=8))
     assert "(Answer in French.)" in llama.last_prompt_text

@@ -120,7 +120,7 @@ def _respond_config(args: argparse.Namespace) -> RespondConfig:
     from assistant.respond.llama.weights import weights_path
 
     # The file the voice chat would load (the packaged model rewritten for the CPU), the same for both engines.
-    model = Path(args.model) if args.model else weights_path(resolve_model_path(cfg), cfg)
+    model = weights_path(Path(args.model) if args.model else resolve_model_path(cfg), cfg)
     threads = args.threads or cfg.threads or default_threads()
     return dataclasses.replace(cfg, engine="llama", model_path=str(model), threads=threads,
                                max_tokens=args.max_tokens or cfg.max_tokens)

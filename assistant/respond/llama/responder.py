@@ -148,8 +148,7 @@ class LlamaResponder:
             if tail:
                 said.append(tail)
                 yield tail
-            await asyncio.to_thread(self._prepare_next, request, self.next_history(history, text, "".join(said)),
-                                    opts)
+            await asyncio.to_thread(self._prepare_next, request, self.next_history(history, text, "".join(said)))
             if limit.dropped:
                 log.info("llm.cut_at_clause max_tokens=%d dropped_chars=%d", request.max_tokens, len(limit.dropped))
         finally:
@@ -170,14 +169,15 @@ class LlamaResponder:
             turns = turns[users[len(users) - cap]:] if cap else []
         return [*head, *turns]
 
-    def _prepare_next(self, request: _Request, history: list[Message], options: ReplyOptions) -> None:
+    def _prepare_next(self, request: _Request, history: list[Message]) -> None:
         """The reply is over: while the user speaks, its slot evaluates the start of the next prompt (the messages
         the next turn will be built from, rendered as the template writes them, and the user turn's opening).
         Built as the next turn will be, the oldest pair already gone once the history is full: the slot's cache
         is shifted into place now, not when the user is waiting for the reply (a shift re-ropes the whole cache:
         once the history was full it doubled the first token's wait, 81-105 → 183-219 ms in a one-off probe)."""
         try:
-            messages = self.prompts.messages(NEXT_TURN, history, options)
+            # No language asked: a note ("Answer in French.") goes on the new turn only, which is not part of it.
+            messages = self.prompts.messages(NEXT_TURN, history, ReplyOptions())
             if not messages or messages[-1]["content"] != NEXT_TURN:  # the turn merged into an unanswered one
                 return
             tokens = self.prompts.next_prompt_start(messages[:-1])

@@ -4,6 +4,7 @@ real Smart Turn model: a mid-sentence pause stays one turn, a finished sentence 
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 from pathlib import Path
 from typing import Any
@@ -232,3 +233,60 @@ async def test_falling_policy_asks_the_model_again_as_the_silence_grows(
     assert len(model.heard) >= 3, model.heard
     grows = [b - a for a, b in zip(model.heard, model.heard[1:], strict=False) if 0 < b - a < 16_000]
     assert grows, model.heard  # a re-ask of the same pause heard more (silent) audio than the ask before it
+
+
+class SlowASR:
+    """A transcript that takes ``delay_s`` to come, as a CPU's ASR pass does; records when each one landed."""
+
+    def __init__(self, text: str, delay_s: float) -> None:
+        self.text, self.delay_s, self.landed = text, delay_s, []  # type: ignore[var-annotated]
+
+    async def transcribe(self, audio: np.ndarray, **_: Any) -> Transcript:
+        await asyncio.sleep(self.delay_s)
+        self.landed.append(asyncio.get_running_loop().time())
+        return Transcript(text=self.text)
+
+    async def transcribe_partial(self, audio: np.ndarray, **kw: Any) -> Transcript:
+        return await self.transcribe(audio, **kw)
+
+
+class UnsureModel:
+    """Never sure the user is done (0.1); records when it was asked and how much audio it heard."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[float, int]] = []
+
+    async def probability(self, audio: np.ndarray) -> float:
+        self.calls.append((asyncio.get_running_loop().time(), len(audio)))
+        return 0.1
+
+
+@pytest.mark.slow
+async def test_the_model_waits_for_the_transcript_then_hears_the_pause_at_its_mark(shared_audio: Path) -> None:
+    """A model run beside the ASR pass slows the pass (two CTranslate2 threads stall while a core is taken), and
+    the decision waits for the transcript anyway: so the model is first asked when the transcript lands, once, on
+    the audio as it was at the latest recheck mark passed (the marks before it are not asked one by one), then at
+    each later mark, each time on the audio up to that mark: the evidence ``bench eot`` collects and replays."""
+    x, _ = read_audio(shared_audio / "en_story.wav")
+    x = np.concatenate([x, np.zeros(16_000 * 2, np.float32)])
+    cfg = test_config(turn={"speculative": True, "smart_endpoint": True, "end_of_turn_model": True})
+    marks = cfg.turn.end_of_turn_recheck_ms  # type: ignore[attr-defined]
+    asr, model = SlowASR("Tell me a short story about a cat who learns to play the piano.", 0.35), UnsureModel()
+    events = EventChannel()
+    deps = TurnDeps(asr=asr, tts=ToneTTS(), responder=EchoResponder(), end_of_turn=model)  # type: ignore[arg-type]
+    conv = Conversation(cfg, Endpointer(cfg.vad, SileroModel.shared()), deps, ReplyTrack(queue_ms=1000), events, "m")
+    loop = asyncio.get_running_loop()
+    t0 = loop.time()
+    for i in range(0, len(x), CHUNK):
+        conv.feed(x[i : i + CHUNK])
+        await asyncio.sleep(max(0.0, t0 + (i + CHUNK) / 16_000 - loop.time()))
+    await conv.close()
+    assert asr.landed and model.calls
+    # Not asked before the transcript of its pause landed (the end's pause: the clip has no other).
+    assert model.calls[0][0] >= asr.landed[0], (model.calls, asr.landed)
+    # The first ask was at the latest mark passed (~96 + 350 ms of silence: 320 ms), then one per later mark.
+    heard = [n for _, n in model.calls]
+    asked = [m for m in marks if m >= 320][: len(heard)]
+    assert len(heard) >= 2, heard
+    steps = [b - a for a, b in itertools.pairwise(heard)]
+    assert steps == [(b - a) * 16 for a, b in itertools.pairwise(asked)], (heard, asked)

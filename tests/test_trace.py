@@ -41,6 +41,21 @@ def test_decision_waiting_for_the_model() -> None:
     }
 
 
+def test_a_model_call_held_for_the_transcript_names_the_pass_before_it() -> None:
+    # The pass ran 96 → 400 ms; the model, not asked beside it, was asked 2 ms after it landed and answered
+    # at 480 ms: the wait is the pause, the pass, the hop, the model (the model's mark passed long before).
+    asr = Span(S + 0.096, S + 0.096, S + 0.4)
+    model = Span(S + 0.402, S + 0.402, S + 0.48)
+    ending = Ending(speech_end=S, decided=S + 0.48, silence_met=S + 0.096, text=True, model=model,
+                    model_after_text=True)
+    assert ms(split_wait(ending, asr, S + 0.4)) == {
+        "endpoint_ms": 96.0, "asr_ms": 304.0, "decide_ms": 2.0, "end_of_turn_ms": 78.0,
+    }
+    # The same call asked at a later mark (not held): the silence up to the mark was the wait.
+    ending = Ending(speech_end=S, decided=S + 0.48, silence_met=S + 0.096, text=True, model=model)
+    assert ms(split_wait(ending, asr, S + 0.4)) == {"endpoint_ms": 402.0, "end_of_turn_ms": 78.0}
+
+
 def test_evidence_in_before_the_silence_it_asked_for_leaves_the_silence() -> None:
     # A complete sentence needs 300 ms; text and model were in at 250 ms: the silence is what was waited for.
     model = Span(S + 0.2, S + 0.2, S + 0.22)
@@ -73,7 +88,8 @@ def test_parts_are_never_negative_and_add_up(seed: int) -> None:
     asr = span() if rng.random() < 0.9 else None
     decided = S + rng.uniform(0, 2)
     ending = Ending(speech_end=S, decided=decided, silence_met=S + rng.uniform(0, decided - S),
-                    text=rng.random() < 0.5, model=span() if rng.random() < 0.5 else None)
+                    text=rng.random() < 0.5, model=span() if rng.random() < 0.5 else None,
+                    model_after_text=rng.random() < 0.5)
     asr_done = asr.done if asr is not None else S + rng.uniform(-0.2, 2)
     parts = split_wait(ending, asr, asr_done)
     assert set(parts) == set(WAIT_PARTS)

@@ -198,13 +198,14 @@ def tally(n_turns: int, cut_pauses: Iterable[Pause], mid_pauses: Iterable[Pause]
 
 
 # --- the replay, through the pipeline's own decide() ----------------------------------------------------------
-def model_calls(p: Pause, marks: Sequence[int]) -> list[tuple[float, float, float]]:
+def model_calls(p: Pause, marks: Sequence[int], not_before: float = 0.0) -> list[tuple[float, float, float]]:
     """The model's calls at this pause, asking at ``marks`` one call at a time as turn-taking does (marks passed
-    while a call ran are asked once, at the latest of them): (asked, landed, probability), silence ms on the
-    pause's clock."""
+    while a call ran, or before ``not_before``, are asked once, at the latest of them): (asked, landed,
+    probability), silence ms on the pause's clock. ``not_before``: when the transcript lands (turn-taking does
+    not ask the model beside the ASR pass, ``TurnTaking._ask_model``); 0 with the transcript off."""
     asked_marks = [(int(m), prob, ms) for m, prob, ms in p.probs if int(m) in marks]
     out: list[tuple[float, float, float]] = []
-    free_at = 0.0
+    free_at = float(not_before)
     for k, (mark, prob, ms) in enumerate(asked_marks):
         if k + 1 < len(asked_marks) and asked_marks[k + 1][0] <= free_at:
             continue  # the next mark is due too by the time the running call is done: ask once, then
@@ -214,9 +215,14 @@ def model_calls(p: Pause, marks: Sequence[int]) -> list[tuple[float, float, floa
     return out
 
 
-def model_arrivals(p: Pause, marks: Sequence[int]) -> list[tuple[float, float]]:
+def model_arrivals(p: Pause, marks: Sequence[int], not_before: float = 0.0) -> list[tuple[float, float]]:
     """When each of the model's answers lands (silence ms on the pause's clock) and what it says."""
-    return [(landed, prob) for _, landed, prob in model_calls(p, marks)]
+    return [(landed, prob) for _, landed, prob in model_calls(p, marks, not_before)]
+
+
+def text_lands(cfg: TurnConfig, p: Pause) -> float:
+    """When the speculative transcript lands (silence ms on the pause's clock)."""
+    return cfg.speculative_pause_ms + p.asr_ms
 
 
 def policy_marks(cfg: TurnConfig) -> Sequence[int]:
@@ -235,8 +241,8 @@ def replay_decision(cfg: TurnConfig, p: Pause, fixed_ms: int, *, use_text: bool 
                     marks: Sequence[int] | None = None) -> tuple[int, Decision | None]:
     """:func:`replay`, and the decision that ended the turn (None: the cap)."""
     marks = marks if marks is not None else policy_marks(cfg)
-    arrivals = model_arrivals(p, marks)
-    text_at = cfg.speculative_pause_ms + p.asr_ms
+    text_at = text_lands(cfg, p)
+    arrivals = model_arrivals(p, marks, text_at if use_text else 0.0)
     t = cfg.speculative_pause_ms
     limit = cfg.max_silence_ms + VAD_WINDOW_MS
     while t <= limit:
@@ -297,6 +303,7 @@ class FallingTable:
         text_at = cfg.speculative_pause_ms + np.array([p.asr_ms for p in ps]) + llm_ms
         self.text_ok = (self.t[None, :] >= text_at[:, None] if use_text
                         else np.ones((len(ps), len(self.t)), bool))
+        self.model_from = [text_lands(cfg, p) if use_text else 0.0 for p in ps]  # the model waits for the ASR
         self._probs: dict[tuple[int, ...], np.ndarray] = {}
         self.cfg = cfg
 
@@ -305,7 +312,7 @@ class FallingTable:
         if marks not in self._probs:
             out = np.full((len(self.turns.pauses), len(self.t)), np.nan)
             for i, p in enumerate(self.turns.pauses):
-                for at, prob in model_arrivals(p, marks):
+                for at, prob in model_arrivals(p, marks, self.model_from[i]):
                     out[i, self.t >= at] = prob
             self._probs[marks] = out
         return self._probs[marks]
@@ -642,7 +649,7 @@ def model_cost(turns: Turns, cfg: TurnConfig, fixed_ms: int) -> dict[str, float]
     for p in turns.pauses:
         t = replay(cfg, p, fixed_ms)
         until = t if p.silence_ms is None else min(t, p.silence_ms)
-        calls = [(a, landed) for a, landed, _ in model_calls(p, policy_marks(cfg)) if a <= until]
+        calls = [(a, landed) for a, landed, _ in model_calls(p, policy_marks(cfg), text_lands(cfg, p)) if a <= until]
         runs.append(len(calls))
         core_ms.append(sum(landed - a for a, landed in calls))
     return {"runs_per_pause": round(float(np.mean(runs)), 2) if runs else math.nan,
@@ -1012,13 +1019,15 @@ def floors(turns: Turns, cfg: TurnConfig, fixed_ms: int) -> dict[str, Any]:
     lands; and at the operating point, the turns the model alone ended: when it was sure (before the transcript,
     had it decided then) against when the turn was committed (the transcript landed without a veto)."""
     ends = [p for p in turns.pauses if p.is_end]
-    text = [p.offset_ms + cfg.speculative_pause_ms + p.asr_ms for p in ends]
-    model = [p.offset_ms + cfg.speculative_pause_ms + p.probs[0][2] for p in ends if p.probs]
+    text = [p.offset_ms + text_lands(cfg, p) for p in ends]
+    model = [p.offset_ms + arrivals[0][0] for p in ends
+             if (arrivals := model_arrivals(p, policy_marks(cfg), text_lands(cfg, p)))]
     sure, committed = [], []
     for p in ends:
         t, d = replay_decision(cfg, p, fixed_ms)
         if d is not None and d.reason == "model_alone":
-            first = next(landed for landed, q in model_arrivals(p, cfg.end_of_turn_recheck_ms) if q >= cfg.model_alone)
+            first = next(landed for landed, q in model_arrivals(p, cfg.end_of_turn_recheck_ms, text_lands(cfg, p))
+                         if q >= cfg.model_alone)
             sure.append(p.offset_ms + first)
             committed.append(p.offset_ms + t)
 
@@ -1237,8 +1246,8 @@ def wait_breakdown(turns: Turns, cfg: TurnConfig, fixed_ms: int) -> list[dict[st
     reasons: dict[str, int] = {}
     marks = policy_marks(cfg)
     for p in ends:
-        arrivals = model_arrivals(p, marks)
-        text_at = cfg.speculative_pause_ms + p.asr_ms
+        text_at = text_lands(cfg, p)
+        arrivals = model_arrivals(p, marks, text_at)
         t, d = replay_decision(cfg, p, fixed_ms)
         cols["vad"].append(p.offset_ms)
         cols["spec"].append(p.offset_ms + cfg.speculative_pause_ms)

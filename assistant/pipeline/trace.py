@@ -111,6 +111,7 @@ class Ending:
     silence_met: float
     text: bool = False  # the verdict used the transcript (the turn's own ASR pass)
     model: Span | None = None  # the end-of-turn model's call, when the verdict used its answer
+    model_after_text: bool = False  # ... asked once the transcript landed (it is not run beside the ASR pass)
     reason: str = ""
 
 
@@ -153,6 +154,9 @@ def split_wait(ending: Ending, asr: Span | None, asr_done: float) -> dict[str, f
         call(asr, "asr_ms")
     elif last == "model" and ending.model is not None:
         call(ending.model, "end_of_turn_ms")
+        if ending.model_after_text and asr is not None:  # the call waited for the transcript: the pass before it
+            take(asr.done, "decide_ms")
+            call(asr, "asr_ms")
     take(s, "endpoint_ms")
     return parts
 

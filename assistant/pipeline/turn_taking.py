@@ -9,7 +9,8 @@ It hears the VAD's events on the session's sample clock and tells the turn runne
   weighed by ``end_of_turn.decide``: the turn ends now, or the silence that will end it is set (up to
   ``max_silence_ms``). The decision is taken again on every chunk of the pause and the moment each answer
   lands, so no time passes between the last evidence and the decision; with the falling policy the model hears
-  the pause again at each of ``end_of_turn_recheck_ms``, and the threshold falls as the silence grows;
+  the pause again at each of ``end_of_turn_recheck_ms``, and the threshold falls as the silence grows. The
+  model is asked once the transcript has landed, not beside the ASR pass it would slow (``_ask_model``);
 - **the user was not done**: speech while a committed turn is still being prepared drops it and carries
   its audio into the next utterance, so nothing said is lost;
 - **barge-in** (``turn.barge_in``): speech over the reply pauses it; if the speech was short or a few words
@@ -72,6 +73,7 @@ class Pause:
     probs: list[tuple[int, float]] = field(default_factory=list)  # the model's answers: (silence heard, p)
     model_failed: bool = False
     model_span: Span | None = None  # the latest model call
+    model_after_text: bool = False  # ... was held until the transcript landed (_ask_model)
     model_task: asyncio.Task[None] | None = None
     asked_marks: set[int] = field(default_factory=set)  # silences (ms) at which the model was asked
     words: int = 0  # words in the transcript
@@ -154,9 +156,10 @@ class TurnTaking:
             return
         self._decide()
 
-    def _decide(self) -> None:
+    def _decide(self, text_landed: bool = False) -> None:
         """Weigh the evidence at the current pause (``end_of_turn.decide``): end the turn now, or set how much
-        silence will end it. Called on every chunk of the pause and as soon as an answer lands."""
+        silence will end it. Called on every chunk of the pause and as soon as an answer lands (``text_landed``:
+        the transcript, just now)."""
         pause, cfg = self.pause, self.cfg
         if pause is None or not self.endpointer.speaking or self.endpointer.silence_samples == 0:
             return
@@ -165,8 +168,8 @@ class TurnTaking:
         # A transcript asked for but failed: the model alone does not end the turn (end_of_turn.py).
         use_audio = (cfg.end_of_turn_model and self.deps.end_of_turn is not None and not pause.model_failed
                      and not (cfg.smart_endpoint and pause.text_failed))
-        if use_audio and cfg.policy == "falling":
-            self._recheck(pause, pause_ms)
+        if use_audio:
+            self._ask_model(pause, pause_ms, text_landed)
         ev = Evidence(use_text=use_text, use_audio=use_audio, text=pause.text, cue=pause.cue, words=pause.words,
                       probs=list(pause.probs))
         d = decide(cfg, ev, pause_ms, self.end_silence_ms)
@@ -187,20 +190,36 @@ class TurnTaking:
         else:
             self.endpointer.set_end_silence(end_ms if end_ms is not None and end_ms > self.end_silence_ms else None)
 
-    def _recheck(self, pause: Pause, pause_ms: int) -> None:
-        """The falling policy asks the model again at each of ``turn.end_of_turn_recheck_ms`` the pause reaches
-        (one call at a time; the audio so far, its silence included)."""
-        if pause.model_task is None or not pause.model_task.done():
-            return  # the first ask is the speculation's; a call is still running
-        due = [m for m in self.cfg.end_of_turn_recheck_ms if m <= pause_ms and m not in pause.asked_marks]
+    def _ask_model(self, pause: Pause, pause_ms: int, text_landed: bool = False) -> None:
+        """Ask the end-of-turn model about the latest of its marks the pause has reached (the falling policy: each
+        of ``turn.end_of_turn_recheck_ms``; the flat one: the speculative pause), one call at a time, on the audio
+        as it was at that mark (as ``bench eot`` collects the evidence).
+
+        While the turn's own transcript is coming the model is not asked: the decision waits for the transcript
+        anyway (nothing of the reply exists before it), and a model run beside the ASR pass slows the pass (its
+        two CTranslate2 threads stall while a core is taken: ~30 ms per run). So the model hears the pause once
+        the transcript has landed, at the latest mark passed, and answers (~50 ms of one core) while the
+        responder writes the reply."""
+        if pause.model_task is not None and not pause.model_task.done():
+            return  # a call is still running
+        if self.cfg.smart_endpoint and pause.cue is None and not pause.text_failed:
+            return  # the transcript is coming
+        marks = self.cfg.end_of_turn_recheck_ms if self.cfg.policy == "falling" else [self.cfg.speculative_pause_ms]
+        due = [m for m in marks if m <= pause_ms and m not in pause.asked_marks]
         if not due:
             return
         pause.asked_marks.update(due)
         utterance = self.endpointer.utterance()
         if utterance is None or not utterance.size:
             return
+        mark = max(due)
+        past_mark = self.endpointer.samples_fed - (pause.audio_end + mark * SPEECH_RATE // 1000)
+        if past_mark > 0:
+            utterance = utterance[: max(0, utterance.size - past_mark)]
         audio = np.concatenate([self._carry, utterance]) if pause.carried else utterance
-        pause.model_task = asyncio.get_running_loop().create_task(self._hear_end_of_turn(pause, audio, pause_ms))
+        after_text = text_landed and mark < pause_ms  # held: the mark passed while the transcript was coming
+        pause.model_task = asyncio.get_running_loop().create_task(
+            self._hear_end_of_turn(pause, audio, mark, after_text))
 
     # --- VAD events --------------------------------------------------------------------------------
     def _on_speech_start(self, ev: SpeechStart) -> None:
@@ -276,7 +295,7 @@ class TurnTaking:
             pause.close()
             ending = Ending(speech_end=speech_end, decided=decided, silence_met=ending.silence_met,
                             text=pause.used_text, model=pause.model_span if pause.used_model else None,
-                            reason=ev.reason)
+                            model_after_text=pause.used_model and pause.model_after_text, reason=ev.reason)
         else:
             if pause is not None:
                 self.pause = pause
@@ -319,10 +338,7 @@ class TurnTaking:
         pause = self.pause = Pause(turn, self.endpointer.utterance_end, self._carry.size, time.time())
         self.speculations["started"] += 1
         turn.heard.add_done_callback(functools.partial(self._on_transcript, pause))
-        if self.cfg.end_of_turn_model and self.deps.end_of_turn is not None:
-            pause_ms = self.endpointer.silence_samples * 1000 // SPEECH_RATE
-            pause.asked_marks.update(m for m in self.cfg.end_of_turn_recheck_ms if m <= pause_ms)
-            pause.model_task = asyncio.get_running_loop().create_task(self._hear_end_of_turn(pause, audio, pause_ms))
+        self._decide()  # the model is asked here when no transcript is coming (_ask_model)
 
     def _on_transcript(self, pause: Pause, heard: asyncio.Future[Transcript | None]) -> None:
         """The speculative turn's ASR answered: judge the text once, and decide at once."""
@@ -338,11 +354,11 @@ class TurnTaking:
             pause.words = word_count(text)
         if result is not None:
             self._partial_from(result.text.strip())
-        self._decide()
+        self._decide(text_landed=True)
 
-    async def _hear_end_of_turn(self, pause: Pause, audio: np.ndarray, pause_ms: int) -> None:
-        """Ask the audio end-of-turn model about this pause (``pause_ms`` of it heard); a failure leaves the
-        decision to the rest."""
+    async def _hear_end_of_turn(self, pause: Pause, audio: np.ndarray, pause_ms: int, after_text: bool) -> None:
+        """Ask the audio end-of-turn model about this pause (``pause_ms`` of it heard; ``after_text``: the call was
+        held until the transcript landed); a failure leaves the decision to the rest."""
         assert self.deps.end_of_turn is not None
         asked = time.time()
         try:
@@ -353,7 +369,7 @@ class TurnTaking:
         else:
             log.debug("end_of_turn session=%s prob=%.3f pause_ms=%d", self.session_id, prob, pause_ms)
             pause.probs.append((pause_ms, prob))
-            pause.model_span = Span(asked, asked, time.time())
+            pause.model_span, pause.model_after_text = Span(asked, asked, time.time()), after_text
         if pause is self.pause:
             self._decide()
 

@@ -1072,8 +1072,8 @@ def markdown(report: dict[str, Any]) -> str:
     floor = [
         {"what": "the speculative transcript lands (any reply is made from it)",
          "held-out ends, p50": f"{f['transcript_p50_ms']} ms", "p90": f"{f['transcript_p90_ms']} ms"},
-        {"what": "Smart Turn's first answer lands", "held-out ends, p50": f"{f['model_first_answer_p50_ms']} ms",
-         "p90": ""},
+        {"what": "Smart Turn's first answer lands (asked once the transcript is in)",
+         "held-out ends, p50": f"{f['model_first_answer_p50_ms']} ms", "p90": ""},
     ]
     if f["model_alone_turns"]:
         floor += [{"what": f"model alone sure ({f['model_alone_turns']} turns it ended)",
@@ -1270,7 +1270,8 @@ def wait_breakdown(turns: Turns, cfg: TurnConfig, fixed_ms: int) -> list[dict[st
 
     names = {"vad": "the VAD's silence starts (its lag past the label)",
              "spec": f"the speculative pass starts ({cfg.speculative_pause_ms} ms of silence)",
-             "model": "Smart Turn's first answer lands", "text": "the speculative transcript lands",
+             "model": "Smart Turn's first answer lands (asked once the transcript is in)",
+             "text": "the speculative transcript lands",
              "decided": "the policy ends the turn",
              "policy_wait": "... of which the policy's own wait (after both answers are in)"}
     rows: list[dict[str, Any]] = [{"step": v, "p50": q(cols[k], 50), "p90": q(cols[k], 90)} for k, v in names.items()]

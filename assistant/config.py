@@ -466,8 +466,8 @@ class TurnConfig:
     end_of_turn_recheck_ms: list[int] = _f(
         [96, 192, 320, 480, 704, 1024],
         "falling: silences (ms) at which the end-of-turn model hears the pause (again) (tuning half and human set); "
-        "each costs one model run, ~50 ms of one core (held-out half: 3.7 runs, 198 ms of one core per pause; "
-        "flat: 1, 55 ms)",
+        "the marks passed while the transcript is coming are heard once it lands, at the latest of them; each run "
+        "costs ~50 ms of one core (held-out half: 2.5 runs, 131 ms of one core per pause; flat: 0.9, 47 ms)",
     )
     cue_complete: float = _f(
         0.4, "falling: added to the score when the transcript looks finished (tuning half and human set)"

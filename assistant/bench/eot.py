@@ -300,10 +300,11 @@ class FallingTable:
                       else np.zeros(len(ps)))
         llm_ms = np.array([llm[p.text][1] for p in ps]) if llm is not None else np.zeros(len(ps))
         self.has_llm, self.llm = llm is not None, llm
-        text_at = cfg.speculative_pause_ms + np.array([p.asr_ms for p in ps]) + llm_ms
+        lands = np.array([text_lands(cfg, p) for p in ps])
+        text_at = lands + llm_ms
         self.text_ok = (self.t[None, :] >= text_at[:, None] if use_text
                         else np.ones((len(ps), len(self.t)), bool))
-        self.model_from = [text_lands(cfg, p) if use_text else 0.0 for p in ps]  # the model waits for the ASR
+        self.model_from = lands if use_text else np.zeros(len(ps))  # the model waits for the ASR, not the LLM judge
         self._probs: dict[tuple[int, ...], np.ndarray] = {}
         self.cfg = cfg
 

@@ -216,11 +216,25 @@ async def test_runner_serves_finals_first_then_sessions_in_turn_and_drops_passes
 
 
 def test_window_fits_the_turn() -> None:
-    window = FasterWhisperEngine._window
-    assert window(16_000) == 1500  # 1 s (+2 s margin): the smallest window, 15 s
-    assert window(int(14.3 * 16_000)) == 1700  # 14.3 s + 2 s → 17 s
-    assert window(28 * 16_000) == 3000
-    assert window(28 * 16_000 + 160) is None  # past Whisper's own window: faster-whisper's 30 s path
+    from assistant.asr.whisper import fitted_window
+
+    assert fitted_window(16_000, 1000) == 1000  # 1 s (+2 s margin): at least asr.min_window_s
+    assert fitted_window(16_000, 1500) == 1500
+    assert fitted_window(int(9.3 * 16_000), 1000) == 1200  # 9.3 s + 2 s → 12 s
+    assert fitted_window(int(14.3 * 16_000), 1000) == 1700  # 14.3 s + 2 s → 17 s
+    assert fitted_window(28 * 16_000, 1000) == 3000
+    assert fitted_window(28 * 16_000 + 160, 1000) is None  # past Whisper's own window: faster-whisper's 30 s path
+
+
+@pytest.mark.parametrize("seconds", [5, 31])
+def test_a_smallest_window_whisper_cannot_use_is_refused(seconds: int) -> None:
+    """Below 6 s the decoder loops, above 30 s is past Whisper's window: the setting is refused, not clamped."""
+    from assistant.config import ConfigError, load_config
+
+    with pytest.raises(ConfigError, match=r"asr\.min_window_s"):
+        load_config(None, overrides={"asr": {"min_window_s": seconds}})
+    with pytest.raises(ConfigError, match=r"asr\.min_window_s"):
+        FasterWhisperEngine(ASRConfig(min_window_s=seconds))
 
 
 @pytest.mark.parametrize("name", ["en_weather.wav", "en_timer.wav", "en_story.wav"])

@@ -20,18 +20,21 @@ default). The transcript carries the language and its probability.
 Whisper's 30 s window, and the encoder's cost follows the window, not the speech: tiny.en int8 on two CPU
 cores spends ~450 ms encoding 30 s for a 4 s question. CTranslate2 takes a shorter input (the positional
 table is cut to it), so a turn is encoded in a window of its own length plus ``WINDOW_MARGIN_FRAMES`` of
-padding (rounded up to whole seconds, at least ``MIN_WINDOW_FRAMES``): ~220 ms instead of ~470 ms for the
-same question. The window changes what Whisper writes at the end of a cut-off turn (the "..." of trailing
-speech, a last word), and the shorter the window the more: measured on the shared clips and the pause files
-(whole and cut at 45 % and 60 %), 9 of 39 texts differ at 15 s (3 in a word), 13 at 10 s, 3 at 25 s; at 5 s
-the decoder loops. A loop that still happens (its text compresses too well) is decoded again in the full
-window. The decoding is faster-whisper's for one segment without timestamps (its tokenizer, its suppressed tokens,
-its no-speech rule). With ``asr.window_timestamps`` it is decoded with them (the stamps dropped from the text):
-Whisper then writes a segment per phrase and goes on past a pause where the plain decode may end at the first "?"
-("What is the distance between? [pause] Paris and Berlin?", tests/data/pauses/distance.wav), but it also writes a
-made-up "for it." sooner at a pause after "for", which split alarm.wav over WebRTC: off by default
-(docs/end_of_turn.md, *Hearing the tail*). Turns longer than the window take faster-whisper's own path (after a
-detection of their first 30 s when the language is ``auto``).
+padding (rounded up to whole seconds, at least ``asr.min_window_s``, 15 s by default): ~220 ms instead of ~470 ms
+for the same question. At 10 s a pass takes 0.82x as long offline (the 120 human clips cut 0.2 s after their end:
+233 against 283 ms p50, the slot words heard 806 against 809 of 905) but only 0.89-0.96x live, beside the call's
+other work, and more turn ends lose their full stop (docs/end_of_turn.md, *A 10 s window*). The window changes
+what Whisper writes at the end of a cut-off turn (the "..." of trailing speech, a last word), and the shorter the
+window the more: measured on the shared clips and the pause files (whole and cut at 45 % and 60 %), 9 of 39 texts
+differ from the 30 s window's at 15 s (3 in a word), 13 at 10 s, 3 at 25 s; at 5 s the decoder loops. A loop
+that still happens (its text compresses too well) is decoded again in the full window. The decoding is
+faster-whisper's for one segment without timestamps (its tokenizer, its suppressed tokens, its no-speech rule).
+With ``asr.window_timestamps`` it is decoded with them (the stamps dropped from the text): Whisper then writes a segment
+per phrase and goes on past a pause where the plain decode may end at the first "?" ("What is the distance between?
+[pause] Paris and Berlin?", tests/data/pauses/distance.wav), but it also writes a made-up "for it." sooner at a
+pause after "for", which split alarm.wav over WebRTC: off by default (docs/end_of_turn.md, *Hearing the tail*).
+Turns longer than the window take faster-whisper's own path (after a detection of their first 30 s when the
+language is ``auto``).
 """
 
 from __future__ import annotations
@@ -48,7 +51,7 @@ from assistant import languages
 from assistant.asr import bundled
 from assistant.asr.base import ASRModelMissing, Transcript
 from assistant.audio import SPEECH_RATE
-from assistant.config import ASRConfig, ConfigError
+from assistant.config import MAX_WINDOW_S, MIN_WINDOW_S, ASRConfig, ConfigError
 
 log = logging.getLogger(__name__)
 
@@ -66,10 +69,10 @@ TEMPERATURE = 0.0
 WARMUP_SILENCE_S = 0.5
 WARMUP_TONE_HZ = 440.0
 WARMUP_TONE_LEVEL = 0.1
-# The encoder window (fit_window), in 10 ms feature frames: Whisper's full window, the smallest one used, the
-# silence after the speech the window always holds (Whisper was trained on speech followed by padding).
+# The encoder window (fit_window), in 10 ms feature frames: Whisper's full window, and the silence after the
+# speech the window always holds (Whisper was trained on speech followed by padding). The smallest window is
+# asr.min_window_s.
 FULL_WINDOW_FRAMES = 3000
-MIN_WINDOW_FRAMES = 1500
 WINDOW_MARGIN_FRAMES = 200
 FRAMES_PER_SECOND = 100
 # faster-whisper's defaults for one segment: the longest token sequence, and the no-speech rule (a segment
@@ -80,6 +83,16 @@ LOG_PROB_THRESHOLD = -1.0
 # A text that compresses better than this is a decoder stuck in a loop ("a large pizza with a large pizza
 # with …"): faster-whisper's threshold; such a turn is decoded again in the full window.
 COMPRESSION_RATIO_THRESHOLD = 2.4
+
+
+def fitted_window(samples: int, min_frames: int) -> int | None:
+    """The encoder window for this much audio, in frames: its length plus the margin, rounded up to whole seconds,
+    at least ``min_frames`` (None: longer than Whisper's own window)."""
+    frames = samples * FRAMES_PER_SECOND // SPEECH_RATE + WINDOW_MARGIN_FRAMES
+    if frames > FULL_WINDOW_FRAMES:
+        return None
+    whole_seconds = math.ceil(frames / FRAMES_PER_SECOND) * FRAMES_PER_SECOND
+    return min(FULL_WINDOW_FRAMES, max(min_frames, whole_seconds))
 
 
 def model_name(cfg: ASRConfig) -> str:
@@ -165,6 +178,10 @@ class FasterWhisperEngine:
         from faster_whisper import WhisperModel  # lazy: importing CTranslate2 costs ~0.3 s
 
         self.cfg = cfg or ASRConfig()
+        if not MIN_WINDOW_S <= self.cfg.min_window_s <= MAX_WINDOW_S:
+            raise ConfigError(f"asr.min_window_s must be {MIN_WINDOW_S}-{MAX_WINDOW_S} (whole seconds), "
+                              f"got {self.cfg.min_window_s}")
+        self.min_window = self.cfg.min_window_s * FRAMES_PER_SECOND
         self.model_name = model_name(self.cfg)
         self.model_path = resolve_model(self.model_name, self.cfg.cache_dir)
         t0 = time.perf_counter()
@@ -258,14 +275,9 @@ class FasterWhisperEngine:
         fallback = self.languages[0]
         return fallback, probability.get(fallback, 0.0)
 
-    @staticmethod
-    def _window(samples: int) -> int | None:
+    def _window(self, samples: int) -> int | None:
         """The encoder window for this much audio, in frames (None: longer than Whisper's own window)."""
-        frames = samples * FRAMES_PER_SECOND // SPEECH_RATE + WINDOW_MARGIN_FRAMES
-        if frames > FULL_WINDOW_FRAMES:
-            return None
-        whole_seconds = math.ceil(frames / FRAMES_PER_SECOND) * FRAMES_PER_SECOND
-        return min(FULL_WINDOW_FRAMES, max(MIN_WINDOW_FRAMES, whole_seconds))
+        return fitted_window(samples, self.min_window)
 
     def _detect_full(self, audio: np.ndarray) -> tuple[str, float]:
         """The language of a turn longer than the fitted window, from its first 30 s (faster-whisper's detection)."""

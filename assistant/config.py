@@ -760,6 +760,13 @@ class ConfigError(ValueError):
 GATEWAY_ID = re.compile(r"[A-Za-z0-9_-]{1,32}")
 
 
+def check_min_window(seconds: int) -> int:
+    """``asr.min_window_s`` within MIN_WINDOW_S-MAX_WINDOW_S, else a ConfigError naming it (refused, not clamped)."""
+    if not MIN_WINDOW_S <= seconds <= MAX_WINDOW_S:
+        raise ConfigError(f"asr.min_window_s must be {MIN_WINDOW_S}-{MAX_WINDOW_S} (whole seconds), got {seconds}")
+    return seconds
+
+
 def check_gateway_id(value: str) -> str:
     """``server.gateway_id``, or a ConfigError saying why it cannot prefix session ids (the dot separates them)."""
     if value and not GATEWAY_ID.fullmatch(value):
@@ -879,9 +886,7 @@ def load_config(
         bad_cues = [c for c in getattr(cfg.turn, name) if c not in TURN_CUES]
         if bad_cues:
             raise ConfigError(f"turn.{name}: {bad_cues[0]!r} is no cue; choose from {', '.join(TURN_CUES)}")
-    if not MIN_WINDOW_S <= cfg.asr.min_window_s <= MAX_WINDOW_S:
-        raise ConfigError(f"asr.min_window_s must be {MIN_WINDOW_S}-{MAX_WINDOW_S} (whole seconds), "
-                          f"got {cfg.asr.min_window_s}")
+    check_min_window(cfg.asr.min_window_s)
     if cfg.respond.requantize not in REQUANTIZE:
         raise ConfigError(f"respond.requantize must be one of {', '.join(REQUANTIZE)}, got {cfg.respond.requantize!r}")
     check_languages(cfg)

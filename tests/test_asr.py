@@ -237,6 +237,18 @@ def test_a_smallest_window_whisper_cannot_use_is_refused(seconds: int) -> None:
         FasterWhisperEngine(ASRConfig(min_window_s=seconds))
 
 
+def test_the_engine_fits_its_window_from_the_setting() -> None:
+    """asr.min_window_s reaches the engine: a 1 s turn is encoded in a 10 s window with 10, 15 s by default; and
+    bench eot's evidence names a window other than the default, so a cache never mixes the two."""
+    from assistant.bench.eot_evidence import asr_name
+
+    ten, default = FasterWhisperEngine(ASRConfig(min_window_s=10)), FasterWhisperEngine(ASRConfig())
+    assert ten._window(16_000) == 1000 and default._window(16_000) == 1500
+    assert ten._window(int(9.3 * 16_000)) == 1200 and default._window(int(9.3 * 16_000)) == 1500
+    assert ten._window(int(14.3 * 16_000)) == default._window(int(14.3 * 16_000)) == 1700  # past both floors
+    assert asr_name(ten, "en").endswith(":en+window10") and asr_name(default, "en").endswith(":en")
+
+
 @pytest.mark.parametrize("name", ["en_weather.wav", "en_timer.wav", "en_story.wav"])
 def test_fitted_window_hears_what_the_full_window_hears(name: str) -> None:
     """The turn-sized encoder window (asr.fit_window) gives the words of faster-whisper's 30 s window on a

@@ -51,7 +51,7 @@ from assistant import languages
 from assistant.asr import bundled
 from assistant.asr.base import ASRModelMissing, Transcript
 from assistant.audio import SPEECH_RATE
-from assistant.config import MAX_WINDOW_S, MIN_WINDOW_S, ASRConfig, ConfigError
+from assistant.config import ASRConfig, ConfigError, check_min_window
 
 log = logging.getLogger(__name__)
 
@@ -178,10 +178,7 @@ class FasterWhisperEngine:
         from faster_whisper import WhisperModel  # lazy: importing CTranslate2 costs ~0.3 s
 
         self.cfg = cfg or ASRConfig()
-        if not MIN_WINDOW_S <= self.cfg.min_window_s <= MAX_WINDOW_S:
-            raise ConfigError(f"asr.min_window_s must be {MIN_WINDOW_S}-{MAX_WINDOW_S} (whole seconds), "
-                              f"got {self.cfg.min_window_s}")
-        self.min_window = self.cfg.min_window_s * FRAMES_PER_SECOND
+        self.min_window = check_min_window(self.cfg.min_window_s) * FRAMES_PER_SECOND
         self.model_name = model_name(self.cfg)
         self.model_path = resolve_model(self.model_name, self.cfg.cache_dir)
         t0 = time.perf_counter()

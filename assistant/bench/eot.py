@@ -701,18 +701,22 @@ def add_eot_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--with-timestamps", action="store_true",
                         help="collect the evidence decoding with Whisper's timestamps (asr.window_timestamps); the "
                         "cache keeps the two apart, but an --out of its own keeps both")
+    parser.add_argument("--asr-min-window-s", type=int, default=None, metavar="S",
+                        help="the ASR's smallest fitted window (asr.min_window_s, 6-30; default: the setting's "
+                        "default, 15): the evidence cache keeps each window's transcripts apart")
 
 
 def _asr_engines(args: argparse.Namespace) -> dict[str, Any]:
     """The ASR per language of the corpus: the server's default (tiny.en) for English, and what
     ``asr.language = ja`` loads for Japanese (the multilingual base); ``--with-timestamps``: both decoding with
-    Whisper's timestamps (``asr.window_timestamps``)."""
+    Whisper's timestamps (``asr.window_timestamps``); ``--asr-min-window-s``: both with that smallest window."""
     from assistant.asr.whisper import FasterWhisperEngine
     from assistant.config import ASRConfig
 
     stamps = bool(getattr(args, "with_timestamps", False))
-    return {"en": FasterWhisperEngine(ASRConfig(window_timestamps=stamps)),
-            "ja": FasterWhisperEngine(ASRConfig(language="ja", window_timestamps=stamps))}
+    window = getattr(args, "asr_min_window_s", None) or ASRConfig().min_window_s
+    return {"en": FasterWhisperEngine(ASRConfig(window_timestamps=stamps, min_window_s=window)),
+            "ja": FasterWhisperEngine(ASRConfig(language="ja", window_timestamps=stamps, min_window_s=window))}
 
 
 def _collect(args: argparse.Namespace) -> dict[str, list[ClipEvidence]]:

@@ -26,7 +26,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from assistant.audio import SPEECH_RATE, read_audio
-from assistant.config import TurnConfig, VADConfig
+from assistant.config import ASRConfig, TurnConfig, VADConfig
 from assistant.pipeline.end_of_turn import last_word_probability
 from assistant.vad.endpoint import Endpointer
 from assistant.vad.silero import WINDOW_SAMPLES
@@ -167,12 +167,19 @@ def collect_clip(
     return ev
 
 
+DEFAULT_MIN_WINDOW_S = ASRConfig().min_window_s  # evidence named without a window suffix was collected with it
+
+
 def asr_name(engine: Any, lang: str) -> str:
-    """Which ASR made a transcript: the model folder's name, the language it was told, and whether it decoded with
-    timestamps."""
+    """Which ASR made a transcript: the model folder's name, the language it was told, whether it decoded with
+    timestamps, and its smallest fitted window when not the default (``+window10``; so the name of evidence
+    collected with the default window is what it always was)."""
     path = getattr(engine, "model_path", None)
     cfg = getattr(engine, "cfg", None)
     stamps = "+timestamps" if getattr(cfg, "window_timestamps", False) else ""
+    window = getattr(cfg, "min_window_s", DEFAULT_MIN_WINDOW_S)
+    if getattr(cfg, "fit_window", False) and window != DEFAULT_MIN_WINDOW_S:
+        stamps += f"+window{window}"
     return f"{Path(path).name if path else type(engine).__name__}:{getattr(cfg, 'language', lang)}{stamps}"
 
 

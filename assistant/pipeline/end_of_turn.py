@@ -112,7 +112,7 @@ class Cue(Enum):
     OPEN = "open"  # no terminal punctuation and nothing that continues (or no words at all)
     NUMBER = "number"  # ends on a number: a phone number, a code or a time may be only half said
     SHORT = "short"  # fewer than SHORT_TURN_WORDS words ("Hello?"): Whisper's punctuation is least reliable
-    DOUBTFUL = "doubtful"  # the last word is one the ASR was unsure of, and the words before it go on
+    DOUBTFUL = "doubtful"  # a pronoun object the ASR was unsure of ("for | it?"), after words that go on
 
 
 # A number that reads as finished, a time ("at 10:30", "at 1030.", "at eight.") or an amount ("$12."), is no

@@ -237,6 +237,28 @@ def test_a_smallest_window_whisper_cannot_use_is_refused(seconds: int) -> None:
         FasterWhisperEngine(ASRConfig(min_window_s=seconds))
 
 
+def test_a_lost_tail_is_told_from_a_turn_heard_whole() -> None:
+    """asr/tail.py: the turn's pass lost the words after the pause when it has none the pause's pass lacked; the
+    tail's transcript joins the pause's (its words too: the end-of-turn cue reads the last one's probability)."""
+    from assistant.asr.base import Transcript
+    from assistant.asr.tail import HeardBefore, join_tail, lost_tail
+
+    before = "What is the distance between?"
+    assert lost_tail("What is the distance between?", before) and lost_tail("what is the distance", before)
+    assert not lost_tail("What is the distance between Paris and Berlin?", before)
+    assert not lost_tail("Where is the distance between?", before)  # heard again differently: not a lost tail
+    assert not lost_tail("anything", "")
+    said = Transcript("What is the distance between...", language="en", words=(("between", 0.9),))
+    tail = Transcript("Paris and Berlin?", words=(("Berlin", 0.8), ("?", 0.7)))
+    joined = join_tail(said, tail)
+    assert joined.text == "What is the distance between Paris and Berlin?" and joined.language == "en"
+    assert joined.words[-2:] == tail.words and joined.words[0] == ("between", 0.9)
+    assert join_tail(said, Transcript(" . ")) is said  # the tail heard no word
+    assert not HeardBefore(said, 100, tail_speech_ms=100).tail_worth_a_pass()  # a breath after the pause
+    assert HeardBefore(said, 100, tail_speech_ms=600).tail_worth_a_pass()
+    assert not HeardBefore(Transcript(" "), 100, tail_speech_ms=600).tail_worth_a_pass()
+
+
 def test_the_engine_fits_its_window_from_the_setting() -> None:
     """asr.min_window_s reaches the engine: a 1 s turn is encoded in a 10 s window with 10, 15 s by default; and
     bench eot's evidence names a window other than the default, so a cache never mixes the two."""

@@ -286,3 +286,93 @@ async def test_the_model_waits_for_the_transcript_then_hears_the_pause_at_its_ma
     firsts = [k for k, m in enumerate(marks) if m >= 320 and k + len(heard) <= len(marks)]
     assert any(steps == [(b - a) * 16 for a, b in itertools.pairwise(marks[k : k + len(heard)])] for k in firsts), (
         heard, marks)
+
+
+class LosesTheTail:
+    """distance.wav as Whisper without timestamps hears it: audio up to the pause and the whole turn are both
+    "What is the distance between?"; a pass over the tail alone (told the words before it) hears the rest.
+    Records each pass: (seconds of audio, prompt)."""
+
+    def __init__(self, entry: dict[str, Any], tail: str = "Paris and Berlin?") -> None:
+        self.pause_end_s = entry["pauses_s"][0][1] - entry["speech_starts_s"]
+        self.tail, self.passes = tail, []  # type: ignore[var-annotated]
+
+    async def transcribe(self, audio: np.ndarray, *, prompt: str | None = None, **_: Any) -> Transcript:
+        self.passes.append((len(audio) / 16_000, prompt))
+        if prompt:
+            return Transcript(text=self.tail, language="en")
+        return Transcript(text="What is the distance between?", language="en")
+
+    async def transcribe_partial(self, audio: np.ndarray, **kw: Any) -> Transcript:
+        return await self.transcribe(audio, **kw)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("tail", ["Paris and Berlin?", ""])
+async def test_the_words_after_a_pause_are_heard_when_the_turns_pass_loses_them(
+    batcher_model: SmartTurnModel, tail: str
+) -> None:
+    """distance.wav: the pause's pass heard "What is the distance between?", and so did the pass over the whole
+    turn (the decoder ended its text at the pause): the tail after the pause gets a pass of its own, told the words
+    before it, and the turn is heard whole; its reply answers the question that was asked. A tail pass that hears
+    nothing leaves the turn's own transcript."""
+    entry = MANIFEST["distance.wav"]
+    x, _ = read_audio(PAUSES / entry["file"])
+    x = x[: int((entry["speech_ends_s"] + 2.5) * 16_000)]
+    cfg = test_config(turn={"speculative": True, "smart_endpoint": True, "end_of_turn_model": True})
+    asr = LosesTheTail(entry, tail)
+    seen = await _converse(cfg, x, asr, batcher_model)
+    assert len([e for e in seen if e["type"] == "speech_end"]) == 1
+    finals = [e["text"] for e in seen if e["type"] == "transcript" and e["final"]]
+    assert finals == (["What is the distance between? Paris and Berlin?"] if tail else
+                      ["What is the distance between?"])
+    prompted = [(s, p) for s, p in asr.passes if p]
+    assert prompted and all(p == "What is the distance between?" for _, p in prompted)
+    # The tail's pass heard the audio after the pause's pass: shorter than the turn by at least the pause's start.
+    whole = max(s for s, p in asr.passes if not p)
+    assert all(s < whole - 1.0 for s, _ in prompted), asr.passes
+
+
+class HearsOn(LosesTheTail):
+    """The whole turn's pass hears the words after the pause: no pass over the tail."""
+
+    async def transcribe(self, audio: np.ndarray, *, prompt: str | None = None, **_: Any) -> Transcript:
+        self.passes.append((len(audio) / 16_000, prompt))
+        if len(audio) / 16_000 < self.pause_end_s:
+            return Transcript(text="What is the distance between?", language="en")
+        return Transcript(text="What is the distance between Paris and Berlin?", language="en")
+
+
+@pytest.mark.slow
+async def test_no_pass_over_the_tail_when_the_turns_pass_heard_it(batcher_model: SmartTurnModel) -> None:
+    entry = MANIFEST["distance.wav"]
+    x, _ = read_audio(PAUSES / entry["file"])
+    x = x[: int((entry["speech_ends_s"] + 2.5) * 16_000)]
+    cfg = test_config(turn={"speculative": True, "smart_endpoint": True, "end_of_turn_model": True})
+    asr = HearsOn(entry)
+    seen = await _converse(cfg, x, asr, batcher_model)
+    finals = [e["text"] for e in seen if e["type"] == "transcript" and e["final"]]
+    assert finals == ["What is the distance between Paris and Berlin?"]
+    assert len(asr.passes) >= 2 and not any(p for _, p in asr.passes), asr.passes
+
+
+@pytest.mark.slow
+async def test_a_real_pass_over_the_tail_hears_what_the_turns_pass_lost(batcher_model: SmartTurnModel) -> None:
+    """The same with tiny.en itself: over the whole of distance.wav it ends its text at the pause ("What is the
+    distance between?"); the pass over the tail hears the last words ("Harrison Berlin": a synthetic voice's
+    "Paris and"), so the turn's transcript and the reply have them."""
+    from assistant.asr import create_asr
+    from assistant.asr.runner import ASRRunner
+    from assistant.config import ASRConfig
+
+    entry = MANIFEST["distance.wav"]
+    x, _ = read_audio(PAUSES / entry["file"])
+    x = x[: int((entry["speech_ends_s"] + 2.5) * 16_000)]
+    cfg = test_config(turn={"speculative": True, "smart_endpoint": True, "end_of_turn_model": True})
+    runner = ASRRunner(create_asr(ASRConfig()), ASRConfig())
+    try:
+        seen = await _converse(cfg, x, runner, batcher_model)
+    finally:
+        runner.close()
+    finals = [e["text"] for e in seen if e["type"] == "transcript" and e["final"]]
+    assert len(finals) == 1 and finals[0].startswith("What is the distance between") and "Berlin" in finals[0], finals

@@ -25,6 +25,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from assistant.asr.tail import HeardBefore, join_tail, lost_tail
 from assistant.audio import SPEECH_RATE, read_audio
 from assistant.config import ASRConfig, TurnConfig, VADConfig
 from assistant.pipeline.end_of_turn import last_word_probability
@@ -33,7 +34,9 @@ from assistant.vad.silero import WINDOW_SAMPLES
 
 log = logging.getLogger(__name__)
 
-VERSION = 2  # 2: each pause's last word's probability (the doubtful cue)
+# 2: each pause's last word's probability (the doubtful cue); 3: a turn's pass that lost the words after an earlier
+# pause has them heard by a pass over the tail, as the pipeline does (asr/tail.py)
+VERSION = 3
 # Silences (ms) at which the model hears a pause: the speculative pause, then every few Silero windows.
 MODEL_MARKS = (96, 192, 320, 480, 704, 1024, 1504)
 END_TOLERANCE_S = 0.3  # a pause starting this close before the labelled speech end is the turn's end
@@ -41,7 +44,7 @@ NO_VAD_END_SILENCE_MS = 60_000  # the endpointer hears the whole clip as one utt
 
 
 class Transcriber(Protocol):
-    def transcribe(self, audio: np.ndarray) -> Any: ...
+    def transcribe(self, audio: np.ndarray, *, prompt: str | None = None) -> Any: ...
 
 
 class TurnModel(Protocol):
@@ -58,6 +61,7 @@ class PauseEvidence:
     asr_ms: float = 0.0
     probs: list[list[float]] = field(default_factory=list)  # [mark_ms, probability, compute_ms]
     last_p: float | None = None  # the ASR's probability of the transcript's last word (None: not known)
+    tail: bool = False  # the text is an earlier pause's and a pass over the tail after it (asr/tail.py)
 
 
 @dataclass
@@ -139,6 +143,9 @@ def collect_clip(
         ev.status = "no_speech"
         return ev
     spec = turn.speculative_pause_ms * SPEECH_RATE // 1000
+    # The latest earlier pause of the utterance whose pass landed before the speech came back, as turn-taking keeps
+    # it: (utterance audio start, its transcript, the samples it covered, where the speech came back).
+    before: tuple[int, Any, int, int] | None = None
     for start, audio_start, silence in found:
         start_s = start / SPEECH_RATE
         is_end = start_s >= end_s - END_TOLERANCE_S
@@ -150,10 +157,23 @@ def collect_clip(
                            labelled=labelled)
         spec_audio = x[audio_start : start + spec]
         t0 = time.perf_counter()
-        heard = asr.transcribe(spec_audio)
-        pe.text = str(heard.text).strip()
-        pe.last_p = last_word_probability(getattr(heard, "words", ()))
+        said_here: Any = asr.transcribe(spec_audio)
+        if before is not None and before[0] != audio_start:
+            before = None  # another utterance
+        if before is not None:
+            _, said, covered, resumed = before
+            known = HeardBefore(said, covered, tail_speech_ms=max(0, start - resumed) * 1000 // SPEECH_RATE)
+            if known.tail_worth_a_pass() and lost_tail(str(said_here.text), said.text):
+                joined = join_tail(said, asr.transcribe(spec_audio[covered:], prompt=said.text.strip()))
+                if joined is not said:
+                    pe.tail, said_here = True, joined
+        pe.text = str(said_here.text).strip()
+        pe.last_p = last_word_probability(getattr(said_here, "words", ()))
         pe.asr_ms = round((time.perf_counter() - t0) * 1000, 1)
+        # The user spoke on after this pause, and its pass had landed by then: what it heard is kept.
+        if (not is_end and silence is not None and pe.text
+                and silence * 1000 // SPEECH_RATE >= turn.speculative_pause_ms + pe.asr_ms):
+            before = (audio_start, said_here, len(spec_audio), start + silence)
         limit_ms = turn.max_silence_ms if pe.silence_ms is None else pe.silence_ms
         for mark in MODEL_MARKS:
             if mark > limit_ms:

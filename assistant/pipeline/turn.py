@@ -22,6 +22,7 @@ from typing import Any, TypeVar
 import numpy as np
 
 from assistant.asr.base import Transcriber, Transcript
+from assistant.asr.tail import HeardBefore
 from assistant.pipeline.end_of_turn import EndOfTurnModel
 from assistant.pipeline.reply import ReplyProgress
 from assistant.pipeline.trace import TurnTrace
@@ -70,6 +71,7 @@ class TurnNotes:
 
     asr_kind: str = ""  # the turn's own ASR pass: "speculative" or "final" ("" for given words)
     asr_remote: tuple[float, float] | None = None  # its pass on a Ray replica: arrived there, done there
+    asr_tail: bool = False  # the pass lost the words after a pause: a second pass heard them (asr/tail.py)
     respond_started: float | None = None  # the responder was asked
     respond_done: float | None = None  # its last delta (only when it finished)
     usage: Usage | None = None  # what the reply cost, as the responder counted it
@@ -116,6 +118,9 @@ class Turn:
         self.task: asyncio.Task[None] | None = None
         # The ASR's answer (None: it failed), for turn-taking to weigh as it lands; set once, by the runner.
         self.heard: asyncio.Future[Transcript | None] = asyncio.get_running_loop().create_future()
+        # A pass at an earlier pause of the same utterance: the tail after it is heard on its own when the turn's
+        # pass loses it (asr/tail.py); given by turn-taking when it starts the turn.
+        self.before: HeardBefore | None = None
         self.transcript: str | None = None  # the user's words
         self.language: str | None = None  # the language the reply is in (the user's, as heard or typed)
         self.failed: str | None = None  # the stage that failed (the turn then waits to say so if committed)

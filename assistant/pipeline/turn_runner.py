@@ -28,8 +28,9 @@ from typing import Any
 import numpy as np
 
 from assistant import languages
-from assistant.asr.base import PassKind, Transcript
-from assistant.audio import FRAME_MS, S16_SCALE, SILENCE_PEAK_S16, float_to_s16
+from assistant.asr.base import PassKind, PassTiming, Transcript
+from assistant.asr.tail import HeardBefore, join_tail, lost_tail, words
+from assistant.audio import FRAME_MS, S16_SCALE, SILENCE_PEAK_S16, SPEECH_RATE, float_to_s16
 from assistant.config import ChunkerConfig, LogConfig, RespondConfig, TTSConfig, TurnConfig
 from assistant.pipeline.events import EventChannel
 from assistant.pipeline.reply import ReplySink
@@ -87,11 +88,14 @@ class TurnRunner:
         self.last_activity_wall = time.time()  # the latest reply (the policy adds speech starts)
 
     # --- the policy's handles ------------------------------------------------------------------------
-    def start(self, audio: np.ndarray, audio_end: int, *, speculative: bool, heard: str | None = None) -> Turn:
-        """Start a turn on ``audio`` (``heard``: its words are known, no ASR); a speculative one is numbered,
-        seen and heard only once committed."""
+    def start(self, audio: np.ndarray, audio_end: int, *, speculative: bool, heard: str | None = None,
+              before: HeardBefore | None = None) -> Turn:
+        """Start a turn on ``audio`` (``heard``: its words are known, no ASR; ``before``: what a pass at an
+        earlier pause of it heard, asr/tail.py); a speculative one is numbered, seen and heard only once
+        committed."""
         number = self.turns + 1 if speculative else self._next_number()
         turn = Turn(number, audio, audio_end, self.sink.generation, speculative)
+        turn.before = before
         turn.task = asyncio.get_running_loop().create_task(
             self._run(turn, heard), name=f"turn-{self.session_id}-{number}{'-spec' if speculative else ''}"
         )
@@ -259,12 +263,35 @@ class TurnRunner:
             "asr", "I could not make that out",
             self.deps.asr.transcribe(turn.audio, session=self.session_id, kind=kind, language=self.language),
         )
+        before = turn.before
+        if before is not None and before.tail_worth_a_pass() and lost_tail(result.text, before.transcript.text):
+            result = await self._hear_tail(turn, before, result, kind)
         t = result.timing
         turn.notes.asr_remote = t.remote if t is not None else None
         turn.trace.asr = Span(t.asked, t.started, t.done) if t is not None else Span(asked, asked, time.time())
         if not turn.heard.done():
             turn.heard.set_result(result)
         return result
+
+    async def _hear_tail(self, turn: Turn, before: HeardBefore, whole: Transcript, kind: PassKind) -> Transcript:
+        """The turn's pass heard nothing past an earlier pause although the user spoke on: a pass over the audio
+        after that pause (told the words before it), joined to the pause's transcript (asr/tail.py)."""
+        heard = before.transcript
+        tail = await stage(
+            "asr", "I could not make that out",
+            self.deps.asr.transcribe(turn.audio[before.samples:], session=self.session_id, kind=kind,
+                                     language=heard.language or self.language, prompt=heard.text.strip()),
+        )
+        joined = join_tail(heard, tail)
+        turn.notes.asr_tail = joined is not heard
+        log.info("asr.tail_heard session=%s turn=%d words_before=%d words_whole=%d words_tail=%d tail_s=%.2f",
+                 self.session_id, turn.number, len(words(heard.text)), len(words(whole.text)), len(words(tail.text)),
+                 (len(turn.audio) - before.samples) / SPEECH_RATE)
+        if not turn.notes.asr_tail:
+            return whole
+        first, last = whole.timing, tail.timing  # the turn waited for both passes, one after the other
+        timing = PassTiming(first.asked, first.started, last.done) if first and last else last
+        return dataclasses.replace(joined, timing=timing, compute_s=whole.compute_s + tail.compute_s)
 
     def _reply_language(self, heard: Transcript) -> str | None:
         """The language the turn is answered in: the one the ASR heard it in (this turn's own pass, the one the

@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from assistant.asr.base import Transcript
+from assistant.asr.tail import HeardBefore
 from assistant.audio import SPEECH_RATE, AudioChunk
 from assistant.config import ASRConfig, TurnConfig, VADConfig
 from assistant.pipeline.clock import SampleClock
@@ -113,6 +114,10 @@ class TurnTaking:
         self.clock = SampleClock()
         self.pause: Pause | None = None  # the evidence at the current pause (its speculative turn)
         self._carry = np.zeros(0, dtype=np.float32)  # audio of a dropped turn, for the next utterance
+        # The latest pause of the utterance in progress whose pass landed before the user spoke on (its transcript,
+        # the samples of the turn audio it covered, the carry it was on) and where the speech came back: the
+        # tail after it gets a pass of its own if the next pass loses it (asr/tail.py).
+        self._before: tuple[Transcript, int, int, int] | None = None
         self._barge_in_at: int | None = None  # stream sample at which pending speech may interrupt
         self._check: asyncio.Task[None] | None = None  # is the sound over the reply a backchannel?
         self._check_audio: np.ndarray | None = None  # that sound's audio, while it is being judged
@@ -146,6 +151,7 @@ class TurnTaking:
         pause_ms = self.endpointer.silence_samples * 1000 // SPEECH_RATE
         if pause_ms == 0:
             if self.pause is not None:  # the user went on: the pause was not the end
+                self._remember_pause(self.pause)
                 self._drop_speculation("resumed")
             self.endpointer.set_end_silence(None)
             self._maybe_partial()
@@ -224,6 +230,7 @@ class TurnTaking:
     # --- VAD events --------------------------------------------------------------------------------
     def _on_speech_start(self, ev: SpeechStart) -> None:
         self.last_activity_wall = time.time()
+        self._before = None  # a new utterance: no pause of it heard yet
         at_ms = round(self.clock.wall_time(ev.sample_index) * 1000, 1)
         self.events.emit("speech_start", turn=self.runner.turns + 1, at_ms=at_ms, start_sample=ev.sample_index)
         self._partial_text = ""
@@ -301,8 +308,10 @@ class TurnTaking:
                 self.pause = pause
                 self._drop_speculation("changed")
             audio = np.concatenate([self._carry, ev.audio]) if self._carry.size else ev.audio
-            turn = self.runner.start(audio, ev.sample_index, speculative=False)
+            turn = self.runner.start(audio, ev.sample_index, speculative=False,
+                                     before=self._heard_before(audio, ev.sample_index))
         self._carry = np.zeros(0, dtype=np.float32)
+        self._before = None
         self.runner.commit(turn, ending)
 
     async def _backchannel_or_turn(self, ev: SpeechEnd, speech_end: float) -> None:
@@ -334,7 +343,8 @@ class TurnTaking:
         if utterance is None or not utterance.size:
             return
         audio = np.concatenate([self._carry, utterance]) if self._carry.size else utterance
-        turn = self.runner.start(audio, self.endpointer.utterance_end, speculative=True)
+        turn = self.runner.start(audio, self.endpointer.utterance_end, speculative=True,
+                                 before=self._heard_before(audio, self.endpointer.utterance_end))
         pause = self.pause = Pause(turn, self.endpointer.utterance_end, self._carry.size, time.time())
         self.speculations["started"] += 1
         turn.heard.add_done_callback(functools.partial(self._on_transcript, pause))
@@ -381,6 +391,26 @@ class TurnTaking:
             self.speculations["dropped"] += 1
             log.debug("speculation_dropped session=%s reason=%s %s", self.session_id, reason, pause.evidence())
 
+    def _remember_pause(self, pause: Pause) -> None:
+        """The user spoke on after ``pause``: if its pass has landed, what it heard is the start of the turn's
+        words, for the tail (asr/tail.py). A pass still running is dropped with the speculation."""
+        heard = pause.turn.heard
+        if not heard.done() or heard.cancelled() or heard.result() is None:
+            return
+        transcript = heard.result()
+        if transcript is not None and transcript.text.strip():
+            self._before = (transcript, pause.turn.audio.size, pause.carried, self.endpointer.samples_fed)
+
+    def _heard_before(self, audio: np.ndarray, speech_end: int) -> HeardBefore | None:
+        """What a pass at an earlier pause of this utterance heard, for a turn on ``audio`` whose speech ends at
+        stream sample ``speech_end``; None when there is none (or the carried audio changed since)."""
+        if self._before is None:
+            return None
+        transcript, samples, carried, resumed = self._before
+        if carried != self._carry.size or samples >= audio.size:
+            return None
+        return HeardBefore(transcript, samples, tail_speech_ms=max(0, speech_end - resumed) * 1000 // SPEECH_RATE)
+
     # --- partial transcripts -----------------------------------------------------------------------
     def _maybe_partial(self) -> None:
         if not self.asr_cfg.partials or (self._partial is not None and not self._partial.done()):
@@ -412,6 +442,7 @@ class TurnTaking:
         self._cancel_partial()
         self._drop_speculation("cleared")
         self._carry = np.zeros(0, dtype=np.float32)
+        self._before = None
         self.endpointer.reset()
 
     def _partial_from(self, text: str) -> None:

@@ -531,6 +531,13 @@ class TurnConfig:
     trim_reply_silence: bool = _f(
         True, "start a reply at its first audible sample (TTS voices begin with tens of ms of silence; 10 ms kept)"
     )
+    rejoin_ms: int = _f(
+        300,
+        "speech that starts this soon after the turn was decided is the same turn going on, not an answer to the reply "
+        "(nobody reacts to a reply within it): the reply stops, even if it began, and the two are heard as one turn "
+        "(a decision taken at a pause the speaker had not finished no longer splits the turn); 0: such speech is a "
+        "barge-in",
+    )
     backchannel_ms: int = _f(
         600, "speech over the reply pauses it; shorter than this (and no stop word), the reply resumes where it was"
     )

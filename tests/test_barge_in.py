@@ -81,16 +81,23 @@ def test_played_text_cuts_at_the_piece_playing() -> None:
     assert played_text(spoken, 300, 300) == "One two three four. Five six seven eight. Nine ten."
 
 
-async def _talk(short: np.ndarray, short_text: str) -> tuple[Conversation, list[dict], ReplyTrack]:
-    """Ask a question, let the reply play 0.5 s, make ``short`` over it, then let it all play out."""
+async def _talk(short: np.ndarray, short_text: str, *, played_s: float = 0.5, rejoin_ms: int | None = None,
+                asr: LengthASR | None = None, until_turn: int | None = None,
+                ) -> tuple[Conversation, list[dict], ReplyTrack]:
+    """Ask a question, let the reply play ``played_s``, make ``short`` over it, then let it all play out (until the
+    reply is done or a second turn is heard; ``until_turn``: until that turn's reply is done)."""
     x, _ = read_audio(shared_path("audio") / "en_weather.wav")
     x = x[: int(3.2 * 16_000)]  # the question, then just enough silence to end it (speech ends at 2.54 s)
-    cfg = test_config(turn={"speculative": False})
+    turn: dict[str, Any] = {"speculative": False}
+    if rejoin_ms is not None:
+        turn["rejoin_ms"] = rejoin_ms
+    cfg = test_config(turn=turn)
     events = EventChannel()
     seen: list[dict] = []
     events.subscribe(seen.append)
     track = ReplyTrack(queue_ms=60)
-    deps = TurnDeps(asr=LengthASR(short_text), tts=PieceTone(), responder=Reply())  # type: ignore[arg-type]
+    asr = asr or LengthASR(short_text)
+    deps = TurnDeps(asr=asr, tts=PieceTone(), responder=Reply())  # type: ignore[arg-type]
     endpointer = Endpointer(cfg.vad, SileroModel.shared())  # type: ignore[attr-defined]
     conv = Conversation(cfg, endpointer, deps, track, events, "b")  # type: ignore[arg-type]
     loop = asyncio.get_running_loop()
@@ -112,10 +119,13 @@ async def _talk(short: np.ndarray, short_text: str) -> tuple[Conversation, list[
             if any(e["type"] == "reply_audio_start" for e in seen):
                 break
             await say(np.zeros(CHUNK, np.float32))
-        await say(np.zeros(8_000, np.float32))  # half a second of the reply plays
+        await say(np.zeros(int(played_s * 16_000), np.float32))  # some of the reply plays
         await say(np.concatenate([short, np.zeros(int(1.5 * 16_000), np.float32)]))
         for _ in range(500):  # until the turn is over
-            if any(e["type"] == "reply_done" or (e["type"] == "transcript" and e["turn"] == 2) for e in seen):
+            if until_turn is not None:
+                if any(e["type"] == "reply_done" and e["turn"] == until_turn for e in seen):
+                    break
+            elif any(e["type"] == "reply_done" or (e["type"] == "transcript" and e["turn"] == 2) for e in seen):
                 break
             await say(np.zeros(CHUNK, np.float32))
         await asyncio.sleep(0.3)
@@ -163,3 +173,35 @@ async def test_a_short_stop_is_not_a_backchannel() -> None:
     assert conv.history.messages[0].content == "What is the weather like today?"
     assert len(conv.history.messages[1].content) < len(REPLY.strip())
     assert conv.turns == 2  # "Stop." became the next turn
+
+
+class RecordingASR(LengthASR):
+    """LengthASR that keeps the length of each audio it was given."""
+
+    def __init__(self, short_text: str) -> None:
+        super().__init__(short_text)
+        self.lengths: list[int] = []
+
+    async def transcribe(self, audio: np.ndarray, **kw: Any) -> Transcript:
+        self.lengths.append(len(audio))
+        return await super().transcribe(audio, **kw)
+
+
+@pytest.mark.parametrize("rejoin_ms", [5000, 0])
+async def test_speech_right_after_the_decision_is_the_same_turn_going_on(rejoin_ms: int) -> None:
+    """The speaker goes on just after the turn was decided, while its reply has begun (a decision at a pause they
+    had not finished): within turn.rejoin_ms the reply stops (``interrupted``, reason ``went_on``), nothing of it
+    enters the history, and the two stretches of speech are heard as one turn. With rejoin_ms 0 the same speech is a
+    barge-in: the first turn stays in the history, the speech is a turn of its own."""
+    asr = RecordingASR("and tomorrow")
+    conv, seen, _ = await _talk(_speech(2.0), "", played_s=0.1, rejoin_ms=rejoin_ms, asr=asr, until_turn=2)
+    interrupted = [e for e in seen if e["type"] == "interrupted"]
+    users = [m.content for m in conv.history.messages if m.role == "user"]
+    if rejoin_ms:
+        assert [e["reason"] for e in interrupted] == ["went_on"], interrupted
+        assert len(users) == 1 and users[0].startswith("What is the weather like today?"), users  # one turn
+        # Its pass heard both stretches: the question's audio carried in front of the speech after it.
+        assert max(asr.lengths) >= asr.lengths[0] + 2 * 16_000 - 1600, asr.lengths
+    else:
+        assert interrupted and interrupted[0]["reason"] == "barge_in", interrupted
+        assert len(users) == 2, users  # the question (with what of its reply was heard), then the new speech

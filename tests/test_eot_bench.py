@@ -324,7 +324,7 @@ def test_no_false_cutoff_on_the_pause_clips(asr: object, turn_model: object, sha
         assert len(end) == 1 and replay(cfg, end[0], 500) <= cfg.max_silence_ms + 32
         # The evidence hears the turn as the pipeline does: distance.wav's pass ends at its pause ("What is the
         # distance between?"), so the tail after it is heard by a pass of its own (asr/tail.py).
-        heard_end = [p for p in ev.pauses if p.is_end][0]
+        heard_end = next(p for p in ev.pauses if p.is_end)
         assert heard_end.tail == (path.name == "distance.wav"), (path.name, heard_end.text)
         if heard_end.tail:
             assert heard_end.text.startswith("What is the distance between?") and "Berlin" in heard_end.text

@@ -142,20 +142,21 @@ def join(a: Turns, b: Turns) -> Turns:
     return Turns([*a.clips, *b.clips], [*a.pauses, *(replace(p, clip=p.clip + n) for p in b.pauses)])
 
 
-def flatten(clips: Iterable[ClipEvidence]) -> Turns:
+def flatten(clips: Iterable[ClipEvidence], tail: bool = True) -> Turns:
     """The turns of ``clips`` as pauses, each with its transcript's cue, read once here: the doubtful cue at the
-    shipped ``turn.doubtful_below`` (set by hand, not tuned: the replay does not read a setting's own)."""
+    shipped ``turn.doubtful_below`` (set by hand, not tuned: the replay does not read a setting's own).
+    ``tail=False``: as heard without the pass over a lost tail (asr/tail.py), the turn's own pass's text."""
     doubtful_below = TurnConfig().doubtful_below
     ok = [c for c in clips if c.status == "ok"]
     pauses: list[Pause] = []
     for i, c in enumerate(ok):
         for p in c.pauses:
-            words = word_count(p.text)
+            text, last_p = (p.text, p.last_p) if tail or not p.tail else (p.untailed, p.untailed_last_p)
             pauses.append(Pause(
                 clip=i, is_end=p.is_end, silence_ms=p.silence_ms,
-                offset_ms=(p.start_s - c.speech_ends_s) * 1000, text=p.text, cue=cue(p.text, p.last_p, doubtful_below),
-                text_end=judge(p.text),
-                words=words, asr_ms=p.asr_ms, probs=p.probs, labelled=p.labelled, last_p=p.last_p,
+                offset_ms=(p.start_s - c.speech_ends_s) * 1000, text=text, cue=cue(text, last_p, doubtful_below),
+                text_end=judge(text),
+                words=word_count(text), asr_ms=p.asr_ms, probs=p.probs, labelled=p.labelled, last_p=last_p,
             ))
     return Turns(ok, pauses)
 
@@ -911,6 +912,13 @@ def analyse(evidence: dict[str, list[ClipEvidence]], target: float, out: Path,
     # afresh from START each run, so when the evidence changed it may settle elsewhere; this says where the
     # defaults stand now.
     shipped = {"tune": score_replay(TurnConfig(), tune, fixed), "heldout": score_replay(TurnConfig(), held, fixed)}
+    # The same without the pass over a lost tail (asr/tail.py), on the same evidence: what it buys. The tuning turns
+    # as above (the human set is joined as given: ``human`` comes flattened).
+    tune_untailed = flatten(evidence["tune"], tail=False)
+    tune_untailed = tune_untailed.subset(lambda c: c.lang == tune_lang) if tune_lang else tune_untailed
+    tune_untailed = join(tune_untailed, human) if human is not None else tune_untailed
+    untailed = {"tune": score_replay(TurnConfig(), tune_untailed, fixed),
+                "heldout": score_replay(TurnConfig(), flatten(evidence["heldout"], tail=False), fixed)}
     lines.append(_format_row("shipped defaults, tune", shipped["tune"]))
     lines.append(_format_row("shipped defaults, held-out", shipped["heldout"]))
     doubt = {name: doubtful_counts(turns) for name, turns in
@@ -996,6 +1004,8 @@ def analyse(evidence: dict[str, list[ClipEvidence]], target: float, out: Path,
         "operating_point_late": _variant_point(curves, variants, LATE_VARIANT),
         "model_off": {"tune": model_off[0].row(), "heldout": model_off[1].row()},
         "shipped": {half: score.row() for half, score in shipped.items()}, "doubtful": doubt,
+        "shipped_untailed": {half: score.row() for half, score in untailed.items()},
+        "tail_passes": {half: sum(p.tail for c in evidence[half] for p in c.pauses) for half in ("tune", "heldout")},
         "groups": group_rows, "afterthoughts": after, "floor": floor, "cost": cost, "pause_kinds": by_kind,
     }
     (out / "eot.json").write_text(json.dumps(result, indent=1))
@@ -1105,7 +1115,9 @@ def markdown(report: dict[str, Any]) -> str:
              f"alone, p = {report['operating_point']['model_off_prob']}): tuning half "
              f"{pct(report['model_off']['tune'])}, held-out {pct(report['model_off']['heldout'])}.", "",
              f"The shipped defaults (`TurnConfig`, chosen by an earlier run; not tuned here) on this evidence: tuning "
-             f"{pct(report['shipped']['tune'])}, held-out {pct(report['shipped']['heldout'])}.", "",
+             f"{pct(report['shipped']['tune'])}, held-out {pct(report['shipped']['heldout'])}."
+             + _untailed_sentence(report, pct),
+             "",
              "The doubtful cue on this evidence (pauses whose transcript it holds; the ends' last words as sure as "
              "the ASR was of them, p50): " + "; ".join(
                  f"{k}: {v['mid']} of {v['mids']} mid-turn pauses, {v['end']} of {v['ends']} ends "
@@ -1152,6 +1164,15 @@ def also_report(turns: Turns, report: dict[str, Any]) -> str:
                  for p in turns.pauses if p.is_end}
         lines.append(f"    {name}: " + ", ".join(f"{f} {w:.0f}" for f, w in waits.items()))
     return "\n".join(lines)
+
+
+def _untailed_sentence(report: dict[str, Any], pct: Callable[[dict[str, Any] | None], str]) -> str:
+    """The shipped defaults without the pass over a lost tail, for the Markdown (older reports lack it)."""
+    if "shipped_untailed" not in report:
+        return ""
+    runs, off = report["tail_passes"], report["shipped_untailed"]
+    return (f" Without the pass over a lost tail (asr/tail.py; it ran at {runs['tune']} tuning and {runs['heldout']} "
+            f"held-out pauses): tuning {pct(off['tune'])}, held-out {pct(off['heldout'])}.")
 
 
 def load_evidence(out: Path) -> dict[str, list[ClipEvidence]]:

@@ -62,6 +62,8 @@ class PauseEvidence:
     probs: list[list[float]] = field(default_factory=list)  # [mark_ms, probability, compute_ms]
     last_p: float | None = None  # the ASR's probability of the transcript's last word (None: not known)
     tail: bool = False  # the text is an earlier pause's and a pass over the tail after it (asr/tail.py)
+    untailed: str = ""  # ... and what the turn's own pass heard instead (the text without the tail's pass)
+    untailed_last_p: float | None = None
 
 
 @dataclass
@@ -166,6 +168,8 @@ def collect_clip(
             if known.tail_worth_a_pass() and lost_tail(str(said_here.text), said.text):
                 joined = join_tail(said, asr.transcribe(spec_audio[covered:], prompt=said.text.strip()))
                 if joined is not said:
+                    pe.untailed = str(said_here.text).strip()
+                    pe.untailed_last_p = last_word_probability(getattr(said_here, "words", ()))
                     pe.tail, said_here = True, joined
         pe.text = str(said_here.text).strip()
         pe.last_p = last_word_probability(getattr(said_here, "words", ()))

@@ -77,6 +77,9 @@ class TurnResult:
     transcript: str = ""
     reply_text: str = ""
     speech_ends: int = 0  # speech_end events the server sent while this file played and was answered (1: one turn)
+    # Of those ends, the turns dropped because the speaker went on right after the decision (turn.rejoin_ms): heard as
+    # one turn with the next, so speech_ends - rejoined is the number of turns the file was heard as.
+    rejoined: int = 0
     gaps_ms: dict[str, float] = field(default_factory=dict)  # the server's idle gaps (pipeline/trace.GAPS)
 
 

@@ -329,6 +329,8 @@ class BenchSession:
     def _fill(self, result: TurnResult, start: int, speech_end: float, metrics: dict[str, Any] | None) -> None:
         listener = self.listener
         result.speech_ends = len(self._events_since(start, "speech_end"))
+        went_on = [e for e in self._events_since(start, "interrupted") if e.body.get("reason") == "went_on"]
+        result.rejoined = len(went_on)
         finals = [e.body for e in self._events_since(start, "transcript") if e.body.get("final")]
         if finals:
             result.transcript = str(finals[-1].get("text", ""))

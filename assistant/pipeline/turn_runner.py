@@ -128,15 +128,23 @@ class TurnRunner:
     def speaking(self) -> bool:
         return self.busy and self.current is not None and self.current.reply.speaking
 
-    def drop(self) -> np.ndarray | None:
-        """Drop the current turn before its reply was heard (the user was not done); returns its audio."""
+    def drop(self, reason: str = "not_done") -> np.ndarray | None:
+        """Drop the current turn, the user was not done: before its reply was heard, or just after it began
+        (``turn.rejoin_ms``; the ``interrupted`` event says so). Its words do not enter the history: they are the
+        start of the next turn, whose audio this returns."""
         turn = self.current
         if turn is None or not turn.active:
             return None
+        audible, was_paused = turn.reply.speaking, self.paused
         turn.cancel()
         self.current, self.paused = None, False
-        self.sink.interrupt()
-        log.info("turn_dropped session=%s turn=%d", self.session_id, turn.number)
+        dropped = self.sink.interrupt()
+        if audible and not was_paused:  # a paused reply was already announced as interrupted
+            self.events.emit("interrupted", turn=turn.number, reason=reason, dropped_ms=dropped * FRAME_MS)
+            if self.deps.on_interrupted is not None:
+                self.deps.on_interrupted()
+        log.info("turn_dropped session=%s turn=%d reason=%s audible=%s", self.session_id, turn.number, reason,
+                 audible)
         return turn.audio
 
     def pause(self, reason: str) -> None:

@@ -243,10 +243,15 @@ class TurnTaking:
             self._check_audio = None
         if not self.runner.busy:
             return
-        if not self.runner.speaking:
-            # The user was not done: drop the turn in preparation, keep its audio for the next one.
-            audio = self.runner.drop()
-            self._carry = audio if audio is not None else self._carry
+        went_on = self._went_on(ev)
+        if not self.runner.speaking or went_on:
+            # The user was not done: drop the turn in preparation (or whose reply just began), keep its audio and
+            # what its pass heard for the next one.
+            current = self.runner.current
+            audio = self.runner.drop("went_on" if went_on else "not_done")
+            if audio is not None:
+                self._carry = audio
+                self._keep_heard(current, ev.sample_index)
             return
         if not self.cfg.barge_in:
             return
@@ -255,6 +260,25 @@ class TurnTaking:
             self._barge_in()
         else:
             self._barge_in_at = self.clock.samples + int(wait_ms * SPEECH_RATE / 1000)
+
+    def _went_on(self, ev: SpeechStart) -> bool:
+        """Speech began within ``turn.rejoin_ms`` of the current turn's decision: the speaker went on after a
+        pause the decision took for the end (too soon to be an answer to a reply that had barely begun)."""
+        current = self.runner.current
+        ending = current.trace.ending if current is not None else None
+        if self.cfg.rejoin_ms <= 0 or ending is None:
+            return False
+        return self.clock.wall_time(ev.sample_index) - ending.decided <= self.cfg.rejoin_ms / 1000
+
+    def _keep_heard(self, turn: Turn | None, resumed: int) -> None:
+        """A dropped turn's transcript, when its pass had landed, is what the next turn's start was heard as (the
+        tail after it may need a pass of its own, asr/tail.py)."""
+        heard = turn.heard if turn is not None else None
+        if heard is None or not heard.done() or heard.cancelled():
+            return
+        transcript = heard.result()
+        if transcript is not None and transcript.text.strip():
+            self._before = (transcript, self._carry.size, self._carry.size, resumed)
 
     def _barge_in(self) -> None:
         if self.cfg.backchannel_ms > 0 or self.cfg.backchannel_words > 0:

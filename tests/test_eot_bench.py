@@ -323,11 +323,15 @@ def test_no_false_cutoff_on_the_pause_clips(asr: object, turn_model: object, sha
         end = [p for p in turns.pauses if p.is_end]
         assert len(end) == 1 and replay(cfg, end[0], 500) <= cfg.max_silence_ms + 32
         # The evidence hears the turn as the pipeline does: distance.wav's pass ends at its pause ("What is the
-        # distance between?"), so the tail after it is heard by a pass of its own (asr/tail.py).
-        heard_end = next(p for p in ev.pauses if p.is_end)
-        assert heard_end.tail == (path.name == "distance.wav"), (path.name, heard_end.text)
-        if heard_end.tail:
-            assert heard_end.text.startswith("What is the distance between?") and "Berlin" in heard_end.text
+        # distance between?"), so the tail after it is heard by a pass of its own (asr/tail.py), provided the
+        # pause's own pass had answered before the speech came back (as live; on a loaded machine it may not).
+        if path.name == "distance.wav":
+            heard_end, pause = next(p for p in ev.pauses if p.is_end), next(p for p in ev.pauses if not p.is_end)
+            landed = pause.silence_ms is not None and pause.silence_ms >= cfg.speculative_pause_ms + pause.asr_ms
+            assert heard_end.tail == landed, (heard_end.text, pause.silence_ms, pause.asr_ms)
+            if landed:
+                assert heard_end.text.startswith("What is the distance between?") and "Berlin" in heard_end.text
+                assert heard_end.untailed == "What is the distance between?"
 
 
 def test_corpus_noise_and_phone_change_the_sound() -> None:

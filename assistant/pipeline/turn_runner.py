@@ -283,13 +283,18 @@ class TurnRunner:
 
     async def _hear_tail(self, turn: Turn, before: HeardBefore, whole: Transcript, kind: PassKind) -> Transcript:
         """The turn's pass heard nothing past an earlier pause although the user spoke on: a pass over the audio
-        after that pause (told the words before it), joined to the pause's transcript (asr/tail.py)."""
+        after that pause (told the words before it), joined to the pause's transcript (asr/tail.py). If that pass
+        fails, the turn keeps its own pass's transcript."""
         heard = before.transcript
-        tail = await stage(
-            "asr", "I could not make that out",
-            self.deps.asr.transcribe(turn.audio[before.samples:], session=self.session_id, kind=kind,
-                                     language=heard.language or self.language, prompt=heard.text.strip()),
-        )
+        try:
+            tail = await self.deps.asr.transcribe(turn.audio[before.samples:], session=self.session_id, kind=kind,
+                                                  language=heard.language or self.language, prompt=heard.text.strip())
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # the turn's own pass answered: a failed second pass costs the tail, not the turn
+            log.warning("asr.tail_failed session=%s turn=%d error=%s", self.session_id, turn.number,
+                        type(exc).__name__)
+            return whole
         joined = join_tail(heard, tail)
         turn.notes.asr_tail = joined is not heard
         log.info("asr.tail_heard session=%s turn=%d words_before=%d words_whole=%d words_tail=%d tail_s=%.2f",

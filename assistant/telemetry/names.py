@@ -102,6 +102,9 @@ BARGE_IN_HEARD = "assistant.barge_in.heard"  # that text, only with telemetry.in
 # --- stages ----------------------------------------------------------------------------------------------------
 QUEUE_MS = "assistant.queue_ms"  # a call's wait for a free worker before it ran (ASR, end-of-turn model)
 ASR_PASS = "assistant.asr.pass"  # speculative (asked at a pause, before the turn was committed) or final
+# True when the pass lost the words after a pause and a pass over the tail heard them (asr/tail.py): the span then
+# covers both passes, one after the other.
+ASR_TAIL = "assistant.asr.tail"
 ASR_CHARS = "assistant.asr.characters"
 RAY_HOP = "ray.hop"  # a leg of the Ray hop (engines on Ray Serve): the request's way there, or the answer's back
 RAY_LEG = "assistant.ray.leg"  # request or response

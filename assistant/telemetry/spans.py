@@ -186,6 +186,8 @@ class CallTrace:
         if asr is not None:
             asr_attrs: Attributes = {names.ASR_PASS: notes.asr_kind, names.QUEUE_MS: _ms(asr.started - asr.asked),
                                      names.ASR_CHARS: len(turn.transcript or "")}
+            if notes.asr_tail:
+                asr_attrs[names.ASR_TAIL] = True
             if self.include_text:
                 asr_attrs[names.OUTPUT] = turn.transcript
             remote = notes.asr_remote

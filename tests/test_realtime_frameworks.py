@@ -160,9 +160,11 @@ async def test_agents_sdk_holds_two_spoken_turns_with_a_tool_and_an_interruption
         assert any("weather" in s.lower() for s in said) and any("timer" in s.lower() for s in said)
         assert not [e for e in events if e.type == "error"], [e for e in events if e.type == "error"]
         assert not [e for e in raw if e["type"] == "error"]
-    # The model's second call held the tool's output and no new user words.
-    second = fake.requests[1][0]["messages"]
-    assert second[-1]["role"] == "tool" and second[-2]["tool_calls"][0]["function"]["name"] == "get_weather"
+    # The model's call after the tool held the tool's output and no new user words. (Not "the second call": a
+    # speculative turn at a pause may ask the model too, e.g. on "Hello?" before "what is the weather like today?",
+    # when its transcript lands before the speaker goes on, as it does on a fast machine.)
+    after_tool = next(r[0]["messages"] for r in fake.requests if any(m["role"] == "tool" for m in r[0]["messages"]))
+    assert after_tool[-1]["role"] == "tool" and after_tool[-2]["tool_calls"][0]["function"]["name"] == "get_weather"
 
 
 # --- LiveKit Agents' OpenAI realtime plugin ---------------------------------------------------------------------

@@ -86,7 +86,10 @@ _FENCE = re.compile(r"^\s*(```|~~~)")
 _RULE = re.compile(r"^\s*([-*_=])(\s*\1){2,}\s*$")
 _TABLE_SEP = re.compile(r"^\s*\|?\s*:?-{2,}:?\s*(\|\s*:?-{2,}:?\s*)*\|?\s*$")
 _HEADING = re.compile(r"^\s*#{1,6}\s+")
-_LIST = re.compile(r"^\s*(?:(?:[-*+•‣◦▪]|\d{1,3}[.)])\s+)+")  # "1. 1. Make tea": a small model nests them
+_LIST = re.compile(r"^\s*(?:(?:[-*+•‣◦▪]|\d{1,3}[.)])\s+)+(?=\S)")  # "1. 1. Make tea": a small model nests them
+# A line of list markers and nothing else ("1. 1. 1."): nothing to say. One number and its dot ("3.", a heading
+# "# 3.") is the number, said whether or not a space follows it: the chunker may cut a piece before or after it.
+_ONLY_MARKERS = re.compile(r"^\s*(?:(?:[-*+•‣◦▪]|\d{1,3}[.)])\s*){2,}$|^\s*[-*+•‣◦▪]\s*$")
 _QUOTE = re.compile(r"^\s*(?:>\s*)+")
 _IMAGE = re.compile(r"!\[([^\]]*)\]\([^)]*\)")
 _LINK = re.compile(r"\[([^\]]+)\]\([^)]*\)")
@@ -149,7 +152,10 @@ class Speakable:
             cells = [c.strip() for c in line.strip().strip("|").split("|")]
             line = ", ".join(c for c in cells if c)
             structured = True
-        for pattern in (_HEADING, _LIST, _QUOTE):
+        line = line.rstrip()
+        for pattern in (_HEADING, _QUOTE, _LIST):
+            if _ONLY_MARKERS.match(line):
+                return ""
             line, n = pattern.subn("", line, count=1)
             structured = structured or bool(n)
         text = shape_inline(line, language_of(line, self.language))

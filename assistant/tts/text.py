@@ -85,7 +85,8 @@ def find_break(buf: str, *, final: bool, clause_min_chars: int | None = None) ->
             if buf[:i].strip():
                 return i + 1
         elif c in CJK_SENTENCE_END and (c not in "!?" or (i > 0 and is_cjk(buf[i - 1]))):
-            return skip_closers(buf, i + 1, SENTENCE_END + CJK_SENTENCE_END)
+            j = skip_closers(buf, i + 1, SENTENCE_END + CJK_SENTENCE_END)
+            return j if j < n or final else None  # wait: "。" may become "。」" or "。。", as "." waits for "3.5"
         elif c in SENTENCE_END:
             j = skip_closers(buf, i + 1, SENTENCE_END)
             if j >= n:

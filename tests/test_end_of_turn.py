@@ -297,6 +297,15 @@ async def test_the_model_waits_for_the_transcript_then_hears_the_pause_at_its_ma
         heard, marks)
 
 
+def _distance() -> tuple[dict[str, Any], np.ndarray, Any]:
+    """distance.wav's manifest entry, its audio with 2.5 s of silence after the end, and a config with every
+    end-of-turn signal on."""
+    entry = MANIFEST["distance.wav"]
+    x, _ = read_audio(PAUSES / entry["file"])
+    x = x[: int((entry["speech_ends_s"] + 2.5) * 16_000)]
+    return entry, x, test_config(turn={"speculative": True, "smart_endpoint": True, "end_of_turn_model": True})
+
+
 class LosesTheTail:
     """distance.wav as Whisper without timestamps hears it: audio up to the pause and the whole turn are both
     "What is the distance between?"; a pass over the tail alone (told the words before it) hears the rest.
@@ -325,10 +334,7 @@ async def test_the_words_after_a_pause_are_heard_when_the_turns_pass_loses_them(
     turn (the decoder ended its text at the pause): the tail after the pause gets a pass of its own, told the words
     before it, and the turn is heard whole; its reply answers the question that was asked. A tail pass that hears
     nothing leaves the turn's own transcript."""
-    entry = MANIFEST["distance.wav"]
-    x, _ = read_audio(PAUSES / entry["file"])
-    x = x[: int((entry["speech_ends_s"] + 2.5) * 16_000)]
-    cfg = test_config(turn={"speculative": True, "smart_endpoint": True, "end_of_turn_model": True})
+    entry, x, cfg = _distance()
     asr = LosesTheTail(entry, tail)
     seen = await _converse(cfg, x, asr, batcher_model)
     assert len([e for e in seen if e["type"] == "speech_end"]) == 1
@@ -355,10 +361,7 @@ class TailFails(LosesTheTail):
 @pytest.mark.slow
 async def test_a_failed_pass_over_the_tail_keeps_the_turns_own_transcript(batcher_model: SmartTurnModel) -> None:
     """The turn's own pass answered; the second one failing costs the tail, not the turn: no error, no apology."""
-    entry = MANIFEST["distance.wav"]
-    x, _ = read_audio(PAUSES / entry["file"])
-    x = x[: int((entry["speech_ends_s"] + 2.5) * 16_000)]
-    cfg = test_config(turn={"speculative": True, "smart_endpoint": True, "end_of_turn_model": True})
+    entry, x, cfg = _distance()
     asr = TailFails(entry)
     seen = await _converse(cfg, x, asr, batcher_model)
     assert any(p for _, p in asr.passes), asr.passes  # the tail's pass was asked, and failed
@@ -380,10 +383,7 @@ class HearsOn(LosesTheTail):
 
 @pytest.mark.slow
 async def test_no_pass_over_the_tail_when_the_turns_pass_heard_it(batcher_model: SmartTurnModel) -> None:
-    entry = MANIFEST["distance.wav"]
-    x, _ = read_audio(PAUSES / entry["file"])
-    x = x[: int((entry["speech_ends_s"] + 2.5) * 16_000)]
-    cfg = test_config(turn={"speculative": True, "smart_endpoint": True, "end_of_turn_model": True})
+    entry, x, cfg = _distance()
     asr = HearsOn(entry)
     seen = await _converse(cfg, x, asr, batcher_model)
     finals = [e["text"] for e in seen if e["type"] == "transcript" and e["final"]]
@@ -416,10 +416,7 @@ async def test_a_real_pass_over_the_tail_hears_what_the_turns_pass_lost(batcher_
     from assistant.asr.runner import ASRRunner
     from assistant.config import ASRConfig
 
-    entry = MANIFEST["distance.wav"]
-    x, _ = read_audio(PAUSES / entry["file"])
-    x = x[: int((entry["speech_ends_s"] + 2.5) * 16_000)]
-    cfg = test_config(turn={"speculative": True, "smart_endpoint": True, "end_of_turn_model": True})
+    entry, x, cfg = _distance()
     runner = ASRRunner(create_asr(ASRConfig()), ASRConfig())
     asr = Answered(runner)
     # Mid-pause, the pause's pass must have answered before the speech comes back (on a loaded machine it may

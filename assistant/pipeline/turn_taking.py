@@ -151,7 +151,8 @@ class TurnTaking:
         pause_ms = self.endpointer.silence_samples * 1000 // SPEECH_RATE
         if pause_ms == 0:
             if self.pause is not None:  # the user went on: the pause was not the end
-                self._remember_pause(self.pause)
+                pause = self.pause
+                self._keep_heard(pause.turn, pause.turn.audio.size, pause.carried, self.endpointer.samples_fed)
                 self._drop_speculation("resumed")
             self.endpointer.set_end_silence(None)
             self._maybe_partial()
@@ -251,7 +252,7 @@ class TurnTaking:
             audio = self.runner.drop("went_on" if went_on else "not_done")
             if audio is not None:
                 self._carry = audio
-                self._keep_heard(current, ev.sample_index)
+                self._keep_heard(current, audio.size, audio.size, ev.sample_index)
             return
         if not self.cfg.barge_in:
             return
@@ -270,15 +271,17 @@ class TurnTaking:
             return False
         return self.clock.wall_time(ev.sample_index) - ending.decided <= self.cfg.rejoin_ms / 1000
 
-    def _keep_heard(self, turn: Turn | None, resumed: int) -> None:
-        """A dropped turn's transcript, when its pass had landed, is what the next turn's start was heard as (the
-        tail after it may need a pass of its own, asr/tail.py)."""
+    def _keep_heard(self, turn: Turn | None, samples: int, carried: int, resumed: int) -> None:
+        """The speaker went on after ``turn`` (a speculation at a pause, or a turn dropped just after its decision):
+        if its pass has landed, what it heard is the start of the next turn's words, covering ``samples`` of its
+        audio (with ``carried`` samples of carry) up to where the speech came back at ``resumed``; the tail after
+        it may need a pass of its own (asr/tail.py). A pass still running is dropped with the turn."""
         heard = turn.heard if turn is not None else None
         if heard is None or not heard.done() or heard.cancelled():
             return
         transcript = heard.result()
         if transcript is not None and transcript.text.strip():
-            self._before = (transcript, self._carry.size, self._carry.size, resumed)
+            self._before = (transcript, samples, carried, resumed)
 
     def _barge_in(self) -> None:
         if self.cfg.backchannel_ms > 0 or self.cfg.backchannel_words > 0:
@@ -414,16 +417,6 @@ class TurnTaking:
             self.runner.discard(pause.turn)
             self.speculations["dropped"] += 1
             log.debug("speculation_dropped session=%s reason=%s %s", self.session_id, reason, pause.evidence())
-
-    def _remember_pause(self, pause: Pause) -> None:
-        """The user spoke on after ``pause``: if its pass has landed, what it heard is the start of the turn's
-        words, for the tail (asr/tail.py). A pass still running is dropped with the speculation."""
-        heard = pause.turn.heard
-        if not heard.done() or heard.cancelled() or heard.result() is None:
-            return
-        transcript = heard.result()
-        if transcript is not None and transcript.text.strip():
-            self._before = (transcript, pause.turn.audio.size, pause.carried, self.endpointer.samples_fed)
 
     def _heard_before(self, audio: np.ndarray, speech_end: int) -> HeardBefore | None:
         """What a pass at an earlier pause of this utterance heard, for a turn on ``audio`` whose speech ends at

@@ -24,6 +24,7 @@ from assistant.bench.eot import (
     join,
     replay,
     score_replay,
+    tune_falling,
 )
 from assistant.bench.eot_corpus import (
     ESPEAK_VOICES,
@@ -42,6 +43,7 @@ from assistant.pipeline.end_of_turn import (
     TurnEnd,
     cue,
     decide,
+    digits_said,
     falling_threshold,
     finished_number,
     last_word_probability,
@@ -151,6 +153,27 @@ def test_a_finished_time_or_amount_is_no_half_said_number() -> None:
     assert finished_number("at 1030.") and not finished_number("My number is 555-213")
 
 
+def test_a_digit_string_as_long_as_a_phone_number_reads_whole() -> None:
+    """turn.number_whole_digits: a digit string of that many digits or more is a whole phone number or code,
+    judged as any other text (phone_number.wav's end, "My number is 555-213-449", waited the full max_silence_ms
+    held by cue_number); shorter ones, as said before a pause between digit groups, stay held."""
+    whole = TurnConfig().number_whole_digits
+    assert whole == 7
+    assert digits_said("My number is 555-213-449") == 9
+    assert digits_said("My number is five five five two one three.") == 6
+    assert digits_said("電話番号は706") == 3
+    assert digits_said("Call me at noon.") == 0
+    assert cue("My number is 555-213-449", whole_digits=whole) is Cue.OPEN
+    assert cue("My number is 2284425.", whole_digits=whole) is Cue.COMPLETE
+    assert cue("dial 3 8 9 2 9 0 9", whole_digits=whole) is Cue.OPEN
+    assert cue("電話番号は0312345678", whole_digits=whole) is Cue.OPEN
+    for half in ("My number is 555-213", "My number is 015, 797.", "It is five five five two one three",
+                 "電話番号は706"):
+        assert cue(half, whole_digits=whole) is Cue.NUMBER, half
+    assert cue("My number is 555-213-449") is Cue.NUMBER  # 0: every digit string may be half said
+    assert finished_number("My number is 555-213-449", whole_digits=whole)
+
+
 def _random_pause(r: random.Random, clip: int, is_end: bool) -> Pause:
     c = r.choice(list(Cue))
     marks = [96, 192, 320, 480, 704, 1024, 1504]
@@ -192,6 +215,27 @@ def _pause(clip: int, is_end: bool, silence_ms: int | None, labelled: str | None
     return Pause(clip=clip, is_end=is_end, silence_ms=silence_ms, offset_ms=50.0, text="Play some music.",
                  cue=Cue.COMPLETE, text_end=TurnEnd.COMPLETE, words=3, asr_ms=150.0, labelled=labelled,
                  probs=[[m, p, 40.0] for m in (96, 192, 320, 480, 704, 1024, 1504) if m <= (silence_ms or 2000)])
+
+
+def test_the_late_stage_tuning_returns_the_point_it_judged() -> None:
+    """tune_falling(late=True) judges a late stage (and the threshold's shift) by the mean wait at the target
+    (the late stage moves only the turns that waited past falling_over_ms, which no median sees) and returns
+    that point: within the target on the tuning turns, and waiting less on average than the shape without it."""
+    clips = [ClipEvidence(file=str(i), split="tune", engine="e", voice="v", lang="en", kind="k", speech_ends_s=1.0,
+                          status="ok", pauses=[]) for i in range(40)]
+    pauses = [_pause(i, True, None, None, 0.98) for i in range(24)]  # sure ends
+    pauses += [_pause(i, True, None, None, 0.5) for i in range(24, 32)]  # unsure ends
+    pauses += [_pause(i, False, 1500, None, 0.2) for i in range(32, 40)]  # thinking pauses, then the end
+    pauses += [_pause(i, True, None, None, 0.98) for i in range(32, 40)]
+    turns = Turns(clips, pauses)
+    base = TurnConfig()
+    cfg, _ = tune_falling(FallingTable(turns, base), base, 0.05, late=True)
+    s = score_replay(cfg, turns, 500)
+    assert s.fcr <= 0.05
+    no_late = replace(base, falling_late_to=base.falling_to)
+    assert np.mean(s.waits) < np.mean(score_replay(no_late, turns, 500).waits) - 200
+    unsure = [p for p in pauses if p.is_end and p.probs[0][1] == 0.5]
+    assert all(replay(cfg, p, 500) < replay(no_late, p, 500) - 500 for p in unsure)
 
 
 def test_afterthoughts_are_counted_apart() -> None:

@@ -90,8 +90,8 @@ GRID: dict[str, Sequence[Any]] = {
                          ("continues", "doubtful", "short", "number", "open")),
     # The late stage (after falling_over_ms): how far below falling_to the threshold goes on to fall (0: no late
     # stage; kept as a drop below falling_to as the shape changes), and by when.
-    "falling_late_drop": (0.0, 0.1, 0.2, 0.3, 0.4, 0.5),
-    "falling_late_ms": (1000, 1100, 1200, 1400, 1600),
+    "falling_late_drop": (0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.8),
+    "falling_late_ms": (900, 1000, 1100, 1200, 1400, 1600),
     "falling_late_veto": (("continues", "doubtful"), ("continues", "doubtful", "short"),
                           ("continues", "doubtful", "number"), ("continues", "doubtful", "number", "short"),
                           ("continues", "doubtful", "number", "short", "open")),
@@ -142,11 +142,14 @@ def join(a: Turns, b: Turns) -> Turns:
     return Turns([*a.clips, *b.clips], [*a.pauses, *(replace(p, clip=p.clip + n) for p in b.pauses)])
 
 
-def flatten(clips: Iterable[ClipEvidence], tail: bool = True) -> Turns:
+def flatten(clips: Iterable[ClipEvidence], tail: bool = True, whole_digits: int | None = None) -> Turns:
     """The turns of ``clips`` as pauses, each with its transcript's cue, read once here: the doubtful cue at the
-    shipped ``turn.doubtful_below`` (set by hand, not tuned: the replay does not read a setting's own).
-    ``tail=False``: as heard without the pass over a lost tail (asr/tail.py), the turn's own pass's text."""
+    shipped ``turn.doubtful_below`` (set by hand, not tuned: the replay does not read a setting's own), a digit
+    string whole at ``whole_digits`` digits (None: the shipped ``turn.number_whole_digits``; chosen by
+    :func:`digits_sweep`). ``tail=False``: as heard without the pass over a lost tail (asr/tail.py), the turn's own
+    pass's text."""
     doubtful_below = TurnConfig().doubtful_below
+    whole_digits = TurnConfig().number_whole_digits if whole_digits is None else whole_digits
     ok = [c for c in clips if c.status == "ok"]
     pauses: list[Pause] = []
     for i, c in enumerate(ok):
@@ -154,7 +157,8 @@ def flatten(clips: Iterable[ClipEvidence], tail: bool = True) -> Turns:
             text, last_p = (p.text, p.last_p) if tail or not p.tail else (p.untailed, p.untailed_last_p)
             pauses.append(Pause(
                 clip=i, is_end=p.is_end, silence_ms=p.silence_ms,
-                offset_ms=(p.start_s - c.speech_ends_s) * 1000, text=text, cue=cue(text, last_p, doubtful_below),
+                offset_ms=(p.start_s - c.speech_ends_s) * 1000, text=text,
+                cue=cue(text, last_p, doubtful_below, whole_digits),
                 text_end=judge(text),
                 words=word_count(text), asr_ms=p.asr_ms, probs=p.probs, labelled=p.labelled, last_p=last_p,
             ))
@@ -447,10 +451,12 @@ def tune_falling(table: FallingTable, base: TurnConfig, target: float, rounds: i
             return replace(c, falling_to=v, falling_late_to=v - (c.falling_to - c.falling_late_to)), e
         return replace(c, **{name: value(name, v)}), e
 
-    def objective(c: TurnConfig, e: dict[str, float]) -> tuple[float, float, float, float]:
+    def objective(c: TurnConfig, e: dict[str, float]) -> tuple[float, ...]:
         """The mean of the shape's least median waits at three targets up to ``target`` (a shape that is good
         only at one point of its curve overfits), then the false cut-offs and shift at ``target``, then the p90
-        wait there (what the late stage shortens)."""
+        wait there. The late stage (``late``): its mean wait at ``target`` before the false cut-offs; it moves
+        only the turns that waited past ``falling_over_ms``, which neither median sees, and the target bounds
+        its cut-offs as any shape's."""
         points = [(d, table.score(shifted(c, d), **e)) for d in COARSE_OFFSETS
                   if guard_table is None or guard_table.score(guard_view(shifted(c, d)), **e).cut_all == 0]
         waits = []
@@ -458,8 +464,10 @@ def tune_falling(table: FallingTable, base: TurnConfig, target: float, rounds: i
             b = best_under(points, t)
             waits.append(b[1].wait(50) if b is not None else 1e6)
         main = best_under(points, target)
-        return (float(np.mean(waits)), main[1].fcr if main else 1.0, main[0] if main else 0.0,
-                main[1].wait(90) if main else 1e6)
+        if main is None:
+            return (float(np.mean(waits)), 1e6, 1.0, 0.0, 1e6)
+        mean_wait = float(np.mean(main[1].waits)) if late else 0.0
+        return (float(np.mean(waits)), mean_wait, main[1].fcr, main[0], main[1].wait(90))
 
     rng = np.random.default_rng(seed)
     cfg, extra = base, dict(extras or {})
@@ -482,7 +490,7 @@ def tune_falling(table: FallingTable, base: TurnConfig, target: float, rounds: i
                     cfg, extra, best, improved = c, e, o, True
         if not improved:
             break
-    return settled(cfg, best[2]), extra  # the point at the target itself
+    return settled(cfg, best[3]), extra  # the point at the target itself (objective()[3]: its shift)
 
 
 # --- the report -----------------------------------------------------------------------------------------------
@@ -921,6 +929,14 @@ def analyse(evidence: dict[str, list[ClipEvidence]], target: float, out: Path,
                 "heldout": score_replay(TurnConfig(), flatten(evidence["heldout"], tail=False), fixed)}
     lines.append(_format_row("shipped defaults, tune", shipped["tune"]))
     lines.append(_format_row("shipped defaults, held-out", shipped["heldout"]))
+    digits = digits_sweep(evidence, tune_lang, human.clips if human is not None else None, fixed)
+    lines.append(f"  number_whole_digits swept (shipped defaults otherwise; chosen on the tuning turns: "
+                 f"{digits['chosen']}):")
+    for row in digits["rows"]:
+        lines.append(f"    {row['digits']:2d}: tune {row['tune']['false_cutoffs'] * 100:.1f} % "
+                     f"p50 {row['tune']['wait_p50_ms']} p90 {row['tune']['wait_p90_ms']} ms | held-out "
+                     f"{row['heldout']['false_cutoffs'] * 100:.1f} % p50 {row['heldout']['wait_p50_ms']} p90 "
+                     f"{row['heldout']['wait_p90_ms']} ms")
     doubt = {name: doubtful_counts(turns) for name, turns in
              (("tuning half", synthetic), ("human set", human), ("pause files", pause_files), ("held-out", held))
              if turns is not None}
@@ -1006,6 +1022,7 @@ def analyse(evidence: dict[str, list[ClipEvidence]], target: float, out: Path,
         "shipped": {half: score.row() for half, score in shipped.items()}, "doubtful": doubt,
         "shipped_untailed": {half: score.row() for half, score in untailed.items()},
         "tail_passes": {half: sum(p.tail for c in evidence[half] for p in c.pauses) for half in ("tune", "heldout")},
+        "number_whole_digits": digits,
         "groups": group_rows, "afterthoughts": after, "floor": floor, "cost": cost, "pause_kinds": by_kind,
     }
     (out / "eot.json").write_text(json.dumps(result, indent=1))
@@ -1014,6 +1031,28 @@ def analyse(evidence: dict[str, list[ClipEvidence]], target: float, out: Path,
         lines.append(f"\nwrote {out / 'eot.json'} and {png}")
     result["text"] = "\n".join(lines)
     return result
+
+
+DIGITS_SWEEP = (0, 6, 7, 8, 10)  # turn.number_whole_digits: 0 holds every digit string as maybe half said
+
+
+def digits_sweep(evidence: dict[str, list[ClipEvidence]], tune_lang: str, human: list[ClipEvidence] | None,
+                 fixed_ms: int) -> dict[str, Any]:
+    """``turn.number_whole_digits`` swept with the shipped defaults otherwise, on the tuning turns (the tuning
+    half's ``tune_lang`` turns and the human set) and the held-out half; chosen on the tuning turns: the least p90
+    wait (what a digit string held to the cap costs) among the lengths that cut no more tuning turns than holding
+    every digit string (0)."""
+    rows: list[dict[str, Any]] = []
+    for n in DIGITS_SWEEP:
+        tune = flatten(evidence["tune"], whole_digits=n)
+        tune = tune.subset(lambda c: c.lang == tune_lang) if tune_lang else tune
+        tune = join(tune, flatten(human, whole_digits=n)) if human else tune
+        held = flatten(evidence["heldout"], whole_digits=n)
+        rows.append({"digits": n, "tune": score_replay(TurnConfig(), tune, fixed_ms).row(),
+                     "heldout": score_replay(TurnConfig(), held, fixed_ms).row()})
+    allowed = [r for r in rows if r["tune"]["false_cutoffs"] <= rows[0]["tune"]["false_cutoffs"] + 1e-9]
+    chosen = min(allowed, key=lambda r: (r["tune"]["wait_p90_ms"], r["tune"]["wait_p50_ms"], -r["digits"]))
+    return {"rows": rows, "chosen": chosen["digits"]}
 
 
 def _cuts(cfg: TurnConfig, p: Pause, fixed_ms: int) -> bool:
@@ -1116,7 +1155,7 @@ def markdown(report: dict[str, Any]) -> str:
              f"{pct(report['model_off']['tune'])}, held-out {pct(report['model_off']['heldout'])}.", "",
              f"The shipped defaults (`TurnConfig`, chosen by an earlier run; not tuned here) on this evidence: tuning "
              f"{pct(report['shipped']['tune'])}, held-out {pct(report['shipped']['heldout'])}."
-             + _untailed_sentence(report, pct),
+             + _untailed_sentence(report, pct) + _digits_sentence(report),
              "",
              "The doubtful cue on this evidence (pauses whose transcript it holds; the ends' last words as sure as "
              "the ASR was of them, p50): " + "; ".join(
@@ -1173,6 +1212,19 @@ def _untailed_sentence(report: dict[str, Any], pct: Callable[[dict[str, Any] | N
     runs, off = report["tail_passes"], report["shipped_untailed"]
     return (f" Without the pass over a lost tail (asr/tail.py; it ran at {runs['tune']} tuning and {runs['heldout']} "
             f"held-out pauses): tuning {pct(off['tune'])}, held-out {pct(off['heldout'])}.")
+
+
+def _digits_sentence(report: dict[str, Any]) -> str:
+    """``turn.number_whole_digits`` swept, for the Markdown (older reports lack it)."""
+    if "number_whole_digits" not in report:
+        return ""
+    d = report["number_whole_digits"]
+    rows = "; ".join(f"{r['digits']}: tuning {r['tune']['false_cutoffs'] * 100:.1f} %, p90 {r['tune']['wait_p90_ms']} "
+                     f"ms, held-out {r['heldout']['false_cutoffs'] * 100:.1f} %, p90 {r['heldout']['wait_p90_ms']} ms"
+                     for r in d["rows"])
+    return (f" A digit string read as a whole number from `number_whole_digits` digits (the shipped defaults "
+            f"otherwise; 0: every digit string held as maybe half said): {rows}; the tuning turns choose "
+            f"{d['chosen']}.")
 
 
 def load_evidence(out: Path) -> dict[str, list[ClipEvidence]]:

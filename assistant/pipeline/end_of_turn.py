@@ -139,13 +139,14 @@ def word_count(text: str) -> int:
     return len(WORD.findall(other)) + (cjk + 1) // 2
 
 
-def cue(text: str, last_word_p: float | None = None, doubtful_below: float = 0.0) -> Cue:
+def cue(text: str, last_word_p: float | None = None, doubtful_below: float = 0.0, whole_digits: int = 0) -> Cue:
     """The transcript's evidence: how complete it looks (final punctuation, a trailing conjunction, a number).
 
     ``last_word_p``: how sure the ASR was of the last word (None: not known). A pronoun object written with less
     than ``doubtful_below`` after words that go on is :attr:`Cue.DOUBTFUL` (:func:`doubtful_tail`): at a pause
     after "for", tiny.en writes a made-up object ("Can you book a table for it?", "it" at 0.40-0.51 as the pass is
-    cut later into the pause, tests/test_asr.py) that reads finished."""
+    cut later into the pause, tests/test_asr.py) that reads finished. A digit string of ``whole_digits`` or more
+    (0: none) is no :attr:`Cue.NUMBER` (``turn.number_whole_digits``)."""
     words = WORD.findall(text.lower())
     if not words:
         return Cue.OPEN
@@ -155,7 +156,8 @@ def cue(text: str, last_word_p: float | None = None, doubtful_below: float = 0.0
         return Cue.SHORT
     if last_word_p is not None and last_word_p < doubtful_below and doubtful_tail(text):
         return Cue.DOUBTFUL
-    if (words[-1] in NUMBER_WORDS or ENDS_ON_DIGIT.search(text)) and not finished_number(text, words):
+    ends_on_number = words[-1] in NUMBER_WORDS or ENDS_ON_DIGIT.search(text)
+    if ends_on_number and not finished_number(text, words, whole_digits):
         return Cue.NUMBER
     return Cue.COMPLETE if judge(text) is TurnEnd.COMPLETE else Cue.OPEN
 
@@ -193,10 +195,32 @@ def _is_number(word: str) -> bool:
     return word.isdigit() or word in NUMBER_WORDS
 
 
-def finished_number(text: str, words: list[str] | None = None) -> bool:
-    """A transcript ending on a number that reads as finished: a clock time ("10:30"), an amount ("$12.") or a
-    time after "at" ("at 1030.", "at eight."). A bare digit string ("My number is 555-213") may be half said."""
+# Digit runs apart from the words around them ("555-213-449" → 555 213 449; "電話番号は706" → 電話番号は 706).
+NUMBER_TOKEN = re.compile(r"\d+|[^\W\d_]+")
+
+
+def digits_said(text: str) -> int:
+    """How many digits the transcript ends on: the digits of its trailing run of numbers, a number word counting
+    one ("My number is 555-213-449" → 9, "... two nine nine." → 3, "at 1030." → 4)."""
+    n = 0
+    for tok in reversed(NUMBER_TOKEN.findall(text.lower())):
+        if tok.isdigit():
+            n += len(tok)
+        elif tok in NUMBER_WORDS:
+            n += 1
+        else:
+            break
+    return n
+
+
+def finished_number(text: str, words: list[str] | None = None, whole_digits: int = 0) -> bool:
+    """A transcript ending on a number that reads as finished: a clock time ("10:30"), an amount ("$12."), a
+    time after "at" ("at 1030.", "at eight.") or, with ``whole_digits``, a digit string at least that long (a
+    whole phone number: "My number is 555-213-449"). A shorter bare digit string ("My number is 555-213") may be
+    half said."""
     if CLOCK_TIME.search(text) or AMOUNT.search(text):
+        return True
+    if whole_digits and digits_said(text) >= whole_digits:
         return True
     words = WORD.findall(text.lower()) if words is None else words
     i = len(words)

@@ -326,6 +326,9 @@ class TurnTaking:
         if pause is not None and pause.audio_end == ev.sample_index and pause.carried == self._carry.size:
             turn = pause.turn  # the pause was the end: the speculative turn becomes the turn
             self.speculations["committed"] += 1
+            if silence_met is None:  # the endpointer's own silence ended it: say what the evidence was
+                log.info("turn_end_decided session=%s verdict=%s pause_ms=%d %s", self.session_id, ev.reason,
+                         (ev.detected_at_s - ev.time_s) * 1000, pause.evidence())
             pause.close()
             ending = Ending(speech_end=speech_end, decided=decided, silence_met=ending.silence_met,
                             text=pause.used_text, model=pause.model_span if pause.used_model else None,
@@ -387,7 +390,8 @@ class TurnTaking:
         elif self.cfg.smart_endpoint:
             text = result.text.strip()
             pause.text = judge(text)
-            pause.cue = cue(text, last_word_probability(result.words), self.cfg.doubtful_below)
+            pause.cue = cue(text, last_word_probability(result.words), self.cfg.doubtful_below,
+                            self.cfg.number_whole_digits)
             pause.words = word_count(text)
         if result is not None:
             self._partial_from(result.text.strip())

@@ -476,6 +476,13 @@ class TurnConfig:
         "the marks passed while the transcript is coming are heard once it lands, at the latest of them; each run "
         "costs ~50 ms of one core (held-out half: 2.5 runs, 131 ms of one core per pause; flat: 0.9, 47 ms)",
     )
+    end_of_turn_since_pause: bool = _f(
+        True, "the end-of-turn model hears the speech since the utterance's latest pause (a silence of "
+        "speculative_pause_ms or more the speaker went on after; from RESUME_LEAD_MS before the VAD heard the speech "
+        "come back), not the whole utterance: a long silence inside its audio makes Smart Turn unsure of a "
+        "finished turn (book_table.wav's end: 0.01-0.55 on the whole turn, 0.19-0.96 on the words after its pause). "
+        "bench eot collects its evidence so (v4)"
+    )
     cue_complete: float = _f(
         0.4, "falling: added to the score when the transcript looks finished (tuning half and human set)"
     )

@@ -5,7 +5,8 @@ the file as the server would, with no end silence of its own, so every pause of 
 pause of at least ``turn.speculative_pause_ms`` (where the server starts a speculative turn):
 
 - the ASR (the server's default, tiny.en) transcribes the audio so far, as the speculative turn's pass does;
-- Smart Turn v3.2 hears the audio so far at each of :data:`MODEL_MARKS` ms of silence the pause reaches;
+- Smart Turn v3.2 hears the audio so far (since the utterance's latest earlier pause, as turn-taking gives it) at
+  each of :data:`MODEL_MARKS` ms of silence the pause reaches;
 - the pause's length (how much silence the VAD saw before speech came back; the turn's real end has none).
 
 Each inference's compute time is kept with its answer, so a policy replayed on the evidence cannot decide
@@ -28,15 +29,16 @@ import numpy as np
 from assistant.asr.tail import HeardBefore, join_tail, lost_tail
 from assistant.audio import SPEECH_RATE, read_audio
 from assistant.config import ASRConfig, TurnConfig, VADConfig
-from assistant.pipeline.end_of_turn import last_word_probability
+from assistant.pipeline.end_of_turn import last_word_probability, since_pause
 from assistant.vad.endpoint import Endpointer
 from assistant.vad.silero import WINDOW_SAMPLES
 
 log = logging.getLogger(__name__)
 
 # 2: each pause's last word's probability (the doubtful cue); 3: a turn's pass that lost the words after an earlier
-# pause has them heard by a pass over the tail, as the pipeline does (asr/tail.py)
-VERSION = 3
+# pause has them heard by a pass over the tail, as the pipeline does (asr/tail.py); 4: Smart Turn hears the speech
+# since the utterance's latest earlier pause (turn.end_of_turn_since_pause)
+VERSION = 4
 # Silences (ms) at which the model hears a pause: the speculative pause, then every few Silero windows.
 MODEL_MARKS = (96, 192, 320, 480, 704, 1024, 1504)
 END_TOLERANCE_S = 0.3  # a pause starting this close before the labelled speech end is the turn's end
@@ -179,11 +181,16 @@ def collect_clip(
                 and silence * 1000 // SPEECH_RATE >= turn.speculative_pause_ms + pe.asr_ms):
             before = (audio_start, said_here, len(spec_audio), start + silence)
         limit_ms = turn.max_silence_ms if pe.silence_ms is None else pe.silence_ms
+        # What the model hears, as turn-taking gives it (turn.end_of_turn_since_pause): the speech since the
+        # utterance's latest earlier pause.
+        came_back = max((s + sil for s, a, sil in found if a == audio_start and s < start and sil is not None),
+                        default=None) if turn.end_of_turn_since_pause else None
         for mark in MODEL_MARKS:
             if mark > limit_ms:
                 break
             t0 = time.perf_counter()
-            p = model.probability(x[audio_start : start + mark * SPEECH_RATE // 1000])
+            so_far = x[audio_start : start + mark * SPEECH_RATE // 1000]
+            p = model.probability(since_pause(so_far, None if came_back is None else came_back - audio_start))
             pe.probs.append([mark, round(float(p), 4), round((time.perf_counter() - t0) * 1000, 1)])
         ev.pauses.append(pe)
     if not any(p.is_end for p in ev.pauses):

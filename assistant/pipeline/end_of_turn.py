@@ -248,6 +248,20 @@ def judge(text: str) -> TurnEnd:
         return TurnEnd.COMPLETE
     return TurnEnd.UNKNOWN
 
+# How much audio before the point where the VAD heard the speech come back the end-of-turn model hears too: the
+# endpointer hears an onset ~150-250 ms after it (its speech windows), and the word's start belongs to the speech.
+RESUME_LEAD_MS = 300
+
+
+def since_pause(audio: np.ndarray, resumed: int | None, sample_rate: int = 16_000) -> np.ndarray:
+    """What the end-of-turn model hears (``turn.end_of_turn_since_pause``): ``audio`` from ``RESUME_LEAD_MS``
+    before ``resumed`` (samples into ``audio`` where the speech came back after the utterance's latest pause;
+    None or before the start: the whole of it)."""
+    if resumed is None:
+        return audio
+    return audio[max(0, resumed - RESUME_LEAD_MS * sample_rate // 1000):]
+
+
 class EndOfTurnModel(Protocol):
     """The audio end-of-turn model as the pipeline sees it (``vad/end_of_turn.SmartTurnBatcher``)."""
 

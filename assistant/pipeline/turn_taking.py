@@ -43,6 +43,7 @@ from assistant.pipeline.end_of_turn import (
     decide,
     judge,
     last_word_probability,
+    since_pause,
     word_count,
 )
 from assistant.pipeline.events import EventChannel
@@ -118,6 +119,11 @@ class TurnTaking:
         # the samples of the turn audio it covered, the carry it was on) and where the speech came back: the
         # tail after it gets a pass of its own if the next pass loses it (asr/tail.py).
         self._before: tuple[Transcript, int, int, int] | None = None
+        # Where the speech came back (stream sample) after the utterance's latest pause of speculative_pause_ms or
+        # more, and the longest silence of the pause in progress: the end-of-turn model hears the speech since then
+        # (turn.end_of_turn_since_pause).
+        self._resumed_at: int | None = None
+        self._silence_ms = 0
         self._barge_in_at: int | None = None  # stream sample at which pending speech may interrupt
         self._check: asyncio.Task[None] | None = None  # is the sound over the reply a backchannel?
         self._check_audio: np.ndarray | None = None  # that sound's audio, while it is being judged
@@ -149,6 +155,9 @@ class TurnTaking:
         """Per chunk while the user talks: partial transcripts, speculation, the end of turn."""
         cfg = self.cfg
         pause_ms = self.endpointer.silence_samples * 1000 // SPEECH_RATE
+        if pause_ms == 0 and self._silence_ms >= cfg.speculative_pause_ms:
+            self._resumed_at = self.endpointer.samples_fed  # the speaker went on after a pause
+        self._silence_ms = pause_ms
         if pause_ms == 0:
             if self.pause is not None:  # the user went on: the pause was not the end
                 pause = self.pause
@@ -219,11 +228,15 @@ class TurnTaking:
         utterance = self.endpointer.utterance()
         if utterance is None or not utterance.size:
             return
+        starts_at = self.endpointer.samples_fed - utterance.size  # the utterance's first sample, on the stream
         mark = max(due)
         past_mark = self.endpointer.samples_fed - (pause.audio_end + mark * SPEECH_RATE // 1000)
         if past_mark > 0:
             utterance = utterance[: max(0, utterance.size - past_mark)]
-        audio = np.concatenate([self._carry, utterance]) if pause.carried else utterance
+        if self.cfg.end_of_turn_since_pause:  # the speech since the latest pause (a dropped turn's carry is before)
+            audio = since_pause(utterance, None if self._resumed_at is None else self._resumed_at - starts_at)
+        else:
+            audio = np.concatenate([self._carry, utterance]) if pause.carried else utterance
         after_text = text_landed and mark < pause_ms  # held: the mark passed while the transcript was coming
         pause.model_task = asyncio.get_running_loop().create_task(
             self._hear_end_of_turn(pause, audio, mark, after_text))
@@ -232,6 +245,7 @@ class TurnTaking:
     def _on_speech_start(self, ev: SpeechStart) -> None:
         self.last_activity_wall = time.time()
         self._before = None  # a new utterance: no pause of it heard yet
+        self._resumed_at, self._silence_ms = None, 0
         at_ms = round(self.clock.wall_time(ev.sample_index) * 1000, 1)
         self.events.emit("speech_start", turn=self.runner.turns + 1, at_ms=at_ms, start_sample=ev.sample_index)
         self._partial_text = ""
@@ -342,6 +356,7 @@ class TurnTaking:
                                      before=self._heard_before(audio, ev.sample_index))
         self._carry = np.zeros(0, dtype=np.float32)
         self._before = None
+        self._resumed_at, self._silence_ms = None, 0
         self.runner.commit(turn, ending)
 
     async def _backchannel_or_turn(self, ev: SpeechEnd, speech_end: float) -> None:
@@ -464,6 +479,7 @@ class TurnTaking:
         self._drop_speculation("cleared")
         self._carry = np.zeros(0, dtype=np.float32)
         self._before = None
+        self._resumed_at, self._silence_ms = None, 0
         self.endpointer.reset()
 
     def _partial_from(self, text: str) -> None:

@@ -297,6 +297,27 @@ async def test_the_model_waits_for_the_transcript_then_hears_the_pause_at_its_ma
         heard, marks)
 
 
+@pytest.mark.slow
+async def test_the_model_hears_the_speech_since_the_latest_pause() -> None:
+    """turn.end_of_turn_since_pause: at order_pizza.wav's end ("I'd like to order [pause] a large pizza with
+    mushrooms.") the end-of-turn model hears the words after the pause, not the whole utterance (a long silence
+    inside its audio makes Smart Turn unsure of a finished turn); off, the whole utterance. As bench eot's
+    evidence (tests/test_eot_bench.py)."""
+    entry = MANIFEST["order_pizza.wav"]
+    x, _ = read_audio(PAUSES / entry["file"])
+    x = x[: int((entry["speech_ends_s"] + 1.5) * 16_000)]
+    last: dict[bool, float] = {}
+    for since in (True, False):
+        cfg = test_config(turn={"speculative": True, "smart_endpoint": True, "end_of_turn_model": True,
+                                "end_of_turn_since_pause": since})
+        model = UnsureModel()
+        await _converse(cfg, x, PhraseASR(entry, "I'd like to order."), model)
+        last[since] = max(n for _, n in model.calls) / 16_000  # the end's latest mark
+    after_pause = entry["speech_ends_s"] - entry["pauses_s"][-1][1]
+    assert last[True] > after_pause, last  # every word after the pause
+    assert last[False] - last[True] > 0.8, last  # not the words before it
+
+
 def _distance() -> tuple[dict[str, Any], np.ndarray, Any]:
     """distance.wav's manifest entry, its audio with 2.5 s of silence after the end, and a config with every
     end-of-turn signal on."""

@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 import soundfile as sf
 
+from assistant.asr.base import Transcript
 from assistant.bench.eot import (
     AFTERTHOUGHT,
     FallingTable,
@@ -38,6 +39,7 @@ from assistant.bench.eot_corpus import (
 from assistant.bench.eot_evidence import ClipEvidence, collect_clip
 from assistant.config import TurnConfig
 from assistant.pipeline.end_of_turn import (
+    RESUME_LEAD_MS,
     Cue,
     Evidence,
     TurnEnd,
@@ -345,6 +347,38 @@ def turn_model() -> object:
     from assistant.vad.end_of_turn import SmartTurnModel
 
     return SmartTurnModel()
+
+
+class _HearingModel:
+    """Records how much audio each call heard; never sure."""
+
+    def __init__(self) -> None:
+        self.heard: list[int] = []
+
+    def probability(self, audio: np.ndarray) -> float:
+        self.heard.append(len(audio))
+        return 0.5
+
+
+class _SameText:
+    def transcribe(self, audio: np.ndarray, *, prompt: str | None = None) -> Transcript:
+        return Transcript(text="I'd like to order a large pizza with mushrooms.")
+
+
+def test_the_evidence_model_hears_the_speech_since_the_latest_pause() -> None:
+    """turn.end_of_turn_since_pause: at order_pizza.wav's end Smart Turn hears the words after its pause (from
+    RESUME_LEAD_MS before the VAD heard them come back), as turn-taking gives it the audio; off, the whole turn."""
+    entry = next(e for e in json.loads((PAUSES / "manifest.json").read_text()) if e["file"] == "order_pizza.wav")
+    first: dict[bool, float] = {}
+    for since in (True, False):
+        model = _HearingModel()
+        ev = collect_clip(PAUSES / entry["file"], entry, _SameText(), model,  # type: ignore[arg-type]
+                          turn=replace(TurnConfig(), end_of_turn_since_pause=since))
+        end = next(p for p in ev.pauses if p.is_end)
+        first[since] = model.heard[-len(end.probs)] / 16_000 - end.probs[0][0] / 1000  # at the first mark
+    after_pause = entry["speech_ends_s"] - entry["pauses_s"][-1][1]
+    assert after_pause < first[True] < after_pause + RESUME_LEAD_MS / 1000 + 0.4, first
+    assert first[False] > entry["speech_ends_s"] - entry["speech_starts_s"] > first[True] + 1.0, first
 
 
 @pytest.mark.slow

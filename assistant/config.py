@@ -457,8 +457,9 @@ class TurnConfig:
         0.85, "falling: the late stage: from falling_over_ms on the threshold keeps falling, to this at "
         "falling_late_ms, so an unsure turn the transcript does not veto ends before max_silence_ms (not below "
         "falling_to: none). Tuned on the tuning half and human set on top of the other settings (the least mean "
-        "wait at the target, cutting none of the pause files' and human clips' pauses): it ends book_table.wav's "
-        "misheard end (Smart Turn 0.52) 928 ms after it instead of 2 s, and cuts no more held-out turns"
+        "wait at the target, cutting none of the pause files' and human clips' pauses): on evidence v3 it ended "
+        "book_table.wav's misheard end (Smart Turn 0.52) 928 ms after it instead of 2 s, cutting no more held-out "
+        "turns"
     )
     falling_late_ms: int = _f(
         1100, "falling: silence at which the late stage reaches falling_late_to; not past falling_over_ms: no late "

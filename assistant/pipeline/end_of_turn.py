@@ -248,6 +248,7 @@ def judge(text: str) -> TurnEnd:
         return TurnEnd.COMPLETE
     return TurnEnd.UNKNOWN
 
+
 # How much audio before the point where the VAD heard the speech come back the end-of-turn model hears too: the
 # endpointer hears an onset ~150-250 ms after it (its speech windows), and the word's start belongs to the speech.
 RESUME_LEAD_MS = 300

@@ -120,7 +120,7 @@ class TurnTaking:
         # tail after it gets a pass of its own if the next pass loses it (asr/tail.py).
         self._before: tuple[Transcript, int, int, int] | None = None
         # Where the speech came back (stream sample) after the utterance's latest pause of speculative_pause_ms or
-        # more, and the longest silence of the pause in progress: the end-of-turn model hears the speech since then
+        # more, and the silence of the pause in progress: the end-of-turn model hears the speech since then
         # (turn.end_of_turn_since_pause).
         self._resumed_at: int | None = None
         self._silence_ms = 0

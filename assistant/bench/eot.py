@@ -41,7 +41,7 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -413,6 +413,16 @@ START: dict[str, Any] = {"policy": "falling", "falling_from": 1.0, "falling_to":
 COARSE_OFFSETS = tuple(round(x, 3) for x in np.arange(-0.8, 0.81, 0.05))
 
 
+class Rank(NamedTuple):
+    """How :func:`tune_falling` ranks a shape, compared field by field (lower is better)."""
+
+    waits: float  # the mean of its least median waits at three targets up to the target
+    mean_wait: float  # the late stage: its mean wait at the target (0 otherwise)
+    fcr: float  # its false cut-offs at the target
+    shift: float  # the threshold shift of its point at the target
+    p90: float  # its p90 wait there
+
+
 def tune_falling(table: FallingTable, base: TurnConfig, target: float, rounds: int = 3,
                  extras: dict[str, float] | None = None, samples: int = 300,
                  seed: int = 0, fixed: dict[str, Any] | None = None,
@@ -451,7 +461,7 @@ def tune_falling(table: FallingTable, base: TurnConfig, target: float, rounds: i
             return replace(c, falling_to=v, falling_late_to=v - (c.falling_to - c.falling_late_to)), e
         return replace(c, **{name: value(name, v)}), e
 
-    def objective(c: TurnConfig, e: dict[str, float]) -> tuple[float, ...]:
+    def objective(c: TurnConfig, e: dict[str, float]) -> Rank:
         """The mean of the shape's least median waits at three targets up to ``target`` (a shape that is good
         only at one point of its curve overfits), then the false cut-offs and shift at ``target``, then the p90
         wait there. The late stage (``late``): its mean wait at ``target`` before the false cut-offs; it moves
@@ -465,9 +475,9 @@ def tune_falling(table: FallingTable, base: TurnConfig, target: float, rounds: i
             waits.append(b[1].wait(50) if b is not None else 1e6)
         main = best_under(points, target)
         if main is None:
-            return (float(np.mean(waits)), 1e6, 1.0, 0.0, 1e6)
+            return Rank(float(np.mean(waits)), 1e6, 1.0, 0.0, 1e6)
         mean_wait = float(np.mean(main[1].waits)) if late else 0.0
-        return (float(np.mean(waits)), mean_wait, main[1].fcr, main[0], main[1].wait(90))
+        return Rank(float(np.mean(waits)), mean_wait, main[1].fcr, main[0], main[1].wait(90))
 
     rng = np.random.default_rng(seed)
     cfg, extra = base, dict(extras or {})
@@ -490,7 +500,7 @@ def tune_falling(table: FallingTable, base: TurnConfig, target: float, rounds: i
                     cfg, extra, best, improved = c, e, o, True
         if not improved:
             break
-    return settled(cfg, best[3]), extra  # the point at the target itself (objective()[3]: its shift)
+    return settled(cfg, best.shift), extra  # the point at the target itself
 
 
 # --- the report -----------------------------------------------------------------------------------------------

@@ -506,6 +506,15 @@ class TurnConfig:
         "number come after 2-6 digits, its numbers end after 1-10. A card number read in groups of four can still "
         "be cut after its eighth digit"
     )
+    number_hold_ms: int = _f(
+        1100, "falling: from this much silence on, a number that may be half said (cue_number) is judged as any "
+        "other text (its punctuation: cue_complete or cue_open, and the late stage unless that vetoes it): someone "
+        "reading out a number pauses between its groups, not for longer than this, and a turn that ends on a "
+        "number ('My flight number is 1390.', 'after 10.') no longer waits for max_silence_ms; 0: held to "
+        "max_silence_ms. Swept by bench eot with the shipped defaults otherwise and chosen on the tuning turns (the "
+        "least mean wait among the holds that cut no more tuning turns than none and no guard pause): the tuning "
+        "half's pauses inside a number last up to 992 ms (English)"
+    )
     cue_short: float = _f(
         -0.3, "falling: added when it has fewer than three words ('Hello?'), where Whisper's punctuation is least "
         "reliable (tuning half and human set)"

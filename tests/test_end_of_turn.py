@@ -17,7 +17,7 @@ from assistant.asr.base import Transcript
 from assistant.audio import read_audio
 from assistant.config import TURN_CUES, ConfigError, TurnConfig, load_config
 from assistant.pipeline.conversation import Conversation, TurnDeps
-from assistant.pipeline.end_of_turn import Cue, Evidence, TurnEnd, decide, weigh
+from assistant.pipeline.end_of_turn import Cue, Evidence, TurnEnd, cue_at, decide, falling_threshold, weigh
 from assistant.pipeline.events import EventChannel
 from assistant.respond.echo import EchoResponder
 from assistant.rtc.outbound import ReplyTrack
@@ -94,6 +94,37 @@ def test_the_model_alone_decides_and_the_transcript_vetoes() -> None:
     assert TurnConfig().falling_late_to < TurnConfig().falling_to
     with pytest.raises(ConfigError, match="falling_late_veto"):
         load_config(overrides={"turn": {"falling_late_veto": ["and"]}})
+
+
+def test_a_number_is_held_only_so_long() -> None:
+    """turn.number_hold_ms: a transcript that ends on a number that may be half said ("My flight number is 1390.")
+    is held (cue_number) while the silence is no longer than a pause between a number's groups, then judged by its
+    punctuation: a sure model ends a finished one from the hold on, and the trace's split says the decision
+    needed the hold's silence. 0 holds it to max_silence_ms, as before the setting."""
+    cfg = TurnConfig(policy="falling")
+    hold = cfg.number_hold_ms
+    assert 0 < hold < cfg.max_silence_ms
+    sure = [(96, 0.98), (704, 0.98), (1024, 0.98)]
+    finished = Evidence(use_text=True, use_audio=True, text=TurnEnd.COMPLETE, cue=Cue.NUMBER, words=5, probs=sure)
+    before = decide(cfg, finished, hold - 32, 500)
+    assert not before.end_now and before.reason == "waiting"
+    after = decide(cfg, finished, hold, 500)
+    assert after.end_now and after.reason == "score_complete_after_number" and after.needed_ms == hold
+    # No final punctuation ("navigate to 26"): judged as open text, which the late stage's lower threshold lets a
+    # sure model end.
+    open_text = Evidence(use_text=True, use_audio=True, text=TurnEnd.UNKNOWN, cue=Cue.NUMBER, words=3, probs=sure)
+    assert 0.98 + cfg.cue_open >= falling_threshold(cfg, hold) and "open" not in cfg.falling_late_veto
+    d = decide(cfg, open_text, hold, 500)
+    assert d.end_now and d.reason == "score_open_after_number", d
+    unsure = Evidence(use_text=True, use_audio=True, text=TurnEnd.UNKNOWN, cue=Cue.NUMBER, words=3,
+                      probs=[(96, 0.2), (1024, 0.3)])
+    assert not decide(cfg, unsure, hold + 300, 500).end_now  # an unsure model still waits
+    # Other cues are not touched by the hold, and 0 is no hold.
+    short = Evidence(use_text=True, use_audio=True, text=TurnEnd.COMPLETE, cue=Cue.SHORT, words=1, probs=sure)
+    assert cue_at(cfg, short, hold + 500) is Cue.SHORT
+    never = TurnConfig(policy="falling", number_hold_ms=0)
+    assert not decide(never, finished, never.max_silence_ms - 32, 500).end_now
+    assert decide(never, finished, never.max_silence_ms, 500).reason == "max_silence"
 
 
 class PhraseASR:

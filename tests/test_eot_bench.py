@@ -17,11 +17,13 @@ import soundfile as sf
 from assistant.asr.base import Transcript
 from assistant.bench.eot import (
     AFTERTHOUGHT,
+    HOLD_MARGIN_MS,
     FallingTable,
     Pause,
     Turns,
     best_under,
     flatten,
+    hold_sweep,
     join,
     replay,
     score_replay,
@@ -182,7 +184,8 @@ def _random_pause(r: random.Random, clip: int, is_end: bool) -> Pause:
     limit = 2000 if is_end else r.choice([128, 224, 400, 700, 1100])
     return Pause(
         clip=clip, is_end=is_end, silence_ms=None if is_end else limit, offset_ms=r.uniform(0, 120), text="",
-        cue=c, text_end=TurnEnd.COMPLETE if c is Cue.COMPLETE else TurnEnd.UNKNOWN, words=5,
+        cue=c, text_end=TurnEnd.COMPLETE if c is Cue.COMPLETE or (c is Cue.NUMBER and r.random() < 0.5)
+        else TurnEnd.UNKNOWN, words=5,
         asr_ms=r.uniform(50, 400), labelled=None if is_end else r.choice([None, "after_and", AFTERTHOUGHT]),
         probs=[[m, 1 - r.random() ** 3, r.uniform(20, 150)] for m in marks if m <= limit],  # many sure answers
     )
@@ -203,7 +206,8 @@ def test_the_tuner_s_fast_replay_is_the_pipeline_s_decide() -> None:
                       cue_complete=r.uniform(-0.2, 0.5), cue_continues=r.uniform(-1, 0), cue_open=r.uniform(-.3, .2),
                       cue_number=r.uniform(-.5, .2), cue_short=r.uniform(-.5, .1),
                       model_alone=r.choice([1.01, 0.99, 0.95, 0.9]),
-                      model_alone_veto=r.choice([["continues"], ["continues", "number", "short", "open"]]))
+                      model_alone_veto=r.choice([["continues"], ["continues", "number", "short", "open"]]),
+                      number_hold_ms=r.choice([0, 600, 1000, 1500]))
         cfg = replace(cfg, falling_late_to=cfg.falling_to - r.choice([0.0, 0.2, 0.5]),
                       falling_late_ms=cfg.falling_over_ms + r.choice([0, 200, 600]),
                       falling_late_veto=r.choice([["continues"], ["continues", "number", "short"]]))
@@ -217,6 +221,27 @@ def _pause(clip: int, is_end: bool, silence_ms: int | None, labelled: str | None
     return Pause(clip=clip, is_end=is_end, silence_ms=silence_ms, offset_ms=50.0, text="Play some music.",
                  cue=Cue.COMPLETE, text_end=TurnEnd.COMPLETE, words=3, asr_ms=150.0, labelled=labelled,
                  probs=[[m, p, 40.0] for m in (96, 192, 320, 480, 704, 1024, 1504) if m <= (silence_ms or 2000)])
+
+
+def test_the_number_hold_is_chosen_clear_of_the_pauses_inside_numbers() -> None:
+    """bench eot's sweep of turn.number_hold_ms: a number that ends a turn waits the hold, not the cap; the hold is
+    chosen on the tuning turns, the least mean wait among the holds that, HOLD_MARGIN_MS shorter, cut no pause
+    inside a number that holding to the cap spares (here 900 ms ones: 1000 is too near, 1100 is not)."""
+    def number(clip: int, is_end: bool, silence_ms: int | None) -> Pause:
+        return replace(_pause(clip, is_end, silence_ms, None, 0.98), text="My flight number is 1390.",
+                       cue=Cue.NUMBER)
+
+    clips = [ClipEvidence(file=str(i), split="tune", engine="e", voice="v", lang="en", kind="k", speech_ends_s=1.0,
+                          status="ok", pauses=[]) for i in range(20)]
+    pauses = [number(i, False, 900) for i in range(10)] + [number(i, True, None) for i in range(20)]
+    turns = Turns(clips, pauses)
+    d = hold_sweep(turns, turns, None, 500)
+    rows = {r["hold_ms"]: r for r in d["rows"]}
+    assert HOLD_MARGIN_MS == 100 and rows[0]["tune"]["false_cutoffs"] == 0
+    assert not rows[1000]["allowed"] and rows[1000]["tune"]["false_cutoffs"] == 0  # fine, but 100 ms from a cut
+    assert d["chosen"] == 1100 and rows[1100]["heldout"]["false_cutoffs"] == 0
+    assert rows[0]["tune"]["number_ends"] == 20 and rows[0]["tune"]["number_ends_mean_ms"] > 2000
+    assert rows[1100]["tune"]["number_ends_mean_ms"] < 1100 + 50 + 100  # the hold, the offset, a step or so
 
 
 def test_the_late_stage_tuning_returns_the_point_it_judged() -> None:
@@ -302,7 +327,7 @@ def test_the_late_stage_ends_an_unsure_turn_before_the_cap_unless_the_transcript
     was tuned on (the defaults before the doubtful cue): 1.8 to 0.8 over 800 ms, no model-alone rule."""
     off = replace(TurnConfig(), falling_from=1.8, falling_to=0.8, falling_over_ms=800, falling_late_to=0.8,
                   falling_late_ms=800, model_alone=1.01, cue_complete=0.0, model_off_prob=0.95,
-                  falling_late_veto=["continues", "number", "short"])
+                  falling_late_veto=["continues", "number", "short"], number_hold_ms=0)  # a number held to the cap
     late = replace(off, falling_late_to=0.3, falling_late_ms=1200)
     assert falling_threshold(late, late.falling_over_ms) == pytest.approx(late.falling_to)
     assert falling_threshold(late, 1000) == pytest.approx((late.falling_to + late.falling_late_to) / 2)

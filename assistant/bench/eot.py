@@ -58,6 +58,7 @@ from assistant.pipeline.end_of_turn import (
     falling_threshold,
     judge,
     late_stage,
+    number_released,
     word_count,
 )
 
@@ -298,6 +299,8 @@ class FallingTable:
         self.offset = np.array([p.offset_ms for p in ps])
         self.silence = np.array([p.silence_ms if p.silence_ms is not None else 10**9 for p in ps])
         self.cue_idx = np.array([CUE_ORDER.index(p.cue) for p in ps])
+        # The cue once a number's hold is over (number_hold_ms): the text's punctuation (end_of_turn.cue_at).
+        self.released_idx = np.array([CUE_ORDER.index(number_released(p.cue, p.text_end)) for p in ps], int)
         self.after = np.array([p.labelled == AFTERTHOUGHT for p in ps], bool)
         self.n_after = len(set(self.clip[~self.is_end & self.after].tolist())) if ps else 0
         # The language model's answer: log10 P(end of turn | words), after the ASR (its cost added to the text's).
@@ -323,6 +326,14 @@ class FallingTable:
             self._probs[marks] = out
         return self._probs[marks]
 
+    def cues_at(self, cfg: TurnConfig) -> np.ndarray:
+        """Each pause's cue (its index in CUE_ORDER) at each step: (pauses, 1), or (pauses, steps) when a
+        number's hold ends within the clock (``number_hold_ms``)."""
+        if cfg.number_hold_ms <= 0:
+            return self.cue_idx[:, None]
+        return np.where((self.pause_ms >= cfg.number_hold_ms)[None, :], self.released_idx[:, None],
+                        self.cue_idx[:, None])
+
     def score(self, cfg: TurnConfig, llm_weight: float = 0.0, llm_center: float = -2.0) -> Score:
         if self.use_audio:
             p = self.probs(tuple(cfg.end_of_turn_recheck_ms))
@@ -332,7 +343,8 @@ class FallingTable:
             p = np.full((len(self.turns.pauses), len(self.t)), cfg.model_off_prob)
             known = self.text_ok
         weights = np.array([getattr(cfg, f"cue_{c.value}") for c in CUE_ORDER])
-        s = p + (weights[self.cue_idx][:, None] if self.use_text else 0.0)
+        cue_idx = self.cues_at(cfg)
+        s = p + (weights[cue_idx] if self.use_text else 0.0)
         if self.has_llm and llm_weight:
             s = s + llm_weight * (self.llm_z - llm_center)[:, None]
         span = max(1, cfg.falling_over_ms - cfg.speculative_pause_ms)
@@ -344,13 +356,13 @@ class FallingTable:
             late = np.where(self.pause_ms > cfg.falling_over_ms,
                             cfg.falling_to + (cfg.falling_late_to - cfg.falling_to) * g, early)
             veto = np.array([c.value in cfg.falling_late_veto for c in CUE_ORDER])
-            ok = ~veto[self.cue_idx] if self.use_text else np.ones(len(self.cue_idx), bool)
-            theta = np.where(ok[:, None], late[None, :], early[None, :])
+            ok = ~veto[cue_idx] if self.use_text else np.ones((len(self.cue_idx), 1), bool)
+            theta = np.where(ok, late[None, :], early[None, :])
         end = (known & (s >= theta)) | (self.pause_ms >= cfg.max_silence_ms)[None, :]
         if self.use_audio and cfg.model_alone <= 1.0:  # the model alone, unless the landed transcript vetoes
             veto = np.array([c.value in cfg.model_alone_veto for c in CUE_ORDER])
-            ok = ~veto[self.cue_idx] if self.use_text else np.ones(len(self.cue_idx), bool)
-            end |= known & (p >= cfg.model_alone) & ok[:, None]
+            ok = ~veto[cue_idx] if self.use_text else np.ones((len(self.cue_idx), 1), bool)
+            end |= known & (p >= cfg.model_alone) & ok
         first = np.where(end.any(axis=1), end.argmax(axis=1), len(self.t) - 1)
         t_end = self.t[first]
         mid = ~self.is_end
@@ -584,7 +596,7 @@ def build_curves(tune: Turns, held: Turns, target: float, base: TurnConfig, fixe
 
 def _settings(cfg: TurnConfig, policy: str) -> dict[str, Any]:
     keys = (["falling_from", "falling_to", "falling_over_ms", "falling_late_to", "falling_late_ms",
-             "end_of_turn_recheck_ms", "cue_complete", "cue_continues", "cue_open", "cue_number", "cue_short",
+             "end_of_turn_recheck_ms", "cue_complete", "cue_continues", "cue_open", "cue_number", "number_hold_ms", "cue_short",
              "cue_doubtful", "doubtful_below", "model_off_prob", "model_alone", "model_alone_veto",
              "falling_late_veto", "max_silence_ms"]
             if policy == "falling" else
@@ -947,6 +959,15 @@ def analyse(evidence: dict[str, list[ClipEvidence]], target: float, out: Path,
                      f"p50 {row['tune']['wait_p50_ms']} p90 {row['tune']['wait_p90_ms']} ms | held-out "
                      f"{row['heldout']['false_cutoffs'] * 100:.1f} % p50 {row['heldout']['wait_p50_ms']} p90 "
                      f"{row['heldout']['wait_p90_ms']} ms")
+    hold = hold_sweep(tune, held, guard, fixed)
+    lines.append(f"  number_hold_ms swept (shipped defaults otherwise; chosen on the tuning turns, {HOLD_MARGIN_MS} ms "
+                 f"from any pause it would cut: {hold['chosen']}):")
+    for row in hold["rows"]:
+        lines.append(f"    {row['hold_ms']:4d}{'' if row['allowed'] else ' (too near a pause)'}: "
+                     + " | ".join(f"{name} {row[half]['false_cutoffs'] * 100:.1f} % p50 {row[half]['wait_p50_ms']} "
+                                  f"mean {row[half]['wait_mean_ms']} ms, {row[half]['number_ends']} number ends "
+                                  f"mean {row[half]['number_ends_mean_ms']} ms"
+                                  for name, half in (("tune", "tune"), ("held-out", "heldout"))))
     doubt = {name: doubtful_counts(turns) for name, turns in
              (("tuning half", synthetic), ("human set", human), ("pause files", pause_files), ("held-out", held))
              if turns is not None}
@@ -1032,7 +1053,7 @@ def analyse(evidence: dict[str, list[ClipEvidence]], target: float, out: Path,
         "shipped": {half: score.row() for half, score in shipped.items()}, "doubtful": doubt,
         "shipped_untailed": {half: score.row() for half, score in untailed.items()},
         "tail_passes": {half: sum(p.tail for c in evidence[half] for p in c.pauses) for half in ("tune", "heldout")},
-        "number_whole_digits": digits,
+        "number_whole_digits": digits, "number_hold_ms": hold,
         "groups": group_rows, "afterthoughts": after, "floor": floor, "cost": cost, "pause_kinds": by_kind,
     }
     (out / "eot.json").write_text(json.dumps(result, indent=1))
@@ -1063,6 +1084,42 @@ def digits_sweep(evidence: dict[str, list[ClipEvidence]], tune_lang: str, human:
     allowed = [r for r in rows if r["tune"]["false_cutoffs"] <= rows[0]["tune"]["false_cutoffs"] + 1e-9]
     chosen = min(allowed, key=lambda r: (r["tune"]["wait_p90_ms"], r["tune"]["wait_p50_ms"], -r["digits"]))
     return {"rows": rows, "chosen": chosen["digits"]}
+
+
+HOLD_SWEEP = (0, 1000, 1100, 1200, 1300, 1400, 1600)  # turn.number_hold_ms: 0 holds a number to the cap
+# A hold must keep this far from the pauses it would cut: it is judged with its hold this much shorter (the time
+# twin of GUARD_MARGIN: live, the endpointer's silence may start a few of the VAD's 32 ms windows apart from the
+# evidence's, and a hold allowed no false cut-off more has no budget to spend on that).
+HOLD_MARGIN_MS = 100
+
+
+def hold_sweep(tune: Turns, held: Turns, guard: Turns | None, fixed_ms: int) -> dict[str, Any]:
+    """``turn.number_hold_ms`` swept with the shipped defaults otherwise, on the tuning turns and the held-out
+    half; chosen on the tuning turns: the least mean wait (a number held to the cap costs the mean, no median
+    sees it) among the holds that, :data:`HOLD_MARGIN_MS` shorter, cut no more tuning turns than none (0) and no
+    more ``guard`` pauses (as the tuner's guard judges a point: :func:`guard_view`). Each row says too how long
+    the turns that end on a number wait."""
+    def row(turns: Turns, cfg: TurnConfig) -> dict[str, Any]:
+        score = score_replay(cfg, turns, fixed_ms)
+        numbers = [p.offset_ms + replay(cfg, p, fixed_ms) for p in turns.pauses if p.is_end and p.cue is Cue.NUMBER]
+        return {**score.row(), "wait_mean_ms": round(float(np.mean(score.waits))) if score.waits else None,
+                "number_ends": len(numbers), "number_ends_mean_ms": round(float(np.mean(numbers))) if numbers else None}
+
+    def near(hold: int) -> tuple[int, int]:  # tuning turns and guard pauses cut with the hold HOLD_MARGIN_MS shorter
+        cfg = replace(TurnConfig(), number_hold_ms=max(1, hold - HOLD_MARGIN_MS) if hold else 0)
+        return (score_replay(cfg, tune, fixed_ms).cut,
+                score_replay(guard_view(cfg), guard, fixed_ms).cut_all if guard is not None else 0)
+
+    rows: list[dict[str, Any]] = []
+    for hold in HOLD_SWEEP:
+        cfg = replace(TurnConfig(), number_hold_ms=hold)
+        rows.append({"hold_ms": hold, "near_cuts": near(hold), "tune": row(tune, cfg), "heldout": row(held, cfg)})
+    base = rows[0]["near_cuts"]
+    for r in rows:
+        r["allowed"] = r["near_cuts"][0] <= base[0] and r["near_cuts"][1] <= base[1]
+    allowed = [r for r in rows if r["allowed"]]
+    chosen = min(allowed, key=lambda r: (r["tune"]["wait_mean_ms"], r["tune"]["wait_p90_ms"], -r["hold_ms"]))
+    return {"rows": rows, "chosen": chosen["hold_ms"]}
 
 
 def _cuts(cfg: TurnConfig, p: Pause, fixed_ms: int) -> bool:
@@ -1165,7 +1222,7 @@ def markdown(report: dict[str, Any]) -> str:
              f"{pct(report['model_off']['tune'])}, held-out {pct(report['model_off']['heldout'])}.", "",
              f"The shipped defaults (`TurnConfig`, chosen by an earlier run; not tuned here) on this evidence: tuning "
              f"{pct(report['shipped']['tune'])}, held-out {pct(report['shipped']['heldout'])}."
-             + _untailed_sentence(report, pct) + _digits_sentence(report),
+             + _untailed_sentence(report, pct) + _digits_sentence(report) + _hold_sentence(report),
              "",
              "The doubtful cue on this evidence (pauses whose transcript it holds; the ends' last words as sure as "
              "the ASR was of them, p50): " + "; ".join(
@@ -1234,6 +1291,25 @@ def _digits_sentence(report: dict[str, Any]) -> str:
                      for r in d["rows"])
     return (f" A digit string read as a whole number from `number_whole_digits` digits (the shipped defaults "
             f"otherwise; 0: every digit string held as maybe half said): {rows}; the tuning turns choose "
+            f"{d['chosen']}.")
+
+
+def _hold_sentence(report: dict[str, Any]) -> str:
+    """``turn.number_hold_ms`` swept, for the Markdown (older reports lack it)."""
+    if "number_hold_ms" not in report:
+        return ""
+    d = report["number_hold_ms"]
+
+    def half(r: dict[str, Any], name: str) -> str:
+        h = r[name]
+        return (f"{h['false_cutoffs'] * 100:.1f} %, mean {h['wait_mean_ms']} ms, p90 {h['wait_p90_ms']} ms, its "
+                f"{h['number_ends']} number ends {h['number_ends_mean_ms']} ms")
+
+    rows = "; ".join(f"{r['hold_ms']}{'' if r['allowed'] else ' (too near a pause)'}: tuning {half(r, 'tune')}, "
+                     f"held-out {half(r, 'heldout')}" for r in d["rows"])
+    return (f" A number that may be half said held for `number_hold_ms` of silence, then judged by its punctuation "
+            f"(the shipped defaults otherwise; 0: held to the cap; a hold is allowed when, {HOLD_MARGIN_MS} ms "
+            f"shorter, it cuts no more tuning turns nor guard pauses than none): {rows}; the tuning turns choose "
             f"{d['chosen']}.")
 
 

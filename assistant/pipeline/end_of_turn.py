@@ -68,7 +68,7 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import Enum
 from typing import Protocol
 
@@ -340,6 +340,23 @@ def late_allowed(cfg: TurnConfig, ev: Evidence) -> bool:
     return not ev.use_text or (ev.cue is not None and ev.cue.value not in cfg.falling_late_veto)
 
 
+def cue_at(cfg: TurnConfig, ev: Evidence, pause_ms: int) -> Cue | None:
+    """The transcript's cue in force after ``pause_ms`` of silence: a number that may be half said
+    (:attr:`Cue.NUMBER`) is judged as any other text (by its punctuation) once the silence reaches
+    ``number_hold_ms``: someone reading out a number pauses between its groups, not that long."""
+    if ev.cue is not None and 0 < cfg.number_hold_ms <= pause_ms:
+        return number_released(ev.cue, ev.text)
+    return ev.cue
+
+
+def number_released(c: Cue, text: TurnEnd | None) -> Cue:
+    """A cue once the number's hold is over: :attr:`Cue.NUMBER` becomes what the text's punctuation says (as
+    :func:`cue` judges a text that ends on no number); any other cue stays."""
+    if c is not Cue.NUMBER:
+        return c
+    return Cue.COMPLETE if text is TurnEnd.COMPLETE else Cue.OPEN
+
+
 def cue_weight(cfg: TurnConfig, c: Cue) -> float:
     """What the transcript adds to the model's probability (``turn.cue_*``)."""
     return {
@@ -371,14 +388,21 @@ def _falling(cfg: TurnConfig, ev: Evidence, pause_ms: int, fixed_ms: int) -> Dec
         if cfg.wait_for_evidence:
             return Decision(end_now=False, end_silence_ms=cfg.max_silence_ms, reason="pending")
         return Decision(end_now=False, reason="pending")
+    held = ev.use_text and ev.cue is Cue.NUMBER
+    ev = replace(ev, cue=cue_at(cfg, ev, pause_ms)) if held else ev
+    # The number's hold is over: a decision it frees needed number_hold_ms of silence at least.
+    released = held and ev.cue is not Cue.NUMBER
+    floor = cfg.number_hold_ms if released else 0
     if model_alone(cfg, ev):
-        return Decision(end_now=True, reason="model_alone", needed_ms=min(pause_ms, max(
-            cfg.speculative_pause_ms, next(ms for ms, q in ev.probs if q >= cfg.model_alone))))
+        needed = min(pause_ms, max(cfg.speculative_pause_ms, next(ms for ms, q in ev.probs if q >= cfg.model_alone)))
+        return Decision(end_now=True, reason="model_alone", needed_ms=max(needed, floor))
     p = ev.prob if ev.use_audio and ev.prob is not None else cfg.model_off_prob
     score = p + (cue_weight(cfg, ev.cue) if ev.use_text and ev.cue is not None else 0.0)
     if score >= falling_threshold(cfg, pause_ms, late_allowed(cfg, ev)):
-        return Decision(end_now=True, reason=f"score_{ev.cue.value if ev.use_text and ev.cue else 'audio'}",
-                        needed_ms=silence_needed(cfg, ev, pause_ms))
+        needed = silence_needed(cfg, ev, pause_ms)
+        return Decision(end_now=True, reason=f"score_{ev.cue.value if ev.use_text and ev.cue else 'audio'}"
+                        + ("_after_number" if released else ""),
+                        needed_ms=max(needed, floor))
     return Decision(end_now=False, end_silence_ms=cfg.max_silence_ms, reason="waiting")
 
 

@@ -500,11 +500,12 @@ class TurnConfig:
         "reads as finished and takes no number cue"
     )
     number_whole_digits: int = _f(
-        7, "falling: a digit string of at least this many digits reads as a whole phone number or code (7 and 10 "
+        10, "falling: a digit string of at least this many digits reads as a whole phone number or code (7 and 10 "
         "are the common lengths of one), judged as any other text and not held as a number that may be half said "
-        "(cue_number); 0: every digit string may be half said. From the tuning half: its mid-turn pauses inside a "
-        "number come after 2-6 digits, its numbers end after 1-10. A card number read in groups of four can still "
-        "be cut after its eighth digit"
+        "(cue_number); 0: every digit string may be half said. Swept by bench eot with the shipped defaults "
+        "otherwise (the least p90 wait on the tuning turns among the lengths that cut no more of them than 0; ties: "
+        "the longest): 7 while a number was held to max_silence_ms, 10 since number_hold_ms (7, 8 and 10 tie). A "
+        "card number read in groups of four can still be cut after its twelfth digit"
     )
     number_hold_ms: int = _f(
         1100, "falling: from this much silence on, a number that may be half said (cue_number) is judged as any "

@@ -160,9 +160,10 @@ def test_a_finished_time_or_amount_is_no_half_said_number() -> None:
 def test_a_digit_string_as_long_as_a_phone_number_reads_whole() -> None:
     """turn.number_whole_digits: a digit string of that many digits or more is a whole phone number or code,
     judged as any other text (phone_number.wav's end, "My number is 555-213-449", waited the full max_silence_ms
-    held by cue_number); shorter ones, as said before a pause between digit groups, stay held."""
-    whole = TurnConfig().number_whole_digits
-    assert whole == 7
+    held by cue_number); shorter ones, as said before a pause between digit groups, stay held (since
+    number_hold_ms only so long, so the sweep now chooses 10, a whole ten-digit number)."""
+    assert TurnConfig().number_whole_digits == 10
+    whole = 7
     assert digits_said("My number is 555-213-449") == 9
     assert digits_said("My number is five five five two one three.") == 6
     assert digits_said("電話番号は706") == 3

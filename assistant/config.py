@@ -429,17 +429,18 @@ class TurnConfig:
     # end-of-turn corpus and on the human set (../shared/audio/human, 117 real recordings; issue 38) together
     # (`assistant bench eot-corpus --seed 34`, then `assistant bench eot --guard`): the least median wait at or under
     # 5 % false cut-offs, afterthoughts counted apart, among the points that cut none of the pause files' mid-sentence
-    # pauses (../shared/audio, tests/data/pauses). Measured on the held-out half: 7.1 % false cut-offs, median added
-    # wait 689 ms (over the 5 % target: the tuning turns read 2.4 %; the point before the doubtful cue: 4.8 %,
-    # 851 ms; the flat policy: 21.0 %, 570 ms); the human set (a tuning set, and a guard: no turn of it may be
+    # pauses (../shared/audio, tests/data/pauses). Measured on the held-out half (evidence v4, with the number hold
+    # and digits below; docs/figures/eot.md): 6.7 % false cut-offs, median added wait 651 ms, p90 1481 ms (over the
+    # 5 % target: the tuning turns read 2.4 %, 572 ms; the point before the doubtful cue, on older evidence: 4.8 %,
+    # 851 ms; the flat policy: 21.4 %, 468 ms); the human set (a tuning set, and a guard: no turn of it may be
     # cut): 0 of 117 turns cut, 472 ms. A guard pause must survive the point with its threshold 0.05 lower
     # (bench/eot.GUARD_MARGIN: the live evidence reads surer than the replayed one).
     # docs/end_of_turn.md shows the curves and where it lies on them.
     policy: str = _f(
         "falling",
         "end-of-turn policy: falling (model probability + transcript cue against a threshold that falls as the "
-        "silence grows; held-out half: 6.2 per cent false cut-offs, 689 ms median wait) or flat (the verdict table of "
-        "pipeline/end_of_turn.py, a fixed wait per verdict; held-out: 21.0 per cent, 570 ms)",
+        "silence grows; held-out half: 6.7 per cent false cut-offs, 651 ms median wait) or flat (the verdict table of "
+        "pipeline/end_of_turn.py, a fixed wait per verdict; held-out: 21.4 per cent, 468 ms)",
     )
     falling_from: float = _f(
         1.75, "falling: the score that ends the turn at the speculative pause (tuning half and human set; above any "
@@ -500,12 +501,13 @@ class TurnConfig:
         "reads as finished and takes no number cue"
     )
     number_whole_digits: int = _f(
-        10, "falling: a digit string of at least this many digits reads as a whole phone number or code (7 and 10 "
+        8, "falling: a digit string of at least this many digits reads as a whole phone number or code (7 and 10 "
         "are the common lengths of one), judged as any other text and not held as a number that may be half said "
         "(cue_number); 0: every digit string may be half said. Swept by bench eot with the shipped defaults "
         "otherwise (the least p90 wait on the tuning turns among the lengths that cut no more of them than 0; ties: "
-        "the longest): 7 while a number was held to max_silence_ms, 10 since number_hold_ms (7, 8 and 10 tie). A "
-        "card number read in groups of four can still be cut after its twelfth digit"
+        "the least mean wait at the guard clips' ends, then the longest): 7 while a number was held to "
+        "max_silence_ms; since number_hold_ms the tuning turns tie 7, 8 and 10 and the guard clips 7 and 8. A card "
+        "number read in groups of four can still be cut after its eighth digit"
     )
     number_hold_ms: int = _f(
         1100, "falling: from this much silence on, a number that may be half said (cue_number) is judged as any "

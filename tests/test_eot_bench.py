@@ -161,8 +161,8 @@ def test_a_digit_string_as_long_as_a_phone_number_reads_whole() -> None:
     """turn.number_whole_digits: a digit string of that many digits or more is a whole phone number or code,
     judged as any other text (phone_number.wav's end, "My number is 555-213-449", waited the full max_silence_ms
     held by cue_number); shorter ones, as said before a pause between digit groups, stay held (since
-    number_hold_ms only so long, so the sweep now chooses 10, a whole ten-digit number)."""
-    assert TurnConfig().number_whole_digits == 10
+    number_hold_ms only so long, and the sweep chooses 8)."""
+    assert TurnConfig().number_whole_digits == 8
     whole = 7
     assert digits_said("My number is 555-213-449") == 9
     assert digits_said("My number is five five five two one three.") == 6

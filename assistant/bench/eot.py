@@ -596,8 +596,8 @@ def build_curves(tune: Turns, held: Turns, target: float, base: TurnConfig, fixe
 
 def _settings(cfg: TurnConfig, policy: str) -> dict[str, Any]:
     keys = (["falling_from", "falling_to", "falling_over_ms", "falling_late_to", "falling_late_ms",
-             "end_of_turn_recheck_ms", "cue_complete", "cue_continues", "cue_open", "cue_number", "number_hold_ms", "cue_short",
-             "cue_doubtful", "doubtful_below", "model_off_prob", "model_alone", "model_alone_veto",
+             "end_of_turn_recheck_ms", "cue_complete", "cue_continues", "cue_open", "cue_number", "number_hold_ms",
+             "cue_short", "cue_doubtful", "doubtful_below", "model_off_prob", "model_alone", "model_alone_veto",
              "falling_late_veto", "max_silence_ms"]
             if policy == "falling" else
             ["end_of_turn_threshold", "end_of_turn_sure", "complete_endpoint_ms", "unsure_endpoint_ms",
@@ -951,14 +951,15 @@ def analyse(evidence: dict[str, list[ClipEvidence]], target: float, out: Path,
                 "heldout": score_replay(TurnConfig(), flatten(evidence["heldout"], tail=False), fixed)}
     lines.append(_format_row("shipped defaults, tune", shipped["tune"]))
     lines.append(_format_row("shipped defaults, held-out", shipped["heldout"]))
-    digits = digits_sweep(evidence, tune_lang, human.clips if human is not None else None, fixed)
+    digits = digits_sweep(evidence, tune_lang, human.clips if human is not None else None, fixed,
+                          guard.clips if guard is not None else None)
     lines.append(f"  number_whole_digits swept (shipped defaults otherwise; chosen on the tuning turns: "
                  f"{digits['chosen']}):")
     for row in digits["rows"]:
         lines.append(f"    {row['digits']:2d}: tune {row['tune']['false_cutoffs'] * 100:.1f} % "
                      f"p50 {row['tune']['wait_p50_ms']} p90 {row['tune']['wait_p90_ms']} ms | held-out "
                      f"{row['heldout']['false_cutoffs'] * 100:.1f} % p50 {row['heldout']['wait_p50_ms']} p90 "
-                     f"{row['heldout']['wait_p90_ms']} ms")
+                     f"{row['heldout']['wait_p90_ms']} ms | guard ends mean {row.get('guard_wait_mean_ms')} ms")
     hold = hold_sweep(tune, held, guard, fixed)
     lines.append(f"  number_hold_ms swept (shipped defaults otherwise; chosen on the tuning turns, {HOLD_MARGIN_MS} ms "
                  f"from any pause it would cut: {hold['chosen']}):")
@@ -1068,21 +1069,25 @@ DIGITS_SWEEP = (0, 6, 7, 8, 10)  # turn.number_whole_digits: 0 holds every digit
 
 
 def digits_sweep(evidence: dict[str, list[ClipEvidence]], tune_lang: str, human: list[ClipEvidence] | None,
-                 fixed_ms: int) -> dict[str, Any]:
+                 fixed_ms: int, guard: list[ClipEvidence] | None = None) -> dict[str, Any]:
     """``turn.number_whole_digits`` swept with the shipped defaults otherwise, on the tuning turns (the tuning
     half's ``tune_lang`` turns and the human set) and the held-out half; chosen on the tuning turns: the least p90
-    wait (what a digit string held to the cap costs) among the lengths that cut no more tuning turns than holding
-    every digit string (0)."""
+    wait (what a digit string held costs) among the lengths that cut no more tuning turns than holding every digit
+    string (0); lengths the tuning turns cannot tell apart are told apart by the mean wait at the ends of the
+    ``guard`` clips (the pause files and the human set: tuning-side speech too), then the longest is taken."""
     rows: list[dict[str, Any]] = []
     for n in DIGITS_SWEEP:
         tune = flatten(evidence["tune"], whole_digits=n)
         tune = tune.subset(lambda c: c.lang == tune_lang) if tune_lang else tune
         tune = join(tune, flatten(human, whole_digits=n)) if human else tune
         held = flatten(evidence["heldout"], whole_digits=n)
+        guarded = score_replay(TurnConfig(), flatten(guard, whole_digits=n), fixed_ms) if guard else None
         rows.append({"digits": n, "tune": score_replay(TurnConfig(), tune, fixed_ms).row(),
-                     "heldout": score_replay(TurnConfig(), held, fixed_ms).row()})
+                     "heldout": score_replay(TurnConfig(), held, fixed_ms).row(),
+                     "guard_wait_mean_ms": round(float(np.mean(guarded.waits))) if guarded and guarded.waits else 0})
     allowed = [r for r in rows if r["tune"]["false_cutoffs"] <= rows[0]["tune"]["false_cutoffs"] + 1e-9]
-    chosen = min(allowed, key=lambda r: (r["tune"]["wait_p90_ms"], r["tune"]["wait_p50_ms"], -r["digits"]))
+    chosen = min(allowed, key=lambda r: (r["tune"]["wait_p90_ms"], r["tune"]["wait_p50_ms"], r["guard_wait_mean_ms"],
+                                         -r["digits"]))
     return {"rows": rows, "chosen": chosen["digits"]}
 
 
@@ -1288,9 +1293,12 @@ def _digits_sentence(report: dict[str, Any]) -> str:
     d = report["number_whole_digits"]
     rows = "; ".join(f"{r['digits']}: tuning {r['tune']['false_cutoffs'] * 100:.1f} %, p90 {r['tune']['wait_p90_ms']} "
                      f"ms, held-out {r['heldout']['false_cutoffs'] * 100:.1f} %, p90 {r['heldout']['wait_p90_ms']} ms"
+                     + (f", the guard clips' ends {r['guard_wait_mean_ms']} ms mean" if "guard_wait_mean_ms" in r
+                        else "")
                      for r in d["rows"])
     return (f" A digit string read as a whole number from `number_whole_digits` digits (the shipped defaults "
-            f"otherwise; 0: every digit string held as maybe half said): {rows}; the tuning turns choose "
+            f"otherwise; 0: every digit string held as maybe half said; ties on the tuning turns go to the least "
+            f"mean wait at the guard clips' ends, then to the longest): {rows}; the tuning turns choose "
             f"{d['chosen']}.")
 
 

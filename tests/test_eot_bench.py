@@ -17,12 +17,14 @@ import soundfile as sf
 from assistant.asr.base import Transcript
 from assistant.bench.eot import (
     AFTERTHOUGHT,
+    GUARD_MARGIN,
     HOLD_MARGIN_MS,
     FallingTable,
     Pause,
     Turns,
     best_under,
     flatten,
+    guard_check,
     hold_sweep,
     join,
     replay,
@@ -243,6 +245,27 @@ def test_the_number_hold_is_chosen_clear_of_the_pauses_inside_numbers() -> None:
     assert d["chosen"] == 1100 and rows[1100]["heldout"]["false_cutoffs"] == 0
     assert rows[0]["tune"]["number_ends"] == 20 and rows[0]["tune"]["number_ends_mean_ms"] > 2000
     assert rows[1100]["tune"]["number_ends_mean_ms"] < 1100 + 50 + 100  # the hold, the offset, a step or so
+
+
+def test_the_report_says_which_guard_pauses_the_shipped_point_cuts_or_nearly_cuts() -> None:
+    """guard_check: a guard pause the point cuts, one it cuts only with its threshold GUARD_MARGIN lower (as the
+    tuner judges a point), and one it spares either way, each named by file and text."""
+    cfg = TurnConfig()
+    clips = [ClipEvidence(file=f"tests/data/pauses/{n}.wav", split="also", engine="e", voice="v", lang="en",
+                          kind="k", speech_ends_s=1.0, status="ok", pauses=[]) for n in ("cut", "near", "safe")]
+
+    def at(p: float, clip: int) -> Pause:
+        return replace(_pause(clip, False, 416, None, p), text=f"Please add eggs, milk ({clip}).")
+
+    # The score that ends a 416 ms pause at the last step it holds (plus the decision's step), found on the replay.
+    fixed = 500
+    probs = [x / 1000 for x in range(500, 1000)]
+    spare = max(q for q in probs if not replay(cfg, at(q, 0), fixed) < 416 + 32)
+    guard = Turns(clips, [at(1.0, 0), at(spare, 1), at(spare - GUARD_MARGIN - 0.01, 2)])
+    g = guard_check(cfg, guard, fixed)
+    assert [n.split(":")[0] for n in g["cut"]] == ["cut"], g
+    assert [n.split(":")[0] for n in g["within_margin"]] == ["near"], g
+    assert "eggs, milk (1)" in g["within_margin"][0] and "(416 ms)" in g["within_margin"][0]
 
 
 def test_the_late_stage_tuning_returns_the_point_it_judged() -> None:

@@ -960,6 +960,11 @@ def analyse(evidence: dict[str, list[ClipEvidence]], target: float, out: Path,
                      f"p50 {row['tune']['wait_p50_ms']} p90 {row['tune']['wait_p90_ms']} ms | held-out "
                      f"{row['heldout']['false_cutoffs'] * 100:.1f} % p50 {row['heldout']['wait_p50_ms']} p90 "
                      f"{row['heldout']['wait_p90_ms']} ms | guard ends mean {row.get('guard_wait_mean_ms')} ms")
+    shipped_guard = guard_check(TurnConfig(), guard, fixed) if guard is not None else None
+    if shipped_guard is not None:
+        lines.append(f"  shipped defaults on the guard: {len(shipped_guard['cut'])} pauses cut, "
+                     f"{len(shipped_guard['within_margin'])} more within its margin ({GUARD_MARGIN}): "
+                     + ("; ".join(shipped_guard["cut"] + shipped_guard["within_margin"]) or "none"))
     hold = hold_sweep(tune, held, guard, fixed)
     lines.append(f"  number_hold_ms swept (shipped defaults otherwise; chosen on the tuning turns, {HOLD_MARGIN_MS} ms "
                  f"from any pause it would cut: {hold['chosen']}):")
@@ -1054,7 +1059,7 @@ def analyse(evidence: dict[str, list[ClipEvidence]], target: float, out: Path,
         "shipped": {half: score.row() for half, score in shipped.items()}, "doubtful": doubt,
         "shipped_untailed": {half: score.row() for half, score in untailed.items()},
         "tail_passes": {half: sum(p.tail for c in evidence[half] for p in c.pauses) for half in ("tune", "heldout")},
-        "number_whole_digits": digits, "number_hold_ms": hold,
+        "number_whole_digits": digits, "number_hold_ms": hold, "shipped_guard": shipped_guard,
         "groups": group_rows, "afterthoughts": after, "floor": floor, "cost": cost, "pause_kinds": by_kind,
     }
     (out / "eot.json").write_text(json.dumps(result, indent=1))
@@ -1125,6 +1130,20 @@ def hold_sweep(tune: Turns, held: Turns, guard: Turns | None, fixed_ms: int) -> 
     allowed = [r for r in rows if r["allowed"]]
     chosen = min(allowed, key=lambda r: (r["tune"]["wait_mean_ms"], r["tune"]["wait_p90_ms"], -r["hold_ms"]))
     return {"rows": rows, "chosen": chosen["hold_ms"]}
+
+
+def guard_check(cfg: TurnConfig, guard: Turns, fixed_ms: int) -> dict[str, list[str]]:
+    """The guard pauses ``cfg`` cuts, and those it cuts only as the guard judges a tuned point (:func:`guard_view`:
+    within the margin), each as "file: its text at the pause (silence ms)". The tuner refuses a point with either;
+    the shipped defaults are an earlier run's point plus hand-set stages, so this says where they stand now."""
+    def name(p: Pause) -> str:
+        return f"{Path(guard.clips[p.clip].file).stem}: {p.text!r} ({p.silence_ms} ms)"
+
+    mids = [p for p in guard.pauses if not p.is_end]
+    cut = [_cuts(cfg, p, fixed_ms) for p in mids]
+    near = [not c and _cuts(guard_view(cfg), p, fixed_ms) for p, c in zip(mids, cut, strict=True)]
+    return {"cut": [name(p) for p, c in zip(mids, cut, strict=True) if c],
+            "within_margin": [name(p) for p, n in zip(mids, near, strict=True) if n]}
 
 
 def _cuts(cfg: TurnConfig, p: Pause, fixed_ms: int) -> bool:
@@ -1227,7 +1246,8 @@ def markdown(report: dict[str, Any]) -> str:
              f"{pct(report['model_off']['tune'])}, held-out {pct(report['model_off']['heldout'])}.", "",
              f"The shipped defaults (`TurnConfig`, chosen by an earlier run; not tuned here) on this evidence: tuning "
              f"{pct(report['shipped']['tune'])}, held-out {pct(report['shipped']['heldout'])}."
-             + _untailed_sentence(report, pct) + _digits_sentence(report) + _hold_sentence(report),
+             + _untailed_sentence(report, pct) + _digits_sentence(report) + _hold_sentence(report)
+             + _guard_sentence(report),
              "",
              "The doubtful cue on this evidence (pauses whose transcript it holds; the ends' last words as sure as "
              "the ASR was of them, p50): " + "; ".join(
@@ -1300,6 +1320,17 @@ def _digits_sentence(report: dict[str, Any]) -> str:
             f"otherwise; 0: every digit string held as maybe half said; ties on the tuning turns go to the least "
             f"mean wait at the guard clips' ends, then to the longest): {rows}; the tuning turns choose "
             f"{d['chosen']}.")
+
+
+def _guard_sentence(report: dict[str, Any]) -> str:
+    """The shipped defaults on the guard, for the Markdown (older reports lack it)."""
+    g = report.get("shipped_guard")
+    if not g:
+        return ""
+    return (f" On the guard (the pause files' and the human clips' mid-turn pauses) the shipped defaults cut "
+            f"{len(g['cut'])} pauses and come within the tuner's margin ({GUARD_MARGIN}) of "
+            f"{len(g['within_margin'])} more" + (": " + "; ".join(g["cut"] + g["within_margin"]) if g["cut"]
+                                                 or g["within_margin"] else "") + ".")
 
 
 def _hold_sentence(report: dict[str, Any]) -> str:

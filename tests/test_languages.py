@@ -20,6 +20,7 @@ from assistant.languages import script_language
 from assistant.server.services import Services
 from assistant.tts.base import TTSRequest
 from tests.conftest import serve, test_config
+from tests.test_limits import events
 from tests.waiting import until
 
 pytestmark = [pytest.mark.asyncio(loop_scope="module"), pytest.mark.slow]
@@ -85,10 +86,6 @@ async def _client(url: str, http: aiohttp.ClientSession) -> BenchSession:
     return client
 
 
-def _events(client: BenchSession, kind: str) -> list[dict[str, Any]]:
-    return [e.body for e in client.events if e.body.get("type") == kind]
-
-
 def _finals(client: BenchSession, start: int) -> list[dict[str, Any]]:
     return [e.body for e in client.events[start:] if e.body.get("type") == "transcript" and e.body.get("final")]
 
@@ -104,8 +101,8 @@ async def test_a_conversation_switches_language_turn_by_turn(services: Services,
         assert isinstance(listener, RecordingListener)
         try:
             # The server announces the session when the channel reaches it; that message can land after ours opens.
-            await until(lambda: _events(client, "session"), "the session event")
-            session = _events(client, "session")[0]
+            await until(lambda: events(client, "session"), "the session event")
+            session = events(client, "session")[0]
             assert session["language"] == "auto" and session["languages"][:3] == ["auto", "en", "zh"]
             turns = []
             for utt in (load_utterance(shared_audio / "en_weather.wav"), ja):
@@ -139,17 +136,17 @@ async def test_a_language_with_no_voice_gets_the_default_voice_and_an_event(serv
             channel.send(json.dumps({"type": "language", "language": "klingon"}))
             channel.send(json.dumps({"type": "language", "language": "zh"}))  # heard in Mandarin from now on
             await until(
-                lambda: [e for e in _events(client, "session") if e["language"] == "zh"],
+                lambda: [e for e in events(client, "session") if e["language"] == "zh"],
                 "the language change announced",
             )
             result = await client.run_turn(load_utterance(shared_audio / "en_timer.wav"), 0, SETTINGS)
         finally:
             await client.close()
-    errors = _events(client, "error")
+    errors = events(client, "error")
     assert errors and errors[0]["stage"] == "language" and "must be one of auto, en, zh, ja, ko" in errors[0]["message"]
     final = next(e.body for e in client.events if e.body.get("type") == "transcript" and e.body.get("final"))
     assert final["language"] == "zh"  # the session asked for Mandarin, so the turn is heard (and answered) in it
-    fallback = _events(client, "voice_fallback")
+    fallback = events(client, "voice_fallback")
     assert fallback and fallback[0]["language"] == "zh" and fallback[0]["voice"] == "default", client.events
     # Not silence, not an error: the default voice reads the reply.
     assert result.status == "ok" and result.columns["v2v_ms"] is not None, result.reason

@@ -388,10 +388,10 @@ def _falling(cfg: TurnConfig, ev: Evidence, pause_ms: int, fixed_ms: int) -> Dec
         if cfg.wait_for_evidence:
             return Decision(end_now=False, end_silence_ms=cfg.max_silence_ms, reason="pending")
         return Decision(end_now=False, reason="pending")
-    held = ev.use_text and ev.cue is Cue.NUMBER
-    ev = replace(ev, cue=cue_at(cfg, ev, pause_ms)) if held else ev
-    # The number's hold is over: a decision it frees needed number_hold_ms of silence at least.
-    released = held and ev.cue is not Cue.NUMBER
+    # A number's hold is over (cue_at): a decision it frees needed number_hold_ms of silence at least.
+    cue_now = cue_at(cfg, ev, pause_ms) if ev.use_text else ev.cue
+    released = cue_now is not ev.cue
+    ev = replace(ev, cue=cue_now) if released else ev
     floor = cfg.number_hold_ms if released else 0
     if model_alone(cfg, ev):
         needed = min(pause_ms, max(cfg.speculative_pause_ms, next(ms for ms, q in ev.probs if q >= cfg.model_alone)))

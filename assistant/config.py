@@ -375,7 +375,7 @@ class ChunkerConfig:
 MIN_WINDOW_S, MAX_WINDOW_S = 6, 30  # asr.min_window_s: below 6 s the decoder loops; 30 s is Whisper's own window
 REQUANTIZE = ("auto", "q8_0", "off")  # respond/llama/weights.py
 TURN_POLICIES = ("falling", "flat")  # pipeline/end_of_turn.decide
-TURN_CUES = ("complete", "continues", "open", "number", "short", "doubtful")  # pipeline/end_of_turn.Cue
+TURN_CUES = ("complete", "continues", "open", "number", "short", "doubtful", "trailing")  # pipeline/end_of_turn.Cue
 
 
 @dataclass
@@ -467,10 +467,10 @@ class TurnConfig:
         "stage (tuning half and human set, see falling_late_to)"
     )
     falling_late_veto: list[str] = _f(
-        ["continues", "number", "short", "doubtful"], "falling: the transcript cues that get no late stage, their "
-        "threshold staying at falling_to: a trailing 'and' (or a doubtful word after it), a digit string that may be "
-        "half said, a fragment (tuning half and human set: the late stage on number or short cues cuts more of their "
-        "long mid-turn pauses)"
+        ["continues", "number", "short", "doubtful", "trailing"], "falling: the transcript cues that get no late "
+        "stage, their threshold staying at falling_to: a trailing 'and' (or a doubtful word after it), a digit "
+        "string that may be half said, a fragment, a trailing word until its hold (tuning half and human set: the "
+        "late stage on number or short cues cuts more of their long mid-turn pauses)"
     )
     end_of_turn_recheck_ms: list[int] = _f(
         [96, 192, 320, 480, 704, 1024],
@@ -518,6 +518,17 @@ class TurnConfig:
         "least mean wait among the holds that, 100 ms shorter, cut no more tuning turns nor guard pauses than "
         "none): the tuning half's pauses inside a number last up to 992 ms (English)"
     )
+    cue_trailing: float = _f(
+        -1.0, "falling: added when it ends with final punctuation on a word that usually goes on but may end a "
+        "finished sentence ('What are you looking for?', 'Turn the lights on.', 'Yes, I do.'): a veto until "
+        "trailing_hold_ms (not tuned)"
+    )
+    trailing_hold_ms: int = _f(
+        1400, "falling: from this much silence on, a text held as trailing (cue_trailing) is judged finished, as its "
+        "punctuation says; before, such a turn waited for max_silence_ms, as one ending on 'and' does. tiny.en writes "
+        "'How do I get to?' and 'Please call.' at mid-turn pauses, so the hold is longer than a number's. 0: held "
+        "to max_silence_ms. Swept by bench eot as number_hold_ms is"
+    )
     cue_short: float = _f(
         -0.3, "falling: added when it has fewer than three words ('Hello?'), where Whisper's punctuation is least "
         "reliable (tuning half and human set)"
@@ -545,8 +556,9 @@ class TurnConfig:
         "off; held-out half: 0.99 changes nothing, 0.98 gives 7.6 per cent, 617 ms, 0.9 gives 9.5 per cent, 571 ms)"
     )
     model_alone_veto: list[str] = _f(
-        ["continues", "doubtful", "short", "number", "open"], "falling: the transcript cues that veto model_alone "
-        "(continues, number, short, open, doubtful, complete; the figures of model_alone are with these); the veto "
+        ["continues", "doubtful", "short", "number", "open", "trailing"], "falling: the transcript cues that veto "
+        "model_alone (continues, number, short, open, doubtful, trailing, complete; the figures of model_alone are "
+        "with these); the veto "
         "is free: the reply is made from the transcript, so nothing of it could be heard before the transcript "
         "lands"
     )

@@ -9,6 +9,7 @@ import json
 import logging
 import re
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +20,17 @@ from assistant.asr.base import Transcript
 from assistant.audio import read_audio
 from assistant.config import TURN_CUES, ConfigError, TurnConfig, load_config
 from assistant.pipeline.conversation import Conversation, TurnDeps
-from assistant.pipeline.end_of_turn import Cue, Evidence, TurnEnd, cue_at, decide, falling_threshold, weigh
+from assistant.pipeline.end_of_turn import (
+    Cue,
+    Evidence,
+    TurnEnd,
+    cue,
+    cue_at,
+    decide,
+    falling_threshold,
+    judge,
+    weigh,
+)
 from assistant.pipeline.events import EventChannel
 from assistant.respond.echo import EchoResponder
 from assistant.rtc.outbound import ReplyTrack
@@ -127,6 +138,30 @@ def test_a_number_is_held_only_so_long() -> None:
     never = TurnConfig(policy="falling", number_hold_ms=0)
     assert not decide(never, finished, never.max_silence_ms - 32, 500).end_now
     assert decide(never, finished, never.max_silence_ms, 500).reason == "max_silence"
+
+
+def test_a_trailing_word_is_held_only_so_long() -> None:
+    """turn.trailing_hold_ms: "What are you looking for?" (Cue.TRAILING) is vetoed as a trailing "for" would be
+    while the silence could be a pause before the object, then judged finished: a sure model ends it from the
+    hold on (the decision names the hold), an unsure one still waits, and 0 holds it to max_silence_ms."""
+    cfg = TurnConfig(policy="falling")
+    hold = cfg.trailing_hold_ms
+    assert 0 < hold < cfg.max_silence_ms and {"trailing"} <= set(cfg.falling_late_veto) & set(cfg.model_alone_veto)
+    sure = [(96, 0.98), (704, 0.98), (1024, 0.98)]
+    text = "What are you looking for?"
+    ev = Evidence(use_text=True, use_audio=True, text=judge(text), cue=cue(text), words=5, probs=sure)
+    assert ev.cue is Cue.TRAILING and ev.text is TurnEnd.INCOMPLETE
+    assert not decide(cfg, ev, hold - 32, 500).end_now
+    after = decide(cfg, ev, hold, 500)
+    assert after.end_now and after.reason == "score_complete_after_trailing" and after.needed_ms == hold
+    unsure = replace(ev, probs=[(96, 0.2), (1024, 0.3)])
+    assert not decide(cfg, unsure, hold + 300, 500).end_now
+    never = replace(cfg, trailing_hold_ms=0)
+    assert not decide(never, ev, never.max_silence_ms - 32, 500).end_now
+    # The number's hold does not free a trailing word, nor the trailing hold a number.
+    assert cue_at(replace(cfg, number_hold_ms=100, trailing_hold_ms=0), ev, hold) is Cue.TRAILING
+    number = replace(ev, cue=Cue.NUMBER, text=TurnEnd.COMPLETE)
+    assert cue_at(replace(cfg, number_hold_ms=0, trailing_hold_ms=100), number, hold) is Cue.NUMBER
 
 
 class PhraseASR:

@@ -19,6 +19,7 @@ from assistant.bench.eot import (
     AFTERTHOUGHT,
     GUARD_MARGIN,
     HOLD_MARGIN_MS,
+    TRAILING_HOLD_SWEEP,
     FallingTable,
     Pause,
     Turns,
@@ -120,6 +121,22 @@ def test_transcript_cues() -> None:
     assert cue("") is Cue.OPEN
 
 
+def test_a_finished_sentence_may_end_on_a_word_that_usually_goes_on() -> None:
+    """Cue.TRAILING: final punctuation after a word of MAY_END, as a finished question or answer in conversation
+    ends ("What are you looking for?"), is held for turn.trailing_hold_ms, not vetoed to the cap; what never ends
+    a sentence (an article, a conjunction, a possessive, a filler), a text with no final punctuation or an ellipsis,
+    and a wish's "like" stay Cue.CONTINUES."""
+    for text in ("What are you looking for?", "Turn the lights on.", "Yes, I do.", "What is that?",
+                 "What's the weather like?", "I think so.", "Where are you from?", "Can you call her?",
+                 "What do you want?", "I'm doing well.", "How do I get to?", "Please call."):
+        assert cue(text) is Cue.TRAILING, text
+    for text in ("Send a message to", "I want to...", "Turn off my television and...", "I'd like.",
+                 "I would like.", "Put it on the.", "Is it yours or?", "Call my.", "What's the weather in, uh,",
+                 "I'd like to order, um,", "Remind me to um."):
+        assert cue(text) is Cue.CONTINUES, text
+    assert cue("What is that book about?", 0.1, 0.5) is Cue.TRAILING  # not a made-up pronoun object
+
+
 def test_a_doubtful_last_word_after_a_word_that_goes_on() -> None:
     """Cue.DOUBTFUL: the ASR was unsure of the last word (under doubtful_below) and the words before it go on,
     as tiny.en's made-up object at a pause after "for" ("Can you book a table for it?", "it" at 0.39)."""
@@ -209,11 +226,12 @@ def test_the_tuner_s_fast_replay_is_the_pipeline_s_decide() -> None:
                       cue_complete=r.uniform(-0.2, 0.5), cue_continues=r.uniform(-1, 0), cue_open=r.uniform(-.3, .2),
                       cue_number=r.uniform(-.5, .2), cue_short=r.uniform(-.5, .1),
                       model_alone=r.choice([1.01, 0.99, 0.95, 0.9]),
-                      model_alone_veto=r.choice([["continues"], ["continues", "number", "short", "open"]]),
-                      number_hold_ms=r.choice([0, 600, 1000, 1500]))
+                      model_alone_veto=r.choice([["continues"], ["continues", "trailing", "number", "short", "open"]]),
+                      number_hold_ms=r.choice([0, 600, 1000, 1500]), cue_trailing=r.uniform(-1, 0),
+                      trailing_hold_ms=r.choice([0, 700, 1100, 1400]))
         cfg = replace(cfg, falling_late_to=cfg.falling_to - r.choice([0.0, 0.2, 0.5]),
                       falling_late_ms=cfg.falling_over_ms + r.choice([0, 200, 600]),
-                      falling_late_veto=r.choice([["continues"], ["continues", "number", "short"]]))
+                      falling_late_veto=r.choice([["continues"], ["continues", "trailing", "number", "short"]]))
         exact = score_replay(cfg, turns, 500)
         fast = FallingTable(turns, cfg).score(cfg)
         assert exact == fast, k
@@ -243,8 +261,33 @@ def test_the_number_hold_is_chosen_clear_of_the_pauses_inside_numbers() -> None:
     assert HOLD_MARGIN_MS == 100 and rows[0]["tune"]["false_cutoffs"] == 0
     assert not rows[1000]["allowed"] and rows[1000]["tune"]["false_cutoffs"] == 0  # fine, but 100 ms from a cut
     assert d["chosen"] == 1100 and rows[1100]["heldout"]["false_cutoffs"] == 0
-    assert rows[0]["tune"]["number_ends"] == 20 and rows[0]["tune"]["number_ends_mean_ms"] > 2000
-    assert rows[1100]["tune"]["number_ends_mean_ms"] < 1100 + 50 + 100  # the hold, the offset, a step or so
+    assert rows[0]["tune"]["held_ends"] == 20 and rows[0]["tune"]["held_ends_mean_ms"] > 2000
+    assert rows[1100]["tune"]["held_ends_mean_ms"] < 1100 + 50 + 100  # the hold, the offset, a step or so
+
+
+def test_the_trailing_hold_is_swept_as_the_number_s_and_leaves_numbers_alone() -> None:
+    """bench eot's sweep of turn.trailing_hold_ms: a finished question on a stranded preposition ("What are you
+    looking for?") waits the hold, not the cap; a hold that (HOLD_MARGIN_MS shorter) cuts a pause after "to"
+    that tiny.en wrote as finished ("How do I get to?", 1250 ms) is refused, and the number hold's turns are not
+    counted as its own."""
+    def said(clip: int, is_end: bool, silence_ms: int | None, text: str) -> Pause:
+        return replace(_pause(clip, is_end, silence_ms, None, 0.98), text=text, cue=cue(text))
+
+    clips = [ClipEvidence(file=str(i), split="tune", engine="e", voice="v", lang="en", kind="k", speech_ends_s=1.0,
+                          status="ok", pauses=[]) for i in range(20)]
+    pauses = ([said(i, False, 1250, "How do I get to?") for i in range(5)]
+              + [said(i, True, None, "What are you looking for?") for i in range(10)]
+              + [said(i, True, None, "My flight number is 1390.") for i in range(10, 20)])
+    assert {p.cue for p in pauses} == {Cue.TRAILING, Cue.NUMBER}
+    turns = Turns(clips, pauses)
+    d = hold_sweep(turns, turns, None, 500, "trailing_hold_ms", TRAILING_HOLD_SWEEP)
+    rows = {r["hold_ms"]: r for r in d["rows"]}
+    assert rows[0]["tune"]["false_cutoffs"] == 0 and rows[0]["tune"]["held_ends_mean_ms"] > 2000
+    assert not rows[1300]["allowed"] and rows[1400]["allowed"]  # 1300 - 100 < 1250 + a VAD window
+    assert d["chosen"] == 1400 and rows[1400]["tune"]["false_cutoffs"] == 0
+    assert rows[1400]["tune"]["held_ends"] == 10 and rows[1400]["tune"]["held_ends_mean_ms"] < 1400 + 50 + 100
+    with pytest.raises(ValueError, match="no hold"):
+        hold_sweep(turns, turns, None, 500, "short_hold_ms")
 
 
 def test_the_report_says_which_guard_pauses_the_shipped_point_cuts_or_nearly_cuts() -> None:

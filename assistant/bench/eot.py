@@ -56,9 +56,10 @@ from assistant.pipeline.end_of_turn import (
     cue_weight,
     decide,
     falling_threshold,
+    hold_ms,
     judge,
     late_stage,
-    number_released,
+    released,
     word_count,
 )
 
@@ -69,7 +70,7 @@ VAD_WINDOW_MS = 32
 FLAT_SWEEP_MS = (200, 300, 400, 500, 600, 700, 800, 1000, 1200, 1500, 2000)
 VAD_SWEEP_MS = (200, 300, 400, 500, 600, 700, 800, 1000, 1200, 1400, 1600, 2000)
 OFFSETS = tuple(round(x, 3) for x in np.arange(-0.6, 0.61, 0.025))
-CUE_ORDER = (Cue.COMPLETE, Cue.CONTINUES, Cue.OPEN, Cue.NUMBER, Cue.SHORT, Cue.DOUBTFUL)
+CUE_ORDER = (Cue.COMPLETE, Cue.CONTINUES, Cue.OPEN, Cue.NUMBER, Cue.SHORT, Cue.DOUBTFUL, Cue.TRAILING)
 MODEL_ALONE_SWEEP = (0.9, 0.95, 0.97, 0.98, 0.99, 1.01)
 MODEL_OFF_GRID = tuple(round(float(x), 2) for x in np.arange(0.3, 1.01, 0.05))
 AFTERTHOUGHT = "afterthought"  # the corpus's pause kind after a finished sentence (eot_sentences.py)
@@ -87,15 +88,17 @@ GRID: dict[str, Sequence[Any]] = {
     "model_alone": (1.01, 0.995, 0.99, 0.985, 0.98, 0.97, 0.95, 0.9),
     # A fragment ("Hello?") never ends a turn on the model alone, however sure: Smart Turn says 0.98 at the pause
     # after en_weather.wav's "Hello," and a surer model would cut it (tests/test_end_of_turn.py).
-    "model_alone_veto": (("continues", "doubtful", "short"), ("continues", "doubtful", "short", "number"),
-                         ("continues", "doubtful", "short", "number", "open")),
+    "model_alone_veto": (("continues", "trailing", "doubtful", "short"),
+                         ("continues", "trailing", "doubtful", "short", "number"),
+                         ("continues", "trailing", "doubtful", "short", "number", "open")),
     # The late stage (after falling_over_ms): how far below falling_to the threshold goes on to fall (0: no late
     # stage; kept as a drop below falling_to as the shape changes), and by when.
     "falling_late_drop": (0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.8),
     "falling_late_ms": (900, 1000, 1100, 1200, 1400, 1600),
-    "falling_late_veto": (("continues", "doubtful"), ("continues", "doubtful", "short"),
-                          ("continues", "doubtful", "number"), ("continues", "doubtful", "number", "short"),
-                          ("continues", "doubtful", "number", "short", "open")),
+    "falling_late_veto": (("continues", "trailing", "doubtful"), ("continues", "trailing", "doubtful", "short"),
+                          ("continues", "trailing", "doubtful", "number"),
+                          ("continues", "trailing", "doubtful", "number", "short"),
+                          ("continues", "trailing", "doubtful", "number", "short", "open")),
 }
 # The late stage's settings: tuned only on top of a tuned shape (tune_falling(late=True)), by the coordinate descent
 # alone (it moves only the turns that waited past falling_over_ms).
@@ -299,8 +302,10 @@ class FallingTable:
         self.offset = np.array([p.offset_ms for p in ps])
         self.silence = np.array([p.silence_ms if p.silence_ms is not None else 10**9 for p in ps])
         self.cue_idx = np.array([CUE_ORDER.index(p.cue) for p in ps])
-        # The cue once a number's hold is over (number_hold_ms): the text's punctuation (end_of_turn.cue_at).
-        self.released_idx = np.array([CUE_ORDER.index(number_released(p.cue, p.text_end)) for p in ps], int)
+        # The cue once a held cue's hold is over (number_hold_ms, trailing_hold_ms): the text's punctuation
+        # (end_of_turn.cue_at).
+        self.released_idx = np.array([CUE_ORDER.index(released(p.cue, p.text_end)) for p in ps], int)
+        self.held = [p.cue for p in ps]
         self.after = np.array([p.labelled == AFTERTHOUGHT for p in ps], bool)
         self.n_after = len(set(self.clip[~self.is_end & self.after].tolist())) if ps else 0
         # The language model's answer: log10 P(end of turn | words), after the ASR (its cost added to the text's).
@@ -328,11 +333,12 @@ class FallingTable:
 
     def cues_at(self, cfg: TurnConfig) -> np.ndarray:
         """Each pause's cue (its index in CUE_ORDER) at each step: (pauses, 1), or (pauses, steps) when a
-        number's hold ends within the clock (``number_hold_ms``)."""
-        if cfg.number_hold_ms <= 0:
+        held cue's hold ends within the clock (``number_hold_ms``, ``trailing_hold_ms``: :func:`hold_ms`)."""
+        holds = np.array([hold_ms(cfg, c) for c in self.held], float)
+        if not (holds > 0).any():
             return self.cue_idx[:, None]
-        return np.where((self.pause_ms >= cfg.number_hold_ms)[None, :], self.released_idx[:, None],
-                        self.cue_idx[:, None])
+        holds[holds <= 0] = np.inf
+        return np.where(self.pause_ms[None, :] >= holds[:, None], self.released_idx[:, None], self.cue_idx[:, None])
 
     def score(self, cfg: TurnConfig, llm_weight: float = 0.0, llm_center: float = -2.0) -> Score:
         if self.use_audio:
@@ -420,8 +426,8 @@ LLM_GRID: dict[str, Sequence[float]] = {
 START: dict[str, Any] = {"policy": "falling", "falling_from": 1.0, "falling_to": 0.5, "falling_over_ms": 800,
          "end_of_turn_recheck_ms": [96, 320], "cue_complete": 0.2, "cue_continues": -1.0, "cue_open": 0.0,
          "cue_number": 0.0, "cue_short": -0.2, "model_off_prob": 0.5, "model_alone": 1.01,
-         "model_alone_veto": ["continues", "number"], "falling_late_to": 0.5, "falling_late_ms": 800,
-         "falling_late_veto": ["continues", "number", "short"]}
+         "model_alone_veto": ["continues", "trailing", "number"], "falling_late_to": 0.5, "falling_late_ms": 800,
+         "falling_late_veto": ["continues", "trailing", "number", "short"]}
 COARSE_OFFSETS = tuple(round(x, 3) for x in np.arange(-0.8, 0.81, 0.05))
 
 
@@ -597,8 +603,8 @@ def build_curves(tune: Turns, held: Turns, target: float, base: TurnConfig, fixe
 def _settings(cfg: TurnConfig, policy: str) -> dict[str, Any]:
     keys = (["falling_from", "falling_to", "falling_over_ms", "falling_late_to", "falling_late_ms",
              "end_of_turn_recheck_ms", "cue_complete", "cue_continues", "cue_open", "cue_number", "number_hold_ms",
-             "cue_short", "cue_doubtful", "doubtful_below", "model_off_prob", "model_alone", "model_alone_veto",
-             "falling_late_veto", "max_silence_ms"]
+             "cue_trailing", "trailing_hold_ms", "cue_short", "cue_doubtful", "doubtful_below", "model_off_prob",
+             "model_alone", "model_alone_veto", "falling_late_veto", "max_silence_ms"]
             if policy == "falling" else
             ["end_of_turn_threshold", "end_of_turn_sure", "complete_endpoint_ms", "unsure_endpoint_ms",
              "incomplete_endpoint_ms", "max_silence_ms"])
@@ -966,14 +972,16 @@ def analyse(evidence: dict[str, list[ClipEvidence]], target: float, out: Path,
                      f"{len(shipped_guard['within_margin'])} more within its margin ({GUARD_MARGIN}): "
                      + ("; ".join(shipped_guard["cut"] + shipped_guard["within_margin"]) or "none"))
     hold = hold_sweep(tune, held, guard, fixed)
-    lines.append(f"  number_hold_ms swept (shipped defaults otherwise; chosen on the tuning turns, {HOLD_MARGIN_MS} ms "
-                 f"from any pause it would cut: {hold['chosen']}):")
-    for row in hold["rows"]:
-        lines.append(f"    {row['hold_ms']:4d}{'' if row['allowed'] else ' (too near a pause)'}: "
-                     + " | ".join(f"{name} {row[half]['false_cutoffs'] * 100:.1f} % p50 {row[half]['wait_p50_ms']} "
-                                  f"mean {row[half]['wait_mean_ms']} ms, {row[half]['number_ends']} number ends "
-                                  f"mean {row[half]['number_ends_mean_ms']} ms"
-                                  for name, half in (("tune", "tune"), ("held-out", "heldout"))))
+    trailing = hold_sweep(tune, held, guard, fixed, "trailing_hold_ms", TRAILING_HOLD_SWEEP)
+    for knob, sweep, what in (("number_hold_ms", hold, "number"), ("trailing_hold_ms", trailing, "trailing")):
+        lines.append(f"  {knob} swept (shipped defaults otherwise; chosen on the tuning turns, {HOLD_MARGIN_MS} ms "
+                     f"from any pause it would cut: {sweep['chosen']}):")
+        for row in sweep["rows"]:
+            lines.append(f"    {row['hold_ms']:4d}{'' if row['allowed'] else ' (too near a pause)'}: "
+                         + " | ".join(f"{name} {row[half]['false_cutoffs'] * 100:.1f} % p50 "
+                                      f"{row[half]['wait_p50_ms']} mean {row[half]['wait_mean_ms']} ms, "
+                                      f"{row[half]['held_ends']} {what} ends mean {row[half]['held_ends_mean_ms']} ms"
+                                      for name, half in (("tune", "tune"), ("held-out", "heldout"))))
     doubt = {name: doubtful_counts(turns) for name, turns in
              (("tuning half", synthetic), ("human set", human), ("pause files", pause_files), ("held-out", held))
              if turns is not None}
@@ -1059,7 +1067,8 @@ def analyse(evidence: dict[str, list[ClipEvidence]], target: float, out: Path,
         "shipped": {half: score.row() for half, score in shipped.items()}, "doubtful": doubt,
         "shipped_untailed": {half: score.row() for half, score in untailed.items()},
         "tail_passes": {half: sum(p.tail for c in evidence[half] for p in c.pauses) for half in ("tune", "heldout")},
-        "number_whole_digits": digits, "number_hold_ms": hold, "shipped_guard": shipped_guard,
+        "number_whole_digits": digits, "number_hold_ms": hold, "trailing_hold_ms": trailing,
+        "shipped_guard": shipped_guard,
         "groups": group_rows, "afterthoughts": after, "floor": floor, "cost": cost, "pause_kinds": by_kind,
     }
     (out / "eot.json").write_text(json.dumps(result, indent=1))
@@ -1097,32 +1106,37 @@ def digits_sweep(evidence: dict[str, list[ClipEvidence]], tune_lang: str, human:
 
 
 HOLD_SWEEP = (0, 1000, 1100, 1200, 1300, 1400, 1600)  # turn.number_hold_ms: 0 holds a number to the cap
+TRAILING_HOLD_SWEEP = (0, 1000, 1100, 1200, 1300, 1400, 1500, 1600, 1800)  # turn.trailing_hold_ms
 # A hold must keep this far from the pauses it would cut: it is judged with its hold this much shorter (the time
 # twin of GUARD_MARGIN: live, the endpointer's silence may start a few of the VAD's 32 ms windows apart from the
 # evidence's, and a hold allowed no false cut-off more has no budget to spend on that).
 HOLD_MARGIN_MS = 100
 
 
-def hold_sweep(tune: Turns, held: Turns, guard: Turns | None, fixed_ms: int) -> dict[str, Any]:
-    """``turn.number_hold_ms`` swept with the shipped defaults otherwise, on the tuning turns and the held-out
-    half; chosen on the tuning turns: the least mean wait (a number held to the cap costs the mean, no median
-    sees it) among the holds that, :data:`HOLD_MARGIN_MS` shorter, cut no more tuning turns than none (0) and no
-    more ``guard`` pauses (as the tuner's guard judges a point: :func:`guard_view`). Each row says too how long
-    the turns that end on a number wait."""
+def hold_sweep(tune: Turns, held: Turns, guard: Turns | None, fixed_ms: int, knob: str = "number_hold_ms",
+               holds: Sequence[int] = HOLD_SWEEP) -> dict[str, Any]:
+    """A held cue's hold (``knob``: ``turn.number_hold_ms`` or ``turn.trailing_hold_ms``) swept with the shipped
+    defaults otherwise, on the tuning turns and the held-out half; chosen on the tuning turns: the least mean
+    wait (a turn held to the cap costs the mean, no median sees it) among the holds that, :data:`HOLD_MARGIN_MS`
+    shorter, cut no more tuning turns than none (0) and no more ``guard`` pauses (as the tuner's guard judges a
+    point: :func:`guard_view`). Each row says too how long the turns that end on the held cue wait."""
+    base_cfg = TurnConfig()
+
     def row(turns: Turns, cfg: TurnConfig) -> dict[str, Any]:
         score = score_replay(cfg, turns, fixed_ms)
-        numbers = [p.offset_ms + replay(cfg, p, fixed_ms) for p in turns.pauses if p.is_end and p.cue is Cue.NUMBER]
+        ends = [p.offset_ms + replay(cfg, p, fixed_ms) for p in turns.pauses
+                if p.is_end and p.cue is not None and _held_by(knob, p.cue)]
         return {**score.row(), "wait_mean_ms": round(float(np.mean(score.waits))) if score.waits else None,
-                "number_ends": len(numbers), "number_ends_mean_ms": round(float(np.mean(numbers))) if numbers else None}
+                "held_ends": len(ends), "held_ends_mean_ms": round(float(np.mean(ends))) if ends else None}
 
     def near(hold: int) -> tuple[int, int]:  # tuning turns and guard pauses cut with the hold HOLD_MARGIN_MS shorter
-        cfg = replace(TurnConfig(), number_hold_ms=max(1, hold - HOLD_MARGIN_MS) if hold else 0)
+        cfg = _with_hold(base_cfg, knob, max(1, hold - HOLD_MARGIN_MS) if hold else 0)
         return (score_replay(cfg, tune, fixed_ms).cut,
                 score_replay(guard_view(cfg), guard, fixed_ms).cut_all if guard is not None else 0)
 
     rows: list[dict[str, Any]] = []
-    for hold in HOLD_SWEEP:
-        cfg = replace(TurnConfig(), number_hold_ms=hold)
+    for hold in holds:
+        cfg = _with_hold(base_cfg, knob, hold)
         rows.append({"hold_ms": hold, "near_cuts": near(hold), "tune": row(tune, cfg), "heldout": row(held, cfg)})
     base = rows[0]["near_cuts"]
     for r in rows:
@@ -1130,6 +1144,19 @@ def hold_sweep(tune: Turns, held: Turns, guard: Turns | None, fixed_ms: int) -> 
     allowed = [r for r in rows if r["allowed"]]
     chosen = min(allowed, key=lambda r: (r["tune"]["wait_mean_ms"], r["tune"]["wait_p90_ms"], -r["hold_ms"]))
     return {"rows": rows, "chosen": chosen["hold_ms"]}
+
+
+def _with_hold(cfg: TurnConfig, knob: str, ms: int) -> TurnConfig:
+    if knob == "number_hold_ms":
+        return replace(cfg, number_hold_ms=ms)
+    if knob == "trailing_hold_ms":
+        return replace(cfg, trailing_hold_ms=ms)
+    raise ValueError(f"no hold named {knob!r}")
+
+
+def _held_by(knob: str, c: Cue) -> bool:
+    """Whether ``knob`` is the hold of cue ``c`` (end_of_turn.hold_ms)."""
+    return (c is Cue.NUMBER) if knob == "number_hold_ms" else (c is Cue.TRAILING)
 
 
 def guard_check(cfg: TurnConfig, guard: Turns, fixed_ms: int) -> dict[str, list[str]]:
@@ -1334,22 +1361,30 @@ def _guard_sentence(report: dict[str, Any]) -> str:
 
 
 def _hold_sentence(report: dict[str, Any]) -> str:
-    """``turn.number_hold_ms`` swept, for the Markdown (older reports lack it)."""
-    if "number_hold_ms" not in report:
-        return ""
-    d = report["number_hold_ms"]
+    """The held cues' holds swept (``turn.number_hold_ms``, ``turn.trailing_hold_ms``), for the Markdown (older
+    reports lack them)."""
+    out = ""
+    for knob, what, lead in (
+        ("number_hold_ms", "number", "A number that may be half said"),
+        ("trailing_hold_ms", "trailing", "A finished-looking text on a word that usually goes on ('…looking for?')"),
+    ):
+        if knob not in report:
+            continue
+        d = report[knob]
 
-    def half(r: dict[str, Any], name: str) -> str:
-        h = r[name]
-        return (f"{h['false_cutoffs'] * 100:.1f} %, mean {h['wait_mean_ms']} ms, p90 {h['wait_p90_ms']} ms, its "
-                f"{h['number_ends']} number ends {h['number_ends_mean_ms']} ms")
+        def half(r: dict[str, Any], name: str, what: str = what) -> str:
+            h = r[name]
+            n = h.get("held_ends", h.get("number_ends"))
+            mean = h.get("held_ends_mean_ms", h.get("number_ends_mean_ms"))
+            return (f"{h['false_cutoffs'] * 100:.1f} %, mean {h['wait_mean_ms']} ms, p90 {h['wait_p90_ms']} ms, its "
+                    f"{n} {what} ends {mean} ms")
 
-    rows = "; ".join(f"{r['hold_ms']}{'' if r['allowed'] else ' (too near a pause)'}: tuning {half(r, 'tune')}, "
-                     f"held-out {half(r, 'heldout')}" for r in d["rows"])
-    return (f" A number that may be half said held for `number_hold_ms` of silence, then judged by its punctuation "
-            f"(the shipped defaults otherwise; 0: held to the cap; a hold is allowed when, {HOLD_MARGIN_MS} ms "
-            f"shorter, it cuts no more tuning turns nor guard pauses than none): {rows}; the tuning turns choose "
-            f"{d['chosen']}.")
+        rows = "; ".join(f"{r['hold_ms']}{'' if r['allowed'] else ' (too near a pause)'}: tuning {half(r, 'tune')}, "
+                         f"held-out {half(r, 'heldout')}" for r in d["rows"])
+        out += (f" {lead} held for `{knob}` of silence, then judged by its punctuation (the shipped defaults "
+                f"otherwise; 0: held to the cap; a hold is allowed when, {HOLD_MARGIN_MS} ms shorter, it cuts no more "
+                f"tuning turns nor guard pauses than none): {rows}; the tuning turns choose {d['chosen']}.")
+    return out
 
 
 def load_evidence(out: Path) -> dict[str, list[ClipEvidence]]:

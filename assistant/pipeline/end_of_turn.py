@@ -90,6 +90,23 @@ CONTINUES = frozenset([
     "between", "through", "across", "against", "toward", "towards", "among", "amongst", "beneath", "beside",
     "besides", "within", "without", "via", "upon", "during", "throughout", "versus",
 ])
+# Of those, the words a finished sentence may still end on, with its final punctuation: a stranded preposition or
+# particle ("What are you looking for?", "Turn the lights on."), an auxiliary ("Yes, I do."), a demonstrative
+# ("What is that?"), a verb whose object went before ("What do you want?"). Such a text is held as
+# Cue.TRAILING (``turn.trailing_hold_ms``), not vetoed to the cap: tiny.en writes "I'd like to order." and "How do I
+# get to?" at mid-turn pauses too, so it waits longer than a plain finished text, but not two seconds. The rest
+# of CONTINUES (articles, conjunctions, possessives, fillers, "between") end no finished sentence.
+MAY_END = frozenset([
+    "then", "to", "of", "for", "with", "in", "on", "at", "from", "by", "about", "into", "over", "under", "after",
+    "before", "like", "this", "that", "these", "those", "some", "any", "each", "well", "so", "when", "while",
+    "though", "her", "his", "is", "are", "was", "were", "am", "be", "been", "being", "want", "wants", "need",
+    "needs", "get", "gets", "have", "has", "order", "buy", "make", "take", "give", "tell", "show", "find", "book",
+    "call", "set", "play", "would", "could", "should", "can", "will", "shall", "may", "might", "must", "do",
+    "does", "did", "through", "without", "within", "besides",
+])
+# "like" after a subject or "would" is the verb of a wish, whose object is still to come ("I'd like. [pause] a
+# latte"): no finished sentence, as "What's the weather like?" is.
+WISH = re.compile(r"\b(?:i|you|we|they|he|she|would)(?:'d)?\s+like\W*$", re.IGNORECASE)
 TERMINAL = ".?!。？！"
 # Japanese endings that go on: particles and fillers a phrase stops on mid-turn ("明日の", "東京で", "えーと").
 JA_CONTINUES = ("の", "を", "に", "が", "は", "と", "で", "も", "へ", "から", "けど", "けれど", "って", "えーと",
@@ -113,6 +130,7 @@ class Cue(Enum):
     NUMBER = "number"  # ends on a number: a phone number, a code or a time may be only half said
     SHORT = "short"  # fewer than SHORT_TURN_WORDS words ("Hello?"): Whisper's punctuation is least reliable
     DOUBTFUL = "doubtful"  # a pronoun object the ASR was unsure of ("for | it?"), after words that go on
+    TRAILING = "trailing"  # final punctuation after a word that usually goes on but may end it ("looking for?")
 
 
 # A number that reads as finished, a time ("at 10:30", "at 1030.", "at eight.") or an amount ("$12."), is no
@@ -151,7 +169,7 @@ def cue(text: str, last_word_p: float | None = None, doubtful_below: float = 0.0
     if not words:
         return Cue.OPEN
     if judge(text) is TurnEnd.INCOMPLETE:
-        return Cue.CONTINUES
+        return Cue.TRAILING if may_end(text) else Cue.CONTINUES
     if word_count(text) < SHORT_TURN_WORDS:
         return Cue.SHORT
     if last_word_p is not None and last_word_p < doubtful_below and doubtful_tail(text):
@@ -160,6 +178,17 @@ def cue(text: str, last_word_p: float | None = None, doubtful_below: float = 0.0
     if ends_on_number and not finished_number(text, words, whole_digits):
         return Cue.NUMBER
     return Cue.COMPLETE if judge(text) is TurnEnd.COMPLETE else Cue.OPEN
+
+
+def may_end(text: str) -> bool:
+    """Whether a text that reads unfinished (:func:`judge`) may still be a finished sentence: it ends with final
+    punctuation ("." "?" "!", no ellipsis) on a word of :data:`MAY_END` ("What are you looking for?", "Yes, I do."),
+    not on a wish's "like" ("I'd like.")."""
+    t = text.strip()
+    if not t or t[-1] not in ".?!" or t.endswith(("...", "…")) or WISH.search(t):
+        return False
+    words = WORD.findall(t.lower())
+    return bool(words) and words[-1] in MAY_END and t[:-1].rstrip()[-1:].isalnum()
 
 
 LAST_WORD = re.compile(r"[\w']+\W*$")
@@ -341,17 +370,30 @@ def late_allowed(cfg: TurnConfig, ev: Evidence) -> bool:
 
 
 def cue_at(cfg: TurnConfig, ev: Evidence, pause_ms: int) -> Cue | None:
-    """The transcript's cue in force after ``pause_ms`` of silence: a number that may be half said
-    (:attr:`Cue.NUMBER`) is judged as any other text (by its punctuation) once the silence reaches
-    ``number_hold_ms``: someone reading out a number pauses between its groups, not that long."""
-    if ev.cue is not None and 0 < cfg.number_hold_ms <= pause_ms:
-        return number_released(ev.cue, ev.text)
+    """The transcript's cue in force after ``pause_ms`` of silence: a held cue (:func:`hold_ms`) is judged as any
+    other text (by its punctuation) once the silence reaches its hold: someone reading out a number pauses
+    between its groups, and someone who stopped on "to" goes on, not that long."""
+    if ev.cue is not None and 0 < hold_ms(cfg, ev.cue) <= pause_ms:
+        return released(ev.cue, ev.text)
     return ev.cue
 
 
-def number_released(c: Cue, text: TurnEnd | None) -> Cue:
-    """A cue once the number's hold is over: :attr:`Cue.NUMBER` becomes what the text's punctuation says (as
-    :func:`cue` judges a text that ends on no number); any other cue stays."""
+def hold_ms(cfg: TurnConfig, c: Cue) -> int:
+    """How long a cue holds the turn before the text is judged by its punctuation: ``number_hold_ms`` for a
+    number that may be half said, ``trailing_hold_ms`` for a trailing word; 0 (never released) for the rest."""
+    if c is Cue.NUMBER:
+        return cfg.number_hold_ms
+    if c is Cue.TRAILING:
+        return cfg.trailing_hold_ms
+    return 0
+
+
+def released(c: Cue, text: TurnEnd | None) -> Cue:
+    """A cue once its hold is over: :attr:`Cue.NUMBER` becomes what the text's punctuation says (as :func:`cue`
+    judges a text that ends on no number), :attr:`Cue.TRAILING` (final punctuation by definition) complete; any
+    other cue stays."""
+    if c is Cue.TRAILING:
+        return Cue.COMPLETE
     if c is not Cue.NUMBER:
         return c
     return Cue.COMPLETE if text is TurnEnd.COMPLETE else Cue.OPEN
@@ -362,6 +404,7 @@ def cue_weight(cfg: TurnConfig, c: Cue) -> float:
     return {
         Cue.COMPLETE: cfg.cue_complete, Cue.CONTINUES: cfg.cue_continues, Cue.OPEN: cfg.cue_open,
         Cue.NUMBER: cfg.cue_number, Cue.SHORT: cfg.cue_short, Cue.DOUBTFUL: cfg.cue_doubtful,
+        Cue.TRAILING: cfg.cue_trailing,
     }[c]
 
 
@@ -388,11 +431,12 @@ def _falling(cfg: TurnConfig, ev: Evidence, pause_ms: int, fixed_ms: int) -> Dec
         if cfg.wait_for_evidence:
             return Decision(end_now=False, end_silence_ms=cfg.max_silence_ms, reason="pending")
         return Decision(end_now=False, reason="pending")
-    # A number's hold is over (cue_at): a decision it frees needed number_hold_ms of silence at least.
+    # A held cue's hold is over (cue_at): a decision it frees needed that hold's silence at least.
+    held = ev.cue
     cue_now = cue_at(cfg, ev, pause_ms) if ev.use_text else ev.cue
-    released = cue_now is not ev.cue
-    ev = replace(ev, cue=cue_now) if released else ev
-    floor = cfg.number_hold_ms if released else 0
+    freed = cue_now is not held
+    ev = replace(ev, cue=cue_now) if freed else ev
+    floor = hold_ms(cfg, held) if freed and held is not None else 0
     if model_alone(cfg, ev):
         needed = min(pause_ms, max(cfg.speculative_pause_ms, next(ms for ms, q in ev.probs if q >= cfg.model_alone)))
         return Decision(end_now=True, reason="model_alone", needed_ms=max(needed, floor))
@@ -401,7 +445,7 @@ def _falling(cfg: TurnConfig, ev: Evidence, pause_ms: int, fixed_ms: int) -> Dec
     if score >= falling_threshold(cfg, pause_ms, late_allowed(cfg, ev)):
         needed = silence_needed(cfg, ev, pause_ms)
         return Decision(end_now=True, reason=f"score_{ev.cue.value if ev.use_text and ev.cue else 'audio'}"
-                        + ("_after_number" if released else ""),
+                        + (f"_after_{held.value}" if freed and held is not None else ""),
                         needed_ms=max(needed, floor))
     return Decision(end_now=False, end_silence_ms=cfg.max_silence_ms, reason="waiting")
 

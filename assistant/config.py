@@ -578,10 +578,12 @@ class TurnConfig:
         "barge-in",
     )
     backchannel_ms: int = _f(
-        600, "speech over the reply pauses it; shorter than this (and no stop word), the reply resumes where it was"
+        600, "speech over the reply pauses it; shorter than this (and no stop word, and in a language with a list "
+        "only backchannel words: turn_taking.BACKCHANNEL_WORDS), the reply resumes where it was"
     )
     backchannel_words: int = _f(
-        3, "speech over the reply of fewer words than this (mm-hmm, yeah okay) resumes it too (0: words never do)"
+        3, "speech over the reply of fewer words than this (mm-hmm, yeah okay; backchannel words, where the language "
+        "has a list) resumes it too (0: words never do)"
     )
 
 

@@ -175,6 +175,17 @@ async def test_a_short_stop_is_not_a_backchannel() -> None:
     assert conv.turns == 2  # "Stop." became the next turn
 
 
+async def test_a_short_word_that_goes_on_is_a_turn_not_a_backchannel() -> None:
+    """Short speech over the reply that is no backchannel word ("Madrid.", the end of a request the decision cut
+    at its pause) cancels the reply and is the next turn: nothing the user said is lost."""
+    conv, seen, _ = await _talk(_speech(0.45), "Madrid.")
+    kinds = [e["type"] for e in seen]
+    assert "interrupted" in kinds and "reply_resumed" not in kinds, kinds
+    assert conv.turns == 2
+    said = [e["text"] for e in seen if e["type"] == "transcript" and e.get("final") and e["turn"] == 2]
+    assert said == ["Madrid."], said
+
+
 class RecordingASR(LengthASR):
     """LengthASR that keeps the length of each audio it was given."""
 

@@ -15,10 +15,12 @@ from assistant.asr.base import Transcript
 from assistant.audio import read_audio
 from assistant.bench.audio_source import load_utterance
 from assistant.bench.v2v import BenchSession, TurnSettings
+from assistant.config import TurnConfig
 from assistant.pipeline.conversation import Conversation, TurnDeps
 from assistant.pipeline.end_of_turn import TurnEnd, judge
 from assistant.pipeline.events import EventChannel
 from assistant.pipeline.trace import GAPS, PARTS
+from assistant.pipeline.turn_taking import is_backchannel
 from assistant.respond.echo import EchoResponder
 from assistant.rtc.outbound import ReplyTrack
 from assistant.tts.base import TTSCapabilities, TTSRequest
@@ -234,3 +236,18 @@ async def test_streaming_engine_gets_the_reply_text_as_it_arrives(shared_audio) 
     await conv.close()
     assert "".join(tts.streamed).strip() == "You said: I would like to order a large pizza."
     assert not [e for e in seen if e["type"] == "error"]
+
+
+def test_a_backchannel_is_made_of_backchannel_words() -> None:
+    """Short speech over the reply resumes it only when it says nothing but a backchannel: "Madrid." said just
+    after a reply began (a decision at the pause before it) is the speaker going on, and becomes a turn."""
+    cfg = TurnConfig()
+    for text, lang in (("Mm-hmm.", "en"), ("Yeah, okay.", "en"), ("Got it.", ""), ("うん", "ja"), ("嗯嗯", "zh"),
+                       ("네", "ko"), ("", "en")):
+        assert is_backchannel(text, lang, 400, cfg), text
+    for text, lang in (("Madrid.", "en"), ("Madrid.", ""), ("Two.", "en"), ("Stop.", "en"), ("Yeah, stop.", "en"),
+                       ("東京", "ja"), ("Okay yeah sure right.", "en")):
+        assert not is_backchannel(text, lang, 900, cfg), text
+    assert not is_backchannel("Madrid.", "en", 400, cfg)  # short, but a word no listener says to go on
+    assert is_backchannel("Madrid.", "fr", 400, cfg)  # no list for the language: the length decides, as before
+    assert is_backchannel(None, "", 400, cfg) and not is_backchannel(None, "", 900, cfg)  # the ASR failed

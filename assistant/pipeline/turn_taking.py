@@ -14,8 +14,9 @@ It hears the VAD's events on the session's sample clock and tells the turn runne
 - **the user was not done**: speech while a committed turn is still being prepared drops it and carries
   its audio into the next utterance, so nothing said is lost;
 - **barge-in** (``turn.barge_in``): speech over the reply pauses it; if the speech was short or a few words
-  of backchannel ("mm-hmm", "yeah"), the reply resumes where it stopped; otherwise it is cancelled and the
-  speech is the next turn (``backchannel_ms`` 0: cancel at once, as before);
+  of backchannel ("mm-hmm", "yeah": :func:`is_backchannel`), the reply resumes where it stopped; otherwise
+  ("Madrid.", the speaker going on) it is cancelled and the speech is the next turn (``backchannel_ms`` 0:
+  cancel at once, as before);
 - **partial transcripts** while the user speaks (``asr.partials``).
 """
 
@@ -57,6 +58,38 @@ log = logging.getLogger(__name__)
 WORD = re.compile(r"[\w']+")
 # Short words that stop the bot rather than encourage it: never taken for a backchannel.
 STOP_WORDS = frozenset({"stop", "wait", "no", "pause", "quiet", "shut", "hold", "cancel", "enough", "sorry"})
+# What a listener says over a reply without taking the turn, in the languages with a voice here (English,
+# Japanese, Chinese, Cantonese, Korean). In those, short speech is a backchannel only if every word is one of these:
+# "Madrid." said just after the reply began (a decision at the pause before the city) is the speaker going on, a
+# turn, not a sound to resume over and lose.
+BACKCHANNEL_WORDS = frozenset({
+    "mm", "mmm", "hmm", "hm", "mhm", "uh", "huh", "um", "ah", "oh", "ooh", "aha", "yeah", "yea", "yes", "yep", "yup",
+    "ya", "ok", "okay", "kay", "right", "alright", "sure", "cool", "nice", "great", "good", "fine", "wow", "really",
+    "i", "see", "got", "it", "gotcha", "exactly", "true", "indeed", "totally", "absolutely",
+    "definitely", "interesting", "thanks", "thank", "you", "please", "go", "on", "of", "course", "so", "well",
+    "はい", "うん", "ええ", "ああ", "あー", "そう", "そうそう", "そうですね", "そうなんだ", "そうなんですね",
+    "なるほど", "へえ", "へー", "ふーん", "ほう", "ほんと", "本当", "確かに", "たしかに", "ですね", "いいね",
+    "嗯", "嗯嗯", "对", "对对", "对啊", "是", "是的", "是啊", "好", "好的", "哦", "噢", "啊", "行", "没错", "明白",
+    "係", "啱", "冇錯",
+    "네", "응", "예", "그래", "그래요", "그렇죠", "맞아", "맞아요", "아", "음", "오", "네네",
+})
+BACKCHANNEL_LANGUAGES = frozenset({"en", "ja", "zh", "yue", "ko"})
+
+
+def is_backchannel(text: str | None, language: str, duration_ms: float, cfg: TurnConfig) -> bool:
+    """Whether speech over the paused reply was a backchannel (resume the reply) rather than a turn: shorter than
+    ``backchannel_ms`` or of fewer than ``backchannel_words`` words, no stop word, and, where the transcript's
+    language has a list (:data:`BACKCHANNEL_LANGUAGES`; none given: any list), every word one of
+    :data:`BACKCHANNEL_WORDS`. ``text`` None (the ASR failed): the length alone decides; no words: a breath or a
+    cough, a backchannel."""
+    words = [w.lower() for w in WORD.findall(text or "")]
+    short = duration_ms < cfg.backchannel_ms
+    few = text is not None and len(words) < cfg.backchannel_words
+    if not (short or few) or STOP_WORDS.intersection(words):
+        return False
+    if text is None or not words or (language and language not in BACKCHANNEL_LANGUAGES):
+        return True
+    return all(w in BACKCHANNEL_WORDS for w in words)
 
 
 @dataclass
@@ -363,15 +396,14 @@ class TurnTaking:
         """Speech over the (paused) reply has ended: resume the reply after a backchannel, else cancel it
         and make the speech the next turn (its transcript is reused)."""
         vad_end = time.time()
+        language = ""
         try:
-            text = (await self.deps.asr.transcribe(ev.audio, session=self.session_id)).text.strip()
+            heard = await self.deps.asr.transcribe(ev.audio, session=self.session_id)
+            text, language = heard.text.strip(), heard.language
         except Exception as exc:  # cannot tell what was said: the length decides
             log.info("backchannel_asr_failed session=%s error=%s", self.session_id, type(exc).__name__)
             text = None
-        words = {w.lower() for w in WORD.findall(text or "")}
-        short = ev.duration_s * 1000 < self.cfg.backchannel_ms
-        few = text is not None and len(WORD.findall(text)) < self.cfg.backchannel_words
-        if (short or few) and not STOP_WORDS & words:
+        if is_backchannel(text, language, ev.duration_s * 1000, self.cfg):
             self._check_audio = None
             self.runner.resume("backchannel")
             return

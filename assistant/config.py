@@ -577,6 +577,14 @@ class TurnConfig:
         "(a decision taken at a pause the speaker had not finished no longer splits the turn); 0: such speech is a "
         "barge-in",
     )
+    went_on_ms: int = _f(
+        1000, "speech over the reply that is no backchannel and no stop word, begun this soon after the turn was "
+        "decided, goes on with the same turn (as rejoin_ms does, judged once the speech has ended and been heard): the "
+        "reply stops, nothing of it enters the history, and both stretches are heard as one turn ('Navigate to 53 "
+        "Sycamore Drive in [pause] Madrid.' split at its pause; an afterthought). Later, or 0: a turn of its own. "
+        "Set by hand, not tuned: the reply is heard ~0.1-0.4 s after the decision, and nobody answers its words within "
+        "a few hundred ms of hearing them"
+    )
     backchannel_ms: int = _f(
         600, "speech over the reply pauses it; shorter than this (and no stop word, and in a language with a list "
         "only backchannel words: turn_taking.BACKCHANNEL_WORDS), the reply resumes where it was"

@@ -82,7 +82,7 @@ def test_played_text_cuts_at_the_piece_playing() -> None:
 
 
 async def _talk(short: np.ndarray, short_text: str, *, played_s: float = 0.5, rejoin_ms: int | None = None,
-                asr: LengthASR | None = None, until_turn: int | None = None,
+                asr: LengthASR | None = None, until_turn: int | None = None, went_on_ms: int | None = None,
                 ) -> tuple[Conversation, list[dict], ReplyTrack]:
     """Ask a question, let the reply play ``played_s``, make ``short`` over it, then let it all play out (until the
     reply is done or a second turn is heard; ``until_turn``: until that turn's reply is done)."""
@@ -91,6 +91,8 @@ async def _talk(short: np.ndarray, short_text: str, *, played_s: float = 0.5, re
     turn: dict[str, Any] = {"speculative": False}
     if rejoin_ms is not None:
         turn["rejoin_ms"] = rejoin_ms
+    if went_on_ms is not None:
+        turn["went_on_ms"] = went_on_ms
     cfg = test_config(turn=turn)
     events = EventChannel()
     seen: list[dict] = []
@@ -143,14 +145,16 @@ def _speech(seconds: float) -> np.ndarray:
 
 
 async def test_long_speech_cancels_and_the_history_keeps_only_what_was_heard() -> None:
-    conv, seen, _ = await _talk(_speech(2.0), "Tell me a short story about a cat who learns to play the piano.")
+    # Over a second of the reply first: sooner (turn.went_on_ms) the speech would go on with the question's turn.
+    conv, seen, _ = await _talk(_speech(2.0), "Tell me a short story about a cat who learns to play the piano.",
+                                played_s=1.2)
     kinds = [e["type"] for e in seen]
     assert "interrupted" in kinds and "reply_resumed" not in kinds
     first = conv.history.messages[:2]
     assert [m.role for m in first] == ["user", "assistant"]
     assert first[0].content == "What is the weather like today?"
     heard = first[1].content
-    # About 1 s of the 2.4 s reply was played (0.5 s, then until the barge-in was sure): a true prefix.
+    # About 1.7 s of the 2.4 s reply was played (1.2 s, then until the barge-in was sure): a true prefix.
     assert heard and REPLY.startswith(heard) and len(heard) < len(REPLY) - 20, heard
     assert heard.split()[-1] in REPLY.split(), heard
 
@@ -175,15 +179,25 @@ async def test_a_short_stop_is_not_a_backchannel() -> None:
     assert conv.turns == 2  # "Stop." became the next turn
 
 
-async def test_a_short_word_that_goes_on_is_a_turn_not_a_backchannel() -> None:
+@pytest.mark.parametrize("went_on_ms", [5000, 0])
+async def test_a_short_word_that_goes_on_is_no_backchannel(went_on_ms: int) -> None:
     """Short speech over the reply that is no backchannel word ("Madrid.", the end of a request the decision cut
-    at its pause) cancels the reply and is the next turn: nothing the user said is lost."""
-    conv, seen, _ = await _talk(_speech(0.45), "Madrid.")
+    at its pause) is never resumed over and lost. Begun within turn.went_on_ms of the decision it goes on with the
+    same turn (``interrupted``, reason ``went_on``; one turn, heard again over both stretches); later it cancels the
+    reply and is the next turn."""
+    asr = RecordingASR("Madrid.")
+    conv, seen, _ = await _talk(_speech(0.45), "", asr=asr, went_on_ms=went_on_ms, until_turn=2)
     kinds = [e["type"] for e in seen]
     assert "interrupted" in kinds and "reply_resumed" not in kinds, kinds
-    assert conv.turns == 2
-    said = [e["text"] for e in seen if e["type"] == "transcript" and e.get("final") and e["turn"] == 2]
-    assert said == ["Madrid."], said
+    interrupted = [e for e in seen if e["type"] == "interrupted"]
+    users = [m.content for m in conv.history.messages if m.role == "user"]
+    assert [e["reason"] for e in interrupted] == ["barge_in"], interrupted  # the pause said it; no second event
+    if went_on_ms:
+        assert len(users) == 1, users  # one turn: the question's audio carried in front of "Madrid."
+        assert max(asr.lengths) >= asr.lengths[0] + int(0.45 * 16_000), asr.lengths
+    else:
+        said = [e["text"] for e in seen if e["type"] == "transcript" and e.get("final") and e["turn"] == 2]
+        assert said == ["Madrid."] and len(users) == 2, (said, users)
 
 
 class RecordingASR(LengthASR):
@@ -202,10 +216,12 @@ class RecordingASR(LengthASR):
 async def test_speech_right_after_the_decision_is_the_same_turn_going_on(rejoin_ms: int) -> None:
     """The speaker goes on just after the turn was decided, while its reply has begun (a decision at a pause they
     had not finished): within turn.rejoin_ms the reply stops (``interrupted``, reason ``went_on``), nothing of it
-    enters the history, and the two stretches of speech are heard as one turn. With rejoin_ms 0 the same speech is a
-    barge-in: the first turn stays in the history, the speech is a turn of its own."""
+    enters the history, and the two stretches of speech are heard as one turn. With rejoin_ms 0 (and went_on_ms 0,
+    which would join them once the speech has ended) the same speech is a barge-in: the first turn stays in the
+    history, the speech is a turn of its own."""
     asr = RecordingASR("and tomorrow")
-    conv, seen, _ = await _talk(_speech(2.0), "", played_s=0.1, rejoin_ms=rejoin_ms, asr=asr, until_turn=2)
+    conv, seen, _ = await _talk(_speech(2.0), "", played_s=0.1, rejoin_ms=rejoin_ms, asr=asr, until_turn=2,
+                                went_on_ms=None if rejoin_ms else 0)
     interrupted = [e for e in seen if e["type"] == "interrupted"]
     users = [m.content for m in conv.history.messages if m.role == "user"]
     if rejoin_ms:

@@ -318,6 +318,19 @@ class TurnTaking:
             return False
         return self.clock.wall_time(ev.sample_index) - ending.decided <= self.cfg.rejoin_ms / 1000
 
+    def _went_on_over_reply(self, ev: SpeechEnd, text: str | None) -> bool:
+        """Speech over the paused reply, no backchannel and no stop word, that began within ``turn.went_on_ms`` of
+        the turn's decision: the speaker went on after a pause the decision took for the end ("Navigate to 53
+        Sycamore Drive in [pause] Madrid.", or an afterthought), too soon to be about a reply barely heard."""
+        current = self.runner.current
+        ending = current.trace.ending if current is not None else None
+        if self.cfg.went_on_ms <= 0 or ending is None:
+            return False
+        if STOP_WORDS.intersection(w.lower() for w in WORD.findall(text or "")):
+            return False
+        started = self.clock.wall_time(round(ev.start_s * SPEECH_RATE))
+        return started - ending.decided <= self.cfg.went_on_ms / 1000
+
     def _keep_heard(self, turn: Turn | None, samples: int, carried: int, resumed: int) -> None:
         """The speaker went on after ``turn`` (a speculation at a pause, or a turn dropped just after its decision):
         if its pass has landed, what it heard is the start of the next turn's words, covering ``samples`` of its
@@ -408,10 +421,15 @@ class TurnTaking:
             self.runner.resume("backchannel")
             return
         self._check_audio = None
-        self.runner.interrupt("barge_in")
-        audio = np.concatenate([self._carry, ev.audio]) if self._carry.size else ev.audio
+        went_on = self._went_on_over_reply(ev, text)
+        before = self.runner.drop("went_on") if went_on else None
+        if before is None:
+            self.runner.interrupt("barge_in")
+        parts = [a for a in (before, self._carry, ev.audio) if a is not None and a.size]
+        audio = np.concatenate(parts) if len(parts) > 1 else ev.audio
         self._carry = np.zeros(0, dtype=np.float32)
-        turn = self.runner.start(audio, ev.sample_index, speculative=False, heard=text)
+        # Gone on: one turn of both stretches, heard again whole; else the speech alone, its transcript reused.
+        turn = self.runner.start(audio, ev.sample_index, speculative=False, heard=None if went_on else text)
         self.runner.commit(turn, Ending(speech_end=speech_end, decided=vad_end, silence_met=vad_end, reason=ev.reason))
 
     # --- speculation and the end-of-turn model -------------------------------------------------------

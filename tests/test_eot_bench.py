@@ -28,6 +28,7 @@ from assistant.bench.eot import (
     guard_check,
     hold_sweep,
     join,
+    mended,
     replay,
     score_replay,
     tune_falling,
@@ -293,6 +294,25 @@ def test_the_trailing_hold_is_swept_as_the_number_s_and_leaves_numbers_alone() -
     assert rows[1400]["tune"]["held_ends"] == 10 and rows[1400]["tune"]["held_ends_mean_ms"] < 1400 + 50 + 100
     with pytest.raises(ValueError, match="no hold"):
         hold_sweep(turns, turns, None, 500, "short_hold_ms")
+
+
+def test_a_false_cut_off_is_counted_by_what_the_speaker_s_return_does_live() -> None:
+    """mended: a cut-off whose speech comes back within rejoin_ms of the decision is dropped at its start, within
+    went_on_ms joined once heard, later split; the counts are turns (a turn cut twice counts by its worse pause),
+    afterthoughts apart, and add up to the replay's own count."""
+    cfg = TurnConfig()
+    clips = [ClipEvidence(file=str(i), split="tune", engine="e", voice="v", lang="en", kind="k", speech_ends_s=1.0,
+                          status="ok", pauses=[]) for i in range(5)]
+    probe = _pause(0, False, 5000, None, 0.98)
+    t = replay(cfg, probe, 500)  # where a finished text on a sure model ends the turn
+    assert t < 1000 and cfg.rejoin_ms < 600 < cfg.went_on_ms < 1500
+    backs = [(0, 100), (1, 600), (2, 1500), (3, 100), (3, 1500)]
+    pauses = [_pause(c, False, int(t) + back, None, 0.98) for c, back in backs]
+    pauses.append(_pause(4, False, int(t) + 1500, AFTERTHOUGHT, 0.98))
+    turns = Turns(clips, pauses)
+    m = mended(cfg, turns, 500)
+    assert m == {"rejoined": 1, "went_on": 1, "split": 2}, m
+    assert sum(m.values()) == score_replay(cfg, turns, 500).cut
 
 
 def test_the_report_says_which_guard_pauses_the_shipped_point_cuts_or_nearly_cuts() -> None:

@@ -280,6 +280,28 @@ def score_replay(cfg: TurnConfig, turns: Turns, fixed_ms: int, **kw: Any) -> Sco
     return tally(len(turns.clips), cut, (p for p in turns.pauses if not p.is_end), list(waits.values()))
 
 
+MEND_KINDS = ("rejoined", "went_on", "split")
+
+
+def mended(cfg: TurnConfig, turns: Turns, fixed_ms: int) -> dict[str, int]:
+    """The false cut-offs (turns, afterthoughts apart, as :attr:`Score.cut` counts them) by what the speaker's
+    return does live: speech back within ``rejoin_ms`` of the decision drops the turn at its start (``rejoined``);
+    within ``went_on_ms`` it is joined to the turn once heard to be words (``went_on``: the reply's start was
+    heard); later the turn is ``split``. A turn cut at two pauses counts by its worse one. The replay's own count
+    (every cut-off) is the headline: the live mending costs the heard start of a reply and a second reply."""
+    by_clip: dict[int, int] = {}
+    for p in turns.pauses:
+        if p.is_end or p.silence_ms is None or p.labelled == AFTERTHOUGHT:
+            continue
+        t = replay(cfg, p, fixed_ms)
+        if t >= p.silence_ms + VAD_WINDOW_MS:
+            continue
+        back = p.silence_ms - t  # the speech comes back this long after the decision
+        kind = 0 if back <= cfg.rejoin_ms else 1 if back <= cfg.went_on_ms else 2
+        by_clip[p.clip] = max(kind, by_clip.get(p.clip, 0))
+    return {name: sum(k == i for k in by_clip.values()) for i, name in enumerate(MEND_KINDS)}
+
+
 def score_vad(turns: Turns, silence_ms: int) -> Score:
     """VAD alone: the turn ends after ``silence_ms`` of silence."""
     cut = [p for p in turns.pauses if not p.is_end and p.silence_ms is not None and silence_ms <= p.silence_ms]
@@ -957,6 +979,10 @@ def analyse(evidence: dict[str, list[ClipEvidence]], target: float, out: Path,
                 "heldout": score_replay(TurnConfig(), flatten(evidence["heldout"], tail=False), fixed)}
     lines.append(_format_row("shipped defaults, tune", shipped["tune"]))
     lines.append(_format_row("shipped defaults, held-out", shipped["heldout"]))
+    mends = {half: mended(TurnConfig(), turns, fixed) for half, turns in (("tune", tune), ("heldout", held))}
+    lines.append("  shipped defaults' false cut-offs as the speaker's return mends them live (rejoin_ms at its "
+                 "start, went_on_ms once heard, else split): "
+                 + "; ".join(f"{half} " + ", ".join(f"{k} {v}" for k, v in m.items()) for half, m in mends.items()))
     digits = digits_sweep(evidence, tune_lang, human.clips if human is not None else None, fixed,
                           guard.clips if guard is not None else None)
     lines.append(f"  number_whole_digits swept (shipped defaults otherwise; chosen on the tuning turns: "
@@ -1068,7 +1094,7 @@ def analyse(evidence: dict[str, list[ClipEvidence]], target: float, out: Path,
         "shipped_untailed": {half: score.row() for half, score in untailed.items()},
         "tail_passes": {half: sum(p.tail for c in evidence[half] for p in c.pauses) for half in ("tune", "heldout")},
         "number_whole_digits": digits, "number_hold_ms": hold, "trailing_hold_ms": trailing,
-        "shipped_guard": shipped_guard,
+        "shipped_guard": shipped_guard, "shipped_mended": mends,
         "groups": group_rows, "afterthoughts": after, "floor": floor, "cost": cost, "pause_kinds": by_kind,
     }
     (out / "eot.json").write_text(json.dumps(result, indent=1))
@@ -1273,8 +1299,8 @@ def markdown(report: dict[str, Any]) -> str:
              f"{pct(report['model_off']['tune'])}, held-out {pct(report['model_off']['heldout'])}.", "",
              f"The shipped defaults (`TurnConfig`, chosen by an earlier run; not tuned here) on this evidence: tuning "
              f"{pct(report['shipped']['tune'])}, held-out {pct(report['shipped']['heldout'])}."
-             + _untailed_sentence(report, pct) + _digits_sentence(report) + _hold_sentence(report)
-             + _guard_sentence(report),
+             + _mended_sentence(report) + _untailed_sentence(report, pct) + _digits_sentence(report)
+             + _hold_sentence(report) + _guard_sentence(report),
              "",
              "The doubtful cue on this evidence (pauses whose transcript it holds; the ends' last words as sure as "
              "the ASR was of them, p50): " + "; ".join(
@@ -1358,6 +1384,17 @@ def _guard_sentence(report: dict[str, Any]) -> str:
             f"{len(g['cut'])} pauses and come within the tuner's margin ({GUARD_MARGIN}) of "
             f"{len(g['within_margin'])} more" + (": " + "; ".join(g["cut"] + g["within_margin"]) if g["cut"]
                                                  or g["within_margin"] else "") + ".")
+
+
+def _mended_sentence(report: dict[str, Any]) -> str:
+    """The shipped defaults' false cut-offs by what the speaker's return does live (older reports lack it)."""
+    m = report.get("shipped_mended")
+    if not m:
+        return ""
+    def half(d: dict[str, int]) -> str:
+        return (f"{d['rejoined']} dropped as the speech comes back (`rejoin_ms`), {d['went_on']} joined once heard "
+                f"(`went_on_ms`: the reply's start is heard), {d['split']} split")
+    return f" Of their false cut-offs, live: tuning {half(m['tune'])}; held-out {half(m['heldout'])}."
 
 
 def _hold_sentence(report: dict[str, Any]) -> str:

@@ -86,7 +86,7 @@ CONTINUES = frozenset([
     "am", "be", "been", "being", "want", "wants", "need", "needs", "get", "gets", "have", "has", "order", "buy",
     "make", "take", "give", "tell", "show", "find", "book", "call", "set", "play", "would", "could", "should",
     "can", "will", "shall", "may", "might", "must", "do", "does", "did",
-    # prepositions that never end a sentence either ("What is the distance between?" is Whisper's "?")
+    # prepositions that seldom end a sentence ("What is the distance between?" is Whisper's "?"; some may: MAY_END)
     "between", "through", "across", "against", "toward", "towards", "among", "amongst", "beneath", "beside",
     "besides", "within", "without", "via", "upon", "during", "throughout", "versus",
 ])

@@ -429,7 +429,7 @@ class TurnTaking:
         audio = np.concatenate(parts) if len(parts) > 1 else ev.audio
         self._carry = np.zeros(0, dtype=np.float32)
         # Gone on: one turn of both stretches, heard again whole; else the speech alone, its transcript reused.
-        turn = self.runner.start(audio, ev.sample_index, speculative=False, heard=None if went_on else text)
+        turn = self.runner.start(audio, ev.sample_index, speculative=False, heard=None if before is not None else text)
         self.runner.commit(turn, Ending(speech_end=speech_end, decided=vad_end, silence_met=vad_end, reason=ev.reason))
 
     # --- speculation and the end-of-turn model -------------------------------------------------------

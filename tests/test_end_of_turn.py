@@ -141,14 +141,14 @@ def test_a_number_is_held_only_so_long() -> None:
 
 
 def test_a_trailing_word_is_held_only_so_long() -> None:
-    """turn.trailing_hold_ms: "Can you turn the lights on?" (Cue.TRAILING) is vetoed as a trailing "on" would be
+    """turn.trailing_hold_ms: "What is that?" (Cue.TRAILING) is vetoed as a trailing "that" would be
     while the silence could be a pause before the object, then judged finished: a sure model ends it from the
     hold on (the decision names the hold), an unsure one still waits, and 0 holds it to max_silence_ms."""
     cfg = TurnConfig(policy="falling")
     hold = cfg.trailing_hold_ms
     assert 0 < hold < cfg.max_silence_ms and {"trailing"} <= set(cfg.falling_late_veto) & set(cfg.model_alone_veto)
     sure = [(96, 0.98), (704, 0.98), (1024, 0.98)]
-    text = "Can you turn the lights on?"
+    text = "What is that?"
     ev = Evidence(use_text=True, use_audio=True, text=judge(text), cue=cue(text), words=5, probs=sure)
     assert ev.cue is Cue.TRAILING and ev.text is TurnEnd.INCOMPLETE
     assert not decide(cfg, ev, hold - 32, 500).end_now
@@ -305,13 +305,13 @@ async def test_a_turn_that_ends_on_a_number_waits_the_hold_not_the_cap(shared_au
 
 
 @pytest.mark.slow
-async def test_a_finished_question_on_a_particle_waits_the_hold_not_the_cap(
+async def test_a_finished_question_on_a_demonstrative_waits_the_hold_not_the_cap(
         shared_audio: Path, caplog: pytest.LogCaptureFixture) -> None:
-    """turn.trailing_hold_ms through turn-taking: a turn heard as "Can you turn the lights on?" (it ends on "on",
+    """turn.trailing_hold_ms through turn-taking: a turn heard as "What is that?" (it ends on "that",
     which vetoed it to max_silence_ms before) ends on a sure model once the silence reaches the hold."""
     x, _ = read_audio(shared_audio / "en_timer.wav")
     x = np.concatenate([x, np.zeros(2 * 16_000, np.float32)])
-    text = "Can you turn the lights on?"
+    text = "What is that?"
     cfg = test_config(turn={"speculative": True, "smart_endpoint": True, "end_of_turn_model": True})
     with caplog.at_level(logging.INFO, logger="assistant.pipeline.turn_taking"):
         seen = await _converse(cfg, x, PhraseASR({"text": text, "speech_starts_s": 0.54}, text), SureModel())

@@ -127,13 +127,16 @@ def test_a_finished_sentence_may_end_on_a_word_that_usually_goes_on() -> None:
     ends ("What are you looking for?"), is held for turn.trailing_hold_ms, not vetoed to the cap; what never ends
     a sentence (an article, a conjunction, a possessive, a filler), a text with no final punctuation or an ellipsis,
     and a wish's "like" stay Cue.CONTINUES."""
-    for text in ("Turn the lights on.", "Yes, I do.", "What is that?", "Where are you from?", "Can you call her?",
-                 "What do you want?", "I'm doing well.", "How do I get to?", "Please call.", "What's the weather in?"):
+    for text in ("Put the lights on.", "Yes, I do.", "What is that?", "Where are you from?", "Can you call her?",
+                 "What do you want?", "I'm doing well.", "How do I get to?", "Please call.", "What's the weather in?",
+                 "Turn on.", "turn on that."):
         assert cue(text) is Cue.TRAILING, text
-    # Finished whatever the last word: a wh-word the stranded preposition's object, "so" standing for a clause.
+    # Finished whatever the last word: a wh-word the stranded preposition's object, "so" standing for a clause, "on"
+    # the particle of a device's verb after its object.
     for text in ("What are you looking for?", "Who am I speaking to?", "What's the weather like?",
                  "Hello. What are you talking about?", "which platform does the train leave from.",
-                 "What would you like?", "Yes, I think so.", "I'm afraid so."):
+                 "What would you like?", "Yes, I think so.", "I'm afraid so.", "Turn the lights on.",
+                 "Can you switch the kitchen lights back on?", "Keep it on."):
         assert cue(text) is Cue.COMPLETE, text
     for text in ("Send a message to", "I want to...", "Turn off my television and...", "I'd like.",
                  "I would like.", "Put it on the.", "Is it yours or?", "Call my.", "What's the weather in, uh,",
@@ -272,8 +275,8 @@ def test_the_number_hold_is_chosen_clear_of_the_pauses_inside_numbers() -> None:
 
 
 def test_the_trailing_hold_is_swept_as_the_number_s_and_leaves_numbers_alone() -> None:
-    """bench eot's sweep of turn.trailing_hold_ms: a finished question on a particle ("Can you turn the lights
-    on?") waits the hold, not the cap; a hold that (HOLD_MARGIN_MS shorter) cuts a pause after "to"
+    """bench eot's sweep of turn.trailing_hold_ms: a finished question on a demonstrative ("What is
+    that?") waits the hold, not the cap; a hold that (HOLD_MARGIN_MS shorter) cuts a pause after "to"
     that tiny.en wrote as finished ("How do I get to?", 1250 ms) is refused, and the number hold's turns are not
     counted as its own."""
     def said(clip: int, is_end: bool, silence_ms: int | None, text: str) -> Pause:
@@ -282,7 +285,7 @@ def test_the_trailing_hold_is_swept_as_the_number_s_and_leaves_numbers_alone() -
     clips = [ClipEvidence(file=str(i), split="tune", engine="e", voice="v", lang="en", kind="k", speech_ends_s=1.0,
                           status="ok", pauses=[]) for i in range(20)]
     pauses = ([said(i, False, 1250, "How do I get to?") for i in range(5)]
-              + [said(i, True, None, "Can you turn the lights on?") for i in range(10)]
+              + [said(i, True, None, "What is that?") for i in range(10)]
               + [said(i, True, None, "My flight number is 1390.") for i in range(10, 20)])
     assert {p.cue for p in pauses} == {Cue.TRAILING, Cue.NUMBER}
     turns = Turns(clips, pauses)

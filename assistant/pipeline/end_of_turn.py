@@ -107,12 +107,16 @@ MAY_END = frozenset([
 # "like" after a subject or "would" is the verb of a wish, whose object is still to come ("I'd like. [pause] a
 # latte"): no finished sentence, as "What's the weather like?" is.
 WISH = re.compile(r"\b(?:i|you|we|they|he|she|would)(?:'d)?\s+like\W*$", re.IGNORECASE)
-# Sentences finished whatever their last word: a question whose wh-word is the object of the preposition left at
-# its end ("What are you looking for?", "Who am I speaking to?", "What's the weather like?"; not "in": tiny.en
-# writes "What's the weather in?" at the pause of "What's the weather in, uh, Paris?"), and "so" standing for a
-# clause ("I think so.", "I'm afraid so.").
+# Sentences finished whatever their last word (and PARTICLE_ON, below): a question whose wh-word is the object of
+# the preposition left at its end ("What are you looking for?", "Who am I speaking to?", "What's the weather
+# like?"; not "in": tiny.en writes "What's the weather in?" at the pause of "What's the weather in, uh, Paris?"),
+# and "so" standing for a clause ("I think so.", "I'm afraid so.").
 STRANDED = re.compile(r"(?:^|[.?!]\s+)(?:what|who|whom|which)\b[^.?!]*\b(?:for|to|from|about|of|with|like|on|at)"
                       r"\s*[.?!]$", re.IGNORECASE)
+# "on" as the particle of a device's verb after its object ("Turn the lights on.", "Can you switch it back on?"),
+# where it is no preposition waiting for one (the corpus's pauses are "Turn on the [pause] lights …").
+PARTICLE_ON = re.compile(r"\b(?:turn|switch|leave|keep)\s+(?:it|them|this|that|everything|(?:the|my|your|our|all the|"
+                         r"that|this)\s+[\w'-]+(?:\s+[\w'-]+)?)\s+(?:back\s+)?on\s*[.?!]$", re.IGNORECASE)
 SO_CLAUSE = re.compile(r"\b(?:think|hope|guess|believe|suppose|afraid|say|said|told you) so\s*[.?!]$", re.IGNORECASE)
 TERMINAL = ".?!。？！"
 # Japanese endings that go on: particles and fillers a phrase stops on mid-turn ("明日の", "東京で", "えーと").
@@ -272,7 +276,7 @@ def judge(text: str) -> TurnEnd:
         return TurnEnd.UNKNOWN
     if t.endswith(("...", "…", ",", "-", "—", ":", "、", "，", "：")):
         return TurnEnd.INCOMPLETE
-    if STRANDED.search(t) or SO_CLAUSE.search(t):
+    if STRANDED.search(t) or SO_CLAUSE.search(t) or PARTICLE_ON.search(t):
         return TurnEnd.COMPLETE
     words = WORD.findall(t.lower())
     if words and words[-1] in CONTINUES:

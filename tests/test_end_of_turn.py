@@ -285,42 +285,26 @@ async def test_a_fragment_at_a_pause_waits_for_the_silence_however_sure_the_mode
 
 
 @pytest.mark.slow
-async def test_a_turn_that_ends_on_a_number_waits_the_hold_not_the_cap(shared_audio: Path,
-                                                                      caplog: pytest.LogCaptureFixture) -> None:
-    """turn.number_hold_ms through turn-taking: a finished turn heard as ending on a number ("Set a timer for 10.")
-    is held while the silence could be a pause between a number's groups, then ends on a sure model before the cap:
-    the decision names the hold and comes at a silence between it and max_silence_ms (on the stream's own clock)."""
+@pytest.mark.parametrize(("text", "held"), [("Set a timer for 10.", "number"), ("What is that?", "trailing")])
+async def test_a_held_cue_waits_its_hold_not_the_cap(text: str, held: str, shared_audio: Path,
+                                                     caplog: pytest.LogCaptureFixture) -> None:
+    """turn.number_hold_ms and turn.trailing_hold_ms through turn-taking: a finished turn heard as ending on a
+    number ("Set a timer for 10.") or on a word that usually goes on ("What is that?": "that" vetoed it to
+    max_silence_ms before) is held while the silence could be a pause inside the turn, then ends on a sure model
+    before the cap: the decision names the hold and comes at a silence between it and max_silence_ms (on the
+    stream's own clock)."""
     x, _ = read_audio(shared_audio / "en_timer.wav")
     x = np.concatenate([x, np.zeros(2 * 16_000, np.float32)])  # silence past the cap after the speech
-    text = "Set a timer for 10."
     cfg = test_config(turn={"speculative": True, "smart_endpoint": True, "end_of_turn_model": True})
     with caplog.at_level(logging.INFO, logger="assistant.pipeline.turn_taking"):
         seen = await _converse(cfg, x, PhraseASR({"text": text, "speech_starts_s": 0.54}, text), SureModel())
     ends = [e for e in seen if e["type"] == "speech_end"]
     assert len(ends) == 1 and ends[0]["reason"] == "end_of_turn", ends
     decided = [r.getMessage() for r in caplog.records if r.getMessage().startswith("turn_end_decided")]
-    assert len(decided) == 1 and "verdict=score_complete_after_number" in decided[0], decided
+    assert len(decided) == 1 and f"verdict=score_complete_after_{held}" in decided[0], decided
     pause_ms = int(re.search(r"pause_ms=(\d+)", decided[0]).group(1))  # type: ignore[union-attr]
-    assert cfg.turn.number_hold_ms <= pause_ms < cfg.turn.max_silence_ms, decided  # type: ignore[attr-defined]
-
-
-@pytest.mark.slow
-async def test_a_finished_question_on_a_demonstrative_waits_the_hold_not_the_cap(
-        shared_audio: Path, caplog: pytest.LogCaptureFixture) -> None:
-    """turn.trailing_hold_ms through turn-taking: a turn heard as "What is that?" (it ends on "that",
-    which vetoed it to max_silence_ms before) ends on a sure model once the silence reaches the hold."""
-    x, _ = read_audio(shared_audio / "en_timer.wav")
-    x = np.concatenate([x, np.zeros(2 * 16_000, np.float32)])
-    text = "What is that?"
-    cfg = test_config(turn={"speculative": True, "smart_endpoint": True, "end_of_turn_model": True})
-    with caplog.at_level(logging.INFO, logger="assistant.pipeline.turn_taking"):
-        seen = await _converse(cfg, x, PhraseASR({"text": text, "speech_starts_s": 0.54}, text), SureModel())
-    ends = [e for e in seen if e["type"] == "speech_end"]
-    assert len(ends) == 1 and ends[0]["reason"] == "end_of_turn", ends
-    decided = [r.getMessage() for r in caplog.records if r.getMessage().startswith("turn_end_decided")]
-    assert len(decided) == 1 and "verdict=score_complete_after_trailing" in decided[0], decided
-    pause_ms = int(re.search(r"pause_ms=(\d+)", decided[0]).group(1))  # type: ignore[union-attr]
-    assert cfg.turn.trailing_hold_ms <= pause_ms < cfg.turn.max_silence_ms, decided  # type: ignore[attr-defined]
+    hold = getattr(cfg.turn, f"{held}_hold_ms")  # type: ignore[attr-defined]
+    assert hold <= pause_ms < cfg.turn.max_silence_ms, decided  # type: ignore[attr-defined]
 
 
 class CountingModel:

@@ -312,24 +312,23 @@ class TurnTaking:
     def _went_on(self, ev: SpeechStart) -> bool:
         """Speech began within ``turn.rejoin_ms`` of the current turn's decision: the speaker went on after a
         pause the decision took for the end (too soon to be an answer to a reply that had barely begun)."""
-        current = self.runner.current
-        ending = current.trace.ending if current is not None else None
-        if self.cfg.rejoin_ms <= 0 or ending is None:
-            return False
-        return self.clock.wall_time(ev.sample_index) - ending.decided <= self.cfg.rejoin_ms / 1000
+        return self._began_within(ev.sample_index, self.cfg.rejoin_ms)
 
     def _went_on_over_reply(self, ev: SpeechEnd, text: str | None) -> bool:
         """Speech over the paused reply, no backchannel and no stop word, that began within ``turn.went_on_ms`` of
         the turn's decision: the speaker went on after a pause the decision took for the end ("Navigate to 53
         Sycamore Drive in [pause] Madrid.", or an afterthought), too soon to be about a reply barely heard."""
-        current = self.runner.current
-        ending = current.trace.ending if current is not None else None
-        if self.cfg.went_on_ms <= 0 or ending is None:
-            return False
         if STOP_WORDS.intersection(w.lower() for w in WORD.findall(text or "")):
             return False
-        started = self.clock.wall_time(round(ev.start_s * SPEECH_RATE))
-        return started - ending.decided <= self.cfg.went_on_ms / 1000
+        return self._began_within(round(ev.start_s * SPEECH_RATE), self.cfg.went_on_ms)
+
+    def _began_within(self, sample: int, ms: int) -> bool:
+        """Speech starting at stream ``sample`` began within ``ms`` (> 0) of the current turn's decision."""
+        current = self.runner.current
+        ending = current.trace.ending if current is not None else None
+        if ms <= 0 or ending is None:
+            return False
+        return self.clock.wall_time(sample) - ending.decided <= ms / 1000
 
     def _keep_heard(self, turn: Turn | None, samples: int, carried: int, resumed: int) -> None:
         """The speaker went on after ``turn`` (a speculation at a pause, or a turn dropped just after its decision):

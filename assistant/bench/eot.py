@@ -327,7 +327,8 @@ class FallingTable:
         # The cue once a held cue's hold is over (number_hold_ms, trailing_hold_ms): the text's punctuation
         # (end_of_turn.cue_at).
         self.released_idx = np.array([CUE_ORDER.index(released(p.cue, p.text_end)) for p in ps], int)
-        self.held = [p.cue for p in ps]
+        # The pauses of each cue (built once: ``cues_at`` runs on every ``score`` call of the tuner).
+        self.of_cue = {c: self.cue_idx == i for i, c in enumerate(CUE_ORDER)}
         self.after = np.array([p.labelled == AFTERTHOUGHT for p in ps], bool)
         self.n_after = len(set(self.clip[~self.is_end & self.after].tolist())) if ps else 0
         # The language model's answer: log10 P(end of turn | words), after the ASR (its cost added to the text's).
@@ -356,10 +357,12 @@ class FallingTable:
     def cues_at(self, cfg: TurnConfig) -> np.ndarray:
         """Each pause's cue (its index in CUE_ORDER) at each step: (pauses, 1), or (pauses, steps) when a
         held cue's hold ends within the clock (``number_hold_ms``, ``trailing_hold_ms``: :func:`hold_ms`)."""
-        holds = np.array([hold_ms(cfg, c) for c in self.held], float)
-        if not (holds > 0).any():
+        holds = np.full(len(self.turns.pauses), np.inf)
+        for c, mask in self.of_cue.items():
+            if hold_ms(cfg, c) > 0:
+                holds[mask] = hold_ms(cfg, c)
+        if np.isinf(holds).all():
             return self.cue_idx[:, None]
-        holds[holds <= 0] = np.inf
         return np.where(self.pause_ms[None, :] >= holds[:, None], self.released_idx[:, None], self.cue_idx[:, None])
 
     def score(self, cfg: TurnConfig, llm_weight: float = 0.0, llm_center: float = -2.0) -> Score:

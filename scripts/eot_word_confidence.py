@@ -20,11 +20,12 @@ from pathlib import Path
 from typing import Any
 
 import assistant.bench.eot_evidence as evidence
-from assistant.bench.eot import AFTERTHOUGHT, VAD_WINDOW_MS, _asr_engines, flatten, replay_decision
+from assistant.asr.whisper import FasterWhisperEngine
+from assistant.bench.eot import AFTERTHOUGHT, VAD_WINDOW_MS, flatten, replay_decision
 from assistant.bench.eot_evidence import load_cache
 from assistant.bench.human_set import load_human
 from assistant.bench.shared_data import shared_path
-from assistant.config import TurnConfig, VADConfig
+from assistant.config import ASRConfig, TurnConfig, VADConfig
 
 
 class _NoModel:
@@ -34,8 +35,9 @@ class _NoModel:
         return 0.5
 
 
-def transcribe_again(corpus: Path, human: Path) -> dict[tuple[str, str, float], tuple[str, list[Any]]]:
-    """(set, file, pause start) → (transcript, its words with probabilities), for every English clip."""
+def transcribe_again(corpus: Path, human: Path) -> dict[tuple[str, str, int], tuple[str, list[Any]]]:
+    """(set, file, the pause's place in the clip) → (transcript, its words with probabilities), for every English
+    clip."""
     seen: list[list[Any]] = []
     original = evidence.last_word_probability
 
@@ -44,22 +46,22 @@ def transcribe_again(corpus: Path, human: Path) -> dict[tuple[str, str, float], 
         return original(words)
 
     evidence.last_word_probability = keep
-    asr = _asr_engines(argparse.Namespace(with_timestamps=False, asr_min_window_s=None))["en"]
+    asr = FasterWhisperEngine(ASRConfig())  # the server's English ASR, as bench eot collects with it
     clips: list[tuple[str, Path, dict[str, Any]]] = []
     for half in ("tune", "heldout"):
         manifest = json.loads((corpus / half / "manifest.json").read_text(encoding="utf-8"))
         clips += [(half, corpus / half, e) for e in manifest if e.get("lang", "en") == "en"]
     clips += [("human", human, e) for e in load_human(human)]
-    out: dict[tuple[str, str, float], tuple[str, list[Any]]] = {}
+    out: dict[tuple[str, str, int], tuple[str, list[Any]]] = {}
     try:
         for half, folder, entry in clips:
             seen.clear()
             clip = evidence.collect_clip(folder / entry["file"], {"split": half, **entry}, asr, _NoModel())
             calls = iter(seen)
-            for p in clip.pauses:
+            for i, p in enumerate(clip.pauses):
                 if p.tail:
                     next(calls)  # the turn's own pass, asked before the pass over its lost tail
-                out[(half, entry["file"], round(p.start_s, 3))] = (p.text, next(calls))
+                out[(half, entry["file"], i)] = (p.text, next(calls))
     finally:
         evidence.last_word_probability = original
     return out
@@ -76,10 +78,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     unmatched = 0
     for half in ("tune", "heldout", "human"):
         turns = flatten(list(load_cache(args.evidence / f"{half}.jsonl").values()))
+        place: dict[int, int] = {}  # flatten keeps each clip's pauses in their order
         for p in turns.pauses:
             clip = turns.clips[p.clip]
-            start = round(clip.speech_ends_s + p.offset_ms / 1000, 3)
-            text, ws = words.get((half, clip.file, start), ("", []))
+            place[p.clip] = i = place.get(p.clip, -1) + 1
+            text, ws = words.get((half, clip.file, i), ("", []))
             probs = [prob for w, prob in ws if any(ch.isalnum() for ch in w)]
             if clip.lang != "en" or not probs or text.strip() != p.text.strip():
                 unmatched += clip.lang == "en"
@@ -99,7 +102,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     for (half, kind), rows in groups.items():
         cols = [statistics.median(r[i] for r in rows) for i in range(3)]
         print(f"| {half} | {kind} | {len(rows)} | " + " | ".join(f"{c:.2f}" for c in cols) + " |")
-    print(f"\n{unmatched} English pauses left out (not found again, or heard differently from the cached evidence)")
+    print(f"\n{unmatched} English pauses left out (no word heard, or heard differently from the cached evidence)")
     return 0
 
 

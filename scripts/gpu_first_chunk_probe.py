@@ -8,20 +8,24 @@ holds the interpreter; and a torch.profiler table of one request (kernel launche
 check of this script). Output: OUT/probe.json (rewritten after each stage) and OUT/profile.txt. Run on the
 device machine with shared/ (the fixtures, the texts) copied into the tree. Findings: docs/benchmarks.md.
 """
+import argparse
 import asyncio
 import json
-import sys
+import statistics
 import threading
 import time
 from pathlib import Path
 
 import torch
 
-out = Path(sys.argv[1])
-dev = sys.argv[2] if len(sys.argv) > 2 else "cuda"
-which = sys.argv[3] if len(sys.argv) > 3 else "full"
-tokens = int(sys.argv[4]) if len(sys.argv) > 4 else 200
-reps = int(sys.argv[5]) if len(sys.argv) > 5 else 3
+_args = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+_args.add_argument("out", type=Path)
+_args.add_argument("device", nargs="?", default="cuda", choices=("cuda", "cpu"))
+_args.add_argument("model", nargs="?", default="full", choices=("full", "tiny"))
+_args.add_argument("tokens", nargs="?", type=int, default=200, help="speech tokens forced per request")
+_args.add_argument("reps", nargs="?", type=int, default=3, help="requests per setting at 1 stream (one fewer at 4)")
+ARGS = _args.parse_args()
+out, dev, which, tokens, reps = ARGS.out, ARGS.device, ARGS.model, ARGS.tokens, ARGS.reps
 out.mkdir(parents=True, exist_ok=True)
 T0 = time.perf_counter()
 
@@ -65,7 +69,7 @@ def gil_probe() -> dict[str, float]:
 
 async def engine_probe() -> None:
     from assistant.bench.shared_data import shared_path
-    from assistant.bench.tts import _one, _random_full_size, _text_ids, _voice
+    from assistant.bench.tts import _load_texts, _one, _random_full_size, _text_ids, _voice
     from assistant.config import TTSConfig
     from assistant.tts.cosyvoice.cosyvoice2 import CosyVoice2
     from assistant.tts.cosyvoice.engine import CosyVoiceEngine
@@ -85,8 +89,7 @@ async def engine_probe() -> None:
     if hasattr(engine, "prepare_voice"):
         await engine.prepare_voice(voice)
     sched = StreamSchedule.named("fast", 10, None)
-    text = "今天北京晴转多云，最高气温十八度，最低气温六度，空气质量良好，适合户外活动。明天有小雨，出门请记得。"
-    ids = _text_ids(model, text, 0)
+    ids = _text_ids(model, _load_texts([])["zh_50"], 0)  # bench tts's zh_50, as gpu_check's bench runs it
     warm = _text_ids(model, "warm up text", 0)
     for i in range(2):
         await _one(engine, warm, voice, sched, 60, i)
@@ -106,9 +109,10 @@ async def engine_probe() -> None:
                 rows += [{k: round(float(x.get(k, 0.0)), 2) for k in keys} for x in rs]
             name = f"streams{streams}_hold{int(hold)}"
             results.setdefault(name, []).extend(rows)
-            save(name, {"last": rows, "first_packet_p50": sorted(x["first_packet_ms"] for x in results[name])[
-                len(results[name]) // 2], "flow_p50": sorted(x["first_flow_ms"] for x in results[name])[
-                len(results[name]) // 2]})
+            every = results[name]  # both passes of this setting (it runs twice, interleaved with the other)
+            save(name, {"last": rows, "rows": every,
+                        "first_packet_p50": statistics.median(x["first_packet_ms"] for x in every),
+                        "flow_p50": statistics.median(x["first_flow_ms"] for x in every)})
     # A profile of one request at one stream, decode held off (as shipped on CUDA).
     dec.hold_ahead = False
     from torch.profiler import ProfilerActivity, profile

@@ -359,8 +359,8 @@ class FallingTable:
         held cue's hold ends within the clock (``number_hold_ms``, ``trailing_hold_ms``: :func:`hold_ms`)."""
         holds = np.full(len(self.turns.pauses), np.inf)
         for c, mask in self.of_cue.items():
-            if hold_ms(cfg, c) > 0:
-                holds[mask] = hold_ms(cfg, c)
+            if (hold := hold_ms(cfg, c)) > 0:
+                holds[mask] = hold
         if np.isinf(holds).all():
             return self.cue_idx[:, None]
         return np.where(self.pause_ms[None, :] >= holds[:, None], self.released_idx[:, None], self.cue_idx[:, None])

@@ -215,58 +215,21 @@ def cmd_models(args: argparse.Namespace) -> int:
 
 def cmd_bench(args: argparse.Namespace) -> int:
     _setup_logging(args.log_level)
+    if getattr(args, "import_error", None):
+        print(f"assistant bench {args.bench_cmd}: {args.import_error}", file=sys.stderr)
+        return 2
     if args.bench_cmd == "v2v":
         from assistant.bench.v2v_cli import run_v2v
 
         return asyncio.run(run_v2v(args))
-    if args.bench_cmd == "features":
-        from assistant.bench.latency_features import run_features
-
-        return asyncio.run(run_features(args))
     if args.bench_cmd == "tts":
         from assistant.bench.tts import run_tts_bench
 
         return run_tts_bench(args)
-    if args.bench_cmd == "ray":
-        from assistant.bench.ray_hop import run_ray_bench
-
-        return asyncio.run(run_ray_bench(args))
     if args.bench_cmd == "llm":
         from assistant.bench.llm import run_llm_bench
 
         return run_llm_bench(args)
-    if args.bench_cmd == "attacks":
-        from assistant.bench.attack_bench import run_attack_bench
-
-        return asyncio.run(run_attack_bench(args))
-    if args.bench_cmd == "eot-corpus":
-        from assistant.bench.eot_corpus import run_corpus
-
-        return run_corpus(args)
-    if args.bench_cmd == "eot":
-        from assistant.bench.eot import run_eot
-
-        return run_eot(args)
-    if args.bench_cmd == "narrowband":
-        from assistant.bench.narrowband import run_narrowband
-
-        return asyncio.run(run_narrowband(args))
-    if args.bench_cmd == "replies":
-        from assistant.bench.replies import run_replies_bench
-
-        return run_replies_bench(args)
-    if args.bench_cmd == "languages":
-        from assistant.bench.asr_languages import run_languages
-
-        return asyncio.run(run_languages(args))
-    if args.bench_cmd == "hearing":
-        from assistant.bench.hearing import run_hearing
-
-        return run_hearing(args)
-    if args.bench_cmd == "isolation":
-        from assistant.bench.isolation import run_isolation_bench
-
-        return run_isolation_bench(args)
     return 2
 
 
@@ -287,35 +250,17 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     return 0
 
 
-BENCHES = (  # name, help, module, function adding its flags
+BENCHES = (  # name, help, module, function adding its flags: what a user runs to measure their own deployment
     ("v2v", "voice-to-voice latency as a WebRTC client hears it", "assistant.bench.v2v_cli", "add_v2v_arguments"),
-    ("features", "voice-to-voice with each latency feature on and off, vs a baseline",
-     "assistant.bench.latency_features", "add_features_arguments"),
     ("tts", "TTS first packet / total time tables and concurrency sweep", "assistant.bench.tts",
      "add_tts_bench_arguments"),
-    ("ray", "v2v of one process vs gateways sharing engines through Ray Serve, and the hop's cost",
-     "assistant.bench.ray_hop", "add_ray_arguments"),
-    ("attacks", "hostile clients against a real server: answers, RSS, event-loop lag, a bystander's turn "
-     "(--before DIR: the same against another checkout)", "assistant.bench.attack_bench", "add_attack_arguments"),
-    ("eot-corpus", "write the end-of-turn evaluation set (a tuning and a held-out half) from a seed",
-     "assistant.bench.eot_corpus", "add_corpus_arguments"),
-    ("eot", "end-of-turn policies on the corpus: per-pause evidence (VAD, Smart Turn, ASR), tuning on one half, "
-     "the trade-off curve on the held-out half", "assistant.bench.eot", "add_eot_arguments"),
-    ("narrowband", "ASR word error on the test speech at 16 kHz vs through a phone line (8 kHz μ-law)",
-     "assistant.bench.narrowband", "add_narrowband_arguments"),
     ("llm", "the embedded model's first token per turn vs the same GGUF behind llama_cpp.server (openai "
      "responder); --v2v-sessions: voice-to-voice with each", "assistant.bench.llm", "add_llm_arguments"),
-    ("languages", "the price of hearing every language on a CPU: ASR time of base+auto against tiny.en+en on the "
-     "same English turns, and v2v at one session with asr.language auto (and en)", "assistant.bench.asr_languages",
-     "add_languages_arguments"),
-    ("hearing", "the human set (a tuning set) through tiny.en and base+auto: how often each slot's words are in the "
-     "transcript, and the language detected at every pass", "assistant.bench.hearing", "add_hearing_arguments"),
-    ("isolation", "the embedded model in this process vs in its supervised child process: voice to voice at each "
-     "level, memory, and a crash's time to the next answer", "assistant.bench.isolation", "add_isolation_arguments"),
-    ("replies", "are the replies worth hearing: requests through the responder the calls use, scored per category "
-     "(answered, speakable, short, no role reversal, right, language), before and after in one run",
-     "assistant.bench.replies", "add_replies_arguments"),
 )
+# The team's studies left the package for the lab (python -m lab, from a checkout): the old names say where they went.
+MOVED_TO_LAB = {"eot-corpus": "eot-corpus", "eot": "eot", "hearing": "hearing", "languages": "languages",
+                "narrowband": "narrowband", "features": "features", "ray": "ray", "attacks": "attacks",
+                "isolation": "isolation", "replies": "replies"}
 
 
 def _bench_choice(argv: list[str] | None) -> str | None:
@@ -406,9 +351,18 @@ def build_parser(bench: str | None = None) -> argparse.ArgumentParser:
     return parser
 
 
+def _moved(bench: str) -> int:
+    print(f"assistant bench {bench}: this study moved to the lab, outside the package: from a checkout, "
+          f"python -m lab {MOVED_TO_LAB[bench]} … (pip install -e '.[lab]'; lab/__init__.py)", file=sys.stderr)
+    return 2
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    parser = build_parser(_bench_choice(argv))
+    bench = _bench_choice(argv)
+    if bench in MOVED_TO_LAB:
+        return _moved(bench)
+    parser = build_parser(bench)
     args = parser.parse_args(argv)
     try:
         return int(args.func(args) or 0)

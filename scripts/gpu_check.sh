@@ -48,7 +48,7 @@ for mod in $missing; do
   fi
 done
 
-timeout --kill-after=10 "${GPU_CHECK_TIMEOUT:-480}" "$PY" -m assistant.bench.gpu_check --out "$OUT" "$@"
+timeout --kill-after=10 "${GPU_CHECK_TIMEOUT:-480}" "$PY" -m lab.gpu_check --out "$OUT" "$@"
 rc=$?
 [ $rc -eq 124 ] && echo "== gpu_check cut at ${GPU_CHECK_TIMEOUT:-480} s; finished stages are in $OUT"
 command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=memory.used --format=csv

@@ -262,7 +262,7 @@ def test_a_lost_tail_is_told_from_a_turn_heard_whole() -> None:
 def test_the_engine_fits_its_window_from_the_setting() -> None:
     """asr.min_window_s reaches the engine: a 1 s turn is encoded in a 10 s window with 10, 15 s by default; and
     bench eot's evidence names a window other than the default, so a cache never mixes the two."""
-    from assistant.bench.eot_evidence import asr_name
+    from lab.eot_evidence import asr_name
 
     ten, default = FasterWhisperEngine(ASRConfig(min_window_s=10)), FasterWhisperEngine(ASRConfig())
     assert ten._window(16_000) == 1000 and default._window(16_000) == 1500

@@ -112,9 +112,9 @@ def test_a_language_the_model_lacks_is_a_config_error(base: FasterWhisperEngine)
 
 
 def test_the_languages_bench_measures_both_engines_on_the_same_english_turns() -> None:
-    """``assistant bench languages``' ASR part, one pass per turn: the English clips cut as the voice chat cuts
+    """``python -m lab languages``' ASR part, one pass per turn: the English clips cut as the voice chat cuts
     them, both engines hear English, and the ratio is of the sums."""
-    from assistant.bench.asr_languages import asr_table, english_turns, measure_asr
+    from lab.asr_languages import asr_table, english_turns, measure_asr
 
     turns = english_turns(AUDIO)
     assert {name for name, _ in turns} >= {"en_weather.wav", "en_timer.wav"}
@@ -139,8 +139,8 @@ HUMAN = shared_path("audio/human")  # the human tuning set (its README)
 def test_a_short_speculative_pass_of_english_is_heard_as_english(base: FasterWhisperEngine) -> None:
     """A human English turn's first speculative pass (0.5 s of speech, up to a pause): Whisper ranks Thai 0.68,
     Japanese 0.22, English 0.02; the likeliest allowed language, Japanese, was taken. Unsure, it is English."""
-    from assistant.bench.eot_evidence import vad_pauses
     from assistant.config import TurnConfig, VADConfig
+    from lab.eot_evidence import vad_pauses
 
     x, _ = read_audio(HUMAN / "987aba7c.flac")
     spec = TurnConfig().speculative_pause_ms * 16

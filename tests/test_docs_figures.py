@@ -1,13 +1,40 @@
-"""Figures that say where they come from (assistant/bench/figures.py): every figures block in the docs is its
-file, every file carries the command, commit and machine that made it, and a bench's --markdown refreshes the
-docs that include it."""
+"""Figures that say where they come from (assistant/bench/figures.py): every figures block in the docs and the
+lab's pages is its file, every file carries the command, commit and machine that made it, and a bench's --markdown
+refreshes the pages that include it. And the docs stay a map a newcomer can read: every figures file is cited by a
+page (docs/figures by the docs, lab/figures by the lab), no page or figure names a path of the machine that made
+it, docs/README.md indexes every page, and the README stays short."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 from assistant.bench import figures
 from assistant.bench.report import BenchResult, LevelResult, TurnResult, format_markdown
+
+TREE = figures.TREE
+LINK = re.compile(r"\]\(([^)\s#]+)(?:#[^)]*)?\)")  # a Markdown link's (or image's) target, without its anchor
+MACHINE_PATH = re.compile(r"(?<![\w.~-])/(?:tmp|work|root|home)/")  # where one machine kept something
+
+
+def _docs_pages() -> list[Path]:
+    return [TREE / "README.md", *sorted((TREE / "docs").glob("*.md"))]
+
+
+def _lab_pages() -> list[Path]:
+    lab = TREE / "lab"
+    return sorted(p for p in lab.rglob("*.md") if "figures" not in p.relative_to(lab).parts[:-1])
+
+
+def _cited(pages: list[Path]) -> set[Path]:
+    """The files the pages name: in a figures block (a path from the tree's root) or a link (from the page)."""
+    named: set[Path] = set()
+    for page in pages:
+        text = page.read_text(encoding="utf-8")
+        named |= {(TREE / m.group("path")).resolve() for m in figures.BLOCK.finditer(text)
+                  if not figures._in_fence(text, m)}
+        named |= {(page.parent / target).resolve() for target in LINK.findall(text) if "://" not in target}
+    return named
 
 
 def test_every_figures_block_in_the_docs_is_its_file_with_its_provenance() -> None:
@@ -18,7 +45,53 @@ def test_provenance_names_the_command_the_commit_and_the_machine() -> None:
     line = figures.provenance(["/x/bin/assistant", "bench", "v2v", "--sessions", "1,4"])
     assert line.startswith("_Measured with `assistant bench v2v --sessions 1,4` at commit `")
     assert "CPU cores" in line and "GiB RAM" in line and "load average" in line and " UTC, on " in line
-    assert figures.command(["scripts/connect_time.py", "--runs", "5"]).endswith("connect_time.py --runs 5")
+    assert figures.command(["lab/scripts/connect_time.py", "--runs", "5"]).endswith("connect_time.py --runs 5")
+
+
+def test_the_command_names_no_path_of_the_machine(tmp_path: Path) -> None:
+    """A path inside the tree is written relative to it; any other absolute path by its last component only."""
+    tree = tmp_path / "checkout"
+    argv = [str(tree / "lab" / "scripts" / "connect_time.py"), "--out", "/tmp/run7/bench", "--markdown",
+            str(tree / "docs" / "figures" / "x.md"), f"--audio={tmp_path}/clips/a.wav", "../shared/audio/b.wav",
+            "--token", "/home/me/secret"]
+    line = figures.command(argv, tree=tree)
+    assert line == ("python lab/scripts/connect_time.py --out bench --markdown docs/figures/x.md --audio=a.wav "
+                    "../shared/audio/b.wav --token REDACTED")
+    assert figures.command(["/usr/local/bin/assistant", "bench", "v2v", "--out", "/work/runs/v2v"]) == \
+        "assistant bench v2v --out v2v"
+    assert figures.command([str(TREE / "lab" / "__main__.py"), "eot", "--out", str(TREE / "bench-out" / "eot")]) \
+        == "python -m lab eot --out bench-out/eot"
+    assert not MACHINE_PATH.search(figures.provenance(["assistant", "bench", "tts", "--out", "/root/x/y"]))
+
+
+def test_every_figures_file_is_cited_by_a_page() -> None:
+    """docs/figures holds only what README.md or a docs page shows or links; lab/figures only what a lab page does
+    (the figures of the lab's notebooks live with the lab)."""
+    for folder, pages in ((TREE / "docs" / "figures", _docs_pages()), (TREE / "lab" / "figures", _lab_pages())):
+        cited = _cited(pages)
+        uncited = sorted(f.relative_to(TREE).as_posix() for f in folder.glob("*") if f.resolve() not in cited)
+        assert not uncited, f"figures no page of theirs cites (cite them or git rm them): {uncited}"
+
+
+def test_no_page_and_no_figure_carries_a_path_of_the_machine() -> None:
+    files = [*_docs_pages(), *_lab_pages(), *sorted((TREE / "docs" / "figures").glob("*.md")),
+             *sorted((TREE / "lab" / "figures").glob("*.md"))]
+    found = [f"{f.relative_to(TREE)}:{n}: {line.strip()[:120]}" for f in files
+             for n, line in enumerate(f.read_text(encoding="utf-8").splitlines(), 1) if MACHINE_PATH.search(line)]
+    assert not found, "absolute paths of a machine (write them relative to the tree, or by their last part):\n" + \
+        "\n".join(found)
+
+
+def test_the_docs_index_names_every_page() -> None:
+    index = (TREE / "docs" / "README.md").read_text(encoding="utf-8")
+    linked = {Path(t).name for t in LINK.findall(index)}
+    missing = [p.name for p in sorted((TREE / "docs").glob("*.md")) if p.name != "README.md" and p.name not in linked]
+    assert not missing, f"docs/README.md has no line for: {missing}"
+
+
+def test_the_readme_is_a_map_of_at_most_150_lines() -> None:
+    lines = (TREE / "README.md").read_text(encoding="utf-8").splitlines()
+    assert len(lines) <= 150, f"README.md has {len(lines)} lines: move the subject that grew to a page in docs/"
 
 
 def test_write_markdown_refreshes_the_blocks_that_include_the_file(tmp_path: Path) -> None:

@@ -3,7 +3,7 @@ real app on 127.0.0.1: audio appended faster than anyone speaks, upgrades that f
 control sockets piling up on one call.
 
 Every test waits on a condition, never a fixed time; what an attack costs in loop lag is the bench's to measure
-(``assistant bench attacks``, docs/reliability.md)."""
+(``python -m lab attacks``, docs/reliability.md)."""
 
 from __future__ import annotations
 

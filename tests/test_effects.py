@@ -106,3 +106,38 @@ def test_edge_cases() -> None:
         pitch_shift(x, SR, 13)
     with pytest.raises(ValueError, match="mono"):
         time_stretch(np.zeros((2, 100), np.float32), SR, 1.5)
+
+
+def test_the_limiters_filters_equal_scipys() -> None:
+    """running_min/running_mean are scipy.ndimage's minimum/uniform filters (mode "nearest"), without scipy."""
+    from scipy.ndimage import minimum_filter1d, uniform_filter1d
+
+    from assistant.tts.effects import running_mean, running_min
+
+    rng = np.random.default_rng(7)
+    for n in (1, 2, 5, 1001, 22050):
+        for size in (1, 3, 9, 441):
+            x = rng.random(n).astype(np.float32)
+            assert np.array_equal(running_min(x, size), minimum_filter1d(x, size=size, mode="nearest"))
+            np.testing.assert_allclose(running_mean(x, size), uniform_filter1d(x, size=size, mode="nearest"),
+                                       atol=1e-6)
+
+
+def test_effects_need_no_scipy() -> None:
+    """A plain install has no scipy: the TTS service's speed, pitch and energy run without it."""
+    import subprocess
+    import sys
+
+    code = ("import sys, importlib.abc\n"
+            "class NoScipy(importlib.abc.MetaPathFinder):\n"
+            "    def find_spec(self, name, path, target=None):\n"
+            "        if name == 'scipy' or name.startswith('scipy.'):\n"
+            "            raise ImportError('no scipy here')\n"
+            "sys.meta_path.insert(0, NoScipy())\n"
+            "import numpy as np\n"
+            "from assistant.tts import effects as fx\n"
+            "x = (0.9 * np.sin(np.arange(22050) * 2 * np.pi * 150 / 22050)).astype(np.float32)\n"
+            "assert len(fx.time_stretch(x, 22050, 1.5)) == round(22050 / 1.5)\n"
+            "assert len(fx.pitch_shift(x, 22050, 3.0)) == 22050\n"
+            "assert float(abs(fx.apply_energy(x, 2.0)).max()) <= fx.PEAK_MAX\n")
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=120)

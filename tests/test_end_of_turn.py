@@ -393,7 +393,7 @@ async def test_the_model_hears_the_speech_since_the_latest_pause() -> None:
     """turn.end_of_turn_since_pause: at order_pizza.wav's end ("I'd like to order [pause] a large pizza with
     mushrooms.") the end-of-turn model hears the words after the pause, not the whole utterance (a long silence
     inside its audio makes Smart Turn unsure of a finished turn); off, the whole utterance. As bench eot's
-    evidence (tests/test_eot_bench.py)."""
+    evidence (tests/lab/test_eot_bench.py)."""
     entry = MANIFEST["order_pizza.wav"]
     x, _ = read_audio(PAUSES / entry["file"])
     x = x[: int((entry["speech_ends_s"] + 1.5) * 16_000)]

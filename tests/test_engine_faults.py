@@ -62,7 +62,7 @@ def test_the_default_cpu_settings_keep_llamacpps_extra_buffers_off() -> None:
     assert llama_cpp.llama_model_default_params().use_extra_bufts is True  # what we turn off
     assert model_params(llama_cpp, gpu_layers=0, extra_buffers=True).use_extra_bufts is True  # the setting works
     # The end-of-turn bench's language model loads through llama-cpp-python's Llama class: the same guard.
-    from assistant.bench.eot_llm import EndOfTurnLM
+    from lab.eot_llm import EndOfTurnLM
 
     assert EndOfTurnLM(threads=1).llm.model_params.use_extra_bufts is False
     assert llama_cpp.llama_model_default_params().use_extra_bufts is True  # and only for that load

@@ -104,6 +104,27 @@ def test_imports_only_point_down_the_layers() -> None:
     assert not bad, "imports against the layering:\n" + "\n".join(sorted(set(bad)))
 
 
+def test_the_package_never_imports_the_lab() -> None:
+    """The lab (``lab/`` at the repository root: the team's studies) uses the product; the product never uses the lab,
+    lazily or not, so a wheel of ``assistant`` runs without it."""
+    bad = []
+    for path in PACKAGE.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else (
+                [node.module or ""] if isinstance(node, ast.ImportFrom) and not node.level else [])
+            bad += [f"{path.relative_to(PACKAGE.parent)}: {n}" for n in names if n == "lab" or n.startswith("lab.")]
+    assert not bad, "the package imports the lab:\n" + "\n".join(bad)
+
+
+def test_the_lab_is_not_shipped() -> None:
+    """The wheel's packages are ``assistant*`` only: the lab runs from a checkout (``python -m lab``)."""
+    import tomllib
+
+    project = tomllib.loads((PACKAGE.parent / "pyproject.toml").read_text(encoding="utf-8"))
+    assert project["tool"]["setuptools"]["packages"]["find"]["include"] == ["assistant*"]
+    assert "matplotlib" not in " ".join(project["project"]["dependencies"])
+
+
 def _circles(graph: dict[str, list[str]]) -> list[list[str]]:
     """The strongly connected groups of more than one module (Tarjan), each sorted."""
     index: dict[str, int] = {}

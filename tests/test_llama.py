@@ -38,7 +38,7 @@ LONG_ASK = "Write a long essay about the history of Rome."  # greedy SmolLM2 run
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
 async def llama() -> AsyncIterator[LlamaResponder]:
     """The default model, 2 slots of 1024 tokens, one thread (the suite shares 2 cores), warmed up."""
-    # The engine's mechanics under a fixed prompt: no persona examples (tests/test_bench_replies.py has those).
+    # The engine's mechanics under a fixed prompt: no persona examples (tests/lab/test_bench_replies.py has those).
     r = LlamaResponder(RespondConfig(engine="llama", slots=2, context_tokens=1024, threads=1, max_waiting=1,
                                      system_prompt=SYSTEM, temperature=0.0, examples=False))
     await r.warmup()

@@ -1,7 +1,7 @@
 """The open internet against a real server: ``assistant serve`` in its own process, attacked from this one over
 real TCP sockets (and TLS for one case), beside a normal voice session that must still be heard.
 
-Each attack (``assistant/bench/attacks.py``, the same code ``assistant bench attacks`` measures) must get a clear
+Each attack (``lab/attacks.py``, the same code ``python -m lab attacks`` measures) must get a clear
 4xx or close reason, leave the server's RSS bounded, and leave the bystander's turn heard. The server's
 event-loop lag during each attack is printed as a figure, never asserted (``docs/reliability.md`` has the
 before/after table).
@@ -19,9 +19,9 @@ import aiohttp
 import pytest
 import pytest_asyncio
 
-from assistant.bench.attacks import Outcome, Target, run_scenario, send_request, warm_up
 from assistant.bench.processes import AssistantProcess, start_assistant, stop, wait_ready
 from assistant.bench.v2v import BenchSession
+from lab.attacks import Outcome, Target, run_scenario, send_request, warm_up
 from tests.conftest import self_signed_cert
 
 pytestmark = [pytest.mark.asyncio(loop_scope="module"), pytest.mark.slow, pytest.mark.timeout(900)]
@@ -30,7 +30,7 @@ WRITE_TIMEOUT_S = 2.0
 WS_IDLE_S = 3.0
 ATTACKER = {"X-Forwarded-For": "203.0.113.66"}
 # Peak RSS the server may grow by during one attack, the bystander's turn included: that turn alone peaks 35-75 MB
-# above the server at rest (the "none" row of `assistant bench attacks`); a 5 MB upload is held two or three times
+# above the server at rest (the "none" row of `python -m lab attacks`); a 5 MB upload is held two or three times
 # while it is parsed. The 3 h FLAC grew the old server by 661 MB; a clip at the 30 s limit decodes to 5.8 MB.
 RSS_BOUND_MB = 128.0
 FLAGS = ["--respond.engine", "echo",

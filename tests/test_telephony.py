@@ -28,7 +28,6 @@ import pytest
 
 from assistant.audio import SPEECH_RATE, resample, s16_to_float
 from assistant.bench.audio_source import load_utterance
-from assistant.bench.narrowband import word_error_rate
 from assistant.bench.telephony_client import (
     FRAME,
     RATE,
@@ -52,6 +51,7 @@ from assistant.server.services import Services
 from assistant.server.telephony.media import CallSession
 from assistant.server.telephony.sink import CallSink
 from assistant.server.telephony.state import TELEPHONY
+from lab.narrowband import word_error_rate
 from tests.conftest import serve, test_config
 from tests.waiting import until
 

@@ -9,7 +9,7 @@ the runner's ``asr.timeout_s``). The child runs each pass on a thread, so it ans
 it transcribes; a pass running longer than twice ``asr.timeout_s`` (at least 30 s) counts as a hang and the child
 is killed and restarted.
 
-What crossing the boundary costs by itself (``assistant bench isolation``): well under a millisecond for a turn's
+What crossing the boundary costs by itself (``python -m lab isolation``): well under a millisecond for a turn's
 audio, against hundreds of milliseconds for the pass.
 """
 

@@ -16,6 +16,7 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import av
 import numpy as np
@@ -56,16 +57,38 @@ class Utterance:
 
 
 def read_manifest(audio_dir: Path) -> dict[str, dict]:
-    """``manifest.json`` of a speech folder, keyed by file name; for the human set (``labels.json`` and no manifest:
-    ``bench/human_set.py``) its labels in the manifest's names; empty if there is neither."""
+    """``manifest.json`` of a speech folder, keyed by file name; for a folder labelled as the human set is
+    (``labels.json`` and no manifest, :func:`read_labels`) its labels in the manifest's names; empty if there is
+    neither."""
     path = audio_dir / "manifest.json"
     if not path.is_file():
-        from assistant.bench.human_set import LABELS, load_human
-
         if (audio_dir / LABELS).is_file():
-            return {entry["file"]: entry for entry in load_human(audio_dir)}
+            return {entry["file"]: entry for entry in read_labels(audio_dir)}
         return {}
     return {entry["file"]: entry for entry in json.loads(path.read_text(encoding="utf-8"))}
+
+
+LABELS = "labels.json"  # the human recordings' labels (``../shared/audio/human``; its README)
+
+
+def read_labels(folder: Path) -> list[dict[str, Any]]:
+    """One manifest entry per clip of a folder labelled as the human set is, in the labels' order.
+
+    Those labels name the fields differently from the manifests (``speech_end_s`` for ``speech_ends_s``;
+    ``pauses_s`` holds the *lengths* of the gaps, not where they lie): each clip comes back as a manifest entry
+    (``speech_starts_s``, ``speech_ends_s``, no labelled pause positions: the VAD finds the pauses) that keeps the
+    rest (``pause_lengths_s``, ``slots``, ``intent``)."""
+    out = []
+    for row in json.loads((folder / LABELS).read_text(encoding="utf-8")):
+        lengths = [float(p) for p in row.get("pauses_s", [])]
+        out.append({
+            "file": row["file"], "split": "human", "lang": "en", "engine": "human", "voice": "human",
+            "kind": "pauses" if lengths else "fluent",
+            "speech_starts_s": float(row["speech_start_s"]), "speech_ends_s": float(row["speech_end_s"]),
+            "pause_lengths_s": lengths, "slots": {k: v.strip() for k, v in row.get("slots", {}).items()},
+            "intent": row.get("intent", ""),
+        })
+    return out
 
 
 def load_utterance(path: Path, manifest: dict[str, dict] | None = None) -> Utterance:

@@ -514,9 +514,12 @@ async def bench_v2v(
         out = Path(out_dir)
         result.json_path = write_json(result, out / "v2v.json")
         if plot:
-            from assistant.bench.plots import plot_result
-
-            result.png_path = plot_result(result, out / "v2v.png")
+            try:
+                from assistant.bench.plots import plot_result
+            except ImportError:  # matplotlib is the `plot` extra: the tables and the JSON need none of it
+                log.warning("bench.v2v no_plot reason=matplotlib_missing hint=pip install 'assistant[plot]'")
+            else:
+                result.png_path = plot_result(result, out / "v2v.png")
     return result
 
 

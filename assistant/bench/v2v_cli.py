@@ -17,7 +17,6 @@ from pathlib import Path
 
 import aiohttp
 
-from assistant.bench import telemetry_cost
 from assistant.bench.audio_source import load_utterance, read_manifest
 from assistant.bench.figures import provenance, write_markdown
 from assistant.bench.realtime_client import RealtimeBenchSession, WSTurn, ws_turn
@@ -82,7 +81,6 @@ def add_v2v_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--twilio-auth-token", default=os.environ.get(TWILIO_TOKEN_ENV, ""),
                         help="the server's telephony.twilio_auth_token, to sign the webhook (default: "
                         f"${TWILIO_TOKEN_ENV})")
-    telemetry_cost.add_arguments(parser)
 
 
 async def run_v2v(args: argparse.Namespace) -> int:
@@ -90,8 +88,6 @@ async def run_v2v(args: argparse.Namespace) -> int:
     origin = provenance()  # the machine's load as the bench starts
     if args.loopback_ice:
         allow_loopback_ice()
-    if args.telemetry_cost:
-        return await telemetry_cost.run(args, origin)
     if args.protocol != ["page"]:
         return await run_protocols(args, origin)
     try:

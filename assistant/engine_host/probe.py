@@ -1,5 +1,5 @@
 """A hosted object that does nothing but carry data: what crossing the process boundary costs by itself
-(``assistant bench isolation``: an ASR pass's audio in, a TTS reply's chunks out), with no engine's time in it."""
+(``python -m lab isolation``: an ASR pass's audio in, a TTS reply's chunks out), with no engine's time in it."""
 
 from __future__ import annotations
 

@@ -3,7 +3,7 @@
 One vocabulary across the family: the **evidence** at a pause (:class:`Evidence`) is the transcript's word
 (:func:`judge` → :class:`TurnEnd`, :func:`cue` → :class:`Cue`) and the end-of-turn model's probability
 (``vad/end_of_turn.py``, Smart Turn v3.2, behind the :class:`EndOfTurnModel` protocol); :func:`decide` turns
-them into a :class:`Decision` with the policy ``turn.policy`` names. ``assistant bench eot`` replays the same
+them into a :class:`Decision` with the policy ``turn.policy`` names. ``python -m lab eot`` replays the same
 :func:`decide` on recorded evidence (docs/end_of_turn.md: the corpus, the curves, the operating point).
 
 **The transcript rule.** Silence alone cannot tell "What is the weather like today?" (done) from "I would like

@@ -6,7 +6,7 @@ mother?"), apologises for misunderstandings nobody had, and writes Markdown list
 history show it the shape of a reply: the assistant answers, in a sentence or two of plain speech, and says plainly
 what it cannot do (a real timer, a message, music) instead of pretending or handing the request back. They were
 chosen, with the prompt, the temperature and the reply's length bound, on the tuning half of ``assistant bench
-replies`` (``assistant/bench/data/replies_tuning.json``); the held-out half's figures are in
+replies`` (``lab/data/replies_tuning.json``); the held-out half's figures are in
 ``docs/figures/replies.md``. What the tuning half said (answered % / short % / right % of factual, n = 48):
 
   * the prompt before issue 39, no examples, temperature 0.7, 256 tokens: 79 / 60 / 57;

@@ -1,5 +1,5 @@
 """Speed, pitch and loudness changes for engines that cannot do them natively (used by the TTS service),
-and an F0 estimate for tests and the benchmark. numpy/scipy/soxr only.
+and an F0 estimate for tests and the benchmark. numpy and soxr only (no scipy: a plain install serves them).
 
 * :func:`time_stretch` — WSOLA (waveform-similarity overlap-add): each output frame is the input frame,
   near its nominal position, that best continues the previous one, so pitch periods stay intact. For
@@ -14,8 +14,7 @@ from __future__ import annotations
 
 import numpy as np
 import soxr
-from scipy.ndimage import minimum_filter1d, uniform_filter1d
-from scipy.signal import fftconvolve
+from numpy.lib.stride_tricks import sliding_window_view
 
 from assistant.tts.base import STRETCH_RANGE
 
@@ -70,7 +69,7 @@ def time_stretch(x: np.ndarray, sr: int, speed: float) -> np.ndarray:
             if not target.any() or not region.any():
                 start = nominal
             else:
-                corr = fftconvolve(region, target[::-1], mode="valid")  # cross-correlation, 2·tol+1 lags
+                corr = sliding_window_view(region, n) @ target  # cross-correlation, 2·tol+1 lags
                 start = lo + int(np.argmax(corr))
         out[k * hs : k * hs + n] += xp[start : start + n] * win
         norm[k * hs : k * hs + n] += win
@@ -114,10 +113,38 @@ def apply_energy(x: np.ndarray, gain: float, sr: int = 22050) -> np.ndarray:
     if peak > LIMIT_CEILING:
         hold = max(1, round(LIMIT_HOLD_S * sr))  # in samples
         need = np.minimum(1.0, LIMIT_CEILING / np.maximum(np.abs(y), 1e-9)).astype(np.float32)
-        g = minimum_filter1d(need, size=4 * hold + 1, mode="nearest")
-        g = uniform_filter1d(g, size=2 * hold + 1, mode="nearest")
+        g = running_min(need, 4 * hold + 1)
+        g = running_mean(g, 2 * hold + 1)
         y = y * np.minimum(g, need)
     return np.clip(y, -PEAK_MAX, PEAK_MAX).astype(np.float32)
+
+
+def running_min(x: np.ndarray, size: int) -> np.ndarray:
+    """The minimum over a centred window of odd ``size`` at every sample, the edges repeated past the ends
+    (``scipy.ndimage.minimum_filter1d(mode="nearest")``), in O(n): van Herk/Gil-Werman's block prefix and suffix
+    minima."""
+    if size % 2 != 1:
+        raise ValueError(f"size must be odd, got {size}")
+    half = size // 2
+    padded = np.concatenate([np.full(half, x[0], x.dtype), x, np.full(half, x[-1], x.dtype)])
+    blocks = -(-len(padded) // size)
+    tail = blocks * size - len(padded)
+    full = np.concatenate([padded, np.full(tail, padded[-1], x.dtype)]).reshape(blocks, size)
+    prefix = np.minimum.accumulate(full, axis=1).ravel()
+    suffix = np.minimum.accumulate(full[:, ::-1], axis=1)[:, ::-1].ravel()
+    n = len(x)
+    return np.minimum(suffix[:n], prefix[size - 1 : size - 1 + n]).astype(x.dtype)
+
+
+def running_mean(x: np.ndarray, size: int) -> np.ndarray:
+    """The mean over a centred window of odd ``size`` at every sample, the edges repeated past the ends
+    (``scipy.ndimage.uniform_filter1d(mode="nearest")``)."""
+    if size % 2 != 1:
+        raise ValueError(f"size must be odd, got {size}")
+    half = size // 2
+    padded = np.concatenate([np.full(half, x[0]), x, np.full(half, x[-1])]).astype(np.float64)
+    sums = np.concatenate([[0.0], np.cumsum(padded)])
+    return ((sums[size:] - sums[:-size]) / size).astype(x.dtype)
 
 
 def estimate_f0(x: np.ndarray, sr: int, fmin: float = 50.0, fmax: float = 600.0) -> float:

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from cv_fixtures import need_fixtures
 
-from assistant.bench.gpu_check import Stage, markdown_table
+from lab.gpu_check import Stage, markdown_table
 
 ROOT = Path(__file__).resolve().parents[2]
 ABSENT_ON_GPU_MACHINE = "aiortc,av,soxr,soundfile,wetext,faster_whisper,piper,matplotlib"
@@ -90,7 +90,7 @@ def test_shared_data_is_found_from_the_env_then_the_tree_then_beside_it(tmp_path
 
 
 def test_env_stage_fails_loudly_without_the_fixtures(tmp_path: Path, monkeypatch) -> None:
-    from assistant.bench import gpu_check
+    from lab import gpu_check
 
     monkeypatch.setattr(gpu_check, "shared_candidates", lambda: [tmp_path / "a", tmp_path / "b"])
     monkeypatch.setattr(gpu_check, "shared_dir", lambda must_hold="": None)

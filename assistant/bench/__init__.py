@@ -1,4 +1,5 @@
-"""Benchmarks that print tables and draw plots: voice-to-voice through a real WebRTC client (``v2v``), TTS latency
-(``tts``), feature comparisons, one process against gateways on Ray (``ray_hop``), the offline GPU check
-(``gpu_check``). ``processes`` starts ``assistant`` children; it lives here because ``bench ray`` needs it, and the
-multi-process tests borrow it."""
+"""The latency benchmarks a user runs on their own deployment, and their clients: voice-to-voice through a real
+WebRTC client, the Realtime API or a phone carrier's protocol (``v2v``, ``v2v_cli``, ``realtime_client``,
+``telephony_client``), TTS latency (``tts``), the embedded model's first token (``llm``), their tables, plots and
+figures. ``processes`` starts ``assistant`` children for the benches and the multi-process tests. The team's own
+studies live outside the package, in ``lab/``."""

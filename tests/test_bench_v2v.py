@@ -35,10 +35,10 @@ from assistant.bench.report import (
     summarize_level,
     write_json,
 )
+from assistant.bench.shared_data import shared_speech_files
 from assistant.bench.v2v import (
     ReplyListener,
     bench_v2v,
-    default_audio_files,
     frame_to_mono,
     is_same_host,
 )
@@ -151,7 +151,7 @@ def test_same_host() -> None:
 
 
 def test_default_files_and_manifest_speech_end(shared_audio: Path) -> None:
-    files = default_audio_files()
+    files = shared_speech_files()
     names = [f.name for f in files]
     assert "en_weather.wav" in names and "en_reference_voice.wav" not in names
     assert all(n.startswith("en_") for n in names)

@@ -1,7 +1,8 @@
 """Runs side by side: ``assistant bench v2v --compare A.json B.json …``, and the end of a run of several protocols.
 
 The same statistics as one run's table (p50 and p90 of every column, per concurrency level), run by run, with
-each later run's p50 as a ratio of the first's (``B/A``: above 1, B took longer). A column a run could not measure
+each later run's p50 as a ratio of the first's (``B/A``: above 1, B took longer; none where the first's p50 is
+under 10 ms, where a ratio would only be noise). A column a run could not measure
 (a server that is not ours sends no stage marks) shows as ``—``, and the run's line above the table says why.
 """
 
@@ -14,6 +15,8 @@ from assistant.bench.report import COLUMNS, BenchResult, LevelResult, summarize_
 from assistant.pipeline.trace import GAPS
 
 STATS = ("p50", "p90")
+RATIO_FLOOR_MS = 10.0  # a ratio of p50s under this says more about the clocks' ms than about latency: none drawn
+NAME_WIDTH = 32
 
 
 def letters(results: Sequence[BenchResult]) -> list[str]:
@@ -67,8 +70,8 @@ def _rows(results: Sequence[BenchResult], sessions: int) -> list[tuple[str, list
 
 
 def ratio(value: float | None, base: float | None) -> float | None:
-    """``value / base``, or None when either is missing or the base is not above zero."""
-    if value is None or base is None or base <= 0:
+    """``value / base``, or None when either is missing or the base is under :data:`RATIO_FLOOR_MS`."""
+    if value is None or base is None or base < RATIO_FLOOR_MS:
         return None
     return value / base
 
@@ -86,11 +89,12 @@ def compare_text(results: Sequence[BenchResult]) -> str:
     names = letters(results)
     lines = ["== runs compared (ms; B/A: the p50 of B over the p50 of A)", *legend(results), ""]
     for sessions in _levels(results):
-        head = f"  {'sessions=' + str(sessions):<28}" + "".join(f"{n + ' ' + st:>8}" for n in names for st in STATS)
+        head = f"  {'sessions=' + str(sessions):<{NAME_WIDTH}}"
+        head += "".join(f"{n + ' ' + st:>8}" for n in names for st in STATS)
         head += "".join(f"{n + '/' + names[0]:>7}" for n in names[1:])
         lines.append(head)
         for name, stats in _rows(results, sessions):
-            row = f"  {name:<28}" + "".join(_num(st[q]) for st in stats for q in STATS)
+            row = f"  {name:<{NAME_WIDTH}}" + "".join(_num(st[q]) for st in stats for q in STATS)
             row += "".join(_times(ratio(st["p50"], stats[0]["p50"])) for st in stats[1:])
             lines.append(row)
         lines.append("")
@@ -113,7 +117,7 @@ def compare_markdown(results: Sequence[BenchResult]) -> str:
             cells += [_times(ratio(st["p50"], stats[0]["p50"]), 0) for st in stats[1:]]
             out.append("| " + " | ".join([f"`{name}`", *cells]) + " |")
     notes = [f"{n}: {r.left_out}" for n, r in zip(names, results, strict=True) if r.left_out]
-    out += ["", "ms; the ratios are of the p50s, each run's over the first's."]
+    out += ["", f"ms; the ratios are of the p50s, each run's over the first's (none under {RATIO_FLOOR_MS:g} ms)."]
     if notes:
         out += ["", "Left out: " + " ".join(notes)]
     return "\n".join(out)

@@ -167,7 +167,7 @@ async def _make(folder: Path, requests: tuple[Request, ...]) -> None:
                     raise RuntimeError(f"Kokoro made no audible speech for {text!r}")
                 pieces.append(audio[start:end])
             x, entry = _join(request, pieces, rate)
-            sf.write(folder / entry["file"], x, rate, subtype="PCM_16")
+            sf.write(folder / f"{request.name}.wav", x, rate, subtype="PCM_16")
             manifest.append(entry)
     finally:
         with contextlib.suppress(Exception):

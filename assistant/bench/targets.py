@@ -66,7 +66,8 @@ class Target:
                     "measured")
         if not self.ours:
             return (f"the stage columns: {self.origin} is not an assistant server (GET {PROBE_PATH} did not answer "
-                    "with our stage legend), so no turn sends its stage marks; the client's columns are measured")
+                    "with our stage legend; ours with a token needs --token), so no turn sends its stage marks; the "
+                    "client's columns are measured")
         return ""
 
     # --- where each request goes ----------------------------------------------------------------------------

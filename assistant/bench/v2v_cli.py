@@ -15,6 +15,7 @@ import argparse
 import logging
 import os
 import sys
+import time
 from pathlib import Path
 
 import aiohttp
@@ -156,6 +157,10 @@ async def run_v2v(args: argparse.Namespace) -> int:
     progress.total = sum(webrtc_turns if p in CLIENTS else turns for p in args.protocol)
     async with aiohttp.ClientSession() as http:
         targets = [await make_target(http, p, args.url, key=key, model=args.model) for p in args.protocol]
+    if any(t.protocol == "page" and not t.ours for t in targets):
+        return _fail(f"{args.url} did not answer GET /api/stages as an assistant server does (ours with a token needs "
+                     "--token), and only ours speaks the page's protocol: measure another with --protocol whip, "
+                     "realtime, realtime-ws or twilio")
     results: list[BenchResult] = []
     for target in targets:
         progress.run(target.protocol)
@@ -196,10 +201,12 @@ async def run_protocol(target: Target, args: argparse.Namespace, files: list[Pat
                          window_ms=WINDOW_MS, protocol=target.protocol, server=target.server, left_out=target.left_out,
                          settings={"files": [u.name for u in utterances], "turns_per_session": turns, "sessions": [1],
                                    "timeout_s": args.timeout, "webhook": target.webhook_url()})
+    t0 = time.monotonic()
     phone = await bench_phone(target.url, utterances, turns, auth_token=args.twilio_auth_token,
                               timeout_s=args.timeout, ready_timeout_s=args.ready_timeout,
                               webhook=target.webhook_url(), wait_ready=target.ours, on_turn=progress.turn)
-    result.levels.append(LevelResult(sessions=1, turns=[phone_turn_result(t, k) for k, t in enumerate(phone)]))
+    result.levels.append(LevelResult(sessions=1, turns=[phone_turn_result(t, k) for k, t in enumerate(phone)],
+                                     wall_s=time.monotonic() - t0))
     return result
 
 

@@ -23,9 +23,11 @@ import pytest_asyncio
 from assistant.audio import float_to_s16, read_audio, resample, rms_dbfs, s16_to_float
 from assistant.bench.speech import shipped_files
 from assistant.bench.targets import Target
+from assistant.server.app import SESSIONS
 from assistant.server.services import Services
 from tests import needs
 from tests.conftest import serve, test_config
+from tests.waiting import until
 
 websockets = needs.module("websockets")
 from websockets.asyncio.server import ServerConnection  # noqa: E402
@@ -223,3 +225,23 @@ async def test_whip_on_our_server_brings_every_stage(services: Services, tmp_pat
     (turn,) = data["levels"][0]["turns"]
     assert turn["status"] == "ok" and turn["columns"]["server_v2v_ms"] > 0 and turn["columns"]["asr_ms"] is not None
     assert turn["transcript"].strip()
+
+
+@pytest.mark.slow
+async def test_the_whip_client_offers_audio_alone_to_an_endpoint_that_is_not_ours(services: Services,
+                                                                                    tmp_path: Path) -> None:
+    """How the bench speaks to a WHIP endpoint that is not ours: no data channel in the offer (such an endpoint may
+    refuse one), connected once the peer is, each turn measured from the client's side. Our /api/whip takes such an
+    offer, so it stands in for the other endpoint here."""
+    from assistant.bench.v2v import bench_v2v
+    from assistant.bench.whip_client import WhipBenchSession
+
+    async with serve(test_config(), services) as (url, app):
+        target = Target("whip", f"{url}/api/whip", ours=False)
+        result = await bench_v2v(url, shipped_files()[:1], 1, 1, tmp_path, plot=False, client=WhipBenchSession,
+                                 target=target)
+        await until(lambda: not app[SESSIONS], "the session hung up (DELETE on its Location)")
+    (turn,) = result.levels[0].turns
+    assert turn.status == "ok", turn.reason
+    assert set(turn.columns) == {"v2v_ms", "first_audio_ms", "onset_ms"} and turn.columns["v2v_ms"] > 0
+    assert result.server == "other" and "not an assistant server" in result.left_out

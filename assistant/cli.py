@@ -251,7 +251,9 @@ def cmd_doctor(args: argparse.Namespace) -> int:
 
 
 BENCHES = (  # name, help, module, function adding its flags: what a user runs to measure their own deployment
-    ("v2v", "voice-to-voice latency as a WebRTC client hears it", "assistant.bench.v2v_cli", "add_v2v_arguments"),
+    ("v2v", "voice-to-voice latency as the listener hears it, from this server or any voice agent that speaks our "
+     "page's protocol, WHIP, OpenAI's Realtime API or Twilio's, with speech of its own; --compare runs side by side",
+     "assistant.bench.v2v_cli", "add_v2v_arguments"),
     ("tts", "TTS first packet / total time tables and concurrency sweep", "assistant.bench.tts",
      "add_tts_bench_arguments"),
     ("llm", "the embedded model's first token per turn vs the same GGUF behind llama_cpp.server (openai "

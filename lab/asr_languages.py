@@ -142,7 +142,7 @@ def add_languages_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 async def run_languages(args: argparse.Namespace) -> int:
-    from assistant.bench.v2v import default_audio_files
+    from assistant.bench.shared_data import shared_speech_files
 
     origin = provenance()  # the machine's load as the bench starts
     out = Path(args.out)
@@ -153,7 +153,7 @@ async def run_languages(args: argparse.Namespace) -> int:
     result: dict[str, Any] = {"asr": [r.__dict__ for r in rows], "asr_ratio": round(ratio, 3)}
     body = (f"ASR, median of {args.repeat} passes per turn, ms (both engines int8, alternating):\n\n{table}")
     if not args.no_v2v:
-        files = default_audio_files()
+        files = shared_speech_files()
         summaries = await measure_v2v(files, args.repeats, out)
         vtable = v2v_table(summaries)
         print(f"\n{vtable}")

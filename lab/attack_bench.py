@@ -19,7 +19,8 @@ from pathlib import Path
 import aiohttp
 
 from assistant.bench.processes import start_assistant, stop, wait_ready
-from assistant.bench.v2v import SHARED_AUDIO, BenchSession
+from assistant.bench.shared_data import SHARED_AUDIO
+from assistant.bench.v2v import BenchSession
 from lab.attacks import SCENARIOS, Outcome, Target, run_scenario, warm_up
 
 

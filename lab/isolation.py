@@ -33,6 +33,7 @@ from typing import Any
 
 from assistant.bench.processes import start_assistant, stop, wait_ready
 from assistant.bench.report import BenchResult, percentile
+from assistant.bench.shared_data import shared_speech_files
 from assistant.bench.v2v import bench_v2v, session_levels
 from assistant.config import RespondConfig
 
@@ -125,8 +126,8 @@ def run_v2v(args: argparse.Namespace, folder: Path) -> dict[str, Placement]:
                 child = start_assistant(name, "serve", flags, folder)
                 try:
                     wait_ready([child])
-                    result: BenchResult = asyncio.run(bench_v2v(child.url, None, args.turns or None, level,
-                                                                folder / name, plot=False))
+                    result: BenchResult = asyncio.run(bench_v2v(child.url, shared_speech_files(), args.turns or None,
+                                                                level, folder / name, plot=False))
                     mine = results[arm]
                     for lv in result.levels:
                         heard = [float(v) for t in lv.turns if (v := t.columns.get("v2v_ms")) is not None]

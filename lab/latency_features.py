@@ -21,7 +21,8 @@ from typing import Any
 
 from assistant.bench.figures import provenance, write_markdown
 from assistant.bench.report import summarize_level
-from assistant.bench.v2v import bench_v2v, default_audio_files
+from assistant.bench.shared_data import shared_speech_files
+from assistant.bench.v2v import bench_v2v
 from assistant.config import Config, apply_overrides, load_config
 from assistant.pipeline.trace import GAPS
 from assistant.rtc.loopback_ice import allow_loopback_ice
@@ -180,7 +181,7 @@ async def run_features(args: argparse.Namespace) -> int:
     origin = provenance()  # the machine's load as the bench starts
     allow_loopback_ice()
     base = load_config(args.config)
-    files = [Path(f) for f in (args.audio or default_audio_files())]
+    files = [Path(f) for f in (args.audio or shared_speech_files())]
     out = Path(args.out)
     if args.endpointing:
         pauses = sorted(PAUSE_FILES.glob("*.wav"))

@@ -23,8 +23,8 @@ import numpy as np
 
 from assistant.audio import SPEECH_RATE, read_audio, resample
 from assistant.bench.audio_source import read_manifest
+from assistant.bench.shared_data import SHARED_AUDIO
 from assistant.bench.telephony_client import FRAME, phone_audio
-from assistant.bench.v2v import SHARED_AUDIO
 from assistant.config import add_config_flags, flag_overrides, load_config
 
 WORD = re.compile(r"[a-z0-9']+")

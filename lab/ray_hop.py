@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, cast
 from assistant.bench.figures import provenance, write_markdown
 from assistant.bench.processes import AssistantProcess, cpu_seconds, start_assistant, stop, wait_ready
 from assistant.bench.report import BenchResult, percentile, summarize_level
+from assistant.bench.shared_data import shared_speech_files
 from assistant.bench.v2v import bench_v2v
 from assistant.config import Config
 from assistant.tts.base import TTSRequest
@@ -253,7 +254,8 @@ async def _levels_with_cpu(url: str, pids: Sequence[int], out: Path, args: argpa
     for k in args.sessions:
         hops_before = await asyncio.to_thread(hop_histograms, hop_urls) if hop_urls else {}
         before, t0 = cpu_seconds(pids), time.monotonic()
-        result = await bench_v2v(url, args.audio, args.turns, [k], out / f"sessions-{k}", plot=not args.no_plot)
+        result = await bench_v2v(url, args.audio or shared_speech_files(), args.turns, [k], out / f"sessions-{k}",
+                                 plot=not args.no_plot)
         after, wall = cpu_seconds(pids), time.monotonic() - t0
         cores_per_session.append((after - before) / (wall * k) if before is not None and after is not None
                                  else None)

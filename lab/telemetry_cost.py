@@ -29,7 +29,8 @@ from assistant.bench.audio_source import Utterance, load_utterance, read_manifes
 from assistant.bench.figures import provenance, write_markdown
 from assistant.bench.processes import AssistantProcess, free_port, start_assistant, stop, wait_ready
 from assistant.bench.report import percentile
-from assistant.bench.v2v import DEFAULT_SILENCE_MS, DEFAULT_TIMEOUT_S, BenchSession, TurnSettings, default_audio_files
+from assistant.bench.shared_data import shared_speech_files
+from assistant.bench.v2v import DEFAULT_SILENCE_MS, DEFAULT_TIMEOUT_S, BenchSession, TurnSettings
 from assistant.rtc.loopback_ice import allow_loopback_ice
 
 log = logging.getLogger(__name__)
@@ -171,7 +172,7 @@ async def run_cli(args: argparse.Namespace) -> int:
 async def run(args: argparse.Namespace, origin: str) -> int:
     """The study: 0 when every turn of every server was heard."""
     allow_loopback_ice()  # the servers are child processes on this machine (they get the same by environment)
-    files = [Path(f) for f in (args.audio or default_audio_files())]
+    files = [Path(f) for f in (args.audio or shared_speech_files())]
     manifests: dict[Path, dict[str, dict]] = {}
     utts = [load_utterance(f, manifests.setdefault(f.parent, read_manifest(f.parent))) for f in files]
     if args.turns:

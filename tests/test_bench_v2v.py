@@ -35,10 +35,10 @@ from assistant.bench.report import (
     summarize_level,
     write_json,
 )
+from assistant.bench.shared_data import shared_speech_files
 from assistant.bench.v2v import (
     ReplyListener,
     bench_v2v,
-    default_audio_files,
     frame_to_mono,
     is_same_host,
 )
@@ -151,7 +151,7 @@ def test_same_host() -> None:
 
 
 def test_default_files_and_manifest_speech_end(shared_audio: Path) -> None:
-    files = default_audio_files()
+    files = shared_speech_files()
     names = [f.name for f in files]
     assert "en_weather.wav" in names and "en_reference_voice.wav" not in names
     assert all(n.startswith("en_") for n in names)
@@ -328,3 +328,43 @@ async def test_e2e_slow_responder_shows_in_its_stage_and_v2v(slowed: BenchResult
         assert m["first_text"] >= max(m["vad_end"], m["asr_done"]) + SLOW_MS - 1, m
         assert col(t, "llm_first_text_ms") >= SLOW_MS - 1, t.columns
         assert col(t, "server_v2v_ms") >= col(t, "llm_first_text_ms") and col(t, "v2v_ms") >= SLOW_MS - 1, t.columns
+
+
+@pytest.mark.slow
+@pytest.mark.asyncio(loop_scope="module")
+async def test_compare_puts_two_real_runs_side_by_side(baseline: BenchResult, slowed: BenchResult, tmp_path: Path,
+                                                        capsys: pytest.CaptureFixture[str]) -> None:
+    """``--compare A.json B.json``: the two runs' tables side by side, each column's p50 of B over A's, one PNG and
+    the Markdown; nothing is run."""
+    from assistant.bench.v2v_cli import run_v2v
+    from assistant.cli import build_parser
+
+    a, b = baseline.json_path, slowed.json_path
+    args = build_parser("v2v").parse_args(["bench", "v2v", "--compare", str(a), str(b), "--out", str(tmp_path),
+                                           "--markdown", str(tmp_path / "compare.md")])
+    assert await run_v2v(args) == 0
+    out = capsys.readouterr().out
+    assert f"A = page {baseline.url} [assistant] 1 session: 2/2 heard ({a})" in out
+    assert f"B = page {slowed.url} [assistant] 1 session: 2/2 heard ({b})" in out
+    rows = {line.split()[0]: line.split()[1:] for line in out.splitlines() if line.startswith("  ")}
+    assert rows["sessions=1"] == ["A", "p50", "A", "p90", "B", "p50", "B", "p90", "B/A"]
+    for name in ("v2v_ms", "server_v2v_ms", "llm_first_text_ms", "downlink_ms"):
+        assert len(rows[name]) == 5, rows[name]
+    v2v = [float(x) for x in rows["v2v_ms"]]
+    assert v2v[4] == pytest.approx(v2v[2] / v2v[0], abs=0.01)  # the ratio is of the p50s printed
+    from PIL import Image
+
+    with Image.open(tmp_path / "compare.png") as im:
+        im.verify()
+    markdown = (tmp_path / "compare.md").read_text()
+    assert "_Measured with `" in markdown and "| `v2v_ms` |" in markdown and "| B p90 | B/A |" in markdown
+
+
+async def test_compare_refuses_a_file_that_is_not_a_run(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from assistant.bench.v2v_cli import run_v2v
+    from assistant.cli import build_parser
+
+    (tmp_path / "x.json").write_text('{"bench": "tts"}')
+    args = build_parser("v2v").parse_args(["bench", "v2v", "--compare", str(tmp_path / "x.json")])
+    assert await run_v2v(args) == 2
+    assert "not a v2v bench result" in capsys.readouterr().err

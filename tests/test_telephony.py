@@ -386,12 +386,17 @@ async def test_bench_v2v_over_twilio_measures_each_turn_of_a_call(services: Serv
              "--markdown", str(tmp_path / "phone.md")])
         assert await run_v2v(args) == 0
     out = capsys.readouterr().out
-    assert "twilio     n=2 median=" in out
-    turns = json.loads((tmp_path / "twilio" / "phone.json").read_text())
+    assert "left out: the stage columns: a phone call's media stream carries no events" in out
+    data = json.loads((tmp_path / "v2v.json").read_text())
+    assert data["protocol"] == "twilio" and data["server"] == "assistant"
+    turns = data["levels"][0]["turns"]
     assert [t["file"] for t in turns] == ["en_weather.wav", "en_timer.wav"]
-    assert all(t["v2v_ms"] > 0 and t["first_media_ms"] <= t["v2v_ms"] and not t["error"] for t in turns), turns
+    for t in turns:
+        cols = t["columns"]
+        assert t["status"] == "ok" and cols["v2v_ms"] > 0 and 0 < cols["first_audio_ms"] <= cols["v2v_ms"], t
+        assert set(cols) == {"v2v_ms", "first_audio_ms", "onset_ms"}, cols
     markdown = (tmp_path / "phone.md").read_text()
-    assert "_Measured with `" in markdown and "| twilio | 2/2 |" in markdown and "| en_timer.wav | " in markdown
+    assert "_Measured with `" in markdown and "`v2v_ms` |" in markdown and "Left out: the stage columns" in markdown
 
 
 async def test_a_call_takes_a_session_slot_and_a_full_server_answers_busy(services: Services) -> None:

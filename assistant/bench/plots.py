@@ -1,7 +1,8 @@
 """Voice-to-voice bench plots (matplotlib, Agg backend: no display needed).
 
 One PNG: for every concurrency level a stacked bar per turn (stage by stage, with the client's v2v as a
-marker on top), and, when several levels ran, latency against concurrency (p50 and p90).
+marker on top), and, when several levels ran, latency against concurrency (p50 and p90). Runs compared
+(``--compare``) go on one figure of their own (:func:`plot_compare`).
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ matplotlib.use("Agg")  # before pyplot: renders to files on machines with no dis
 
 import matplotlib.pyplot as plt
 
-from assistant.bench.report import STAGE_COLUMNS, BenchResult, LevelResult, summarize_level
+from assistant.bench.report import STAGE_COLUMNS, BenchResult, LevelResult, summarize, summarize_level
 from assistant.pipeline.trace import STAGE_STYLE
 
 log = logging.getLogger(__name__)
@@ -86,4 +87,48 @@ def plot_result(result: BenchResult, path: Path) -> Path:
     fig.savefig(path, dpi=110)
     plt.close(fig)
     log.info("bench.v2v png=%s", path)
+    return path
+
+
+COMPARED = ("v2v_ms", "first_audio_ms", "server_v2v_ms")  # the columns drawn side by side, where a run has them
+
+
+def plot_compare(results: list[BenchResult], names: list[str], path: Path) -> Path:
+    """Runs on one figure: each run's v2v as a cumulative distribution (every turn heard, all levels), and the p50
+    (bar) and p90 (tick) of the client's v2v, its first reply audio and the server's own v2v, run by run."""
+    fig, (left, right) = plt.subplots(1, 2, figsize=(13, 4.5))
+    for name, result in zip(names, results, strict=True):
+        values = sorted(float(v) for lv in result.levels for t in lv.turns
+                        if t.status == "ok" and (v := t.columns.get("v2v_ms")) is not None)
+        if values:
+            left.step(values, [(k + 1) / len(values) for k in range(len(values))], where="post",
+                      label=f"{name}: {result.protocol} ({result.server})")
+    left.set_xlabel("v2v_ms (client: speech end → first audible reply)")
+    left.set_ylabel("share of turns")
+    left.set_ylim(0, 1.02)
+    left.grid(alpha=0.3)
+    left.legend(fontsize=7, loc="lower right")
+    left.set_title("voice to voice, every turn heard", fontsize=9)
+    width = 0.8 / max(1, len(results))
+    for k, (name, result) in enumerate(zip(names, results, strict=True)):
+        stats = [summarize(t.columns.get(c) for lv in result.levels for t in lv.turns if t.status == "ok")
+                 for c in COMPARED]
+        xs = [i + (k - (len(results) - 1) / 2) * width for i in range(len(COMPARED))]
+        p50 = [s["p50"] if s["p50"] is not None else float("nan") for s in stats]
+        p90 = [s["p90"] if s["p90"] is not None else float("nan") for s in stats]
+        right.bar(xs, p50, width=width * 0.9, label=f"{name} p50")
+        right.scatter(xs, p90, marker="_", s=200, color="black", zorder=3, label="p90" if k == 0 else None)
+    right.set_xticks(range(len(COMPARED)), [c.removesuffix("_ms") for c in COMPARED], fontsize=8)
+    right.set_ylabel("ms")
+    right.grid(alpha=0.3, axis="y")
+    right.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    right.set_title("p50 (bars) and p90 (ticks); a missing bar: not measured on that server", fontsize=9)
+    fig.suptitle("runs compared: " + ", ".join(f"{n} = {r.protocol} {r.url}" for n, r in zip(names, results,
+                                                                                          strict=True)), fontsize=9)
+    fig.tight_layout()
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    log.info("bench.v2v compare_png=%s", path)
     return path

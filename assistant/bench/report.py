@@ -20,12 +20,15 @@ from assistant.vad.silero import WINDOW_SAMPLES
 
 log = logging.getLogger(__name__)
 
-JSON_VERSION = 2  # 2: the wait at the end of a turn split (worker_wait, asr, end_of_turn, decide)
+JSON_VERSION = 3  # 2: the wait at the end of a turn split (worker_wait, asr, end_of_turn, decide); 3: the protocol,
+# the kind of server and what could not be measured on it; first_audio_ms
 
 # name -> what it measures. Server columns are the server's own ``turn_metrics`` durations.
 COLUMNS: dict[str, str] = {
     "v2v_ms": "client clock: the user's speech end (frame holding the manifest's last speech sample handed "
     "to the client's WebRTC stack) → first reply sample at or above the audible threshold, as played out",
+    "first_audio_ms": "client clock: the user's speech end → the first reply audio received (WebRTC: the first frame "
+    "above the server's silence level; WebSocket: the first audio delta; a phone call: the first media message)",
     "server_v2v_ms": "server clock: its speech_end mark → first non-silent reply frame handed to its track",
     "endpoint_ms": "server: silence the turn-taking required (speech end → the pause that asked for the "
     "evidence, or the silence the verdict needed); the wait's parts split it along its critical path",
@@ -107,12 +110,23 @@ class BenchResult:
     levels: list[LevelResult] = field(default_factory=list)
     json_path: Path | None = None
     png_path: Path | None = None
+    protocol: str = "page"  # how the bench spoke to the server (bench/targets.py: PROTOCOLS)
+    server: str = "assistant"  # "assistant" (ours: every stage measured) or "other"
+    left_out: str = ""  # what could not be measured on this server, and why ("" when nothing)
+
+    @property
+    def label(self) -> str:
+        """How a comparison names this run: its protocol and server."""
+        return f"{self.protocol} {self.url}"
 
     def to_dict(self) -> dict[str, Any]:
         return {
             "bench": "v2v",
             "version": JSON_VERSION,
             "url": self.url,
+            "protocol": self.protocol,
+            "server": self.server,
+            "left_out": self.left_out,
             "same_host": self.same_host,
             "clock": "epoch ms; the client's clock is time.time() at start advanced by perf_counter",
             "audible_threshold": {
@@ -136,6 +150,67 @@ class BenchResult:
                 for lv in self.levels
             ],
         }
+
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> BenchResult:
+        """A result back from its JSON (``to_dict``; files of version 2 were all our page protocol's)."""
+        if data.get("bench") != "v2v" or not isinstance(data.get("levels"), list):
+            raise ValueError("not a v2v bench result (no 'bench': 'v2v' with its levels)")
+        threshold = data.get("audible_threshold") or {}
+        result = cls(url=str(data.get("url", "")), same_host=bool(data.get("same_host")),
+                     threshold_dbfs=float(threshold.get("level_dbfs", -40.0)),
+                     window_ms=int(threshold.get("window_ms", 10)), settings=dict(data.get("settings") or {}),
+                     protocol=str(data.get("protocol", "page")), server=str(data.get("server", "assistant")),
+                     left_out=str(data.get("left_out", "")))
+        fields = set(TurnResult.__dataclass_fields__)
+        for lv in data["levels"]:
+            turns = [TurnResult(**{k: v for k, v in t.items() if k in fields}) for t in lv.get("turns", [])]
+            result.levels.append(LevelResult(sessions=int(lv["sessions"]), turns=turns,
+                                             wall_s=float(lv.get("wall_s", 0)),
+                                             connect_failures=int(lv.get("connect_failures", 0)),
+                                             errors=list(lv.get("errors", []))))
+        return result
+
+
+def read_result(path: Path) -> BenchResult:
+    """A ``v2v.json`` the bench wrote (``ValueError`` for anything else)."""
+    try:
+        data = json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ValueError(f"{path}: {exc}") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"{path}: not a v2v bench result")
+    try:
+        result = BenchResult.from_dict(data)
+    except (TypeError, KeyError, ValueError) as exc:
+        raise ValueError(f"{path}: {exc}") from None
+    result.json_path = Path(path)
+    return result
+
+
+# --- the columns of one turn ----------------------------------------------------------------------------------
+def client_columns(speech_end: float, first_audio: float, heard: float) -> dict[str, float | None]:
+    """What the client alone measures (epoch seconds in): ``v2v_ms``, ``first_audio_ms``, ``onset_ms``."""
+    return {"v2v_ms": round((heard - speech_end) * 1000, 1),
+            "first_audio_ms": round((first_audio - speech_end) * 1000, 1),
+            "onset_ms": round((heard - first_audio) * 1000, 1)}
+
+
+def add_server_columns(cols: dict[str, float | None], metrics: dict[str, Any], first_audio: float) -> None:
+    """Our server's ``turn_metrics`` into ``cols``: its stages, the downlink (its first_frame_sent mark → the first
+    reply audio received), the first clause and what no column explains (``unaccounted_ms``)."""
+    durations = metrics.get("durations_ms", {}) or {}
+    marks = metrics.get("timestamps_ms", {}) or {}
+    for name in SERVER_COLUMNS:
+        v = durations.get(name)
+        cols[name] = float(v) if v is not None else None
+    sent = marks.get("first_frame_sent")
+    cols["downlink_ms"] = round(first_audio * 1000 - float(sent), 1) if sent is not None else None
+    first, chunker = cols.get("llm_first_text_ms"), cols.get("chunker_ms")
+    cols["llm_first_clause_ms"] = round(first + chunker, 1) if first is not None and chunker is not None else None
+    v2v = cols.get("v2v_ms")
+    cols["unaccounted_ms"] = round(v2v - stage_sum(cols), 1) if v2v is not None else None
 
 
 # --- statistics -----------------------------------------------------------------------------------------
@@ -214,10 +289,16 @@ def format_summary(result: BenchResult) -> str:
                          + ", ".join(s["below_server"]))
         lines.append(f"  {'column':<32}{'n':>5}{'p50':>8}{'p90':>8}{'max':>8}{'mean':>8}")
         for name, st in [*s["columns"].items(), *(("gap: " + k, v) for k, v in s["gaps"].items())]:
+            if not st["n"] and result.left_out:
+                continue
             lines.append(
                 f"  {name:<32}{st['n']:>5}{_fmt(st['p50'])}{_fmt(st['p90'])}{_fmt(st['max'])}{_fmt(st['mean'])}"
             )
         lines.append("")
+    if result.left_out:
+        lines.append(f"left out: {result.left_out}")
+        lines.append(f"audible = peak ≥ {result.threshold_dbfs:g} dBFS in a {result.window_ms} ms window")
+        return "\n".join(lines)
     lines.append(
         f"audible = peak ≥ {result.threshold_dbfs:g} dBFS in a {result.window_ms} ms window; "
         + (
@@ -247,6 +328,8 @@ def format_markdown(result: BenchResult) -> str:
     lines = ["| " + " | ".join(head) + " |", "|---|" + "---:|" * (len(head) - 1)]
     rows = [(f"`{name}`", "columns", name) for name in COLUMNS] + [(f"gap: `{n}`", "gaps", n) for n in GAPS]
     for title, kind, name in rows:
+        if result.left_out and not any(s[kind][name]["n"] for _, s in levels):
+            continue
         cells = [_md(s[kind][name][stat]) for _, s in levels for stat in ("p50", "p90", "max")]
         lines.append("| " + " | ".join([title, *cells]) + " |")
     counts = "; ".join(f"{label(lv.sessions)}: {s['turns']} turns, {s['ok']} heard, {s['dropped']} dropped, "
@@ -257,14 +340,18 @@ def format_markdown(result: BenchResult) -> str:
         "", f"**Not a latency:** {len(below)} turns have `v2v_ms` below the server's own (`unaccounted_ms` < "
         f"-{SPEECH_END_RESOLUTION_MS:g} ms): their speech-end mark lies after where the server heard the speech "
         f"end ({', '.join(below)})."]
+    where = ("" if result.same_host or result.left_out else "; REMOTE server: downlink_ms and unaccounted_ms mix two "
+             "clocks")
+    left = [] if not result.left_out else ["", f"Left out: {result.left_out}."]
     return "\n".join([*lines, "", f"ms. {counts}. Files: {files}. Audible: peak ≥ {result.threshold_dbfs:g} dBFS in "
-                      f"{result.window_ms} ms" + ("" if result.same_host else "; REMOTE server: downlink_ms and "
-                      "unaccounted_ms mix two clocks") + ".", *flagged])
+                      f"{result.window_ms} ms{where}.", *flagged, *left])
 
 
 TURN_TABLE_COLUMNS: tuple[str, ...] = ("v2v_ms", "server_v2v_ms", *STAGE_COLUMNS, "unaccounted_ms")
+CLIENT_TABLE_COLUMNS: tuple[str, ...] = ("v2v_ms", "first_audio_ms", "onset_ms")  # a server that is not ours
 _SHORT = {
     "v2v_ms": "v2v",
+    "first_audio_ms": "1st_rx",
     "server_v2v_ms": "srv_v2v",
     "endpoint_ms": "endpt",
     "worker_wait_ms": "wait",
@@ -281,13 +368,13 @@ _SHORT = {
 }
 
 
-def format_turns(level: LevelResult) -> str:
+def format_turns(level: LevelResult, columns: Sequence[str] = TURN_TABLE_COLUMNS) -> str:
     """One line per turn (ms), in the order the turns ran."""
-    head = f"  {'s':>2} {'t':>2} {'file':<26}{'status':<8}" + "".join(f"{_SHORT[c]:>8}" for c in TURN_TABLE_COLUMNS)
+    head = f"  {'s':>2} {'t':>2} {'file':<26}{'status':<8}" + "".join(f"{_SHORT[c]:>8}" for c in columns)
     lines = [f"sessions={level.sessions}: per turn (ms)", head]
     for t in sorted(level.turns, key=lambda t: (t.client_marks_ms.get("speech_end", math.inf), t.session)):
         row = f"  {t.session:>2} {t.index:>2} {t.file[:25]:<26}{t.status:<8}"
-        row += "".join(_fmt(t.columns.get(c)) for c in TURN_TABLE_COLUMNS)
+        row += "".join(_fmt(t.columns.get(c)) for c in columns)
         if t.reason:
             row += f"  ({t.reason})"
         lines.append(row)

@@ -1,7 +1,8 @@
 """Where the shared data is (audio, texts, CosyVoice2 fixtures): ``$ASSISTANT_SHARED`` when it is set (then only
 there: a wrong setting is an error, not a silent fall-back), else ``shared/`` in the working tree, else ``shared/``
 beside it (``../shared`` from the tree: the development layout). A checkout copied alone to another machine finds
-its data the first or the second way. The tests and the benches look here and nowhere else."""
+its data the first or the second way. The tests and the lab look here and nowhere else; the product's benches never
+need it (``assistant bench v2v`` plays its own speech: ``bench/speech.py``)."""
 
 from __future__ import annotations
 
@@ -34,4 +35,15 @@ def shared_path(relative: str) -> Path:
     return (found or shared_candidates()[0]) / relative
 
 
-__all__ = ["ENV", "shared_candidates", "shared_dir", "shared_path"]
+SHARED_AUDIO = shared_path("audio")  # the team's speech files with their manifest (../shared/audio)
+# Files of SHARED_AUDIO that are not turns: the voice-cloning clip is a monologue, not a question.
+EXCLUDED_SPEECH = frozenset({"en_reference_voice.wav"})
+
+
+def shared_speech_files() -> list[Path]:
+    """``SHARED_AUDIO/en_*.wav`` minus the voice-cloning clip, sorted by name: the speech the lab's studies and the
+    tests play."""
+    return sorted(p for p in SHARED_AUDIO.glob("en_*.wav") if p.name not in EXCLUDED_SPEECH)
+
+
+__all__ = ["ENV", "SHARED_AUDIO", "shared_candidates", "shared_dir", "shared_path", "shared_speech_files"]

@@ -12,9 +12,10 @@ It does what Twilio (or Telnyx) does for an inbound call, byte for byte as their
    a ``mark`` is returned when the audio queued before it has played, and ``clear`` drops what has not played and
    returns every pending mark at once. What the caller heard (``heard_pcm``) is what played before each clear.
 
-The speech is the shared WAVs, band-limited to 8 kHz (soxr, anti-aliased) and μ-law coded, as a phone line
-carries it. :func:`phone_turn` is one bench turn: from the 20 ms frame that carried the manifest's speech end to
-the first audible reply sample, as the carrier would play it.
+The speech is the bench's (its own, or the files it is given), band-limited to 8 kHz (soxr, anti-aliased) and
+μ-law coded, as a phone line carries it. :func:`phone_turn` is one bench turn: from the 20 ms frame that carried the
+manifest's speech end to the first audible reply sample, as the carrier would play it; :func:`bench_phone` calls a
+phone bot's webhook (ours, or any that answers with a bidirectional ``<Connect><Stream>``) and says each turn.
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ import numpy as np
 
 from assistant.audio import SILENCE_PEAK_S16, float_to_s16, resample, s16_to_float
 from assistant.bench.audio_source import Utterance
+from assistant.bench.report import TurnResult
 from assistant.g711 import ULAW_SILENCE, ulaw_decode, ulaw_encode
 from assistant.server.telephony.signatures import twilio_signature
 
@@ -193,9 +195,10 @@ def read_answer(status: int, body: str) -> Answer:
 
 async def dial(http: aiohttp.ClientSession, base_url: str, carrier: Carrier = TWILIO, *, call_id: str,
                auth_token: str = "", telnyx_private_key: Ed25519PrivateKey | None = None, signed_url: str = "",
-               headers: dict[str, str] | None = None) -> Answer:
-    """Post the carrier's voice webhook for a call (signed for ``signed_url``, default the URL posted to)."""
-    url = f"{base_url.rstrip('/')}/telephony/{carrier.name}/voice"
+               headers: dict[str, str] | None = None, webhook: str = "") -> Answer:
+    """Post the carrier's voice webhook for a call (``webhook``, default our route on ``base_url``; signed for
+    ``signed_url``, default the URL posted to)."""
+    url = webhook or f"{base_url.rstrip('/')}/telephony/{carrier.name}/voice"
     form = webhook_form(carrier, call_id)
     body = urlencode(form).encode()
     sign = signed_headers(carrier, signed_url or url, form, body, auth_token=auth_token,
@@ -477,16 +480,34 @@ async def phone_turn(call: PhoneCall, utt: Utterance, *, timeout_s: float = 30.0
     return result
 
 
+def phone_turn_result(turn: PhoneTurn, index: int) -> TurnResult:
+    """A phone turn as a row of the bench's result (the caller's side only: a media stream carries no events)."""
+    result = TurnResult(session=0, index=index, file=turn.file)
+    if turn.v2v_ms is None:
+        result.status, result.reason = "dropped", turn.error or "no audible reply"
+        return result
+    first = turn.first_media_ms
+    result.columns = {"v2v_ms": turn.v2v_ms, "first_audio_ms": first,
+                      "onset_ms": round(turn.v2v_ms - first, 1) if first is not None else None}
+    if turn.error:
+        result.status, result.reason = "error", turn.error
+    return result
+
+
 async def bench_phone(url: str, utterances: list[Utterance], turns: int, *, carrier: Carrier = TWILIO,
-                      auth_token: str = "", timeout_s: float = 30.0, ready_timeout_s: float = 120.0) -> list[PhoneTurn]:
-    """One call to the server at ``url``: ``turns`` utterances said one after another, each measured."""
+                      auth_token: str = "", timeout_s: float = 30.0, ready_timeout_s: float = 120.0,
+                      webhook: str = "", wait_ready: bool = True,
+                      on_turn: Callable[[TurnResult], None] | None = None) -> list[PhoneTurn]:
+    """One call to the server at ``url`` (its voice webhook ``webhook``, default ours): ``turns`` utterances said one
+    after another, each measured. ``wait_ready``: our server's ``/readyz`` first."""
     from assistant.bench.v2v import wait_server_ready
 
     url = url.rstrip("/")
     async with aiohttp.ClientSession() as http:
-        await wait_server_ready(http, url, ready_timeout_s)
+        if wait_ready:
+            await wait_server_ready(http, url, ready_timeout_s)
         _, call_id = carrier.new_ids()
-        answer = await dial(http, url, carrier, call_id=call_id, auth_token=auth_token)
+        answer = await dial(http, url, carrier, call_id=call_id, auth_token=auth_token, webhook=webhook)
         if answer.status != 200 or not answer.stream_url:
             raise RuntimeError(f"the {carrier.name} webhook was not answered with a stream: HTTP {answer.status} "
                                f"{answer.rejected or answer.body[:300]}")
@@ -498,6 +519,8 @@ async def bench_phone(url: str, utterances: list[Utterance], turns: int, *, carr
                 out.append(await phone_turn(call, utterances[k % len(utterances)], timeout_s=timeout_s))
                 log.info("bench.phone turn=%d file=%s v2v_ms=%s error=%s", k, out[-1].file, out[-1].v2v_ms,
                          out[-1].error)
+                if on_turn is not None:
+                    on_turn(phone_turn_result(out[-1], k))
                 if call.closed.is_set():
                     break
         finally:

@@ -8,6 +8,10 @@ was handed to aiortc) → the first reply sample at or above the audible thresho
 ``turn_metrics`` for the same turn next to it, plus the downlink (server's first_frame_sent → frame
 received) as a column of its own. Nothing is subtracted: whatever no column explains stays visible in
 ``unaccounted_ms``.
+
+On a server that is not ours (``bench/targets.py``) no ``turn_metrics`` come: a turn is then measured from the
+client's side alone (``v2v_ms``, ``first_audio_ms``, ``onset_ms``), and the result says what was left out.
+With no speech files given, the bench plays its own (``bench/speech.py``).
 """
 
 from __future__ import annotations
@@ -20,7 +24,7 @@ import json
 import logging
 import socket
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -35,22 +39,19 @@ from aiortc.mediastreams import MediaStreamError
 from assistant.audio import SILENCE_PEAK_S16, WEBRTC_RATE
 from assistant.bench.audio_source import Utterance, UtteranceSource, load_utterance, now, read_manifest
 from assistant.bench.report import (
-    SERVER_COLUMNS,
     BenchResult,
     LevelResult,
     TurnResult,
+    add_server_columns,
     below_server,
-    stage_sum,
+    client_columns,
     write_json,
 )
-from assistant.bench.shared_data import shared_path
+from assistant.bench.speech import bench_speech
+from assistant.bench.targets import Target
 from assistant.rtc.jitter import AdaptiveReceiveBuffer
 
 log = logging.getLogger(__name__)
-
-SHARED_AUDIO = shared_path("audio")  # ../shared/audio, or $ASSISTANT_SHARED/audio (bench/shared_data.py)
-# Files of SHARED_AUDIO that are not turns: the voice-cloning clip is a monologue, not a question.
-EXCLUDED_DEFAULT_FILES = frozenset({"en_reference_voice.wav"})
 
 AUDIBLE_DBFS = -40.0  # a reply sample at or above this peak level is "heard"
 WINDOW_MS = 10  # the level is a peak over 10 ms windows; the onset is then located to the sample
@@ -64,11 +65,6 @@ DEFAULT_SETTLE_MS = 300  # quiet wanted before the next utterance starts
 DEFAULT_STAGGER_MS = 400  # session i starts i × this later, so K sessions do not speak in lockstep
 POLL_S = 0.02  # how often a turn checks its state; measurements never depend on it (stamped on arrival)
 CONNECT_TIMEOUT_S = 20.0
-
-
-def default_audio_files() -> list[Path]:
-    """``SHARED_AUDIO/en_*.wav`` minus the voice-cloning clip, sorted by name."""
-    return sorted(p for p in SHARED_AUDIO.glob("en_*.wav") if p.name not in EXCLUDED_DEFAULT_FILES)
 
 
 def is_same_host(url: str) -> bool:
@@ -192,6 +188,9 @@ class BenchSession:
     rtc_config: RTCConfiguration | None = None  # e.g. the server's GET /api/ice (TURN); None: host candidates
     events: list[BenchEvent] = field(default_factory=list)
     answer: dict[str, Any] = field(default_factory=dict)  # the offer's answer (its session id, who answers, …)
+    ours: bool = True  # an assistant server: every turn ends with its turn_metrics (bench/targets.py)
+    model: str = ""  # the Realtime API's model name ("" for the server's default)
+    endpoint: str = ""  # where the offer goes, when the protocol's client needs it given (WHIP, Realtime calls)
 
     def __post_init__(self) -> None:
         self.pc = RTCPeerConnection(self.rtc_config or RTCConfiguration(iceServers=[]))
@@ -206,26 +205,37 @@ class BenchSession:
 
     channel_label = "events"  # the data channel the server's events come on
 
+    @staticmethod
+    def endpoint_of(target: Target) -> str:
+        """Where this client sends its offer for ``target`` ("": :meth:`exchange` builds it from the URL)."""
+        return ""
+
+    @property
+    def wants_channel(self) -> bool:
+        """Whether the offer opens the events channel (the page's always does)."""
+        return True
+
     async def connect(self, timeout_s: float = CONNECT_TIMEOUT_S) -> None:
         """Offer (data channel first, then audio), send it (:meth:`exchange`), apply the answer, wait until both
-        flow."""
+        flow (without a data channel: until the peer is connected)."""
         pc = self.pc
-        channel = self.channel = pc.createDataChannel(self.channel_label)  # the page's asks go on it too
+        if self.wants_channel:
+            channel = self.channel = pc.createDataChannel(self.channel_label)  # the page's asks go on it too
 
-        @channel.on("open")
-        def _on_open() -> None:
-            self._open.set()
+            @channel.on("open")
+            def _on_open() -> None:
+                self._open.set()
 
-        @channel.on("message")
-        def _on_message(message: Any) -> None:
-            at = now()
-            try:
-                body = json.loads(message)
-            except (TypeError, ValueError):
-                log.warning("bench.v2v bad_event session=%d", self.index)
-                return
-            if isinstance(body, dict):
-                self.on_event(at, body)
+            @channel.on("message")
+            def _on_message(message: Any) -> None:
+                at = now()
+                try:
+                    body = json.loads(message)
+                except (TypeError, ValueError):
+                    log.warning("bench.v2v bad_event session=%d", self.index)
+                    return
+                if isinstance(body, dict):
+                    self.on_event(at, body)
 
         @pc.on("track")
         def _on_track(track: Any) -> None:
@@ -238,6 +248,8 @@ class BenchSession:
 
         @pc.on("connectionstatechange")
         def _on_state() -> None:
+            if pc.connectionState == "connected" and not self.wants_channel:
+                self._open.set()
             if pc.connectionState in ("failed", "closed") and not self.failed:
                 self.failed = f"peer {pc.connectionState}"
 
@@ -303,7 +315,7 @@ class BenchSession:
                 turn = metrics.get("turn") if metrics else None
                 done = [e for e in self._events_since(start, "reply_done")
                         if turn is None or e.body.get("turn") == turn]
-                if done and metrics is not None:
+                if done and (metrics is not None or not self.ours):
                     break
                 if t - listener.last_audible_at >= settings.silence_ms / 1000:
                     break
@@ -315,7 +327,7 @@ class BenchSession:
                     give_up_at = t + 2.0  # a spoken error message may still come
             if t >= deadline or (give_up_at is not None and t >= give_up_at) or self.failed:
                 break
-        if listener.heard_at is not None and metrics is None:
+        if listener.heard_at is not None and metrics is None and self.ours:
             # turn_metrics travels on SCTP, the audio on RTP: give the data channel a moment.
             for _ in range(50):
                 await asyncio.sleep(POLL_S)
@@ -354,28 +366,19 @@ class BenchSession:
             heard=round(heard * 1000, 1),
             reply_end=round(listener.last_audible_at * 1000, 1),
         )
-        cols: dict[str, float | None] = {"v2v_ms": round((heard - speech_end) * 1000, 1)}
+        cols = client_columns(speech_end, first_rx, heard)
         if errors:
             result.status = "error"
             result.reason = f"error: {errors[-1].body.get('stage')}: {errors[-1].body.get('message')}"
         if metrics is None:
-            result.status, result.reason = "error", result.reason or "no turn_metrics event"
+            if self.ours:
+                result.status, result.reason = "error", result.reason or "no turn_metrics event"
             result.columns = cols
             return
         result.server_turn = metrics.get("turn")
-        durations = metrics.get("durations_ms", {}) or {}
-        marks = metrics.get("timestamps_ms", {}) or {}
-        result.server_marks_ms = {k: float(v) for k, v in marks.items()}
-        for name in SERVER_COLUMNS:
-            v = durations.get(name)
-            cols[name] = float(v) if v is not None else None
+        result.server_marks_ms = {k: float(v) for k, v in (metrics.get("timestamps_ms", {}) or {}).items()}
         result.gaps_ms = {k: float(v) for k, v in (metrics.get("gaps_ms", {}) or {}).items()}
-        sent = marks.get("first_frame_sent")
-        cols["downlink_ms"] = round(first_rx * 1000 - float(sent), 1) if sent is not None else None
-        cols["onset_ms"] = round((heard - first_rx) * 1000, 1)
-        first, chunker = cols.get("llm_first_text_ms"), cols.get("chunker_ms")
-        cols["llm_first_clause_ms"] = round(first + chunker, 1) if first is not None and chunker is not None else None
-        cols["unaccounted_ms"] = round(cols["v2v_ms"] - stage_sum(cols), 1)  # type: ignore[operator]
+        add_server_columns(cols, metrics, first_rx)
         result.columns = cols
         if below_server(cols):
             log.warning("bench.v2v client_below_server file=%s v2v_ms=%s server_v2v_ms=%s unaccounted_ms=%s",
@@ -422,12 +425,18 @@ async def run_level(
     token: str = "",
     stagger_ms: float = DEFAULT_STAGGER_MS,
     client: type[BenchSession] = BenchSession,
+    target: Target | None = None,
+    on_turn: Callable[[TurnResult], None] | None = None,
 ) -> LevelResult:
-    """Run ``sessions`` peers at once, each playing ``turns`` utterances in its own order."""
+    """Run ``sessions`` peers at once, each playing ``turns`` utterances in its own order; ``on_turn`` hears of each
+    turn as it is measured."""
     level = LevelResult(sessions=sessions)
     t0 = time.monotonic()
+    ours, model = (True, "") if target is None else (target.ours, target.model)
+    endpoint = "" if target is None else client.endpoint_of(target)
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=CONNECT_TIMEOUT_S + 10)) as http:
-        clients = [client(i, url, http, threshold_dbfs, token) for i in range(sessions)]
+        clients = [client(i, url, http, threshold_dbfs, token, ours=ours, model=model, endpoint=endpoint)
+                   for i in range(sessions)]
         connected = await asyncio.gather(*(c.connect() for c in clients), return_exceptions=True)
 
         async def play(client: BenchSession, ok: BaseException | None) -> list[TurnResult]:
@@ -444,6 +453,8 @@ async def run_level(
                 out.append(await client.run_turn(order[k % n], k, settings))
                 log.info("bench.v2v turn session=%d turn=%d status=%s v2v_ms=%s", client.index, k,
                          out[-1].status, out[-1].columns.get("v2v_ms"))
+                if on_turn is not None:
+                    on_turn(out[-1])
             return out
 
         try:
@@ -470,21 +481,19 @@ async def bench_v2v(
     token: str = "",
     ready_timeout_s: float = 120.0,
     plot: bool = True,
-    client: type[BenchSession] = BenchSession,  # the Realtime API's: bench/realtime_client.py
+    client: type[BenchSession] = BenchSession,  # the Realtime API's: bench/realtime_client.py; WHIP's: whip_client.py
+    target: Target | None = None,  # the server and protocol (None: our server, the page's protocol)
+    on_turn: Callable[[TurnResult], None] | None = None,
 ) -> BenchResult:
     """Run the bench at each concurrency level in turn; write ``v2v.json`` (and ``v2v.png``) to ``out_dir``.
 
-    ``turns`` is per session (default: one per audio file); ``sessions`` an int or a list of levels.
+    ``turns`` is per session (default: one per audio file); ``sessions`` an int or a list of levels. With no
+    ``audio_files`` the bench plays its own English speech (``bench/speech.py``).
     """
     url = url.rstrip("/")
-    files = [Path(f) for f in (audio_files or default_audio_files())]
-    if not files:
-        raise ValueError(f"no audio files (looked in {SHARED_AUDIO})")
-    manifests: dict[Path, dict[str, dict]] = {}
-    utterances = []
-    for f in files:
-        manifest = manifests.setdefault(f.parent, read_manifest(f.parent))
-        utterances.append(load_utterance(f, manifest))
+    target = target or Target("page", url)
+    files = [Path(f) for f in audio_files] if audio_files else await bench_speech(["en"])
+    utterances = load_utterances(files)
     turns = len(utterances) if turns is None else int(turns)
     levels = [sessions] if isinstance(sessions, int) else list(sessions)
     settings = TurnSettings(timeout_s=timeout_s, silence_ms=silence_ms, settle_ms=settle_ms)
@@ -493,6 +502,9 @@ async def bench_v2v(
         same_host=is_same_host(url),
         threshold_dbfs=threshold_dbfs,
         window_ms=WINDOW_MS,
+        protocol=target.protocol,
+        server=target.server,
+        left_out=target.left_out,
         settings={
             "files": [u.name for u in utterances],
             "turns_per_session": turns,
@@ -503,24 +515,38 @@ async def bench_v2v(
             "stagger_ms": stagger_ms,
         },
     )
-    async with aiohttp.ClientSession() as http:
-        await wait_server_ready(http, url, ready_timeout_s)
+    if target.ours:
+        async with aiohttp.ClientSession() as http:
+            await wait_server_ready(http, url, ready_timeout_s)
     for k in levels:
         log.info("bench.v2v level sessions=%d turns=%d", k, turns)
         level = await run_level(url, utterances, turns, k, settings=settings, threshold_dbfs=threshold_dbfs,
-                                token=token, stagger_ms=stagger_ms, client=client)
+                                token=token or target.key, stagger_ms=stagger_ms, client=client, target=target,
+                                on_turn=on_turn)
         result.levels.append(level)
     if out_dir is not None:
-        out = Path(out_dir)
-        result.json_path = write_json(result, out / "v2v.json")
-        if plot:
-            try:
-                from assistant.bench.plots import plot_result
-            except ImportError:  # matplotlib is the `plot` extra: the tables and the JSON need none of it
-                log.warning("bench.v2v no_plot reason=matplotlib_missing hint=pip install 'assistant[plot]'")
-            else:
-                result.png_path = plot_result(result, out / "v2v.png")
+        write_outputs(result, Path(out_dir), plot)
     return result
+
+
+def load_utterances(files: Sequence[Path]) -> list[Utterance]:
+    """Each file read and resampled, its speech end from the manifest beside it (one read per folder)."""
+    if not files:
+        raise ValueError("no speech files to play")
+    manifests: dict[Path, dict[str, dict]] = {}
+    return [load_utterance(f, manifests.setdefault(f.parent, read_manifest(f.parent))) for f in files]
+
+
+def write_outputs(result: BenchResult, out: Path, plot: bool = True) -> None:
+    """``out/v2v.json``, and ``out/v2v.png`` when asked and matplotlib (the ``plot`` extra) is there."""
+    result.json_path = write_json(result, out / "v2v.json")
+    if plot:
+        try:
+            from assistant.bench.plots import plot_result
+        except ImportError:  # matplotlib is the `plot` extra: the tables and the JSON need none of it
+            log.warning("bench.v2v no_plot reason=matplotlib_missing hint=pip install 'assistant[plot]'")
+        else:
+            result.png_path = plot_result(result, out / "v2v.png")
 
 
 def session_levels(text: str) -> list[int]:

@@ -1,60 +1,90 @@
-"""``assistant bench v2v`` on the command line: its flags, and the run of one protocol or several side by side.
+"""``assistant bench v2v`` on the command line: its flags, the run of one protocol or several side by side, and
+``--compare`` of runs already made.
 
-The clients it drives sit below it: our page protocol's (``bench/v2v.py``), the Realtime API's
-(``bench/realtime_client.py``) and a phone carrier's (``bench/telephony_client.py``: a call through Twilio Media
-Streams). With ``--protocol page,realtime[,realtime-ws][,twilio]`` each protocol runs in turn on the same files, and
-the ratio of their medians is printed.
+The clients it drives sit below it: our page protocol's (``bench/v2v.py``), WHIP's (``bench/whip_client.py``),
+the Realtime API's over WebRTC and WebSocket (``bench/realtime_client.py``) and a phone carrier's
+(``bench/telephony_client.py``: a call through Twilio Media Streams). Each protocol's run is a
+:class:`~assistant.bench.report.BenchResult` written as ``v2v.json``; several (``--protocol page,realtime-ws``) or
+files (``--compare A.json B.json``) are put side by side by ``bench/compare.py``. Any server that speaks one of
+these protocols can be measured (``bench/targets.py``); the stage columns come only from ours.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import os
-from collections.abc import Sequence
+import sys
+import time
 from pathlib import Path
 
 import aiohttp
 
-from assistant.bench.audio_source import load_utterance, read_manifest
+from assistant.bench.compare import compare_markdown, compare_text, letters
 from assistant.bench.figures import provenance, write_markdown
-from assistant.bench.realtime_client import RealtimeBenchSession, WSTurn, ws_turn
-from assistant.bench.report import BenchResult, format_markdown, format_summary, format_turns, percentile
-from assistant.bench.telephony_client import PhoneTurn, bench_phone
+from assistant.bench.progress import Progress
+from assistant.bench.realtime_client import RealtimeBenchSession, bench_ws
+from assistant.bench.report import (
+    CLIENT_TABLE_COLUMNS,
+    BenchResult,
+    LevelResult,
+    format_markdown,
+    format_summary,
+    format_turns,
+    read_result,
+)
+from assistant.bench.speech import LANGUAGES, bench_speech, speech_languages
+from assistant.bench.targets import PROTOCOLS, Target, check_protocols, make_target
+from assistant.bench.telephony_client import bench_phone, phone_turn_result
 from assistant.bench.v2v import (
     AUDIBLE_DBFS,
     DEFAULT_SILENCE_MS,
     DEFAULT_STAGGER_MS,
     DEFAULT_TIMEOUT_S,
-    SHARED_AUDIO,
     WINDOW_MS,
     BenchSession,
     bench_v2v,
-    default_audio_files,
+    is_same_host,
+    load_utterances,
     session_levels,
+    write_outputs,
 )
+from assistant.bench.whip_client import WhipBenchSession
 from assistant.rtc.loopback_ice import allow_loopback_ice
 
 log = logging.getLogger(__name__)
 
-PROTOCOLS = ("page", "realtime", "realtime-ws", "twilio")
 TWILIO_TOKEN_ENV = "ASSISTANT_TELEPHONY__TWILIO_AUTH_TOKEN"  # the server's own setting, read the same way
+CLIENTS: dict[str, type[BenchSession]] = {"page": BenchSession, "whip": WhipBenchSession,
+                                          "realtime": RealtimeBenchSession}
+MAX_TURN_ROWS = 40  # a level with more turns prints its summary only
 
 
 # --- CLI ------------------------------------------------------------------------------------------------
 def add_v2v_arguments(parser: argparse.ArgumentParser) -> None:
     """The ``assistant bench v2v`` flags."""
-    parser.add_argument("--url", default="http://127.0.0.1:8080", help="server base URL (default: %(default)s)")
-    parser.add_argument("--audio", nargs="+", type=Path, default=None, metavar="WAV",
-                        help=f"speech files to play (default: {SHARED_AUDIO}/en_*.wav without the cloning clip); "
-                        "speech ends come from manifest.json next to them")
+    parser.add_argument("--url", default="http://127.0.0.1:8080",
+                        help="the server's base URL; a protocol adds its standard path unless the URL names one (a "
+                        "WHIP endpoint, a phone bot's webhook, https://api.openai.com/v1) (default: %(default)s)")
+    parser.add_argument("--protocol", type=lambda t: t.split(","), default=["page"],
+                        help="page (our /api/offer), whip (a WHIP endpoint), realtime (OpenAI's Realtime API over "
+                        "WebRTC), realtime-ws (over WebSocket), twilio (a phone call: a signed webhook, then Media "
+                        "Streams, μ-law at 8 kHz in real time); a list runs each and compares them (default: page)")
+    parser.add_argument("--audio", nargs="+", type=Path, default=None, metavar="FILE",
+                        help="speech files to play, with a manifest.json (or the human set's labels.json) beside them "
+                        "giving each one's speech end (default: the bench's own speech, see --language)")
+    parser.add_argument("--language", type=speech_languages, default=["en"],
+                        help=f"the bench's own speech when no --audio is given: {', '.join(LANGUAGES)} or a list (en: "
+                        "five recorded people, shipped; ja: three requests made once with the Kokoro voice and "
+                        "cached) (default: en)")
     parser.add_argument("--turns", type=int, default=None,
                         help="turns per session (default: one per audio file)")
     parser.add_argument("--sessions", type=session_levels, default=[1],
-                        help="concurrent sessions, or a list run one level after another, e.g. 1,4 (default: 1)")
+                        help="concurrent sessions, or a list run one level after another, e.g. 1,4 (WebRTC "
+                        "protocols; default: 1)")
     parser.add_argument("--out", type=Path, default=Path("bench-out"),
-                        help="folder for v2v.json and v2v.png (default: %(default)s)")
+                        help="folder for v2v.json and v2v.png (a sub-folder per protocol when several run; "
+                        "compare.png there too) (default: %(default)s)")
     parser.add_argument("--threshold-dbfs", type=float, default=AUDIBLE_DBFS,
                         help=f"reply audible at this peak level over {WINDOW_MS} ms (default: %(default)s)")
     parser.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT_S,
@@ -64,60 +94,160 @@ def add_v2v_arguments(parser: argparse.ArgumentParser) -> None:
                         help="reply over after this much silence if no reply_done came (default: %(default)s)")
     parser.add_argument("--stagger-ms", type=float, default=DEFAULT_STAGGER_MS,
                         help="session i starts i × this later (default: %(default)s)")
-    parser.add_argument("--token", default="", help="bearer token, if the server requires one")
+    parser.add_argument("--token", default="", help="bearer token, if our server requires one")
+    parser.add_argument("--key-env", default="", metavar="VAR",
+                        help="the environment variable holding the API key another server wants (e.g. "
+                        "OPENAI_API_KEY): sent as Authorization: Bearer, never printed or written")
+    parser.add_argument("--model", default="",
+                        help="the Realtime API's model, as the server names it (e.g. gpt-realtime; our server: a "
+                        "responder's name, or nothing for its default)")
+    parser.add_argument("--commit", action="store_true",
+                        help="realtime-ws: the bench ends each turn itself (turn detection off; commit and "
+                        "response.create at the speech end) instead of the server's VAD")
     parser.add_argument("--ready-timeout", type=float, default=120.0,
-                        help="seconds to wait for /readyz (default: %(default)s)")
+                        help="seconds to wait for our server's /readyz (default: %(default)s)")
     parser.add_argument("--loopback-ice", action="store_true",
                         help="offer 127.0.0.1 as an ICE candidate (machines with only loopback; the server "
                         "must do the same)")
-    parser.add_argument("--no-plot", action="store_true", help="skip the PNG")
+    parser.add_argument("--no-plot", action="store_true", help="skip the PNGs")
     parser.add_argument("--markdown", type=Path, default=None, metavar="FILE",
                         help="also write the tables as Markdown to FILE, under a line naming this command, the git "
                         "commit and the machine; docs that include FILE are refreshed (assistant/bench/figures.py)")
-    parser.add_argument("--protocol", type=lambda t: t.split(","), default=["page"],
-                        help="page (our /api/offer), realtime (OpenAI Realtime over WebRTC), realtime-ws (over "
-                        "WebSocket), twilio (a phone call: a signed webhook, then Media Streams, μ-law at 8 kHz in "
-                        "real time); a list runs each and compares them (default: page)")
     parser.add_argument("--twilio-auth-token", default=os.environ.get(TWILIO_TOKEN_ENV, ""),
-                        help="the server's telephony.twilio_auth_token, to sign the webhook (default: "
-                        f"${TWILIO_TOKEN_ENV})")
+                        help="the phone bot's Twilio auth token, to sign the webhook (ours: "
+                        f"telephony.twilio_auth_token; default: ${TWILIO_TOKEN_ENV})")
+    parser.add_argument("--compare", nargs="+", type=Path, default=None, metavar="JSON",
+                        help="run nothing: put these v2v.json files side by side (the same table, ratios to the "
+                        "first, one plot in --out)")
+
+
+def _fail(message: str) -> int:
+    print(f"bench v2v: {message}", file=sys.stderr)
+    return 2
 
 
 async def run_v2v(args: argparse.Namespace) -> int:
-    """CLI entry: run the bench, print the tables, return 0 if every turn was heard, 1 otherwise."""
+    """CLI entry: run the bench (or compare runs), print the tables; 0 if every turn was heard, 1 if some were not,
+    2 when it could not run."""
     origin = provenance()  # the machine's load as the bench starts
+    if args.compare:
+        return compare_runs(args, origin)
+    if error := check_protocols(args.protocol):
+        return _fail(error)
+    key = args.token
+    if args.key_env:
+        key = os.environ.get(args.key_env, "")
+        if not key:
+            return _fail(f"--key-env {args.key_env}: that environment variable is not set")
     if args.loopback_ice:
         allow_loopback_ice()
-    if args.protocol != ["page"]:
-        return await run_protocols(args, origin)
+    progress = Progress(0)
     try:
-        result = await bench_v2v(
-            args.url,
-            args.audio,
-            args.turns,
-            args.sessions,
-            args.out,
-            threshold_dbfs=args.threshold_dbfs,
-            timeout_s=args.timeout,
-            silence_ms=args.silence_ms,
-            stagger_ms=args.stagger_ms,
-            token=args.token,
-            ready_timeout_s=args.ready_timeout,
-            plot=not args.no_plot,
-        )
-    except (TimeoutError, OSError, ValueError, aiohttp.ClientError) as exc:
-        print(f"bench v2v: {exc}")
-        return 2
-    for level in result.levels:
-        if len(level.turns) <= 40:
-            print(format_turns(level))
-            print()
-    print(format_summary(result))
-    print(f"\nwrote {result.json_path}" + (f" and {result.png_path}" if result.png_path else ""))
+        if args.audio:
+            files = [Path(f) for f in args.audio]
+        else:
+            if "ja" in args.language:
+                progress.say("the Japanese speech: made with Kokoro the first time, then cached")
+            files = await bench_speech(args.language)
+        utterances = load_utterances(files)
+    except (OSError, ValueError, RuntimeError) as exc:
+        return _fail(f"speech: {exc}")
+    turns = args.turns or len(utterances)
+    webrtc_turns = turns * sum(args.sessions)
+    progress.total = sum(webrtc_turns if p in CLIENTS else turns for p in args.protocol)
+    async with aiohttp.ClientSession() as http:
+        targets = [await make_target(http, p, args.url, key=key, model=args.model) for p in args.protocol]
+    if any(t.protocol == "page" and not t.ours for t in targets):
+        return _fail(f"{args.url} did not answer GET /api/stages as an assistant server does (ours with a token needs "
+                     "--token), and only ours speaks the page's protocol: measure another with --protocol whip, "
+                     "realtime, realtime-ws or twilio")
+    results: list[BenchResult] = []
+    for target in targets:
+        progress.run(target.protocol)
+        try:
+            result = await run_protocol(target, args, files, turns, progress)
+        except (TimeoutError, OSError, ValueError, RuntimeError, aiohttp.ClientError) as exc:
+            progress.close()
+            return _fail(f"{target.protocol}: {exc}")
+        write_outputs(result, args.out if len(targets) == 1 else args.out / target.protocol, not args.no_plot)
+        results.append(result)
+    progress.close()
+    print_results(results)
+    if len(results) > 1:
+        print("\n" + compare_text(results))
+        _plot_compare(results, args.out, not args.no_plot)
     if args.markdown is not None:
-        _write_markdown(args.markdown, format_markdown(result), origin)
-    bad = sum(1 for lv in result.levels for t in lv.turns if t.status != "ok")
+        body = format_markdown(results[0]) if len(results) == 1 else compare_markdown(results)
+        _write_markdown(args.markdown, body, origin)
+    bad = sum(1 for r in results for lv in r.levels for t in lv.turns if t.status != "ok")
     return 0 if bad == 0 else 1
+
+
+async def run_protocol(target: Target, args: argparse.Namespace, files: list[Path], turns: int,
+                       progress: Progress) -> BenchResult:
+    """One protocol's run against its target."""
+    if target.protocol in CLIENTS:
+        return await bench_v2v(
+            target.url, files, turns, args.sessions, None, threshold_dbfs=args.threshold_dbfs,
+            timeout_s=args.timeout, silence_ms=args.silence_ms, stagger_ms=args.stagger_ms, token=target.key,
+            ready_timeout_s=args.ready_timeout, client=CLIENTS[target.protocol], target=target,
+            on_turn=progress.turn)
+    utterances = load_utterances(files)
+    if target.protocol == "realtime-ws":
+        return await bench_ws(target, utterances, turns, mode="commit" if args.commit else "server_vad",
+                              timeout_s=args.timeout, threshold_dbfs=args.threshold_dbfs, on_turn=progress.turn)
+    # twilio
+    result = BenchResult(url=target.url, same_host=is_same_host(target.url), threshold_dbfs=args.threshold_dbfs,
+                         window_ms=WINDOW_MS, protocol=target.protocol, server=target.server, left_out=target.left_out,
+                         settings={"files": [u.name for u in utterances], "turns_per_session": turns, "sessions": [1],
+                                   "timeout_s": args.timeout, "webhook": target.webhook_url()})
+    t0 = time.monotonic()
+    phone = await bench_phone(target.url, utterances, turns, auth_token=args.twilio_auth_token,
+                              timeout_s=args.timeout, ready_timeout_s=args.ready_timeout,
+                              webhook=target.webhook_url(), wait_ready=target.ours, on_turn=progress.turn)
+    result.levels.append(LevelResult(sessions=1, turns=[phone_turn_result(t, k) for k, t in enumerate(phone)],
+                                     wall_s=time.monotonic() - t0))
+    return result
+
+
+def print_results(results: list[BenchResult]) -> None:
+    """Each run's per-turn table (short levels) and its summary."""
+    for result in results:
+        if len(results) > 1:
+            print(f"== protocol {result.protocol} ({result.url}, {result.server})")
+        columns = CLIENT_TABLE_COLUMNS if result.left_out else None
+        for level in result.levels:
+            if len(level.turns) <= MAX_TURN_ROWS:
+                print(format_turns(level, columns) if columns else format_turns(level))
+                print()
+        print(format_summary(result))
+        written = [str(p) for p in (result.json_path, result.png_path) if p is not None]
+        if written:
+            print(f"\nwrote {' and '.join(written)}")
+
+
+def compare_runs(args: argparse.Namespace, origin: str) -> int:
+    """``--compare A.json B.json …``: the runs' tables side by side, one plot, Markdown if asked."""
+    try:
+        results = [read_result(path) for path in args.compare]
+    except ValueError as exc:
+        return _fail(f"--compare: {exc}")
+    print(compare_text(results))
+    _plot_compare(results, args.out, not args.no_plot)
+    if args.markdown is not None:
+        _write_markdown(args.markdown, compare_markdown(results), origin)
+    return 0
+
+
+def _plot_compare(results: list[BenchResult], out: Path, plot: bool) -> None:
+    if not plot:
+        return
+    try:
+        from assistant.bench.plots import plot_compare
+    except ImportError:  # matplotlib is the `plot` extra
+        log.warning("bench.v2v no_plot reason=matplotlib_missing hint=pip install 'assistant[plot]'")
+        return
+    print(f"wrote {plot_compare(results, letters(results), out / 'compare.png')}")
 
 
 def _write_markdown(path: Path, body: str, origin: str) -> None:
@@ -125,145 +255,4 @@ def _write_markdown(path: Path, body: str, origin: str) -> None:
     print(f"wrote {path}" + (f"; refreshed {', '.join(str(d) for d in docs)}" if docs else ""))
 
 
-# --- the comparison ------------------------------------------------------------------------------------------
-def v2v_values(result: BenchResult) -> list[float]:
-    return [float(v) for lv in result.levels for t in lv.turns
-            if t.status == "ok" and (v := t.columns.get("v2v_ms")) is not None]
-
-
-def describe(values: Sequence[float]) -> str:
-    if not values:
-        return "n=0"
-    return (f"n={len(values)} median={percentile(values, 50):.0f} p90={percentile(values, 90):.0f} "
-            f"min={min(values):.0f} max={max(values):.0f} ms")
-
-
-async def run_protocols(args: argparse.Namespace, origin: str) -> int:
-    """``assistant bench v2v --protocol …``: each protocol on the same files, then their medians side by side."""
-    protocols = args.protocol
-    unknown = [p for p in protocols if p not in PROTOCOLS]
-    if unknown:
-        print(f"bench v2v: unknown protocol {unknown[0]!r}; choose from {', '.join(PROTOCOLS)}")
-        return 2
-    url = args.url.rstrip("/")
-    results: dict[str, BenchResult] = {}
-    ws: list[WSTurn] = []
-    phone: list[PhoneTurn] = []
-    for protocol in protocols:
-        if protocol == "twilio":
-            files = [Path(f) for f in (args.audio or default_audio_files())]
-            known: dict[Path, dict[str, dict]] = {}
-            utts = [load_utterance(f, known.setdefault(f.parent, read_manifest(f.parent))) for f in files]
-            try:
-                phone = await bench_phone(url, utts, args.turns or len(utts), auth_token=args.twilio_auth_token,
-                                          timeout_s=args.timeout, ready_timeout_s=args.ready_timeout)
-            except (RuntimeError, OSError, aiohttp.ClientError) as exc:
-                print(f"bench v2v: twilio: {exc}")
-                return 2
-            continue
-        if protocol == "realtime-ws":
-            files = [Path(f) for f in (args.audio or default_audio_files())]
-            manifests: dict[Path, dict[str, dict]] = {}
-            utts = [load_utterance(f, manifests.setdefault(f.parent, read_manifest(f.parent))) for f in files]
-            turns = args.turns or len(utts)
-            async with aiohttp.ClientSession() as http:
-                for k in range(turns):
-                    for mode in ("server_vad", "commit"):
-                        ws.append(await ws_turn(http, url, utts[k % len(utts)], mode=mode, token=args.token))
-                        log.info("bench.realtime ws mode=%s file=%s first_delta_ms=%s", mode, ws[-1].file,
-                                 ws[-1].first_delta_ms)
-            continue
-        client = RealtimeBenchSession if protocol == "realtime" else BenchSession
-        results[protocol] = await bench_v2v(
-            url, args.audio, args.turns, args.sessions, Path(args.out) / protocol,
-            threshold_dbfs=args.threshold_dbfs, timeout_s=args.timeout, silence_ms=args.silence_ms,
-            stagger_ms=args.stagger_ms, token=args.token, ready_timeout_s=args.ready_timeout,
-            plot=not args.no_plot, client=client,
-        )
-    bad = 0
-    for protocol, result in results.items():
-        print(f"== protocol {protocol}")
-        for level in result.levels:
-            if len(level.turns) <= 40:
-                print(format_turns(level))
-        print(format_summary(result))
-        bad += sum(1 for lv in result.levels for t in lv.turns if t.status != "ok")
-    print("\n== voice-to-voice (client clock), per protocol")
-    medians = {}
-    for protocol, result in results.items():
-        values = v2v_values(result)
-        print(f"{protocol:10s} {describe(values)}")
-        if values:
-            medians[protocol] = percentile(values, 50)
-    if phone:
-        values = [t.v2v_ms for t in phone if t.v2v_ms is not None]
-        print(f"{'twilio':10s} {describe(values)}")
-        if values:
-            medians["twilio"] = percentile(values, 50)
-    if "page" in medians and "realtime" in medians:
-        print(f"ratio realtime/page (median v2v): {medians['realtime'] / medians['page']:.3f}")
-    if "page" in medians and "twilio" in medians:
-        print(f"ratio twilio/page (median v2v): {medians['twilio'] / medians['page']:.3f}")
-    if phone:
-        print("\n== a phone call (Twilio Media Streams, μ-law 8 kHz): the media frame holding the speech end sent "
-              "→ first audible reply sample as the carrier plays it (first reply media received)")
-        for t in phone:
-            print(f"  {t.file:24s} {t.v2v_ms!s:>8} ms  (first media {t.first_media_ms!s:>8} ms, reply {t.reply_s} s)"
-                  f"{'  ' + t.error if t.error else ''}")
-        bad += sum(1 for t in phone if t.v2v_ms is None)
-        out = Path(args.out) / "twilio"
-        out.mkdir(parents=True, exist_ok=True)
-        (out / "phone.json").write_text(json.dumps([t.__dict__ for t in phone], indent=1))
-    if ws:
-        print("\n== Realtime over WebSocket: append holding the speech end (server_vad) or last append (commit) "
-              "→ first response.output_audio.delta")
-        for mode in ("server_vad", "commit"):
-            turns = [t for t in ws if t.mode == mode]
-            values = [t.first_delta_ms for t in turns if t.first_delta_ms is not None]
-            print(f"{mode:10s} {describe(values)}")
-            for t in turns:
-                print(f"  {t.file:24s} {t.first_delta_ms!s:>8} ms  server_v2v={t.server.get('server_v2v_ms')} "
-                      f"{t.error or t.transcript!r}")
-        bad += sum(1 for t in ws if t.first_delta_ms is None)
-        out = Path(args.out)
-        out.mkdir(parents=True, exist_ok=True)
-        (out / "realtime_ws.json").write_text(json.dumps([t.__dict__ for t in ws], indent=1))
-    if args.markdown is not None:
-        _write_markdown(args.markdown, protocols_markdown(results, ws, phone), origin)
-    return 0 if bad == 0 else 1
-
-
-def protocols_markdown(results: dict[str, BenchResult], ws: Sequence[WSTurn],
-                       phone: Sequence[PhoneTurn] = ()) -> str:
-    """The comparison as Markdown: voice-to-voice per protocol (and their ratios to the page's), then the
-    WebSocket's time to the first audio delta per mode, then each phone turn."""
-    lines = ["| voice-to-voice (client clock) | turns heard | median | p90 |", "|---|---:|---:|---:|"]
-    medians = {}
-    rows: list[tuple[str, list[float], int]] = [(p, v2v_values(r), sum(len(lv.turns) for lv in r.levels))
-                                                for p, r in results.items()]
-    if phone:
-        rows.append(("twilio", [t.v2v_ms for t in phone if t.v2v_ms is not None], len(phone)))
-    for protocol, values, turns in rows:
-        if values:
-            medians[protocol] = percentile(values, 50)
-        cells = [f"{percentile(values, q):.0f} ms" if values else "—" for q in (50, 90)]
-        lines.append(f"| {protocol} | {len(values)}/{turns} | {cells[0]} | {cells[1]} |")
-    for other in ("realtime", "twilio"):
-        if "page" in medians and other in medians:
-            lines += ["", f"Ratio {other} / page (medians): {medians[other] / medians['page']:.3f}."]
-    if ws:
-        lines += ["", "| Realtime over WebSocket, to the first `response.output_audio.delta` | turns | median | p90 |",
-                  "|---|---:|---:|---:|"]
-        for mode, what in (("server_vad", "from the append holding the speech end (server VAD)"),
-                           ("commit", "from the last append (turn detection null, then commit)")):
-            values = [t.first_delta_ms for t in ws if t.mode == mode and t.first_delta_ms is not None]
-            cells = [f"{percentile(values, q):.0f} ms" if values else "—" for q in (50, 90)]
-            lines.append(f"| {what} | {len(values)} | {cells[0]} | {cells[1]} |")
-    if phone:
-        lines += ["", "| phone turn (Twilio Media Streams) | speech end → first audible reply | → first reply media "
-                  "| reply heard |", "|---|---:|---:|---:|"]
-        for t in phone:
-            heard = f"{t.v2v_ms:.0f} ms" if t.v2v_ms is not None else (t.error or "—")
-            media = f"{t.first_media_ms:.0f} ms" if t.first_media_ms is not None else "—"
-            lines.append(f"| {t.file} | {heard} | {media} | {t.reply_s:.2f} s |")
-    return "\n".join(lines)
+__all__ = ["PROTOCOLS", "add_v2v_arguments", "compare_runs", "run_protocol", "run_v2v"]

@@ -12,6 +12,7 @@ import os
 import shutil
 import subprocess
 import sys
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -51,12 +52,12 @@ def test_the_bench_runs_from_a_plain_install(tmp_path: Path, monkeypatch: pytest
                            env=env, capture_output=True, text=True, check=True).stdout.strip()
     assert Path(where).is_relative_to(site), where
 
-    # The page (web/) sits beside the package, not in it: an installed server is told where it is. (Not package
-    # data yet; noted in issue 59's closing note.)
-    flags = ["--respond.engine", "echo", "--asr.language", "auto", "--server.web_dir", str(ROOT / "web")]
+    flags = ["--respond.engine", "echo", "--asr.language", "auto"]  # the page (assistant/web/) is package data
     server = start_assistant("served", "serve", flags, tmp_path / "logs", cwd=elsewhere)
     try:
         wait_ready([server])
+        with urllib.request.urlopen(f"{server.url}/") as page:  # the page came with the package
+            assert page.status == 200 and b"<html" in page.read().lower()
         run = subprocess.run([sys.executable, "-m", "assistant", "bench", "v2v", "--url", server.url, "--loopback-ice",
                               "--language", "en,ja", "--out", "out", "--no-plot"],
                              cwd=elsewhere, env=env, capture_output=True, text=True, timeout=BENCH_TIMEOUT_S)

@@ -13,7 +13,7 @@ from assistant.config.fields import ConfigError, setting
 class ServerConfig:
     host: str = setting("127.0.0.1", "address to listen on (0.0.0.0 to expose on the network)")
     port: int = setting(8080, "HTTP port")
-    web_dir: str = setting("", "folder served at / (empty: the package's web/)")
+    web_dir: str = setting("", "folder served at / (empty: the page in the package, assistant/web/)")
     data_dir: str = setting("data", "where voices and other saved state live")
     max_sessions: int = setting(32, "voice chat sessions at once; offers past this get 503")
     idle_timeout_s: float = setting(120.0, "close a session whose peer sent no audio packets for this long")

@@ -24,7 +24,7 @@ from aiohttp import web
 from aiohttp.typedefs import Handler, Middleware
 from yarl import URL
 
-from assistant.config import PROJECT_ROOT, Config, ConfigError, ServerConfig
+from assistant.config import Config, ConfigError, ServerConfig
 from assistant.server.http import CONFIG, APIError, HTTPJSONError, json_error
 from assistant.server.keys import ADMIN_PRINCIPAL, NOBODY, PRINCIPAL, BadKey, identify, refusal
 from assistant.server.limits import Limits
@@ -34,7 +34,7 @@ from assistant.server.routes import OPENAI_PREFIX, ROUTES, Route
 
 log = logging.getLogger(__name__)
 
-WEB_DIR = PROJECT_ROOT / "web"
+WEB_DIR = Path(__file__).resolve().parents[1] / "web"  # package data: a wheel serves the page too
 PROTECTED = ("/api/", "/ws/", OPENAI_PREFIX + "/")  # what needs a key (the page, health and metrics do not)
 DEFAULT_PORTS = {"http": 80, "https": 443}
 

@@ -47,6 +47,8 @@ from assistant.respond.history import ConversationHistory
 log = logging.getLogger(__name__)
 
 ENGINES = ("embedded", "server")
+# llama-cpp-python's server, started through the module that keeps llama.cpp's extra buffer types off (AMX Xeons)
+SERVER_MODULE = "assistant.respond.llama.native"
 # A voice-assistant conversation; the last question repeats the first (see the module docstring).
 QUESTIONS = (
     "What should I cook tonight?",
@@ -128,14 +130,15 @@ def _respond_config(args: argparse.Namespace) -> RespondConfig:
 
 @contextlib.contextmanager
 def llama_server(cfg: RespondConfig, folder: Path) -> Iterator[str]:
-    """``python -m llama_cpp.server`` with the model, context and threads of ``cfg``; its ``/v1`` base URL. It
-    answers one request at a time (one context, no batching across requests)."""
+    """llama-cpp-python's server with the model, context and threads of ``cfg``; its ``/v1`` base URL. It answers
+    one request at a time (one context, no batching across requests). Started through ``native.py``, so its model
+    loads with plain CPU buffers as ours does."""
     folder.mkdir(parents=True, exist_ok=True)
     port = free_port()
     log_path = folder / "llama_cpp_server.log"
     with log_path.open("wb") as out:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "llama_cpp.server", "--model", cfg.model_path, "--host", "127.0.0.1",
+            [sys.executable, "-m", SERVER_MODULE, "--model", cfg.model_path, "--host", "127.0.0.1",
              "--port", str(port), "--n_ctx", str(cfg.context_tokens), "--n_threads", str(cfg.threads),
              "--n_threads_batch", str(cfg.threads), "--verbose", "false",
              # By default it cuts a streaming answer short when another request arrives; several conversations
@@ -150,10 +153,10 @@ def llama_server(cfg: RespondConfig, folder: Path) -> Iterator[str]:
                 if resp.status == 200:
                     break
             if proc.poll() is not None:
-                raise RuntimeError(f"llama_cpp.server exited ({proc.returncode}); install it with "
+                raise RuntimeError(f"llama-cpp-python's server exited ({proc.returncode}); install it with "
                                    f"pip install 'llama-cpp-python[server]'. Log:\n{log_path.read_text()[-2000:]}")
             if time.monotonic() > deadline:
-                raise TimeoutError("llama_cpp.server did not answer in 120 s")
+                raise TimeoutError("llama-cpp-python's server did not answer in 120 s")
             time.sleep(0.3)
         yield url
     finally:

@@ -81,7 +81,7 @@ def test_speakable_short_right_language() -> None:
 
 
 def test_examples_go_between_the_system_prompt_and_the_history() -> None:
-    module("llama_cpp")
+    module("assistant.respond.llama.native")
     from assistant.respond.llama.prompt import PromptBuilder
 
     def builder(cfg: RespondConfig) -> PromptBuilder:  # the prompt's assembly only: no model, no template
@@ -104,7 +104,7 @@ def test_examples_go_between_the_system_prompt_and_the_history() -> None:
 
 @pytest.mark.slow
 def test_the_bench_runs_on_the_default_model(tmp_path: Path) -> None:
-    module("llama_cpp")
+    module("assistant.respond.llama.native")
     parser = argparse.ArgumentParser()
     R.add_replies_arguments(parser)
     args = parser.parse_args(["--half", "heldout", "--presets", "before,config", "--limit", "3",

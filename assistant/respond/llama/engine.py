@@ -10,20 +10,19 @@
 - **Cancellation.** :meth:`LlamaEngine.cancel` flags the request; the engine drops it before its next step.
 - **No crashing CPU path.** llama.cpp's "extra buffer types" (weights repacked for AMX or other CPU-specific
   kernels) are off unless ``respond.extra_buffers`` turns them on: on Intel Xeons with AMX they segfault in the
-  first decode (:func:`model_params`).
+  first decode. The model loads through ``native.py``, the one module that imports llama.cpp.
 """
 
 from __future__ import annotations
 
 import codecs
-import contextlib
 import ctypes
 import logging
 import os
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -131,7 +130,7 @@ class LlamaEngine:
     def __init__(self, path: Path, *, slots: int = 4, context_tokens: int = 2048, threads: int = 0,
                  gpu_layers: int = 0, prefill_chunk: int = 256, max_waiting: int = 8,
                  ahead_tokens: int = AHEAD_TOKENS, extra_buffers: bool = False) -> None:
-        import llama_cpp
+        from assistant.respond.llama.native import llama_cpp, load_model, model_params
 
         if slots < 1 or context_tokens < 64 or max_waiting < 0 or prefill_chunk < 1:
             raise ValueError("respond.slots >= 1, respond.context_tokens >= 64, respond.max_waiting >= 0 and "
@@ -147,8 +146,7 @@ class LlamaEngine:
         llama_cpp.llama_backend_init()
         t0 = time.perf_counter()
         rss0 = _rss_bytes()
-        mparams = model_params(llama_cpp, gpu_layers=gpu_layers, extra_buffers=extra_buffers)
-        self.model = llama_cpp.llama_model_load_from_file(str(path).encode(), mparams)
+        self.model = load_model(path, model_params(gpu_layers=gpu_layers, extra_buffers=extra_buffers))
         if not self.model:
             raise ModelFileError(f"llama.cpp could not load the language model file (corrupt, truncated, or a "
                                  f"model this llama.cpp does not know): {path}")
@@ -570,47 +568,6 @@ class LlamaEngine:
                     self._reset_slot(slot)
                     self._finish(slot, "error", MSG_FAILED)
         log.error("llm.failed_step reason=%s", why)
-
-
-
-def model_params(llama_cpp: Any, *, gpu_layers: int, extra_buffers: bool) -> Any:
-    """llama.cpp's model parameters: ``gpu_layers`` offloaded (-1: all), and its "extra buffer types" only if
-    ``extra_buffers``.
-
-    Extra buffer types are CPU-specific weight layouts that llama.cpp repacks the weights into at load (the AMX
-    tiles of Intel Xeons from Sapphire Rapids on, and the AArch64/x86 repacked Q4_0/IQ4_NL kernels) so the CPU's
-    matrix units read them directly: faster prompt evaluation on those CPUs. On an Intel Xeon with AMX the build
-    this package compiles (native, llama-cpp-python 0.3.36) takes the AMX path for SmolLM2's Q4_1 weights and
-    segfaults in the first ``llama_decode`` (``ggml_backend_amx_mul_mat``; upstream ggml-org/llama.cpp#20824, open
-    and unfixed, the same crash llama-server shows under Ollama on such machines). Off, the weights stay in plain
-    CPU buffers and run the ordinary AVX2/AVX-512 kernels on every CPU; ``respond.extra_buffers = true`` turns
-    them back on where they are proven to work.
-    """
-    mparams = llama_cpp.llama_model_default_params()
-    mparams.n_gpu_layers = gpu_layers if gpu_layers >= 0 else 999
-    mparams.use_extra_bufts = bool(extra_buffers)
-    return mparams
-
-
-@contextlib.contextmanager
-def plain_cpu_buffers() -> Iterator[None]:
-    """While this block runs, llama-cpp-python's high-level ``Llama`` class loads models without extra buffer types
-    (it takes no setting for them; the default parameters it starts from have them off here). See
-    :func:`model_params`. Not for concurrent use with other model loads."""
-    import llama_cpp.llama_cpp as lib
-
-    original = lib.llama_model_default_params
-
-    def plain() -> Any:
-        params = original()
-        params.use_extra_bufts = False
-        return params
-
-    lib.llama_model_default_params = plain
-    try:
-        yield
-    finally:
-        lib.llama_model_default_params = original
 
 
 def default_threads() -> int:

@@ -1,8 +1,10 @@
-"""An engine's child process: ``python -m assistant.engine_host.child FD``.
+"""An engine's child process: ``python -m assistant.engine_host.child FD PARENT_PID``.
 
-The parent hands over one end of a socket pair as ``FD``. The first frame names a factory (``module:function``)
-and its config; the child builds the hosted object, calls its ``start()`` (load and warm up) and answers
-``ready`` with what it returns, or ``failed`` with why (a clean error: a bad model file, say). Then it serves:
+The parent hands over one end of a socket pair as ``FD``, and its own pid (a server started as a container's
+command is PID 1: "reparented to init" cannot be told from "started by init" without it). The first frame names a
+factory (``module:function``) and its config; the child builds the hosted object, calls its ``start()`` (load and
+warm up) and answers ``ready`` with what it returns, or ``failed`` with why (a clean error: a bad model file, say).
+Then it serves:
 
 - ``call``: ``method(*args)`` of the hosted object (only those it lists in ``CALLS``), answered once; a blocking
   method runs on a thread, so the child answers pings while it works;
@@ -174,13 +176,13 @@ def _first_for_the_oom_killer() -> None:
 
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
-    if len(args) != 1 or not args[0].isdigit():
-        print("usage: python -m assistant.engine_host.child FD (started by the server, not by hand)",
+    if len(args) != 2 or not all(a.isdigit() for a in args):
+        print("usage: python -m assistant.engine_host.child FD PARENT_PID (started by the server, not by hand)",
               file=sys.stderr)
         return 2
     _die_with_parent()
     _first_for_the_oom_killer()
-    if os.getppid() == 1:  # the parent died before the line above took effect
+    if os.getppid() != int(args[1]):  # the parent died before the line above took effect (we were reparented)
         return 1
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C in a terminal reaches the group: the parent decides
     return asyncio.run(_main(int(args[0])))

@@ -326,7 +326,8 @@ class EngineProcess:
         try:
             child_sock.set_inheritable(True)
             proc = self._proc = await asyncio.create_subprocess_exec(
-                sys.executable, "-m", CHILD_MODULE, str(child_sock.fileno()), pass_fds=(child_sock.fileno(),),
+                sys.executable, "-m", CHILD_MODULE, str(child_sock.fileno()), str(os.getpid()),
+                pass_fds=(child_sock.fileno(),),
                 stdin=asyncio.subprocess.DEVNULL, env=_child_env())
             child_sock.close()
             reader, writer = await asyncio.open_unix_connection(sock=parent_sock)

@@ -41,6 +41,7 @@ from assistant.bench.processes import free_port, start_assistant, stop, wait_rea
 from assistant.bench.report import BenchResult, percentile, summarize_level
 from assistant.bench.v2v import bench_v2v, session_levels
 from assistant.config import REQUANTIZE, RespondConfig, load_config
+from assistant.respond import persona
 from assistant.respond.base import ReplyOptions, Responder, reply_stream
 from assistant.respond.history import ConversationHistory
 
@@ -124,8 +125,9 @@ def _respond_config(args: argparse.Namespace) -> RespondConfig:
     # The file the voice chat would load (the packaged model rewritten for the CPU), the same for both engines.
     model = weights_path(Path(args.model) if args.model else resolve_model_path(cfg), cfg)
     threads = args.threads or cfg.threads or default_threads()
-    return dataclasses.replace(cfg, engine="llama", model_path=str(model), threads=threads,
-                               max_tokens=args.max_tokens or cfg.max_tokens)
+    # The embedded model's own prompt and sampling, set explicitly: the server behind openai is asked the same.
+    return persona.embedded(dataclasses.replace(cfg, engine="llama", model_path=str(model), threads=threads,
+                                                max_tokens=args.max_tokens or cfg.max_tokens))
 
 
 @contextlib.contextmanager
@@ -233,7 +235,8 @@ def run_v2v_pair(args: argparse.Namespace, cfg: RespondConfig, results: Results,
 
     allow_loopback_ice()  # the servers are children on this machine (they offer 127.0.0.1 too)
     common = ["--respond.model_path", cfg.model_path, "--respond.threads", str(cfg.threads),
-              "--respond.max_tokens", str(cfg.max_tokens)]
+              "--respond.max_tokens", str(cfg.max_tokens), "--respond.temperature", str(cfg.temperature),
+              "--respond.system_prompt", cfg.system_prompt or ""]
     with llama_server(cfg, folder / "server") as url:
         for engine, flags in (("embedded", ["--respond.engine", "llama"]),
                               ("server", ["--respond.engine", "openai", "--respond.base_url", url,

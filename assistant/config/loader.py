@@ -90,6 +90,8 @@ def _coerce(value: object, typ: object, where: str) -> object:
             raise ConfigError(f"{where}: expected a table/object, got {value!r}")
         return dict(value)
     if origin in (typing.Union, types.UnionType):
+        if value is None and type(None) in typing.get_args(typ):  # unset (Config.to_dict gives it back as None)
+            return None
         args = [a for a in typing.get_args(typ) if a is not type(None)]
         return _coerce(value, args[0], where)
     if typ is bool:
@@ -210,12 +212,17 @@ def add_config_flags(parser: argparse.ArgumentParser, sections: tuple[str, ...] 
             continue
         group = parser.add_argument_group(f"[{sec.name}]")
         obj = getattr(defaults, sec.name)
+        hints = _field_types(type(obj))
         for f in dataclasses.fields(obj):
             default = getattr(obj, f.name)
+            # An optional setting (None: unset) takes its type's values: ``str | None`` → STR.
+            hint = hints[f.name]
+            optional = typing.get_origin(hint) in (typing.Union, types.UnionType)
+            kind = next(t for t in typing.get_args(hint) if t is not type(None)) if optional else type(default)
             group.add_argument(
                 f"--{sec.name}.{f.name}",
                 dest=f"cfg__{sec.name}__{f.name}",
-                metavar=type(default).__name__.upper(),
+                metavar=getattr(kind, "__name__", "VALUE").upper(),
                 default=None,
                 help=f"{f.metadata.get('help', '')} (default: {default!r})",
             )

@@ -20,6 +20,7 @@ from collections.abc import Iterator
 from contextlib import suppress
 from dataclasses import dataclass
 from pathlib import Path
+from urllib.parse import urlencode
 
 import pytest
 
@@ -31,6 +32,7 @@ from tests.test_realtime_ws import connected
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(420)]
 
 QUESTION = "What is the capital of France?"
+AUTH = "test-auth-token-0123456789abcdef"
 
 
 def can_unshare() -> None:
@@ -148,3 +150,65 @@ def test_an_engine_child_ends_when_its_parent_is_not_the_one_that_started_it() -
             if expected == 2:
                 ours.close()  # no hello: the parent went away before saying what to host
             assert child.wait(60) == expected
+
+
+@pytest.fixture
+def read_only_data_server(tmp_path: Path) -> Iterator[tuple[str, Path]]:
+    """``assistant serve`` (the echo responder, Twilio calls on) whose ``server.data_dir`` is a read-only mount (as a
+    container with a read-only root or volume has it: root cannot write there either), in its own mount namespace;
+    its base URL and log."""
+    can_unshare()
+    data = tmp_path / "data"
+    data.mkdir()
+    port = free_port()
+    log = tmp_path / "serve.log"
+    serve = [sys.executable, "-m", "assistant", "serve", "--server.port", str(port), "--server.data_dir", str(data),
+             "--respond.engine", "echo", "--telephony.twilio_auth_token", AUTH]
+    script = 'mount --bind -o ro "$1" "$1" && exec "${@:2}"'  # $0 is a name, $1 the folder, then the command
+    with log.open("wb") as out:
+        proc = subprocess.Popen(["unshare", "--mount", "bash", "-c", script, "serve", str(data), *serve],
+                                stdout=out, stderr=subprocess.STDOUT, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    try:
+        yield f"http://127.0.0.1:{port}", log
+    finally:
+        proc.send_signal(signal.SIGINT)
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+async def test_phone_calls_are_answered_when_the_data_dir_is_read_only(read_only_data_server: tuple[str, Path]) -> None:
+    """The answered-calls file cannot be written: the call is answered all the same (its replay still refused, from
+    the gateway's own memory), and the log says once why the shared record is not used; no 500, no failed call."""
+    import aiohttp
+
+    from assistant.bench.telephony_client import TWILIO, dial, read_answer, signed_headers, webhook_form
+
+    url, log = read_only_data_server
+    loop = asyncio.get_running_loop()
+    for _ in range(1200):
+        answer = await loop.run_in_executor(None, readyz, url)
+        if answer is not None and answer[1].get("status") == "ready":
+            break
+        await asyncio.sleep(0.25)
+    else:
+        raise AssertionError(log.read_text(errors="replace")[-3000:])
+    _, call_id = TWILIO.new_ids()
+    async with aiohttp.ClientSession() as http:
+        first = await dial(http, url, TWILIO, call_id=call_id, auth_token=AUTH)
+        # The same call again, signed anew (another signature: not the replay guard's, the call id's refusal).
+        hook = f"{url}/telephony/twilio/voice"
+        form = [*webhook_form(TWILIO, call_id), ("CallStatus", "in-progress")]
+        body = urlencode(form).encode()
+        headers = {"Content-Type": "application/x-www-form-urlencoded",
+                   **signed_headers(TWILIO, hook, form, body, auth_token=AUTH)}
+        async with http.post(hook, data=body, headers=headers) as resp:
+            again = read_answer(resp.status, await resp.text())
+        other = await dial(http, url, TWILIO, call_id=TWILIO.new_ids()[1], auth_token=AUTH)
+    text = log.read_text(errors="replace")
+    assert first.status == 200 and first.stream_url, (first, text[-3000:])
+    assert again.status == 403 and "replayed" in again.body
+    assert other.status == 200 and other.stream_url
+    assert text.count("telephony.answered_store_down") == 1 and "Read-only file system" in text

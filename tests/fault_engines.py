@@ -208,3 +208,28 @@ class CrashAtWarmup:
 
     async def respond(self, text: str, history: Sequence[Message]) -> AsyncIterator[str]:
         yield text
+
+
+class SlowLoadThenCrash:
+    """A hosted engine (``engine_host``) that loads for ``load_s`` seconds, then crashes its process for real (a read
+    of address 0: SIGSEGV) on its first call, as a big model that loads slowly and dies on its first turn would."""
+
+    CALLS = ("crash",)
+    STREAMS = ()
+
+    def __init__(self, config: dict[str, Any]) -> None:
+        self.load_s = float(config.get("load_s", 1.0))
+
+    async def start(self) -> dict[str, Any]:
+        await asyncio.sleep(self.load_s)
+        return {"engine": "slow-load-then-crash"}
+
+    def crash(self) -> None:
+        import ctypes
+
+        ctypes.string_at(0)
+
+
+def slow_load_then_crash(config: dict[str, Any]) -> SlowLoadThenCrash:
+    """``SlowLoadThenCrash``'s factory, as ``EngineProcess`` names one."""
+    return SlowLoadThenCrash(config)

@@ -8,11 +8,15 @@ alive:
 - **Deaths are noticed at once** (the process's exit), with the reason read off it (``killed by SIGSEGV``); what
   was in flight fails with :class:`EngineDied`, so each turn that was waiting gets its apology at once.
 - **Hangs are noticed within** ``hang_timeout_s``: the watchdog pings the child, and asks it whether its engine
-  is making progress while it has work; a child that answers no ping, or whose engine is stuck, is killed.
+  is making progress while it has work; a child that answers no ping, or whose engine is stuck, is killed. An
+  engine may say how long its current unit of work may take (a big model's prompt step on a CPU takes longer than
+  ``hang_timeout_s``): progress is then awaited that long.
 - **Restarts back off**: the first at once, then ``backoff_s``, doubling per failure in a row, at most
-  ``max_backoff_s``. A child that dies
-  before it is ready, or before it has run ``stable_s``, adds to the failures in a row; one that served longer
-  starts the count again.
+  ``max_backoff_s``. A child that dies before it is ready, or before it has served ``stable_s`` since it got
+  ready (loading and warming up do not count: a slow model that dies at its first turn is a crash loop), adds to
+  the failures in a row; one that served longer starts the count again.
+- **Closing is quick**: a child still loading is killed at once (it holds nothing to save); a ready one is asked
+  to close its engine and given ``close_timeout_s``.
 - **A crash loop does not spin**: after ``max_failures`` failures in a row the engine is ``failed`` (logged once,
   shown by ``health``), and tried again only every ``retry_failed_s``.
 
@@ -110,7 +114,7 @@ class EngineProcess:
     def __init__(self, name: str, factory: str, config: dict[str, Any], *, backoff_s: float = 0.5,
                  max_backoff_s: float = 30.0, max_failures: int = 5, hang_timeout_s: float = 10.0,
                  start_timeout_s: float = 300.0, stable_s: float = 30.0, retry_failed_s: float = 300.0,
-                 on_change: Callable[[Health], None] | None = None) -> None:
+                 close_timeout_s: float = 30.0, on_change: Callable[[Health], None] | None = None) -> None:
         if hang_timeout_s <= 0 or max_failures < 1 or backoff_s < 0:
             raise ValueError("hang_timeout_s > 0, max_failures >= 1 and backoff_s >= 0 are required")
         self.name = name
@@ -123,6 +127,7 @@ class EngineProcess:
         self.start_timeout_s = start_timeout_s
         self.stable_s = stable_s
         self.retry_failed_s = retry_failed_s
+        self.close_timeout_s = close_timeout_s
         self.on_change = on_change
         self.health = Health(name, "starting")
         self.info: Any = None  # what the child's start() returned (the engine's description)
@@ -136,6 +141,7 @@ class EngineProcess:
         self._kill_reason = ""
         self._closing = False
         self._ready = asyncio.Event()
+        self._gave_up = asyncio.Event()  # failed for good, or closed: nobody need wait for ready
         self._first: asyncio.Future[None] | None = None
         self._supervisor: asyncio.Task[None] | None = None
 
@@ -150,14 +156,18 @@ class EngineProcess:
         await asyncio.shield(self._first)
 
     async def wait_ready(self, timeout: float) -> bool:
-        """True once the engine is ready, within ``timeout`` seconds; False at once if it is failed or closed."""
+        """True once the engine is ready, within ``timeout`` seconds; False at once if it is failed or closed, or
+        as soon as it becomes so."""
         if self._ready.is_set():
             return True
         if self.health.state in ("failed", "closed") or timeout <= 0:
             return False
-        with contextlib.suppress(TimeoutError):
-            async with asyncio.timeout(timeout):
-                await self._ready.wait()
+        waits = [asyncio.ensure_future(self._ready.wait()), asyncio.ensure_future(self._gave_up.wait())]
+        try:
+            await asyncio.wait(waits, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for w in waits:
+                w.cancel()
         return self._ready.is_set()
 
     @property
@@ -166,27 +176,30 @@ class EngineProcess:
         return proc.pid if proc is not None and proc.returncode is None else None
 
     async def close(self) -> None:
-        """Stop supervising, ask the child to close its engine, and make sure it has ended."""
+        """Stop supervising, ask the child to close its engine, and make sure it has ended. A child not ready yet
+        (loading, warming up, or between restarts) is killed at once: it reads no frames until it is ready."""
         self._closing = True
         self._set(state="closed", reason="")
         writer, proc = self._writer, self._proc
-        if writer is not None:
+        if writer is not None and self._ready.is_set():
             with contextlib.suppress(Exception):
                 writer.write(encode({"op": "close"}))
                 await writer.drain()
-        if proc is not None and proc.returncode is None:
-            try:
-                async with asyncio.timeout(30):
-                    await proc.wait()
-            except TimeoutError:
-                log.warning("engine.close_timeout engine=%s pid=%d: killing it", self.name, proc.pid)
-                with contextlib.suppress(ProcessLookupError):
-                    proc.kill()
-                await proc.wait()
-        if self._supervisor is not None:
+            if proc is not None and proc.returncode is None:
+                try:
+                    async with asyncio.timeout(self.close_timeout_s):
+                        await proc.wait()
+                except TimeoutError:
+                    log.warning("engine.close_timeout engine=%s pid=%d: killing it", self.name, proc.pid)
+        if self._supervisor is not None:  # its child, if still there, is killed as the task ends (_run_child)
             self._supervisor.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._supervisor
+        if proc is not None and proc.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                proc.kill()
+            await proc.wait()
+        self._settle_first(EngineUnavailable(f"the {self.name} engine was closed before it was ready"))
         self._fail_in_flight(EngineDied(f"the {self.name} engine is shutting down"))
 
     def kill(self, sig: int = signal.SIGKILL, reason: str = "") -> None:
@@ -265,6 +278,10 @@ class EngineProcess:
         if self.health.state == "closed" and changes.get("state") != "closed":
             return
         self.health = replace(self.health, since=time.time(), **changes)
+        if self.health.state in ("failed", "closed"):
+            self._gave_up.set()
+        else:
+            self._gave_up.clear()
         if self.on_change is not None:
             try:
                 self.on_change(self.health)
@@ -282,9 +299,8 @@ class EngineProcess:
         failures = 0
         try:
             while not self._closing:
-                started = time.monotonic()
                 try:
-                    reason, was_ready = await self._run_child()
+                    reason, ready_at = await self._run_child()
                 except EngineLoadError as exc:
                     self._set(state="failed", reason=str(exc), failures=failures + 1)
                     log.error("engine.load_failed engine=%s reason=%s", self.name, exc)
@@ -292,8 +308,8 @@ class EngineProcess:
                     return
                 if self._closing:
                     return
-                lived = time.monotonic() - started
-                failures = 1 if was_ready and lived >= self.stable_s else failures + 1
+                served = time.monotonic() - ready_at if ready_at is not None else 0.0  # since it got ready
+                failures = 1 if ready_at is not None and served >= self.stable_s else failures + 1
                 self.deaths.append(reason)
                 if failures >= self.max_failures:
                     why = f"{failures} failures in a row (the last: {reason})"
@@ -317,8 +333,8 @@ class EngineProcess:
             self._set(state="failed", reason=f"supervisor failed: {type(exc).__name__}: {exc}", pid=None)
             self._settle_first()
 
-    async def _run_child(self) -> tuple[str, bool]:
-        """Start one child, serve it until it ends; (why it ended, whether it got ready)."""
+    async def _run_child(self) -> tuple[str, float | None]:
+        """Start one child, serve it until it ends; (why it ended, when it got ready: None if it never did)."""
         parent_sock, child_sock = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         proc: asyncio.subprocess.Process | None = None
         writer: asyncio.StreamWriter | None = None
@@ -346,10 +362,10 @@ class EngineProcess:
             if not done:
                 self.kill(reason=f"not ready within {self.start_timeout_s:.0f} s")
                 await exited
-                return self._kill_reason, False
+                return self._kill_reason, None
             if first not in done or first.exception() is not None or first.result() is None:
                 await exited
-                return self._kill_reason or describe_exit(proc.returncode) + " while loading", False
+                return self._kill_reason or describe_exit(proc.returncode) + " while loading", None
             hello = first.result()
             assert hello is not None
             if hello.get("op") == "failed":
@@ -363,11 +379,12 @@ class EngineProcess:
             self._ready.set()
             log.info("engine.ready engine=%s pid=%d start_s=%.2f restarts=%d", self.name, proc.pid,
                      self.start_seconds, self.health.restarts)
+            ready_at = time.monotonic()
             self._settle_first()
             tasks.append(asyncio.ensure_future(self._read(reader, exited)))
             tasks.append(asyncio.ensure_future(self._watch(writer)))
             await exited
-            return self._kill_reason or describe_exit(proc.returncode), True
+            return self._kill_reason or describe_exit(proc.returncode), ready_at
         finally:
             self._ready.clear()
             self._writer = None
@@ -420,7 +437,8 @@ class EngineProcess:
 
     async def _watch(self, writer: asyncio.StreamWriter) -> None:
         """Ping the child; kill it if it answers none within ``hang_timeout_s``, or if its engine has work and
-        makes no progress for that long."""
+        makes no progress for that long, or for as long as the engine said its current work may take (a pong of
+        ``(busy, counter, grace_s)``), whichever is longer."""
         period = max(0.05, self.hang_timeout_s / 4)
         last_progress: Any = None
         progress_at = time.monotonic()
@@ -439,11 +457,12 @@ class EngineProcess:
             finally:
                 self._calls.pop(rid, None)
             now = time.monotonic()
-            busy, counter = pong if isinstance(pong, tuple) else (False, None)
+            busy, counter, grace = _progress(pong)
+            limit = max(self.hang_timeout_s, grace)
             if not busy or counter != last_progress:
                 last_progress, progress_at = counter, now
-            elif now - progress_at >= self.hang_timeout_s:
-                self.kill(reason=f"hung: its engine made no progress for {self.hang_timeout_s:g} s")
+            elif now - progress_at >= limit:
+                self.kill(reason=f"hung: its engine made no progress for {limit:g} s")
                 return
 
     def _fail_in_flight(self, error: EngineDied) -> None:
@@ -453,6 +472,14 @@ class EngineProcess:
         self._calls.clear()
         for st in list(self._streams.values()):
             st.items.put_nowait({"op": "died", "message": str(error)})
+
+
+def _progress(pong: Any) -> tuple[bool, Any, float]:
+    """A pong's ``(busy, counter)`` or ``(busy, counter, grace_s)``; an engine that reports none is never busy."""
+    if isinstance(pong, tuple) and len(pong) in (2, 3):
+        grace = float(pong[2]) if len(pong) == 3 else 0.0
+        return bool(pong[0]), pong[1], grace if grace > 0 else 0.0
+    return False, None, 0.0
 
 
 def _child_env() -> dict[str, str]:

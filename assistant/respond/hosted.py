@@ -89,7 +89,7 @@ class ResponderService:
         stats = getattr(self.responder, "stats", None)
         return dict(stats()) if stats is not None else {}
 
-    def progress(self) -> tuple[bool, int] | None:
+    def progress(self) -> tuple[bool, int, float] | None:
         engine = getattr(self.responder, "engine", None)
         progress = getattr(engine, "progress", None)
         return progress() if progress is not None else None

@@ -34,6 +34,7 @@ from assistant.respond.llama.model_file import ModelFileError
 log = logging.getLogger(__name__)
 
 AHEAD_TOKENS = 32  # a reply runs at most this many tokens ahead of its reader (the speech path), then waits
+STEP_GRACE = 8.0  # a step is hung past this many times what its tokens took on average (load comes and goes)
 
 MSG_BUSY = "The language model is busy. Please try again."
 MSG_FAILED = "The language model failed to answer."
@@ -191,6 +192,8 @@ class LlamaEngine:
         self._cond = threading.Condition()
         self._closing = False
         self._rotate = 0
+        self._step_tokens = 0  # tokens of the step running now (0: none)
+        self._timed_tokens, self._timed_s, self._token_s = 0.0, 0.0, 0.0  # what steps took (_time_step)
         self.stats: dict[str, int] = {"requests": 0, "busy": 0, "cancelled": 0, "tokens_after_cancel": 0,
                                       "prompt_tokens": 0, "reused_tokens": 0, "generated_tokens": 0,
                                       "steps": 0, "errors": 0}
@@ -293,12 +296,16 @@ class LlamaEngine:
         self.L.llama_model_free(self.model)
         log.info("llm.closed file=%s", self.path)
 
-    def progress(self) -> tuple[bool, int]:
-        """(has work it could be doing now, decode steps so far): a watchdog that sees work and no new steps for a
-        while knows the engine is stuck (a reply waiting for its reader is not work)."""
+    def progress(self) -> tuple[bool, int, float]:
+        """(has work it could be doing now, decode steps so far, how long the step running now may take): a
+        watchdog that sees work and no new steps for a while knows the engine is stuck (a reply waiting for its
+        reader is not work), but a step is given its time: one prompt chunk of a 3B model on a CPU takes longer
+        than the watchdog's usual limit. A step may take ``STEP_GRACE`` times what its tokens took on average."""
         with self._cond:
             busy = any(s.request is not None and (s.pending or not s.request.stalled) for s in self._slots)
-            return busy, self.stats["steps"]
+            steps = self.stats["steps"]
+        tokens, per_token = self._step_tokens, self._token_s
+        return busy, steps, STEP_GRACE * tokens * per_token if tokens else 0.0
 
     @property
     def active(self) -> int:
@@ -484,7 +491,11 @@ class LlamaEngine:
                 budget -= len(chunk)
         if batch.n_tokens == 0:
             return
+        self._step_tokens = n = int(batch.n_tokens)
+        t0 = time.perf_counter()
         rc = L.llama_decode(self.ctx, batch)
+        self._step_tokens = 0
+        self._time_step(n, time.perf_counter() - t0)
         self.stats["steps"] += 1
         if rc != 0:
             slots = {id(s): s for s, _ in added}
@@ -517,6 +528,12 @@ class LlamaEngine:
                 self._finish(slot, "length")
             else:
                 slot.next_token = token
+
+    def _time_step(self, tokens: int, seconds: float) -> None:
+        """What a token costs in a step, over the steps so far (the recent ones weigh more)."""
+        self._timed_tokens = self._timed_tokens * 0.9 + tokens
+        self._timed_s = self._timed_s * 0.9 + seconds
+        self._token_s = self._timed_s / self._timed_tokens
 
     def _add(self, slot: _Slot, tokens: list[int], logits_last: bool) -> int:
         """Append ``tokens`` (continuing the slot's positions) to the batch; the index of the last one."""

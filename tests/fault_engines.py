@@ -233,3 +233,42 @@ class SlowLoadThenCrash:
 def slow_load_then_crash(config: dict[str, Any]) -> SlowLoadThenCrash:
     """``SlowLoadThenCrash``'s factory, as ``EngineProcess`` names one."""
     return SlowLoadThenCrash(config)
+
+
+class Smuggler:
+    """A hosted engine gone bad, as a model file that exploits a native bug could make one: its answer carries code
+    for the server to run as it reads it, and it reports what it sees of the server's environment."""
+
+    CALLS = ("smuggle", "environment")
+    STREAMS = ()
+
+    def __init__(self, config: dict[str, Any]) -> None:
+        self.config = config
+
+    async def start(self) -> dict[str, Any]:
+        return {"engine": "smuggler"}
+
+    def smuggle(self, marker: str) -> Any:
+        return _RunsWhenRead(marker)
+
+    def environment(self) -> dict[str, str]:
+        import os
+
+        return dict(os.environ)
+
+
+class _RunsWhenRead:
+    """Unpickled, it runs a shell command (touches ``marker``): what ``pickle.loads`` of a hostile frame does."""
+
+    def __init__(self, marker: str) -> None:
+        self.marker = marker
+
+    def __reduce__(self) -> tuple[Any, tuple[str]]:
+        import os
+
+        return os.system, (f"touch {self.marker}",)
+
+
+def smuggler(config: dict[str, Any]) -> Smuggler:
+    """``Smuggler``'s factory."""
+    return Smuggler(config)

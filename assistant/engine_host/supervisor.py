@@ -35,11 +35,11 @@ import signal
 import socket
 import sys
 import time
-from collections.abc import AsyncGenerator, Callable
+from collections.abc import AsyncGenerator, Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from assistant.engine_host.wire import Frame, WireError, encode, read_frame
+from assistant.engine_host.wire import Frame, Wire, WireError, encode, read_frame
 
 log = logging.getLogger(__name__)
 
@@ -114,7 +114,8 @@ class EngineProcess:
     def __init__(self, name: str, factory: str, config: dict[str, Any], *, backoff_s: float = 0.5,
                  max_backoff_s: float = 30.0, max_failures: int = 5, hang_timeout_s: float = 10.0,
                  start_timeout_s: float = 300.0, stable_s: float = 30.0, retry_failed_s: float = 300.0,
-                 close_timeout_s: float = 30.0, on_change: Callable[[Health], None] | None = None) -> None:
+                 close_timeout_s: float = 30.0, on_change: Callable[[Health], None] | None = None,
+                 wire_types: Sequence[type] = (), env: Sequence[str] = ()) -> None:
         if hang_timeout_s <= 0 or max_failures < 1 or backoff_s < 0:
             raise ValueError("hang_timeout_s > 0, max_failures >= 1 and backoff_s >= 0 are required")
         self.name = name
@@ -129,6 +130,8 @@ class EngineProcess:
         self.retry_failed_s = retry_failed_s
         self.close_timeout_s = close_timeout_s
         self.on_change = on_change
+        self.wire = Wire(wire_types)  # what the child's frames may hold besides plain values (wire.py)
+        self.env = tuple(env)  # environment variables the child gets beyond the base ones (_child_env)
         self.health = Health(name, "starting")
         self.info: Any = None  # what the child's start() returned (the engine's description)
         self.start_seconds = 0.0  # the latest child's load and warm-up
@@ -344,7 +347,7 @@ class EngineProcess:
             proc = self._proc = await asyncio.create_subprocess_exec(
                 sys.executable, "-m", CHILD_MODULE, str(child_sock.fileno()), str(os.getpid()),
                 pass_fds=(child_sock.fileno(),),
-                stdin=asyncio.subprocess.DEVNULL, env=_child_env())
+                stdin=asyncio.subprocess.DEVNULL, env=_child_env(self.env))
             child_sock.close()
             reader, writer = await asyncio.open_unix_connection(sock=parent_sock)
             self._kill_reason = ""
@@ -352,10 +355,11 @@ class EngineProcess:
                       else "restarting")
             log.info("engine.child_started engine=%s pid=%d", self.name, proc.pid)
             writer.write(encode({"op": "hello", "name": self.name, "factory": self.factory, "config": self.config,
+                                 "wire": list(self.wire.types),
                                  "log_level": logging.getLogger().getEffectiveLevel()}))
             exited = asyncio.ensure_future(proc.wait())
             tasks.append(exited)
-            first = asyncio.ensure_future(read_frame(reader))
+            first = asyncio.ensure_future(read_frame(reader, self.wire))
             tasks.append(first)
             done, _ = await asyncio.wait({exited, first}, timeout=self.start_timeout_s,
                                          return_when=asyncio.FIRST_COMPLETED)
@@ -364,6 +368,8 @@ class EngineProcess:
                 await exited
                 return self._kill_reason, None
             if first not in done or first.exception() is not None or first.result() is None:
+                if first in done and first.exception() is not None:  # alive, but its first frame is broken
+                    self.kill(reason=f"broken connection while loading: {first.exception()}")
                 await exited
                 return self._kill_reason or describe_exit(proc.returncode) + " while loading", None
             hello = first.result()
@@ -409,7 +415,7 @@ class EngineProcess:
         """Frames from the child to whoever waits for them. When the connection ends the child is ending too (its
         exit says how); one that keeps running without it is killed."""
         try:
-            while (frame := await read_frame(reader)) is not None:
+            while (frame := await read_frame(reader, self.wire)) is not None:
                 rid = int(frame.get("id", 0))
                 op = frame.get("op")
                 if op in ("item", "end") or (op == "error" and rid in self._streams):
@@ -424,7 +430,11 @@ class EngineProcess:
                     fut.set_result(frame.get("value"))
                 elif op == "error":
                     fut.set_exception(RemoteError(str(frame.get("kind", "")), str(frame.get("message", ""))))
-        except (WireError, ConnectionError, OSError) as exc:
+        except WireError as exc:  # it sent what may not cross: broken (or worse), not to be read any further
+            log.warning("engine.wire_failed engine=%s reason=%s", self.name, exc)
+            self.kill(reason=f"broken connection: {exc}")
+            return
+        except (ConnectionError, OSError) as exc:
             broken = f"broken connection ({type(exc).__name__})"
         else:
             broken = "closed its connection"
@@ -482,9 +492,24 @@ def _progress(pong: Any) -> tuple[bool, Any, float]:
     return False, None, 0.0
 
 
-def _child_env() -> dict[str, str]:
-    """The child's environment: ours, with our import path (so it imports the same package and plug-ins)."""
-    env = dict(os.environ)
+# What a child's environment holds of ours: where programs, libraries and the home are, the locale, the time zone,
+# Python's own switches, thread and GPU settings of the native libraries, and the model caches. Not the server's
+# secrets (carrier tokens, an OpenAI or hub key, ASSISTANT_* settings: the child's config comes in its hello).
+CHILD_ENV = frozenset({
+    "PATH", "HOME", "USER", "LOGNAME", "LANG", "LANGUAGE", "TZ", "TMPDIR", "TEMP", "TMP", "TERM", "VIRTUAL_ENV",
+    "LD_LIBRARY_PATH", "LD_PRELOAD", "PYTHONHASHSEED", "PYTHONUTF8", "PYTHONIOENCODING", "PYTHONWARNINGS",
+    "PYTHONDONTWRITEBYTECODE", "PYTHONUNBUFFERED", "PYTHONFAULTHANDLER", "PYTHONMALLOC", "XDG_CACHE_HOME",
+    "HF_HOME", "HF_HUB_CACHE", "HF_HUB_OFFLINE", "HF_ENDPOINT", "TRANSFORMERS_OFFLINE", "ASSISTANT_MODELS_DIR",
+})
+CHILD_ENV_PREFIXES = ("LC_", "OMP_", "MKL_", "OPENBLAS_", "KMP_", "GOMP_", "CUDA_", "NVIDIA_", "CUDNN_", "GGML_",
+                      "CT2_", "ORT_")
+
+
+def _child_env(extra: Sequence[str] = ()) -> dict[str, str]:
+    """The child's environment: the allow-listed part of ours (``CHILD_ENV``), the ``extra`` names its host asks
+    for (a responder's API key), and our import path (so it imports the same package and plug-ins)."""
+    env = {k: v for k, v in os.environ.items()
+           if k in CHILD_ENV or k.startswith(CHILD_ENV_PREFIXES) or k in extra}
     paths = [p for p in sys.path if p and os.path.isdir(p)]
     if os.getcwd() not in paths:
         paths.insert(0, os.getcwd())

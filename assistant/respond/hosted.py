@@ -36,7 +36,17 @@ from assistant.engine_host.supervisor import (
     Health,
     RemoteError,
 )
-from assistant.respond.base import Message, ReplyOptions, Responder, ResponderError, Usage, closing, reply_stream
+from assistant.respond.base import (
+    Message,
+    ReplyOptions,
+    Responder,
+    ResponderError,
+    ToolCall,
+    ToolCallDelta,
+    Usage,
+    closing,
+    reply_stream,
+)
 
 log = logging.getLogger(__name__)
 
@@ -59,6 +69,25 @@ def placement(cfg: RespondConfig) -> str:
     if backend == "process" and engine in IN_PROCESS_ONLY:
         return "local"
     return backend
+
+
+# What a reply's frames hold besides plain values: the history in, text, tool calls and the usage out.
+WIRE_TYPES = (Message, ToolCall, ToolCallDelta, Usage)
+NEEDS_NO_KEY = ("llama", *IN_PROCESS_ONLY)  # engines that call no server: the OpenAI key stays in the server
+
+
+def child_config(cfg: RespondConfig) -> dict[str, Any]:
+    """The settings the child is started with: all of ``[respond]``, less the OpenAI key where nothing uses it."""
+    config = dataclasses.asdict(cfg)
+    if cfg.engine.strip() in NEEDS_NO_KEY:
+        config["api_key"] = ""
+    return config
+
+
+def child_env(cfg: RespondConfig) -> tuple[str, ...]:
+    """Environment variables the child gets beyond the base ones: the OpenAI key's for the openai responder, and
+    those ``respond.child_env`` names (a plug-in's)."""
+    return (*(("OPENAI_API_KEY",) if cfg.engine.strip() == "openai" else ()), *cfg.child_env)
 
 
 # --- the child's side ------------------------------------------------------------------------------------------
@@ -123,9 +152,9 @@ class HostedResponder:
         self.name = cfg.engine.strip()
         self.fallback = fallback
         self.host = EngineProcess(
-            "llm" if self.name == "llama" else self.name, FACTORY, dataclasses.asdict(cfg),
+            "llm" if self.name == "llama" else self.name, FACTORY, child_config(cfg),
             backoff_s=cfg.restart_backoff_s, max_failures=cfg.max_failures, hang_timeout_s=cfg.hang_timeout_s,
-            start_timeout_s=cfg.start_timeout_s, on_change=on_change)
+            start_timeout_s=cfg.start_timeout_s, on_change=on_change, wire_types=WIRE_TYPES, env=child_env(cfg))
         self.fallback_replies = 0
 
     @property

@@ -52,11 +52,14 @@ async def llm(request: web.Request) -> web.StreamResponse:
     return await stream(request, [*parts, b"data: [DONE]\n\n"])
 
 
-async def test_tool_call_round_trip(services: Services) -> None:
+@pytest.mark.parametrize("backend", ["local", "process"])
+async def test_tool_call_round_trip(services: Services, backend: str) -> None:
+    """In process and with the responder in its supervised child process (respond.backend = process): the tools
+    reach the model either way (in a child they were dropped without a word)."""
     async with FakeLLM(llm) as fake:
         rc = fake.cfg()
         cfg = test_config(respond={"engine": "openai", "base_url": rc.base_url, "model": "tiny-llm",
-                                   "first_token_timeout_s": 5.0})
+                                   "first_token_timeout_s": 5.0, "backend": backend})
         own = Services(cfg)  # the loaded engines, with this config's responder (any model name picks it)
         own.vad_model, own.asr, own.tts, own.end_of_turn = (services.vad_model, services.asr, services.tts,
                                                            services.end_of_turn)

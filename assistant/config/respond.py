@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from assistant.config.fields import setting
 
 REQUANTIZE = ("auto", "q8_0", "off")  # respond/llama/weights.py
+FALLBACKS = ("", "echo", "rules")  # answer while the responder's child is down: nothing to load, nothing to fail
 
 
 @dataclass

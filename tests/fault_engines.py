@@ -69,6 +69,22 @@ class FaultyResponder:
                 await asyncio.sleep(HANG_S)
 
 
+class DescribeFails(FaultyResponder):
+    """Echoes; its ``describe()`` (read into a call's telemetry span) raises once ``broken`` is set, as a plug-in's
+    whose backend went away might."""
+
+    name = "describe-fails"
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.broken = False
+
+    def describe(self) -> dict[str, str]:
+        if self.broken:
+            raise InjectedFault("describe exploded")
+        return {"engine": self.name, "model": "echo"}
+
+
 class RaisingResponder(FaultyResponder):
     """Raises on every turn."""
 

@@ -179,12 +179,15 @@ def read_only_data_server(tmp_path: Path) -> Iterator[tuple[str, Path]]:
             proc.wait()
 
 
-async def test_phone_calls_are_answered_when_the_data_dir_is_read_only(read_only_data_server: tuple[str, Path]) -> None:
+async def test_a_read_only_data_dir_fails_no_call_and_says_why_voices_cannot_be_kept(
+        read_only_data_server: tuple[str, Path]) -> None:
     """The answered-calls file cannot be written: the call is answered all the same (its replay still refused, from
-    the gateway's own memory), and the log says once why the shared record is not used; no 500, no failed call."""
+    the gateway's own memory), and the log says once why the shared record is not used; no 500, no failed call. A
+    voice cannot be stored there either: the answer says so and names the setting (507), not a 500."""
     import aiohttp
 
     from assistant.bench.telephony_client import TWILIO, dial, read_answer, signed_headers, webhook_form
+    from tests.test_tts_api import tone_wav
 
     url, log = read_only_data_server
     loop = asyncio.get_running_loop()
@@ -207,8 +210,14 @@ async def test_phone_calls_are_answered_when_the_data_dir_is_read_only(read_only
         async with http.post(hook, data=body, headers=headers) as resp:
             again = read_answer(resp.status, await resp.text())
         other = await dial(http, url, TWILIO, call_id=TWILIO.new_ids()[1], auth_token=AUTH)
+        form = aiohttp.FormData()
+        form.add_field("clip", tone_wav(3.0), filename="me.wav", content_type="audio/wav")
+        form.add_field("transcript", "a tone")
+        async with http.post(f"{url}/api/voices", data=form) as resp:
+            voice = (resp.status, await resp.json())
     text = log.read_text(errors="replace")
     assert first.status == 200 and first.stream_url, (first, text[-3000:])
     assert again.status == 403 and "replayed" in again.body
     assert other.status == 200 and other.stream_url
     assert text.count("telephony.answered_store_down") == 1 and "Read-only file system" in text
+    assert voice[0] == 507 and voice[1]["error"] == "voice_storage" and "server.data_dir" in voice[1]["detail"]

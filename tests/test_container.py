@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -33,16 +32,6 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(420)]
 
 QUESTION = "What is the capital of France?"
 AUTH = "test-auth-token-0123456789abcdef"
-
-
-def can_unshare() -> None:
-    """``unshare`` from util-linux, and the right to make namespaces (root)."""
-    if shutil.which("unshare") is None:
-        needs.missing("unshare (util-linux) is not installed")
-    probe = subprocess.run(["unshare", "--pid", "--fork", "--mount-proc", "true"], capture_output=True, timeout=30,
-                           check=False)
-    if probe.returncode != 0:
-        needs.missing(f"cannot make a PID namespace here (root needed): {probe.stderr.decode(errors='replace')}")
 
 
 @dataclass
@@ -71,7 +60,7 @@ class Contained:
 
 @pytest.fixture
 def pid1_server(tmp_path: Path) -> Iterator[tuple[str, Contained]]:
-    can_unshare()
+    needs.namespaces()
     port = free_port()
     log = tmp_path / "serve.log"
     command = ["unshare", "--pid", "--fork", "--mount-proc", sys.executable, "-m", "assistant", "serve",
@@ -157,17 +146,16 @@ def read_only_data_server(tmp_path: Path) -> Iterator[tuple[str, Path]]:
     """``assistant serve`` (the echo responder, Twilio calls on) whose ``server.data_dir`` is a read-only mount (as a
     container with a read-only root or volume has it: root cannot write there either), in its own mount namespace;
     its base URL and log."""
-    can_unshare()
+    needs.namespaces()
     data = tmp_path / "data"
     data.mkdir()
     port = free_port()
     log = tmp_path / "serve.log"
     serve = [sys.executable, "-m", "assistant", "serve", "--server.port", str(port), "--server.data_dir", str(data),
              "--respond.engine", "echo", "--telephony.twilio_auth_token", AUTH]
-    script = 'mount --bind -o ro "$1" "$1" && exec "${@:2}"'  # $0 is a name, $1 the folder, then the command
     with log.open("wb") as out:
-        proc = subprocess.Popen(["unshare", "--mount", "bash", "-c", script, "serve", str(data), *serve],
-                                stdout=out, stderr=subprocess.STDOUT, env={**os.environ, "OMP_NUM_THREADS": "1"})
+        proc = subprocess.Popen(needs.read_only(data, *serve), stdout=out, stderr=subprocess.STDOUT,
+                                env={**os.environ, "OMP_NUM_THREADS": "1"})
     try:
         yield f"http://127.0.0.1:{port}", log
     finally:

@@ -303,3 +303,19 @@ def test_a_model_that_fails_its_checks_fails_the_start_instead_of_being_swapped(
             server.proc.kill()
             server.proc.wait()
     assert "is not the expected 0000" in server.tail(100_000)
+
+
+def test_a_read_only_models_folder_says_so_not_that_the_hub_is_unreachable(local_hub: Hub, tmp_path: Path) -> None:
+    """``assistant pull`` where the models folder is a read-only mount (a read-only image): one line naming the
+    folder and the setting; not "cannot reach the model hub" (which would fall back to the bundled model)."""
+    from tests import needs
+
+    needs.namespaces()
+    models = Path(hub.models_dir())
+    models.mkdir(parents=True)
+    pull = [sys.executable, "-m", "assistant", "pull", "--quiet", f"{REPO}/{FILE}"]
+    run = subprocess.run(needs.read_only(models, *pull), capture_output=True, text=True, timeout=120, check=False)
+    assert run.returncode == 1, run.stderr
+    err = run.stderr.strip()
+    assert "Read-only file system" in err and hub.DIR_ENV in err and "cannot reach" not in err, err
+    assert local_hub.gets == []  # nothing downloaded to nowhere

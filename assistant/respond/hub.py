@@ -209,17 +209,25 @@ def pull(value: str, root: Path | None = None, *, progress: bool = True, sha256:
     ref = parse_ref(value)
     remote = remote_file(ref, timeout=timeout)
     want = (sha256 or remote.sha256).lower()
-    dest = (root or models_dir()) / ref.repo / remote.commit / ref.filename
+    base = root or models_dir()
+    dest = base / ref.repo / remote.commit / ref.filename
     mark = dest.with_name(dest.name + ".sha256")
     if _pulled(dest, mark, remote.size, want):
         log.info("pull.cached model=%s path=%s", ref, dest)
         return dest
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    with _one_pull_at_a_time(dest):
-        if _pulled(dest, mark, remote.size, want):  # another pull brought it while this one waited
-            log.info("pull.cached model=%s path=%s (pulled meanwhile by another)", ref, dest)
-            return dest
-        return _pull_into(ref, remote, want, dest, mark, progress=progress, timeout=timeout, out=out)
+    try:
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        with _one_pull_at_a_time(dest):
+            if _pulled(dest, mark, remote.size, want):  # another pull brought it while this one waited
+                log.info("pull.cached model=%s path=%s (pulled meanwhile by another)", ref, dest)
+                return dest
+            return _pull_into(ref, remote, want, dest, mark, progress=progress, timeout=timeout, out=out)
+    except (PullError, TimeoutError):
+        raise
+    except OSError as exc:  # a read-only image or volume, a full disk: not the network's fault, and not the file's
+        raise PullError(f"cannot write {ref} under {base} ({exc.strerror or exc}): set "
+                        f"{DIR_ENV} (or pull --dest) to a writable folder, or pull it where the image is built"
+                        ) from None
 
 
 def _pulled(dest: Path, mark: Path, size: int, want: str) -> bool:

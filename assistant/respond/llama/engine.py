@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from assistant.respond.base import ResponderError
+from assistant.respond.llama.cpus import default_threads
 from assistant.respond.llama.kv_reuse import ReusePlan, plan_reuse
 from assistant.respond.llama.model_file import ModelFileError
 
@@ -585,17 +586,6 @@ class LlamaEngine:
                     self._reset_slot(slot)
                     self._finish(slot, "error", MSG_FAILED)
         log.error("llm.failed_step reason=%s", why)
-
-
-def default_threads() -> int:
-    """Half the cores this process may use (at most 8): ASR, TTS and the VAD share the machine, and llama.cpp's
-    threads wait for each other at every layer, so one descheduled thread stalls the step (on 2 shared cores,
-    2 threads made a token 10× slower than 1)."""
-    try:
-        cores = len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        cores = os.cpu_count() or 1
-    return max(1, min(8, cores // 2))
 
 
 def _rss_bytes() -> int:

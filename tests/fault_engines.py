@@ -288,3 +288,29 @@ class _RunsWhenRead:
 def smuggler(config: dict[str, Any]) -> Smuggler:
     """``Smuggler``'s factory."""
     return Smuggler(config)
+
+
+class IllegalInstruction:
+    """A hosted engine whose load runs an instruction the CPU refuses (x86 ``ud2``, from an executable page): a real
+    SIGILL, as a native library compiled for another CPU (``-march=native`` on a machine with AVX-512) dies."""
+
+    CALLS = ()
+    STREAMS = ()
+
+    def __init__(self, config: dict[str, Any]) -> None:
+        self.config = config
+
+    async def start(self) -> dict[str, Any]:
+        import ctypes
+        import mmap
+
+        page = mmap.mmap(-1, mmap.PAGESIZE, prot=mmap.PROT_READ | mmap.PROT_WRITE | mmap.PROT_EXEC)
+        page.write(b"\x0f\x0b")  # ud2
+        address = ctypes.addressof(ctypes.c_char.from_buffer(page))
+        ctypes.CFUNCTYPE(None)(address)()
+        return {}
+
+
+def illegal_instruction(config: dict[str, Any]) -> IllegalInstruction:
+    """``IllegalInstruction``'s factory."""
+    return IllegalInstruction(config)

@@ -120,3 +120,20 @@ async def test_a_child_gets_an_allow_listed_environment_and_no_secret(monkeypatc
     assert child_config(llama)["api_key"] == "" and child_env(llama) == ("PLUGIN_KEY",)
     openai = RespondConfig(engine="openai", api_key="sk-config")
     assert child_config(openai)["api_key"] == "sk-config" and child_env(openai) == ("OPENAI_API_KEY",)
+
+
+async def test_a_native_library_built_for_another_cpu_is_named_as_such() -> None:
+    """A child killed by SIGILL (an instruction this CPU lacks, executed for real) in a crash loop: the reason
+    /readyz shows says what it likely is and how to rebuild, not only the signal's name."""
+    import platform
+
+    if platform.machine() not in ("x86_64", "AMD64"):
+        pytest.skip("ud2 is an x86 instruction")
+    host = EngineProcess("illegal", "tests.fault_engines:illegal_instruction", {}, max_failures=2, backoff_s=0.0,
+                         retry_failed_s=3600.0)
+    try:
+        await host.start()
+        assert host.health.state == "failed"
+        assert "killed by SIGILL" in host.health.reason and "GGML_NATIVE=OFF" in host.health.reason
+    finally:
+        await host.close()

@@ -94,6 +94,17 @@ class _Stream:
     waiting_since: float | None = None  # the reader waits for the next item since (monotonic)
 
 
+# What a death by these signals usually means, for whoever reads /readyz or the log.
+EXIT_HINTS = {
+    signal.SIGKILL: " (out of memory, or killed by hand)",
+    # A native library built for another CPU: llama-cpp-python compiles llama.cpp with -march=native, so an image
+    # built on a machine with AVX-512 stops here on one without it.
+    signal.SIGILL: " (an instruction this CPU does not have: a native library built on another machine, e.g. "
+                   "llama-cpp-python compiled with -march=native; rebuild it here, or with "
+                   "CMAKE_ARGS=\"-DGGML_NATIVE=OFF\")",
+}
+
+
 def describe_exit(returncode: int | None) -> str:
     """A child's exit as words: ``killed by SIGSEGV``, ``exited with status 3``."""
     if returncode is None:
@@ -103,8 +114,7 @@ def describe_exit(returncode: int | None) -> str:
             name = signal.Signals(-returncode).name
         except ValueError:
             name = f"signal {-returncode}"
-        hint = " (out of memory, or killed by hand)" if -returncode == signal.SIGKILL else ""
-        return f"killed by {name}{hint}"
+        return f"killed by {name}{EXIT_HINTS.get(-returncode, '')}"
     return f"exited with status {returncode}"
 
 

@@ -217,8 +217,9 @@ async def run_conversations(args: argparse.Namespace, cfg: RespondConfig, result
                 for level in args.conversations:
                     for _ in range(args.repeats):
                         for engine, responder in (("embedded", embedded), ("server", server)):
-                            runs = [converse(responder, engine, level, number + i, questions, cfg.max_tokens,
-                                             cfg.history_turns, args.gap_s) for i in range(level)]
+                            runs = [converse(responder, engine, level, number + i, questions,
+                                             cfg.max_tokens or persona.MAX_TOKENS, cfg.history_turns, args.gap_s)
+                                    for i in range(level)]
                             for turns in await asyncio.gather(*runs):
                                 results.turns.extend(turns)
                             log.info("bench.llm engine=%s level=%d done", engine, level)

@@ -95,7 +95,7 @@ class _Stream:
 
 
 # What a death by these signals usually means, for whoever reads /readyz or the log.
-EXIT_HINTS = {
+EXIT_HINTS: dict[int, str] = {
     signal.SIGKILL: " (out of memory, or killed by hand)",
     # A native library built for another CPU: llama-cpp-python compiles llama.cpp with -march=native, so an image
     # built on a machine with AVX-512 stops here on one without it.

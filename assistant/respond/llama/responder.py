@@ -43,9 +43,6 @@ class LlamaResponder:
 
     def __init__(self, cfg: RespondConfig | None = None) -> None:
         self.cfg = persona.embedded(cfg or RespondConfig())  # what the config leaves unset: the persona's
-        self.system_prompt = self.cfg.system_prompt or ""
-        self.temperature = self.cfg.temperature if self.cfg.temperature is not None else persona.TEMPERATURE
-        self.max_tokens = self.cfg.max_tokens if self.cfg.max_tokens is not None else persona.MAX_TOKENS
         source = resolve_model_path(self.cfg)
         path = weights_path(source, self.cfg)  # the packaged Q4_1 as Q8_0 on a CPU (weights.py)
         c = self.cfg
@@ -69,12 +66,22 @@ class LlamaResponder:
         e = self.engine
         chat = ChatPrompt(e.template, e.token_text(e.L.llama_vocab_bos(e.vocab)),
                           e.token_text(e.L.llama_vocab_eos(e.vocab)))
-        self.prompts = PromptBuilder(chat, e.tokenize, e.n_ctx_seq, self.system_prompt, c.language,
+        self.prompts = PromptBuilder(chat, e.tokenize, e.n_ctx_seq, c.system_prompt or "", c.language,
                                      persona.example_messages(c))
         self.model = source.name
         self.weights = path  # the file loaded: the source, or its rewrite
         self.last_prompt_text = ""  # the latest reply's prompt, as rendered (tests, diagnostics)
         self.last_request: _Request | None = None  # the latest reply's request: its reuse, tokens (diagnostics)
+
+    @property
+    def temperature(self) -> float:
+        """Sampling when the turn asks for none (``respond.temperature``, else the persona's)."""
+        return self.cfg.temperature if self.cfg.temperature is not None else persona.TEMPERATURE
+
+    @property
+    def max_tokens(self) -> int:
+        """A reply's token cap when the turn asks for none (``respond.max_tokens``, else the persona's)."""
+        return self.cfg.max_tokens if self.cfg.max_tokens is not None else persona.MAX_TOKENS
 
     @property
     def prompt(self) -> ChatPrompt:

@@ -115,7 +115,7 @@ async def test_audio_appended_faster_than_the_pace_is_refused_and_a_flood_closed
         await until(lambda: not live(app), "the flooding session closed")
 
 
-def test_a_long_session_that_runs_ahead_now_and_then_is_not_a_flood() -> None:
+async def test_a_long_session_that_runs_ahead_now_and_then_is_not_a_flood() -> None:
     """Every ten minutes the client sends a 90 s recording at once (100 ms appends): the pace takes the burst's 60 s
     and refuses the rest each time. The refusals are forgotten as the pace refills, so the session is not closed on
     the third (their sum used to pass a burst's worth); a flood a little past twice the pace still is, at once."""

@@ -172,7 +172,7 @@ def _pull_piper(voice: str, args: argparse.Namespace) -> int:
 
 def cmd_pull(args: argparse.Namespace) -> int:
     """``assistant pull MODEL``: a GGUF chat model from the Hugging Face hub into models/gguf (respond/hub.py)."""
-    from assistant.respond.hub import PullError, parse_ref, pull
+    from assistant.respond.hub import PullError, parse_ref, pull, verified
 
     _setup_logging("WARNING")
     try:
@@ -181,7 +181,9 @@ def cmd_pull(args: argparse.Namespace) -> int:
     except PullError as exc:
         print(f"pull {args.model}: {exc}", file=sys.stderr)
         return 1
-    print(f"{parse_ref(args.model)} ready in {path} (size and sha256 checked); answer with it: assistant serve "
+    checked = ("size and sha256 checked" if verified(path) else
+               "size and GGUF header checked; NOT verified: the hub sent no sha256, pass --sha256 to check it")
+    print(f"{parse_ref(args.model)} ready in {path} ({checked}); answer with it: assistant serve "
           f"--respond.model_path {path}")
     return 0
 

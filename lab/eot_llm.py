@@ -49,14 +49,11 @@ class EndOfTurnLM:
     name = "smollm2-135m"
 
     def __init__(self, path: Path | None = None, threads: int = THREADS) -> None:
-        from llama_cpp import Llama
-
-        from assistant.respond.llama.engine import plain_cpu_buffers
+        from assistant.respond.llama.native import open_llama  # plain CPU buffers (never the AMX path)
 
         self.path = path or find_gguf()
-        with plain_cpu_buffers():  # never the AMX path that segfaults on Intel Xeons (respond/llama/engine.py)
-            self.llm: Any = Llama(model_path=str(self.path), n_ctx=512, n_threads=threads, n_threads_batch=threads,
-                                  logits_all=False, verbose=False)
+        self.llm: Any = open_llama(self.path, n_ctx=512, n_threads=threads, n_threads_batch=threads,
+                                   logits_all=False, verbose=False)
         end = self.llm.tokenize(END_TOKEN.encode(), add_bos=False, special=True)
         if len(end) != 1:
             raise RuntimeError(f"{END_TOKEN} is not one token in {self.path.name}")

@@ -242,7 +242,12 @@ async def run_preset(responder: Any, cfg: RespondConfig, requests: Sequence[Requ
     from assistant.respond.base import ReplyOptions, reply_stream
 
     if hasattr(responder, "cfg"):
-        responder.cfg = cfg  # the same loaded model; the prompt and sampling read from cfg per reply
+        responder.cfg = cfg  # the same loaded model; sampling goes with each reply's options (below)
+    prompts = getattr(responder, "prompts", None)
+    if prompts is not None:  # the embedded model's prompt is built once at load: the preset's goes in here
+        from assistant.respond.persona import example_messages
+
+        prompts.system_prompt, prompts.examples = cfg.system_prompt or "", example_messages(cfg)
     gate = asyncio.Semaphore(max(1, concurrency))
 
     async def one(request: Request) -> Row:

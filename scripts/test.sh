@@ -5,6 +5,8 @@
 #   - Debian's chromium for the browser tests, coturn (turnserver) for the TURN relay tests and espeak-ng for the
 #     end-of-turn corpus tests
 #     (when apt-get is available and we are root)
+#   - root, for the tests that run the server as a container does: PID 1 of its own PID namespace, a read-only mount
+#     (util-linux's unshare; tests/needs.py: without it they skip, and fail under CI)
 # Extra arguments go to pytest (e.g. scripts/test.sh -k vad, scripts/test.sh --soak). CI=true scripts/test.sh fails
 # on a missing prerequisite instead of skipping (see below).
 set -euo pipefail

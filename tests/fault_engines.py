@@ -69,6 +69,22 @@ class FaultyResponder:
                 await asyncio.sleep(HANG_S)
 
 
+class DescribeFails(FaultyResponder):
+    """Echoes; its ``describe()`` (read into a call's telemetry span) raises once ``broken`` is set, as a plug-in's
+    whose backend went away might."""
+
+    name = "describe-fails"
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.broken = False
+
+    def describe(self) -> dict[str, str]:
+        if self.broken:
+            raise InjectedFault("describe exploded")
+        return {"engine": self.name, "model": "echo"}
+
+
 class RaisingResponder(FaultyResponder):
     """Raises on every turn."""
 
@@ -208,3 +224,93 @@ class CrashAtWarmup:
 
     async def respond(self, text: str, history: Sequence[Message]) -> AsyncIterator[str]:
         yield text
+
+
+class SlowLoadThenCrash:
+    """A hosted engine (``engine_host``) that loads for ``load_s`` seconds, then crashes its process for real (a read
+    of address 0: SIGSEGV) on its first call, as a big model that loads slowly and dies on its first turn would."""
+
+    CALLS = ("crash",)
+    STREAMS = ()
+
+    def __init__(self, config: dict[str, Any]) -> None:
+        self.load_s = float(config.get("load_s", 1.0))
+
+    async def start(self) -> dict[str, Any]:
+        await asyncio.sleep(self.load_s)
+        return {"engine": "slow-load-then-crash"}
+
+    def crash(self) -> None:
+        import ctypes
+
+        ctypes.string_at(0)
+
+
+def slow_load_then_crash(config: dict[str, Any]) -> SlowLoadThenCrash:
+    """``SlowLoadThenCrash``'s factory, as ``EngineProcess`` names one."""
+    return SlowLoadThenCrash(config)
+
+
+class Smuggler:
+    """A hosted engine gone bad, as a model file that exploits a native bug could make one: its answer carries code
+    for the server to run as it reads it, and it reports what it sees of the server's environment."""
+
+    CALLS = ("smuggle", "environment")
+    STREAMS = ()
+
+    def __init__(self, config: dict[str, Any]) -> None:
+        self.config = config
+
+    async def start(self) -> dict[str, Any]:
+        return {"engine": "smuggler"}
+
+    def smuggle(self, marker: str) -> Any:
+        return _RunsWhenRead(marker)
+
+    def environment(self) -> dict[str, str]:
+        import os
+
+        return dict(os.environ)
+
+
+class _RunsWhenRead:
+    """Unpickled, it runs a shell command (touches ``marker``): what ``pickle.loads`` of a hostile frame does."""
+
+    def __init__(self, marker: str) -> None:
+        self.marker = marker
+
+    def __reduce__(self) -> tuple[Any, tuple[str]]:
+        import os
+
+        return os.system, (f"touch {self.marker}",)
+
+
+def smuggler(config: dict[str, Any]) -> Smuggler:
+    """``Smuggler``'s factory."""
+    return Smuggler(config)
+
+
+class IllegalInstruction:
+    """A hosted engine whose load runs an instruction the CPU refuses (x86 ``ud2``, from an executable page): a real
+    SIGILL, as a native library compiled for another CPU (``-march=native`` on a machine with AVX-512) dies."""
+
+    CALLS = ()
+    STREAMS = ()
+
+    def __init__(self, config: dict[str, Any]) -> None:
+        self.config = config
+
+    async def start(self) -> dict[str, Any]:
+        import ctypes
+        import mmap
+
+        page = mmap.mmap(-1, mmap.PAGESIZE, prot=mmap.PROT_READ | mmap.PROT_WRITE | mmap.PROT_EXEC)
+        page.write(b"\x0f\x0b")  # ud2
+        address = ctypes.addressof(ctypes.c_char.from_buffer(page))
+        ctypes.CFUNCTYPE(None)(address)()
+        return {}
+
+
+def illegal_instruction(config: dict[str, Any]) -> IllegalInstruction:
+    """``IllegalInstruction``'s factory."""
+    return IllegalInstruction(config)

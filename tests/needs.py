@@ -1,4 +1,5 @@
-"""What a test needs from outside the code: the shared data, the packages the test extra declares, Chromium, coturn.
+"""What a test needs from outside the code: the shared data, the packages the test extra declares, Chromium, coturn,
+the right to make namespaces (a container's PID 1, a read-only mount).
 
 Under CI (``CI`` set and not ``false``/``0``; ``.ci/run`` sets it) a missing one fails the test that needs it, with
 a message naming it: a green run means the tests ran. Elsewhere it skips with the same message, so a developer
@@ -11,6 +12,7 @@ from __future__ import annotations
 import importlib
 import os
 import shutil
+import subprocess
 from pathlib import Path
 from types import ModuleType
 from typing import NoReturn
@@ -65,3 +67,23 @@ def chromium() -> str:
     if not Path(CHROMIUM).exists():
         missing(f"Debian chromium not found at {CHROMIUM} (scripts/test.sh installs it: apt-get install chromium)")
     return CHROMIUM
+
+
+def namespaces() -> None:
+    """``unshare`` (util-linux) and the right to make PID and mount namespaces (root, as CI runs)."""
+    if shutil.which("unshare") is None:
+        missing("unshare (util-linux) is not installed")
+    probe = subprocess.run(["unshare", "--pid", "--fork", "--mount-proc", "--mount", "true"], capture_output=True,
+                           timeout=30, check=False)
+    if probe.returncode != 0:
+        missing(f"cannot make PID and mount namespaces here (root needed): {probe.stderr.decode(errors='replace')}")
+
+
+# Runs a command with its first argument, a folder, mounted read-only over itself (``bash -c READ_ONLY NAME DIR
+# COMMAND...`` inside ``unshare --mount``): as a read-only image or volume has it, where root cannot write either.
+READ_ONLY = 'mount --bind -o ro "$1" "$1" && exec "${@:2}"'
+
+
+def read_only(folder: Path, *command: str) -> list[str]:
+    """``command`` run with ``folder`` read-only, in a mount namespace of its own (see :data:`READ_ONLY`)."""
+    return ["unshare", "--mount", "bash", "-c", READ_ONLY, "read-only", str(folder), *command]

@@ -59,6 +59,25 @@ def test_base_is_joined_checked_and_cached(base: FasterWhisperEngine) -> None:
     assert base.languages == ("en", "zh", "ja", "ko")
 
 
+def test_a_read_only_cache_says_which_setting_to_change(tmp_path: Path) -> None:
+    """On a read-only image the multilingual model cannot be joined: the error names asr.cache_dir and what to do
+    (a read-only bind mount in its own mount namespace: root cannot write there either)."""
+    import subprocess
+    import sys
+
+    from tests import needs
+
+    needs.namespaces()
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    code = ("import sys\nfrom assistant.asr.base import ASRModelMissing\nfrom assistant.asr.bundled import base_dir\n"
+            "try:\n    base_dir(sys.argv[1])\nexcept ASRModelMissing as exc:\n    print(exc)\n    sys.exit(3)\n")
+    run = subprocess.run(needs.read_only(cache, sys.executable, "-c", code, str(cache)), capture_output=True,
+                         text=True, timeout=120, check=False)
+    assert run.returncode == 3, run.stderr[-2000:]
+    assert "asr.cache_dir" in run.stdout and "Read-only file system" in run.stdout, run.stdout
+
+
 def test_a_damaged_part_is_refused(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     for i, name in enumerate(bundled.BASE_PACKAGES, start=1):
         data = tmp_path / name / "data"

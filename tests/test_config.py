@@ -39,6 +39,10 @@ def test_default_file_is_the_cpu_stack() -> None:
         ({"ASSISTANT_NOPE__X": "1"}, "unknown section"),
         ({"ASSISTANT_VAD__MIN_SPEECH_MS": "soon"}, "expected an integer"),
         ({"ASSISTANT_TURN__BARGE_IN": "maybe"}, "expected true/false"),
+        # The fallback answers while the engine is down: one that loads a model (on the event loop, in the server's
+        # own process) is refused, not built.
+        ({"ASSISTANT_RESPOND__FALLBACK": "llama"}, "respond.fallback must be echo, rules or empty"),
+        ({"ASSISTANT_RESPOND__FALLBACK": "tests.fault_engines:CrashAtWarmup"}, "respond.fallback must be"),
     ],
 )
 def test_bad_settings_are_named(env: dict[str, str], message: str) -> None:

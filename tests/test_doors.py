@@ -115,6 +115,30 @@ async def test_audio_appended_faster_than_the_pace_is_refused_and_a_flood_closed
         await until(lambda: not live(app), "the flooding session closed")
 
 
+async def test_a_long_session_that_runs_ahead_now_and_then_is_not_a_flood() -> None:
+    """Every ten minutes the client sends a 90 s recording at once (100 ms appends): the pace takes the burst's 60 s
+    and refuses the rest each time. The refusals are forgotten as the pace refills, so the session is not closed on
+    the third (their sum used to pass a burst's worth); a flood a little past twice the pace still is, at once."""
+    from assistant.server.realtime.input_audio import PACE_BURST_S, PACE_SPEED, InputPace
+
+    now = [0.0]
+    pace = InputPace(clock=lambda: now[0])
+
+    def send(seconds: float, speed: float) -> int:
+        """``seconds`` of audio in 100 ms appends at ``speed`` x real time; how many were refused."""
+        refused = 0
+        for _ in range(round(seconds * 10)):
+            now[0] += 0.1 / speed
+            refused += not pace.take(0.1)
+        return refused
+
+    for _ in range(6):  # an hour
+        assert send(600, speed=1.0) == 0  # live speech
+        assert send(90, speed=1e6) > 0 and not pace.flooding  # a recording at once: partly refused, no flood
+    send(PACE_BURST_S * 4, speed=2.5 * PACE_SPEED)  # past twice the pace for minutes: a flood
+    assert pace.flooding
+
+
 async def test_control_sockets_are_capped_per_call_and_leave_no_listener(services: Services) -> None:
     from assistant.server.realtime.calls import PROTOCOLS
     from assistant.server.realtime.websocket import CONTROLS, MAX_CONTROL_SOCKETS

@@ -23,7 +23,7 @@ from assistant.config import RespondConfig
 from assistant.engine_host.supervisor import EngineLoadError
 from assistant.respond.base import Message, ReplyOptions
 from assistant.respond.hosted import MSG_DIED, HostedResponder, placement
-from assistant.respond.llama import default_model_path, model_params
+from assistant.respond.llama import default_model_path
 from assistant.respond.llama.prompt import ChatPrompt, PromptBuilder
 from assistant.server.app import SESSIONS, create_app
 from assistant.server.local import serve_on_loopback
@@ -49,23 +49,6 @@ def hosted_config(**respond: Any) -> Any:
 
 def fd_count() -> int:
     return len(os.listdir("/proc/self/fd"))
-
-
-# --- the crash path is never taken by default --------------------------------------------------------------------
-def test_the_default_cpu_settings_keep_llamacpps_extra_buffers_off() -> None:
-    """A guard: the proof is the suite running on an AMX machine, where the extra buffers segfault."""
-    import llama_cpp
-
-    cfg = RespondConfig()
-    assert cfg.extra_buffers is False
-    assert model_params(llama_cpp, gpu_layers=cfg.gpu_layers, extra_buffers=cfg.extra_buffers).use_extra_bufts is False
-    assert llama_cpp.llama_model_default_params().use_extra_bufts is True  # what we turn off
-    assert model_params(llama_cpp, gpu_layers=0, extra_buffers=True).use_extra_bufts is True  # the setting works
-    # The end-of-turn bench's language model loads through llama-cpp-python's Llama class: the same guard.
-    from lab.eot_llm import EndOfTurnLM
-
-    assert EndOfTurnLM(threads=1).llm.model_params.use_extra_bufts is False
-    assert llama_cpp.llama_model_default_params().use_extra_bufts is True  # and only for that load
 
 
 def test_the_embedded_model_runs_in_a_child_process_by_default() -> None:

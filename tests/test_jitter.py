@@ -95,6 +95,20 @@ def test_a_sequence_jump_is_given_up_in_one_step(monkeypatch: pytest.MonkeyPatch
     assert buf.abuse() == ""  # one jump is not yet a pattern
 
 
+def test_a_long_call_with_a_burst_now_and_then_is_not_a_flood() -> None:
+    """Every minute of an hour's call, a burst past the packet budget (packets a network stall held, arriving at
+    once): some are dropped each time, more than a flood's worth in all; no flood, while the same count at once is."""
+    now = [0.0]
+    buf = AudioReceiveBuffer(1, clock=lambda: now[0])
+    seq = 0
+    for _ in range(60):
+        for _ in range(PACKET_BURST + 20):  # the burst: 20 past the budget are dropped
+            buf.add(_packet(seq))
+            seq += 1
+        now[0] += 60.0
+    assert buf.flooded == 60 * 20 > FLOOD_CLOSE_PACKETS and buf.abuse() == ""
+
+
 def test_repeated_jumps_a_flood_and_garbage_each_name_the_peer() -> None:
     jumper = AudioReceiveBuffer(1)
     _play(jumper, [(k * 20_000) % 65_536 for k in range(MAX_JUMPS + 1)])

@@ -12,7 +12,7 @@ import pytest
 import pytest_asyncio
 
 from assistant.config import RespondConfig
-from assistant.respond import create_responder
+from assistant.respond import create_responder, persona
 from assistant.respond.base import Message, ReplyOptions, ResponderError, Usage
 from assistant.respond.history import ConversationHistory
 from assistant.respond.llama import (
@@ -128,6 +128,22 @@ def test_default_model_comes_from_the_installed_package() -> None:
 
 
 # --- the real model ----------------------------------------------------------------------------------------------
+async def test_unset_prompt_and_sampling_are_the_small_models_own() -> None:
+    """Left unset in [respond], the system prompt, the temperature and the token cap are the persona the embedded
+    model was tuned with, here, where it answers (not every engine's: tests/test_realtime_tools.py); set, they win."""
+    default = LlamaResponder(RespondConfig(engine="llama", slots=1, context_tokens=256, threads=1))
+    mine = LlamaResponder(RespondConfig(engine="llama", slots=1, context_tokens=256, threads=1,
+                                        system_prompt="Be a cat.", temperature=0.7, max_tokens=99))
+    try:
+        assert (default.prompts.system_prompt, default.temperature, default.max_tokens) == (
+            persona.SYSTEM_PROMPT, persona.TEMPERATURE, persona.MAX_TOKENS) == (persona.SYSTEM_PROMPT, 0.0, 48)
+        assert "cannot set timers" in default.prompts.render(default.messages("Hi.", [], ReplyOptions()))[0]
+        assert (mine.prompts.system_prompt, mine.temperature, mine.max_tokens) == ("Be a cat.", 0.7, 99)
+    finally:
+        await default.aclose()
+        await mine.aclose()
+
+
 @LOOP
 async def test_answers_with_its_own_words_and_exact_usage(llama: LlamaResponder) -> None:
     options = ReplyOptions()
@@ -137,7 +153,7 @@ async def test_answers_with_its_own_words_and_exact_usage(llama: LlamaResponder)
     request = llama.last_request
     assert request is not None
     assert options.usage.input_tokens == len(request.prompt) and options.usage.output_tokens == request.generated
-    assert 0 < options.usage.output_tokens <= RespondConfig().max_tokens
+    assert 0 < options.usage.output_tokens <= persona.MAX_TOKENS
     # The prompt is the GGUF's template (ChatML here) over the system prompt and the turn.
     assert llama.last_prompt_text.startswith(f"<|im_start|>system\n{SYSTEM}<|im_end|>")
     assert llama.last_prompt_text.endswith("<|im_start|>user\nWhat should I cook tonight?<|im_end|>\n"

@@ -31,9 +31,9 @@ def cfg(tmp_path: Path, **kw: object) -> RespondConfig:
 
 
 def log_probs(path: Path) -> np.ndarray:
-    from llama_cpp import Llama
+    from assistant.respond.llama.native import open_llama
 
-    llm = Llama(str(path), n_ctx=512, n_threads=1, logits_all=True, verbose=False)
+    llm = open_llama(path, n_ctx=512, n_threads=1, logits_all=True, verbose=False)
     try:
         tokens = llm.tokenize(CHAT.encode(), special=True)
         llm.eval(tokens)

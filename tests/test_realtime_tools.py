@@ -52,11 +52,14 @@ async def llm(request: web.Request) -> web.StreamResponse:
     return await stream(request, [*parts, b"data: [DONE]\n\n"])
 
 
-async def test_tool_call_round_trip(services: Services) -> None:
+@pytest.mark.parametrize("backend", ["local", "process"])
+async def test_tool_call_round_trip(services: Services, backend: str) -> None:
+    """In process and with the responder in its supervised child process (respond.backend = process): the tools
+    reach the model either way (in a child they were dropped without a word)."""
     async with FakeLLM(llm) as fake:
         rc = fake.cfg()
         cfg = test_config(respond={"engine": "openai", "base_url": rc.base_url, "model": "tiny-llm",
-                                   "first_token_timeout_s": 5.0})
+                                   "first_token_timeout_s": 5.0, "backend": backend})
         own = Services(cfg)  # the loaded engines, with this config's responder (any model name picks it)
         own.vad_model, own.asr, own.tts, own.end_of_turn = (services.vad_model, services.asr, services.tts,
                                                            services.end_of_turn)
@@ -116,3 +119,40 @@ async def test_tool_call_round_trip(services: Services) -> None:
     assert messages[4] == {"role": "tool", "content": '{"sky": "sunny"}', "tool_call_id": "call_7"}
     assert len(messages) == 5  # the continuation adds no user words
     assert continued["tools"][0]["function"]["name"] == "get_weather"
+
+
+TIMER_TOOL = {"type": "function", "name": "set_timer", "description": "Start a timer",
+              "parameters": {"type": "object", "properties": {"minutes": {"type": "number"}}}}
+
+
+async def test_a_gpt_class_model_gets_what_a_realtime_client_expects(services: Services) -> None:
+    """The default [respond] with an OpenAI-compatible model: no 48-token cap (a long answer and a tool call's
+    arguments come whole), no temperature forced to 0, and no "you cannot set timers" when the client's tools can;
+    the small model's persona is the embedded engine's, not every engine's. ``max_output_tokens`` the client asks
+    for goes through; "inf" sends none."""
+    async with FakeLLM(llm) as fake:
+        base = f"http://127.0.0.1:{fake.port}/v1"
+        cfg = test_config(respond={"engine": "openai", "base_url": base, "model": "gpt-class"})
+        own = Services(cfg)
+        own.vad_model, own.asr, own.tts, own.end_of_turn = (services.vad_model, services.asr, services.tts,
+                                                           services.end_of_turn)
+        async with serve(cfg, own) as (url, _app), connected(url, model="gpt-realtime") as (conn, ev):
+            created = ev.of("session.created")[0]["session"]
+            assert created["instructions"] == "" and created["max_output_tokens"] == "inf"
+            await conn.session.update(session={"type": "realtime", "tools": [TIMER_TOOL]})
+            await ev.wait("session.updated")
+            for limit in ("inf", 200):
+                since = len(ev.all)
+                await conn.conversation.item.create(item={"type": "message", "role": "user", "content": [
+                    {"type": "input_text", "text": "Start a five minute countdown."}]})
+                await conn.response.create(response={"max_output_tokens": limit})
+                done = await ev.wait("response.done", since)
+                assert done["response"]["status"] == "completed", done
+        await own.responder.aclose()
+    (unlimited, _), (limited, _) = fake.requests
+    for body in (unlimited, limited):
+        assert "temperature" not in body, body
+        system = " ".join(m["content"] for m in body["messages"] if m["role"] == "system")
+        assert "cannot" not in system and "spoken" in system, system
+        assert body["tools"][0]["function"]["name"] == "set_timer"
+    assert "max_tokens" not in unlimited and limited["max_tokens"] == 200

@@ -69,3 +69,28 @@ def test_replicas_are_handed_only_the_settings_they_read() -> None:
         assert "secret" not in repr(settings)
     (tts_settings,) = build_tts(cfg)._bound_deployment.init_args
     assert tts_settings["server"] == {"data_dir": "/srv/voices"}
+
+
+def test_the_llm_replica_gets_every_model_setting_the_gateway_has() -> None:
+    """Every [respond] setting reaches the embedded model on its replica, as the gateway's config has it (the
+    replica's config is read back from what crosses): the persona's example turns, the history kept, the weights'
+    rewrite, llama.cpp's extra buffers, the cache, the prompt left unset; only the gateway's own stay behind."""
+    import dataclasses
+
+    from assistant.serve_ray.app import LLM_WITHHELD, build_llm
+    from assistant.serve_ray.replicas import config_from_dict
+
+    mine = {"examples": False, "history_turns": 3, "requantize": "off", "extra_buffers": True,
+            "cache_dir": "/var/cache/models", "slots": 2, "language": "fr", "max_tokens": 120,
+            "api_key": "llm-secret", "base_url": "http://10.0.0.9/v1", "options": {"token": "plugin-secret"}}
+    cfg = load_config(environ={}, overrides={"respond": mine})
+    (settings,) = build_llm(cfg)._bound_deployment.init_args
+    replica = config_from_dict(settings).respond
+    gateway = dataclasses.asdict(cfg.respond)
+    for name, value in dataclasses.asdict(replica).items():
+        if name in LLM_WITHHELD:
+            assert name not in settings["respond"] and value == getattr(type(replica)(), name), name
+        else:
+            assert value == gateway[name], name
+    assert replica.system_prompt is None and replica.temperature is None  # unset stays unset: the engine's own
+    assert "secret" not in repr(settings) and "10.0.0.9" not in repr(settings)

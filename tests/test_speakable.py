@@ -77,6 +77,13 @@ def test_code_block_state_ends_with_the_reply() -> None:
     ("snake_case and _this_", "en", "snake_case and this"),
     ("2. 1. Add the tea leaves", "en", "Add the tea leaves."),  # nested markers, as SmolLM2 writes them
     ("1. 1. 1. 1. ", "en", ""),
+    # A phone number is said digit by digit, never as a range ("555 to 1234") or a count in the thousands.
+    ("Call 555-1234 now.", "en", "Call 5 5 5, 1 2 3 4 now."),
+    ("Dial 1-800-555-1234 or (555) 123-4567.", "en", "Dial 1, 8 0 0, 5 5 5, 1 2 3 4 or 5 5 5, 1 2 3, 4 5 6 7."),
+    ("Ring +1-555-123-4567.", "en", "Ring plus 1, 5 5 5, 1 2 3, 4 5 6 7."),
+    ("Appelez le 555-1234.", "fr", "Appelez le 5 5 5, 1 2 3 4."),
+    ("请拨打555-1234。", None, "请拨打5 5 5，1 2 3 4。"),
+    ("From 100-1000 people, 25-30 minutes.", "en", "From 100 to 1000 people, 25 to 30 minutes."),  # ranges stay
 ])
 def test_symbols_and_units_in_the_language(text: str, language: str | None, want: str) -> None:
     assert speakable(text, language) == want

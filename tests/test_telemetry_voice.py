@@ -199,3 +199,28 @@ async def test_a_realtime_websocket_turn_is_the_same_tree(services: Services) ->
     assert turn.parent_id == call.span_id
     stages = {s.name for s in rx.children(turn)}
     assert names.LLM_OPERATION in stages and names.TTS in stages and names.ASR not in stages, stages
+
+
+async def test_a_call_whose_span_cannot_end_still_frees_its_session_slot(services: Services) -> None:
+    """Closing a session ends its call span, which reads the responder's ``describe()``; a plug-in whose describe
+    raises by then costs the span, not the session's slot: the table empties, and with one slot a next call opens."""
+    import json
+
+    from assistant.server.app import SESSIONS
+
+    async with otlp_receiver() as rx:
+        cfg = telemetry_cfg(rx.url)
+        cfg.server.max_sessions = 1
+        cfg.respond.engine = "tests.fault_engines:DescribeFails"
+        own = Services(cfg)
+        own.vad_model, own.asr, own.tts, own.end_of_turn = (services.vad_model, services.asr, services.tts,
+                                                           services.end_of_turn)
+        async with serve(cfg, own) as (url, app), aiohttp.ClientSession() as http:
+            realtime = url.replace("http", "ws", 1) + "/v1/realtime"
+            for _ in range(2):
+                async with http.ws_connect(realtime, protocols=("realtime",)) as ws:
+                    created = json.loads((await ws.receive(timeout=30)).data)
+                    assert created["type"] == "session.created", created
+                    own.responder.broken = True  # type: ignore[union-attr]
+                await until(lambda: not app[SESSIONS], "the closed session's slot to be free", 30)
+                own.responder.broken = False  # type: ignore[union-attr]

@@ -422,3 +422,54 @@ async def test_the_dispatcher_sends_carriers_to_a_gateway() -> None:
     async with serve_on_loopback(create_dispatch_app(cfg)) as url, aiohttp.ClientSession() as http:
         answer = await dial(http, url, TWILIO, call_id="CA" + "0" * 32, auth_token=AUTH)
         assert answer.status == 501 and "point the carrier at a gateway" in json.loads(answer.body)["detail"]
+
+
+HOLD_LOCK = """
+import sys
+from pathlib import Path
+from assistant.server.telephony.answered import AnsweredCalls
+calls = AnsweredCalls(Path(sys.argv[1]), 600.0)
+calls.first_answer("twilio", "CA-another-gateways-call")
+calls._db.execute("BEGIN EXCLUSIVE")  # another gateway, in the middle of its write
+print("locked", flush=True)
+sys.stdin.read()
+"""
+
+
+async def test_another_gateways_lock_on_the_answers_file_delays_that_call_only(services: Services,
+                                                                               tmp_path: Path) -> None:
+    """The gateways of a deployment share the answered-calls file; one holds its write lock. The webhook waits for
+    it on a worker thread: the server answers everything else meanwhile (before, the event loop itself waited, every
+    call on the gateway with it); when the lock goes, the call is answered and recorded in the shared file."""
+    import sqlite3
+    import subprocess
+    import sys
+
+    from assistant.server.telephony.answered import FILE
+
+    path = tmp_path / FILE
+    holder = subprocess.Popen([sys.executable, "-c", HOLD_LOCK, str(path)], stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE)
+    try:
+        assert holder.stdout is not None and holder.stdin is not None
+        assert holder.stdout.readline() == b"locked\n"
+        cfg = test_config(server={"data_dir": str(tmp_path)}, telephony={"twilio_auth_token": AUTH})
+        async with serve(cfg, services) as (url, app), aiohttp.ClientSession() as http:
+            answered = app[TELEPHONY].answered
+            answered.busy_timeout_s = 120.0  # the other gateway's write outlasts the usual wait: this call waits it out
+            _, call_id = TWILIO.new_ids()
+            pending = asyncio.create_task(dial(http, url, TWILIO, call_id=call_id, auth_token=AUTH))
+            await until(answered._lock.locked, "the webhook to be waiting for the file's lock", 60)
+            async with http.get(f"{url}/healthz") as health:
+                assert health.status == 200
+            assert not pending.done()  # still waiting for the other gateway, while the server answered
+            holder.stdin.close()
+            answer = await pending
+        assert answer.status == 200 and answer.stream_url, answer
+    finally:
+        if holder.poll() is None:
+            holder.kill()
+        holder.wait()
+    with sqlite3.connect(path) as db:
+        ids = {row[0] for row in db.execute("SELECT call_id FROM answered")}
+    assert ids == {"CA-another-gateways-call", call_id}

@@ -85,6 +85,17 @@ def base_dir(cache_dir: str) -> Path:
         "model.bin": [first / "model.bin.part1", second / "model.bin.part2"],
         **{name: [first / name] for name in ("config.json", "tokenizer.json", "vocabulary.txt")},
     }
+    try:
+        return _join(folder, sources)
+    except OSError as exc:  # a read-only image or home, a full disk
+        raise ASRModelMissing(
+            f"the multilingual Whisper model 'base' is joined once into asr.cache_dir, and {folder} cannot be "
+            f"written ({exc.strerror or exc}): set asr.cache_dir to a writable folder, or start the server once "
+            "where the image is built so the joined model is in it") from None
+
+
+def _join(folder: Path, sources: dict[str, list[Path]]) -> Path:
+    """The parts of each file joined into ``folder``, each checked against its hash, then the stamp."""
     folder.mkdir(parents=True, exist_ok=True)
     stamp: dict[str, dict[str, int]] = {}
     for name, parts in sources.items():

@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from assistant.asr.base import Transcript
+from assistant.asr.base import PassTiming, Transcript
 from assistant.config import ASRConfig
 from assistant.engine_host.supervisor import EngineDied, EngineProcess, EngineUnavailable, Health, RemoteError
 
@@ -86,7 +86,8 @@ class ChildASREngine:
         self.detects = False
         self.restart_wait_s = restart_wait_s
         self.host = EngineProcess("asr", FACTORY, dataclasses.asdict(cfg),
-                                  hang_timeout_s=max(MIN_HANG_S, 2 * cfg.timeout_s), on_change=on_change)
+                                  hang_timeout_s=max(MIN_HANG_S, 2 * cfg.timeout_s), on_change=on_change,
+                                  wire_types=(Transcript, PassTiming))
         self._loop: asyncio.AbstractEventLoop | None = None
 
     async def start(self) -> None:

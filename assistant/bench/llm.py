@@ -41,12 +41,15 @@ from assistant.bench.processes import free_port, start_assistant, stop, wait_rea
 from assistant.bench.report import BenchResult, percentile, summarize_level
 from assistant.bench.v2v import bench_v2v, session_levels
 from assistant.config import REQUANTIZE, RespondConfig, load_config
+from assistant.respond import persona
 from assistant.respond.base import ReplyOptions, Responder, reply_stream
 from assistant.respond.history import ConversationHistory
 
 log = logging.getLogger(__name__)
 
 ENGINES = ("embedded", "server")
+# llama-cpp-python's server, started through the module that keeps llama.cpp's extra buffer types off (AMX Xeons)
+SERVER_MODULE = "assistant.respond.llama.native"
 # A voice-assistant conversation; the last question repeats the first (see the module docstring).
 QUESTIONS = (
     "What should I cook tonight?",
@@ -122,20 +125,22 @@ def _respond_config(args: argparse.Namespace) -> RespondConfig:
     # The file the voice chat would load (the packaged model rewritten for the CPU), the same for both engines.
     model = weights_path(Path(args.model) if args.model else resolve_model_path(cfg), cfg)
     threads = args.threads or cfg.threads or default_threads()
-    return dataclasses.replace(cfg, engine="llama", model_path=str(model), threads=threads,
-                               max_tokens=args.max_tokens or cfg.max_tokens)
+    # The embedded model's own prompt and sampling, set explicitly: the server behind openai is asked the same.
+    return persona.embedded(dataclasses.replace(cfg, engine="llama", model_path=str(model), threads=threads,
+                                                max_tokens=args.max_tokens or cfg.max_tokens))
 
 
 @contextlib.contextmanager
 def llama_server(cfg: RespondConfig, folder: Path) -> Iterator[str]:
-    """``python -m llama_cpp.server`` with the model, context and threads of ``cfg``; its ``/v1`` base URL. It
-    answers one request at a time (one context, no batching across requests)."""
+    """llama-cpp-python's server with the model, context and threads of ``cfg``; its ``/v1`` base URL. It answers
+    one request at a time (one context, no batching across requests). Started through ``native.py``, so its model
+    loads with plain CPU buffers as ours does."""
     folder.mkdir(parents=True, exist_ok=True)
     port = free_port()
     log_path = folder / "llama_cpp_server.log"
     with log_path.open("wb") as out:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "llama_cpp.server", "--model", cfg.model_path, "--host", "127.0.0.1",
+            [sys.executable, "-m", SERVER_MODULE, "--model", cfg.model_path, "--host", "127.0.0.1",
              "--port", str(port), "--n_ctx", str(cfg.context_tokens), "--n_threads", str(cfg.threads),
              "--n_threads_batch", str(cfg.threads), "--verbose", "false",
              # By default it cuts a streaming answer short when another request arrives; several conversations
@@ -150,10 +155,10 @@ def llama_server(cfg: RespondConfig, folder: Path) -> Iterator[str]:
                 if resp.status == 200:
                     break
             if proc.poll() is not None:
-                raise RuntimeError(f"llama_cpp.server exited ({proc.returncode}); install it with "
+                raise RuntimeError(f"llama-cpp-python's server exited ({proc.returncode}); install it with "
                                    f"pip install 'llama-cpp-python[server]'. Log:\n{log_path.read_text()[-2000:]}")
             if time.monotonic() > deadline:
-                raise TimeoutError("llama_cpp.server did not answer in 120 s")
+                raise TimeoutError("llama-cpp-python's server did not answer in 120 s")
             time.sleep(0.3)
         yield url
     finally:
@@ -212,8 +217,9 @@ async def run_conversations(args: argparse.Namespace, cfg: RespondConfig, result
                 for level in args.conversations:
                     for _ in range(args.repeats):
                         for engine, responder in (("embedded", embedded), ("server", server)):
-                            runs = [converse(responder, engine, level, number + i, questions, cfg.max_tokens,
-                                             cfg.history_turns, args.gap_s) for i in range(level)]
+                            runs = [converse(responder, engine, level, number + i, questions,
+                                             cfg.max_tokens or persona.MAX_TOKENS, cfg.history_turns, args.gap_s)
+                                    for i in range(level)]
                             for turns in await asyncio.gather(*runs):
                                 results.turns.extend(turns)
                             log.info("bench.llm engine=%s level=%d done", engine, level)
@@ -230,7 +236,8 @@ def run_v2v_pair(args: argparse.Namespace, cfg: RespondConfig, results: Results,
 
     allow_loopback_ice()  # the servers are children on this machine (they offer 127.0.0.1 too)
     common = ["--respond.model_path", cfg.model_path, "--respond.threads", str(cfg.threads),
-              "--respond.max_tokens", str(cfg.max_tokens)]
+              "--respond.max_tokens", str(cfg.max_tokens), "--respond.temperature", str(cfg.temperature),
+              "--respond.system_prompt", cfg.system_prompt or ""]
     with llama_server(cfg, folder / "server") as url:
         for engine, flags in (("embedded", ["--respond.engine", "llama"]),
                               ("server", ["--respond.engine", "openai", "--respond.base_url", url,

@@ -26,7 +26,7 @@ from assistant.config.loader import (
 )
 from assistant.config.ray import RayConfig
 from assistant.config.realtime import RealtimeConfig
-from assistant.config.respond import REQUANTIZE, RespondConfig
+from assistant.config.respond import FALLBACKS, REQUANTIZE, RespondConfig
 from assistant.config.server import (
     GATEWAY_ID,
     DispatchConfig,
@@ -42,8 +42,9 @@ from assistant.config.tts import ChunkerConfig, TTSAPIConfig, TTSConfig
 from assistant.config.turn import TURN_CUES, TURN_POLICIES, TurnConfig
 
 __all__ = [
-    "CONFIG_DIR", "DEFAULT_CONFIG", "ENV_PREFIX", "GATEWAY_ID", "MAX_WINDOW_S", "MIN_WINDOW_S", "PROJECT_ROOT",
-    "REQUANTIZE", "TURN_CUES", "TURN_POLICIES", "ASRConfig", "AudioConfig", "ChunkerConfig", "Config", "ConfigError",
+    "CONFIG_DIR", "DEFAULT_CONFIG", "ENV_PREFIX", "FALLBACKS", "GATEWAY_ID", "MAX_WINDOW_S", "MIN_WINDOW_S",
+    "PROJECT_ROOT", "REQUANTIZE", "TURN_CUES", "TURN_POLICIES", "ASRConfig", "AudioConfig", "ChunkerConfig", "Config",
+    "ConfigError",
     "DispatchConfig", "ICEConfig", "KeysConfig", "LogConfig", "Overrides", "RayConfig", "RealtimeConfig",
     "RespondConfig", "ServerConfig", "TTSAPIConfig", "TTSConfig", "TelemetryConfig", "TelephonyConfig", "TurnConfig",
     "VADConfig", "add_config_flags", "apply_overrides", "check_gateway_id", "check_languages", "check_min_window",

@@ -24,7 +24,7 @@ from assistant.config.audio import AudioConfig, VADConfig
 from assistant.config.fields import ConfigError
 from assistant.config.ray import RayConfig
 from assistant.config.realtime import RealtimeConfig
-from assistant.config.respond import REQUANTIZE, RespondConfig
+from assistant.config.respond import FALLBACKS, REQUANTIZE, RespondConfig
 from assistant.config.server import DispatchConfig, ICEConfig, KeysConfig, LogConfig, ServerConfig
 from assistant.config.telemetry import TelemetryConfig
 from assistant.config.telephony import TelephonyConfig
@@ -90,6 +90,8 @@ def _coerce(value: object, typ: object, where: str) -> object:
             raise ConfigError(f"{where}: expected a table/object, got {value!r}")
         return dict(value)
     if origin in (typing.Union, types.UnionType):
+        if value is None and type(None) in typing.get_args(typ):  # unset (Config.to_dict gives it back as None)
+            return None
         args = [a for a in typing.get_args(typ) if a is not type(None)]
         return _coerce(value, args[0], where)
     if typ is bool:
@@ -179,6 +181,9 @@ def load_config(
     check_min_window(cfg.asr.min_window_s)
     if cfg.respond.requantize not in REQUANTIZE:
         raise ConfigError(f"respond.requantize must be one of {', '.join(REQUANTIZE)}, got {cfg.respond.requantize!r}")
+    if cfg.respond.fallback.strip() not in FALLBACKS:
+        raise ConfigError(f"respond.fallback must be echo, rules or empty (none), got {cfg.respond.fallback!r}: it "
+                          "answers while the responder's engine is down, so it must load nothing that can fail")
     check_languages(cfg)
     return cfg
 
@@ -210,12 +215,17 @@ def add_config_flags(parser: argparse.ArgumentParser, sections: tuple[str, ...] 
             continue
         group = parser.add_argument_group(f"[{sec.name}]")
         obj = getattr(defaults, sec.name)
+        hints = _field_types(type(obj))
         for f in dataclasses.fields(obj):
             default = getattr(obj, f.name)
+            # An optional setting (None: unset) takes its type's values: ``str | None`` → STR.
+            hint = hints[f.name]
+            optional = typing.get_origin(hint) in (typing.Union, types.UnionType)
+            kind = next(t for t in typing.get_args(hint) if t is not type(None)) if optional else type(default)
             group.add_argument(
                 f"--{sec.name}.{f.name}",
                 dest=f"cfg__{sec.name}__{f.name}",
-                metavar=type(default).__name__.upper(),
+                metavar=getattr(kind, "__name__", "VALUE").upper(),
                 default=None,
                 help=f"{f.metadata.get('help', '')} (default: {default!r})",
             )

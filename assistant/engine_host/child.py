@@ -1,8 +1,10 @@
-"""An engine's child process: ``python -m assistant.engine_host.child FD``.
+"""An engine's child process: ``python -m assistant.engine_host.child FD PARENT_PID``.
 
-The parent hands over one end of a socket pair as ``FD``. The first frame names a factory (``module:function``)
-and its config; the child builds the hosted object, calls its ``start()`` (load and warm up) and answers
-``ready`` with what it returns, or ``failed`` with why (a clean error: a bad model file, say). Then it serves:
+The parent hands over one end of a socket pair as ``FD``, and its own pid (a server started as a container's
+command is PID 1: "reparented to init" cannot be told from "started by init" without it). The first frame names a
+factory (``module:function``) and its config; the child builds the hosted object, calls its ``start()`` (load and
+warm up) and answers ``ready`` with what it returns, or ``failed`` with why (a clean error: a bad model file, say).
+Then it serves:
 
 - ``call``: ``method(*args)`` of the hosted object (only those it lists in ``CALLS``), answered once; a blocking
   method runs on a thread, so the child answers pings while it works;
@@ -32,7 +34,7 @@ from collections.abc import AsyncGenerator
 from pathlib import Path
 from typing import Any
 
-from assistant.engine_host.wire import Frame, encode, read_frame
+from assistant.engine_host.wire import Frame, Wire, encode, read_frame
 from assistant.loading import load_named
 
 log = logging.getLogger("assistant.engine_host.child")
@@ -88,8 +90,8 @@ class _Child:
         self.tasks[rid] = task
         task.add_done_callback(lambda _t: self.tasks.pop(rid, None))
 
-    async def serve(self, reader: asyncio.StreamReader) -> None:
-        while (frame := await read_frame(reader)) is not None:
+    async def serve(self, reader: asyncio.StreamReader, wire: Wire) -> None:
+        while (frame := await read_frame(reader, wire)) is not None:
             op, rid = frame.get("op"), int(frame.get("id", 0))
             if op == "call":
                 self.spawn(rid, self.call(rid, str(frame["method"]), tuple(frame.get("args", ()))))
@@ -133,6 +135,7 @@ async def _main(fd: int) -> int:
         return 2
     logging.basicConfig(level=int(hello.get("log_level", logging.INFO)),
                         format=f"%(asctime)s %(levelname)s [{hello.get('name', 'engine')} child] %(name)s %(message)s")
+    wire = Wire(str(name) for name in hello.get("wire", ()))  # the types its host's frames may hold
     t0 = time.perf_counter()
     try:
         factory = load_named(str(hello["factory"]), {}, kind="engine factory")
@@ -148,7 +151,7 @@ async def _main(fd: int) -> int:
     await writer.drain()
     child = _Child(obj, writer)
     try:
-        await child.serve(reader)
+        await child.serve(reader, wire)
     except (ConnectionError, OSError) as exc:
         log.info("engine_child.parent_gone error=%s", type(exc).__name__)
     finally:
@@ -174,13 +177,13 @@ def _first_for_the_oom_killer() -> None:
 
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
-    if len(args) != 1 or not args[0].isdigit():
-        print("usage: python -m assistant.engine_host.child FD (started by the server, not by hand)",
+    if len(args) != 2 or not all(a.isdigit() for a in args):
+        print("usage: python -m assistant.engine_host.child FD PARENT_PID (started by the server, not by hand)",
               file=sys.stderr)
         return 2
     _die_with_parent()
     _first_for_the_oom_killer()
-    if os.getppid() == 1:  # the parent died before the line above took effect
+    if os.getppid() != int(args[1]):  # the parent died before the line above took effect (we were reparented)
         return 1
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C in a terminal reaches the group: the parent decides
     return asyncio.run(_main(int(args[0])))

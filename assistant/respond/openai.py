@@ -40,6 +40,11 @@ MAX_STREAM_BYTES = 16 << 20     # a whole reply; max_tokens keeps real replies f
 MAX_JSON_BODY_BYTES = 4 << 20   # a non-streamed JSON answer (a server that ignores ``stream``)
 MAX_TOOL_CALLS = 16             # tool calls in one reply
 
+# What the server's model is told when respond.system_prompt is unset: that its words are heard. Nothing about what
+# it cannot do: a model here may call the tools a Realtime client gives it.
+SYSTEM_PROMPT = ("You are a voice assistant: the user speaks to you and hears your answer. Answer in short spoken "
+                 "sentences, with no lists, no markdown and no emojis.")
+
 MSG_UNREACHABLE = "I could not reach the language model server."
 MSG_TIMEOUT_FIRST = "The language model took too long to answer."
 MSG_TIMEOUT_TOTAL = "The language model took too long to finish its answer."
@@ -96,10 +101,11 @@ class OpenAIResponder:
         function tools given in the Realtime API's flat shape (``{"type", "name", "description", "parameters"}``).
 
         ``options``: the turn's language (the model is told to answer in it, after the system prompt),
-        temperature and token limit (None: ``[respond]``'s)."""
+        temperature and token limit (None: ``[respond]``'s; unset there too, none is sent)."""
         out: list[dict[str, Any]] = []
-        if self.cfg.system_prompt and not (messages and messages[0].role == "system"):
-            out.append({"role": "system", "content": self.cfg.system_prompt})
+        system = SYSTEM_PROMPT if self.cfg.system_prompt is None else self.cfg.system_prompt
+        if system and not (messages and messages[0].role == "system"):
+            out.append({"role": "system", "content": system})
         language = options.language if options is not None else None
         if language:
             said = languages.name(language)
@@ -123,14 +129,18 @@ class OpenAIResponder:
             "model": self.cfg.model,
             "messages": out,
             "stream": True,
-            "temperature": self.cfg.temperature,
-            "max_tokens": self.cfg.max_tokens,
             "stream_options": {"include_usage": True},  # the token counts come in a last chunk
         }
-        if options is not None and options.temperature is not None:
-            payload["temperature"] = options.temperature
-        if options is not None and options.max_tokens is not None:
-            payload["max_tokens"] = options.max_tokens
+        # Sampling limits only when someone set them (the turn, else [respond]); unset, the server's own apply: no
+        # token cap cuts a reply or a tool call's arguments, and the model samples as its server serves it.
+        temperature = options.temperature if options is not None and options.temperature is not None \
+            else self.cfg.temperature
+        max_tokens = options.max_tokens if options is not None and options.max_tokens is not None \
+            else self.cfg.max_tokens
+        if temperature is not None:
+            payload["temperature"] = temperature
+        if max_tokens is not None:
+            payload["max_tokens"] = max_tokens
         if tools:
             payload["tools"] = [{"type": "function", "function": {
                 "name": t["name"], "description": t.get("description", ""),

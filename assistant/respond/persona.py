@@ -1,5 +1,8 @@
-"""Who the embedded model plays: the example turns that show a small model its role, beside the system prompt and
-the sampling settings in :class:`~assistant.config.RespondConfig`.
+"""Who the embedded model plays: its system prompt, the example turns that show a small model its role, and its
+sampling settings. They are the embedded engine's own defaults (:func:`embedded`): ``respond.system_prompt``,
+``respond.temperature`` and ``respond.max_tokens`` left unset mean these where the embedded model answers, and
+other engines' own conventions elsewhere (an ``openai`` server gets no token cap and no temperature unless set,
+and is not told it cannot do what a client's tools do).
 
 SmolLM2-135M follows a one-line system prompt loosely: it swaps roles with the user ("Could you please call your
 mother?"), apologises for misunderstandings nobody had, and writes Markdown lists. A few example turns before the
@@ -31,6 +34,17 @@ from typing import Any
 from assistant.config import RespondConfig
 from assistant.respond.base import Message
 
+# The system prompt chosen with the examples below (the tuning half of `python -m lab replies`); what it says the
+# assistant cannot do is true of the embedded engine, which calls no tools.
+SYSTEM_PROMPT = (
+    "You are a voice assistant: the user speaks to you and hears your answer. Answer the question yourself, in one or "
+    "two short spoken sentences, with no lists, no markdown and no emojis. You cannot set timers or alarms, send "
+    "messages, make calls, play music or control devices: when asked, say plainly that you cannot, and offer what "
+    "you can do instead. Never ask the user to do what they asked you to do."
+)
+TEMPERATURE = 0.0  # greedy: the small model's best, and a repeatable bench
+MAX_TOKENS = 48  # a reply the model loops in is cut at about 13 s of speech (at the clause end before it)
+
 # English example turns (the persona's language is respond.language; other languages get none: the small model
 # has no other language to copy, and an English example would pull a Japanese turn's answer into English).
 EXAMPLES: tuple[Message, ...] = (
@@ -49,6 +63,13 @@ EXAMPLES_BY_LANGUAGE: dict[str, tuple[Message, ...]] = {"en": EXAMPLES}
 
 # What the voice chat ran before issue 39, for the bench's "before" column.
 BEFORE_SYSTEM_PROMPT = "You are a helpful voice assistant. Answer briefly in plain spoken sentences."
+
+
+def embedded(cfg: RespondConfig) -> RespondConfig:
+    """``cfg`` with what it leaves unset (None) filled with the embedded model's own defaults."""
+    return replace(cfg, system_prompt=SYSTEM_PROMPT if cfg.system_prompt is None else cfg.system_prompt,
+                   temperature=TEMPERATURE if cfg.temperature is None else cfg.temperature,
+                   max_tokens=MAX_TOKENS if cfg.max_tokens is None else cfg.max_tokens)
 
 
 def examples(language: str) -> tuple[Message, ...]:
@@ -75,11 +96,11 @@ PRESETS: dict[str, dict[str, Any]] = {
 
 
 def preset(cfg: RespondConfig, name: str) -> RespondConfig:
-    """``cfg`` with the named preset's settings."""
+    """``cfg`` with the named preset's settings (over the embedded model's own defaults)."""
     if name not in PRESETS:
         raise KeyError(f"unknown preset {name!r}; known: {', '.join(PRESETS)}")
-    return replace(cfg, **PRESETS[name])
+    return replace(embedded(cfg), **PRESETS[name])
 
 
-__all__ = ["BEFORE_SYSTEM_PROMPT", "EXAMPLES", "EXAMPLES_BY_LANGUAGE", "PRESETS", "example_messages", "examples",
-           "preset"]
+__all__ = ["BEFORE_SYSTEM_PROMPT", "EXAMPLES", "EXAMPLES_BY_LANGUAGE", "MAX_TOKENS", "PRESETS", "SYSTEM_PROMPT",
+           "TEMPERATURE", "embedded", "example_messages", "examples", "preset"]

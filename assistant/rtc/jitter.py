@@ -47,7 +47,8 @@ _RECEIVER = "_RTCRtpReceiver__"
 # queued meanwhile arrive at once, so the burst allowance holds a few seconds of them.
 MAX_PACKETS_PER_S = 200
 PACKET_BURST = 250
-FLOOD_CLOSE_PACKETS = 250   # packets dropped as a flood before the peer counts as flooding
+FLOOD_CLOSE_PACKETS = 250   # packets dropped as a flood within FLOOD_WINDOW_S: the peer is flooding
+FLOOD_WINDOW_S = 10.0       # (a long call's odd burst past the budget, now and then, never adds up to one)
 JUMP_PACKETS = 1000         # a hole this long (20 s of packets) is a sequence jump, not loss
 MAX_JUMPS = 5               # jumps (sequence here, timestamp in ``inbound``) within JUMP_WINDOW_S: a hostile peer
 JUMP_WINDOW_S = 10.0
@@ -187,7 +188,7 @@ class AudioReceiveBuffer:
     """Drop-in for aiortc's ``JitterBuffer`` on an audio receiver (``add(packet) -> (pli, frame)``)."""
 
     def __init__(self, hole_packets: int = 1, emit_extra: EmitFrame | None = None,
-                 is_opus: Callable[[int], bool] = lambda payload_type: False) -> None:
+                 is_opus: Callable[[int], bool] = lambda payload_type: False, clock: Clock = time.monotonic) -> None:
         self.hole_packets = max(0, hole_packets)
         self.is_opus = is_opus  # payload types whose packets must be well-formed Opus (asked per packet: the
         # receiver learns its codecs only once the call is negotiated)
@@ -199,10 +200,11 @@ class AudioReceiveBuffer:
         self._stored: dict[int, RtpPacket] = {}
         self.lost = 0
         self.late = 0
-        self.flooded = 0  # packets dropped past the packet budget
+        self.flooded = 0  # packets dropped past the packet budget, in all
         self.garbage = 0  # packets dropped as malformed Opus
-        self._budget = PacketBudget(MAX_PACKETS_PER_S, PACKET_BURST)
-        self._jumps = RecentEvents(MAX_JUMPS, JUMP_WINDOW_S)
+        self._budget = PacketBudget(MAX_PACKETS_PER_S, PACKET_BURST, clock)
+        self._floods = RecentEvents(FLOOD_CLOSE_PACKETS, FLOOD_WINDOW_S, clock)
+        self._jumps = RecentEvents(MAX_JUMPS, JUMP_WINDOW_S, clock)
         # RTP timestamp -> wall time the packet arrived; aiortc maps RTP timestamps to frame pts by
         # subtracting the first released one (``_origin``), so ``arrival(pts)`` can find a decoded frame's.
         self._arrived: collections.OrderedDict[int, float] = collections.OrderedDict()
@@ -220,7 +222,7 @@ class AudioReceiveBuffer:
 
     def abuse(self) -> str:
         """What this peer did that no real client does (empty: nothing): ``rtp_flood`` or ``rtp_jumps``."""
-        if self.flooded >= FLOOD_CLOSE_PACKETS:
+        if self._floods.too_many:
             return "rtp_flood"
         if self.garbage >= GARBAGE_CLOSE_PACKETS:
             return "rtp_garbage"
@@ -231,6 +233,7 @@ class AudioReceiveBuffer:
     def add(self, packet: RtpPacket) -> tuple[bool, JitterFrame | None]:
         if not self._budget.take():  # a flood: dropped before it is stored or decoded
             self.flooded += 1
+            self._floods.add()
             return False, None
         data = getattr(packet, "_data", b"")  # the depayloaded frame aiortc put there
         if data and self.is_opus(packet.payload_type) and not is_valid_opus(data):

@@ -21,13 +21,14 @@ Three ways to deploy, all the same applications: a gateway with ``ray.deploy`` o
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Mapping
 
 from ray import serve
 from ray.serve import Application
 
-from assistant.config import Config, ConfigError, load_config
+from assistant.config import Config, ConfigError, RespondConfig, load_config
 from assistant.serve_ray import asr_capacity, caller_queue, llm_capacity, tts_capacity
 from assistant.serve_ray.replicas import ASRReplica, LLMReplica, TTSReplica
 
@@ -58,9 +59,13 @@ def llm_app_name(cfg: Config) -> str:
 TTS_SETTINGS: dict[str, tuple[str, ...] | None] = {"tts": None, "tts_api": None, "ray": None,
                                                    "server": ("data_dir",), "telemetry": None}
 ASR_SETTINGS: dict[str, tuple[str, ...] | None] = {"asr": None, "telemetry": None}
-LLM_SETTINGS: dict[str, tuple[str, ...] | None] = {"respond": (
-    "engine", "system_prompt", "temperature", "max_tokens", "model_path", "context_tokens", "slots", "max_waiting",
-    "threads", "gpu_layers", "prefill_chunk", "language"), "telemetry": None}  # not api_key, not base_url
+# The LLM replica gets every [respond] setting but the gateway's own (a list of what it may have let new settings
+# — examples, history_turns, requantize, extra_buffers, cache_dir — stay behind): not the OpenAI-compatible
+# server's address and key, not a plug-in's options (its secrets, and the replica runs the embedded model).
+LLM_WITHHELD = ("api_key", "base_url", "options")
+LLM_SETTINGS: dict[str, tuple[str, ...] | None] = {
+    "respond": tuple(f.name for f in dataclasses.fields(RespondConfig) if f.name not in LLM_WITHHELD),
+    "telemetry": None}
 
 
 def replica_settings(cfg: Config, wanted: dict[str, tuple[str, ...] | None]) -> dict[str, dict[str, object]]:

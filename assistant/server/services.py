@@ -183,13 +183,14 @@ class Services:
         """The responder in its supervised child process (``respond/hosted.py``), with its fallback; ready (loaded
         and warm) or failed for good (a crash loop: the fallback answers, ``/readyz`` says why)."""
         from assistant.respond import create_responder
-        from assistant.respond.hosted import HostedResponder
+        from assistant.respond.hosted import hosted_responder
 
         cfg = self.cfg.respond
         fallback = None
-        if cfg.fallback.strip():
-            fallback = create_responder(dataclasses.replace(cfg, engine=cfg.fallback.strip(), backend="local"))
-        hosted = HostedResponder(cfg, fallback, on_change=self.metrics.observe_engine)
+        if cfg.fallback.strip():  # echo or rules (load_config checks it): nothing to load, still off the loop
+            fallback = await asyncio.to_thread(
+                create_responder, dataclasses.replace(cfg, engine=cfg.fallback.strip(), backend="local"))
+        hosted = await asyncio.to_thread(hosted_responder, cfg, fallback, self.metrics.observe_engine)
         self.engines[hosted.host.name] = hosted.host
         await hosted.start()
         if hosted.host.start_seconds:

@@ -15,7 +15,8 @@ What it does, per piece:
   * URLs said as their host (``www.`` dropped; ``example dot com`` in English), e-mail's ``@`` said;
   * symbols and units after numbers said in the piece's language (``50%`` → ``50 percent``, ``百分之50``,
     ``50パーセント``, ``50퍼센트``; ``5 km``, ``°C``, ``5-10`` → ``5 to 10``, ``3 × 4``, ``&``, ``+``, ``=``),
-    and only in a language with a table here: no English word is put into Japanese (or French) text;
+    and only in a language with a table here: no English word is put into Japanese (or French) text; a phone
+    number (``555-1234``, ``(555) 123-4567``) digit by digit, not as a range;
   * emoji and other pictographs dropped.
 The language is the turn's (the TTS request's) when known, else the piece's script (kana: ja, Hangul: ko, Han:
 zh), else English only for a piece with no other hint. Numbers themselves stay digits: the voices (Piper's
@@ -101,6 +102,10 @@ _STRAY_STAR = re.compile(r"\*+")
 _NUM = r"(?<![\d.,])\d+(?:[.,]\d+)?"  # a whole number: not the tail of another (CJK letters may touch it)
 _PERCENT = re.compile(rf"({_NUM})\s?%")
 _DEGREES = re.compile(rf"(-?{_NUM})\s?°(?:\s?([CF])(?![A-Za-z]))?")
+# A phone number: digit groups joined by hyphens ("555-1234", "555-123-4567", "1-800-555-1234", "+1-555-123-4567",
+# "(555) 123-4567"); said digit by digit, group by group, never as a range or as numbers in the thousands.
+_PHONE = re.compile(r"(?<![\d.,/+\-A-Za-z])(?:\+\d{1,3}[\s-]|\d{1,3}-)?(?:\(\d{3}\)\s?|\d{3}-)(?:\d{3}-)?\d{4}"
+                    r"(?![\dA-Za-z-]|[.,]\d)")
 _RANGE = re.compile(rf"(?<!\d[-–/])({_NUM})\s?[-–—]\s?({_NUM})(?![\d.,]*\d)(?!\s*[-–—]\s?\d)")
 _TIMES = re.compile(rf"({_NUM})\s?[×xX*]\s?({_NUM})(?![\d.,]*\d)")
 _PLUS = re.compile(rf"({_NUM})\s?\+\s?({_NUM})(?![\d.,]*\d)")
@@ -218,6 +223,15 @@ def _drop_pictographs(text: str) -> str:
                                            or ord(c) == 0x200D))
 
 
+def _say_phone(number: str, lang: str, words: dict[str, str]) -> str:
+    """``555-1234`` → ``5 5 5, 1 2 3 4``; a leading ``+`` is said. Two round groups (``100-1000``) are a range."""
+    groups = re.findall(r"\d+", number)
+    if len(groups) == 2 and number[0] != "(" and all(int(g) % 100 == 0 for g in groups):
+        return number
+    said = ("，" if lang in ("zh", "ja") else ", ").join(" ".join(g) for g in groups)
+    return f"{words['plus']} {said}" if number.startswith("+") else said
+
+
 def _unit_word(unit: str, number: str, lang: str) -> str:
     forms = UNITS[unit]
     if lang == "en":
@@ -238,8 +252,8 @@ def _symbols(text: str, lang: str, words: dict[str, str]) -> str:
     if lang in ("en", "zh", "ja", "ko"):
         text = _NUM_UNIT.sub(lambda m: f"{m.group(1)}{sp if lang != 'ko' else ' '}"
                              f"{_unit_word(m.group(2), m.group(1), lang)}", text)
-    text = _RANGE.sub(lambda m: _join(lang, m.group(1), words["to"], m.group(2))
-, text)
+    text = _PHONE.sub(lambda m: _say_phone(m.group(0), lang, words), text)
+    text = _RANGE.sub(lambda m: _join(lang, m.group(1), words["to"], m.group(2)), text)
     text = _PLUS.sub(lambda m: _join(lang, m.group(1), words["plus"], m.group(2)), text)
     text = _EQUALS.sub(f"{sp}{words['equals']}{sp}" if cjk else f" {words['equals']} ", text)
     text = _APPROX.sub(lambda m: _join(lang, words["about"], m.group(1)), text)

@@ -81,17 +81,18 @@ def test_speakable_short_right_language() -> None:
 
 
 def test_examples_go_between_the_system_prompt_and_the_history() -> None:
-    module("llama_cpp")
+    module("assistant.respond.llama.native")
     from assistant.respond.llama.prompt import PromptBuilder
 
     def builder(cfg: RespondConfig) -> PromptBuilder:  # the prompt's assembly only: no model, no template
-        return PromptBuilder(None, lambda text: [], 1024, cfg.system_prompt, cfg.language,  # type: ignore[arg-type]
+        system = persona.embedded(cfg).system_prompt or ""
+        return PromptBuilder(None, lambda text: [], 1024, system, cfg.language,  # type: ignore[arg-type]
                              persona.example_messages(cfg))
 
     history = [Message("user", "Hi"), Message("assistant", "Hello!")]
     msgs = builder(RespondConfig()).messages("What now?", history, ReplyOptions())
     n = len(persona.EXAMPLES)
-    assert msgs[0] == {"role": "system", "content": RespondConfig().system_prompt}
+    assert msgs[0] == {"role": "system", "content": persona.SYSTEM_PROMPT}
     assert [m["content"] for m in msgs[1 : 1 + n]] == [m.content for m in persona.EXAMPLES]
     assert [m["content"] for m in msgs[1 + n :]] == ["Hi", "Hello!", "What now?"]
     assert len(builder(RespondConfig(examples=False)).messages("What now?", history, ReplyOptions())) == 4
@@ -104,7 +105,7 @@ def test_examples_go_between_the_system_prompt_and_the_history() -> None:
 
 @pytest.mark.slow
 def test_the_bench_runs_on_the_default_model(tmp_path: Path) -> None:
-    module("llama_cpp")
+    module("assistant.respond.llama.native")
     parser = argparse.ArgumentParser()
     R.add_replies_arguments(parser)
     args = parser.parse_args(["--half", "heldout", "--presets", "before,config", "--limit", "3",

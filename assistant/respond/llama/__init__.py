@@ -31,12 +31,15 @@ session's history and the turn.
 Where it runs is ``respond.backend``: by default in a supervised child process (``respond/hosted.py``; a crash
 of llama.cpp ends that process, not the calls), or in this process, or on Ray.
 
-The modules: ``model_file`` (finding and checking the GGUF), ``clauses`` (clause ends, the max_tokens limit),
-``kv_reuse`` (the cache plan), ``engine`` (the scheduler thread over llama.cpp), ``prompt`` (template, trimming),
-``responder`` (the Responder face).
+The modules: ``native`` (llama.cpp itself: the one module that imports it and loads models, with the CPU's extra
+buffer types off for the whole process), ``cpus`` (the threads a container's CPU quota allows), ``model_file``
+(finding and checking the GGUF), ``clauses`` (clause ends, the max_tokens limit), ``kv_reuse`` (the cache plan),
+``engine`` (the scheduler thread over llama.cpp), ``prompt`` (template, trimming), ``responder`` (the Responder
+face).
 """
 
 from assistant.respond.llama.clauses import ClauseLimit, clause_end, ends_clause
+from assistant.respond.llama.cpus import default_threads
 from assistant.respond.llama.engine import (
     AHEAD_TOKENS,
     MSG_BUSY,
@@ -44,8 +47,6 @@ from assistant.respond.llama.engine import (
     MSG_FAILED,
     MSG_TOO_LONG,
     LlamaEngine,
-    default_threads,
-    model_params,
 )
 from assistant.respond.llama.kv_reuse import ReusePlan, common_prefix, plan_reuse
 from assistant.respond.llama.model_file import ModelFileError, check_gguf, default_model_path, resolve_model_path
@@ -55,4 +56,4 @@ from assistant.respond.llama.responder import LlamaResponder, ModelInfo
 __all__ = ["AHEAD_TOKENS", "MSG_BUSY", "MSG_CLOSED", "MSG_FAILED", "MSG_TOO_LONG", "ChatPrompt", "ClauseLimit",
            "LlamaEngine", "LlamaResponder", "ModelFileError", "ModelInfo", "PromptBuilder", "ReusePlan",
            "check_gguf", "clause_end", "common_prefix", "default_model_path", "default_threads", "ends_clause",
-           "model_params", "plan_reuse", "resolve_model_path"]
+           "plan_reuse", "resolve_model_path"]

@@ -10,31 +10,32 @@
 - **Cancellation.** :meth:`LlamaEngine.cancel` flags the request; the engine drops it before its next step.
 - **No crashing CPU path.** llama.cpp's "extra buffer types" (weights repacked for AMX or other CPU-specific
   kernels) are off unless ``respond.extra_buffers`` turns them on: on Intel Xeons with AMX they segfault in the
-  first decode (:func:`model_params`).
+  first decode. The model loads through ``native.py``, the one module that imports llama.cpp.
 """
 
 from __future__ import annotations
 
 import codecs
-import contextlib
 import ctypes
 import logging
 import os
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from assistant.respond.base import ResponderError
+from assistant.respond.llama.cpus import default_threads
 from assistant.respond.llama.kv_reuse import ReusePlan, plan_reuse
 from assistant.respond.llama.model_file import ModelFileError
 
 log = logging.getLogger(__name__)
 
 AHEAD_TOKENS = 32  # a reply runs at most this many tokens ahead of its reader (the speech path), then waits
+STEP_GRACE = 8.0  # a step is hung past this many times what its tokens took on average (load comes and goes)
 
 MSG_BUSY = "The language model is busy. Please try again."
 MSG_FAILED = "The language model failed to answer."
@@ -131,7 +132,7 @@ class LlamaEngine:
     def __init__(self, path: Path, *, slots: int = 4, context_tokens: int = 2048, threads: int = 0,
                  gpu_layers: int = 0, prefill_chunk: int = 256, max_waiting: int = 8,
                  ahead_tokens: int = AHEAD_TOKENS, extra_buffers: bool = False) -> None:
-        import llama_cpp
+        from assistant.respond.llama.native import llama_cpp, load_model, model_params
 
         if slots < 1 or context_tokens < 64 or max_waiting < 0 or prefill_chunk < 1:
             raise ValueError("respond.slots >= 1, respond.context_tokens >= 64, respond.max_waiting >= 0 and "
@@ -147,8 +148,7 @@ class LlamaEngine:
         llama_cpp.llama_backend_init()
         t0 = time.perf_counter()
         rss0 = _rss_bytes()
-        mparams = model_params(llama_cpp, gpu_layers=gpu_layers, extra_buffers=extra_buffers)
-        self.model = llama_cpp.llama_model_load_from_file(str(path).encode(), mparams)
+        self.model = load_model(path, model_params(gpu_layers=gpu_layers, extra_buffers=extra_buffers))
         if not self.model:
             raise ModelFileError(f"llama.cpp could not load the language model file (corrupt, truncated, or a "
                                  f"model this llama.cpp does not know): {path}")
@@ -193,6 +193,8 @@ class LlamaEngine:
         self._cond = threading.Condition()
         self._closing = False
         self._rotate = 0
+        self._step_tokens = 0  # tokens of the step running now (0: none)
+        self._timed_tokens, self._timed_s, self._token_s = 0.0, 0.0, 0.0  # what steps took (_time_step)
         self.stats: dict[str, int] = {"requests": 0, "busy": 0, "cancelled": 0, "tokens_after_cancel": 0,
                                       "prompt_tokens": 0, "reused_tokens": 0, "generated_tokens": 0,
                                       "steps": 0, "errors": 0}
@@ -295,12 +297,16 @@ class LlamaEngine:
         self.L.llama_model_free(self.model)
         log.info("llm.closed file=%s", self.path)
 
-    def progress(self) -> tuple[bool, int]:
-        """(has work it could be doing now, decode steps so far): a watchdog that sees work and no new steps for a
-        while knows the engine is stuck (a reply waiting for its reader is not work)."""
+    def progress(self) -> tuple[bool, int, float]:
+        """(has work it could be doing now, decode steps so far, how long the step running now may take): a
+        watchdog that sees work and no new steps for a while knows the engine is stuck (a reply waiting for its
+        reader is not work), but a step is given its time: one prompt chunk of a 3B model on a CPU takes longer
+        than the watchdog's usual limit. A step may take ``STEP_GRACE`` times what its tokens took on average."""
         with self._cond:
             busy = any(s.request is not None and (s.pending or not s.request.stalled) for s in self._slots)
-            return busy, self.stats["steps"]
+            steps = self.stats["steps"]
+        tokens, per_token = self._step_tokens, self._token_s
+        return busy, steps, STEP_GRACE * tokens * per_token if tokens else 0.0
 
     @property
     def active(self) -> int:
@@ -486,7 +492,11 @@ class LlamaEngine:
                 budget -= len(chunk)
         if batch.n_tokens == 0:
             return
+        self._step_tokens = n = int(batch.n_tokens)
+        t0 = time.perf_counter()
         rc = L.llama_decode(self.ctx, batch)
+        self._step_tokens = 0
+        self._time_step(n, time.perf_counter() - t0)
         self.stats["steps"] += 1
         if rc != 0:
             slots = {id(s): s for s, _ in added}
@@ -519,6 +529,12 @@ class LlamaEngine:
                 self._finish(slot, "length")
             else:
                 slot.next_token = token
+
+    def _time_step(self, tokens: int, seconds: float) -> None:
+        """What a token costs in a step, over the steps so far (the recent ones weigh more)."""
+        self._timed_tokens = self._timed_tokens * 0.9 + tokens
+        self._timed_s = self._timed_s * 0.9 + seconds
+        self._token_s = self._timed_s / self._timed_tokens
 
     def _add(self, slot: _Slot, tokens: list[int], logits_last: bool) -> int:
         """Append ``tokens`` (continuing the slot's positions) to the batch; the index of the last one."""
@@ -570,58 +586,6 @@ class LlamaEngine:
                     self._reset_slot(slot)
                     self._finish(slot, "error", MSG_FAILED)
         log.error("llm.failed_step reason=%s", why)
-
-
-
-def model_params(llama_cpp: Any, *, gpu_layers: int, extra_buffers: bool) -> Any:
-    """llama.cpp's model parameters: ``gpu_layers`` offloaded (-1: all), and its "extra buffer types" only if
-    ``extra_buffers``.
-
-    Extra buffer types are CPU-specific weight layouts that llama.cpp repacks the weights into at load (the AMX
-    tiles of Intel Xeons from Sapphire Rapids on, and the AArch64/x86 repacked Q4_0/IQ4_NL kernels) so the CPU's
-    matrix units read them directly: faster prompt evaluation on those CPUs. On an Intel Xeon with AMX the build
-    this package compiles (native, llama-cpp-python 0.3.36) takes the AMX path for SmolLM2's Q4_1 weights and
-    segfaults in the first ``llama_decode`` (``ggml_backend_amx_mul_mat``; upstream ggml-org/llama.cpp#20824, open
-    and unfixed, the same crash llama-server shows under Ollama on such machines). Off, the weights stay in plain
-    CPU buffers and run the ordinary AVX2/AVX-512 kernels on every CPU; ``respond.extra_buffers = true`` turns
-    them back on where they are proven to work.
-    """
-    mparams = llama_cpp.llama_model_default_params()
-    mparams.n_gpu_layers = gpu_layers if gpu_layers >= 0 else 999
-    mparams.use_extra_bufts = bool(extra_buffers)
-    return mparams
-
-
-@contextlib.contextmanager
-def plain_cpu_buffers() -> Iterator[None]:
-    """While this block runs, llama-cpp-python's high-level ``Llama`` class loads models without extra buffer types
-    (it takes no setting for them; the default parameters it starts from have them off here). See
-    :func:`model_params`. Not for concurrent use with other model loads."""
-    import llama_cpp.llama_cpp as lib
-
-    original = lib.llama_model_default_params
-
-    def plain() -> Any:
-        params = original()
-        params.use_extra_bufts = False
-        return params
-
-    lib.llama_model_default_params = plain
-    try:
-        yield
-    finally:
-        lib.llama_model_default_params = original
-
-
-def default_threads() -> int:
-    """Half the cores this process may use (at most 8): ASR, TTS and the VAD share the machine, and llama.cpp's
-    threads wait for each other at every layer, so one descheduled thread stalls the step (on 2 shared cores,
-    2 threads made a token 10× slower than 1)."""
-    try:
-        cores = len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        cores = os.cpu_count() or 1
-    return max(1, min(8, cores // 2))
 
 
 def _rss_bytes() -> int:

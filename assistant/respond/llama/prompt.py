@@ -33,10 +33,11 @@ class ChatPrompt:
     that refuses a system role gets the system prompt at the start of the first user message instead."""
 
     def __init__(self, template: str, bos: str, eos: str) -> None:
-        from llama_cpp.llama_chat_format import Jinja2ChatFormatter
+        from assistant.respond.llama.native import llama_cpp
 
         self.template = template or CHATML
-        self.formatter: Any = Jinja2ChatFormatter(template=self.template, eos_token=eos, bos_token=bos)
+        self.formatter: Any = llama_cpp.llama_chat_format.Jinja2ChatFormatter(
+            template=self.template, eos_token=eos, bos_token=bos)
         self.system_role = True
 
     def render(self, messages: list[dict[str, str]]) -> str:

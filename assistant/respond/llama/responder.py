@@ -42,7 +42,7 @@ class LlamaResponder:
     name = "llama"
 
     def __init__(self, cfg: RespondConfig | None = None) -> None:
-        self.cfg = cfg or RespondConfig()
+        self.cfg = persona.embedded(cfg or RespondConfig())  # what the config leaves unset: the persona's
         source = resolve_model_path(self.cfg)
         path = weights_path(source, self.cfg)  # the packaged Q4_1 as Q8_0 on a CPU (weights.py)
         c = self.cfg
@@ -66,12 +66,22 @@ class LlamaResponder:
         e = self.engine
         chat = ChatPrompt(e.template, e.token_text(e.L.llama_vocab_bos(e.vocab)),
                           e.token_text(e.L.llama_vocab_eos(e.vocab)))
-        self.prompts = PromptBuilder(chat, e.tokenize, e.n_ctx_seq, c.system_prompt, c.language,
+        self.prompts = PromptBuilder(chat, e.tokenize, e.n_ctx_seq, c.system_prompt or "", c.language,
                                      persona.example_messages(c))
         self.model = source.name
         self.weights = path  # the file loaded: the source, or its rewrite
         self.last_prompt_text = ""  # the latest reply's prompt, as rendered (tests, diagnostics)
         self.last_request: _Request | None = None  # the latest reply's request: its reuse, tokens (diagnostics)
+
+    @property
+    def temperature(self) -> float:
+        """Sampling when the turn asks for none (``respond.temperature``, else the persona's)."""
+        return self.cfg.temperature if self.cfg.temperature is not None else persona.TEMPERATURE
+
+    @property
+    def max_tokens(self) -> int:
+        """A reply's token cap when the turn asks for none (``respond.max_tokens``, else the persona's)."""
+        return self.cfg.max_tokens if self.cfg.max_tokens is not None else persona.MAX_TOKENS
 
     @property
     def prompt(self) -> ChatPrompt:
@@ -102,8 +112,8 @@ class LlamaResponder:
     async def respond(self, text: str, history: Sequence[Message],
                       options: ReplyOptions | None = None) -> AsyncGenerator[str, None]:
         opts = options if options is not None else ReplyOptions()
-        max_tokens = max(1, opts.max_tokens if opts.max_tokens is not None else self.cfg.max_tokens)
-        temperature = opts.temperature if opts.temperature is not None else self.cfg.temperature
+        max_tokens = max(1, opts.max_tokens if opts.max_tokens is not None else self.max_tokens)
+        temperature = opts.temperature if opts.temperature is not None else self.temperature
         reserve = min(max_tokens, self.engine.n_ctx_seq // 2)
         # Off the event loop: a long history costs a few renders and tokenizations of the whole conversation.
         _, self.last_prompt_text, prompt = await asyncio.to_thread(

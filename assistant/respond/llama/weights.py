@@ -68,9 +68,8 @@ def rewritten_q8_0(source: Path, folder: Path) -> Path:
     if target.is_file():
         check_gguf(target)
         return target
-    import llama_cpp
-
     from assistant.respond.llama.engine import install_llama_log
+    from assistant.respond.llama.native import llama_cpp
 
     install_llama_log(llama_cpp)  # its per-tensor lines stay out of the server's log (warnings still come)
     folder.mkdir(parents=True, exist_ok=True)

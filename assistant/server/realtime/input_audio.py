@@ -29,7 +29,9 @@ FEED_SLICE = SPEECH_RATE  # a big append reaches turn-taking a second at a time,
 
 class InputPace:
     """A token bucket of audio seconds: ``PACE_BURST_S`` at once, refilled at ``PACE_SPEED`` x the wall clock.
-    What it refuses is counted: a client that sends another burst's worth past the refusals is flooding."""
+    What it refuses is counted, and forgotten at the pace the bucket refills: a client that runs ahead now and then
+    in a long session is not closed for the sum of its hours, one that keeps sending another burst's worth past the
+    refusals (more than twice the pace, for long) is flooding."""
 
     def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
         self.clock = clock
@@ -40,7 +42,9 @@ class InputPace:
     def take(self, seconds: float) -> bool:
         """Spend ``seconds`` of audio; False (nothing spent) when it comes faster than the pace allows."""
         now = self.clock()
-        self.allowance = min(PACE_BURST_S, self.allowance + (now - self._stamp) * PACE_SPEED)
+        elapsed = max(0.0, now - self._stamp)
+        self.allowance = min(PACE_BURST_S, self.allowance + elapsed * PACE_SPEED)
+        self.refused_s = max(0.0, self.refused_s - elapsed * PACE_SPEED)
         self._stamp = now
         if seconds > self.allowance:
             self.refused_s += seconds

@@ -113,7 +113,9 @@ class Settings:
         return cls(
             id="sess_" + secrets.token_urlsafe(12),
             model=model,
-            instructions=cfg.respond.system_prompt,
+            # The operator's prompt, if set; else none: the responder's own applies (the embedded model's persona,
+            # the openai responder's note), and a client's instructions replace it as the reference's do.
+            instructions=cfg.respond.system_prompt or "",
             voice="default",
             turn_detection=TurnDetection(threshold=vad.threshold, prefix_padding_ms=vad.speech_pad_ms,
                                          silence_duration_ms=vad.end_silence_ms),

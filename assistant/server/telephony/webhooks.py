@@ -54,14 +54,15 @@ def form(request: web.Request, dialect: Dialect, body: bytes) -> list[tuple[str,
         raise refuse(request, dialect, 400, "bad_form", "the body must be UTF-8 form parameters") from None
 
 
-def answer(request: web.Request, dialect: Dialect, params: list[tuple[str, str]]) -> web.Response:
+async def answer(request: web.Request, dialect: Dialect, params: list[tuple[str, str]]) -> web.Response:
     """Connect the signed call to our media stream with a new token, or turn it away busy."""
     state = request.config_dict
     tel, services = state[TELEPHONY], state[SERVICES]
     call_id = dict(params).get(CALL_ID, "")
     if not call_id or len(call_id) > MAX_ID_CHARS:
         raise refuse(request, dialect, 400, "no_call_id", f"the form must name the call ({CALL_ID})")
-    if not tel.answered.first_answer(dialect.name, call_id):  # every signed webhook of a call, busy ones too
+    # Every signed webhook of a call, busy ones too; off the loop (answered.py).
+    if not await tel.answered.first_answer_async(dialect.name, call_id):
         raise refuse(request, dialect, 403, "replayed", "this call was already answered")
     busy = ""
     if not services.ready:
@@ -112,7 +113,7 @@ async def twilio_voice(request: web.Request) -> web.Response:
                      "a proxy, telephony.public_url must be the URL Twilio calls)")
     if not tel.replays[TWILIO.name].first_time(signature):
         raise refuse(request, TWILIO, 403, "replayed", "this signed request was already answered")
-    return answer(request, TWILIO, params)
+    return await answer(request, TWILIO, params)
 
 
 @webhook_doc("Telnyx", "telnyx-signature-ed25519 over telnyx-timestamp|body (telephony.telnyx_public_key)")
@@ -132,4 +133,4 @@ async def telnyx_voice(request: web.Request) -> web.Response:
         raise refuse(request, TELNYX, 403, "bad_signature", f"{TELNYX_SIGNATURE} does not match this request")
     if not tel.replays[TELNYX.name].first_time(telnyx_message_key(stamp, body), until=int(stamp) + window):
         raise refuse(request, TELNYX, 403, "replayed", "this signed request was already answered")
-    return answer(request, TELNYX, form(request, TELNYX, body))
+    return await answer(request, TELNYX, form(request, TELNYX, body))

@@ -496,6 +496,7 @@ async def list_voices(request: web.Request) -> web.Response:
         "409": lambda cfg: error(f"voice_limit: already {cfg.tts_api.max_voices} voices"),
         "413": error("clip too large or too long"),
         "429": error("rate limited"),
+        "507": error("voice_storage: the voices folder (server.data_dir) cannot be written (read-only, full)"),
     },
     schemas={"Voice": VOICE_SCHEMA},
 )
@@ -531,6 +532,8 @@ async def create_voice(request: web.Request) -> web.Response:
             voice = await asyncio.to_thread(svc.voices.create, clip.audio, clip.sample_rate, transcript, name)
         except VoiceLimitError as exc:
             raise HTTPJSONError(409, "voice_limit", str(exc)) from None
+        except OSError as exc:  # a read-only or full data_dir: the operator's to fix, said as such (not a 500)
+            raise storage_error(exc) from None
         try:
             cloning = await svc.sources.prepare_voice(engine, voice.voice_id, clip)
         except BaseException:
@@ -541,13 +544,25 @@ async def create_voice(request: web.Request) -> web.Response:
     return web.json_response(_voice_json(voice, cloning), status=201)
 
 
+def storage_error(exc: OSError) -> HTTPJSONError:
+    """The voices folder could not be written: 507, saying which setting to look at (and the log, once per call)."""
+    log.warning("voice_storage_failed error=%s", exc)
+    return HTTPJSONError(507, "voice_storage", f"the voices folder cannot be written ({exc.strerror or exc}): "
+                         "server.data_dir must be a writable folder to keep voices")
+
+
 @documented("Delete a voice", parameters=[
     {"name": "voice_id", "in": "path", "required": True, "schema": {"type": "string", "pattern": "^[0-9a-f]{16}$"}}],
-    responses={"200": json_body({"type": "object"}, "deleted"), "404": error("no such voice")})
+    responses={"200": json_body({"type": "object"}, "deleted"), "404": error("no such voice"),
+               "507": error("voice_storage: the voices folder (server.data_dir) cannot be written")})
 async def delete_voice(request: web.Request) -> web.Response:
     svc = request.app[TTS_SERVICE]
     voice_id = request.match_info["voice_id"]
-    if not valid_voice_id(voice_id) or not await asyncio.to_thread(svc.voices.delete, voice_id):
+    try:
+        deleted = valid_voice_id(voice_id) and await asyncio.to_thread(svc.voices.delete, voice_id)
+    except OSError as exc:
+        raise storage_error(exc) from None
+    if not deleted:
         raise HTTPJSONError(404, "unknown_voice", "no such voice")
     svc.sources.forget_voice(svc.current_engine(), voice_id)
     return web.json_response({"status": "deleted", "voice_id": voice_id})

@@ -223,12 +223,19 @@ class ConversationSession:
             await self.conversation.close()
         except Exception as exc:  # the rest must close all the same
             log.warning("session_close_step_failed session=%s step=conversation error=%r", self.id, exc)
-        await self._release()
-        if (trace := self.call_trace()) is not None:
-            trace.end(reason)
-        carry.forget(self.id)
-        if self._on_closed is not None:
-            self._on_closed(self)
+        try:
+            await self._release()
+        except Exception as exc:
+            log.warning("session_close_step_failed session=%s step=transport error=%r", self.id, exc)
+        try:  # the call's span (a responder's describe() is read into it): a fault there must not keep the slot
+            if (trace := self.call_trace()) is not None:
+                trace.end(reason)
+        except Exception as exc:
+            log.warning("session_close_step_failed session=%s step=telemetry error=%r", self.id, exc)
+        finally:
+            carry.forget(self.id)
+            if self._on_closed is not None:
+                self._on_closed(self)
 
     async def _release(self) -> None:
         """What the transport holds besides tasks (a peer, a track): let go of it at close."""

@@ -1,0 +1,75 @@
+"""How many CPUs this process may really use, for the embedded model's default thread count.
+
+A container's CPU limit (``docker run --cpus 2``, a Kubernetes ``limits.cpu``) is a cgroup quota, not an affinity
+mask: ``sched_getaffinity`` still lists every core of the host. llama.cpp's threads wait for each other at every
+layer, so eight threads under a two-CPU quota are throttled every period and a token costs many times what it
+should. The quota is read where the kernel shows it: cgroup v2 ``cpu.max`` (``QUOTA PERIOD`` or ``max PERIOD``),
+cgroup v1 ``cpu.cfs_quota_us`` / ``cpu.cfs_period_us`` (-1: none), for this process's cgroup and those above it
+(the tightest wins).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from pathlib import Path
+
+CGROUP_ROOT = Path("/sys/fs/cgroup")
+SELF_CGROUP = Path("/proc/self/cgroup")
+V1_CPU_MOUNTS = ("cpu", "cpu,cpuacct", "cpuacct,cpu")
+
+
+def _read(path: Path) -> str:
+    try:
+        return path.read_text().strip()
+    except (OSError, UnicodeDecodeError):
+        return ""
+
+
+def _up_from(base: Path, relative: str) -> list[Path]:
+    """``base/relative`` and each folder above it up to ``base`` (a limit may be set on an ancestor)."""
+    here = base / relative.strip("/")
+    out = [here]
+    while here != base and base in here.parents:
+        here = here.parent
+        out.append(here)
+    return out
+
+
+def cgroup_cpus(root: Path = CGROUP_ROOT, self_cgroup: Path = SELF_CGROUP) -> float | None:
+    """CPUs this process's cgroup quota allows (1.5 for ``150000 100000``), or None when there is none."""
+    limits: list[float] = []
+    for line in _read(self_cgroup).splitlines():
+        parts = line.split(":", 2)
+        if len(parts) != 3:
+            continue
+        _, controllers, relative = parts
+        if controllers == "":  # cgroup v2
+            for folder in _up_from(root, relative):
+                fields = _read(folder / "cpu.max").split()
+                if len(fields) == 2 and fields[0] != "max" and fields[0].isdigit() and fields[1].isdigit():
+                    limits.append(int(fields[0]) / max(1, int(fields[1])))
+        elif "cpu" in controllers.split(","):  # cgroup v1 (the mount may show our cgroup at its root)
+            for mount in V1_CPU_MOUNTS:
+                for folder in (*_up_from(root / mount, relative), root / mount):
+                    quota, period = _read(folder / "cpu.cfs_quota_us"), _read(folder / "cpu.cfs_period_us")
+                    if quota.isdigit() and period.isdigit() and int(quota) > 0:
+                        limits.append(int(quota) / max(1, int(period)))
+    return min(limits) if limits else None
+
+
+def usable_cpus(root: Path = CGROUP_ROOT, self_cgroup: Path = SELF_CGROUP) -> int:
+    """The cores this process may run on, and no more than its cgroup's quota allows (rounded up, at least 1)."""
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        cores = os.cpu_count() or 1
+    quota = cgroup_cpus(root, self_cgroup)
+    return max(1, min(cores, math.ceil(quota)) if quota is not None else cores)
+
+
+def default_threads() -> int:
+    """Half the CPUs this process may use (:func:`usable_cpus`; at most 8): ASR, TTS and the VAD share the machine,
+    and llama.cpp's threads wait for each other at every layer, so one descheduled thread stalls the step (on 2
+    shared cores, 2 threads made a token 10× slower than 1)."""
+    return max(1, min(8, usable_cpus() // 2))

@@ -1,0 +1,61 @@
+"""The embedded model's default threads follow the CPUs this process may really use: its affinity (real, through
+``taskset``) and a container's CPU quota, read from the cgroup files as the kernel writes them (v2 ``cpu.max``, v1
+``cpu.cfs_quota_us``), set on the process's own cgroup or one above it. On a 64-core host under ``--cpus 2``, the
+affinity alone gave 8 threads for 2 CPUs of quota."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from assistant.respond.llama.cpus import cgroup_cpus, usable_cpus
+from tests import needs
+
+
+def tree(tmp_path: Path, self_cgroup: str, files: dict[str, str]) -> tuple[Path, Path]:
+    root = tmp_path / "sys-fs-cgroup"
+    for name, text in files.items():
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / name).write_text(text + "\n")
+    (tmp_path / "cgroup").write_text(self_cgroup)
+    return root, tmp_path / "cgroup"
+
+
+@pytest.mark.parametrize(("self_cgroup", "files", "cpus"), [
+    # cgroup v2 in a container (its own namespace: the cgroup is "/")
+    ("0::/\n", {"cpu.max": "200000 100000"}, 2.0),
+    ("0::/\n", {"cpu.max": "max 100000"}, None),
+    # v2, the limit on the pod, the process in a container's cgroup below it (Kubernetes)
+    ("0::/kubepods/pod7/c1\n", {"kubepods/pod7/cpu.max": "150000 100000", "kubepods/pod7/c1/cpu.max": "max 100000"},
+     1.5),
+    # v1 (Docker without a cgroup namespace: the host's path, the mount showing the container's own cgroup)
+    ("12:pids:/docker/ab\n4:cpu,cpuacct:/docker/ab\n1:name=systemd:/docker/ab\n",
+     {"cpu,cpuacct/cpu.cfs_quota_us": "50000", "cpu,cpuacct/cpu.cfs_period_us": "100000"}, 0.5),
+    ("4:cpu,cpuacct:/\n", {"cpu,cpuacct/cpu.cfs_quota_us": "-1", "cpu,cpuacct/cpu.cfs_period_us": "100000"}, None),
+    ("", {}, None),  # no cgroup file at all (another OS, a sandbox)
+])
+def test_the_quota_is_read_as_the_kernel_writes_it(tmp_path: Path, self_cgroup: str, files: dict[str, str],
+                                                   cpus: float | None) -> None:
+    root, me = tree(tmp_path, self_cgroup, files)
+    assert cgroup_cpus(root, me) == cpus
+
+
+def test_a_quota_bounds_the_cores_and_rounds_up(tmp_path: Path) -> None:
+    root, me = tree(tmp_path, "0::/\n", {"cpu.max": "50000 100000"})
+    assert usable_cpus(root, me) == 1  # half a CPU: one thread, not none
+    root, me = tree(tmp_path / "wide", "0::/\n", {"cpu.max": "10000000 100000"})
+    assert usable_cpus(root, me) == usable_cpus(tmp_path / "none", tmp_path / "none")  # 100 CPUs: the cores bound it
+
+
+def test_the_default_follows_a_real_affinity_mask() -> None:
+    if shutil.which("taskset") is None:
+        needs.missing("taskset (util-linux) is not installed")
+    code = ("from assistant.respond.llama.cpus import default_threads, usable_cpus\n"
+            "print(usable_cpus(), default_threads())")
+    run = subprocess.run(["taskset", "-c", "0", sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=60, check=True)
+    assert run.stdout.split() == ["1", "1"]

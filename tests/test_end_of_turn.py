@@ -140,6 +140,23 @@ def test_a_number_is_held_only_so_long() -> None:
     assert decide(never, finished, never.max_silence_ms, 500).reason == "max_silence"
 
 
+def test_a_decision_is_sure_only_on_a_score_that_reaches_confirm_sure() -> None:
+    """turn.confirm_sure: an end decided on a score at or above it is sure (its reply heard at once); a lower one, and
+    a held cue's release however sure the model, is not (its reply waits for turn.confirm_ms of silence)."""
+    cfg = TurnConfig(policy="falling", confirm_sure=1.3)
+    sure = [(96, 0.98), (480, 0.98)]
+    finished = Evidence(use_text=True, use_audio=True, text=TurnEnd.COMPLETE, cue=Cue.COMPLETE, words=6, probs=sure)
+    d = decide(cfg, finished, 480, 500)
+    assert d.end_now and d.sure  # 0.98 + cue_complete 0.4 = 1.38
+    d = decide(TurnConfig(policy="falling", confirm_sure=1.5), finished, 480, 500)
+    assert d.end_now and not d.sure
+    released = Evidence(use_text=True, use_audio=True, text=TurnEnd.COMPLETE, cue=Cue.NUMBER, words=5,
+                        probs=[(96, 0.98), (1024, 0.98)])
+    d = decide(TurnConfig(policy="falling", confirm_sure=0.0), released, cfg.number_hold_ms, 500)
+    assert d.end_now and d.reason == "score_complete_after_number" and not d.sure
+    assert not decide(cfg, finished, 96, 500).sure  # no decision, nothing sure
+
+
 def test_a_trailing_word_is_held_only_so_long() -> None:
     """turn.trailing_hold_ms: "What is that?" (Cue.TRAILING) is vetoed as a trailing "that" would be
     while the silence could be a pause before the object, then judged finished: a sure model ends it from the

@@ -203,6 +203,18 @@ class TurnConfig:
     trim_reply_silence: bool = setting(
         True, "start a reply at its first audible sample (TTS voices begin with tens of ms of silence; 10 ms kept)"
     )
+    confirm_ms: int = setting(
+        0,
+        "no audible false start: a reply whose decision was not sure (confirm_sure) is heard only once the silence "
+        "since the speech end reaches this; its text and voice are made meanwhile, and if the speaker goes on first "
+        "it is dropped unheard (a decision at a pause the speaker had not finished costs a wait, not a reply that "
+        "starts and stops). 0: off, the reply is heard as soon as it is ready",
+    )
+    confirm_sure: float = setting(
+        1.5,
+        "a decision is sure, and its reply heard at once, when its score (the model's probability + the transcript "
+        "cue's weight, the falling policy's) reaches this; a held cue's release is never sure",
+    )
     rejoin_ms: int = setting(
         300,
         "speech that starts this soon after the turn was decided is the same turn going on, not an answer to the reply "

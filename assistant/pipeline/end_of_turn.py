@@ -355,6 +355,7 @@ class Decision:
     end_silence_ms: int | None = None
     reason: str = ""
     needed_ms: int | None = None  # ending now: the silence the decision needed (None: none past the first ask)
+    sure: bool = False  # ending now on evidence sure enough for the reply to be heard at once (turn.confirm_sure)
 
 
 def falling_threshold(cfg: TurnConfig, pause_ms: int, late: bool = True) -> float:
@@ -450,16 +451,17 @@ def _falling(cfg: TurnConfig, ev: Evidence, pause_ms: int, fixed_ms: int) -> Dec
     freed = cue_now is not held
     ev = replace(ev, cue=cue_now) if freed else ev
     floor = hold_ms(cfg, held) if freed and held is not None else 0
-    if model_alone(cfg, ev):
-        needed = min(pause_ms, max(cfg.speculative_pause_ms, next(ms for ms, q in ev.probs if q >= cfg.model_alone)))
-        return Decision(end_now=True, reason="model_alone", needed_ms=max(needed, floor))
     p = ev.prob if ev.use_audio and ev.prob is not None else cfg.model_off_prob
     score = p + (cue_weight(cfg, ev.cue) if ev.use_text and ev.cue is not None else 0.0)
+    sure = not freed and score >= cfg.confirm_sure
+    if model_alone(cfg, ev):
+        needed = min(pause_ms, max(cfg.speculative_pause_ms, next(ms for ms, q in ev.probs if q >= cfg.model_alone)))
+        return Decision(end_now=True, reason="model_alone", needed_ms=max(needed, floor), sure=sure)
     if score >= falling_threshold(cfg, pause_ms, late_allowed(cfg, ev)):
         needed = silence_needed(cfg, ev, pause_ms)
         return Decision(end_now=True, reason=f"score_{ev.cue.value if ev.use_text and ev.cue else 'audio'}"
                         + (f"_after_{held.value}" if freed and held is not None else ""),
-                        needed_ms=max(needed, floor))
+                        needed_ms=max(needed, floor), sure=sure)
     return Decision(end_now=False, end_silence_ms=cfg.max_silence_ms, reason="waiting")
 
 
@@ -500,7 +502,7 @@ def _flat(cfg: TurnConfig, ev: Evidence, pause_ms: int, fixed_ms: int) -> Decisi
         end_ms = cfg.max_silence_ms
     if verdict.commit or (end_ms is not None and end_ms <= fixed_ms and pause_ms >= end_ms):
         return Decision(end_now=True, reason=verdict.reason or "silence",
-                        needed_ms=None if verdict.commit else end_ms)
+                        needed_ms=None if verdict.commit else end_ms, sure=verdict.commit)
     setting = end_ms if end_ms is not None and end_ms > fixed_ms else None
     return Decision(end_now=False, end_silence_ms=setting, reason=verdict.reason)
 

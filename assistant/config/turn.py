@@ -146,7 +146,7 @@ class TurnConfig:
         1100, "falling: from this much silence on, a number that may be half said (cue_number) is judged as any "
         "other text (its punctuation: cue_complete or cue_open, and the late stage unless that vetoes it): someone "
         "reading out a number pauses between its groups, not for longer than this, and a turn that ends on a "
-        "number ('My flight number is 1390.', 'after 10.') no longer waits for max_silence_ms; 0: held to "
+        "number ('My number is 1390.', 'after 10.') no longer waits for max_silence_ms; 0: held to "
         "max_silence_ms. Swept by bench eot with the shipped defaults otherwise and chosen on the tuning turns (the "
         "least mean wait among the holds that, 100 ms shorter, cut no more tuning turns nor guard pauses than "
         "none): the tuning half's pauses inside a number last up to 992 ms (English)"

@@ -74,6 +74,8 @@ BACKCHANNEL_WORDS = frozenset({
     "네", "응", "예", "그래", "그래요", "그렇죠", "맞아", "맞아요", "아", "음", "오", "네네",
 })
 BACKCHANNEL_LANGUAGES = frozenset({"en", "ja", "zh", "yue", "ko"})
+# A held reply's wall-clock timer, while audio still comes with a sound in it that may be speech: look again so soon.
+HOLD_RECHECK_S = 0.05
 
 
 def is_backchannel(text: str | None, language: str, duration_ms: float, cfg: TurnConfig) -> bool:
@@ -181,7 +183,8 @@ class TurnTaking:
                 self._on_speech_start(event)
             else:
                 self._on_speech_end(event)
-        if self._held is not None and self.endpointer.samples_fed >= self._held[1]:
+        if (self._held is not None and self.endpointer.samples_fed >= self._held[1]
+                and not self.endpointer.onset_pending):  # a sound that may be the speaker going on: not yet
             self._confirm_held()
         if self._barge_in_at is not None and self.clock.samples >= self._barge_in_at:
             self._barge_in_at = None
@@ -424,9 +427,21 @@ class TurnTaking:
         it unheard (:meth:`_on_speech_start`)."""
         self._cancel_hold()
         delay = max(0.0, speech_end + self.cfg.confirm_ms / 1000 - time.time())
-        timer = asyncio.get_running_loop().call_later(delay, self._confirm_held)
+        timer = asyncio.get_running_loop().call_later(delay, self._on_hold_timer)
         self._held = (turn, confirm_at, timer)
         log.info("reply_held session=%s turn=%d until_ms=%d", self.session_id, turn.number, self.cfg.confirm_ms)
+
+    def _on_hold_timer(self) -> None:
+        """The hold's wall time is up: confirm, unless audio is still coming and a sound in it may be the speaker
+        going on (then the audio decides, or this timer again shortly)."""
+        held = self._held
+        if held is None:
+            return
+        if self.endpointer.onset_pending and time.time() - self.last_audio_wall < HOLD_RECHECK_S:
+            timer = asyncio.get_running_loop().call_later(HOLD_RECHECK_S, self._on_hold_timer)
+            self._held = (held[0], held[1], timer)
+            return
+        self._confirm_held()
 
     def _confirm_held(self) -> None:
         held, self._held = self._held, None

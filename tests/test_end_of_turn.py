@@ -110,7 +110,7 @@ def test_the_model_alone_decides_and_the_transcript_vetoes() -> None:
 
 
 def test_a_number_is_held_only_so_long() -> None:
-    """turn.number_hold_ms: a transcript that ends on a number that may be half said ("My flight number is 1390.")
+    """turn.number_hold_ms: a transcript that ends on a number that may be half said ("My number is 1390.")
     is held (cue_number) while the silence is no longer than a pause between a number's groups, then judged by its
     punctuation: a sure model ends a finished one from the hold on, and the trace's split says the decision
     needed the hold's silence. 0 holds it to max_silence_ms, as before the setting."""
@@ -138,6 +138,23 @@ def test_a_number_is_held_only_so_long() -> None:
     never = TurnConfig(policy="falling", number_hold_ms=0)
     assert not decide(never, finished, never.max_silence_ms - 32, 500).end_now
     assert decide(never, finished, never.max_silence_ms, 500).reason == "max_silence"
+
+
+def test_a_decision_is_sure_only_on_a_score_that_reaches_confirm_sure() -> None:
+    """turn.confirm_sure: an end decided on a score at or above it is sure (its reply heard at once); a lower one, and
+    a held cue's release however sure the model, is not (its reply waits for turn.confirm_ms of silence)."""
+    cfg = TurnConfig(policy="falling", confirm_sure=1.3)
+    sure = [(96, 0.98), (480, 0.98)]
+    finished = Evidence(use_text=True, use_audio=True, text=TurnEnd.COMPLETE, cue=Cue.COMPLETE, words=6, probs=sure)
+    d = decide(cfg, finished, 480, 500)
+    assert d.end_now and d.sure  # 0.98 + cue_complete 0.4 = 1.38
+    d = decide(TurnConfig(policy="falling", confirm_sure=1.5), finished, 480, 500)
+    assert d.end_now and not d.sure
+    released = Evidence(use_text=True, use_audio=True, text=TurnEnd.COMPLETE, cue=Cue.NUMBER, words=5,
+                        probs=[(96, 0.98), (1024, 0.98)])
+    d = decide(TurnConfig(policy="falling", confirm_sure=0.0), released, cfg.number_hold_ms, 500)
+    assert d.end_now and d.reason == "score_complete_after_number" and not d.sure
+    assert not decide(cfg, finished, 96, 500).sure  # no decision, nothing sure
 
 
 def test_a_trailing_word_is_held_only_so_long() -> None:
@@ -540,3 +557,40 @@ async def test_a_real_pass_over_the_tail_hears_what_the_turns_pass_lost(batcher_
         runner.close()
     finals = [e["text"] for e in seen if e["type"] == "transcript" and e["final"]]
     assert len(finals) == 1 and finals[0].startswith("What is the distance between") and "Berlin" in finals[0], finals
+
+
+@pytest.mark.parametrize(("asked", "text", "expected"), [
+    # What the assistant asked says how long a whole answer is: so many digits, or any count.
+    ("What is your four-digit PIN?", "1234.", Cue.COMPLETE),
+    ("What is your four-digit PIN?", "12.", Cue.SHORT),
+    ("Please read me the 6 digit code.", "It's 123 456.", Cue.COMPLETE),
+    ("Please read me the 6 digit code.", "The code is 123.", Cue.NUMBER),
+    ("How many tickets do you need?", "Three.", Cue.COMPLETE),
+    ("How many tickets do you need?", "I need 3.", Cue.COMPLETE),
+    ("How long should the timer be?", "10.", Cue.SHORT),  # "... minutes" may follow
+    ("", "I need 3.", Cue.NUMBER),
+    # What the speaker called the number says how long a whole one is.
+    ("", "My flight number is 1390.", Cue.COMPLETE),
+    ("", "My flight number is 13.", Cue.NUMBER),
+    ("", "The code is 123.", Cue.NUMBER),  # a one-time code is read in two groups of three
+    ("", "The code is 123 456.", Cue.COMPLETE),
+    ("", "The zip code is 94110.", Cue.COMPLETE),
+    ("", "My number is 555.", Cue.NUMBER),  # a phone number: turn.number_whole_digits
+    ("What's your phone number?", "My number is 555-213.", Cue.NUMBER),
+])
+def test_a_number_is_whole_by_what_was_asked_and_what_was_said(asked: str, text: str, expected: Cue) -> None:
+    """Issue 58: a turn that ends on a number is answered without the number hold when the question or the speaker's
+    own words say the number is whole; a phone number or a code still being read keeps its hold."""
+    assert cue(text, whole_digits=TurnConfig().number_whole_digits, asked=asked) is expected
+
+
+def test_what_was_asked_is_what_the_assistant_last_said() -> None:
+    from assistant.pipeline.end_of_turn import expected_digits
+    from assistant.respond.history import ConversationHistory
+
+    history = ConversationHistory(max_turns=0)  # kept even when no history goes to the responder
+    history.add_turn("Book me a table.", "Sure. How many people?")
+    assert history.last_reply == "Sure. How many people?" and expected_digits(history.last_reply) == 1
+    assert expected_digits("Your ZIP code, please.") == 5 and expected_digits("Hello!") is None
+    history.clear()
+    assert history.last_reply == ""

@@ -115,3 +115,51 @@ def test_missing_voice_file_is_named(tmp_path: Path) -> None:
 def test_unknown_engine_name() -> None:
     with pytest.raises(ValueError, match="unknown TTS engine 'nope'"):
         create_tts(TTSConfig(engine="nope"))
+
+
+async def test_a_replys_later_pieces_run_below_its_first(engine: PiperEngine) -> None:
+    """Four callers on two cores: the piece a caller waits for (a reply's first) runs on a normal thread, the pieces
+    made ahead of playout on threads of lower priority (tts/threaded.AHEAD_NICE), so a first piece gets the CPU
+    before another call's later sentences. Read off the real worker threads."""
+    import os
+    import threading
+
+    from assistant.tts.base import PieceByPiece
+    from assistant.tts.threaded import AHEAD_NICE, ThreadedSynthesis
+
+    seen: dict[str, int] = {}
+    threads = ThreadedSynthesis("probe", 2, 16_000)
+
+    def make(name: str):  # type: ignore[no-untyped-def]
+        def chunks(stop: threading.Event):  # type: ignore[no-untyped-def]
+            seen[name] = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+            yield np.zeros(160, np.float32)
+        return chunks
+
+    base = os.getpriority(os.PRIO_PROCESS, 0)
+    try:
+        async for _ in threads.stream(make("first"), "first"):
+            pass
+        async for _ in threads.stream(make("ahead"), "ahead", ahead=True):
+            pass
+    finally:
+        threads.close()
+    assert seen["first"] == base and seen["ahead"] == min(19, base + AHEAD_NICE)
+
+    asked: list[bool] = []
+
+    class Spy(PieceByPiece):
+        async def synthesize(self, request: TTSRequest):  # type: ignore[no-untyped-def]
+            asked.append(request.ahead)
+            yield np.zeros(10, np.float32)
+
+    async def pieces():  # type: ignore[no-untyped-def]
+        for p in ("Sure.", "Here it is.", "Anything else?"):
+            yield p
+
+    async for _ in Spy().synthesize_stream(pieces(), TTSRequest(text="")):
+        pass
+    assert asked == [False, True, True]
+    # The engine itself takes the flag: the same sentence, made ahead, is one chunk of speech as well.
+    later = [c async for c in engine.synthesize(TTSRequest(text="Hello there.", ahead=True))]
+    assert len(later) == 1 and later[0].size > engine.sample_rate // 4

@@ -110,6 +110,8 @@ def test_turn_durations_add_up_to_the_server_v2v_exactly() -> None:
         trace.mark("vad_end", decided)
         trace.mark("asr_done", asr.done)
         t = max(decided, asr.done)
+        if rng.random() < 0.5:  # confirmed at commit, or held for more silence (turn.confirm_ms)
+            trace.mark("confirmed", decided if rng.random() < 0.5 else S + rng.uniform(0.6, 1.2))
         for stage in ("first_text", "first_tts_text", "first_audio", "first_frame_sent"):
             t += rng.uniform(0, 0.3) if rng.random() < 0.8 else -0.5  # sometimes done early (speculation)
             trace.mark(stage, t)

@@ -100,6 +100,70 @@ async def test_speculative_reply_is_never_heard_when_the_user_goes_on(shared_aud
 
 
 @pytest.mark.asyncio
+async def test_an_unsure_end_is_heard_only_once_the_silence_confirms_it(shared_audio) -> None:
+    """turn.confirm_ms: a turn ended by a short silence at the sentence's 400 ms pause is committed, but its reply
+    waits for more silence; the speaker goes on first, so it is dropped unheard (no audio written, no `interrupted`
+    event: no false start) and the sentence is one turn, whose reply is heard once the silence after it confirms it."""
+    x, _ = read_audio(shared_audio / "en_pause_midsentence.wav")  # speech ends at 4.03 s of 5.54 s
+    cfg = test_config(vad={"end_silence_ms": 250},
+                      turn={"speculative": False, "smart_endpoint": False, "end_of_turn_model": False,
+                            "policy": "flat", "confirm_ms": 1000})
+    _, seen, writes = await _run_conversation(cfg, x)
+    ends = [e for e in seen if e["type"] == "speech_end"]
+    assert len(ends) == 2, ends  # the pause ended a turn: the fixed 250 ms silence is shorter than it
+    assert not [e for e in seen if e["type"] == "interrupted"]  # ... whose reply nobody heard
+    replies = [e["text"] for e in seen if e["type"] == "reply_text"]
+    assert replies[-1] == "You said: I would like to order a large pizza."
+    assert writes and all(turns == 2 for turns, _ in writes)  # only the whole sentence's reply was written
+
+
+@pytest.mark.asyncio
+async def test_a_held_reply_is_heard_when_the_audio_stops_coming(shared_audio) -> None:
+    """A client that stops sending audio after the speech end (a push-to-talk app, a Realtime client) still hears
+    the held reply: turn.confirm_ms of wall time confirms it as the same silence of audio would."""
+    x, _ = read_audio(shared_audio / "en_weather.wav")
+    cfg = test_config(vad={"end_silence_ms": 250},
+                      turn={"speculative": False, "smart_endpoint": False, "end_of_turn_model": False,
+                            "policy": "flat", "confirm_ms": 800})
+    events = EventChannel()
+    track = ReplyTrack(queue_ms=1000)
+    written = asyncio.Event()
+    original_write = track.write
+
+    async def spy(pcm: np.ndarray, generation: int | None = None) -> bool:
+        written.set()
+        return await original_write(pcm, generation)
+
+    track.write = spy  # type: ignore[method-assign]
+    deps = TurnDeps(asr=InstantASR(), tts=ToneTTS(), responder=EchoResponder())
+    conv = Conversation(cfg, Endpointer(cfg.vad, SileroModel.shared()), deps, track, events, "h")
+    try:
+        ends: list[dict] = []
+        events.subscribe(lambda e: ends.append(e) if e["type"] == "speech_end" else None)
+        i = 0
+        while not ends and i < len(x):  # feed until the turn ends, then no more audio
+            conv.feed(x[i : i + CHUNK])
+            i += CHUNK
+            await asyncio.sleep(0.002)
+        assert ends and not written.is_set()
+        await asyncio.wait_for(written.wait(), 5.0)
+    finally:
+        await conv.close()
+
+
+@pytest.mark.asyncio
+async def test_without_confirm_ms_the_pause_splits_the_turn_audibly(shared_audio) -> None:
+    """The same sentence with turn.confirm_ms 0 (off): the reply to its first half is written (heard) before the
+    speaker goes on: the false start the hold removes."""
+    x, _ = read_audio(shared_audio / "en_pause_midsentence.wav")
+    cfg = test_config(vad={"end_silence_ms": 250},
+                      turn={"speculative": False, "smart_endpoint": False, "end_of_turn_model": False,
+                            "policy": "flat", "confirm_ms": 0, "rejoin_ms": 0})
+    _, _, writes = await _run_conversation(cfg, x)
+    assert any(turns == 1 for turns, _ in writes), writes
+
+
+@pytest.mark.asyncio
 async def test_speculation_committed_when_the_pause_is_the_end(shared_audio) -> None:
     x, _ = read_audio(shared_audio / "en_weather.wav")
     cfg = test_config(turn={"speculative": True, "smart_endpoint": False})

@@ -83,6 +83,9 @@ class TurnResult:
     # Of those ends, the turns dropped because the speaker went on right after the decision (turn.rejoin_ms): heard as
     # one turn with the next, so speech_ends - rejoined is the number of turns the file was heard as.
     rejoined: int = 0
+    # Reply audio the caller heard before the file's labelled speech end: a reply begun at a pause the speaker had
+    # not finished (then dropped when they went on), however the server mended it afterwards.
+    false_start_ms: float = 0.0
     gaps_ms: dict[str, float] = field(default_factory=dict)  # the server's idle gaps (pipeline/trace.GAPS)
 
 
@@ -257,6 +260,7 @@ def summarize_level(level: LevelResult) -> dict[str, Any]:
         "turns": len(level.turns),
         **counts,
         "below_server": sorted(t.file for t in heard if below_server(t.columns)),
+        "false_starts": sorted(t.file for t in level.turns if t.false_start_ms > 0),
         "columns": {name: summarize(t.columns.get(name) for t in heard) for name in COLUMNS},
         "gaps": {name: summarize(t.gaps_ms.get(name) for t in heard) for name in GAPS},
     }
@@ -283,6 +287,9 @@ def format_summary(result: BenchResult) -> str:
             f"sessions={lv.sessions}  turns={s['turns']}  ok={s['ok']}  dropped={s['dropped']}  "
             f"errors={s['error']}  connect_failures={lv.connect_failures}  wall={lv.wall_s:.1f}s"
         )
+        if s["false_starts"]:
+            lines.append(f"  false starts heard: {len(s['false_starts'])} turns had reply audio before their speech "
+                         "end: " + ", ".join(s["false_starts"]))
         if s["below_server"]:
             lines.append(f"  WARNING: {len(s['below_server'])} turns with v2v_ms below the server's own "
                          f"(unaccounted_ms < -{SPEECH_END_RESOLUTION_MS:g} ms: the speech-end mark is late): "
@@ -333,7 +340,7 @@ def format_markdown(result: BenchResult) -> str:
         cells = [_md(s[kind][name][stat]) for _, s in levels for stat in ("p50", "p90", "max")]
         lines.append("| " + " | ".join([title, *cells]) + " |")
     counts = "; ".join(f"{label(lv.sessions)}: {s['turns']} turns, {s['ok']} heard, {s['dropped']} dropped, "
-                       f"{s['error']} errors" for lv, s in levels)
+                       f"{s['error']} errors, {len(s['false_starts'])} false starts heard" for lv, s in levels)
     files = ", ".join(sorted({t.file for lv in result.levels for t in lv.turns}))
     below = sorted({f for _, s in levels for f in s["below_server"]})
     flagged = [] if not below else [

@@ -117,10 +117,19 @@ class ReplyListener:
         self.last_audible_at = 0.0  # playout time just after the latest audible sample
         self.ended = False
         self._play_end: float | None = None
+        # Reply audio heard while the user still had words to say (from the start of the playback to its labelled
+        # speech end): a reply begun at a pause the speaker had not finished, a false start the caller hears.
+        self.early_from: float | None = None
+        self.early_audible_s = 0.0
+
+    def watch_early(self, at: float) -> None:
+        """Count audible reply audio received from ``at`` (the start of the user's playback) until :meth:`arm`."""
+        self.early_from, self.early_audible_s = at, 0.0
 
     def arm(self, at: float) -> None:
         """Start looking for a reply in frames received from ``at`` on (the user's speech end)."""
         self.armed_at = at
+        self.early_from = None
         self.first_frame_at = self.heard_frame_at = self.heard_at = None
         self._play_end = None
 
@@ -136,6 +145,8 @@ class ReplyListener:
         loud = mag >= self.threshold
         if loud.any():
             self.last_audible_at = play_at + (int(np.flatnonzero(loud)[-1]) + 1) / sr
+        if self.armed_at is None and self.early_from is not None and received_at >= self.early_from:
+            self.early_audible_s += _audible_s(loud, sr)
         if self.armed_at is None or received_at < self.armed_at:
             return
         if self.first_frame_at is None and float(mag.max()) > SERVER_AUDIBLE_PEAK:
@@ -156,6 +167,15 @@ class ReplyListener:
                 break
             self.on_frame(frame, now())
         self.ended = True
+
+
+def _audible_s(loud: np.ndarray, sr: int) -> float:
+    """Seconds of a frame in 10 ms windows that hold an audible sample (the window rule, as for the onset)."""
+    n = max(1, sr * WINDOW_MS // 1000)
+    windows = -(-loud.size // n)
+    padded = np.zeros(windows * n, dtype=bool)
+    padded[: loud.size] = loud
+    return float(padded.reshape(windows, n).any(axis=1).sum()) * n / sr
 
 
 # --- one session ----------------------------------------------------------------------------------------
@@ -293,6 +313,7 @@ class BenchSession:
         await self._settle(settings)
         start = len(self.events)
         listener = self.listener
+        listener.watch_early(now())
         pb = self.source.play(utt, on_speech_end=listener.arm)
         try:
             speech_end = await asyncio.wait_for(asyncio.shield(pb.speech_end_at), utt.seconds + 10.0)
@@ -341,6 +362,7 @@ class BenchSession:
     def _fill(self, result: TurnResult, start: int, speech_end: float, metrics: dict[str, Any] | None) -> None:
         listener = self.listener
         result.speech_ends = len(self._events_since(start, "speech_end"))
+        result.false_start_ms = round(listener.early_audible_s * 1000, 1)
         went_on = [e for e in self._events_since(start, "interrupted") if e.body.get("reason") == "went_on"]
         result.rejoined = len(went_on)
         finals = [e.body for e in self._events_since(start, "transcript") if e.body.get("final")]

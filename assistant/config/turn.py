@@ -146,7 +146,7 @@ class TurnConfig:
         1100, "falling: from this much silence on, a number that may be half said (cue_number) is judged as any "
         "other text (its punctuation: cue_complete or cue_open, and the late stage unless that vetoes it): someone "
         "reading out a number pauses between its groups, not for longer than this, and a turn that ends on a "
-        "number ('My flight number is 1390.', 'after 10.') no longer waits for max_silence_ms; 0: held to "
+        "number ('My number is 1390.', 'after 10.') no longer waits for max_silence_ms; 0: held to "
         "max_silence_ms. Swept by bench eot with the shipped defaults otherwise and chosen on the tuning turns (the "
         "least mean wait among the holds that, 100 ms shorter, cut no more tuning turns nor guard pauses than "
         "none): the tuning half's pauses inside a number last up to 992 ms (English)"
@@ -202,6 +202,18 @@ class TurnConfig:
     )
     trim_reply_silence: bool = setting(
         True, "start a reply at its first audible sample (TTS voices begin with tens of ms of silence; 10 ms kept)"
+    )
+    confirm_ms: int = setting(
+        0,
+        "no audible false start: a reply whose decision was not sure (confirm_sure) is heard only once the silence "
+        "since the speech end reaches this; its text and voice are made meanwhile, and if the speaker goes on first "
+        "it is dropped unheard (a decision at a pause the speaker had not finished costs a wait, not a reply that "
+        "starts and stops). 0: off, the reply is heard as soon as it is ready",
+    )
+    confirm_sure: float = setting(
+        1.5,
+        "a decision is sure, and its reply heard at once, when its score (the model's probability + the transcript "
+        "cue's weight, the falling policy's) reaches this; a held cue's release is never sure",
     )
     rejoin_ms: int = setting(
         300,

@@ -168,25 +168,30 @@ def word_count(text: str) -> int:
     return len(WORD.findall(other)) + (cjk + 1) // 2
 
 
-def cue(text: str, last_word_p: float | None = None, doubtful_below: float = 0.0, whole_digits: int = 0) -> Cue:
+def cue(text: str, last_word_p: float | None = None, doubtful_below: float = 0.0, whole_digits: int = 0,
+        asked: str = "") -> Cue:
     """The transcript's evidence: how complete it looks (final punctuation, a trailing conjunction, a number).
 
     ``last_word_p``: how sure the ASR was of the last word (None: not known). A pronoun object written with less
     than ``doubtful_below`` after words that go on is :attr:`Cue.DOUBTFUL` (:func:`doubtful_tail`): at a pause
     after "for", tiny.en writes a made-up object ("Can you book a table for it?", "it" at 0.40-0.51 as the pass is
     cut later into the pause, tests/test_asr.py) that reads finished. A digit string of ``whole_digits`` or more
-    (0: none) is no :attr:`Cue.NUMBER` (``turn.number_whole_digits``)."""
+    (0: none) is no :attr:`Cue.NUMBER` (``turn.number_whole_digits``); nor is an answer to what the assistant
+    ``asked`` that is whole by that question (:func:`expected_digits`: "What is your four-digit PIN?" → "1234.")."""
     words = WORD.findall(text.lower())
     if not words:
         return Cue.OPEN
     if judge(text) is TurnEnd.INCOMPLETE:
         return Cue.TRAILING if may_end(text) else Cue.CONTINUES
+    expected = expected_digits(asked)
+    if expected is not None and answers_with_number(text, expected):
+        return Cue.COMPLETE  # "1234." to "What is your PIN?": a whole answer, however short
     if word_count(text) < SHORT_TURN_WORDS:
         return Cue.SHORT
     if last_word_p is not None and last_word_p < doubtful_below and doubtful_tail(text):
         return Cue.DOUBTFUL
     ends_on_number = words[-1] in NUMBER_WORDS or ENDS_ON_DIGIT.search(text)
-    if ends_on_number and not finished_number(text, words, whole_digits):
+    if ends_on_number and not finished_number(text, words, whole_digits, expected):
         return Cue.NUMBER
     return Cue.COMPLETE if judge(text) is TurnEnd.COMPLETE else Cue.OPEN
 
@@ -253,14 +258,78 @@ def digits_said(text: str) -> int:
     return n
 
 
-def finished_number(text: str, words: list[str] | None = None, whole_digits: int = 0) -> bool:
+# What the assistant's question says of the number it wants: "a 4-digit code", "your four digit PIN" (so many digits),
+# a PIN or a ZIP code (4, 5), and questions a count answers ("How many tickets?", "How old…": any number).
+DIGITS_ASKED = re.compile(r"\b(\d{1,2}|one|two|three|four|five|six|seven|eight|nine|ten|eleven|twelve)[- ]digits?\b",
+                          re.IGNORECASE)
+NAMED_LENGTHS = ((re.compile(r"\bpin\b", re.IGNORECASE), 4), (re.compile(r"\bzip(?: code)?\b", re.IGNORECASE), 5))
+COUNT_ASKED = re.compile(r"\bhow (?:many|much|old)\b", re.IGNORECASE)  # not "how long": "10" … "minutes"
+WORD_NUMBERS = {w: i for i, w in enumerate(["zero", "one", "two", "three", "four", "five", "six", "seven", "eight",
+                                            "nine", "ten", "eleven", "twelve"])}
+
+
+# What the speaker says the number is, and the digits that make one whole: a flight, room, table or order number
+# (3: "Flight 1390."), a PIN (4), a ZIP code (5), a one-time code (6: read in two groups of three, "123 [pause]
+# 456", so not 3). A phone number keeps turn.number_whole_digits (read in groups: "555 [pause] 213 [pause] 449").
+NUMBER_NAMES = (
+    (re.compile(r"\b(?:flight|room|table|order|gate|seat|platform|bus|train|line|extension)(?: number)?"
+                r"(?: is| was|'s)?\s+(?:number\s+)?[\d\s-]+\W*$", re.IGNORECASE), 3),
+    (re.compile(r"\bpin(?: code| number)?(?: is|'s)?\s+[\d\s-]+\W*$", re.IGNORECASE), 4),
+    (re.compile(r"\b(?:zip|postal)(?: code)?(?: is|'s)?\s+[\d\s-]+\W*$", re.IGNORECASE), 5),
+    (re.compile(r"\b(?:code|passcode|verification code|confirmation code)(?: is|'s)?\s+[\d\s-]+\W*$",
+                re.IGNORECASE), 6),
+)
+
+
+def named_digits(text: str) -> int | None:
+    """The digits that make the number a transcript ends on whole, by what the speaker called it ("my flight number
+    is 1390." → 3, "the code is 123 456." → 6; :data:`NUMBER_NAMES`), or None when it names none of those."""
+    for pattern, length in NUMBER_NAMES:
+        if pattern.search(text):
+            return length
+    return None
+
+
+def expected_digits(asked: str) -> int | None:
+    """How many digits make the number the assistant's last words asked for a whole answer: the length a question
+    names ("your 6-digit code", "four digit PIN", a PIN: 4, a ZIP code: 5), 1 for a question a count answers ("How
+    many tickets?"), None when it asked for no number (or said nothing)."""
+    if not asked:
+        return None
+    tail = asked[-300:]  # the question is at the end of what was said
+    if m := DIGITS_ASKED.search(tail):
+        n = m.group(1).lower()
+        return int(n) if n.isdigit() else WORD_NUMBERS[n]
+    for pattern, length in NAMED_LENGTHS:
+        if pattern.search(tail):
+            return length
+    return 1 if COUNT_ASKED.search(tail) else None
+
+
+def answers_with_number(text: str, expected: int) -> bool:
+    """The whole transcript is a number of at least ``expected`` digits (a number word counts one), with final
+    punctuation: the answer to a question that asked for it ("4521.", "Three.")."""
+    t = text.strip()
+    tokens = NUMBER_TOKEN.findall(t.lower())
+    return (bool(tokens) and t[-1:] in ".?!。？！" and all(tok.isdigit() or tok in NUMBER_WORDS for tok in tokens)
+            and digits_said(t) >= expected)
+
+
+def finished_number(text: str, words: list[str] | None = None, whole_digits: int = 0,
+                    expected: int | None = None) -> bool:
     """A transcript ending on a number that reads as finished: a clock time ("10:30"), an amount ("$12."), a
     time after "at" ("at 1030.", "at eight.") or, with ``whole_digits``, a digit string at least that long (a
-    whole phone number: "My number is 555-213-449"). A shorter bare digit string ("My number is 555-213") may be
-    half said."""
+    whole phone number: "My number is 555-213-449"), or with ``expected`` (:func:`expected_digits`), as many
+    digits as the question asked for, or as many as what the speaker named needs (:func:`named_digits`: "My flight
+    number is 1390."). A shorter bare digit string ("My number is 555-213") may be half said."""
     if CLOCK_TIME.search(text) or AMOUNT.search(text):
         return True
     if whole_digits and digits_said(text) >= whole_digits:
+        return True
+    if expected is not None and digits_said(text) >= expected:  # as long as what was asked for
+        return True
+    named = named_digits(text)
+    if named is not None and digits_said(text) >= named:  # as long as what the speaker said it is
         return True
     words = WORD.findall(text.lower()) if words is None else words
     i = len(words)
@@ -355,6 +424,7 @@ class Decision:
     end_silence_ms: int | None = None
     reason: str = ""
     needed_ms: int | None = None  # ending now: the silence the decision needed (None: none past the first ask)
+    sure: bool = False  # ending now on evidence sure enough for the reply to be heard at once (turn.confirm_sure)
 
 
 def falling_threshold(cfg: TurnConfig, pause_ms: int, late: bool = True) -> float:
@@ -450,16 +520,17 @@ def _falling(cfg: TurnConfig, ev: Evidence, pause_ms: int, fixed_ms: int) -> Dec
     freed = cue_now is not held
     ev = replace(ev, cue=cue_now) if freed else ev
     floor = hold_ms(cfg, held) if freed and held is not None else 0
-    if model_alone(cfg, ev):
-        needed = min(pause_ms, max(cfg.speculative_pause_ms, next(ms for ms, q in ev.probs if q >= cfg.model_alone)))
-        return Decision(end_now=True, reason="model_alone", needed_ms=max(needed, floor))
     p = ev.prob if ev.use_audio and ev.prob is not None else cfg.model_off_prob
     score = p + (cue_weight(cfg, ev.cue) if ev.use_text and ev.cue is not None else 0.0)
+    sure = not freed and score >= cfg.confirm_sure
+    if model_alone(cfg, ev):
+        needed = min(pause_ms, max(cfg.speculative_pause_ms, next(ms for ms, q in ev.probs if q >= cfg.model_alone)))
+        return Decision(end_now=True, reason="model_alone", needed_ms=max(needed, floor), sure=sure)
     if score >= falling_threshold(cfg, pause_ms, late_allowed(cfg, ev)):
         needed = silence_needed(cfg, ev, pause_ms)
         return Decision(end_now=True, reason=f"score_{ev.cue.value if ev.use_text and ev.cue else 'audio'}"
                         + (f"_after_{held.value}" if freed and held is not None else ""),
-                        needed_ms=max(needed, floor))
+                        needed_ms=max(needed, floor), sure=sure)
     return Decision(end_now=False, end_silence_ms=cfg.max_silence_ms, reason="waiting")
 
 
@@ -500,7 +571,7 @@ def _flat(cfg: TurnConfig, ev: Evidence, pause_ms: int, fixed_ms: int) -> Decisi
         end_ms = cfg.max_silence_ms
     if verdict.commit or (end_ms is not None and end_ms <= fixed_ms and pause_ms >= end_ms):
         return Decision(end_now=True, reason=verdict.reason or "silence",
-                        needed_ms=None if verdict.commit else end_ms)
+                        needed_ms=None if verdict.commit else end_ms, sure=verdict.commit)
     setting = end_ms if end_ms is not None and end_ms > fixed_ms else None
     return Decision(end_now=False, end_silence_ms=setting, reason=verdict.reason)
 

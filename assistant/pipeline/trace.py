@@ -18,7 +18,8 @@ exactly, and each names what would have to be faster for the turn to end sooner:
 - ``end_of_turn_ms``: the end-of-turn model's call, when its answer was the last the decision waited for;
 - ``decide_ms``: the last evidence in → the turn committed (idle time in the decision; ~0).
 
-After that: ``llm_first_text_ms``, ``chunker_ms``, ``tts_first_audio_ms``, ``playout_ms``, as before. The parts
+After that: ``llm_first_text_ms``, ``chunker_ms``, ``tts_first_audio_ms``, ``confirm_wait_ms`` (a reply ready before
+an unsure end was confirmed by more silence, ``turn.confirm_ms``), ``playout_ms``. The parts
 (:data:`PARTS`) sum to ``server_v2v_ms``: the test suite checks it on every turn it plays.
 """
 
@@ -36,6 +37,7 @@ STAGES: tuple[str, ...] = (
     "first_text",  # first reply text delta from the responder
     "first_tts_text",  # first text chunk handed to TTS
     "first_audio",  # first PCM chunk out of TTS
+    "confirmed",  # the reply may be heard: at commit, or once the silence confirmed an unsure end (turn.confirm_ms)
     "first_frame_sent",  # first non-silent reply frame handed to the peer's outgoing track
     "reply_done",  # last reply frame sent (or the turn ended)
 )
@@ -47,7 +49,8 @@ AFTER_WAIT: dict[str, tuple[str, str]] = {
     "llm_first_text_ms": ("ready", "first_text"),
     "chunker_ms": ("first_text", "first_tts_text"),
     "tts_first_audio_ms": ("first_tts_text", "first_audio"),
-    "playout_ms": ("first_audio", "first_frame_sent"),
+    "confirm_wait_ms": ("first_audio", "confirmed"),
+    "playout_ms": ("confirmed", "first_frame_sent"),
 }
 # Every part of the server's voice-to-voice, in the order they happen: they add up to server_v2v_ms.
 PARTS: tuple[str, ...] = (*WAIT_PARTS, *AFTER_WAIT)
@@ -74,6 +77,7 @@ STAGE_STYLE: dict[str, tuple[str, str]] = {
     "llm_first_text_ms": ("#10b981", "first text"),
     "chunker_ms": ("#64748b", "chunker"),
     "tts_first_audio_ms": ("#3b82f6", "TTS first audio"),
+    "confirm_wait_ms": ("#f472b6", "held until sure"),
     "playout_ms": ("#ec4899", "queue to first frame"),
 }
 assert tuple(STAGE_STYLE) == PARTS
@@ -207,6 +211,8 @@ class TurnTrace:
             at += wait[name]
             bounds.append((name, at))
         points = {**marks, "ready": at}
+        if "confirmed" not in points and "first_audio" in points:  # never held (a trace from before the mark)
+            points["confirmed"] = points["first_audio"]
         for name, (a, b) in AFTER_WAIT.items():
             if a in points and b in points:
                 bounds.append((name, max(points[b], at)))

@@ -114,6 +114,9 @@ class Turn:
         self.gen = gen  # the reply sink generation this turn writes in
         self.speculative = speculative
         self.committed = asyncio.Event()
+        # The reply may be heard: set at commit, or later when the end was unsure and more silence confirmed it
+        # (turn.confirm_ms); a turn dropped before that was never heard.
+        self.confirmed = asyncio.Event()
         self.held_events: list[tuple[str, dict[str, Any]]] = []
         self.task: asyncio.Task[None] | None = None
         # The ASR's answer (None: it failed), for turn-taking to weigh as it lands; set once, by the runner.

@@ -101,8 +101,9 @@ class TurnRunner:
         )
         return turn
 
-    def commit(self, turn: Turn, ending: Ending) -> None:
-        """The turn is the user's: it becomes the current one, its held events go out, its audio may play."""
+    def commit(self, turn: Turn, ending: Ending, *, confirmed: bool = True) -> None:
+        """The turn is the user's: it becomes the current one, its held events go out, its audio may play (with
+        ``confirmed`` False, an unsure end: only once :meth:`confirm` is called, turn.confirm_ms)."""
         if turn.speculative:
             turn.number = turn.trace.turn = self._next_number()
         turn.trace.ending = ending
@@ -110,10 +111,18 @@ class TurnRunner:
         turn.trace.mark("vad_end", ending.decided)
         self.current = turn
         turn.committed.set()
+        if confirmed:
+            self.confirm(turn)
         self.sink.expect_reply().add_done_callback(functools.partial(self._on_first_audible, turn))
         for kind, fields in turn.held_events:
             self.events.emit(kind, **{**fields, "turn": turn.number})
         turn.held_events.clear()
+
+    def confirm(self, turn: Turn) -> None:
+        """The committed ``turn``'s reply may be heard (its end is sure, or the silence since confirmed it)."""
+        if not turn.confirmed.is_set():
+            turn.trace.mark("confirmed")
+            turn.confirmed.set()
 
     def discard(self, turn: Turn) -> None:
         """Cancel a turn that will never be committed (a speculation the user talked over): nothing of it,
@@ -244,6 +253,7 @@ class TurnRunner:
             if not turn.heard.done():
                 turn.heard.set_result(None)
             await turn.committed.wait()  # a speculative turn that is never committed ends here, unseen
+            await turn.confirmed.wait()  # ... and one dropped before its end was confirmed, unheard
             self._failed(turn, error)
             if error.stage != "tts":
                 await self._apologize(turn.gen)
@@ -367,9 +377,9 @@ class TurnRunner:
         """The reply's text through the synthesis path into a PCM queue, while a writer feeds the sink.
 
         Synthesis runs ahead of playout (``PCM_AHEAD_CHUNKS``), so the next sentence is ready before the
-        current one ends. The writer starts only once the turn is committed: nothing speculative is heard.
-        Each piece's place in the audio is kept (``ReplyProgress.spoken``), to cut the text where playback
-        stopped.
+        current one ends. The writer starts only once the turn is committed and confirmed: nothing speculative is
+        heard, and an unsure end's reply waits for the silence that confirms it (``turn.confirm_ms``). Each
+        piece's place in the audio is kept (``ReplyProgress.spoken``), to cut the text where playback stopped.
         """
         reply = turn.reply
         pcm_q: asyncio.Queue[np.ndarray | None] = asyncio.Queue(maxsize=PCM_AHEAD_CHUNKS)
@@ -400,6 +410,7 @@ class TurnRunner:
 
         async def write() -> None:
             await turn.committed.wait()
+            await turn.confirmed.wait()  # an unsure end: heard only once more silence confirmed it
             while (out := await pcm_q.get()) is not None:
                 if reply.frames_base is None:
                     reply.frames_base = self.sink.audible_frames_sent

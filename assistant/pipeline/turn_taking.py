@@ -74,6 +74,8 @@ BACKCHANNEL_WORDS = frozenset({
     "네", "응", "예", "그래", "그래요", "그렇죠", "맞아", "맞아요", "아", "음", "오", "네네",
 })
 BACKCHANNEL_LANGUAGES = frozenset({"en", "ja", "zh", "yue", "ko"})
+# A held reply's wall-clock timer, while audio still comes with a sound in it that may be speech: look again so soon.
+HOLD_RECHECK_S = 0.05
 
 
 def is_backchannel(text: str | None, language: str, duration_ms: float, cfg: TurnConfig) -> bool:
@@ -112,6 +114,7 @@ class Pause:
     model_task: asyncio.Task[None] | None = None
     asked_marks: set[int] = field(default_factory=set)  # silences (ms) at which the model was asked
     words: int = 0  # words in the transcript
+    sure: bool = False  # the verdict that ended the turn here was sure (end_of_turn.Decision.sure)
     used_text: bool = False  # the latest verdict used the text's answer
     used_model: bool = False  # ... and the model's
 
@@ -158,6 +161,9 @@ class TurnTaking:
         self._resumed_at: int | None = None
         self._silence_ms = 0
         self._barge_in_at: int | None = None  # stream sample at which pending speech may interrupt
+        # A committed turn whose unsure end waits for more silence before its reply is heard (turn.confirm_ms): the
+        # turn, the stream sample that confirms it, and the wall-clock timer that does if no audio comes.
+        self._held: tuple[Turn, int, asyncio.TimerHandle] | None = None
         self._check: asyncio.Task[None] | None = None  # is the sound over the reply a backchannel?
         self._check_audio: np.ndarray | None = None  # that sound's audio, while it is being judged
         self._partial: asyncio.Task[None] | None = None
@@ -177,6 +183,9 @@ class TurnTaking:
                 self._on_speech_start(event)
             else:
                 self._on_speech_end(event)
+        if (self._held is not None and self.endpointer.samples_fed >= self._held[1]
+                and not self.endpointer.onset_pending):  # a sound that may be the speaker going on: not yet
+            self._confirm_held()
         if self._barge_in_at is not None and self.clock.samples >= self._barge_in_at:
             self._barge_in_at = None
             if self.endpointer.speaking:
@@ -231,8 +240,9 @@ class TurnTaking:
             # (a commit), or needed_ms of it (a fixed wait, or where the falling threshold met the score).
             silence_met = (pause.asked_at if d.needed_ms is None
                            else self.clock.wall_time(self.endpointer.utterance_end + d.needed_ms * SPEECH_RATE // 1000))
-            log.info("turn_end_decided session=%s verdict=%s pause_ms=%d %s", self.session_id,
-                     d.reason or "silence", pause_ms, pause.evidence())
+            pause.sure = d.sure
+            log.info("turn_end_decided session=%s verdict=%s pause_ms=%d sure=%s %s", self.session_id,
+                     d.reason or "silence", pause_ms, d.sure, pause.evidence())
             ev_end = self.endpointer.force_end(reason)
             if ev_end is not None:
                 self._on_speech_end(ev_end, silence_met=min(silence_met, time.time()))
@@ -277,6 +287,7 @@ class TurnTaking:
     # --- VAD events --------------------------------------------------------------------------------
     def _on_speech_start(self, ev: SpeechStart) -> None:
         self.last_activity_wall = time.time()
+        self._cancel_hold("went_on")  # an unsure end the speaker talked through: its reply, unheard, is dropped below
         self._before = None  # a new utterance: no pause of it heard yet
         self._resumed_at, self._silence_ms = None, 0
         at_ms = round(self.clock.wall_time(ev.sample_index) * 1000, 1)
@@ -402,7 +413,51 @@ class TurnTaking:
         self._carry = np.zeros(0, dtype=np.float32)
         self._before = None
         self._resumed_at, self._silence_ms = None, 0
-        self.runner.commit(turn, ending)
+        sure = pause is not None and turn is pause.turn and pause.sure
+        confirm_at = ev.speech_end + self.cfg.confirm_ms * SPEECH_RATE // 1000
+        held = self.cfg.confirm_ms > 0 and not sure and self.endpointer.samples_fed < confirm_at
+        self.runner.commit(turn, ending, confirmed=not held)
+        if held:
+            self._hold(turn, confirm_at, speech_end)
+
+    # --- an unsure end waits for the silence that confirms it ----------------------------------------------
+    def _hold(self, turn: Turn, confirm_at: int, speech_end: float) -> None:
+        """Hear ``turn``'s reply only once the stream reaches ``confirm_at`` (turn.confirm_ms of silence after the
+        speech end), or that much wall time has passed (a client that stops sending audio); speech before then drops
+        it unheard (:meth:`_on_speech_start`)."""
+        self._cancel_hold()
+        delay = max(0.0, speech_end + self.cfg.confirm_ms / 1000 - time.time())
+        timer = asyncio.get_running_loop().call_later(delay, self._on_hold_timer)
+        self._held = (turn, confirm_at, timer)
+        log.info("reply_held session=%s turn=%d until_ms=%d", self.session_id, turn.number, self.cfg.confirm_ms)
+
+    def _on_hold_timer(self) -> None:
+        """The hold's wall time is up: confirm, unless audio is still coming and a sound in it may be the speaker
+        going on (then the audio decides, or this timer again shortly)."""
+        held = self._held
+        if held is None:
+            return
+        if self.endpointer.onset_pending and time.time() - self.last_audio_wall < HOLD_RECHECK_S:
+            timer = asyncio.get_running_loop().call_later(HOLD_RECHECK_S, self._on_hold_timer)
+            self._held = (held[0], held[1], timer)
+            return
+        self._confirm_held()
+
+    def _confirm_held(self) -> None:
+        held, self._held = self._held, None
+        if held is None:
+            return
+        turn, _, timer = held
+        timer.cancel()
+        if turn is self.runner.current and turn.active:
+            self.runner.confirm(turn)
+
+    def _cancel_hold(self, reason: str = "") -> None:
+        held, self._held = self._held, None
+        if held is not None:
+            held[2].cancel()
+            if reason:
+                log.info("reply_unheard session=%s turn=%d reason=%s", self.session_id, held[0].number, reason)
 
     async def _backchannel_or_turn(self, ev: SpeechEnd, speech_end: float) -> None:
         """Speech over the (paused) reply has ended: resume the reply after a backchannel, else cancel it
@@ -455,7 +510,7 @@ class TurnTaking:
             text = result.text.strip()
             pause.text = judge(text)
             pause.cue = cue(text, last_word_probability(result.words), self.cfg.doubtful_below,
-                            self.cfg.number_whole_digits)
+                            self.cfg.number_whole_digits, asked=self.runner.history.last_reply)
             pause.words = word_count(text)
         if result is not None:
             self._partial_from(result.text.strip())
@@ -559,6 +614,7 @@ class TurnTaking:
         self._partial = None
 
     async def close(self) -> None:
+        self._cancel_hold()
         for task in (self._partial, self._check):
             if task is not None and not task.done():
                 task.cancel()

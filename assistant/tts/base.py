@@ -36,6 +36,8 @@ class TTSRequest:
     pitch: float = 0.0                  # semitones; only engines with ``native_pitch`` take it here
     seed: int | None = None
     session: str = ""                   # the call it is for ("" outside one): a remote engine joins its trace
+    ahead: bool = False                 # made ahead of playout (a reply's later piece, its listener has audio queued):
+                                        # a CPU engine runs it below a first piece someone is waiting for
 
 
 @dataclass(frozen=True)
@@ -109,12 +111,17 @@ class TTSUnsupported(ValueError):
 class PieceByPiece:
     """``synthesize_stream`` for an engine that speaks one whole text per request (Piper, plug-ins).
 
-    Each piece is one ``synthesize`` call, made when the piece arrives.
+    Each piece is one ``synthesize`` call, made when the piece arrives; every piece after the first is made
+    ``ahead`` of playout.
     """
 
     async def synthesize_stream(self, pieces: AsyncIterator[str], request: TTSRequest) -> AsyncIterator[np.ndarray]:
+        first = True
         async for piece in pieces:
-            chunks = self.synthesize(replace(request, text=piece))  # type: ignore[attr-defined]
+            # The first piece is waited for; the later ones are made while the earlier ones play (``ahead``).
+            ahead = request.ahead or not first
+            first = False
+            chunks = self.synthesize(replace(request, text=piece, ahead=ahead))  # type: ignore[attr-defined]
             try:
                 async for chunk in chunks:
                     yield chunk

@@ -13,6 +13,7 @@ import asyncio
 import concurrent.futures
 import itertools
 import logging
+import os
 import threading
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterator
@@ -28,6 +29,10 @@ log = logging.getLogger(__name__)
 
 QUEUE_CHUNKS = 3      # chunks made ahead of the consumer; bounds memory and wasted work on cancel
 PUT_WAIT_S = 0.5      # how often a blocked worker re-checks its stop flag (only while the queue is full)
+# The niceness of the threads that make audio ahead of playout (a reply's later pieces): with several calls on few
+# cores, a reply's first piece, which a caller is waiting for, gets the CPU first (Linux CFS: nice 10 weighs
+# ~1/10 of nice 0); the ahead threads still use every idle core. Raising a thread's niceness needs no privilege.
+AHEAD_NICE = 10
 
 _DONE = object()
 
@@ -35,14 +40,27 @@ _DONE = object()
 MakeChunks = Callable[[threading.Event], Iterator[np.ndarray]]
 
 
+def lower_priority(nice: int = AHEAD_NICE) -> None:
+    """Make the calling thread yield the CPU to normal threads (its own niceness; Linux: per thread). Where the
+    platform has no per-thread niceness this does nothing: the work is the same, only its order on a busy CPU."""
+    try:
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), nice)
+    except (AttributeError, OSError) as exc:  # pragma: no cover - not Linux, or refused
+        log.debug("tts.nice_unavailable error=%s", type(exc).__name__)
+
+
 class ThreadedSynthesis:
-    """Worker threads for one engine (``workers`` at once) and the hand-over of their chunks."""
+    """Worker threads for one engine (``workers`` at once) and the hand-over of their chunks: requests someone is
+    waiting for on normal threads, requests made ``ahead`` of playout on threads of lower priority."""
 
     def __init__(self, engine: str, workers: int, sample_rate: int) -> None:
         self.engine = engine
         self.sample_rate = sample_rate
         self._executor = concurrent.futures.ThreadPoolExecutor(max_workers=max(1, workers),
                                                                thread_name_prefix=engine)
+        self._ahead = concurrent.futures.ThreadPoolExecutor(max_workers=max(1, workers),
+                                                            thread_name_prefix=f"{engine}-ahead",
+                                                            initializer=lower_priority)
         self._ids = itertools.count(1)
         self._active: dict[int, threading.Event] = {}
         self.chunks_made = 0  # for tests and metrics: chunks synthesized since start
@@ -52,15 +70,16 @@ class ThreadedSynthesis:
         """Syntheses whose worker is still running."""
         return len(self._active)
 
-    async def stream(self, make: MakeChunks, what: str) -> AsyncGenerator[np.ndarray, None]:
-        """Yield ``make``'s chunks as the worker makes them; stop the worker when the consumer stops."""
+    async def stream(self, make: MakeChunks, what: str, ahead: bool = False) -> AsyncGenerator[np.ndarray, None]:
+        """Yield ``make``'s chunks as the worker makes them (``ahead``: on a low-priority worker); stop the worker
+        when the consumer stops."""
         loop = asyncio.get_running_loop()
         queue: asyncio.Queue[Any] = asyncio.Queue(maxsize=QUEUE_CHUNKS)
         stop = threading.Event()
         rid = next(self._ids)
         self._active[rid] = stop
         t0 = time.monotonic()
-        log.info("tts.start engine=%s id=%d %s", self.engine, rid, what)
+        log.info("tts.start engine=%s id=%d %s ahead=%s", self.engine, rid, what, ahead)
 
         def put(item: Any) -> bool:
             """From the worker: hand ``item`` to the loop, waiting for room; False once stopped."""
@@ -96,7 +115,7 @@ class ThreadedSynthesis:
             finally:
                 self._active.pop(rid, None)
 
-        job = self._executor.submit(work)
+        job = (self._ahead if ahead else self._executor).submit(work)
         chunks = samples = 0
         finished = False
         try:
@@ -131,6 +150,7 @@ class ThreadedSynthesis:
         for stop in list(self._active.values()):
             stop.set()
         self._executor.shutdown(wait=False, cancel_futures=True)
+        self._ahead.shutdown(wait=False, cancel_futures=True)
 
 
 def onnx_session(model: Path, threads: int) -> Any:
@@ -196,7 +216,8 @@ class ThreadedEngine(PieceByPiece):
         text = request.text.strip()
         if not text:
             return
-        chunks = self._threads.stream(self._make(text, request), f"chars={len(text)} speed={request.speed:.2f}")
+        chunks = self._threads.stream(self._make(text, request), f"chars={len(text)} speed={request.speed:.2f}",
+                                      ahead=request.ahead)
         try:
             async for chunk in chunks:
                 yield chunk

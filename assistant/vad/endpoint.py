@@ -170,6 +170,12 @@ class Endpointer:
         """Stream index where the utterance in progress last had speech (its end if it ends now)."""
         return self._silence_start if self._silence_start is not None else self._pos
 
+    @property
+    def onset_pending(self) -> bool:
+        """Not speaking, but the latest windows sound like speech that has not yet lasted ``min_speech_ms``: it may
+        be the speaker going on (turn-taking holds an unsure reply while this is so)."""
+        return not self.speaking and self._candidate is not None
+
     def set_end_silence(self, ms: int | None) -> None:
         """Override the end-of-speech silence for the utterance in progress (None: back to config).
 

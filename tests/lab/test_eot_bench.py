@@ -258,7 +258,7 @@ def test_the_number_hold_is_chosen_clear_of_the_pauses_inside_numbers() -> None:
     chosen on the tuning turns, the least mean wait among the holds that, HOLD_MARGIN_MS shorter, cut no pause
     inside a number that holding to the cap spares (here 900 ms ones: 1000 is too near, 1100 is not)."""
     def number(clip: int, is_end: bool, silence_ms: int | None) -> Pause:
-        return replace(_pause(clip, is_end, silence_ms, None, 0.98), text="My flight number is 1390.",
+        return replace(_pause(clip, is_end, silence_ms, None, 0.98), text="My number is 1390.",
                        cue=Cue.NUMBER)
 
     clips = [ClipEvidence(file=str(i), split="tune", engine="e", voice="v", lang="en", kind="k", speech_ends_s=1.0,
@@ -286,7 +286,7 @@ def test_the_trailing_hold_is_swept_as_the_number_s_and_leaves_numbers_alone() -
                           status="ok", pauses=[]) for i in range(20)]
     pauses = ([said(i, False, 1250, "How do I get to?") for i in range(5)]
               + [said(i, True, None, "What is that?") for i in range(10)]
-              + [said(i, True, None, "My flight number is 1390.") for i in range(10, 20)])
+              + [said(i, True, None, "My number is 1390.") for i in range(10, 20)])
     assert {p.cue for p in pauses} == {Cue.TRAILING, Cue.NUMBER}
     turns = Turns(clips, pauses)
     d = hold_sweep(turns, turns, None, 500, "trailing_hold_ms", TRAILING_HOLD_SWEEP)

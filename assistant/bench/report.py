@@ -39,7 +39,10 @@ COLUMNS: dict[str, str] = {
     "llm_first_text_ms": "server: turn decided and transcribed → first reply text from the responder",
     "chunker_ms": "server: first reply text → first text chunk handed to TTS",
     "tts_first_audio_ms": "server: first TTS text → first PCM chunk out of TTS",
-    "playout_ms": "server: first PCM chunk → first non-silent frame handed to the outgoing track",
+    "confirm_wait_ms": "server: the reply ready, held until more silence confirmed an unsure end (turn.confirm_ms; "
+    "0 when the end was sure or the reply was not ready before)",
+    "playout_ms": "server: the reply may be heard (its first PCM chunk, or the end confirmed) → first non-silent "
+    "frame handed to the outgoing track",
     "downlink_ms": "server's first_frame_sent mark → client received that frame (encode, network, client "
     "jitter buffer, decode); one clock only when client and server share a host",
     "onset_ms": "client received the first reply frame → first sample at or above the audible threshold "
@@ -368,6 +371,7 @@ _SHORT = {
     "llm_first_text_ms": "llm",
     "chunker_ms": "chunk",
     "tts_first_audio_ms": "tts",
+    "confirm_wait_ms": "hold",
     "playout_ms": "play",
     "downlink_ms": "down",
     "onset_ms": "onset",

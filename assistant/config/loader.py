@@ -24,7 +24,7 @@ from assistant.config.audio import AudioConfig, VADConfig
 from assistant.config.fields import ConfigError
 from assistant.config.ray import RayConfig
 from assistant.config.realtime import RealtimeConfig
-from assistant.config.respond import REQUANTIZE, RespondConfig
+from assistant.config.respond import REQUANTIZE, RespondConfig, check_skills
 from assistant.config.server import DispatchConfig, ICEConfig, KeysConfig, LogConfig, ServerConfig
 from assistant.config.telemetry import TelemetryConfig
 from assistant.config.telephony import TelephonyConfig
@@ -179,6 +179,7 @@ def load_config(
     check_min_window(cfg.asr.min_window_s)
     if cfg.respond.requantize not in REQUANTIZE:
         raise ConfigError(f"respond.requantize must be one of {', '.join(REQUANTIZE)}, got {cfg.respond.requantize!r}")
+    check_skills(cfg.respond)
     check_languages(cfg)
     return cfg
 

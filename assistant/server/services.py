@@ -11,11 +11,13 @@ import logging
 import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
+from zoneinfo import ZoneInfo
 
 from aiohttp import web
 
 from assistant.config import Config, VADConfig
 from assistant.respond.base import Responder
+from assistant.respond.skills.base import CallContext
 from assistant.server.metrics import Metrics
 from assistant.tts.base import TTSEngine
 
@@ -23,6 +25,8 @@ if TYPE_CHECKING:
     from assistant.asr.base import Transcriber
     from assistant.engine_host.supervisor import EngineProcess
     from assistant.pipeline.end_of_turn import EndOfTurnModel
+    from assistant.respond.skills.registry import Skills
+    from assistant.respond.skills.timers import CallTimers
     from assistant.telemetry.setup import Telemetry
     from assistant.vad.endpoint import Endpointer
     from assistant.vad.silero import SileroModel
@@ -65,6 +69,7 @@ class Services:
     engines: dict[str, EngineProcess] = field(default_factory=dict)  # engines in supervised child processes
 
     _responders: dict[str, Responder] = field(default_factory=dict)
+    skills: Skills | None = None  # respond.skills, loaded with the engines (a plug-in that fails fails the start)
 
     def allowed_responders(self) -> list[str]:
         """Responders a client may pick per session: the built-in ones and the configured one.
@@ -97,6 +102,18 @@ class Services:
         model = self.cfg.respond.model if engine == "openai" else ""
         return {"engine": engine, "model": model}
 
+    def call_context(self, timers: CallTimers | None = None) -> CallContext:
+        """A new call's side of the skills: ``respond.timezone`` (until the page sends its own) and its timers."""
+        zone = self.cfg.respond.timezone
+        return CallContext(timezone=ZoneInfo(zone) if zone else None, timers=timers)
+
+    def with_skills(self, responder: Responder, call: CallContext) -> Responder:
+        """``responder`` with the skills for one call (respond/skills/responder.py); itself when there are none."""
+        from assistant.respond.skills import with_skills
+
+        r = self.cfg.respond
+        return with_skills(responder, self.skills, call, intents=r.intents, language=r.language)
+
     def make_endpointer(self, vad: VADConfig | None = None) -> Endpointer:
         """A session's endpointer on the shared VAD model, with ``vad`` settings (default: the config's)."""
         from assistant.vad.endpoint import Endpointer
@@ -114,6 +131,10 @@ class Services:
 
         cfg = self.cfg
         where = placement(cfg.respond)  # a bad respond.backend fails now
+        if self.skills is None:
+            from assistant.respond.skills import load_skills
+
+            self.skills = load_skills(cfg.respond.skills, timeout_s=cfg.respond.skill_timeout_s)
         if self.responder is None and cfg.respond.engine.strip() == "llama" and where != "ray":
             from assistant.respond.hub import is_hub_ref, resolve_model
             from assistant.respond.llama import resolve_model_path

@@ -15,7 +15,7 @@ from zoneinfo import ZoneInfo
 
 from aiohttp import web
 
-from assistant.config import Config, VADConfig
+from assistant.config import Config, RespondConfig, VADConfig
 from assistant.respond.base import Responder
 from assistant.respond.skills.base import CallContext
 from assistant.server.metrics import Metrics
@@ -107,11 +107,12 @@ class Services:
         zone = self.cfg.respond.timezone
         return CallContext(timezone=ZoneInfo(zone) if zone else None, timers=timers)
 
-    def with_skills(self, responder: Responder, call: CallContext) -> Responder:
-        """``responder`` with the skills for one call (respond/skills/responder.py); itself when there are none."""
+    def with_skills(self, responder: Responder, call: CallContext, respond: RespondConfig | None = None) -> Responder:
+        """``responder`` with the skills for one call (respond/skills/responder.py), as ``respond`` (the call's
+        config; default: the server's) sets the intent step; itself when there are none."""
         from assistant.respond.skills import with_skills
 
-        r = self.cfg.respond
+        r = respond or self.cfg.respond
         return with_skills(responder, self.skills, call, intents=r.intents, language=r.language)
 
     def make_endpointer(self, vad: VADConfig | None = None) -> Endpointer:

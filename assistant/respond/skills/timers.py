@@ -162,6 +162,11 @@ def say_duration(seconds: float, lang: str) -> str:
     return (" " if lang == "ko" else "").join(parts) or f"0{units[2]}"
 
 
+def as_adjective(length: str) -> str:
+    """An English length before a noun: "10 minutes" → "10 minute" (a 10 minute timer)."""
+    return length.replace("hours", "hour").replace("minutes", "minute").replace("seconds", "second")
+
+
 def say_clock(when: dt.datetime, lang: str) -> str:
     from assistant.respond.rules import TABLES
 
@@ -191,7 +196,7 @@ def announcement(timer: Timer) -> str:
     length = say_duration(timer.seconds, lang)
     if lang == "en":
         about = f" for {label}" if label else ""
-        return f"Your {length} timer{about} is done."
+        return f"Your {as_adjective(length)} timer{about} is done."
     return pick(lang, {"zh": f"{length}的计时器时间到了。", "ja": f"{length}のタイマーが終わりました。",
                        "ko": f"{length} 타이머가 끝났습니다."})
 
@@ -563,7 +568,7 @@ def _what(timer: Timer, lang: str) -> str:
         return f"reminder to {timer.label}" if timer.label else "reminder"
     if timer.kind == "alarm":
         return f"alarm for {timer.at}"
-    return f"{length} timer" + (f" for {timer.label}" if timer.label else "")
+    return f"{as_adjective(length)} timer" + (f" for {timer.label}" if timer.label else "")
 
 
 def timer_skills() -> list[TimerSkill | CancelTimerSkill | ListTimersSkill]:

@@ -148,7 +148,8 @@ class ConversationSession:
         deps = TurnDeps(
             asr=services.asr,
             tts=services.tts,
-            responder=responder if given else services.with_skills(services.responder_for(responder), self.call),
+            responder=responder if given else services.with_skills(services.responder_for(responder), self.call,
+                                                                   cfg.respond),
             voice=options.get("voice"),
             on_turn_done=lambda trace: metrics.observe_turn(trace.durations_ms(), trace.gaps_ms()),
             on_error=lambda stage: metrics.errors_total.labels(stage=stage).inc(),

@@ -9,7 +9,7 @@ import asyncio
 import datetime as dt
 import json
 import time
-from typing import Any
+from typing import Any, ClassVar
 from zoneinfo import ZoneInfo
 
 import pytest
@@ -19,7 +19,7 @@ from assistant.config import ConfigError, load_config
 from assistant.respond.base import Message, ReplyOptions, ToolCall, reply_stream
 from assistant.respond.echo import EchoResponder
 from assistant.respond.openai import OpenAIResponder
-from assistant.respond.skills import Asked, CallContext, Skills, SkillError, load_skills, tool_schema, with_skills
+from assistant.respond.skills import Asked, CallContext, SkillError, Skills, load_skills, tool_schema, with_skills
 from assistant.respond.skills.calculator import evaluate
 from assistant.respond.skills.numbers import parse_cjk, parse_english, say_number
 from assistant.respond.skills.responder import SkillfulMessagesResponder, SkillfulResponder
@@ -190,7 +190,7 @@ async def test_a_call_without_timers_has_no_timer_skills() -> None:
 class SlowSkill:
     name = "slow"
     description = "Takes its time (a plug-in that blocks)."
-    parameters: dict[str, Any] = {"type": "object", "properties": {}}
+    parameters: ClassVar[dict[str, Any]] = {"type": "object", "properties": {}}
 
     def run(self, asked: Asked) -> str:  # a plain function: it runs in a worker thread, the loop goes on
         time.sleep(0.5)
@@ -200,7 +200,7 @@ class SlowSkill:
 class ChattySkill:
     name = "chatty"
     description = "Says far too much, and is found by its own intent."
-    parameters: dict[str, Any] = {"type": "object", "properties": {}}
+    parameters: ClassVar[dict[str, Any]] = {"type": "object", "properties": {}}
 
     def intent(self, text: str, language: str) -> dict[str, Any] | None:
         return {} if "chatty" in text else None
@@ -212,7 +212,7 @@ class ChattySkill:
 class BrokenSkill:
     name = "broken"
     description = "Fails."
-    parameters: dict[str, Any] = {"type": "object", "properties": {}}
+    parameters: ClassVar[dict[str, Any]] = {"type": "object", "properties": {}}
 
     async def run(self, asked: Asked) -> str:
         raise RuntimeError("boom")
@@ -261,7 +261,7 @@ def test_skills_load_by_name_and_plugins_as_module_class() -> None:
 def test_settings_are_checked() -> None:
     cfg = load_config(environ={})
     assert cfg.respond.skills == ["clock", "calculator", "units", "timers"] and cfg.respond.intents == "auto"
-    with pytest.raises(ConfigError, match="respond.intents"):
+    with pytest.raises(ConfigError, match=r"respond\.intents"):
         load_config(overrides={"respond": {"intents": "sometimes"}}, environ={})
     with pytest.raises(ConfigError, match="IANA"):
         load_config(overrides={"respond": {"timezone": "Mars/Olympus"}}, environ={})

@@ -10,6 +10,7 @@ from assistant.config.fields import ConfigError, setting
 
 REQUANTIZE = ("auto", "q8_0", "off")  # respond/llama/weights.py
 INTENTS = ("auto", "always", "off")  # respond/skills/responder.py
+DOUBT = ("auto", "on", "off")  # respond/llama/doubt.py
 
 
 @dataclass
@@ -98,6 +99,11 @@ class RespondConfig:
         "Xeons, repacked Q4_0 kernels): faster prompts where they work, but on Xeons with AMX the build segfaults "
         "in the first decode (llama.cpp issue 20824), so off unless proven on your CPU"
     )
+    # --- honest doubt (respond/llama/doubt.py) ---
+    doubt: str = setting(
+        "auto", "llama: a factual answer whose least likely word falls below the threshold tuned for the bundled "
+        "SmolLM2 becomes \"I'm not sure\": auto (only when the bundled model answers), on (any model), or off",
+    )
     # --- skills: what a small model gets wrong, answered exactly (respond/skills/, docs/skills.md) ---
     skills: list[str] = setting(
         ["clock", "calculator", "units", "timers"],
@@ -133,6 +139,8 @@ def check_timezone(name: str, where: str = "respond.timezone") -> str:
 
 def check_skills(cfg: RespondConfig) -> None:
     """The skills' settings: the intent step's mode, the time zone, the bounds (ConfigError naming the setting)."""
+    if cfg.doubt not in DOUBT:
+        raise ConfigError(f"respond.doubt must be one of {', '.join(DOUBT)}, got {cfg.doubt!r}")
     if cfg.intents not in INTENTS:
         raise ConfigError(f"respond.intents must be one of {', '.join(INTENTS)}, got {cfg.intents!r}")
     check_timezone(cfg.timezone)

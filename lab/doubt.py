@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import json
 import math
 from dataclasses import dataclass
@@ -81,13 +82,13 @@ async def score_all(requests: list[Request], cfg: RespondConfig) -> list[Scored]
     await responder.warmup()
     rows = []
     try:
+        loop = asyncio.get_running_loop()
         for q in requests:
             _, _, prompt = responder.prompts.fit(
                 responder.prompts.messages(q.text, [], ReplyOptions(language=q.language)), cfg.max_tokens)
-            loop = asyncio.get_running_loop()
             queue: asyncio.Queue[_Token | _End] = asyncio.Queue()
             request = responder.engine.submit(prompt, cfg.max_tokens, cfg.temperature,
-                                              lambda item: loop.call_soon_threadsafe(queue.put_nowait, item),
+                                              functools.partial(loop.call_soon_threadsafe, queue.put_nowait),
                                               logprobs=True)
             gate = DoubtGate(q.language)
             gate.limit = -math.inf  # score only: never doubt here

@@ -1,8 +1,8 @@
 """Honest doubt: where the small model is unsure of a factual answer, its own token probabilities say so, and it
 says it does not know instead of inventing one.
 
-For a factual question (:func:`is_factual_question`: "what is the capital of …", "how many legs …", "中国的首都是哪里？";
-not a request, not a question about the user or the assistant), the reply's first sentence is held while the
+For a factual question (:func:`is_factual_question`: "what is the capital of …", "how many legs …",
+"中国的首都是哪里？"; not a request, not a question about the user or the assistant), the reply's first sentence is held while the
 model writes it (:class:`DoubtGate`), each token with the model's log-probability of it. Its score is the least
 likely word after the first (a word's tokens' log-probabilities summed; in Chinese, Japanese or Korean each token
 its own word): the answer's uncertain words, not the phrasing's first choice ("The", "A"). Below the language's
@@ -32,7 +32,8 @@ THRESHOLDS: dict[str, float] = {"en": -2.8, "*": -0.2}
 MAX_HELD_TOKENS = 32  # a first sentence that runs on this long is judged as it stands
 
 NOT_SURE = {
-    "en": "I'm not sure, sorry.", "zh": "抱歉，我不确定。", "ja": "すみません、よくわかりません。", "ko": "죄송해요, 잘 모르겠어요.",
+    "en": "I'm not sure, sorry.", "zh": "抱歉，我不确定。", "ja": "すみません、よくわかりません。",
+    "ko": "죄송해요, 잘 모르겠어요.",
     "fr": "Je ne suis pas sûr, désolé.", "es": "No estoy seguro, lo siento.", "de": "Das weiß ich leider nicht sicher.",
 }
 
@@ -43,9 +44,12 @@ _EN_PERSONAL = re.compile(r"\b(?:i|i'm|i've|me|my|mine|we|us|our|you|you're|your
                           r"suggest|best|good|favou?rite|like|think|feel|weather|news|today|tonight|tomorrow|now|"
                           r"time|date)\b|^\s*what(?:'s| is) an? ", re.I)
 _OTHER_QUESTION = {
-    "zh": (re.compile(r"哪里|哪儿|什么|几|多少|谁|哪个|哪一|哪些|是否"), re.compile(r"我|你|您|推荐|建议|应该|今天|现在|天气")),
-    "ja": (re.compile(r"どこ|何|なに|なん|誰|だれ|いくつ|どれ|いつ|どの"), re.compile(r"私|僕|あなた|おすすめ|今日|今|天気")),
-    "ko": (re.compile(r"어디|무엇|뭐|몇|누구|언제|어느|얼마"), re.compile(r"나는|내가|저는|제가|당신|추천|오늘|지금|날씨")),
+    "zh": (re.compile(r"哪里|哪儿|什么|几|多少|谁|哪个|哪一|哪些|是否"),
+           re.compile(r"我|你|您|推荐|建议|应该|今天|现在|天气")),
+    "ja": (re.compile(r"どこ|何|なに|なん|誰|だれ|いくつ|どれ|いつ|どの"),
+           re.compile(r"私|僕|あなた|おすすめ|今日|今|天気")),
+    "ko": (re.compile(r"어디|무엇|뭐|몇|누구|언제|어느|얼마"),
+           re.compile(r"나는|내가|저는|제가|당신|추천|오늘|지금|날씨")),
 }
 _SENTENCE_END = re.compile(r"[.!?…](?=\s)|[。！？]")
 
@@ -68,7 +72,7 @@ def not_sure(language: str) -> str:
 
 
 def _cjk(text: str) -> bool:
-    return any("\u2e80" <= c for c in text)
+    return any(c >= "\u2e80" for c in text)
 
 
 def least_likely_word(tokens: list[tuple[str, float]]) -> float:

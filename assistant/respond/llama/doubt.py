@@ -3,10 +3,11 @@ says it does not know instead of inventing one.
 
 For a factual question (:func:`is_factual_question`: "what is the capital of …", "how many legs …",
 "中国的首都是哪里？"; not a request, not a question about the user or the assistant), the reply's first
-sentence is held while the model writes it (:class:`DoubtGate`), each token with the model's log-probability of it. Its score is the least
-likely word after the first (a word's tokens' log-probabilities summed; in Chinese, Japanese or Korean each token
-its own word): the answer's uncertain words, not the phrasing's first choice ("The", "A"). Below the language's
-threshold, the reply is a brief "I'm not sure." in the turn's language; else the sentence goes on as written.
+sentence is held while the model writes it (:class:`DoubtGate`), each token with the model's log-probability
+of it. Its score is the least likely word after the first (a word's tokens' log-probabilities summed; in
+Chinese, Japanese or Korean each token its own word): the answer's uncertain words, not the phrasing's first
+choice ("The", "A"). Below the language's threshold, the reply is a brief "I'm not sure." in the turn's
+language; else the sentence goes on as written.
 
 The thresholds (:data:`THRESHOLDS`) were chosen with ``python -m lab doubt`` on tuning requests only (the tuning
 half of ``lab replies`` and ``lab/data/facts_tuning.json``: 103 simple facts), for the bundled SmolLM2-135M, by one

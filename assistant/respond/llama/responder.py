@@ -17,7 +17,7 @@ from assistant.respond.base import Message, ReplyOptions, ResponderError, Usage
 from assistant.respond.llama.clauses import ClauseLimit
 from assistant.respond.llama.doubt import DoubtGate, is_factual_question, not_sure
 from assistant.respond.llama.engine import MSG_CLOSED, MSG_FAILED, LlamaEngine, _End, _Request, _Token
-from assistant.respond.llama.model_file import ModelFileError, resolve_model_path
+from assistant.respond.llama.model_file import ModelFileError, is_bundled, resolve_model_path
 from assistant.respond.llama.prompt import NEXT_TURN, Chat, ChatPrompt, PromptBuilder
 from assistant.respond.llama.weights import weights_path
 
@@ -72,7 +72,7 @@ class LlamaResponder:
         self.model = source.name
         self.weights = path  # the file loaded: the source, or its rewrite
         # Honest doubt (doubt.py): its thresholds were tuned for the bundled model.
-        self.doubt = c.doubt == "on" or (c.doubt == "auto" and not c.model_path.strip())
+        self.doubt = c.doubt == "on" or (c.doubt == "auto" and is_bundled(c))
         self.last_doubt: DoubtGate | None = None  # the latest reply's gate, when it had one (the lab, diagnostics)
         self.last_prompt_text = ""  # the latest reply's prompt, as rendered (tests, diagnostics)
         self.last_request: _Request | None = None  # the latest reply's request: its reuse, tokens (diagnostics)

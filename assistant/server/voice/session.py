@@ -158,12 +158,19 @@ class ConversationSession:
             on_turn_end=self._turn_traced if services.telemetry is not None else None,
         )
         self.responder = deps.responder
+        # A better model swapped in during the call (respond.model_path = auto): the page hears who answers now.
+        shared = not given and (responder is None or responder == cfg.respond.engine)
+        self._unsubscribe_model = services.on_model_change(self._model_changed) if shared else None
         self._call_trace: CallTrace | None = None
         if services.telemetry is not None:  # engines in other processes (Ray) join this call's trace
             carry.register(self.id, self._trace_headers)
         self.conversation = Conversation(
             cfg, services.make_endpointer(cfg.vad), deps, sink, self.events, session_id=self.id
         )
+
+    def _model_changed(self, status: object) -> None:
+        if not self.closed:
+            self.events.emit("responder", **self.services.describe_responder())
 
     # --- timers (respond/skills/timers.py) ---------------------------------------------------------------
     def _timer_due(self, timer: Timer, text: str) -> None:
@@ -239,6 +246,8 @@ class ConversationSession:
         log.info("session_close session=%s reason=%s turns=%d", self.id, reason, self.conversation.turns)
         if self.timers is not None:  # the call's timers end with it: none rings after
             self.timers.close()
+        if self._unsubscribe_model is not None:
+            self._unsubscribe_model()
         with contextlib.suppress(Exception):
             self.events.emit("close", reason=reason)
         current = asyncio.current_task()

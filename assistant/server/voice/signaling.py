@@ -293,6 +293,8 @@ def _who_answers(app: AppState, responder: object) -> dict[str, str]:
     """The responder (and its model) this session talks to: the page shows it."""
     info = app[SERVICES].describe_responder(responder if isinstance(responder, str) else None)
     who = {"engine": str(info.get("engine", "")), "model": str(info.get("model", ""))}
+    if info.get("why"):  # respond.model_path = auto: why this model answers
+        who["why"] = str(info["why"])
     if info.get("state"):  # its engine is down (its child process restarting, or failed for good): why
         who["state"], who["reason"] = str(info["state"]), str(info.get("reason", ""))
     return who

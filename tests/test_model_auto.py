@@ -43,7 +43,7 @@ def test_the_table_chooses_by_cores_memory_and_gpu() -> None:
     assert here.cores >= 1 and here.memory_gb > 0
 
 
-def test_without_network_auto_is_the_pulled_copy_or_the_bundled_model(local_hub: Hub, tmp_path: Path) -> None:
+def test_without_network_auto_is_the_pulled_copy_or_the_bundled_model(local_hub: Hub) -> None:  # noqa: F811
     row = (auto.Row(f"{REPO}/{FILE}", cores=1, why="a test row"),)
     cfg = RespondConfig(engine="llama")
     assert cfg.model_path == "auto"
@@ -69,7 +69,7 @@ async def _readyz(http: aiohttp.ClientSession, url: str) -> dict:
 @pytest.mark.slow
 @pytest.mark.asyncio(loop_scope="module")
 async def test_the_machines_model_is_pulled_checked_and_swapped_in_between_turns(
-        services: Services, local_hub: Hub, monkeypatch: pytest.MonkeyPatch) -> None:
+        services: Services, local_hub: Hub, monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: F811
     monkeypatch.setattr(auto, "TABLE", (auto.Row(f"{REPO}/{FILE}", cores=1, memory_gb=0.1, why="a test row"),))
     local_hub.cut_after = 0
     cfg, own = _auto_services(services)

@@ -71,8 +71,6 @@ class LlamaResponder:
                                      persona.example_messages(c))
         self.model = source.name
         self.weights = path  # the file loaded: the source, or its rewrite
-        # Honest doubt (doubt.py): its thresholds were tuned for the bundled model.
-        self.doubt = c.doubt == "on" or (c.doubt == "auto" and is_bundled(c))
         self.last_doubt: DoubtGate | None = None  # the latest reply's gate, when it had one (the lab, diagnostics)
         self.last_prompt_text = ""  # the latest reply's prompt, as rendered (tests, diagnostics)
         self.last_request: _Request | None = None  # the latest reply's request: its reuse, tokens (diagnostics)
@@ -80,6 +78,11 @@ class LlamaResponder:
     @property
     def prompt(self) -> ChatPrompt:
         return self.prompts.prompt
+
+    def doubts(self) -> bool:
+        """Honest doubt is on (doubt.py): ``respond.doubt``, whose ``auto`` means the bundled model (its thresholds
+        were tuned for it)."""
+        return self.cfg.doubt == "on" or (self.cfg.doubt == "auto" and is_bundled(self.cfg))
 
     def describe(self) -> ModelInfo:
         """What answers: for the page and logs."""
@@ -121,7 +124,7 @@ class LlamaResponder:
 
         t0 = time.monotonic()
         language = opts.language or self.cfg.language
-        gate = DoubtGate(language) if self.doubt and is_factual_question(text, language) else None
+        gate = DoubtGate(language) if self.doubts() and is_factual_question(text, language) else None
         self.last_doubt = gate
         request = self.engine.submit(prompt, max_tokens, temperature, deliver, logprobs=gate is not None)
         self.last_request = request

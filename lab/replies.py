@@ -214,7 +214,8 @@ def right(request: Request, reply: str) -> bool | None:
         if has_cjk(word):
             if word in reply:
                 return True
-        elif re.search(rf"(?<![\w-]){re.escape(word)}(?![\w-])", reply, re.I):
+        elif re.search(rf"(?<![\w-]){re.escape(word)}(?![\w-])", reply, re.I) or (
+                word.isdigit() and re.search(rf"(?<![0-9.]){word}(?![0-9.])", reply)):  # a number in CJK: "は7日"
             return True
     return False
 

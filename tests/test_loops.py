@@ -39,6 +39,7 @@ def test_a_loop_ends_with_the_last_new_sentence(reply: str, said: str, step: int
     "Very, very good. Yes.",
     "Sorry, I can't set timers. I can only talk with you.",
     "谢谢你。这是北京。",
+    "1公斤等于1000克。",  # a number is one word, not three zeros
     "",
 ])
 @pytest.mark.parametrize("step", [1, 4, 1000])

@@ -90,9 +90,9 @@ def test_numbers_as_people_say_them() -> None:
     ("What time is it?", "en", "get_time", "It's 2:00 PM."),
     ("What's the date today?", "en", "get_time", "Today is Saturday, June 14, 2025."),
     ("What time is it in Tokyo?", "en", "get_time", "In Tokyo, it's 9:00 PM."),
-    ("现在几点了？", "zh", "get_time", "现在是下午2点0分。"),
+    ("现在几点了？", "zh", "get_time", "现在是下午2点。"),
     ("今日は何曜日ですか", "ja", "get_time", "今日は2025年6月14日、土曜日です。"),
-    ("지금 몇 시예요?", "ko", "get_time", "지금은 오후 2시 0분입니다."),
+    ("지금 몇 시예요?", "ko", "get_time", "지금은 오후 2시입니다."),
 ])
 async def test_a_skill_request_is_answered_exactly(text: str, language: str, skill: str, said: str) -> None:
     # The user is in Paris (UTC+2 in June): the clock answers in their zone, a city's in its own.

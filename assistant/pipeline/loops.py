@@ -32,15 +32,17 @@ MIN_CLAUSE_WORDS = 3  # a later sentence that says an earlier clause of this man
 MAX_HELD_CHARS = 2000  # a "sentence" with no end this long is said as it is (the responder's own cap still holds)
 
 _WORD = re.compile(r"[^\W_]+(?:['’][^\W_]+)*")
+_CJK_PIECE = re.compile(r"[0-9a-z]+|[^\W\d_a-z]", re.I)  # in CJK text: a number or Latin word, or one letter
 _CLAUSE_END = re.compile(r"[,;:.!?…—](?=\s)\s*|[，、：；。！？]")  # where the speech path may break a first sentence
 
 
 def words(text: str) -> list[str]:
-    """``text``'s words, lower-cased, punctuation dropped; CJK letters one by one."""
+    """``text``'s words, lower-cased, punctuation dropped; CJK letters one by one, and a number or a Latin word
+    among them whole ("1公斤等于1000克" → 1, 公, 斤, 等, 于, 1000, 克: "1000" is no stutter)."""
     out: list[str] = []
     for w in _WORD.findall(text.lower()):
         if has_cjk(w):
-            out.extend(c for c in w if c.isalnum())
+            out.extend(_CJK_PIECE.findall(w))
         else:
             out.append(w)
     return out
@@ -180,8 +182,8 @@ def _char_index(text: str, word_index: int) -> int:
     seen = 0
     for m in _WORD.finditer(text.lower()):
         w = m.group(0)
-        letters = [i for i, c in enumerate(w) if c.isalnum()] if has_cjk(w) else [0]
-        for offset in letters:
+        starts = [p.start() for p in _CJK_PIECE.finditer(w)] if has_cjk(w) else [0]
+        for offset in starts:
             if seen == word_index:
                 return m.start() + offset
             seen += 1

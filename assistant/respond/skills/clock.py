@@ -14,11 +14,12 @@ from assistant.respond.skills.base import Asked, SkillError, pick
 
 WHAT = ("time", "date")
 
-_EN_TIME = re.compile(r"\b(?:what(?:'s| is) the (?:current )?time|what time is it|tell me the time|"
-                      r"(?:do you know|have you got) the time)(?: (?:now|right now))?"
-                      r"(?: in (?P<place>[a-z][a-z .'-]{1,40}))?\s*[?.!]*$", re.I)
+_EN_TIME = re.compile(r"\b(?:what(?:'s| is) the (?:current |exact )?time|what time (?:is it|it is)|"
+                      r"(?:tell|give) me the (?:current |exact )?time|(?:do you )?(?:know|have|got) the time)"
+                      r"(?: (?:now|right now))?(?: in (?P<place>[a-z][a-z .'-]{1,40}))?\s*[?.!]*$", re.I)
 _EN_DATE = re.compile(r"\b(?:what(?:'s| is) (?:the date|today's date|the date today|today)|what day is (?:it|today)"
-                      r"(?: today)?|what date is it|which day is (?:it|today)|tell me the date)\s*[?.!]*$", re.I)
+                      r"(?: today)?|what date is (?:it|today)|which day is (?:it|today)|"
+                      r"(?:tell|give) me (?:the|today's) date|today's date)\s*[?.!]*$", re.I)
 _OTHER = {
     "zh": (re.compile(r"(?:现在|目前)(?:是)?(?:几点|什么时间|什么时候)|几点了|现在时间"),
            re.compile(r"今天(?:是)?(?:几号|几月几号|星期几|礼拜几|什么日子|哪天)|今天的日期")),

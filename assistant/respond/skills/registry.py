@@ -13,6 +13,7 @@ import asyncio
 import inspect
 import json
 import logging
+import re
 import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -33,6 +34,7 @@ BUILTIN = {
 DEFAULT = ("clock", "calculator", "units", "timers")
 MAX_ANSWER_CHARS = 600  # a skill's answer, as said (a voice answer, not a page)
 MAX_ARGUMENT_CHARS = 4096  # a model's JSON arguments for one call
+_POLITE_END = re.compile(r"(?:[,\s]+(?:please|thanks|thank you|for me))+\s*([?.!]*)$", re.I)
 
 
 @dataclass(frozen=True)
@@ -74,8 +76,11 @@ class Skills:
         return [tool_schema(s) for s in self.available(call)]
 
     def route(self, text: str, language: str, call: CallContext) -> Routed | None:
-        """The intent step: the skill ``text`` clearly asks for, with its arguments, or None (the model answers)."""
+        """The intent step: the skill ``text`` clearly asks for, with its arguments, or None (the model answers).
+        The skills see the words without a polite ending ("…, please?")."""
         lang = (language or "en").split("-")[0].lower()
+        if lang == "en":
+            text = _POLITE_END.sub(r"\1", text.strip())
         for skill in self.available(call):
             intent = getattr(skill, "intent", None)
             if intent is None:

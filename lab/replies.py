@@ -271,6 +271,7 @@ class Row:
     score: Score
     raw: str = ""  # as the responder wrote it
     intent_ms: float | None = None  # the intent step's time before the model is asked (None: no intent step)
+    first_ms: float | None = None  # the first words' time (None: nothing said)
 
 
 @dataclass
@@ -322,11 +323,17 @@ async def run_preset(responder: Any, cfg: RespondConfig, requests: Sequence[Requ
                 intent_ms = (time.perf_counter() - t) * 1000
             t0 = time.monotonic()
             opts = ReplyOptions(language=request.language, max_tokens=cfg.max_tokens, temperature=cfg.temperature)
-            raw = "".join([d async for d in reply_stream(wrapped, request.text, [], opts)])
+            parts: list[str] = []
+            first_ms = None
+            async for delta in reply_stream(wrapped, request.text, [], opts):
+                if first_ms is None and delta.strip():
+                    first_ms = (time.monotonic() - t0) * 1000
+                parts.append(delta)
+            raw = "".join(parts)
             call.timers.close()
             said = without_loops(raw) if guard else raw
             return Row(preset_name, half, request, said, time.monotonic() - t0,
-                       score(request, said, raw, opts.skill), raw, intent_ms)
+                       score(request, said, raw, opts.skill), raw, intent_ms, first_ms)
 
     return list(await asyncio.gather(*(one(r) for r in requests)))
 
@@ -420,13 +427,16 @@ def _skills(rows: Sequence[Row]) -> str:
 def _intent_cost(rows: Sequence[Row], markdown: bool) -> str:
     """What the intent step adds before the model is asked, against the model's own time to its reply."""
     intent = sorted(r.intent_ms for r in rows if r.intent_ms is not None)
-    model = sorted(r.seconds * 1000 for r in rows if not r.score.skill and r.intent_ms is not None)
+    first = sorted(r.first_ms for r in rows if not r.score.skill and r.intent_ms is not None and r.first_ms)
+    skill = sorted(r.first_ms for r in rows if r.score.skill and r.first_ms)
     p95 = intent[min(len(intent) - 1, int(0.95 * len(intent)))]
     line = (f"intent step (before the model is asked): p50 {statistics.median(intent):.3f} ms, p95 {p95:.3f} ms, max "
             f"{intent[-1]:.3f} ms over {len(intent)} requests")
-    if model:
-        line += (f"; the model's whole reply in the same run: p50 {statistics.median(model):.0f} ms (the step is "
-                 f"{statistics.median(intent) / statistics.median(model):.2%} of it)")
+    if first:
+        line += (f"; the model's first words in the same run: p50 {statistics.median(first):.0f} ms (the step adds "
+                 f"{statistics.median(intent) / statistics.median(first):.2%} to them)")
+    if skill:
+        line += f"; a skill's whole answer: p50 {statistics.median(skill):.1f} ms"
     return line
 
 
@@ -550,7 +560,8 @@ def run_replies_bench(args: argparse.Namespace) -> int:
         "bench": "replies", "settings": results.settings,
         "rows": [{"preset": r.preset, "half": r.half, "id": r.request.id, "category": r.request.category,
                   "language": r.request.language, "request": r.request.text, "reply": r.reply, "raw": r.raw,
-                  "seconds": round(r.seconds, 3), "intent_ms": r.intent_ms, "score": dataclasses.asdict(r.score)}
+                  "seconds": round(r.seconds, 3), "intent_ms": r.intent_ms, "first_ms": r.first_ms,
+                  "score": dataclasses.asdict(r.score)}
                  for r in results.rows],
     }, ensure_ascii=False, indent=1), encoding="utf-8")
     return 0

@@ -136,7 +136,7 @@ def test_loops_skills_and_doubt_are_scored_apart() -> None:
     assert unsure.not_sure and not unsure.right
 
     def row(request: R.Request, reply: str, skill: str = "") -> R.Row:
-        return R.Row("config", "heldout", request, reply, 0.1, R.score(request, reply, skill=skill), reply, 0.05)
+        return R.Row("config", "heldout", request, reply, 0.1, R.score(request, reply, skill=skill), reply, 0.05, 80.0)
 
     rows = [row(req("Capital of Spain?", "factual", ("Madrid",)), "Madrid."),
             row(req("Hours in a day?", "factual", ("24",)), "There are 24 hours in a day.", "convert_units"),

@@ -88,8 +88,7 @@ async def score_all(requests: list[Request], cfg: RespondConfig) -> list[Scored]
                 responder.prompts.messages(q.text, [], ReplyOptions(language=q.language)), cfg.max_tokens)
             queue: asyncio.Queue[_Token | _End] = asyncio.Queue()
             request = responder.engine.submit(prompt, cfg.max_tokens, cfg.temperature,
-                                              functools.partial(loop.call_soon_threadsafe, queue.put_nowait),
-                                              logprobs=True)
+                                              functools.partial(_hand_over, loop, queue), logprobs=True)
             gate = DoubtGate(q.language)
             gate.limit = -math.inf  # score only: never doubt here
             reply = ""
@@ -103,6 +102,11 @@ async def score_all(requests: list[Request], cfg: RespondConfig) -> list[Scored]
     finally:
         await responder.aclose()
     return rows
+
+
+def _hand_over(loop: asyncio.AbstractEventLoop, queue: asyncio.Queue[Any], item: Any) -> None:
+    """An engine token (on its thread) into the study's queue (on the loop)."""
+    loop.call_soon_threadsafe(queue.put_nowait, item)
 
 
 def format_rows(rows: list[Scored], thresholds: dict[str, float]) -> str:

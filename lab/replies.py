@@ -415,8 +415,8 @@ def _facts(rows: Sequence[Row]) -> str:
 def _skills(rows: Sequence[Row]) -> str:
     """The skill requests: answered by the right skill with what it must say; and which skills answered what."""
     asked = [r for r in rows if r.request.skill]
-    if not asked and not any(r.score.skill for r in rows):
-        return "skills: none answered"
+    if not any(r.score.skill for r in rows):
+        return f"skills: none answered (the model answered the {len(asked)} skill requests)"
     ok = sum(1 for r in asked if r.score.skill_right)
     missed = [r.request.id for r in asked if not r.score.skill_right]
     others = sum(1 for r in rows if r.score.skill and not r.request.skill)

@@ -18,6 +18,7 @@ import logging
 import time
 from collections import deque
 from dataclasses import replace
+from typing import Any
 
 import numpy as np
 
@@ -107,7 +108,7 @@ class Conversation:
             while self.speaking or self.responding:
                 changed.clear()
                 event = asyncio.ensure_future(changed.wait())
-                waits: set[asyncio.Future[object]] = {event}
+                waits: set[asyncio.Future[Any]] = {event}
                 current = self.runner.current
                 if current is not None and current.task is not None:
                     waits.add(current.task)  # waited on, never cancelled here (asyncio.wait leaves it be)

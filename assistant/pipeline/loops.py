@@ -29,7 +29,7 @@ STUTTER_WORDS = 4  # a run of two to this many words said twice in a row ("la Fr
 STUTTER_TIMES = 3  # said this many times in a row ("1 1 1"), is a loop inside one sentence
 CJK_RUN_CHARS = 8  # CJK: a run of this many letters said again is a loop
 MIN_CLAUSE_WORDS = 3  # a later sentence that says an earlier clause of this many words again is a loop
-MAX_HELD_CHARS = 2000  # a "sentence" with no end this long is said as it is (the responder's own cap still holds)
+MAX_HELD_CHARS = 200  # text with no mark this long goes on as it is (below the chunker's forced break, 220)
 
 _WORD = re.compile(r"[^\W_]+(?:['’][^\W_]+)*")
 _CJK_PIECE = re.compile(r"[0-9a-z]+|[^\W\d_a-z]", re.I)  # in CJK text: a number or Latin word, or one letter
@@ -117,11 +117,13 @@ class LoopGuard:
         cut = self._first_cut(text[:end] if end is not None else text)
         if cut is not None:
             return self._stop(cut)
-        if end is not None or final or len(self.held) > MAX_HELD_CHARS:
+        if end is not None or final:
             upto = end if end is not None else len(text)
         else:
             marks = list(_CLAUSE_END.finditer(text, len(self.said)))
             upto = marks[-1].end() if marks else len(self.said)
+            if len(text) - upto > MAX_HELD_CHARS:  # no mark for long: up to the last space, as the chunker cuts
+                upto = max(upto, text.rfind(" ") + 1)
         upto = max(upto, len(self.said))
         out = text[len(self.said):upto]
         self.said, self.held = text[:upto], text[upto:]

@@ -24,19 +24,16 @@ class SwappableResponder:
 
     def __init__(self, current: Responder, why: str) -> None:
         self.current = current
+        self.name = str(getattr(current, "name", "responder"))
         self.why = why
         self.swaps = 0
         self._active: dict[int, int] = {}  # id(responder) → replies running on it
         self._retiring: dict[int, Responder] = {}  # swapped out, waiting for their last reply to end
         self._closing: set[asyncio.Task[None]] = set()
 
-    @property
-    def name(self) -> str:
-        return str(getattr(self.current, "name", "responder"))
-
     def __getattr__(self, attr: str) -> Any:
         # What the current responder offers besides replies (health, host, stats, …): asked of it.
-        if attr.startswith("_") or attr in ("current", "why", "swaps"):
+        if attr.startswith("_") or attr in ("current", "name", "why", "swaps"):
             raise AttributeError(attr)
         return getattr(self.current, attr)
 
@@ -59,6 +56,7 @@ class SwappableResponder:
     def swap(self, new: Responder, why: str) -> None:
         """From the next reply on, ``new`` answers; the old one is closed once its last reply has ended."""
         old, self.current, self.why = self.current, new, why
+        self.name = str(getattr(new, "name", "responder"))
         self.swaps += 1
         log.info("respond.swapped old=%s new=%s why=%s", getattr(old, "name", "?"), getattr(new, "name", "?"), why)
         if self._active.get(id(old)):

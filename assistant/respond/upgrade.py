@@ -117,20 +117,24 @@ class ModelUpgrade:
                 with contextlib.suppress(RuntimeError):  # the loop closed: nobody is listening
                     loop.call_soon_threadsafe(self._set_progress, have / size if size else 1.0)
 
-        def settle(outcome: Callable[[], None]) -> None:
-            with contextlib.suppress(RuntimeError):
-                loop.call_soon_threadsafe(outcome)
+        def settle(path: Path | None, error: PullError | None) -> None:
+            if done.done():
+                return
+            if error is not None:
+                done.set_exception(error)
+            else:
+                done.set_result(path)  # type: ignore[arg-type]
 
         def work() -> None:
+            path, error = None, None
             try:
                 path = pull(self.choice.model, progress=False, on_progress=progress)
             except PullCancelled:
                 return
             except Exception as exc:
                 error = exc if isinstance(exc, PullError) else PullError(f"{type(exc).__name__}: {exc}")
-                settle(lambda: done.done() or done.set_exception(error))
-                return
-            settle(lambda: done.done() or done.set_result(path))
+            with contextlib.suppress(RuntimeError):  # the loop closed: nobody is waiting
+                loop.call_soon_threadsafe(settle, path, error)
 
         threading.Thread(target=work, name="model-pull", daemon=True).start()
         return await done

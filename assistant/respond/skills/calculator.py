@@ -206,8 +206,8 @@ def english_expression(text: str) -> str | None:
             op = " - " if pattern is _EN_SUBTRACT else " + "
             t = f"({a.format(*m.groups())}){op}({b.format(*m.groups())})"
             break
-    for pattern, repl in _EN_WORDS:
-        t = re.sub(pattern, repl, t)
+    for words, repl in _EN_WORDS:
+        t = re.sub(words, repl, t)
     return _numbers_to_digits(t)
 
 

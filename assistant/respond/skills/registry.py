@@ -98,16 +98,15 @@ class Skills:
         """Run skill ``name``; what to say (its answer, or why it could not)."""
         lang = Asked({}, language, call).lang()
         skill = self.skills.get(name)
-        if isinstance(arguments, str):
-            arguments = _parse_arguments(arguments)
-        if skill is None or arguments is None:
+        args = _parse_arguments(arguments) if isinstance(arguments, str) else arguments
+        if skill is None or args is None:
             log.warning("skill_refused skill=%s reason=%s", name[:64], "unknown" if skill is None else "arguments")
             return _failed(lang)
         t0 = time.perf_counter()
         outcome = "ok"
         try:
             async with asyncio.timeout(self.timeout_s):
-                answer = await _call(skill, Asked(arguments, language, call))
+                answer = await _call(skill, Asked(args, language, call))
             said = _bounded(str(answer))
         except SkillError as exc:
             outcome, said = "refused", _bounded(str(exc)) or _failed(lang)

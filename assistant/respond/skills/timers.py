@@ -430,9 +430,9 @@ class TimerSkill:
                                "ja": f"{at}にアラームをセットしました。あと{length}です。",
                                "ko": f"{at}에 알람을 맞췄습니다. {length} 남았습니다."})
         if kind == "reminder":
-            when = f"at {at}" if at else f"in {length}"
-            return pick(lang, {"en": f"OK, I'll remind you to {label} {when}." if label else
-                               f"OK, I'll remind you {when}.",
+            due = f"at {at}" if at else f"in {length}"
+            return pick(lang, {"en": f"OK, I'll remind you to {label} {due}." if label else
+                               f"OK, I'll remind you {due}.",
                                "zh": f"好的，{length}后提醒你{label}。", "ja": f"{length}後にお知らせします。",
                                "ko": f"{length} 후에 알려 드리겠습니다."})
         return pick(lang, {"en": f"Timer set for {length}.", "zh": f"好的，已设定{length}的计时器。",

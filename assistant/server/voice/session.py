@@ -140,16 +140,16 @@ class ConversationSession:
         responder = options.get("responder")
         # This call's skills (respond/skills/): its time zone and its timers, which speak on this call when they end
         # and end with it. A responder handed over made (the Realtime API's) brings its own skills, without timers.
-        given = responder is not None and not isinstance(responder, str)
-        self.timers = None if given else CallTimers(
+        given = responder if responder is not None and not isinstance(responder, str) else None
+        self.timers = None if given is not None else CallTimers(
             max_timers=cfg.respond.max_timers, max_seconds=cfg.respond.max_timer_s, on_due=self._timer_due,
             on_change=self._timers_changed)
         self.call = services.call_context(self.timers)
         deps = TurnDeps(
             asr=services.asr,
             tts=services.tts,
-            responder=responder if given else services.with_skills(services.responder_for(responder), self.call,
-                                                                   cfg.respond),
+            responder=given if given is not None else services.with_skills(
+                services.responder_for(responder if isinstance(responder, str) else None), self.call, cfg.respond),
             voice=options.get("voice"),
             on_turn_done=lambda trace: metrics.observe_turn(trace.durations_ms(), trace.gaps_ms()),
             on_error=lambda stage: metrics.errors_total.labels(stage=stage).inc(),
@@ -159,7 +159,7 @@ class ConversationSession:
         )
         self.responder = deps.responder
         # A better model swapped in during the call (respond.model_path = auto): the page hears who answers now.
-        shared = not given and (responder is None or responder == cfg.respond.engine)
+        shared = given is None and (responder is None or responder == cfg.respond.engine)
         self._unsubscribe_model = services.on_model_change(self._model_changed) if shared else None
         self._call_trace: CallTrace | None = None
         if services.telemetry is not None:  # engines in other processes (Ray) join this call's trace

@@ -118,9 +118,9 @@ class RespondConfig:
         "alarms within the call), or package.module:Class for your own; empty: none",
     )
     intents: str = setting(
-        "auto", "the intent step that answers a clear skill request before the model: auto (in front of a responder "
-        "that cannot call tools, echo aside; one that can, openai, is given the skills as tools), always (in front "
-        "of every responder), or off",
+        "auto", "the intent step that answers a clear skill request before the model: auto (in front of the embedded "
+        "model, llama; a responder that calls tools, openai, is given the skills as tools), always (in front of any "
+        "responder, echo and plug-ins too), or off",
     )
     skill_timeout_s: float = setting(2.0, "longest one skill may run before the turn hears that it took too long")
     max_timers: int = setting(10, "timers, reminders and alarms one call may have at once")

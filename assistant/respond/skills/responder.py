@@ -3,10 +3,10 @@ that can (tools).
 
 One per call (the skills need the call's timers and time zone), around the responder every call shares:
 
-- **the intent step** (``respond.intents = auto``: a responder that cannot call tools, the embedded model among
-  them, but not ``echo``, whose point is to say back what it heard; ``always``: every responder): the turn's
-  words go to :meth:`Skills.route` first; what is clearly a skill is answered by it, exactly,
-  and the model is not asked. Anything else goes to the model as before.
+- **the intent step** (``respond.intents = auto``: in front of the embedded model, wherever it runs; ``always``:
+  in front of any responder, a plug-in's or ``echo`` too): the turn's words go to :meth:`Skills.route` first;
+  what is clearly a skill is answered by it, exactly, and the model is not asked. Anything else goes to the model
+  as before.
 - **tools** (a responder that takes the whole conversation and tools, ``MessagesResponder``: the ``openai`` one):
   the skills are offered as function tools; a call the model makes to one is run here (bounded) and its result
   handed back to the model, which answers with it (at most :data:`MAX_TOOL_ROUNDS` rounds). A Realtime client's
@@ -39,7 +39,7 @@ from assistant.respond.skills.registry import Skills
 log = logging.getLogger(__name__)
 
 MAX_TOOL_ROUNDS = 3  # model → skill → model … (a model that keeps calling tools is cut off here)
-SAYS_BACK = ("echo",)  # responders whose point is to say back what they heard: no intent step unless "always"
+SMALL_MODELS = ("llama",)  # responders the intent step stands in front of with respond.intents = auto
 
 
 class SkillfulResponder:
@@ -56,7 +56,7 @@ class SkillfulResponder:
         self.language = language
         self.takes_tools = isinstance(inner, MessagesResponder)
         self.intents = intents == "always" or (intents == "auto" and not self.takes_tools
-                                               and self.name not in SAYS_BACK)
+                                               and self.name in SMALL_MODELS)
 
     def _language(self, text: str, options: ReplyOptions) -> str:
         return options.language or languages.script_language(text) or self.language
@@ -147,7 +147,7 @@ def with_skills(inner: Responder, skills: Skills | None, call: CallContext, *, i
     """``inner`` with ``skills`` for one call, or ``inner`` itself when there are none (or the intent step is off
     and it calls no tools)."""
     tools = isinstance(inner, MessagesResponder)
-    if not skills or (not tools and (intents == "off" or (intents == "auto" and inner.name in SAYS_BACK))):
+    if not skills or (not tools and (intents == "off" or (intents == "auto" and inner.name not in SMALL_MODELS))):
         return inner
     cls = SkillfulMessagesResponder if isinstance(inner, MessagesResponder) else SkillfulResponder
     return cls(inner, skills, call, intents=intents, language=language)

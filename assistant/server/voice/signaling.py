@@ -243,8 +243,8 @@ ANSWER_SCHEMA = {
                    "location": {"type": "string", "description": "the session resource: PATCH "
                                 "trickled candidates there, DELETE to hang up"},
                    "etag": {"type": "string", "description": "If-Match value for PATCH"},
-                   "responder": {"type": "object", "description": "who answers: {engine, model}, and while "
-                                 "its engine is down {state, reason} too",
+                   "responder": {"type": "object", "description": "who answers: {engine, model}; why that model "
+                                 "(respond.model_path = auto) and, while its engine is down, {state, reason} too",
                                  "properties": {"engine": {"type": "string"}, "model": {"type": "string"}}}},
 }
 SESSION_ID = [{"name": "session_id", "in": "path", "required": True, "schema": {"type": "string"}}]

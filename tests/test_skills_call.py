@@ -1,6 +1,6 @@
 """Skills on a real call (a real aiortc peer on loopback, the real app and the default CPU stack): a timer set on
-a call rings on that call, through the speech path, and the page sees it come and go on the events channel; a call
-that ends cancels its timers; the page's time zone is checked; a reply that loops stops at its last new sentence,
+a call rings on that call, through the speech path, and the page sees it come and go on the events channel; it
+waits for the user's turn and gives way when talked over; a call that ends cancels its timers; the page's time zone is checked; a reply that loops stops at its last new sentence,
 and the responder's stream is closed."""
 
 from __future__ import annotations
@@ -8,11 +8,13 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import AsyncIterator, Sequence
+from pathlib import Path
 from typing import Any
 
 import aiohttp
 import pytest
 
+from assistant.bench.audio_source import load_utterance
 from assistant.bench.v2v import BenchSession
 from assistant.respond.base import Message
 from assistant.server.app import SESSIONS
@@ -70,6 +72,46 @@ async def test_a_timer_rings_on_its_call_and_ends_with_it(services: Services) ->
             await client.close()
         await until(lambda: session.closed, "the call closed")
         assert session.timers.timers == [] and handle is not None and handle.cancelled()
+
+
+LONG = ("take the bags to the car, then come back for the keys, the wallet, the tickets and the passports, and check "
+        "that the windows are shut")
+
+
+async def test_a_timer_waits_for_the_users_turn_and_gives_way_when_talked_over(services: Services,
+                                                                                 shared_audio: Path) -> None:
+    """A reminder that rings while the user speaks waits for their turn and its reply; the user talking over the
+    reminder cuts it (barge-in), and their words are the next turn."""
+    cfg = test_config(respond={"intents": "always"}, server={"idle_timeout_s": 60.0})
+    story, weather = (load_utterance(shared_audio / f"en_{name}.wav") for name in ("story", "weather"))
+    async with serve(cfg, services) as (url, app), aiohttp.ClientSession() as http:
+        client = BenchSession(index=0, url=url, http=http)
+        await client.connect()
+        try:
+            session = app[SESSIONS][client.session_id]
+            assert session.timers is not None
+            client.source.play(story)
+            await until(lambda: kinds(client, "speech_start"), "the user speaking", timeout_s=30)
+            session.timers.add("reminder", 1, label=LONG)  # rings while the user is still talking
+            await until(lambda: [e for e in kinds(client, "timer") if e["action"] == "done"], "the reminder due")
+            await until(lambda: [t for t in texts(client) if t.startswith("Here's your reminder")],
+                        "the reminder said", timeout_s=90)
+            user_turn = next(e["turn"] for e in kinds(client, "transcript") if e.get("final"))
+            reminder_turn = next(e["turn"] for e in kinds(client, "reply_text") if e["text"].startswith("Here's"))
+            assert reminder_turn == user_turn + 1  # after the user's turn and its reply, not over them
+            done = [e["turn"] for e in kinds(client, "reply_done")]
+            assert user_turn in done and not [e for e in kinds(client, "interrupted") if e["turn"] == user_turn]
+            # The user talks over the reminder: it gives way, and their words are a turn of their own.
+            await until(lambda: [e for e in kinds(client, "reply_audio_start") if e["turn"] == reminder_turn],
+                        "the reminder heard", timeout_s=60)
+            client.source.play(weather)
+            await until(lambda: [e for e in kinds(client, "interrupted") if e["turn"] == reminder_turn],
+                        "the reminder cut by the user", timeout_s=60)
+            await until(lambda: [e for e in kinds(client, "transcript")
+                                 if e.get("final") and "weather" in e["text"].lower()], "the user's next turn",
+                        timeout_s=60)
+        finally:
+            await client.close()
 
 
 class LoopingResponder:

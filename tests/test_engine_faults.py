@@ -143,7 +143,6 @@ async def test_a_child_that_dies_mid_reply_costs_one_turn_and_no_call(
     is answered by the restarted model. No task or file descriptor is left behind."""
     responder = hosted(hosted_services)
     story = load_utterance(shared_audio / "en_story.wav")
-    timer = load_utterance(shared_audio / "en_timer.wav")
     weather = load_utterance(shared_audio / "en_weather.wav")
     deaths = len(responder.host.deaths)
     async with serve(hosted_config(), hosted_services) as (url, app), aiohttp.ClientSession() as http:
@@ -167,8 +166,9 @@ async def test_a_child_that_dies_mid_reply_costs_one_turn_and_no_call(
             await story_turn
             await until(lambda: responder.health.ready and responder.host.pid not in (None, old_pid),
                         "the engine to restart", 90)
-            after_a = await a.run_turn(timer, 1, SETTINGS)
-            after_b = await b.run_turn(timer, 1, SETTINGS)
+            # Not the timer utterance: a timer is a skill's now (respond/skills/), and the restarted model must answer.
+            after_a = await a.run_turn(weather, 1, SETTINGS)
+            after_b = await b.run_turn(weather, 1, SETTINGS)
             for client in (a, b):
                 assert client.pc.connectionState == "connected" and not client.failed
             assert len(app[SESSIONS]) == 2
@@ -183,7 +183,7 @@ async def test_a_child_that_dies_mid_reply_costs_one_turn_and_no_call(
     assert reason.startswith("hung") if how == "hang" else how in reason, reason
     for result in (after_a, after_b):
         assert result.status == "ok", result.reason
-        assert "timer" in result.transcript.lower() and result.reply_text.strip()
+        assert "weather" in result.transcript.lower() and result.reply_text.strip()
     assert not events(a, "responder_fallback") and not events(b, "responder_fallback")  # the model answered
     assert responder.health.restarts >= 1
     metrics = hosted_services.metrics.render()[0].decode()

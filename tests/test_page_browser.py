@@ -198,3 +198,39 @@ async def test_the_page_holds_a_conversation_on_a_minted_key(mic_wav: Path) -> N
             assert not errors, errors
         finally:
             await browser.close()
+
+
+async def test_the_page_sends_its_time_zone_and_shows_the_calls_timers(tmp_path: Path, shared_audio: Path) -> None:
+    """"Can you set a timer for ten minutes, please?" through the fake mic: the page sent the browser's time zone
+    (the context's, Asia/Tokyo), shows the timer counting down from the ``timer`` event, and clears it on hang-up,
+    when the server has cancelled it."""
+    from assistant.server.app import SESSIONS
+
+    x, sr = read_audio(shared_audio / "en_timer.wav")
+    mic = tmp_path / "timer.wav"
+    sf.write(mic, np.concatenate([resample(x, sr, 48_000), np.zeros(4 * 48_000, dtype=np.float32)]), 48_000,
+             subtype="PCM_16")
+    playwright = needs.module("playwright.async_api")
+    cfg = test_config(respond={"intents": "always"})  # echo, with the skills in front of it
+    async with serve(cfg) as (url, app), playwright.async_playwright() as pw:
+        browser = await pw.chromium.launch(executable_path=CHROMIUM, headless=True, args=chromium_args(mic))
+        try:
+            page = await (await browser.new_context(timezone_id="Asia/Tokyo")).new_page()
+            errors: list[str] = []
+            page.on("pageerror", lambda exc: errors.append(str(exc)))
+            await page.goto(url + "/")
+            await page.click("#connect")
+            item = page.locator("#timers li", has_text="timer: 10 minutes")
+            await item.first.wait_for(timeout=90_000)
+            # The timer event comes as the skill runs, its words just after.
+            await page.locator(".msg.bot", has_text="Timer set for 10 minutes.").first.wait_for(timeout=30_000)
+            # Counting down from its due time.
+            await page.locator("#timers li", has_text="timer: 10 minutes — 9:").first.wait_for(timeout=10_000)
+            session = next(iter(app[SESSIONS].values()))
+            assert str(session.call.timezone) == "Asia/Tokyo" and len(session.timers.timers) == 1
+            await page.click("#hangup")
+            await page.wait_for_selector("#timers", state="hidden", timeout=10_000)
+            assert not errors, errors
+        finally:
+            await browser.close()
+    assert session.timers.timers == []  # the call ended: its timer was cancelled

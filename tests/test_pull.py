@@ -126,6 +126,7 @@ def local_hub(gguf: tuple[Path, str], monkeypatch: pytest.MonkeyPatch, tmp_path:
     thread = threading.Thread(target=loop.run_forever, daemon=True)
     thread.start()
     monkeypatch.setenv("HF_ENDPOINT", state.url)
+    monkeypatch.delenv(hub.OFFLINE_ENV, raising=False)  # this hub is the test's own (conftest sets it otherwise)
     monkeypatch.setenv(hub.DIR_ENV, str(tmp_path / "models"))
     try:
         yield state
@@ -211,6 +212,7 @@ def test_no_network_gives_a_clear_error_and_the_bundled_model(
         caplog: pytest.LogCaptureFixture) -> None:
     monkeypatch.setenv("HF_ENDPOINT", f"http://127.0.0.1:{free_port()}")  # nothing listens there
     monkeypatch.setenv(hub.DIR_ENV, str(tmp_path / "models"))
+    monkeypatch.delenv(hub.OFFLINE_ENV, raising=False)
     assert main(["pull", f"{REPO}/{FILE}"]) == 1
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1

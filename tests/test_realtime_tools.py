@@ -31,7 +31,8 @@ def call_piece(**fields: object) -> bytes:
 
 async def llm(request: web.Request) -> web.StreamResponse:
     """Calls get_weather when asked about the weather and given the tool (its arguments in three pieces); speaks
-    the tool's answer after; counts tokens in a last chunk. Asked about the time, it starts a call and stalls."""
+    the tool's answer after; counts tokens in a last chunk. Asked about the time, it starts a call to a tool of the
+    client's (not our get_time skill, which would run on the server) and stalls."""
     body = await request.json()
     last = body["messages"][-1]
     if last["role"] == "tool":
@@ -44,7 +45,8 @@ async def llm(request: web.Request) -> web.StreamResponse:
     elif body.get("tools") and "time" in last["content"]:
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await resp.prepare(request)
-        await resp.write(call_piece(id="call_8", type="function", function={"name": "get_time", "arguments": '{"tz'}))
+        await resp.write(call_piece(id="call_8", type="function", function={"name": "get_world_time",
+                                                                             "arguments": '{"tz'}))
         await asyncio.sleep(30)  # the response is cancelled meanwhile
         return resp
     else:
@@ -105,7 +107,7 @@ async def test_tool_call_round_trip(services: Services, backend: str) -> None:
             third = await ev.wait("response.done", since)
             assert third["response"]["status"] == "cancelled"
             cut = third["response"]["output"][-1]
-            assert (cut["type"], cut["status"], cut["name"]) == ("function_call", "incomplete", "get_time")
+            assert (cut["type"], cut["status"], cut["name"]) == ("function_call", "incomplete", "get_world_time")
             assert not ev.of("response.function_call_arguments.done", since)
         await own.responder.aclose()  # the engines are the module's: only the responder is ours
     # What the model was given the second time: the instructions (and the session's language rule after them), the
@@ -119,6 +121,8 @@ async def test_tool_call_round_trip(services: Services, backend: str) -> None:
     assert messages[4] == {"role": "tool", "content": '{"sky": "sunny"}', "tool_call_id": "call_7"}
     assert len(messages) == 5  # the continuation adds no user words
     assert continued["tools"][0]["function"]["name"] == "get_weather"
+    # Our skills are offered beside the client's own tool, after it (respond/skills/responder.py).
+    assert [t["function"]["name"] for t in continued["tools"]][1:4] == ["get_time", "calculate", "convert_units"]
 
 
 TIMER_TOOL = {"type": "function", "name": "set_timer", "description": "Start a timer",

@@ -119,9 +119,12 @@ def _respond_config(args: argparse.Namespace) -> RespondConfig:
     cfg = load_config(args.config, environ={}).respond
     if args.requantize is not None:
         cfg = dataclasses.replace(cfg, requantize=args.requantize)
+    from assistant.respond.auto import resolve_auto
     from assistant.respond.llama import default_threads, resolve_model_path
     from assistant.respond.llama.weights import weights_path
 
+    if not args.model and cfg.model_path.strip() == "auto":  # the machine's model if pulled, else the bundled one
+        cfg, _ = resolve_auto(cfg)
     # The file the voice chat would load (the packaged model rewritten for the CPU), the same for both engines.
     model = weights_path(Path(args.model) if args.model else resolve_model_path(cfg), cfg)
     threads = args.threads or cfg.threads or default_threads()

@@ -24,7 +24,7 @@ from assistant.config.audio import AudioConfig, VADConfig
 from assistant.config.fields import ConfigError
 from assistant.config.ray import RayConfig
 from assistant.config.realtime import RealtimeConfig
-from assistant.config.respond import FALLBACKS, REQUANTIZE, RespondConfig
+from assistant.config.respond import FALLBACKS, REQUANTIZE, RespondConfig, check_skills
 from assistant.config.server import DispatchConfig, ICEConfig, KeysConfig, LogConfig, ServerConfig
 from assistant.config.telemetry import TelemetryConfig
 from assistant.config.telephony import TelephonyConfig
@@ -184,6 +184,7 @@ def load_config(
     if cfg.respond.fallback.strip() not in FALLBACKS:
         raise ConfigError(f"respond.fallback must be echo, rules or empty (none), got {cfg.respond.fallback!r}: it "
                           "answers while the responder's engine is down, so it must load nothing that can fail")
+    check_skills(cfg.respond)
     check_languages(cfg)
     return cfg
 

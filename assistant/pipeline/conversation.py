@@ -12,8 +12,13 @@ starts them with :meth:`Conversation.respond_to`, on the same runner.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import logging
 import time
+from collections import deque
 from dataclasses import replace
+from typing import Any
 
 import numpy as np
 
@@ -30,6 +35,11 @@ from assistant.vad.endpoint import Endpointer
 
 __all__ = ["Conversation", "TurnDeps"]
 
+log = logging.getLogger(__name__)
+
+MAX_ANNOUNCEMENTS = 16  # things the assistant has to say of its own accord (timers that rang), waiting their turn
+FREE_RECHECK_S = 1.0  # an announcement waiting for a pause looks again at least this often (events wake it sooner)
+
 
 class Conversation:
     def __init__(
@@ -45,6 +55,10 @@ class Conversation:
             cfg.respond, cfg.tts, cfg.chunker, cfg.turn, cfg.log, deps, track, events, session_id
         )
         self.policy = TurnTaking(cfg.turn, cfg.asr, cfg.vad, endpointer, self.runner, deps, events, session_id)
+        self.events = events
+        self.session_id = session_id
+        self._announcements: deque[tuple[str, str | None]] = deque()
+        self._announcer: asyncio.Task[None] | None = None
 
     def feed(self, chunk: AudioChunk | np.ndarray) -> None:
         """16 kHz mono float32 audio as it arrives (an ``AudioChunk``; a bare array is taken as real time)."""
@@ -61,6 +75,51 @@ class Conversation:
         turn = self.runner.start(clip, self.policy.clock.samples, speculative=False, heard=text)
         now = time.time()  # the request is the turn's end: the trace counts from it, and nothing was waited for
         self.runner.commit(turn, Ending(speech_end=now, decided=now, silence_met=now, reason="client"))
+
+    def announce(self, text: str, language: str | None = None) -> None:
+        """Say ``text`` of the assistant's own accord (a timer that rang) once the conversation has a pause: the user
+        not speaking, no reply being prepared or played. It goes through the speech path as a reply does, and the
+        user can talk over it (barge-in) as over any reply."""
+        if len(self._announcements) >= MAX_ANNOUNCEMENTS:
+            log.warning("announcement_dropped session=%s waiting=%d", self.session_id, len(self._announcements))
+            return
+        self._announcements.append((text, language))
+        if self._announcer is None or self._announcer.done():
+            self._announcer = asyncio.get_running_loop().create_task(
+                self._announce_when_free(), name=f"announce-{self.session_id}")
+
+    async def _announce_when_free(self) -> None:
+        while self._announcements:
+            await self._until_free()
+            text, language = self._announcements.popleft()
+            turn = self.runner.start(np.zeros(0, dtype=np.float32), self.policy.clock.samples, speculative=False,
+                                     say=text, language=language)
+            now = time.time()
+            self.runner.commit(turn, Ending(speech_end=now, decided=now, silence_met=now, reason="announcement"))
+            if turn.task is not None:
+                await asyncio.wait([turn.task])
+
+    async def _until_free(self) -> None:
+        """Until the user is not speaking and no reply is being prepared or played (woken by the conversation's
+        events and the current turn's end; looked at again every ``FREE_RECHECK_S`` in case neither comes)."""
+        changed = asyncio.Event()
+        unsubscribe = self.events.subscribe(lambda _: changed.set())
+        try:
+            while self.speaking or self.responding:
+                changed.clear()
+                event = asyncio.ensure_future(changed.wait())
+                waits: set[asyncio.Future[Any]] = {event}
+                current = self.runner.current
+                if current is not None and current.task is not None:
+                    waits.add(current.task)  # waited on, never cancelled here (asyncio.wait leaves it be)
+                try:
+                    await asyncio.wait(waits, timeout=FREE_RECHECK_S, return_when=asyncio.FIRST_COMPLETED)
+                finally:
+                    event.cancel()
+                    with contextlib.suppress(asyncio.CancelledError):
+                        await event
+        finally:
+            unsubscribe()
 
     def end_utterance(self) -> bool:
         """End the user's utterance in progress now (its turn follows as after any end of speech); False when
@@ -136,4 +195,9 @@ class Conversation:
         return max(self.policy.last_activity_wall, self.runner.last_activity_wall)
 
     async def close(self) -> None:
+        self._announcements.clear()
+        if self._announcer is not None and not self._announcer.done():
+            self._announcer.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._announcer
         await self.policy.close()

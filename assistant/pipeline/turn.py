@@ -127,6 +127,7 @@ class Turn:
         self.transcript: str | None = None  # the user's words
         self.language: str | None = None  # the language the reply is in (the user's, as heard or typed)
         self.failed: str | None = None  # the stage that failed (the turn then waits to say so if committed)
+        self.announcement: str | None = None  # a turn of the assistant's own (a timer that rang): what it says
         self.reply = ReplyProgress()
         self.notes = TurnNotes()
 

@@ -33,6 +33,7 @@ from assistant.asr.tail import HeardBefore, join_tail, lost_tail, words
 from assistant.audio import FRAME_MS, S16_SCALE, SILENCE_PEAK_S16, SPEECH_RATE, float_to_s16
 from assistant.config import ChunkerConfig, LogConfig, RespondConfig, TTSConfig, TurnConfig
 from assistant.pipeline.events import EventChannel
+from assistant.pipeline.loops import LoopGuard
 from assistant.pipeline.reply import ReplySink
 from assistant.pipeline.synthesis import SynthesisPath, SynthesisTimeout
 from assistant.pipeline.trace import Ending, Span
@@ -89,13 +90,16 @@ class TurnRunner:
 
     # --- the policy's handles ------------------------------------------------------------------------
     def start(self, audio: np.ndarray, audio_end: int, *, speculative: bool, heard: str | None = None,
-              before: HeardBefore | None = None) -> Turn:
+              before: HeardBefore | None = None, say: str | None = None, language: str | None = None) -> Turn:
         """Start a turn on ``audio`` (``heard``: its words are known, no ASR; ``before``: what a pass at an
         earlier pause of it heard, asr/tail.py); a speculative one is numbered, seen and heard only once
-        committed."""
+        committed. ``say``: a turn of the assistant's own (a timer that rang), no user words and no responder:
+        ``say`` in ``language`` is its reply, heard like any other (a barge-in cuts it)."""
         number = self.turns + 1 if speculative else self._next_number()
         turn = Turn(number, audio, audio_end, self.sink.generation, speculative)
         turn.before = before
+        if say is not None:
+            turn.announcement, turn.language = say, language
         turn.task = asyncio.get_running_loop().create_task(
             self._run(turn, heard), name=f"turn-{self.session_id}-{number}{'-spec' if speculative else ''}"
         )
@@ -225,6 +229,9 @@ class TurnRunner:
     async def _run(self, turn: Turn, given: str | None) -> None:
         trace = turn.trace
         try:
+            if turn.announcement is not None:
+                await self._announce(turn, turn.announcement)
+                return
             heard = Transcript(text=given) if given is not None else await self._transcribe(turn)
             text = heard.text.strip()
             if not turn.heard.done():
@@ -263,14 +270,27 @@ class TurnRunner:
             if trace.has("first_frame_sent"):
                 trace.mark("reply_done")
                 self.events.emit("reply_done", turn=turn.number, durations_ms=trace.durations_ms())
-                if self.deps.on_turn_done is not None:
+                if self.deps.on_turn_done is not None and turn.announcement is None:  # only turns the user waited on
                     self.deps.on_turn_done(trace)
             turn.notes.ended = time.time()
-            if turn.committed.is_set() and self.deps.on_turn_end is not None:
+            if turn.committed.is_set() and self.deps.on_turn_end is not None and turn.announcement is None:
                 try:
                     self.deps.on_turn_end(turn)
                 except Exception:  # telemetry must never break the conversation
                     log.exception("turn_end_listener_failed session=%s turn=%d", self.session_id, turn.number)
+
+    async def _announce(self, turn: Turn, text: str) -> None:
+        """A turn of the assistant's own: ``text`` through the speech path, as a reply would be said."""
+        if not turn.heard.done():
+            turn.heard.set_result(Transcript(text=""))
+        deltas: asyncio.Queue[str | None] = asyncio.Queue(maxsize=TTS_TEXT_QUEUE)
+
+        async def words() -> None:
+            await self._say(turn, text, deltas)
+            await deltas.put(None)
+
+        await _side_by_side(words(), self._speak(turn, deltas))
+        log.info("turn_announced session=%s turn=%d chars=%d", self.session_id, turn.number, len(text))
 
     async def _transcribe(self, turn: Turn) -> Transcript:
         """The turn's ASR pass; its span goes into the trace and its answer to ``turn.heard`` at once."""
@@ -333,18 +353,19 @@ class TurnRunner:
             async with asyncio.timeout(self.respond_cfg.total_timeout_s):
                 notes.respond_started = time.time()
                 told = False
+                guard = LoopGuard()  # a reply that repeats itself ends with its last new sentence (loops.py)
                 stream = reply_stream(self.deps.responder, text, self.history.messages, options)
                 async with closing(stream):  # a cancelled turn frees the responder's slot at once
                     async for delta in stream:
                         if options.fallback and not told:  # another responder stands in: the page says so
                             told = True
                             self._emit(turn, "responder_fallback", reason=options.fallback)
-                        if not delta:
-                            continue
-                        turn.trace.mark("first_text")
-                        turn.reply.text += delta
-                        self._emit(turn, "reply_text", delta=delta, text=turn.reply.text)
-                        await deltas.put(delta)
+                        await self._say(turn, guard.feed(delta), deltas)
+                        if guard.stopped:
+                            log.info("reply_loop_stopped session=%s turn=%d said_chars=%d dropped_chars=%d",
+                                     self.session_id, turn.number, len(turn.reply.text), len(guard.dropped))
+                            break  # closing the stream stops the responder
+                await self._say(turn, guard.finish(), deltas)
             notes.respond_done = time.time()
         except ResponderError as exc:
             raise StageError("responder", str(exc), exc) from exc
@@ -357,6 +378,15 @@ class TurnRunner:
         # The end mark only on success: on failure or cancel the consumer is cancelled too, and an awaited
         # put into a full queue nobody reads would hang the turn (and Session.close) for ever.
         await deltas.put(None)
+
+    async def _say(self, turn: Turn, delta: str, deltas: asyncio.Queue[str | None]) -> None:
+        """Text of the reply that may be said: to the page and the speech path."""
+        if not delta:
+            return
+        turn.trace.mark("first_text")
+        turn.reply.text += delta
+        self._emit(turn, "reply_text", delta=delta, text=turn.reply.text)
+        await deltas.put(delta)
 
     def _reply_options(self, turn: Turn) -> ReplyOptions:
         """The turn's own asks of the responder: the language the user spoke (from the ASR pass)."""
@@ -427,7 +457,8 @@ class TurnRunner:
         turn.trace.mark("first_frame_sent", audible.result())
         turn.reply.speaking = True
         self.events.emit("reply_audio_start", turn=turn.number)
-        self.events.emit("turn_metrics", speculative=turn.speculative, **turn.trace.as_event())
+        if turn.announcement is None:  # the latency of a turn the user waited on (not a timer's)
+            self.events.emit("turn_metrics", speculative=turn.speculative, **turn.trace.as_event())
 
     def _failed(self, turn: Turn, error: StageError) -> None:
         cause = error.__cause__ or error.cause

@@ -44,6 +44,10 @@ def create_responder(cfg: RespondConfig, *, debug_content: bool = False) -> Resp
     if name == "llama":
         from assistant.respond.hub import resolve_model
 
+        if cfg.model_path.strip() == "auto":  # the pulled copy of the machine's model, else the bundled one
+            from assistant.respond.auto import resolve_auto
+
+            cfg, _ = resolve_auto(cfg)
         cfg = resolve_model(cfg)  # respond.model_path may name a hub file (respond/hub.py)
     if name in BUILTIN:
         return cls(cfg)

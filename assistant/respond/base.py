@@ -74,6 +74,7 @@ class ReplyOptions:
     session: str = ""  # the call it is for: a responder in another process joins its trace (telemetry/carry.py)
     usage: Usage | None = None  # set by the responder when the reply ends (or is cancelled)
     fallback: str | None = None  # set by the responder: another responder answered, and why (the page shows it)
+    skill: str = ""  # set by the responder: the skill that answered (respond/skills/), "" for the model's own words
     tool_calls: list[ToolCallTiming] = field(default_factory=list)  # noted by :meth:`note_tool` (telemetry)
     _tools_begun: dict[str, float] = field(default_factory=dict, repr=False)
 

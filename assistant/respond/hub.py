@@ -8,7 +8,8 @@ downloads it to ``<file>.part`` with a progress bar, resuming a ``.part`` an int
 checks its size, sha256 and GGUF header, and only then renames it into place under the commit it came from
 (``models/gguf/<owner>/<repo>/<commit>/<file>``), with the sha256 beside it; a second pull finds it there and
 downloads nothing. ``HF_ENDPOINT`` points at another hub (a mirror, or the tests' local one), ``HF_TOKEN``
-opens gated repositories.
+opens gated repositories, ``HF_HUB_OFFLINE=1`` fetches nothing (the tests set it: only a test's own local hub
+serves a pull).
 
 - **The token stays with the hub.** It is sent to the hub's own origin (scheme, host and port) only: a redirect to
   a CDN, a mirror or a plain-``http://`` address gets the request without it.
@@ -34,7 +35,7 @@ import re
 import sys
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
@@ -47,6 +48,7 @@ log = logging.getLogger(__name__)
 DEFAULT_ENDPOINT = "https://huggingface.co"
 DEFAULT_DIR = Path("models/gguf")
 DIR_ENV = "ASSISTANT_MODELS_DIR"
+OFFLINE_ENV = "HF_HUB_OFFLINE"
 PREFIX = "hf://"
 UNVERIFIED = "unverified: the hub sent no sha256"  # the second line of a pull's .sha256 file
 TIMEOUT_S = 30.0
@@ -163,8 +165,15 @@ def _unreachable(url: str, exc: BaseException) -> HubUnreachable:
                      "respond.model_path to it, or set HF_ENDPOINT to a mirror")
 
 
+def offline() -> bool:
+    """``HF_HUB_OFFLINE`` is set (as the Hugging Face tools read it): nothing is fetched from a hub."""
+    return os.environ.get(OFFLINE_ENV, "").strip().lower() in ("1", "true", "yes", "on")
+
+
 def remote_file(ref: HubRef, *, timeout: float = TIMEOUT_S) -> RemoteFile:
     """What the hub says about the file: its commit, size and sha256 (``HEAD``, redirect not followed)."""
+    if offline():
+        raise PullError(f"{OFFLINE_ENV} is set: {ref} was not fetched")
     url = f"{endpoint()}/{ref.repo}/resolve/{quote(ref.revision, safe='')}/{quote(ref.filename)}"
     request = urllib.request.Request(url, method="HEAD", headers={**_headers(), "Accept-Encoding": "identity"})
     opener = urllib.request.build_opener(_NoRedirect)
@@ -202,10 +211,11 @@ def cached_path(ref: HubRef, root: Path | None = None) -> Path | None:
 
 
 def pull(value: str, root: Path | None = None, *, progress: bool = True, sha256: str = "",
-         timeout: float = TIMEOUT_S, out: IO[str] | None = None) -> Path:
+         timeout: float = TIMEOUT_S, out: IO[str] | None = None,
+         on_progress: Callable[[int, int], None] | None = None) -> Path:
     """Fetch ``value`` (see :func:`parse_ref`) into ``root``; the local path. :class:`PullError` on failure, with
     nothing half-written left but a ``.part`` a next pull resumes. ``sha256``: the hash required (default: the
-    hub's own)."""
+    hub's own). ``on_progress(bytes so far, size)``: told as the download goes (a background pull's status)."""
     ref = parse_ref(value)
     remote = remote_file(ref, timeout=timeout)
     want = (sha256 or remote.sha256).lower()
@@ -221,7 +231,8 @@ def pull(value: str, root: Path | None = None, *, progress: bool = True, sha256:
             if _pulled(dest, mark, remote.size, want):  # another pull brought it while this one waited
                 log.info("pull.cached model=%s path=%s (pulled meanwhile by another)", ref, dest)
                 return dest
-            return _pull_into(ref, remote, want, dest, mark, progress=progress, timeout=timeout, out=out)
+            return _pull_into(ref, remote, want, dest, mark, progress=progress, timeout=timeout, out=out,
+                              on_progress=on_progress)
     except (PullError, TimeoutError):
         raise
     except OSError as exc:  # a read-only image or volume, a full disk: not the network's fault, and not the file's
@@ -263,7 +274,8 @@ def _one_pull_at_a_time(dest: Path) -> Iterator[None]:
 
 
 def _pull_into(ref: HubRef, remote: RemoteFile, want: str, dest: Path, mark: Path, *, progress: bool,
-               timeout: float, out: IO[str] | None) -> Path:
+               timeout: float, out: IO[str] | None,
+               on_progress: Callable[[int, int], None] | None = None) -> Path:
     """Download (or resume) ``remote`` into ``dest`` and check it (under the file's lock)."""
     part = dest.with_name(dest.name + ".part")
     digest = hashlib.sha256()
@@ -276,7 +288,8 @@ def _pull_into(ref: HubRef, remote: RemoteFile, want: str, dest: Path, mark: Pat
             while block := f.read(READ_BYTES):
                 digest.update(block)
     if have < remote.size:
-        have, digest = _download(remote, part, have, digest, progress=progress, timeout=timeout, out=out)
+        have, digest = _download(remote, part, have, digest, progress=progress, timeout=timeout, out=out,
+                                 on_progress=on_progress)
     if have != remote.size:
         raise PullError(f"{ref}: got {have} bytes of {remote.size}; run the pull again to resume")
     got = digest.hexdigest()
@@ -308,7 +321,7 @@ def verified(path: Path) -> bool:
 
 
 def _download(remote: RemoteFile, part: Path, have: int, digest: Any, *, progress: bool, timeout: float,
-              out: IO[str] | None) -> tuple[int, Any]:
+              out: IO[str] | None, on_progress: Callable[[int, int], None] | None = None) -> tuple[int, Any]:
     """Append the rest of the file to ``part`` (``have`` bytes there, hashed into ``digest``); the bytes ``part``
     then holds and their hash."""
     headers = {**_headers(), "Accept-Encoding": "identity"}
@@ -331,6 +344,8 @@ def _download(remote: RemoteFile, part: Path, have: int, digest: Any, *, progres
                     have += len(block)
                     if bar is not None:
                         bar.update(len(block))
+                    if on_progress is not None:
+                        on_progress(have, remote.size)
     except urllib.error.HTTPError as exc:
         if exc.code >= 500:
             raise _unreachable(remote.url, exc) from None
@@ -379,4 +394,4 @@ def resolve_model(cfg: RespondConfig, *, progress: bool = False) -> RespondConfi
 
 
 __all__ = ["KNOWN", "HubRef", "HubUnreachable", "PullError", "RemoteFile", "cached_path", "endpoint", "is_hub_ref",
-           "models_dir", "parse_ref", "pull", "remote_file", "resolve_model", "verified"]
+           "models_dir", "offline", "parse_ref", "pull", "remote_file", "resolve_model", "verified"]

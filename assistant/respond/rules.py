@@ -58,7 +58,8 @@ def _en_time(now: dt.datetime) -> str:
 def _cjk_time(am: str, pm: str, hour: str, minute: str, suffix: str = "") -> Callable[[dt.datetime], str]:
     def fmt(now: dt.datetime) -> str:
         h = now.hour % 12 or 12
-        return f"{am if now.hour < 12 else pm}{h}{hour}{now.minute}{minute}{suffix}"
+        minutes = f"{now.minute}{minute}" if now.minute else ""  # "下午5点", not "下午5点0分"
+        return f"{am if now.hour < 12 else pm}{h}{hour.rstrip() if not minutes else hour}{minutes}{suffix}"
     return fmt
 
 

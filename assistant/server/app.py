@@ -55,6 +55,9 @@ READYZ_SCHEMA = {
         "sessions": {"type": "integer", "description": "open voice sessions"},
         "max_sessions": {"type": "integer"},
         "load_seconds": {"type": "object", "description": "time each model took to load (when ready)"},
+        "model": {"type": "object", "description": "respond.model_path = auto: answers (the model that answers "
+                  "now), why, state (bundled, pulling, loading, ready, offline, failed), target (the model chosen "
+                  "for this machine), progress (of its pull, 0 to 1)"},
     },
 }
 
@@ -80,6 +83,8 @@ async def readyz(request: web.Request) -> web.Response:
     engines = services.engine_health()
     if engines:  # engines in supervised child processes: each one's state and why
         load["engines"] = engines
+    if services.model is not None:  # respond.model_path = auto: which model answers, why, a pull's progress
+        load["model"] = services.model.as_dict()
     failed = services.load_error
     if failed:
         return web.json_response({"status": "failed", "reason": failed, **load}, status=503)

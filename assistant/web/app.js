@@ -54,6 +54,36 @@ function chooseLanguage() {
   }
 }
 
+// The browser's time zone, for the assistant's clock and alarms (the server checks it against the IANA names).
+function sendTimeZone() {
+  const timezone = Intl.DateTimeFormat().resolvedOptions().timeZone;
+  if (timezone && state.channel?.readyState === 'open') {
+    state.channel.send(JSON.stringify({ type: 'timezone', timezone }));
+  }
+}
+
+// This call's timers, reminders and alarms (timer events carry every one still running): each with the time it
+// has left, counted down here from its due time.
+function showTimers(timers) {
+  state.timers = timers || [];
+  clearInterval(state.timerTick);
+  state.timerTick = state.timers.length ? setInterval(renderTimers, 1000) : null;
+  renderTimers();
+}
+
+function renderTimers() {
+  const list = $('timers');
+  list.innerHTML = '';
+  for (const t of state.timers || []) {
+    const left = Math.max(0, Math.round((t.due_ms - Date.now()) / 1000));
+    const li = document.createElement('li');
+    li.dataset.id = t.id;
+    li.textContent = `${t.kind}: ${t.label} — ${Math.floor(left / 60)}:${String(left % 60).padStart(2, '0')}`;
+    list.appendChild(li);
+  }
+  list.hidden = !list.children.length;
+}
+
 function turnRow(turn) {
   let t = state.turns.get(turn);
   if (!t) {
@@ -91,6 +121,8 @@ function onEvent(ev) {
   switch (ev.type) {
     case 'session': state.sessionId = ev.session_id; fillLanguages(ev); break;
     case 'responder_fallback': showError(`the model is down; ${ev.reason}`); break;
+    case 'responder': showResponder(ev); break;  // a better model answers from now on (respond.model_path = auto)
+    case 'timer': showTimers(ev.timers); break;
     case 'voice_fallback': showError(`no voice speaks ${ev.language}: the ${ev.engine} default voice reads it`); break;
     case 'speech_start': setStatus('listening…', true); break;
     case 'speech_end':
@@ -267,6 +299,7 @@ async function connect() {
     const channel = pc.createDataChannel('events');
     state.channel = channel;
     channel.onmessage = (e) => { try { onEvent(JSON.parse(e.data)); } catch (err) { console.error(err); } };
+    channel.addEventListener('open', sendTimeZone);
     for (const track of stream.getAudioTracks()) pc.addTrack(track, stream);
     pc.ontrack = (e) => {
       const remote = e.streams[0] || new MediaStream([e.track]);
@@ -322,11 +355,12 @@ async function connect() {
   }
 }
 
-function showResponder(who) {  // the offer's answer names who answers: {engine, model}
+function showResponder(who) {  // the offer's answer names who answers: {engine, model, why}
   const el = $('responder');
   // An engine down (its child process restarting, or failed for good) says so, and why.
   const down = who && who.state ? `${who.state}${who.reason ? `: ${who.reason}` : ''}` : '';
   el.textContent = who ? [who.engine, who.model, down].filter(Boolean).join(' · ') : '';
+  el.title = who && who.why ? `who answers: ${who.why}` : 'who answers: responder · model';
   el.hidden = !el.textContent;
 }
 
@@ -345,6 +379,7 @@ async function hangup() {
       state.hangupStatus = 0;
     }
   }
+  showTimers([]);  // a call that ends cancels its timers
   state.pc?.close(); state.pc = null;
   state.stream?.getTracks().forEach((t) => t.stop()); state.stream = null;
   await state.ctx?.close().catch(() => {}); state.ctx = null;

@@ -121,3 +121,64 @@ def test_the_bench_runs_on_the_default_model(tmp_path: Path) -> None:
     assert sum(bool(r.score.right) for r in after) >= 2  # capitals: the small model knows Madrid and London
     table = R.format_tables(results)
     assert "heldout, preset config" in table and "factual" in table and "right, factual: English" in table
+
+
+def test_loops_skills_and_doubt_are_scored_apart() -> None:
+    loop = "I'm so glad you asked. I'm so glad you asked. I'm so glad you asked."
+    s = R.score(req("Give me an idea."), R.without_loops(loop), loop)
+    assert s.loops_raw and not s.loops_said and s.reply_words == 5
+    skill = R.Request("s", "skill", "en", "What is two plus three?", skill="calculate", expect=("5",))
+    assert R.score(skill, "2 plus 3 is 5.", skill="calculate").skill_right
+    assert not R.score(skill, "2 plus 3 is 6.", skill="calculate").skill_right  # not what it must say
+    assert not R.score(skill, "Five.").skill_right  # the model answered, not the skill
+    # A "cannot" request a skill now takes (a timer) is answered by it.
+    assert R.score(req("Start a timer for the eggs.", "cannot"), "For how long?", skill="set_timer").answered
+    unsure = R.score(req("中国的首都是哪里？", "factual", ("北京",), "zh"), "抱歉，我不确定。")
+    assert unsure.not_sure and not unsure.right
+
+    def row(request: R.Request, reply: str, skill: str = "") -> R.Row:
+        return R.Row("config", "heldout", request, reply, 0.1, R.score(request, reply, skill=skill), reply, 0.05, 80.0)
+
+    rows = [row(req("Capital of Spain?", "factual", ("Madrid",)), "Madrid."),
+            row(req("Hours in a day?", "factual", ("24",)), "There are 24 hours in a day.", "convert_units"),
+            row(req("中国的首都是哪里？", "factual", ("北京",), "zh"), "抱歉，我不确定。"),
+            row(req("Capital of Turkey?", "factual", ("Ankara",)), "Istanbul."),
+            row(skill, "2 plus 3 is 5.", "calculate")]
+    assert R._facts(rows) == ("facts: 2 right (1 by the model, 1 by a skill), 1 not sure, 1 wrong of 4; English 2 of 3 "
+                              "right or not sure, 1 wrong")
+    assert R._skills(rows) == "skills: 1 of 1 skill requests right; 1 other requests answered by a skill"
+    table = R.format_tables(R.Results(rows=rows))
+    assert "all (model)" in table and "skills" in table
+    assert "intent step (before the model is asked): p50 0.050 ms" in table
+
+
+def test_skill_requests_name_skills_that_exist_and_the_halves_stay_apart() -> None:
+    from assistant.respond.skills import DEFAULT, load_skills
+
+    names = set(load_skills(DEFAULT).skills)
+    for half in R.HALVES:
+        asked = [r for r in R.load_requests(half) if r.category == "skill"]
+        assert len(asked) >= 24 and {r.skill for r in asked} <= names and all(r.expect for r in asked)
+        assert {r.language for r in asked} == {"en", "zh", "ja", "ko"}
+
+
+@pytest.mark.slow
+def test_a_skill_answers_on_a_call_of_its_own_and_the_small_model_doubts_in_chinese() -> None:
+    module("llama_cpp")
+    from assistant.respond import create_responder
+
+    cfg = RespondConfig(slots=2, context_tokens=1024, threads=1, model_path="")
+    requests = [R.Request("a", "skill", "en", "What time is it?", skill="get_time", expect=("5:00 PM",)),
+                R.Request("b", "factual", "zh", "日本的首都是哪里？", answer=("东京", "東京"))]
+
+    async def run() -> list[R.Row]:
+        responder = create_responder(cfg)
+        try:
+            return await R.run_preset(responder, cfg, requests, preset_name="config", half="tuning", concurrency=1)
+        finally:
+            await responder.aclose()
+
+    clock, chinese = asyncio.run(run())
+    assert (clock.reply, clock.score.skill, clock.score.skill_right) == ("It's 5:00 PM.", "get_time", True)
+    assert clock.intent_ms is not None
+    assert chinese.reply == "抱歉，我不确定。" and chinese.score.not_sure and not chinese.score.skill

@@ -47,6 +47,7 @@ MSG_CLOSED = "The language model is shutting down."
 class _Token:
     text: str
     n_tokens: int
+    logprob: float | None = None  # the model's log-probability of this token (a request that asked: doubt.py)
 
 
 @dataclass(frozen=True)
@@ -76,6 +77,7 @@ class _Request:
     first_token_at: float = 0.0
     slot: int = -1
     warmup: bool = False
+    logprobs: bool = False  # give each token its log-probability (the reply's doubt: respond/llama/doubt.py)
 
 
 @dataclass(eq=False)
@@ -179,6 +181,7 @@ class LlamaEngine:
         self.mem = llama_cpp.llama_get_memory(self.ctx)
         self.can_shift = bool(llama_cpp.llama_memory_can_shift(self.mem))
         self.vocab = llama_cpp.llama_model_get_vocab(self.model)
+        self.n_vocab = int(llama_cpp.llama_vocab_n_tokens(self.vocab))
         self.batch = llama_cpp.llama_batch_init(self.n_batch, 0, 1)
         self.description = _model_desc(llama_cpp, self.model)
         self.template = _chat_template(llama_cpp, self.model)
@@ -230,14 +233,16 @@ class LlamaEngine:
 
     # --- requests (any thread) ---------------------------------------------------------------------------------
     def submit(self, prompt: list[int], max_tokens: int, temperature: float,
-               deliver: Callable[[_Token | _End], None], *, warmup: bool = False) -> _Request:
-        """Queue a reply; :class:`ResponderError` (busy) if every slot is taken and the waiting room is full."""
+               deliver: Callable[[_Token | _End], None], *, warmup: bool = False, logprobs: bool = False) -> _Request:
+        """Queue a reply; :class:`ResponderError` (busy) if every slot is taken and the waiting room is full.
+        ``logprobs``: each token comes with the model's log-probability of it."""
         if not prompt:
             raise ValueError("empty prompt")
         room = self.n_ctx_seq - len(prompt)
         if room < 1:
             raise ResponderError(MSG_TOO_LONG)
-        request = _Request(prompt, max(1, min(max_tokens, room)), temperature, deliver, warmup=warmup)
+        request = _Request(prompt, max(1, min(max_tokens, room)), temperature, deliver, warmup=warmup,
+                           logprobs=logprobs)
         with self._cond:
             if self._closing:
                 raise ResponderError(MSG_CLOSED)
@@ -524,7 +529,7 @@ class LlamaEngine:
             if not request.first_token_at:
                 request.first_token_at = now
             text = slot.decoder.decode(self._piece_bytes(token))
-            request.deliver(_Token(text, request.generated))
+            request.deliver(_Token(text, request.generated, self._logprob(index, token) if request.logprobs else None))
             if request.generated >= request.max_tokens or len(slot.cache) + 1 >= self.n_ctx_seq:
                 self._finish(slot, "length")
             else:
@@ -535,6 +540,15 @@ class LlamaEngine:
         self._timed_tokens = self._timed_tokens * 0.9 + tokens
         self._timed_s = self._timed_s * 0.9 + seconds
         self._token_s = self._timed_s / self._timed_tokens
+
+    def _logprob(self, index: int, token: int) -> float:
+        """The model's log-probability of ``token`` at batch row ``index`` (a log-softmax over the vocabulary: ~0.1 ms
+        for SmolLM2's 49k tokens, so only for a request that asks)."""
+        import numpy as np
+
+        logits = np.ctypeslib.as_array(self.L.llama_get_logits_ith(self.ctx, index), shape=(self.n_vocab,))
+        top = float(logits.max())
+        return float(logits[token]) - top - float(np.log(np.exp(logits - top).sum()))
 
     def _add(self, slot: _Slot, tokens: list[int], logits_last: bool) -> int:
         """Append ``tokens`` (continuing the slot's positions) to the batch; the index of the last one."""

@@ -33,9 +33,15 @@ def default_model_path() -> Path:
     raise ModelFileError(f"the {DEFAULT_MODEL_PACKAGE!r} distribution lists no .gguf file")
 
 
+def is_bundled(cfg: RespondConfig) -> bool:
+    """The bundled model answers: ``respond.model_path`` is empty, or ``auto`` not yet made concrete (a responder
+    made outside the server: respond/auto.py)."""
+    return cfg.model_path.strip() in ("", "auto")
+
+
 def resolve_model_path(cfg: RespondConfig) -> Path:
     """``respond.model_path`` (``~`` expanded), or the packaged default; checked to be a readable GGUF file."""
-    path = Path(cfg.model_path).expanduser() if cfg.model_path.strip() else default_model_path()
+    path = default_model_path() if is_bundled(cfg) else Path(cfg.model_path).expanduser()
     check_gguf(path)
     return path
 

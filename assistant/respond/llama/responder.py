@@ -15,8 +15,9 @@ from assistant.config import RespondConfig
 from assistant.respond import persona
 from assistant.respond.base import Message, ReplyOptions, ResponderError, Usage
 from assistant.respond.llama.clauses import ClauseLimit
+from assistant.respond.llama.doubt import DoubtGate, is_factual_question, not_sure
 from assistant.respond.llama.engine import MSG_CLOSED, MSG_FAILED, LlamaEngine, _End, _Request, _Token
-from assistant.respond.llama.model_file import ModelFileError, resolve_model_path
+from assistant.respond.llama.model_file import ModelFileError, is_bundled, resolve_model_path
 from assistant.respond.llama.prompt import NEXT_TURN, Chat, ChatPrompt, PromptBuilder
 from assistant.respond.llama.weights import weights_path
 
@@ -70,6 +71,7 @@ class LlamaResponder:
                                      persona.example_messages(c))
         self.model = source.name
         self.weights = path  # the file loaded: the source, or its rewrite
+        self.last_doubt: DoubtGate | None = None  # the latest reply's gate, when it had one (the lab, diagnostics)
         self.last_prompt_text = ""  # the latest reply's prompt, as rendered (tests, diagnostics)
         self.last_request: _Request | None = None  # the latest reply's request: its reuse, tokens (diagnostics)
 
@@ -86,6 +88,11 @@ class LlamaResponder:
     @property
     def prompt(self) -> ChatPrompt:
         return self.prompts.prompt
+
+    def doubts(self) -> bool:
+        """Honest doubt is on (doubt.py): ``respond.doubt``, whose ``auto`` means the bundled model (its thresholds
+        were tuned for it)."""
+        return self.cfg.doubt == "on" or (self.cfg.doubt == "auto" and is_bundled(self.cfg))
 
     def describe(self) -> ModelInfo:
         """What answers: for the page and logs."""
@@ -126,7 +133,10 @@ class LlamaResponder:
                 loop.call_soon_threadsafe(queue.put_nowait, item)
 
         t0 = time.monotonic()
-        request = self.engine.submit(prompt, max_tokens, temperature, deliver)
+        language = opts.language or self.cfg.language
+        gate = DoubtGate(language) if self.doubts() and is_factual_question(text, language) else None
+        self.last_doubt = gate
+        request = self.engine.submit(prompt, max_tokens, temperature, deliver, logprobs=gate is not None)
         self.last_request = request
         limit = ClauseLimit(request.max_tokens)
         end: _End | None = None
@@ -145,15 +155,35 @@ class LlamaResponder:
                 n_out = item.n_tokens
                 piece = item.text if started else item.text.lstrip()
                 started = started or bool(piece)
+                if gate is not None and not gate.decided:  # a factual answer's first sentence, held and judged
+                    piece = gate.feed(piece, item.logprob)
+                    if gate.doubted:
+                        break
                 say = limit.feed(piece, item.n_tokens)
                 if say:
                     said.append(say)
                     yield say
                 self.engine.consumed(request, item.n_tokens)
+            if gate is not None and gate.doubted:
+                log.info("llm.doubt score=%.2f threshold=%.2f language=%s", gate.score, gate.limit, language)
+                said.append(not_sure(language))
+                yield said[-1]
+                return  # the request is cancelled on the way out (finally)
+            assert end is not None
             if end.reason == "error":
                 raise ResponderError(MSG_FAILED)
             if end.reason == "cancelled":  # the engine closed under us
                 raise ResponderError(end.error or MSG_CLOSED)
+            if gate is not None and not gate.decided:  # the reply ended inside its first sentence
+                held = gate.decide()
+                if gate.doubted:
+                    said.append(not_sure(language))
+                    yield said[-1]
+                    return
+                say = limit.feed(held, n_out)
+                if say:
+                    said.append(say)
+                    yield say
             tail = limit.finish(cut=end.reason == "length")
             if tail:
                 said.append(tail)

@@ -73,7 +73,10 @@ async def prepare(state: AppState, model: str | None, session: object = None, ba
     # ``model`` may name one of our responders (echo, rules, the configured one); any other name is the default.
     name = model if model in services.allowed_responders() else None
     context = ReplyContext()
-    responder = RealtimeResponder(services.responder_for(name), context)
+    # The skills beside the client's own tools (or the intent step in front of a model that calls none); no
+    # timers: a Realtime client keeps its own.
+    responder = RealtimeResponder(services.with_skills(services.responder_for(name), services.call_context(),
+                                                       cfg.respond), context)
     check_speed(services, settings.speed)
     voice_id = await voice_resolver(state)(settings.voice) if settings.voice != "default" else None
     own = replace(cfg, vad=settings.vad_config(cfg.vad), turn=settings.turn_config(cfg.turn))

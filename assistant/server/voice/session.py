@@ -15,6 +15,7 @@ import secrets
 import time
 from collections.abc import Callable, Coroutine
 from typing import TYPE_CHECKING, Any, TypedDict, TypeVar, Unpack
+from zoneinfo import ZoneInfo
 
 from aiortc import RTCDataChannel, RTCIceCandidate, RTCPeerConnection, RTCSessionDescription
 from aiortc.mediastreams import MediaStreamTrack
@@ -22,11 +23,13 @@ from aiortc.mediastreams import MediaStreamTrack
 from assistant.audio import AudioChunk
 from assistant.body import loads_bounded
 from assistant.config import Config
+from assistant.config.respond import known_timezones
 from assistant.pipeline.conversation import Conversation, TurnDeps
 from assistant.pipeline.events import DataChannel, EventChannel
 from assistant.pipeline.reply import ReplySink
 from assistant.pipeline.turn import Turn
 from assistant.respond.base import Responder
+from assistant.respond.skills.timers import CallTimers, Timer
 from assistant.rtc.inbound import InboundAudio, read_track
 from assistant.rtc.jitter import AdaptiveReceiveBuffer
 from assistant.rtc.outbound import ReplyTrack
@@ -135,11 +138,18 @@ class ConversationSession:
         # Sessions are admitted only once the engines are loaded (signaling.check_ready).
         assert services.asr is not None and services.tts is not None, "a session before the engines loaded"
         responder = options.get("responder")
+        # This call's skills (respond/skills/): its time zone and its timers, which speak on this call when they end
+        # and end with it. A responder handed over made (the Realtime API's) brings its own skills, without timers.
+        given = responder if responder is not None and not isinstance(responder, str) else None
+        self.timers = None if given is not None else CallTimers(
+            max_timers=cfg.respond.max_timers, max_seconds=cfg.respond.max_timer_s, on_due=self._timer_due,
+            on_change=self._timers_changed)
+        self.call = services.call_context(self.timers)
         deps = TurnDeps(
             asr=services.asr,
             tts=services.tts,
-            responder=responder if responder is not None and not isinstance(responder, str)
-            else services.responder_for(responder),
+            responder=given if given is not None else services.with_skills(
+                services.responder_for(responder if isinstance(responder, str) else None), self.call, cfg.respond),
             voice=options.get("voice"),
             on_turn_done=lambda trace: metrics.observe_turn(trace.durations_ms(), trace.gaps_ms()),
             on_error=lambda stage: metrics.errors_total.labels(stage=stage).inc(),
@@ -148,12 +158,36 @@ class ConversationSession:
             on_turn_end=self._turn_traced if services.telemetry is not None else None,
         )
         self.responder = deps.responder
+        # A better model swapped in during the call (respond.model_path = auto): the page hears who answers now.
+        shared = given is None and (responder is None or responder == cfg.respond.engine)
+        self._unsubscribe_model = services.on_model_change(self._model_changed) if shared else None
         self._call_trace: CallTrace | None = None
         if services.telemetry is not None:  # engines in other processes (Ray) join this call's trace
             carry.register(self.id, self._trace_headers)
         self.conversation = Conversation(
             cfg, services.make_endpointer(cfg.vad), deps, sink, self.events, session_id=self.id
         )
+
+    def _model_changed(self, status: object) -> None:
+        if not self.closed:
+            self.events.emit("responder", **self.services.describe_responder())
+
+    # --- timers (respond/skills/timers.py) ---------------------------------------------------------------
+    def _timer_due(self, timer: Timer, text: str) -> None:
+        """A timer of this call rang: the assistant says so at the conversation's next pause."""
+        if not self.closed:
+            self.conversation.announce(text, timer.language)
+
+    def _timers_changed(self, action: str, timer: Timer, timers: list[Timer]) -> None:
+        self.events.emit("timer", action=action, timer=timer.as_event(), timers=[t.as_event() for t in timers])
+
+    def set_timezone(self, name: object) -> str:
+        """The user's time zone for this call's clock and alarms (the page sends it); ValueError if it is no IANA
+        time zone this machine knows."""
+        if not isinstance(name, str) or name not in known_timezones():
+            raise ValueError(f"not an IANA time zone: {str(name)[:64]!r}")
+        self.call.timezone = ZoneInfo(name)
+        return name
 
     # --- telemetry (off: services.telemetry is None, and none of this runs) ------------------------------
     def call_trace(self) -> CallTrace | None:
@@ -210,6 +244,10 @@ class ConversationSession:
         self.closed = True
         self.close_reason = reason
         log.info("session_close session=%s reason=%s turns=%d", self.id, reason, self.conversation.turns)
+        if self.timers is not None:  # the call's timers end with it: none rings after
+            self.timers.close()
+        if self._unsubscribe_model is not None:
+            self._unsubscribe_model()
         with contextlib.suppress(Exception):
             self.events.emit("close", reason=reason)
         current = asyncio.current_task()
@@ -259,7 +297,8 @@ class ConversationSession:
 
     def _stale(self) -> str:
         """Why this session should close now ("" while it is alive): nobody spoke for ``max_silence_s``."""
-        if time.time() - self.conversation.last_activity_wall > self.cfg.server.max_silence_s:
+        if time.time() - self.conversation.last_activity_wall > self.cfg.server.max_silence_s and not (
+                self.timers is not None and self.timers.timers):  # a call waiting for its timer is not idle
             return "silence_timeout"
         return ""
 
@@ -341,12 +380,19 @@ class Session(ConversationSession):
 
     def _on_client_message(self, message: object) -> None:
         """What the page may ask on the events channel: ``{"type": "language", "language": "ja"}`` (or ``auto``),
-        checked like the offer's field; a bad ask gets an ``error`` event, the call goes on."""
+        checked like the offer's field, and ``{"type": "timezone", "timezone": "Europe/Paris"}`` (the browser's own,
+        for the clock and alarms); a bad ask gets an ``error`` event, the call goes on."""
         if not isinstance(message, str) or len(message) > MAX_CLIENT_MESSAGE:
             return
         try:
             body = loads_bounded(message)  # nesting bounded: a deep message is bad JSON, not a RecursionError
         except ValueError:
+            return
+        if isinstance(body, dict) and body.get("type") == "timezone":
+            try:
+                log.info("session_timezone session=%s timezone=%s", self.id, self.set_timezone(body.get("timezone")))
+            except ValueError as exc:
+                self.events.emit("error", stage="timezone", message=f"timezone: {exc}")
             return
         if not isinstance(body, dict) or body.get("type") != "language":
             return

@@ -243,8 +243,8 @@ ANSWER_SCHEMA = {
                    "location": {"type": "string", "description": "the session resource: PATCH "
                                 "trickled candidates there, DELETE to hang up"},
                    "etag": {"type": "string", "description": "If-Match value for PATCH"},
-                   "responder": {"type": "object", "description": "who answers: {engine, model}, and while "
-                                 "its engine is down {state, reason} too",
+                   "responder": {"type": "object", "description": "who answers: {engine, model}; why that model "
+                                 "(respond.model_path = auto) and, while its engine is down, {state, reason} too",
                                  "properties": {"engine": {"type": "string"}, "model": {"type": "string"}}}},
 }
 SESSION_ID = [{"name": "session_id", "in": "path", "required": True, "schema": {"type": "string"}}]
@@ -293,6 +293,8 @@ def _who_answers(app: AppState, responder: object) -> dict[str, str]:
     """The responder (and its model) this session talks to: the page shows it."""
     info = app[SERVICES].describe_responder(responder if isinstance(responder, str) else None)
     who = {"engine": str(info.get("engine", "")), "model": str(info.get("model", ""))}
+    if info.get("why"):  # respond.model_path = auto: why this model answers
+        who["why"] = str(info["why"])
     if info.get("state"):  # its engine is down (its child process restarting, or failed for good): why
         who["state"], who["reason"] = str(info["state"]), str(info.get("reason", ""))
     return who

@@ -139,7 +139,7 @@ def _gpu() -> tuple[float, str]:
 
 def _llama_offloads() -> bool:
     try:
-        import llama_cpp
+        from assistant.respond.llama.native import llama_cpp  # the one way in (its safe defaults come with it)
     except ImportError:
         return False
     return bool(llama_cpp.llama_supports_gpu_offload())

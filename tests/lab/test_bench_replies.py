@@ -164,7 +164,6 @@ def test_skill_requests_name_skills_that_exist_and_the_halves_stay_apart() -> No
 
 @pytest.mark.slow
 def test_a_skill_answers_on_a_call_of_its_own_and_the_small_model_doubts_in_chinese() -> None:
-    module("llama_cpp")
     from assistant.respond import create_responder
 
     cfg = RespondConfig(slots=2, context_tokens=1024, threads=1, model_path="")

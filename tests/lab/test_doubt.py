@@ -12,7 +12,6 @@ from assistant.config import RespondConfig
 from assistant.respond.llama.doubt import THRESHOLDS, is_factual_question, least_likely_word
 from lab import doubt as D
 from lab import replies as R
-from tests.needs import module
 
 
 def test_the_doubt_requests_are_tuning_requests_only() -> None:
@@ -42,7 +41,6 @@ def test_the_thresholds_lose_no_right_answer() -> None:
 
 @pytest.mark.slow
 def test_a_short_run_scores_as_the_gate_does() -> None:
-    module("llama_cpp")
     requests = D.tuning_requests()[:2]  # the capitals of France and Japan: the small model knows them
     rows = asyncio.run(D.score_all(requests, RespondConfig(slots=1, context_tokens=1024, threads=1, model_path="")))
     assert [r.right for r in rows] == [True, True]

@@ -207,6 +207,42 @@ def test_static_decode_step_traced_on_cpu_equals_eager(setup):
     assert step.record["direct_steps"] == 19 and step.record["replays"] == 0
 
 
+def test_sampling_inside_the_static_step_gives_exactly_the_eager_tokens(setup):
+    """The decode step with its sampling inside (what a GPU replays as one graph), traced on the CPU: seeded
+    (sampled, not greedy) jobs draw exactly the eager path's tokens, a held job (not stepped for a while) and a
+    free slot keep their state untouched, and every slot's state ends as the eager path leaves it."""
+    from assistant.tts.cosyvoice.decode_state import DecodeState
+    from assistant.tts.cosyvoice.jobs import SpeechJob
+    from assistant.tts.cosyvoice.prompt_cache import PromptCache
+
+    model, voice, g = setup
+
+    def run(static: bool) -> tuple[list[list[int]], DecodeState]:
+        state = DecodeState(model.llm, 4, 256, cuda_graphs=False, static_step=static)
+        cache = PromptCache()
+        texts = (g["in.e2e_text_token"], g["in.text_token"], g["in.e2e_text_token"][:, :5])
+        jobs = [SpeechJob(t, voice, g["in.prompt_text_token"] if i == 1 else None, None, StreamSchedule.fast(),
+                          lambda item: None, seed=100 + i, ignore_eos=i == 2) for i, t in enumerate(texts)]
+        with torch.inference_mode():
+            prompts = [state.prompt(j, cache) for j in jobs]
+            for j, slot in zip(jobs, (0, 2, 3), strict=True):                # slot 1 stays free
+                j.slot = slot
+            out = [[int(t)] for t in state.start(jobs, prompts)]
+            for step in range(30):
+                stepping = jobs if step < 10 or step >= 20 else jobs[:2]     # job 2 held for ten steps
+                for j, t in zip(stepping, state.step(stepping).tolist(), strict=True):
+                    out[jobs.index(j)].append(t)
+        return out, state
+
+    eager, eager_state = run(False)
+    static, static_state = run(True)
+    assert static == eager
+    assert len({tuple(t) for t in eager}) == 3 and all(len(t) > 20 for t in eager)
+    for name in ("_next", "_pos", "_steps", "_recent"):
+        torch.testing.assert_close(getattr(static_state, name), getattr(eager_state, name), atol=1e-6, rtol=0)
+    assert static_state.path["direct_steps"] == 30 and eager_state.path["path"] == "eager (cpu)"
+
+
 def test_batcher_on_the_static_step(setup):
     """The decode worker's graphed path, traced on the CPU: a seeded request gives the same audio as on the
     eager path, and the record says which path ran."""

@@ -161,6 +161,20 @@ class RowCaches:
         for i, c in enumerate(self.caches):
             c["frames"] = self.past(i) + self.lengths[i]
 
+    def attend(self, layer: nn.Module, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+               bias: torch.Tensor) -> torch.Tensor:
+        """``layer``'s attention of every stream's rows over its cached frames and its new ones (q, k, v
+        [B, H, T, d], bias [B, 1, T, T]); the new frames are written to each stream's cache."""
+        if len(self.caches) == 1:
+            return attend(q, k, v, bias, self.kv(0, layer), self.commits(0), self.lengths[0])
+        kvs = [self.kv(i, layer) for i in range(len(self.caches))]
+        if all(kv.length == 0 and kv.prefix is kvs[0].prefix for kv in kvs):
+            return attend_shared(q, k, v, bias, kvs, self)
+        # each stream over its own cached frames
+        parts = [attend(q[self.rows(i)], k[self.rows(i)], v[self.rows(i)], bias[self.rows(i)], kv,
+                        self.commits(i), self.lengths[i]) for i, kv in enumerate(kvs)]
+        return torch.cat(parts)
+
 
 def attend(
     q: torch.Tensor,
@@ -212,8 +226,17 @@ def attend_shared(
     prefix = kvs[0].prefix
     if prefix is None:
         return F.scaled_dot_product_attention(q, k, v, attn_mask=bias)
+    return prefix_attention(q, k, v, bias, prefix, len(kvs))
+
+
+def prefix_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor,
+    prefix: tuple[torch.Tensor, torch.Tensor], streams: int,
+) -> torch.Tensor:
+    """Attention of ``streams`` streams' rows q, k, v [B, H, T, d] (B = streams x group) over one shared
+    ``prefix`` (k, v [group, H, P, d], all visible) and their own new frames (``bias`` [B, 1, T, T])."""
     b, h, t, d = q.shape
-    n, g, p = len(kvs), rows.group, prefix[0].size(2)
+    n, g, p = streams, b // streams, prefix[0].size(2)
     q = q * (1.0 / math.sqrt(d))
 
     def streams_as_queries(x: torch.Tensor) -> torch.Tensor:  # [n*g, h, t, k] → [g, h, n*t, k]
@@ -230,13 +253,42 @@ def attend_shared(
     return from_prefix + torch.matmul(weights[..., p:], v)
 
 
+class PrefixRows:
+    """The streaming state of ``streams`` streams that all continue one read-only prefix and have no frames of
+    their own: a voice prompt's conv tails (``tails``: conv → [group, C, n]) and keys/values (``kv``: attention
+    layer → (k, v) [group, H, P, d]). Nothing is written, so a solve on it is a pure function of its inputs: a
+    warm voice's first chunk, solved provisionally for a batch of streams as one static graph
+    (`flow_graphs.py`). Its eager twin is `RowCaches` over each stream's fork of the prefix."""
+
+    def __init__(self, tails: Cache, kv: dict[object, tuple[torch.Tensor, torch.Tensor]], streams: int) -> None:
+        self.tails, self.kv, self.streams = tails, kv, streams
+
+    def left_pad(self, x: torch.Tensor, n: int, key: object) -> torch.Tensor:
+        tail = self.tails.get(key)
+        past = x.new_zeros(x.size(0), x.size(1), n) if tail is None else tail.repeat(self.streams, 1, 1)
+        return torch.cat([past, x], dim=2)
+
+    def attend(self, layer: nn.Module, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+               bias: torch.Tensor) -> torch.Tensor:
+        prefix = self.kv.get(layer)
+        if prefix is None:
+            return F.scaled_dot_product_attention(q, k, v, attn_mask=bias)
+        return prefix_attention(q, k, v, bias, prefix, self.streams)
+
+    def advance(self) -> None:
+        """Nothing: the prefix is read-only."""
+
+
+Rows = RowCaches | PrefixRows
+
+
 class CausalConv1d(nn.Conv1d):
     """Conv1d that pads kernel_size-1 zeros on the left: output t sees inputs <= t."""
 
     def __init__(self, in_channels: int, out_channels: int, kernel_size: int):
         super().__init__(in_channels, out_channels, kernel_size)
 
-    def forward(self, x: torch.Tensor, rows: RowCaches | None = None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, rows: Rows | None = None) -> torch.Tensor:
         n = self.kernel_size[0] - 1
         return super().forward(F.pad(x, (n, 0)) if rows is None else rows.left_pad(x, n, self))
 
@@ -258,7 +310,7 @@ class CausalConvBlock(nn.Module):
             CausalConv1d(dim, dim_out, 3), nn.Identity(), ChannelLayerNorm(dim_out), nn.Identity(), nn.Mish()
         )
 
-    def forward(self, x: torch.Tensor, mask: torch.Tensor, rows: RowCaches | None = None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, mask: torch.Tensor, rows: Rows | None = None) -> torch.Tensor:
         conv, _, norm, _, act = self.block
         return act(norm(conv(x * mask, rows))) * mask
 
@@ -274,7 +326,7 @@ class CausalResnetBlock(nn.Module):
         self.res_conv = nn.Conv1d(dim, dim_out, 1)
 
     def forward(
-        self, x: torch.Tensor, mask: torch.Tensor, t_emb: torch.Tensor, rows: RowCaches | None = None
+        self, x: torch.Tensor, mask: torch.Tensor, t_emb: torch.Tensor, rows: Rows | None = None
     ) -> torch.Tensor:
         h = self.block1(x, mask, rows) + self.mlp(t_emb).unsqueeze(-1)
         h = self.block2(h, mask, rows)
@@ -305,7 +357,7 @@ class SelfAttention(nn.Module):
         self.to_v = nn.Linear(dim, inner, bias=False)
         self.to_out = nn.ModuleList([nn.Linear(inner, dim)])  # `to_out.1` was dropout
 
-    def forward(self, x: torch.Tensor, bias: torch.Tensor, rows: RowCaches | None = None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, bias: torch.Tensor, rows: Rows | None = None) -> torch.Tensor:
         """x [B, T, C] new frames, bias [B, T, T] among them (cached frames are all visible)."""
         b, t, _ = x.shape
         q, k, v = (
@@ -313,18 +365,7 @@ class SelfAttention(nn.Module):
             for proj in (self.to_q, self.to_k, self.to_v)
         )
         bias = bias.unsqueeze(1)
-        if rows is None:
-            out = attend(q, k, v, bias, None, True)
-        elif len(rows.caches) == 1:
-            out = attend(q, k, v, bias, rows.kv(0, self), rows.commits(0), rows.lengths[0])
-        else:
-            kvs = [rows.kv(i, self) for i in range(len(rows.caches))]
-            if all(kv.length == 0 and kv.prefix is kvs[0].prefix for kv in kvs):
-                out = attend_shared(q, k, v, bias, kvs, rows)
-            else:  # each stream over its own cached frames
-                parts = [attend(q[rows.rows(i)], k[rows.rows(i)], v[rows.rows(i)], bias[rows.rows(i)], kv,
-                                rows.commits(i), rows.lengths[i]) for i, kv in enumerate(kvs)]
-                out = torch.cat(parts)
+        out = attend(q, k, v, bias, None, True) if rows is None else rows.attend(self, q, k, v, bias)
         return self.to_out[0](out.transpose(1, 2).reshape(b, t, self.heads * self.head_dim))
 
 
@@ -361,7 +402,7 @@ class TransformerBlock(nn.Module):
         self.norm3 = nn.LayerNorm(dim)
         self.ff = GeluFeedForward(dim)
 
-    def forward(self, x: torch.Tensor, bias: torch.Tensor, rows: RowCaches | None = None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, bias: torch.Tensor, rows: Rows | None = None) -> torch.Tensor:
         x = x + self.attn1(self.norm1(x), bias, rows)
         return x + self.ff(self.norm3(x))
 
@@ -435,6 +476,15 @@ class CausalUNetEstimator(nn.Module):
             allowed = allowed & chunks.unsqueeze(0)
         return (1.0 - allowed.to(dtype)) * MASK_BIAS
 
+    def streams_bias(self, mask: torch.Tensor, pasts: list[int], dtype: torch.dtype) -> torch.Tensor:
+        """`attention_bias` of a batch of streams in streaming mode: mask [B, 1, T], ``pasts[i]`` the frames
+        stream i computed before (its rows are B / len(pasts) consecutive ones) → [B, T, T]. Made once per
+        solve: it is the same at every Euler step."""
+        if len(set(pasts)) == 1:
+            return self.attention_bias(mask, True, dtype, pasts[0])
+        g = mask.size(0) // len(pasts)  # the chunk grid is counted from each stream's own frame 0
+        return torch.cat([self.attention_bias(mask[i * g : (i + 1) * g], True, dtype, p) for i, p in enumerate(pasts)])
+
     def forward(
         self,
         x: torch.Tensor,
@@ -446,26 +496,29 @@ class CausalUNetEstimator(nn.Module):
         streaming: bool = False,
         cache: Cache | list[Cache] | None = None,
         lengths: list[int] | None = None,
+        *,
+        rows: Rows | None = None,
+        bias: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """x, mu, cond [B, 80, T]; mask [B, 1, T]; t [B]; spks [B, 80] -> velocity [B, 80, T].
 
         With caches (streaming only; one per stream and Euler step: a dict, or a list for a batch of
         streams, each owning B / len(list) consecutive rows) the T frames continue earlier calls'. ``lengths``:
-        each stream's real frames (the rest are padding, zero in ``mask``).
+        each stream's real frames (the rest are padding, zero in ``mask``). ``rows``: the streaming state
+        already wrapped (`RowCaches`, `PrefixRows`; instead of ``cache``); ``bias``: the attention bias
+        [B, T, T] when the caller made it once for every step (`streams_bias`).
         """
-        if cache is not None and not streaming:
+        if (cache is not None or rows is not None) and not streaming:
             raise ValueError("an estimator cache needs streaming=True")
-        rows = None
-        if cache is not None:
+        if rows is None and cache is not None:
             rows = RowCaches(cache if isinstance(cache, list) else [cache], x.size(0), x.size(2), lengths)
         dtype = self.time_mlp.linear_1.weight.dtype
         t_emb = self.time_mlp(timestep_features(t, self.in_channels).to(dtype))  # [B, 4C]
         h = torch.cat([x, mu, spks.unsqueeze(-1).expand(-1, -1, x.size(-1)), cond], dim=1)  # [B, 320, T]
-        if rows is None or len({rows.past(i) for i in range(len(rows.caches))}) == 1:
-            bias = self.attention_bias(mask, streaming, h.dtype, rows.past(0) if rows else 0)
-        else:  # the chunk grid is counted from each stream's own frame 0
-            bias = torch.cat([self.attention_bias(mask[rows.rows(i)], streaming, h.dtype, rows.past(i))
-                              for i in range(len(rows.caches))])
+        if bias is None and isinstance(rows, RowCaches):
+            bias = self.streams_bias(mask, [rows.past(i) for i in range(len(rows.caches))], h.dtype)
+        elif bias is None:
+            bias = self.attention_bias(mask, streaming, h.dtype)
 
         def level(blocks: nn.Module) -> list[nn.Module]:  # a ModuleList's members (a level, its transformers)
             assert isinstance(blocks, nn.ModuleList)

@@ -15,18 +15,17 @@ the CPU tests trace the GPU's path. The record (`record`) says what really runs 
 from __future__ import annotations
 
 import logging
-import time
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 from transformers.models.qwen2.modeling_qwen2 import Qwen2DecoderLayer
 
+from assistant.tts.cosyvoice.graphs import GraphedCall, memory_pool
 from assistant.tts.cosyvoice.llm import SpeechLM
 
 log = logging.getLogger(__name__)
-
-GRAPH_WARMUP_RUNS = 3  # eager runs on a side stream before capture (allocator and lazy inits settle)
 
 
 class SlotDecoder(nn.Module):
@@ -197,8 +196,9 @@ class SlotDecoder(nn.Module):
 
 class StaticDecodeStep:
     """Every slot's decode step over the caller's static buffers ``x`` [slots, D] and ``pos`` [slots] (updated
-    in place between steps), with the whole cache as keys; captured as a CUDA graph by `capture` on CUDA,
-    run directly elsewhere (see the module doc).
+    in place between steps), with the whole cache as keys, and what the caller does with the hidden states in
+    the same graph (``then``: the sampling, `decode_state.py`); captured as a CUDA graph by `capture` on CUDA,
+    run directly elsewhere (see the module doc and `graphs.py`).
 
     Rows of free slots decode a stale input at a stale position of their own slot: harmless, since a slot's
     prefill overwrites its prompt positions and a row only ever attends to positions it has written since.
@@ -206,68 +206,40 @@ class StaticDecodeStep:
     exactly what that slot's next real step writes.
     """
 
-    def __init__(self, decoder: SlotDecoder, x: torch.Tensor, pos: torch.Tensor, cuda_graph: bool) -> None:
-        self.decoder, self.x, self.pos = decoder, x, pos
-        self.want_graph = cuda_graph and x.device.type == "cuda"
-        self.graph: torch.cuda.CUDAGraph | None = None
-        self.out: torch.Tensor | None = None
-        self.replays = 0
-        self.direct = 0
-        path = "eager until captured" if self.want_graph else f"static step ({x.device.type}, capture skipped)"
-        self.info: dict[str, object] = {"path": path, "capture_s": None, "error": None}
+    def __init__(self, decoder: SlotDecoder, x: torch.Tensor, pos: torch.Tensor, cuda_graph: bool,
+                 then: Callable[[torch.Tensor], torch.Tensor] | None = None) -> None:
+        self.decoder, self.x, self.pos, self.then = decoder, x, pos, then
+        self.call: GraphedCall[torch.Tensor] = GraphedCall("decode step", self._run, x.device, graph=cuda_graph,
+                                                          pool=memory_pool(x.device))
+
+    @property
+    def want_graph(self) -> bool:
+        return self.call.want_graph
 
     @property
     def active(self) -> bool:
         """Whether steps run here: the captured graph, or the traced step; else the caller decodes eagerly
         (before the capture, or after it failed: the static step attends over the whole cache, which only a
         replayed graph makes worth it)."""
-        return self.graph is not None or not self.want_graph
+        return self.call.active
 
     @property
     def record(self) -> dict[str, object]:
         """What runs (path), what the capture cost, and how often the graph was replayed or the step run."""
-        return {**self.info, "replays": self.replays, "direct_steps": self.direct}
+        return self.call.record
 
     def _run(self) -> torch.Tensor:
-        return self.decoder.step(self.x, self.pos, self.decoder.max_positions)
+        hidden = self.decoder.step(self.x, self.pos, self.decoder.max_positions)
+        return hidden if self.then is None else self.then(hidden)
 
-    @torch.inference_mode()
     def capture(self) -> dict[str, object]:
-        """Capture the step (CUDA; once) and time it; on failure fall back to the direct step and say why."""
-        if not self.want_graph or self.graph is not None:
-            return self.record
-        t0 = time.perf_counter()
-        try:
-            side = torch.cuda.Stream(self.x.device)
-            side.wait_stream(torch.cuda.current_stream(self.x.device))
-            with torch.cuda.stream(side):
-                for _ in range(GRAPH_WARMUP_RUNS):
-                    self._run()
-            torch.cuda.current_stream(self.x.device).wait_stream(side)
-            graph = torch.cuda.CUDAGraph()
-            # thread_local: the chunk thread may keep launching work on its own stream meanwhile
-            with torch.cuda.graph(graph, capture_error_mode="thread_local"):
-                self.out = self._run()
-            graph.replay()
-            torch.cuda.current_stream(self.x.device).synchronize()
-            self.graph = graph
-            self.info = {"path": "cuda-graph", "capture_s": time.perf_counter() - t0, "error": None}
-        except Exception as exc:  # pragma: no cover - depends on the device stack
-            log.warning("cosyvoice decode graph capture failed (%s); decoding eagerly", exc)
-            self.info = {"path": "eager (capture failed)", "capture_s": time.perf_counter() - t0, "error": str(exc)}
-        log.info("cosyvoice decode path=%s capture_s=%s", self.info["path"], self.info["capture_s"])
-        return self.record
+        """Capture the step (CUDA; once) and time it; on failure fall back to the eager step and say why."""
+        return self.call.capture()
 
     def __call__(self) -> torch.Tensor:
-        """Hidden states [slots, D] of the step on the buffers' current contents (the graph's static output:
-        read it before the next step)."""
-        if self.graph is not None:
-            self.graph.replay()
-            self.replays += 1
-            assert self.out is not None
-            return self.out
-        self.direct += 1
-        return self._run()
+        """The step on the buffers' current contents: hidden states [slots, D], or what ``then`` made of them
+        (the graph's static output: read it before the next step)."""
+        return self.call()
 
 
 def _rotate_half(x: torch.Tensor) -> torch.Tensor:

@@ -164,9 +164,10 @@ class StreamingSynthesis:
             end = upto = p.offset + p.hop
             p.advance()
         audio = yield from self.backend.chunk_steps(tokens, start, upto)
-        timing = self.backend.timing
-        chunk = Chunk(audio.float().cpu().numpy(), self.chunks, len(tokens), (start, end), final,
-                      timing.get("flow_ms", 0.0), timing.get("vocoder_ms", 0.0))
+        samples = audio.float().cpu().numpy()                 # the chunk's one wait for the device
+        timing = self.backend.timings()
+        chunk = Chunk(samples, self.chunks, len(tokens), (start, end), final, timing["flow_ms"],
+                      timing["vocoder_ms"])
         self.chunks += 1
         return chunk
 

@@ -54,4 +54,10 @@ def upload(values: Sequence[int] | Sequence[Sequence[int]], dtype: torch.dtype, 
     return host.pin_memory().to(device, non_blocking=True)
 
 
-__all__ = ["StageClock", "upload"]
+def upload_into(dst: torch.Tensor, values: Sequence[int] | Sequence[Sequence[int]]) -> None:
+    """Copy a host list into a device buffer (a static graph input) without waiting for the device."""
+    host = torch.tensor(values, dtype=dst.dtype)
+    dst.copy_(host.pin_memory() if dst.device.type == "cuda" else host, non_blocking=True)
+
+
+__all__ = ["StageClock", "upload", "upload_into"]

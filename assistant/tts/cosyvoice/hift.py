@@ -472,6 +472,35 @@ class StreamingHiFT:
         self._trim()
         return audio
 
+    def adopt_first_push(self, mel: torch.Tensor, noise: SourceNoise, f0: torch.Tensor, source: torch.Tensor,
+                         audio: torch.Tensor) -> torch.Tensor:
+        """The first push (from nothing, not final) with its F0 [1, F], source [1, 1, F*spf] and decoded audio
+        [F*spf] computed elsewhere, batched with other streams' (`hift_graphs.FirstPush`): leaves the state and
+        returns the audio that `push(mel, False, noise)` would (its eager twin; tested)."""
+        if self.received or self.closed:
+            raise RuntimeError("StreamingHiFT.adopt_first_push: not the first push")
+        spf, n = self.spf, mel.size(2)
+        if noise.sine_noise.size(1) != n * spf:
+            raise ValueError(f"noise covers {noise.sine_noise.size(1)} samples, the chunk {n * spf}")
+        self.rand_ini = noise.rand_ini
+        self.mel, self.received = mel, n
+        f0_end = max(n - self.f0_reach, 0)                  # F0 is exact where its mel context is complete
+        src_end = max(f0_end - 1, 0)                        # the source where the F0 on both sides is
+        self.f0, self.f0_end = f0[:, :f0_end], f0_end
+        self.source, self.src_end = source[:, :, : src_end * spf], src_end
+        self.noise = noise.sine_noise.to(mel.device, torch.float32)[:, src_end * spf :]
+        start = max(src_end - 1, 0)                         # the next source window starts a frame early
+        steps = self.vocoder.m_source.frame_cycles(self.f0[:, :start]).double().sum(dim=1)     # [1, H]
+        self.cycles = (self.cycles.to(steps) + steps) % 1
+        self.f0, self.f0_start = self.f0[:, start:], start
+        end = max(n - self.lookahead, 0)
+        out = audio[: end * spf]
+        if end and self.spoken is not None:
+            self.spoken.append(mel[:, :, :end].clone())
+        self.emitted = end
+        self._trim()
+        return out.float()
+
     def revise(self, mel: torch.Tensor, start: int) -> int:
         """Replace received mel frames [start, start + n) by better ones (mel [1, 80, n]: the exact recompute
         of frames first made provisionally). Only frames still in the buffer change, and only what is not

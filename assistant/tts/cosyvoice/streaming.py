@@ -18,6 +18,7 @@ import numpy as np
 import torch
 
 from assistant.tts.cosyvoice.batch_work import WorkSteps, run_alone
+from assistant.tts.cosyvoice.first_chunk import FirstChunkGraphs
 from assistant.tts.cosyvoice.flow import CausalFlow
 from assistant.tts.cosyvoice.flow_decoder import KVCache
 from assistant.tts.cosyvoice.flow_prefix import FlowPrefix, prefix_key, tensor_bytes
@@ -63,7 +64,8 @@ class StreamingSynthesis:
     makes it (`chunk_steps`: the same as work steps the scheduler can batch). After `finish` (the LLM
     stopped), the next chunk is the last. ``capacity_tokens``: how many speech tokens to reserve flow
     buffers for (a hint; they grow past it). ``prefix``: the voice's built prefix (else looked up in
-    ``cache``; without one the stream starts cold).
+    ``cache``; without one the stream starts cold). ``first_chunk``: the engine's static first chunks (a warm
+    voice prepared there makes its first chunk with them).
     """
 
     def __init__(
@@ -78,6 +80,7 @@ class StreamingSynthesis:
         seed: int | None = None,
         speed: float = 1.0,
         capacity_tokens: int = 0,
+        first_chunk: FirstChunkGraphs | None = None,
     ) -> None:
         self.schedule = schedule
         self.tokens: list[int] = []
@@ -103,8 +106,11 @@ class StreamingSynthesis:
                 elif prefix is None:
                     self.missing_prefix = MissingPrefix(prefix_key(flow, voice), FlowPrefix(flow, voice, build=False),
                                                         steps)
+            first_flow = first_push = None
+            if first_chunk is not None:
+                first_flow, first_push = first_chunk.flow_for(prefix, schedule), first_chunk.push_for(schedule)
             self.backend = CachedVocoding(flow, hift, voice, prefix, gen, speed, steps, schedule.vocoder_lookahead,
-                                          capacity_tokens)
+                                          capacity_tokens, first_flow, first_push)
         self.setup_ms = 1000 * (time.perf_counter() - t0)
         self.planner = ChunkPlanner(schedule, self.backend.prompt_tokens, cfg.encoder_chunk_size,
                                     cfg.pre_lookahead_len)

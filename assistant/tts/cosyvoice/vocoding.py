@@ -19,9 +19,11 @@
     ``vocoder_lookahead`` frames of right context.
 
 A chunk is computed by a generator (`chunk_steps`) that yields its flow solves and vocoder windows, so the
-chunk scheduler can batch them with other streams' (`batch_work.py`). Random draws of the vocoder come from a
-per-request generator, so concurrent requests never disturb each other's audio and a seeded request is
-reproducible.
+chunk scheduler can batch them with other streams' (`batch_work.py`). A warm stream's first chunk can instead
+take the voice's static first-chunk solver and the vocoder's static first push (`first_chunk.py`: one CUDA
+graph replay each for all the streams batched); the eager path above stays their reference. Random draws of
+the vocoder come from a per-request generator, so concurrent requests never disturb each other's audio and a
+seeded request is reproducible.
 """
 
 from __future__ import annotations
@@ -32,8 +34,10 @@ import torch.nn.functional as F
 from assistant.tts.cosyvoice.batch_work import WorkSteps
 from assistant.tts.cosyvoice.device_time import StageClock, upload
 from assistant.tts.cosyvoice.flow import CausalFlow, FlowSolve, StreamingFlow
+from assistant.tts.cosyvoice.flow_graphs import FirstChunkFlow, FirstChunkSolve
 from assistant.tts.cosyvoice.flow_prefix import FlowPrefix
 from assistant.tts.cosyvoice.hift import HiFTVocoder, StreamingHiFT, crossfade_window, fade_in_out
+from assistant.tts.cosyvoice.hift_graphs import FirstPush, FirstPushWork
 from assistant.tts.cosyvoice.hift_source import SourceNoise
 from assistant.tts.cosyvoice.voice import CosyVoicePrompt
 
@@ -196,6 +200,8 @@ class CachedVocoding:
         first_chunk_steps: int | None = None,
         vocoder_lookahead: int | None = None,
         capacity_tokens: int = 0,
+        first_flow: FirstChunkFlow | None = None,
+        first_push: FirstPush | None = None,
     ) -> None:
         self.flow, self.hift, self.prefix, self.gen, self.speed = flow, hift, prefix, gen, speed
         self.device = next(flow.parameters()).device
@@ -211,6 +217,9 @@ class CachedVocoding:
                                        voice.embedding.to(dev, dtype), capacity=frames)
             self.prompt_tokens = voice.speech_tokens.size(1)
         self.vocoder = StreamingHiFT(hift, lookahead_frames=vocoder_lookahead)
+        # the first chunk as static graphs (`first_chunk.py`): the voice's flow solver, the vocoder's first push
+        self.first_flow = first_flow if prefix is not None and speed == 1.0 else None
+        self.first_push = first_push
         self.n_prompt_frames = self.state.prompt_feat.size(1)
         self.given = 0              # new tokens handed to the flow state
         self.emitted = 0            # new-token mel frames already vocoded
@@ -292,6 +301,40 @@ class CachedVocoding:
         final = upto is None
         self.clock = clock = StageClock(self.device)
         clock.mark("start")
+        first = self.first_flow
+        if upto is not None and first is not None and self.emitted == 0 and self.given == 0 and upto == first.hop:
+            mel = yield from self._static_first_steps(first, tokens, upto)
+        else:
+            mel = yield from self._mel_steps(tokens, upto)
+        clock.mark("flow_ms")
+        if mel.size(2) == 0 and self.vocoder.held_frames == 0 and not final:
+            return torch.zeros(0, device=self.device)
+        spf = self.hift.cfg.samples_per_frame
+        noise = self.tape.span(self.vocoded * spf, (self.vocoded + mel.size(2)) * spf)   # the new frames' draws
+        self.vocoded += mel.size(2)
+        push = self.first_push
+        if push is not None and self.vocoder.received == 0 and not final and mel.size(2) == push.frames:
+            work = FirstPushWork(push, mel, noise)
+            yield work
+            audio = self.vocoder.adopt_first_push(mel, noise, work.f0, work.source, work.result)
+        else:
+            audio = yield from self.vocoder.push_steps(mel, final, noise)
+        clock.mark("vocoder_ms")
+        return audio
+
+    def _static_first_steps(self, first: FirstChunkFlow, tokens: list[int], upto: int) -> WorkSteps[torch.Tensor]:
+        """The first chunk's mel from the voice's static solver, provisional (its tokens are committed with the
+        second chunk): [1, 80, 2 * upto]."""
+        work = FirstChunkSolve(first, tokens[: upto + first.look])
+        yield work
+        self.emitted = self.flow.cfg.token_mel_ratio * upto
+        self.provisional_frames += work.result.size(2)
+        return work.result
+
+    def _mel_steps(self, tokens: list[int], upto: int | None) -> WorkSteps[torch.Tensor]:
+        """The mel of new-token frames [emitted, 2 * upto) (all that is left when ``upto`` is None): exact frames
+        committed so far, then provisional ones past the last exact boundary; stretched to the speed."""
+        final = upto is None
         ratio = self.flow.cfg.token_mel_ratio
         first_reduced = self.first_steps is not None and self.emitted == 0 and not final
         if not first_reduced:  # only what this chunk needs: the work and the audio do not depend on timing
@@ -318,16 +361,7 @@ class CachedVocoding:
             self.exact, self.exact_start = self.exact[:, :, cut:], self.exact_start + cut
             if self.exact.size(2) == 0:
                 self.exact = None
-        mel = stretch_mel(mel, self.speed)
-        clock.mark("flow_ms")
-        if mel.size(2) == 0 and self.vocoder.held_frames == 0 and not final:
-            return torch.zeros(0, device=self.device)
-        spf = self.hift.cfg.samples_per_frame
-        noise = self.tape.span(self.vocoded * spf, (self.vocoded + mel.size(2)) * spf)   # the new frames' draws
-        self.vocoded += mel.size(2)
-        audio = yield from self.vocoder.push_steps(mel, final, noise)
-        clock.mark("vocoder_ms")
-        return audio
+        return stretch_mel(mel, self.speed)
 
 
 __all__ = [

@@ -47,7 +47,11 @@ class TTSConfig:
     prompt_cache_mb: int = setting(
         4096, "cosyvoice2: memory for voices' computed prompts (LRU; ~2.3 GB per 10 s voice in fp32, half in bf16)"
     )
-    cuda_graphs: bool = setting(True, "cosyvoice2 on CUDA: capture the batched decode step as a CUDA graph")
+    cuda_graphs: bool = setting(
+        True, "cosyvoice2 on CUDA: CUDA graphs for the batched decode step (its sampling included) and, for each "
+        "prepared voice, the first chunk's flow and vocoder (per batch size; captured at warm-up or when a voice is "
+        "prepared, never inside a request); off: every step eager",
+    )
     timeout_s: float = setting(60.0, "longest one synthesis may take")
 
 

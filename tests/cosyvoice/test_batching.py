@@ -244,27 +244,39 @@ def test_sampling_inside_the_static_step_gives_exactly_the_eager_tokens(setup):
 
 
 def test_batcher_on_the_static_step(setup):
-    """The decode worker's graphed path, traced on the CPU: a seeded request gives the same audio as on the
-    eager path, and the record says which path ran."""
+    """The workers' graphed paths, traced on the CPU: the decode step with its sampling and a prepared voice's
+    static first chunk (flow, vocoder). Two seeded requests give the same audio as on the eager path, their
+    first chunks ran as one static batch, and the records say which paths ran."""
     from assistant.tts.cosyvoice.batching import SpeechBatcher
+    from assistant.tts.cosyvoice.flow_prefix import flow_prefix
     from assistant.tts.cosyvoice.job_runner import job_args, run_job
 
     model, voice, g = setup
 
     async def one(static: bool):
-        batcher = SpeechBatcher(model.llm, model.flow, model.hift, slots=2, max_positions=256, static_step=static)
-        args = job_args(model, g["in.e2e_text_token"], voice, None, 1.0, 5, StreamSchedule.fast(), tokens=40)
-        audio = np.concatenate([c.audio async for c in run_job(batcher, args)])
+        batcher = SpeechBatcher(model.llm, model.flow, model.hift, slots=2, max_positions=256, static_step=static,
+                                static_chunks=static)
+        prepared = batcher.prepare_voice(flow_prefix(model.flow, voice, batcher.cache))
+
+        async def request(seed: int) -> np.ndarray:
+            args = job_args(model, g["in.e2e_text_token"], voice, None, 1.0, seed, StreamSchedule.fast(), tokens=40)
+            return np.concatenate([c.audio async for c in run_job(batcher, args)])
+
+        audio = await asyncio.gather(request(5), request(6))
         stats = batcher.stats()
         batcher.close()
-        return audio, stats
+        return audio, stats, prepared
 
-    eager, eager_stats = asyncio.run(one(False))
-    static, static_stats = asyncio.run(one(True))
-    assert eager_stats["decode_path"]["path"] == "eager (cpu)"
+    eager, eager_stats, eager_prepared = asyncio.run(one(False))
+    static, static_stats, prepared = asyncio.run(one(True))
+    assert eager_stats["decode_path"]["path"] == "eager (cpu)" and eager_stats["first_chunk_path"] == "eager"
+    assert eager_prepared["path"].startswith("eager")
     assert static_stats["decode_path"]["path"] == "static step (cpu, capture skipped)"
     assert static_stats["decode_path"]["direct_steps"] == static_stats["decode_steps"] > 0
-    np.testing.assert_allclose(static, eager, atol=AUDIO_ATOL)
+    assert prepared["flow"]["path"] == static_stats["first_chunk_path"] == "static step (cpu, capture skipped)"
+    assert static_stats["first_chunk_flow_direct"] >= 1 and static_stats["first_push"]["direct_steps"] >= 1
+    for a, b in zip(eager, static, strict=True):
+        np.testing.assert_allclose(b, a, atol=AUDIO_ATOL)
 
 
 def test_prefills_of_different_lengths_in_one_forward_equal_each_alone(setup):

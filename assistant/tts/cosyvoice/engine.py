@@ -101,6 +101,7 @@ class CosyVoiceEngine:
             max_waiting=self.cfg.max_waiting,
             max_positions=self.cfg.max_positions,
             cuda_graphs=self.cfg.cuda_graphs and cuda,
+            schedule=self.schedule,
             sample_rate=model.sample_rate,
             cache=self.prompt_cache,
             buckets=buckets,
@@ -154,14 +155,16 @@ class CosyVoiceEngine:
         log.info("cosyvoice2 warm-up (%d streams) took %.2f s", n, time.perf_counter() - t0)
 
     async def prepare_voice(self, voice: CosyVoicePrompt) -> None:
-        """Build the voice's flow prefix now (in the loading thread) unless the prompt cache has it: its first
-        request is then warm. A request never waits for this: without the prefix it starts cold."""
+        """Build the voice's flow prefix now (in the loading thread) unless the prompt cache has it, and its
+        static first chunk (on CUDA: captured as graphs, in the chunk thread): its first request is then warm.
+        A request never waits for this: without the prefix it starts cold, without the graphs it runs eagerly."""
         model = await self.model()
         steps = self.schedule.first_chunk_steps
 
         def build() -> None:
-            flow_prefix(model.flow, voice, self.prompt_cache, steps)
+            prefix = flow_prefix(model.flow, voice, self.prompt_cache, steps)
             stream_sync(torch.device(model.device))      # complete before another stream reads it
+            self.batcher.prepare_voice(prefix)
 
         await asyncio.get_running_loop().run_in_executor(self._executor, build)
 

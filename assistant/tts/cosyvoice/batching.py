@@ -31,6 +31,7 @@ from assistant.tts.cosyvoice.chunk_scheduler import ChunkWorker
 from assistant.tts.cosyvoice.decode_worker import DecodeWorker
 from assistant.tts.cosyvoice.first_chunk import FirstChunkGraphs
 from assistant.tts.cosyvoice.flow import CausalFlow
+from assistant.tts.cosyvoice.flow_arena import FlowArena
 from assistant.tts.cosyvoice.flow_prefix import FlowPrefix
 from assistant.tts.cosyvoice.hift import HiFTVocoder
 from assistant.tts.cosyvoice.jobs import SpeechJob
@@ -49,7 +50,9 @@ class SpeechBatcher:
     ``cuda_graphs``: replay the decode step (sampling included) as a CUDA graph (captured by `capture`, at
     warm-up), and a prepared warm voice's first chunk as two (flow, vocoder; `prepare_voice`) for streams on
     ``schedule``; ``static_step`` / ``static_chunks``: run those same static functions without capturing (any
-    device: how the CPU tests trace the graphed paths). ``flow_batch``: most streams in one flow or vocoder call
+    device: how the CPU tests trace the graphed paths). ``arena_frames``: keep each running stream's flow state
+    in a static arena of ``slots`` slots of that many frames (one batched attention over all streams,
+    `flow_arena.py`; 0: per-stream buffers). ``flow_batch``: most streams in one flow or vocoder call
     (default ``slots``);
     ``buckets``: solve lengths a stream's frames may be padded up to so more streams share a call;
     ``hold_ahead``: hold LLM steps of jobs that have their first chunk's tokens while a first chunk is under
@@ -69,6 +72,7 @@ class SpeechBatcher:
         static_step: bool = False,
         static_chunks: bool = False,
         schedule: StreamSchedule | None = None,
+        arena_frames: int = 0,
         sample_rate: int = SAMPLE_RATE,
         cache: PromptCache | None = None,
         cpu_threads: tuple[int, int] | None = None,
@@ -90,8 +94,10 @@ class SpeechBatcher:
         graphs = cuda_graphs and self.device.type == "cuda"
         first_chunk = FirstChunkGraphs(flow, hift, schedule or StreamSchedule.fast(), flow_batch or slots,
                                        graphs=graphs) if graphs or static_chunks else None
+        arena = FlowArena(flow.decoder.estimator, flow.cfg.n_timesteps, slots, arena_frames) if arena_frames else None
         self.chunks = ChunkWorker(flow, hift, self.cache, sample_rate=sample_rate, max_batch=flow_batch or slots,
-                                  buckets=buckets, cpu_threads=self.cpu_threads[1], first_chunk=first_chunk)
+                                  buckets=buckets, cpu_threads=self.cpu_threads[1], first_chunk=first_chunk,
+                                  arena=arena)
         self.decoder = DecodeWorker(lm, self.cache, self.chunks, slots=slots, max_positions=max_positions,
                                     cuda_graphs=cuda_graphs, static_step=static_step, cpu_threads=self.cpu_threads[0],
                                     lookahead=flow.cfg.pre_lookahead_len, hold_ahead=hold_ahead)

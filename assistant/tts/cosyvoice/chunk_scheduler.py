@@ -41,6 +41,7 @@ from assistant.tts.cosyvoice.batch_work import Work, WorkSteps, run_grouped
 from assistant.tts.cosyvoice.engine_thread import EngineThread
 from assistant.tts.cosyvoice.first_chunk import FirstChunkGraphs
 from assistant.tts.cosyvoice.flow import CausalFlow
+from assistant.tts.cosyvoice.flow_arena import FlowArena
 from assistant.tts.cosyvoice.flow_prefix import FlowPrefix
 from assistant.tts.cosyvoice.hift import HiFTVocoder
 from assistant.tts.cosyvoice.jobs import SpeechJob
@@ -79,11 +80,12 @@ class ChunkWorker(EngineThread):
     def __init__(
         self, flow: CausalFlow, hift: HiFTVocoder, cache: PromptCache, *, sample_rate: int, max_batch: int,
         buckets: tuple[int, ...] = (), cpu_threads: int = 1, first_chunk: FirstChunkGraphs | None = None,
+        arena: FlowArena | None = None,
     ) -> None:
         super().__init__("cosyvoice-chunks", next(flow.parameters()).device, cpu_threads)
         self.flow, self.hift, self.cache = flow, hift, cache
         self.sample_rate, self.max_batch, self.buckets = sample_rate, max(1, max_batch), buckets
-        self.first_chunk = first_chunk
+        self.first_chunk, self.arena = first_chunk, arena
         self.wake_decoder: Callable[[], None] = lambda: None
         self._jobs: list[SpeechJob] = []
         self._arriving: set[SpeechJob] = set()   # submitted, not handed over yet (in prefill or decoding)
@@ -127,6 +129,9 @@ class ChunkWorker(EngineThread):
 
     def stats(self) -> dict[str, object]:
         first = self.first_chunk.stats() if self.first_chunk is not None else {"first_chunk_path": "eager"}
+        if self.arena is not None:
+            first.update(arena_slots=self.arena.slots, arena_free=self.arena.free, arena_frames=self.arena.frames,
+                         arena_mb=self.arena.nbytes / 2**20)
         return {"chunk_s": self.chunk_s, "flow_batches": self.batches,
                 "mean_flow_batch": self.batched_items / max(self.batches, 1), "max_flow_batch": self.max_seen_batch,
                 "prefixes_built": self._builds.built, **first}
@@ -260,6 +265,8 @@ class ChunkWorker(EngineThread):
             )
             job.stats["setup_ms"] = job.stream.setup_ms
             job.stats["cold_voice"] = float(job.stream.cold)
+            if self.arena is not None:
+                job.stats["arena_slot"] = float(job.stream.bind_arena(self.arena))
             if job.stream.missing_prefix is not None:
                 self._builds.want(job.stream.missing_prefix)
         done = job.decode_done                    # read before the tokens: all of them are there once set
@@ -381,7 +388,9 @@ class ChunkWorker(EngineThread):
             if job in self._jobs:
                 self._jobs.remove(job)
         self.wake_decoder()
-        job.stream = None
+        stream, job.stream = job.stream, None
+        if stream is not None:
+            stream.release_arena()
 
 
 __all__ = ["ChunkWorker"]

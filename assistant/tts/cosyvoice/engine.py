@@ -102,6 +102,7 @@ class CosyVoiceEngine:
             max_positions=self.cfg.max_positions,
             cuda_graphs=self.cfg.cuda_graphs and cuda,
             schedule=self.schedule,
+            arena_frames=self.cfg.flow_stream_frames,
             sample_rate=model.sample_rate,
             cache=self.prompt_cache,
             buckets=buckets,

@@ -24,7 +24,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from assistant.tts.cosyvoice.batch_work import Work, WorkSteps, bucket, run_alone
-from assistant.tts.cosyvoice.flow_decoder import CausalUNetEstimator, RowCaches, Rows
+from assistant.tts.cosyvoice.flow_decoder import CausalUNetEstimator, KVCache, RowCaches, Rows
 from assistant.tts.cosyvoice.flow_encoder import Cache, UpsampleConformerEncoder
 
 log = logging.getLogger(__name__)
@@ -163,12 +163,13 @@ def guided_euler(
         bias = estimator.attention_bias(mask_in, streaming, dtype)
     x = z.float()
     t, dt = t_span[0], t_span[1] - t_span[0]
+    solve: dict[str, object] = {}       # what the steps share (where the streams sit in the flow arena)
     for step in range(1, n_steps + 1):
         rows: Rows | None = None
         if step_rows is not None:
             rows = step_rows[step - 1]
         elif caches is not None:
-            rows = RowCaches([c[step - 1] for c in caches], 2 * n, frames, lengths)
+            rows = RowCaches([c[step - 1] for c in caches], 2 * n, frames, lengths, solve)
         v = estimator(x.to(dtype).repeat_interleave(2, dim=0), mask_in, mu_in, t.expand(2 * n), spks_in, cond_in,
                       streaming, rows=rows, bias=bias)
         v = v.float().view(n, 2, *v.shape[1:])
@@ -326,6 +327,7 @@ class FlowSolve(Work):
     @classmethod
     def run_batch(cls, items: list[FlowSolve]) -> None:
         flow = items[0].flow
+        items = sorted(items, key=_voice_of)     # streams of one voice side by side: one prefix run each
         lengths = [it.frames for it in items]
         frames = max(lengths)
 
@@ -344,6 +346,14 @@ class FlowSolve(Work):
         )
         for i, it in enumerate(items):
             it.result = mel[i : i + 1, :, : lengths[i]]
+
+
+def _voice_of(solve: FlowSolve) -> int:
+    """The identity of the voice prefix a solve's stream continues (0: none)."""
+    for value in (solve.caches or [{}])[0].values():
+        if isinstance(value, KVCache) and value.prefix is not None:
+            return id(value.prefix[0])
+    return 0
 
 
 class StreamingFlow:

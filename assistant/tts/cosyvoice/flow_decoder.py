@@ -14,20 +14,52 @@ stacked (``group`` consecutive rows per stream: its conditional and unconditiona
 once over the whole batch, and only what is a stream's own is done per stream: its convolutions' left tails
 and its attention over its own cached frames (`RowCaches`). Rows may be padded at the end to a common length
 (``lengths``): padded frames are masked as keys and never written to a cache, so a stream's frames come out
-the same alone or in a batch (up to float summation order; tested).
+the same alone or in a batch (up to float summation order; tested). Streams whose state sits in the flow
+arena (`flow_arena.py`: a slot each) attend as one batch whatever their positions (`attend_slots`: one masked
+attention over the voices' prefixes, their own frames gathered by slot and the new frames) and write their
+new keys, values and conv tails with one indexed write each; the per-stream loop stays as their eager twin.
 """
 
 from __future__ import annotations
 
+import logging
 import math
+from typing import NamedTuple, Protocol
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from assistant.tts.cosyvoice.device_time import upload
 from assistant.tts.cosyvoice.flow_encoder import Cache, chunk_attention_mask
 
 MASK_BIAS = -1.0e10  # additive attention bias of a blocked position (as the reference, not -inf)
+
+log = logging.getLogger(__name__)
+
+
+class SlotView(NamedTuple):
+    """A stream's place in the flow arena for one attention layer (keys or values) or conv (tails) at one Euler
+    step: the arena's tensor for it, ``[slots * group, ...]``, and the stream's first row there."""
+
+    arena: torch.Tensor
+    row: int
+    group: int
+
+    @property
+    def own(self) -> torch.Tensor:
+        return self.arena[self.row : self.row + self.group]
+
+
+class ArenaSlot(Protocol):
+    """A stream's slot in the flow arena at one Euler step (held in its step cache as ``"slot"``;
+    `flow_arena.SlotRef`): ``row``, its first row in every arena tensor."""
+
+    row: int
+
+    def kv(self, layer: nn.Module) -> tuple[SlotView, SlotView]: ...
+
+    def tail(self, conv: nn.Module) -> SlotView: ...
 
 
 def timestep_features(t: torch.Tensor, dim: int, scale: float = 1000.0) -> torch.Tensor:
@@ -48,7 +80,9 @@ class KVCache:
     voice) and the request's own frames in a buffer written in place and grown by doubling, so a chunk
     writes only its new frames (no re-concatenation of the past per block and step). Attention runs over
     both parts without joining them (`attend`). A write with ``commit=False`` (a provisional solve) leaves
-    the committed length unchanged, so the next write overwrites it.
+    the committed length unchanged, so the next write overwrites it. Bound to a slot of the flow arena
+    (`bind`), the own frames are the slot's rows there (a fixed number of frames); past them they move to a
+    buffer of their own, as before.
     """
 
     def __init__(self, prefix: tuple[torch.Tensor, torch.Tensor] | None = None, capacity: int = 0) -> None:
@@ -57,6 +91,14 @@ class KVCache:
         self.k: torch.Tensor | None = None           # [B, H, cap, d]
         self.v: torch.Tensor | None = None
         self.length = 0                              # committed own frames
+        self.slot: tuple[SlotView, SlotView] | None = None
+
+    def bind(self, slot: tuple[SlotView, SlotView]) -> None:
+        """Keep the own frames in an arena slot (before any is written)."""
+        if self.k is not None:
+            raise RuntimeError("KVCache.bind after frames were written")
+        self.slot = slot
+        self.k, self.v = slot[0].own, slot[1].own
 
     @property
     def prefix_frames(self) -> int:
@@ -68,12 +110,17 @@ class KVCache:
 
     @property
     def nbytes(self) -> int:
-        """Bytes of this request's own buffers (their capacity; the shared prefix is counted by its owner)."""
-        return 0 if self.k is None else 2 * self.k.numel() * self.k.element_size()
+        """Bytes of this request's own buffers (their capacity; the shared prefix is counted by its owner, an
+        arena slot by the arena)."""
+        return 0 if self.k is None or self.slot is not None else 2 * self.k.numel() * self.k.element_size()
 
     def _reserve(self, like: torch.Tensor, n: int) -> None:
         if self.k is not None and self.k.size(2) >= n:
             return
+        if self.slot is not None:
+            log.debug("cosyvoice flow stream outgrew its arena slot frames=%d cap=%d: own buffers from here",
+                      n, self.slot[0].arena.size(2))
+            self.slot = None
         cap = max(n, self.capacity_hint, 2 * (0 if self.k is None else self.k.size(2)), 64)
         b, h, _, d = like.shape
         k = like.new_empty(b, h, cap, d)
@@ -108,9 +155,11 @@ class KVCache:
 
 class RowCaches:
     """The streaming caches of a batch: ``caches[i]`` belongs to stream i, whose rows are
-    ``[i * group, (i + 1) * group)``; ``lengths[i]`` of the T frames of this call are real (the rest pad)."""
+    ``[i * group, (i + 1) * group)``; ``lengths[i]`` of the T frames of this call are real (the rest pad).
+    ``solve``: a dict shared by the Euler steps of one solve (the arena layout is made once for all of them)."""
 
-    def __init__(self, caches: list[Cache], rows: int, frames: int, lengths: list[int] | None = None) -> None:
+    def __init__(self, caches: list[Cache], rows: int, frames: int, lengths: list[int] | None = None,
+                 solve: dict[str, object] | None = None) -> None:
         if rows % len(caches):
             raise ValueError(f"{rows} batch rows do not split into {len(caches)} streams")
         self.caches = caches
@@ -118,6 +167,7 @@ class RowCaches:
         self.frames = frames
         self.lengths = list(lengths) if lengths is not None else [frames] * len(caches)
         self.padded = any(n != frames for n in self.lengths)
+        self.solve = solve if solve is not None else {}
 
     def rows(self, i: int) -> slice:
         return slice(i * self.group, (i + 1) * self.group)
@@ -128,8 +178,13 @@ class RowCaches:
 
     def left_pad(self, x: torch.Tensor, n: int, key: object) -> torch.Tensor:
         """x [B, C, T] with each stream's previous n input frames prepended (zeros at its start); each stream
-        keeps its last n real frames for its next call."""
-        tails = [c.get(key) for c in self.caches]
+        keeps its last n real frames for its next call (in its arena slot, or its cache)."""
+        slots: list[ArenaSlot | None] = [c.get("slot") for c in self.caches]
+        if len(slots) > 1 and all(s is not None for s in slots):
+            views = [s.tail(key) for s in slots if s is not None]
+            if all(v.arena is views[0].arena for v in views):
+                return self._left_pad_slots(x, n, views)
+        tails = [c.get(key) if s is None else s.tail(key).own for c, s in zip(self.caches, slots, strict=True)]
         if len(tails) == 1 and tails[0] is not None:
             past = tails[0]
         elif all(t is None for t in tails):
@@ -137,20 +192,40 @@ class RowCaches:
         else:
             past = torch.cat([t if t is not None else x.new_zeros(self.group, x.size(1), n) for t in tails])
         out = torch.cat([past, x], dim=2)
-        if len(self.caches) == 1:
-            end = n + self.lengths[0]
-            self.caches[0][key] = out[:, :, end - n : end]
-            return out
-        for i, c in enumerate(self.caches):
+        for i, (c, slot) in enumerate(zip(self.caches, slots, strict=True)):
             end = n + self.lengths[i]
-            c[key] = out[self.rows(i), :, end - n : end]
+            tail = out[:, :, end - n : end] if len(self.caches) == 1 else out[self.rows(i), :, end - n : end]
+            if slot is not None and self.commits(i):
+                slot.tail(key).own.copy_(tail)
+            elif slot is None:
+                c[key] = tail
         return out
+
+    def _left_pad_slots(self, x: torch.Tensor, n: int, views: list[SlotView]) -> torch.Tensor:
+        """`left_pad` of streams that keep their tails in the arena: one gather, one indexed write."""
+        lay = self.layout(x.device)
+        arena = views[0].arena                                           # [slots * group, C, n]
+        out = torch.cat([arena.index_select(0, lay.rows), x], dim=2)     # [B, C, n + T]
+        tails = out.gather(2, lay.tail_index(n).expand(-1, x.size(1), -1))   # frames [len_i, len_i + n) of out
+        if lay.commit_rows is not None:
+            arena.index_copy_(0, lay.commit_rows, tails if lay.all_commit else tails[lay.commit_sel])
+        return out
+
+    def layout(self, device: torch.device) -> SlotLayout:
+        """Where this batch's streams sit in the arena (made once per solve, `SlotLayout`)."""
+        lay = self.solve.get("layout")
+        if not isinstance(lay, SlotLayout):
+            lay = self.solve["layout"] = SlotLayout(self, [c["slot"].row for c in self.caches], device)
+        return lay
 
     def kv(self, i: int, layer: nn.Module) -> KVCache:
         cache = self.caches[i]
         kv = cache.get(layer)
         if kv is None:
             kv = cache[layer] = KVCache(capacity=cache.get("capacity", 0))
+        slot = cache.get("slot")
+        if slot is not None and kv.slot is None and kv.k is None:      # first use of a slot-bound stream
+            kv.bind(slot.kv(layer))
         return kv
 
     def commits(self, i: int) -> bool:
@@ -161,6 +236,15 @@ class RowCaches:
         for i, c in enumerate(self.caches):
             c["frames"] = self.past(i) + self.lengths[i]
 
+    def fits_slots(self, kvs: list[KVCache]) -> bool:
+        """Whether this layer's streams all keep their frames in one arena, with room for the new ones."""
+        first = kvs[0].slot
+        if first is None:
+            return False
+        cap = first[0].arena.size(2)
+        return all(kv.slot is not None and kv.slot[0].arena is first[0].arena and kv.length + n <= cap
+                   for kv, n in zip(kvs, self.lengths, strict=True))
+
     def attend(self, layer: nn.Module, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                bias: torch.Tensor) -> torch.Tensor:
         """``layer``'s attention of every stream's rows over its cached frames and its new ones (q, k, v
@@ -168,12 +252,131 @@ class RowCaches:
         if len(self.caches) == 1:
             return attend(q, k, v, bias, self.kv(0, layer), self.commits(0), self.lengths[0])
         kvs = [self.kv(i, layer) for i in range(len(self.caches))]
+        if self.fits_slots(kvs):
+            return attend_slots(q, k, v, bias, kvs, self)
         if all(kv.length == 0 and kv.prefix is kvs[0].prefix for kv in kvs):
             return attend_shared(q, k, v, bias, kvs, self)
         # each stream over its own cached frames
         parts = [attend(q[self.rows(i)], k[self.rows(i)], v[self.rows(i)], bias[self.rows(i)], kv,
                         self.commits(i), self.lengths[i]) for i, kv in enumerate(kvs)]
         return torch.cat(parts)
+
+
+class SlotLayout:
+    """Where a batch's streams sit in the flow arena, made once per solve and shared by its steps and layers:
+    each batch row's arena row, where each row's conv tail lies, which rows commit; at the first attention
+    (`attention`) each stream's committed frames and the mask over them, where its new frames go, and the runs of
+    rows that share a voice prefix. Index tensors are uploaded once (`device_time.upload`)."""
+
+    def __init__(self, rows: RowCaches, starts: list[int], device: torch.device) -> None:
+        g, self.group, self.device = rows.group, rows.group, device
+        self.batch = rows
+        self.row_list = [start + j for start in starts for j in range(g)]
+        self.rows = upload(self.row_list, torch.long, device)                         # [B] arena row of each
+        self.row_lengths = [rows.lengths[i] for i in range(len(starts)) for _ in range(g)]
+        commit = [i for i in range(len(self.row_list)) if rows.commits(i // g)]
+        self.all_commit = len(commit) == len(self.row_list)
+        self.commit_sel = None if self.all_commit else upload(commit, torch.long, device)
+        self.commit_rows = upload([self.row_list[i] for i in commit], torch.long, device) if commit else None
+        self._tails: dict[int, torch.Tensor] = {}
+        self._attention: SlotAttention | None = None
+
+    def tail_index(self, n: int) -> torch.Tensor:
+        """[B, 1, n]: where each row's last n real input frames lie in its padded input (past n first)."""
+        index = self._tails.get(n)
+        if index is None:
+            index = self._tails[n] = upload([[[length + j for j in range(n)]] for length in self.row_lengths],
+                                            torch.long, self.device)
+        return index
+
+    def attention(self, kvs: list[KVCache], dtype: torch.dtype) -> SlotAttention:
+        if self._attention is None:
+            self._attention = SlotAttention(self, kvs, dtype)
+        return self._attention
+
+
+class SlotAttention:
+    """The attention part of a `SlotLayout` (see there); ``kvs``: one layer's caches, lengths before the solve."""
+
+    def __init__(self, lay: SlotLayout, kvs: list[KVCache], dtype: torch.dtype) -> None:
+        g, rows = lay.group, lay.batch
+        self.rows = lay.rows
+        self.past = [kv.length for kv in kvs]                                        # committed own frames
+        self.lmax = max(self.past)
+        self.past_bias: torch.Tensor | None = None                                    # [B, 1, 1, Lmax]
+        if self.lmax:
+            past_rows = upload([p for p in self.past for _ in range(g)], torch.long, lay.device)
+            keys = torch.arange(self.lmax, device=lay.device)
+            blocked = (keys.unsqueeze(0) >= past_rows.unsqueeze(1)).to(dtype) * MASK_BIAS
+            self.past_bias = blocked.view(len(past_rows), 1, 1, self.lmax)
+        src_r, src_t, dst_r, dst_t = [], [], [], []
+        for i, (p, n) in enumerate(zip(self.past, rows.lengths, strict=True)):
+            for j in range(g):
+                r = i * g + j
+                src_r += [r] * n
+                src_t += range(n)
+                dst_r += [lay.row_list[r]] * n
+                dst_t += range(p, p + n)
+        self.writes = upload([src_r, src_t, dst_r, dst_t], torch.long, lay.device) if src_r else None
+        # runs of consecutive streams with the same prefix (the same voice): (first stream, batch rows [a, b));
+        # each layer reads its own prefix tensors from its caches
+        self.groups: list[tuple[int, int, int]] = []
+        for i, kv in enumerate(kvs):
+            if self.groups and kvs[self.groups[-1][0]].prefix is kv.prefix:
+                self.groups[-1] = (self.groups[-1][0], self.groups[-1][1], (i + 1) * g)
+            else:
+                self.groups.append((i, i * g, (i + 1) * g))
+        self.pmax = max(kv.prefix_frames for kv in kvs)
+        self.commits = [rows.commits(i) for i in range(len(kvs))]
+
+
+def attend_slots(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor, kvs: list[KVCache], rows: RowCaches
+) -> torch.Tensor:
+    """One attention for a batch of streams whose own frames sit in the arena, whatever their positions: each
+    row's queries q [B, H, T, d] over its voice's prefix (all visible), its committed frames (gathered by slot,
+    masked past its length) and the new frames (``bias`` [B, 1, T, T], padding included). The new frames are
+    written to the slots with one indexed write (padding left out) and the committing streams' lengths move on.
+    Its eager twin: `attend` per stream."""
+    assert kvs[0].slot is not None
+    ks, vs = kvs[0].slot[0].arena, kvs[0].slot[1].arena                   # [slots * g, H, frames, d]
+    lay = rows.layout(q.device).attention(kvs, q.dtype)
+    g, t = rows.group, q.size(2)
+    if lay.writes is not None:
+        src_r, src_t, dst_r, dst_t = lay.writes
+        ks[dst_r, :, dst_t] = k.transpose(1, 2)[src_r, src_t]             # [N, H, d]
+        vs[dst_r, :, dst_t] = v.transpose(1, 2)[src_r, src_t]
+    q = q * (1.0 / math.sqrt(q.size(-1)))
+    scores = []
+    prefixes = [(kvs[i].prefix, a, b) for i, a, b in lay.groups]       # this layer's
+    if lay.pmax:
+        parts = []
+        for prefix, a, b in prefixes:
+            if prefix is None:
+                parts.append(q.new_full((b - a, q.size(1), t, lay.pmax), MASK_BIAS))
+            else:
+                on = _prefix_scores(q[a:b], prefix[0], (b - a) // g)
+                parts.append(F.pad(on, (0, lay.pmax - on.size(-1)), value=MASK_BIAS) if on.size(-1) < lay.pmax
+                             else on)
+        scores.append(parts[0] if len(parts) == 1 else torch.cat(parts))         # [B, H, T, Pmax]
+    if lay.lmax:
+        past_k = ks[:, :, : lay.lmax].index_select(0, lay.rows)                   # [B, H, Lmax, d]
+        scores.append(torch.matmul(q, past_k.transpose(-2, -1)) + lay.past_bias)
+    scores.append(torch.matmul(q, k.transpose(-2, -1)) + bias)                   # [B, H, T, T]
+    weights = torch.softmax(torch.cat(scores, dim=-1).float(), dim=-1).to(q.dtype)
+    out = torch.matmul(weights[..., lay.pmax + lay.lmax :], v)
+    if lay.lmax:
+        past_v = vs[:, :, : lay.lmax].index_select(0, lay.rows)
+        out = out + torch.matmul(weights[..., lay.pmax : lay.pmax + lay.lmax], past_v)
+    if lay.pmax:
+        parts = [out.new_zeros(b - a, *out.shape[1:]) if prefix is None else
+                 _prefix_values(weights[a:b, ..., : prefix[1].size(2)], prefix[1], (b - a) // g)
+                 for prefix, a, b in prefixes]
+        out = out + (parts[0] if len(parts) == 1 else torch.cat(parts))
+    for kv, n, commit in zip(kvs, rows.lengths, lay.commits, strict=True):
+        if commit:
+            kv.length += n
+    return out
 
 
 def attend(
@@ -229,28 +432,42 @@ def attend_shared(
     return prefix_attention(q, k, v, bias, prefix, len(kvs))
 
 
+def _streams_as_queries(x: torch.Tensor, n: int) -> torch.Tensor:
+    """[n*g, h, t, k] → [g, h, n*t, k]: the streams' rows stacked as queries of their group row."""
+    b, h, t = x.shape[:3]
+    g = b // n
+    return x.reshape(n, g, h, t, -1).permute(1, 2, 0, 3, 4).reshape(g, h, n * t, -1)
+
+
+def _back(x: torch.Tensor, n: int, t: int) -> torch.Tensor:
+    """[g, h, n*t, k] → [n*g, h, t, k] (the inverse of `_streams_as_queries`)."""
+    g, h = x.shape[:2]
+    return x.reshape(g, h, n, t, -1).permute(2, 0, 1, 3, 4).reshape(n * g, h, t, -1)
+
+
+def _prefix_scores(q: torch.Tensor, prefix_k: torch.Tensor, n: int) -> torch.Tensor:
+    """Scaled queries of n streams q [n*g, H, T, d] against one prefix's keys [g, H, P, d] → [n*g, H, T, P]
+    (the streams stacked as rows: a broadcast would copy the prefix per stream)."""
+    return _back(torch.matmul(_streams_as_queries(q, n), prefix_k.transpose(-2, -1)), n, q.size(2))
+
+
+def _prefix_values(weights: torch.Tensor, prefix_v: torch.Tensor, n: int) -> torch.Tensor:
+    """Attention weights of n streams on one prefix [n*g, H, T, P] → their share of the output [n*g, H, T, d]."""
+    return _back(torch.matmul(_streams_as_queries(weights, n), prefix_v), n, weights.size(2))
+
+
 def prefix_attention(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor,
     prefix: tuple[torch.Tensor, torch.Tensor], streams: int,
 ) -> torch.Tensor:
     """Attention of ``streams`` streams' rows q, k, v [B, H, T, d] (B = streams x group) over one shared
     ``prefix`` (k, v [group, H, P, d], all visible) and their own new frames (``bias`` [B, 1, T, T])."""
-    b, h, t, d = q.shape
-    n, g, p = streams, b // streams, prefix[0].size(2)
-    q = q * (1.0 / math.sqrt(d))
-
-    def streams_as_queries(x: torch.Tensor) -> torch.Tensor:  # [n*g, h, t, k] → [g, h, n*t, k]
-        return x.reshape(n, g, h, t, -1).permute(1, 2, 0, 3, 4).reshape(g, h, n * t, -1)
-
-    def back(x: torch.Tensor) -> torch.Tensor:                # [g, h, n*t, k] → [n*g, h, t, k]
-        return x.reshape(g, h, n, t, -1).permute(2, 0, 1, 3, 4).reshape(b, h, t, -1)
-
-    # the streams' queries stacked as rows against the one prefix (a broadcast would copy it per stream)
-    on_prefix = back(torch.matmul(streams_as_queries(q), prefix[0].transpose(-2, -1)))            # [B, H, T, P]
-    on_new = torch.matmul(q, k.transpose(-2, -1)) + bias                                            # [B, H, T, T]
+    p = prefix[0].size(2)
+    q = q * (1.0 / math.sqrt(q.size(-1)))
+    on_prefix = _prefix_scores(q, prefix[0], streams)                                            # [B, H, T, P]
+    on_new = torch.matmul(q, k.transpose(-2, -1)) + bias                                          # [B, H, T, T]
     weights = torch.softmax(torch.cat([on_prefix, on_new], dim=-1).float(), dim=-1).to(q.dtype)
-    from_prefix = back(torch.matmul(streams_as_queries(weights[..., :p]), prefix[1]))               # [B, H, T, d]
-    return from_prefix + torch.matmul(weights[..., p:], v)
+    return _prefix_values(weights[..., :p], prefix[1], streams) + torch.matmul(weights[..., p:], v)
 
 
 class PrefixRows:

@@ -78,8 +78,9 @@ class CosyVoiceEngine:
         self.attach(model)
         return model
 
-    def attach(self, model: CosyVoice2) -> None:
-        """Use an already loaded model (tests, bench) and start the batcher over it."""
+    def attach(self, model: CosyVoice2, *, static_paths: bool = False) -> None:
+        """Use an already loaded model (tests, bench) and start the batcher over it. ``static_paths``: run the
+        graphed paths' static functions directly on any device (how a CPU traces what a GPU replays)."""
         self._model = model
         self.sample_rate = model.sample_rate
         if not model.voice_encoder.available:
@@ -101,6 +102,8 @@ class CosyVoiceEngine:
             max_waiting=self.cfg.max_waiting,
             max_positions=self.cfg.max_positions,
             cuda_graphs=self.cfg.cuda_graphs and cuda,
+            static_step=static_paths,
+            static_chunks=static_paths,
             schedule=self.schedule,
             arena_frames=self.cfg.flow_stream_frames,
             sample_rate=model.sample_rate,

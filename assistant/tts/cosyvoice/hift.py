@@ -226,12 +226,25 @@ class HiFTVocoder(nn.Module):
         return torch.cat([spec.real, spec.imag], dim=1)
 
     def istft(self, log_magnitude: torch.Tensor, phase_in: torch.Tensor) -> torch.Tensor:
-        """[1, n_fft/2+1, F] each -> waveform [1, N] (float32)."""
+        """[B, n_fft/2+1, F] each -> waveform [B, hop*(F-1)] (float32): ``torch.istft`` (centered, Hann window,
+        hop 4) written out as inverse FFT, windowed overlap-add and the window envelope, because torch.istft
+        checks the envelope on the host (a device sync on every call, and no CUDA graph can hold it); with this
+        window and hop the envelope never nears zero, so nothing needs checking."""
         n_fft, hop = self.cfg.n_fft, self.cfg.hop_len
         magnitude = torch.exp(log_magnitude.float()).clip(max=1e2)
         phase = torch.sin(phase_in.float())  # the reference's head passes phase through sin
         spec = torch.complex(magnitude * torch.cos(phase), magnitude * torch.sin(phase))
-        return torch.istft(spec, n_fft, hop, n_fft, window=self._window())
+        window = self._window()
+        frames = torch.fft.irfft(spec, n=n_fft, dim=1) * window.view(1, -1, 1)         # [B, n_fft, F]
+        n_frames = frames.size(2)
+        length = n_fft + hop * (n_frames - 1)
+
+        def overlap_add(x: torch.Tensor) -> torch.Tensor:  # [B, n_fft, F] → [B, length]
+            return F.fold(x, (1, length), (1, n_fft), stride=(1, hop)).view(x.size(0), length)
+
+        envelope = overlap_add((window * window).view(1, -1, 1).expand(1, n_fft, n_frames))     # [1, length]
+        half = n_fft // 2
+        return overlap_add(frames)[:, half : length - half] / envelope[:, half : length - half]
 
     def source(
         self, f0: torch.Tensor, noise: SourceNoise | None = None, phase_offset: torch.Tensor | None = None

@@ -22,6 +22,7 @@ import torch.nn.functional as F
 from torch import nn
 from transformers.models.qwen2.modeling_qwen2 import Qwen2DecoderLayer
 
+from assistant.tts.cosyvoice.device_time import upload
 from assistant.tts.cosyvoice.graphs import GraphedCall, memory_pool
 from assistant.tts.cosyvoice.llm import SpeechLM
 
@@ -129,9 +130,9 @@ class SlotDecoder(nn.Module):
                 self.k_cache[:, slot, :, :start] = past[0]
                 self.v_cache[:, slot, :, :start] = past[1]
         h = torch.stack([F.pad(x, (0, 0, 0, length - x.size(0))) for x in xs])           # [B, L, D]
-        pos = torch.tensor(starts, device=dev).unsqueeze(1) + torch.arange(length, device=dev)  # [B, L]
+        pos = upload(starts, torch.long, dev).unsqueeze(1) + torch.arange(length, device=dev)  # [B, L]
         mask = (torch.arange(span, device=dev) <= pos.unsqueeze(2)).unsqueeze(1)         # [B, 1, L, S]
-        rows = torch.tensor(slots, device=dev)
+        rows = upload(slots, torch.long, dev)
         group = self.n_heads // self.n_kv
         for li, layer in enumerate(self.layers):
             q, k, v = self._qkv(layer, layer.input_layernorm(h), pos)
@@ -143,7 +144,7 @@ class SlotDecoder(nn.Module):
             o = F.scaled_dot_product_attention(q, keys, vals, attn_mask=mask)             # [B, H, L, d]
             h = h + layer.self_attn.o_proj(o.transpose(1, 2).reshape(len(xs), length, -1))
             h = h + layer.mlp(layer.post_attention_layernorm(h))
-        last = torch.tensor([n - 1 for n in lengths], device=dev)
+        last = upload([n - 1 for n in lengths], torch.long, dev)
         return self.norm(h)[torch.arange(len(xs), device=dev), last]
 
     @torch.inference_mode()

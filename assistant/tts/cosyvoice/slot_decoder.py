@@ -133,12 +133,16 @@ class SlotDecoder(nn.Module):
         pos = upload(starts, torch.long, dev).unsqueeze(1) + torch.arange(length, device=dev)  # [B, L]
         mask = (torch.arange(span, device=dev) <= pos.unsqueeze(2)).unsqueeze(1)         # [B, 1, L, S]
         rows = upload(slots, torch.long, dev)
+        # every row's real positions, flattened: (row, t) in the batch → (slot, start + t) in the cache
+        src_b, src_t, dst_slot, dst_pos = upload(
+            [[i for i, n in enumerate(lengths) for _ in range(n)], [t for n in lengths for t in range(n)],
+             [slot for slot, n in zip(slots, lengths, strict=True) for _ in range(n)],
+             [start + t for start, n in zip(starts, lengths, strict=True) for t in range(n)]], torch.long, dev)
         group = self.n_heads // self.n_kv
         for li, layer in enumerate(self.layers):
             q, k, v = self._qkv(layer, layer.input_layernorm(h), pos)
-            for i, (slot, start, n) in enumerate(zip(slots, starts, lengths, strict=True)):
-                self.k_cache[li, slot, :, start : start + n] = k[i, :, :n]
-                self.v_cache[li, slot, :, start : start + n] = v[i, :, :n]
+            self.k_cache[li, dst_slot, :, dst_pos] = k.transpose(1, 2)[src_b, src_t]      # one write for all rows
+            self.v_cache[li, dst_slot, :, dst_pos] = v.transpose(1, 2)[src_b, src_t]
             keys = self.k_cache[li, rows, :, :span].repeat_interleave(group, dim=1)       # [B, H, S, d]
             vals = self.v_cache[li, rows, :, :span].repeat_interleave(group, dim=1)
             o = F.scaled_dot_product_attention(q, keys, vals, attn_mask=mask)             # [B, H, L, d]

@@ -177,7 +177,8 @@ def _tiny_first_chunk(stage: StageLike, device: str) -> None:
         push = graphs.push_for(schedule)
         assert solver is not None and push is not None, "the first chunk's graphs are not ready after prepare"
         path = str(solver.record["path"])
-        stage.facts.update(tiny_first_chunk_path=path, tiny_first_chunk_capture_s=round(float(prepared["seconds"]), 3))
+        stage.facts.update(tiny_first_chunk_path=path,
+                           tiny_first_chunk_capture_s=round(float(str(prepared["seconds"])), 3))
         for label, group in (("x1", firsts[:1]), ("x3 in the bucket of 4", firsts)):
             mels = solver.run(group)
             e = max(_err(m, w) for m, w in zip(mels, eager, strict=False))
@@ -306,7 +307,7 @@ def _full_size_first_chunk(stage: StageLike, device: str) -> None:
         solver = graphs.flow_for(prefix, schedule)
         assert solver is not None, "the first chunk's graph is not ready after prepare"
         stage.facts.update(full_first_chunk_path=str(solver.record["path"]),
-                           full_first_chunk_capture_s=round(float(prepared["seconds"]), 2))
+                           full_first_chunk_capture_s=round(float(str(prepared["seconds"])), 2))
         for label, group in (("x1", firsts[:1]), ("x3 in the bucket of 4", firsts)):
             mels = solver.run(group)
             for i, (m, w) in enumerate(zip(mels, eager, strict=False)):

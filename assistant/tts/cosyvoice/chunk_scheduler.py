@@ -128,7 +128,8 @@ class ChunkWorker(EngineThread):
         return item.record
 
     def stats(self) -> dict[str, object]:
-        first = self.first_chunk.stats() if self.first_chunk is not None else {"first_chunk_path": "eager"}
+        first: dict[str, object] = self.first_chunk.stats() if self.first_chunk is not None else \
+            {"first_chunk_path": "eager"}
         if self.arena is not None:
             first.update(arena_slots=self.arena.slots, arena_free=self.arena.free, arena_frames=self.arena.frames,
                          arena_mb=self.arena.nbytes / 2**20)

@@ -50,7 +50,7 @@ class SlotRef:
         return (SlotView(self.arena.k_views[self.step][i], self.row, GROUP),
                 SlotView(self.arena.v_views[self.step][i], self.row, GROUP))
 
-    def tail(self, conv: nn.Module) -> SlotView:
+    def tail(self, conv: object) -> SlotView:
         return SlotView(self.arena.tail_views[self.step][self.arena.conv_index[conv]], self.row, GROUP)
 
 
@@ -62,7 +62,7 @@ class FlowArena:
         self.layers = [m for m in estimator.modules() if isinstance(m, SelfAttention)]
         self.convs = [m for m in estimator.modules() if isinstance(m, CausalConv1d)]
         self.layer_index: dict[nn.Module, int] = {m: i for i, m in enumerate(self.layers)}
-        self.conv_index: dict[nn.Module, int] = {m: i for i, m in enumerate(self.convs)}
+        self.conv_index: dict[object, int] = {m: i for i, m in enumerate(self.convs)}
         self.slots, self.frames, self.n_steps = slots, frames, n_steps
         heads, head_dim = self.layers[0].heads, self.layers[0].head_dim
         shape = (slots * GROUP, n_steps, len(self.layers), heads, frames, head_dim)

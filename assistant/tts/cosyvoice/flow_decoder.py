@@ -59,7 +59,7 @@ class ArenaSlot(Protocol):
 
     def kv(self, layer: nn.Module) -> tuple[SlotView, SlotView]: ...
 
-    def tail(self, conv: nn.Module) -> SlotView: ...
+    def tail(self, conv: object) -> SlotView: ...
 
 
 def timestep_features(t: torch.Tensor, dim: int, scale: float = 1000.0) -> torch.Tensor:
@@ -285,8 +285,8 @@ class SlotLayout:
         """[B, 1, n]: where each row's last n real input frames lie in its padded input (past n first)."""
         index = self._tails.get(n)
         if index is None:
-            index = self._tails[n] = upload([[[length + j for j in range(n)]] for length in self.row_lengths],
-                                            torch.long, self.device)
+            index = self._tails[n] = upload([[length + j for j in range(n)] for length in self.row_lengths],
+                                            torch.long, self.device).unsqueeze(1)
         return index
 
     def attention(self, kvs: list[KVCache], dtype: torch.dtype) -> SlotAttention:
@@ -309,7 +309,10 @@ class SlotAttention:
             keys = torch.arange(self.lmax, device=lay.device)
             blocked = (keys.unsqueeze(0) >= past_rows.unsqueeze(1)).to(dtype) * MASK_BIAS
             self.past_bias = blocked.view(len(past_rows), 1, 1, self.lmax)
-        src_r, src_t, dst_r, dst_t = [], [], [], []
+        src_r: list[int] = []
+        src_t: list[int] = []
+        dst_r: list[int] = []
+        dst_t: list[int] = []
         for i, (p, n) in enumerate(zip(self.past, rows.lengths, strict=True)):
             for j in range(g):
                 r = i * g + j
@@ -359,7 +362,7 @@ def attend_slots(
                 parts.append(F.pad(on, (0, lay.pmax - on.size(-1)), value=MASK_BIAS) if on.size(-1) < lay.pmax
                              else on)
         scores.append(parts[0] if len(parts) == 1 else torch.cat(parts))         # [B, H, T, Pmax]
-    if lay.lmax:
+    if lay.lmax and lay.past_bias is not None:
         past_k = ks[:, :, : lay.lmax].index_select(0, lay.rows)                   # [B, H, Lmax, d]
         scores.append(torch.matmul(q, past_k.transpose(-2, -1)) + lay.past_bias)
     scores.append(torch.matmul(q, k.transpose(-2, -1)) + bias)                   # [B, H, T, T]

@@ -55,7 +55,7 @@ class FirstPush:
     def record(self) -> dict[str, object]:
         records = [c.record for c in self.calls.values()]
         return {"path": records[0]["path"], "buckets": sorted(self.calls),
-                "capture_s": sum(float(r["capture_s"] or 0.0) for r in records),
+                "capture_s": sum(float(str(r["capture_s"] or 0.0)) for r in records),
                 "replays": sum(int(str(r["replays"])) for r in records),
                 "direct_steps": sum(int(str(r["direct_steps"])) for r in records)}
 

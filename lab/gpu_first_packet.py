@@ -173,9 +173,10 @@ def _tiny_first_chunk(stage: StageLike, device: str) -> None:
         eager = [first_chunk_mel(model.flow, model.hift, voice, t, schedule.first_hop, None, prefix) for t in firsts]
         graphs = FirstChunkGraphs(model.flow, model.hift, schedule, 4, graphs=device == "cuda")
         prepared = graphs.prepare(prefix)
+        stage.facts["tiny_first_chunk_prepared"] = json.dumps(prepared, default=str)
         solver = graphs.flow_for(prefix, schedule)
         push = graphs.push_for(schedule)
-        assert solver is not None and push is not None, "the first chunk's graphs are not ready after prepare"
+        assert solver is not None and push is not None, f"the first chunk's graphs are not ready: {prepared}"
         path = str(solver.record["path"])
         stage.facts.update(tiny_first_chunk_path=path,
                            tiny_first_chunk_capture_s=round(float(str(prepared["seconds"])), 3))
@@ -304,8 +305,9 @@ def _full_size_first_chunk(stage: StageLike, device: str) -> None:
                  for t in firsts]
         graphs = FirstChunkGraphs(model.flow, model.hift, schedule, 4, graphs=device == "cuda")
         prepared = graphs.prepare(prefix)
+        stage.facts["full_first_chunk_prepared"] = json.dumps(prepared, default=str)
         solver = graphs.flow_for(prefix, schedule)
-        assert solver is not None, "the first chunk's graph is not ready after prepare"
+        assert solver is not None, f"the first chunk's graph is not ready: {prepared}"
         stage.facts.update(full_first_chunk_path=str(solver.record["path"]),
                            full_first_chunk_capture_s=round(float(str(prepared["seconds"])), 2))
         for label, group in (("x1", firsts[:1]), ("x3 in the bucket of 4", firsts)):
@@ -409,7 +411,9 @@ async def _measure(stage: StageLike, device: str, graphs: bool, deadline: float,
                                for i in range(max(streams))))
         stats = engine.stats()
         stage.facts.update(warmup_s=round(time.perf_counter() - t0, 1), decode_path=str(decode.get("path")),
-                           decode_capture_s=decode.get("capture_s"), first_chunk_path=stats.get("first_chunk_path"),
+                           decode_capture_s=decode.get("capture_s"), decode_error=decode.get("error"),
+                           first_chunk_path=stats.get("first_chunk_path"),
+                           first_chunk_error=stats.get("first_chunk_error"),
                            first_chunk_capture_s=round(float(str(stats.get("first_chunk_capture_s", 0.0))), 2),
                            arena_mb=round(float(str(stats.get("arena_mb", 0.0)))))
         for k, n in enumerate(streams):
@@ -440,6 +444,13 @@ async def _measure(stage: StageLike, device: str, graphs: bool, deadline: float,
             log.info("gpu_check.first_packet run=%s streams=%d p50_ms=%s p90_ms=%s underruns=%s cut=%s", label, n,
                      row["p50_ms"], row["p90_ms"], row["underruns"], row["cut"])
         final = engine.stats()
+        if graphs:  # the graphed paths really ran: replays on CUDA, the static functions directly on the CPU
+            ran = final.get("first_chunk_flow_replays" if cuda else "first_chunk_flow_direct")
+            path = final.get("decode_path")
+            decode_runs = path.get("replays" if cuda else "direct_steps") if isinstance(path, dict) else None
+            stage.check({"run": label, "what": "first chunks and decode steps on the graphed paths",
+                         "first_chunk_batches": ran, "decode_steps": decode_runs},
+                        bool(ran) and bool(decode_runs))
         stage.facts.update(first_chunk_flow_replays=final.get("first_chunk_flow_replays"),
                            first_chunk_flow_direct=final.get("first_chunk_flow_direct"),
                            mean_flow_batch=round(float(str(final.get("mean_flow_batch", 0.0))), 2),

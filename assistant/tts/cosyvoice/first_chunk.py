@@ -102,6 +102,7 @@ class FirstChunkGraphs:
                 "first_chunk_flow_replays": sum(int(str(f.record["replays"])) for f in flows),
                 "first_chunk_flow_direct": sum(int(str(f.record["direct_steps"])) for f in flows),
                 "first_chunk_path": flows[0].record["path"] if flows else None,
+                "first_chunk_error": next((f.record["error"] for f in flows if f.record["error"]), None),
                 "first_push": self.push.record if self.push is not None else None}
 
 

@@ -55,6 +55,7 @@ class FirstPush:
     def record(self) -> dict[str, object]:
         records = [c.record for c in self.calls.values()]
         return {"path": records[0]["path"], "buckets": sorted(self.calls),
+                "error": next((r["error"] for r in records if r["error"]), None),
                 "capture_s": sum(float(str(r["capture_s"] or 0.0)) for r in records),
                 "replays": sum(int(str(r["replays"])) for r in records),
                 "direct_steps": sum(int(str(r["direct_steps"])) for r in records)}

@@ -4,10 +4,10 @@ device, and the first packet at 1, 16 and 64 streams with the graphs on and off 
 ``graphs``
     the static paths against their eager twins on the device. The tiny model in float32 (TF32 off): a warm
     voice's first-chunk flow and the vocoder's first push, at one stream and three in the bucket of four; the
-    decode step with its sampling inside (seeded tokens); the flow arena's batched attention against the
-    per-stream loop. Full-size shapes with random weights in bf16 (CUDA, or ``--full-size-bf16``): the
-    first-chunk flow graph against the eager first chunk, relative to the mel's spread, within the check's bf16
-    guards; what the captures cost.
+    decode step with its sampling inside (seeded tokens); the prefill of a batch bucket; the flow arena's batched
+    attention against the per-stream loop. Full-size shapes with random weights in bf16 (CUDA, or
+    ``--full-size-bf16``): the first-chunk flow graph against the eager first chunk, relative to the mel's
+    spread, within the check's bf16 guards; what the captures cost.
 ``first_packet_graphs_on`` / ``first_packet_graphs_off``
     the engine as served (`CosyVoiceEngine`), full-size shapes, random weights, bf16, the bench's ``zh_50`` text
     (200 speech tokens forced: 8 s of speech), a warm voice (a 10 s prompt), the flow arena holding every stream
@@ -142,6 +142,7 @@ def stage_graphs(stage: StageLike, device: str, full: bool) -> None:
     with no_tf32(device):
         _tiny_first_chunk(stage, device)
         _tiny_decode(stage, device)
+        _tiny_prefill(stage, device)
         _tiny_arena(stage, device)
     if full:
         _full_size_first_chunk(stage, device)
@@ -235,6 +236,30 @@ def _tiny_decode(stage: StageLike, device: str) -> None:
     wrong = sum(a != b for x, y in zip(eager, graphed, strict=True) for a, b in zip(x, y, strict=True))
     stage.check({"what": "tiny fp32 decode step with sampling: graph vs eager (90 seeded tokens)",
                  "path": str(path["path"]), "mismatches": wrong}, wrong == 0)
+
+
+def _tiny_prefill(stage: StageLike, device: str) -> None:
+    """The prefill graph of a batch bucket against the eager prefill: three prompts (one with a cached start)."""
+    import torch
+
+    from assistant.tts.cosyvoice.prefill_graphs import StaticPrefill
+    from assistant.tts.cosyvoice.slot_decoder import SlotDecoder
+
+    model, _, g = tiny(device, "float32")
+    lm = model.llm
+    head, rest = lm.build_lm_input_parts(g["in.text_token"], g["in.prompt_text_token"], g["in.prompt_speech_token"])
+    with torch.inference_mode():
+        xs = [rest[0], lm.build_lm_input(g["in.e2e_text_token"], None, None)[0],
+              lm.build_lm_input(g["in.text_token"], None, None)[0]]
+        eager = SlotDecoder(lm, 4, 256)
+        pasts = [eager.prefix_kv(head[0]), None, None]
+        want = eager.prefill_many([0, 2, 3], xs, pasts)
+        graphs = StaticPrefill(SlotDecoder(lm, 4, 256), (4,), graph=device == "cuda", lengths=(128,))
+        graphs.capture()
+        got = graphs.run([0, 2, 3], xs, pasts)
+    e = _err(got, want)
+    stage.check({"what": "tiny fp32 prefill x3 in the bucket of 4: graph vs eager", "path": str(graphs.record["path"]),
+                 "max_abs": e, "tol": MEL_TOL[device]}, e < MEL_TOL[device])
 
 
 def _tiny_arena(stage: StageLike, device: str) -> None:
@@ -448,6 +473,11 @@ async def _measure(stage: StageLike, device: str, graphs: bool, deadline: float,
             ran = final.get("first_chunk_flow_replays" if cuda else "first_chunk_flow_direct")
             path = final.get("decode_path")
             decode_runs = path.get("replays" if cuda else "direct_steps") if isinstance(path, dict) else None
+            prefill = path.get("prefill") if isinstance(path, dict) else None
+            if isinstance(prefill, dict):
+                stage.facts.update(prefill_path=prefill.get("path"), prefill_graphs=prefill.get("graphs"),
+                                   prefill_capture_s=prefill.get("capture_s"), prefill_error=prefill.get("error"),
+                                   prefill_runs=prefill.get("replays" if cuda else "direct_steps"))
             stage.check({"run": label, "what": "first chunks and decode steps on the graphed paths",
                          "first_chunk_batches": ran, "decode_steps": decode_runs},
                         bool(ran) and bool(decode_runs))

@@ -301,6 +301,41 @@ def test_prefills_of_different_lengths_in_one_forward_equal_each_alone(setup):
     assert rest.size(1) != other.size(1)
 
 
+def test_static_prefill_equals_the_eager_prefill_alone_and_in_a_padded_batch(setup):
+    """The prefill a GPU replays per (batch, length) bucket, run directly on the CPU with its static buffers: one
+    prompt alone and three (one with a cached start, different lengths) in the bucket of four give the eager
+    prefill's last hidden states and keys/values within 1e-5; a slot no request holds is left as it was."""
+    from assistant.tts.cosyvoice.prefill_graphs import StaticPrefill
+
+    model, _, g = setup
+    lm = model.llm
+    head, rest = lm.build_lm_input_parts(g["in.text_token"], g["in.prompt_text_token"], g["in.prompt_speech_token"])
+    others = [lm.build_lm_input(g["in.e2e_text_token"], None, None), lm.build_lm_input(g["in.text_token"], None, None)]
+    with torch.inference_mode():
+        eager = SlotDecoder(lm, 4, 256)
+        past = eager.prefix_kv(head[0])
+        xs, pasts, slots = [rest[0], others[0][0], others[1][0]], [past, None, None], [0, 2, 3]
+        want_one = eager.prefill(0, rest[0], past).clone()
+        want_kv = eager.k_cache[:, 0].clone(), eager.v_cache[:, 0].clone()
+        want = eager.prefill_many(slots, xs, pasts)
+        static = SlotDecoder(lm, 4, 256)
+        static.k_cache[:, 1] = 7.0                                   # a slot no request holds
+        graphs = StaticPrefill(static, (1, 4), graph=True, lengths=(64, 128))
+        assert graphs.fits(xs, pasts) and graphs.record["path"] == "static step (cpu, capture skipped)"
+        one = graphs.run([0], xs[:1], pasts[:1])
+        torch.testing.assert_close(one[0], want_one, atol=1e-5, rtol=0)
+        n = head.size(1) + rest.size(1)
+        torch.testing.assert_close(static.k_cache[:, 0, :, :n], want_kv[0][:, :, :n], atol=1e-5, rtol=0)
+        got = graphs.run(slots, xs, pasts)
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=0)
+    for slot, length in zip(slots, [n, others[0].size(1), others[1].size(1)], strict=True):
+        for cache in ("k_cache", "v_cache"):
+            torch.testing.assert_close(getattr(static, cache)[:, slot, :, :length],
+                                       getattr(eager, cache)[:, slot, :, :length], atol=1e-5, rtol=0)
+    assert bool((static.k_cache[:, 1] == 7.0).all())
+    assert graphs.record["direct_steps"] == 2 and len({x.size(0) for x in xs}) == 3
+
+
 def test_first_packets_first_holds_jobs_past_their_first_chunk_tokens_and_admits_one_at_a_time(setup):
     from assistant.tts.cosyvoice.decode_worker import admissible, first_packets_first
     from assistant.tts.cosyvoice.jobs import SpeechJob

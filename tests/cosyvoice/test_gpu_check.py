@@ -50,7 +50,7 @@ def test_cpu_mode_runs_offline_without_the_projects_other_dependencies(tmp_path:
     assert stages["env"]["facts"]["missing_modules"].split(", ")[:3] == ["wetext", "soxr", "soundfile"]
     # the static paths were checked against their eager twins, each check a row
     graphs = {r["what"].split(":")[0]: r for r in stages["graphs"]["rows"]}
-    assert len(graphs) == 6 and all(r["ok"] == "yes" for r in graphs.values())
+    assert len(graphs) == 7 and all(r["ok"] == "yes" for r in graphs.values())
     assert stages["graphs"]["facts"]["tiny_first_chunk_path"] == "static step (cpu, capture skipped)"
     # the first packets, graphs on (the static paths traced) and off, at 1 and 2 streams, in the summary's shape
     summary = json.loads((out / "gpu_first_packet.json").read_text())

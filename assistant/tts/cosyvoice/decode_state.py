@@ -16,8 +16,10 @@ import logging
 
 import torch
 
+from assistant.tts.cosyvoice.graphs import batch_buckets, memory_pool
 from assistant.tts.cosyvoice.jobs import SpeechJob
 from assistant.tts.cosyvoice.llm import SpeechLM
+from assistant.tts.cosyvoice.prefill_graphs import StaticPrefill
 from assistant.tts.cosyvoice.prompt_cache import PromptCache, digest
 from assistant.tts.cosyvoice.sampling import sample_tokens
 from assistant.tts.cosyvoice.slot_decoder import SlotDecoder, StaticDecodeStep
@@ -53,27 +55,37 @@ class DecodeState:
         self._active = torch.zeros(slots, dtype=torch.bool, device=dev)               # rows the static step keeps
         self._row_index: dict[tuple[int, ...], torch.Tensor] = {}
         self._row_mask: dict[tuple[int, ...], torch.Tensor] = {}
-        # the graphed (CUDA) or traced (static step run directly) path, sampling inside; else eager
-        self.static = StaticDecodeStep(self.decoder, self._next, self._pos, cuda_graphs, then=self._sample_all) \
-            if (cuda_graphs and dev.type == "cuda") or static_step else None
+        # the graphed (CUDA) or traced (static step run directly) paths: the decode step with its sampling inside,
+        # and the prefill per bucket (the decode thread's graphs: one memory pool); else eager
+        static = (cuda_graphs and dev.type == "cuda") or static_step
+        pool = memory_pool(dev) if static and cuda_graphs else None
+        self.static = StaticDecodeStep(self.decoder, self._next, self._pos, cuda_graphs, then=self._sample_all,
+                                       pool=pool) if static else None
+        self.prefill_graphs = StaticPrefill(self.decoder, batch_buckets(slots), graph=cuda_graphs, pool=pool) \
+            if static else None
 
     @property
     def path(self) -> dict[str, object]:
-        """Which decode step runs: the CUDA graph (with its capture time and replays), the static step, eager."""
+        """Which decode step runs: the CUDA graph (with its capture time and replays), the static step, eager;
+        and which prefill (``prefill``)."""
         if self.static is not None:
-            return self.static.record
-        return {"path": f"eager ({self.device.type})", "capture_s": None, "error": None}
+            prefill = self.prefill_graphs.record if self.prefill_graphs is not None else None
+            return {**self.static.record, "prefill": prefill}
+        return {"path": f"eager ({self.device.type})", "capture_s": None, "error": None, "prefill": None}
 
     @property
     def cache_bytes(self) -> int:
         return self.decoder.cache_bytes
 
     def capture(self) -> None:
-        """Capture the static step's graph (call from the thread that steps, between two steps); its warm-up
-        runs keep no row (``_active`` cleared), so no job's sampling state moves."""
+        """Capture the static step's graph and the prefill's (call from the thread that steps, between two
+        steps); the step's warm-up runs keep no row (``_active`` cleared), so no job's sampling state moves, and
+        the prefill's write only to the scratch slot (their placeholders: nothing)."""
         if self.static is not None:
             self._active.zero_()
             self.static.capture()
+        if self.prefill_graphs is not None:
+            self.prefill_graphs.capture()
 
     def prompt(self, job: SpeechJob, cache: PromptCache) -> Prompt:
         """The job's prompt after its cached start ([L, D]), that start's keys/values, and the whole length;
@@ -95,9 +107,14 @@ class DecodeState:
         return rest[0], past, length
 
     def start(self, jobs: list[SpeechJob], prompts: list[Prompt]) -> torch.Tensor:
-        """Prefill the jobs' prompts into their slots (``job.slot`` set) in one forward and sample their first
-        tokens [B] (on the device)."""
-        hidden = self.decoder.prefill_many([j.slot for j in jobs], [p[0] for p in prompts], [p[1] for p in prompts])
+        """Prefill the jobs' prompts into their slots (``job.slot`` set) in one forward (a bucket's graph, when
+        one fits) and sample their first tokens [B] (on the device)."""
+        slots, xs, pasts = [j.slot for j in jobs], [p[0] for p in prompts], [p[1] for p in prompts]
+        graphs = self.prefill_graphs
+        if graphs is not None and graphs.active and graphs.fits(xs, pasts):
+            hidden = graphs.run(slots, xs, pasts)
+        else:
+            hidden = self.decoder.prefill_many(slots, xs, pasts)
         for job, (_, _, length) in zip(jobs, prompts, strict=True):
             job.pos = length
             s = job.slot

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -33,7 +34,8 @@ class SlotDecoder(nn.Module):
     """Qwen2 decoding over a static per-slot KV cache (gpt-fast style), sharing the LM's weights.
 
     The layers' projections, norms and MLPs are HF's own modules (so numerics match the reference); only
-    the attention over the cache and the cache writes are ours.
+    the attention over the cache and the cache writes are ours. One more row than ``slots`` is a scratch slot
+    no request holds: a static prefill writes its padding there (`prefill_rows`).
     """
 
     k_cache: torch.Tensor                              # buffers (registered below)
@@ -49,8 +51,9 @@ class SlotDecoder(nn.Module):
         self.n_kv = cfg.num_key_value_heads
         self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
         self.slots, self.max_positions = slots, max_positions
+        self.scratch = slots                           # the row no request holds
         p = lm.llm_decoder.weight
-        shape = (len(self.layers), slots, self.n_kv, max_positions, self.head_dim)
+        shape = (len(self.layers), slots + 1, self.n_kv, max_positions, self.head_dim)
         self.register_buffer("k_cache", torch.zeros(shape, device=p.device, dtype=p.dtype), persistent=False)
         self.register_buffer("v_cache", torch.zeros(shape, device=p.device, dtype=p.dtype), persistent=False)
 
@@ -151,6 +154,36 @@ class SlotDecoder(nn.Module):
         last = upload([n - 1 for n in lengths], torch.long, dev)
         return self.norm(h)[torch.arange(len(xs), device=dev), last]
 
+    def prefill_rows(self, x: torch.Tensor, start: torch.Tensor, n: torch.Tensor, slot: torch.Tensor,
+                     span: int) -> torch.Tensor:
+        """The static prefill (`prefill_graphs.py`; its eager twin: `prefill_many`): prompts x [B, L, D] padded to
+        L, each row's cached start, real length and slot [B] (a row with n = 0 is a placeholder: it, and every
+        row's padding, writes only to the scratch slot), keys up to ``span`` (>= every start + n) → last hidden
+        states [B, D] (meaningless for a placeholder). Shapes never depend on the values: one graph per (B, L)."""
+        b, length, _ = x.shape
+        dev = x.device
+        t = torch.arange(length, device=dev)
+        pos = start.unsqueeze(1) + t                                         # [B, L]
+        real = t.unsqueeze(0) < n.unsqueeze(1)
+        dst_slot = torch.where(real, slot.unsqueeze(1), self.scratch)          # [B, L]
+        dst_pos = torch.where(real, pos, t.unsqueeze(0))
+        group = self.n_heads // self.n_kv
+        mask = torch.arange(span, device=dev) <= pos.unsqueeze(2)             # [B, L, S]: its past and causal
+        mask = mask.unsqueeze(1).expand(b, group, length, span).reshape(b, 1, group * length, span)
+        h = x
+        for li, layer in enumerate(self.layers):
+            q, k, v = self._qkv(layer, layer.input_layernorm(h), pos)
+            self.k_cache[li, dst_slot, :, dst_pos] = k.transpose(1, 2)         # [B, L, KV, d]
+            self.v_cache[li, dst_slot, :, dst_pos] = v.transpose(1, 2)
+            keys = self.k_cache[li, slot, :, :span]                             # [B, KV, S, d]
+            vals = self.v_cache[li, slot, :, :span]
+            qg = q.reshape(b, self.n_kv, group * length, self.head_dim)         # heads of one KV head together
+            o = F.scaled_dot_product_attention(qg, keys, vals, attn_mask=mask)  # [B, KV, G*L, d]
+            o = o.reshape(b, self.n_heads, length, self.head_dim).transpose(1, 2).reshape(b, length, -1)
+            h = h + layer.self_attn.o_proj(o)
+            h = h + layer.mlp(layer.post_attention_layernorm(h))
+        return self.norm(h)[torch.arange(b, device=dev), (n - 1).clamp(min=0)]
+
     @torch.inference_mode()
     def prefix_kv(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Keys and values [layers, KV, L, d] of a prompt start x [L, D] at positions 0..L-1 (to cache)."""
@@ -212,10 +245,10 @@ class StaticDecodeStep:
     """
 
     def __init__(self, decoder: SlotDecoder, x: torch.Tensor, pos: torch.Tensor, cuda_graph: bool,
-                 then: Callable[[torch.Tensor], torch.Tensor] | None = None) -> None:
+                 then: Callable[[torch.Tensor], torch.Tensor] | None = None, pool: Any = None) -> None:
         self.decoder, self.x, self.pos, self.then = decoder, x, pos, then
         self.call: GraphedCall[torch.Tensor] = GraphedCall("decode step", self._run, x.device, graph=cuda_graph,
-                                                          pool=memory_pool(x.device))
+                                                          pool=pool if pool is not None else memory_pool(x.device))
 
     @property
     def want_graph(self) -> bool:

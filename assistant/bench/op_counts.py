@@ -37,8 +37,9 @@ def _count(prof: profile) -> dict[str, int]:
     return {"aten_ops": ops, "kernel_launches": launches, "graph_launches": graphs}
 
 
-def _profiled(run: Callable[[], None], streams: int, chunk: str, path: str) -> dict[str, object]:
-    run()                                          # warm: allocator, lazy inits (the caller made a fresh batch)
+def _profiled(run: Callable[[], None], streams: int, chunk: str, path: str, warm: bool = True) -> dict[str, object]:
+    if warm:
+        run()                                      # warm: allocator, lazy inits (the caller made a fresh batch)
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else [])
     with profile(activities=activities) as prof:
         run()
@@ -107,18 +108,28 @@ def later_chunk_ops(model: CosyVoice2, voice: CosyVoicePrompt, tokens: list[int]
     cache = PromptCache()
     flow_prefix(model.flow, voice, cache)
     flow = model.flow
-    arena = FlowArena(flow.decoder.estimator, flow.cfg.n_timesteps, 2 * streams, arena_frames) if arena_frames \
-        else None
-    batches = []
-    for _ in range(2):
+    arena = FlowArena(flow.decoder.estimator, flow.cfg.n_timesteps, streams, arena_frames) if arena_frames else None
+
+    def third_chunk(profiled: bool) -> dict[str, object] | None:
         batch = _streams(model, voice, tokens, streams, first_hop, cache)
         if arena is not None:
             for s in batch:
                 s.bind_arena(arena)
         for _chunk in range(2):                         # the first two chunks, unprofiled
             _together(batch)
-        batches.append(batch)
-    return _profiled(lambda: _together(batches.pop(0)), streams, "later", "arena" if arena else "loop")
+        try:
+            if not profiled:
+                _together(batch)
+                return None
+            return _profiled(lambda: _together(batch), streams, "later", "arena" if arena else "loop", warm=False)
+        finally:
+            for s in batch:
+                s.release_arena()
+
+    third_chunk(False)                                  # warm: allocator, lazy inits
+    out = third_chunk(True)
+    assert out is not None
+    return out
 
 
 __all__ = ["first_chunk_ops", "later_chunk_ops"]

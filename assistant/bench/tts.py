@@ -378,7 +378,7 @@ async def _bench(args: argparse.Namespace, model: CosyVoice2, notes: list[str],
             rows = [first_chunk_ops(model, voice, toks, n, args.first_chunk_tokens, static)
                     for static in (False, True)]
             rows += [later_chunk_ops(model, voice, toks, n, args.first_chunk_tokens, frames)
-                     for frames in (0, 2 * len(toks))]
+                     for frames in (0, 2 * len(toks)) if n > 1]         # one stream: no batch to attend at once
             result["op_counts"] += rows
             print(f"  x{n}: " + ", ".join(f"{r['chunk']} {r['path']} {r['aten_ops_per_stream']:.0f}" for r in rows)
                   + " ops per stream", flush=True)

@@ -17,7 +17,7 @@ from cv_fixtures import random_voice, tiny_model_and_voice
 
 from assistant.tts.cosyvoice.batch_work import run_together
 from assistant.tts.cosyvoice.first_chunk import FirstChunkGraphs
-from assistant.tts.cosyvoice.flow_decoder import KVCache
+from assistant.tts.cosyvoice.flow_cache import KVCache
 from assistant.tts.cosyvoice.flow_graphs import FirstChunkFlow
 from assistant.tts.cosyvoice.flow_prefix import FlowPrefix
 from assistant.tts.cosyvoice.hift import StreamingHiFT

@@ -1,4 +1,4 @@
-"""The flow arena (`flow_arena.py`) and the batched attention over it (`flow_decoder.attend_slots`) against
+"""The flow arena (`flow_arena.py`) and the batched attention over it (`flow_cache.attend_slots`) against
 their eager twin, each stream alone on buffers of its own, on the tiny model in float32: streams of two voices
 and a cold one at different points, batched with padding, committing and provisional, give each one's mel
 within 1e-5 and leave its committed keys, values and conv tails as alone (1e-4); a stream past the frame cap
@@ -11,11 +11,11 @@ import pytest
 import torch
 from cv_fixtures import random_voice, tiny_model_and_voice
 
-import assistant.tts.cosyvoice.flow_decoder as flow_decoder
+import assistant.tts.cosyvoice.flow_cache as flow_cache
 from assistant.tts.cosyvoice.batch_work import run_grouped, run_together
 from assistant.tts.cosyvoice.flow import FlowSolve
 from assistant.tts.cosyvoice.flow_arena import FlowArena
-from assistant.tts.cosyvoice.flow_decoder import KVCache
+from assistant.tts.cosyvoice.flow_cache import KVCache
 from assistant.tts.cosyvoice.flow_prefix import FlowPrefix
 from assistant.tts.cosyvoice.schedule import StreamSchedule
 from assistant.tts.cosyvoice.streaming import StreamingSynthesis
@@ -88,13 +88,13 @@ def test_batched_attention_over_the_arena_equals_the_loop_and_each_stream_alone(
         assert slot is not None
         arena.bind(caches, slot, prefix)
     calls = {"slots": 0}
-    orig = flow_decoder.attend_slots
+    orig = flow_cache.attend_slots
 
     def spy(*a, **k):
         calls["slots"] += 1
         return orig(*a, **k)
 
-    monkeypatch.setattr(flow_decoder, "attend_slots", spy)
+    monkeypatch.setattr(flow_cache, "attend_slots", spy)
     spks = [_inputs(1, 90 + i)[3] for i in range(4)]
     rounds = [(20, 13, 7, 20, False), (11, 25, 3, 9, False), (6, 6, 6, 16, True), (9, 2, 14, 5, False)]
     for r, (*lengths, provisional) in enumerate(rounds):

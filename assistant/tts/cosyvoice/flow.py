@@ -24,7 +24,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from assistant.tts.cosyvoice.batch_work import Work, WorkSteps, bucket, run_alone
-from assistant.tts.cosyvoice.flow_decoder import CausalUNetEstimator, KVCache, RowCaches, Rows
+from assistant.tts.cosyvoice.flow_cache import KVCache, RowCaches, Rows
+from assistant.tts.cosyvoice.flow_decoder import CausalUNetEstimator
 from assistant.tts.cosyvoice.flow_encoder import Cache, UpsampleConformerEncoder
 
 log = logging.getLogger(__name__)

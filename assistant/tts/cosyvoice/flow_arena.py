@@ -9,7 +9,7 @@ that holds a slot keeps them at the same place of a few tensors allocated once:
     keys, values  [slots * 2, steps, layers, heads, frames, head_dim]     (2: the guidance rows)
     conv tails    [slots * 2, steps, convs, channels, 2]
 
-so a batch attends with one masked attention over all its streams (`flow_decoder.attend_slots`) and writes
+so a batch attends with one masked attention over all its streams (`flow_cache.attend_slots`) and writes
 its new frames and tails with one indexed write each, whatever the batch size; the loop stays as the eager
 twin (a stream without a slot takes it, and so does a batch with one).
 
@@ -30,7 +30,8 @@ import weakref
 import torch
 from torch import nn
 
-from assistant.tts.cosyvoice.flow_decoder import CausalConv1d, CausalUNetEstimator, SelfAttention, SlotView
+from assistant.tts.cosyvoice.flow_cache import SlotView
+from assistant.tts.cosyvoice.flow_decoder import CausalConv1d, CausalUNetEstimator, SelfAttention
 from assistant.tts.cosyvoice.flow_encoder import Cache
 
 log = logging.getLogger(__name__)
@@ -39,7 +40,7 @@ GROUP = 2  # rows per stream: the conditional and the unconditional (guidance) r
 
 
 class SlotRef:
-    """A stream's slot at one Euler step, as its step cache holds it (``"slot"``; `flow_decoder.ArenaSlot`)."""
+    """A stream's slot at one Euler step, as its step cache holds it (``"slot"``; `flow_cache.ArenaSlot`)."""
 
     def __init__(self, arena: FlowArena, step: int, slot: int) -> None:
         self.arena, self.step, self.slot = arena, step, slot

@@ -27,7 +27,7 @@ import torch
 from assistant.tts.cosyvoice.batch_work import Work
 from assistant.tts.cosyvoice.device_time import upload_into
 from assistant.tts.cosyvoice.flow import CausalFlow, guided_euler
-from assistant.tts.cosyvoice.flow_decoder import PrefixRows
+from assistant.tts.cosyvoice.flow_cache import PrefixRows
 from assistant.tts.cosyvoice.flow_prefix import FlowPrefix
 from assistant.tts.cosyvoice.graphs import GraphedCall, bucket_for
 

@@ -28,7 +28,7 @@ import torch
 
 from assistant.tts.cosyvoice.batch_work import WorkSteps, run_alone
 from assistant.tts.cosyvoice.flow import CausalFlow, FlowSolve, StreamingFlow
-from assistant.tts.cosyvoice.flow_decoder import KVCache
+from assistant.tts.cosyvoice.flow_cache import KVCache
 from assistant.tts.cosyvoice.flow_encoder import Cache
 from assistant.tts.cosyvoice.prompt_cache import PromptCache, digest
 from assistant.tts.cosyvoice.voice import CosyVoicePrompt

@@ -22,7 +22,7 @@ from assistant.tts.cosyvoice.batch_work import WorkSteps, run_alone
 from assistant.tts.cosyvoice.first_chunk import FirstChunkGraphs
 from assistant.tts.cosyvoice.flow import CausalFlow
 from assistant.tts.cosyvoice.flow_arena import FlowArena
-from assistant.tts.cosyvoice.flow_decoder import KVCache
+from assistant.tts.cosyvoice.flow_cache import KVCache
 from assistant.tts.cosyvoice.flow_prefix import FlowPrefix, prefix_key, tensor_bytes
 from assistant.tts.cosyvoice.hift import HiFTVocoder
 from assistant.tts.cosyvoice.prompt_cache import PromptCache

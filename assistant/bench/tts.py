@@ -78,7 +78,10 @@ def add_tts_bench_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--first-chunk-tokens", type=int, default=10, help="fast schedule: first hop")
     parser.add_argument("--first-chunk-steps", type=int, default=0, help="fast: Euler steps of chunk 1 (0: 10)")
     parser.add_argument("--repeats", type=int, default=1, help="runs per text (median reported)")
-    parser.add_argument("--no-cuda-graphs", action="store_true", help="eager decode step on CUDA")
+    parser.add_argument("--no-cuda-graphs", action="store_true",
+                        help="no CUDA graphs (decode step, prefill, first chunk): every step eager")
+    parser.add_argument("--flow-stream-frames", type=int, default=0,
+                        help="frames a stream keeps in the flow arena (tts.flow_stream_frames; 0: none)")
     parser.add_argument("--out", default="bench-results/tts", help="directory for tts_bench.json and tts_bench.png")
     parser.add_argument("--markdown", type=Path, default=None, metavar="FILE",
                         help="also write the tables to FILE under a line naming this command, the git commit and "
@@ -287,7 +290,8 @@ async def _bench(args: argparse.Namespace, model: CosyVoice2, notes: list[str],
     sweep_schedules = [s for s in str(args.sweep_schedules or args.schedules).split(",") if s in schedules]
     cuda = args.device.startswith("cuda")
     cfg = TTSConfig(engine="cosyvoice2", device=args.device, dtype=args.dtype, max_concurrent=max(streams),
-                    max_waiting=0, cuda_graphs=cuda and not args.no_cuda_graphs, prompt_cache_mb=args.prompt_cache_mb)
+                    max_waiting=0, cuda_graphs=cuda and not args.no_cuda_graphs, prompt_cache_mb=args.prompt_cache_mb,
+                    flow_stream_frames=args.flow_stream_frames)
     engine = CosyVoiceEngine(cfg)
     engine.attach(model)
     result: dict[str, Any] = {"per_text": [], "sweep": [], "steps_quality": [], "op_counts": [], "fidelity": []}

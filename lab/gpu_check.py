@@ -2,28 +2,27 @@
 
 It needs only torch, numpy, transformers and pyyaml (no aiortc, av, soxr, soundfile, wetext, matplotlib), runs
 from the working tree, and writes every stage's result to the output folder the moment the stage ends
-(``<stage>.json``, and ``gpu_check.json`` + ``gpu_check.md`` with every stage so far), so a run cut short
-keeps what it had. Its fixtures and texts are found in ``$ASSISTANT_SHARED``, else ``shared/`` in the tree,
-else ``../shared`` (`shared_data.py`); the env stage fails loudly when none holds them. Stages, in order:
+(``<stage>.json``, and ``gpu_check.json`` + ``gpu_check.md`` with every stage so far; the first-packet stages
+also ``gpu_first_packet.json`` + ``.md``, for docs/figures/), so a run cut short keeps what it had. Its fixtures
+and texts are found in ``$ASSISTANT_SHARED``, else ``shared/`` in the tree, else ``../shared`` (`shared_data.py`);
+the env stage fails loudly when none holds them. Stages, in order (the headline figures first, the slower
+correctness stages after them):
 
 ``env``        Python, torch, CUDA device, versions, which optional modules are missing, where the data is.
 ``parity``     the tiny fixture model in float32 on the device against the reference's goldens: LLM
                log-probs, greedy and end-to-end tokens, flow mels (whole and first streaming chunk), the
                vocoder with the recorded draws, and the official schedule's three streamed chunks.
-``bf16``       the same model in bfloat16 against the goldens: log-prob, token agreement, mel error relative
+``graphs``     the graphed and batched paths against their eager twins on the device (`gpu_first_packet.py`).
+``first_packet_graphs_on`` / ``first_packet_graphs_off``
+               the first packet at 1, 16 and 64 streams, full-size shapes, random weights, bf16, with the CUDA
+               graphs on and off (`gpu_first_packet.py`); on the CPU the tiny model at 1 and 2 streams.
+``bf16``       the tiny model in bfloat16 against the goldens: log-prob, token agreement, mel error relative
                to the mel's spread, end-to-end audio.
 ``bf16_full_size`` (CUDA) full-size shapes, random weights: flow mel and LLM log-probs, bf16 against fp32.
 ``frontend``   the text front end on the reference's ten texts (texts with digits need wetext: skipped
                without it, and the stage says so).
-``bench_*``    on CUDA: ``assistant bench tts`` on full-size random weights, bfloat16: the decode graph on
-               (``bench_graphs_on``: the fast schedule's sweep first, warm and cold at 1/4/16/64 streams with
-               continuity and p50/p90, the official schedule at one stream, op counts; the decode path, its
-               capture time, graph replays and the first request after start among the facts), then off
-               (``bench_graphs_off``, 1/16 streams), each in a child process (the first gets 3/4 of the time
-               left); on CPU: the tiny model at one stream (``bench_tiny_cpu``, keeps the bench's code path
-               alive in CI).
 
-``python -m lab.gpu_check --out DIR [--device auto|cpu|cuda] [--budget-s 450]``
+``python -m lab.gpu_check --out DIR [--device auto|cpu|cuda] [--budget-s 300]``
 """
 
 from __future__ import annotations
@@ -37,18 +36,18 @@ import json
 import logging
 import os
 import platform
-import subprocess
 import sys
 import time
 import traceback
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from assistant.bench.figures import cell_text, markdown_table, provenance
 from assistant.bench.shared_data import ENV as SHARED_ENV
 from assistant.bench.shared_data import shared_candidates, shared_dir
+from lab.gpu_first_packet import FirstPacketSummary, fixture, stage_first_packet, stage_graphs, tiny
 
 if TYPE_CHECKING:  # torch and the model come with the cosyvoice extra; each stage imports them when it runs
     import numpy as np
@@ -69,6 +68,7 @@ TOLERANCE = {"cpu": {"logp": 1e-4, "mel": 1e-4, "audio": 1e-4}, "cuda": {"logp":
 BF16_MEL_MEAN_REL = 0.08   # as tests/cosyvoice/test_guards.py
 BF16_MEL_MAX_REL = 0.6
 FULL_SIZE_INPUT = {"prompt_tokens": 250, "new_tokens": 100, "text_tokens": 50}  # a 10 s voice, 4 s of speech
+LATER_STAGES_S = {"cuda": 40.0, "cpu": 30.0}   # kept for bf16, bf16_full_size and frontend after the first packets
 
 
 # --- results -------------------------------------------------------------------------------------------
@@ -182,28 +182,7 @@ def stage_env(stage: Stage, device: str) -> None:
         log.error("gpu_check.shared_missing looked=%s", looked)
 
 
-def _fixture(relative: str) -> Path:
-    """A shared fixture folder, or a loud error naming where it was looked for."""
-    found = shared_dir(relative)
-    if found is None:
-        raise FileNotFoundError(f"{relative} not found in any of {', '.join(map(str, shared_candidates()))} "
-                                f"(set {SHARED_ENV})")
-    return found / relative
-
-
-def _tiny(device: str, dtype: str) -> tuple[CosyVoice2, CosyVoicePrompt, dict[str, torch.Tensor]]:
-    import torch
-
-    from assistant.tts.cosyvoice.cosyvoice2 import CosyVoice2
-    from assistant.tts.cosyvoice.voice import CosyVoicePrompt
-
-    tiny = _fixture(TINY)
-    model = CosyVoice2.from_dir(tiny, device, dtype)
-    g = torch.load(tiny / "golden.pt", weights_only=True)
-    dev = torch.device(device)
-    voice = CosyVoicePrompt("golden", "", g["in.prompt_speech_token"].to(dev), g["in.prompt_feat"].to(dev),
-                            g["in.embedding"].to(dev))
-    return model, voice, g
+_fixture, _tiny = fixture, tiny   # where the fixtures are and the tiny model (shared with the first-packet stages)
 
 
 def _err(got: torch.Tensor, want: torch.Tensor) -> float:
@@ -413,138 +392,18 @@ def stage_frontend(stage: Stage) -> None:
         stage.check({"case": i, "text": c["text"][:30], "segments": segs == c["segments"], "ids": ids_ok}, ids_ok)
 
 
-SWEEP_FIRST = ("schedule", "voice", "streams", "first_packet_p50_ms", "first_packet_p90_ms", "continuity")
-# nested results reported as facts: what really ran, what the capture cost, the first request after start
-NESTED_FACTS = {
-    "decode_path": ("path", "capture_s", "error"),
-    "first_after_start": ("first_packet_ms", "schedule", "cold_voice"),
-    "engine_stats": ("decode_path", "decode_step_ms_alone", "decode_step_ms_beside_chunks", "mean_batch",
-                     "flow_batches", "mean_flow_batch", "max_flow_batch", "prefixes_built"),
-}
-
-
-def _bench_rows(result: dict[str, Any], label: str) -> tuple[list[dict[str, object]], dict[str, object]]:
-    """The bench's sweep rows (schedule, voice, streams, p50, p90 and continuity first) and its facts
-    (``result``: the bench's JSON, untyped)."""
-    rows: list[dict[str, object]] = []
-    for r in result.get("sweep", []):
-        keys = [k for k in SWEEP_FIRST if k in r] + [k for k in r if k not in SWEEP_FIRST]
-        rows.append({"run": label, **{k: r[k] for k in keys if not isinstance(r[k], (dict, list))}})
-    facts: dict[str, object] = {k: v for k, v in result.items()
-                                if isinstance(v, (int, float, str, bool)) and v is not None}
-    for name, nested_keys in NESTED_FACTS.items():
-        nested = result.get(name) or {}
-        for k in nested_keys:
-            v = nested.get(k)
-            if isinstance(v, dict):  # the decode path as it ended: graph replays and direct steps
-                facts.update({f"{name}.{k}.{kk}": vv for kk, vv in v.items() if not isinstance(vv, (dict, list))})
-            elif v is not None:
-                facts[f"{name}.{k}"] = v
-    for r in result.get("op_counts", []):
-        facts[f"first_chunk_ops_per_stream.x{r['streams']}"] = r["aten_ops_per_stream"]
-        facts[f"first_chunk_kernel_launches_per_stream.x{r['streams']}"] = r["kernel_launches_per_stream"]
-    return rows, facts
-
-
-def bench_runs(device: str) -> list[tuple[str, list[str]]]:
-    """(label, ``bench tts`` arguments) of each bench run. On CUDA: full size, bf16, the decode graph on, the
-    fast schedule's sweep first (warm and cold at 1/4/16/64 streams, each with continuity), the official
-    schedule at one stream for the ratio, op counts; then a short run with the graph off."""
-    if device == "cuda":
-        full = ["--device", "cuda", "--random-full-size", "--dtype", "bfloat16", "--texts", "zh_50",
-                "--sweep-text", "zh_50", "--repeats", "1", "--schedules", "fast,official", "--sweep-schedules", "fast",
-                "--skip-steps"]
-        return [("graphs_on", [*full, "--streams", "1,4,16,64", "--sweep-cold", "--op-counts", "1,16"]),
-                ("graphs_off", [*full, "--streams", "1,16", "--no-cuda-graphs"])]
-    # the bench's code path on the tiny model, kept short for CI
-    return [("tiny_cpu", ["--device", "cpu", "--streams", "1", "--texts", "zh_20", "--sweep-text", "zh_20",
-                          "--tokens-per-char", "1", "--schedules", "fast", "--repeats", "1", "--sweep-cold",
-                          "--skip-steps", "--op-counts", "1"])]
-
-
-def stage_bench(stage: Stage, out: Path, bench_args: list[str], seconds: float) -> None:
-    """One ``bench tts`` run in a child process limited to ``seconds``; its sweep and per-text rows."""
-    label = stage.name.removeprefix("bench_")
-    stage.facts["args"] = " ".join(bench_args)
-    if seconds < 30:
-        stage.status = "fail"
-        stage.notes.append(f"not run: only {seconds:.0f} s left (raise --budget-s and GPU_CHECK_TIMEOUT)")
-        return
-    run_out = out / stage.name
-    cmd = [sys.executable, "-m", "lab.gpu_check", "--bench-child", str(run_out), *bench_args,
-           "--out", str(run_out)]
-    try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=seconds, env=os.environ.copy())
-        rc: int | str = proc.returncode
-        text = proc.stdout + proc.stderr
-    except subprocess.TimeoutExpired as exc:
-        rc = "timeout"
-        text = "".join(x.decode() if isinstance(x, bytes) else (x or "") for x in (exc.stdout, exc.stderr))
-    (out / f"{stage.name}.log").write_text(text, "utf-8")
-    stage.facts["exit"] = rc
-    result_file = run_out / "tts_bench.json"
-    if not result_file.is_file():
-        stage.status = "fail"
-        stage.notes.append(f"no tts_bench.json (exit {rc}); the child's output is in {stage.name}.log")
-        return
-    result = json.loads(result_file.read_text("utf-8"))
-    child = run_out / "child.json"
-    if child.is_file():
-        stage.facts.update(json.loads(child.read_text("utf-8")))
-    rows, facts = _bench_rows(result, label)
-    stage.facts.update(facts)
-    for r in rows:
-        stage.check(r, None)
-    for t in result.get("per_text", []):
-        for sched, v in t.items():
-            if isinstance(v, dict):
-                stage.check({"run": label, "schedule": sched, "streams": 1, "text": t.get("text"),
-                             **{k: x for k, x in v.items() if not isinstance(x, (dict, list))}}, None)
-    if not any(r.get("voice") == "cold" for r in rows):
-        stage.notes.append("the bench's sweep has no cold rows (warm voice only)")
-    fallback = [n for n in result.get("notes", []) if n.startswith("texts:")]
-    if fallback:
-        stage.status = "fail"
-        stage.notes.append(f"the bench could not find its texts: {fallback[0]}")
-    if not rows:
-        stage.status = "fail"
-        stage.notes.append("the bench gave no sweep rows")
-    if rc != 0:
-        stage.notes.append(f"the child exited {rc}; see {stage.name}.log")
-
-
-def bench_child(out: Path, bench_args: list[str]) -> int:
-    """Run ``bench tts`` in this process (the parent limits its time) and note peak memory and wall time."""
-    import torch
-
-    from assistant.bench import tts as bench
-
-    parser = argparse.ArgumentParser()
-    bench.add_tts_bench_arguments(parser)
-    args = parser.parse_args(bench_args)
-    t0 = time.perf_counter()
-    rc = bench.run_tts_bench(args)
-    info: dict[str, object] = {"wall_s": round(time.perf_counter() - t0, 1), "exit": rc}
-    if torch.cuda.is_available() and str(args.device).startswith("cuda"):
-        info["peak_gpu_mb_process"] = round(torch.cuda.max_memory_allocated() / 2**20)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "child.json").write_text(json.dumps(info), "utf-8")
-    return int(rc or 0)
-
-
 # --- entry -----------------------------------------------------------------------------------------------
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
-    if argv[:1] == ["--bench-child"]:  # internal: stage_bench's child process
-        return bench_child(Path(argv[1]), argv[2:])
     p = argparse.ArgumentParser(prog="python -m lab.gpu_check", description=__doc__.split("\n")[0])
     p.add_argument("--out", default=os.environ.get("OUT") or "gpu-check-out", help="output folder ($OUT)")
     p.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"))
-    p.add_argument("--budget-s", type=float, default=450.0, help="time for all stages (the bench gets what is left)")
-    p.add_argument("--skip-bench", action="store_true", help="parity, bf16 and front end only")
+    p.add_argument("--budget-s", type=float, default=300.0,
+                   help="time for all stages (the first-packet runs get what the others leave)")
+    p.add_argument("--skip-first-packet", action="store_true", help="correctness stages only")
     p.add_argument("--full-size-bf16", action="store_true",
                    help="on CPU too: bf16 end to end and at full size (minutes on a CPU; always on CUDA)")
     args = p.parse_args(argv)
@@ -556,21 +415,23 @@ def main(argv: list[str] | None = None) -> int:
     if device == "cuda" and not torch.cuda.is_available():
         print("gpu_check: --device cuda but torch sees no CUDA device", file=sys.stderr)
         return 2
+    full = device == "cuda" or args.full_size_bf16
     out = Path(args.out)
     report = Report(out)
     report.run("env", lambda s: stage_env(s, device))
     report.run("parity", lambda s: stage_parity(s, device))
-    report.run("bf16", lambda s: stage_bf16(s, device, device == "cuda" or args.full_size_bf16))
-    if device == "cuda" or args.full_size_bf16:
+    report.run("graphs", lambda s: stage_graphs(s, device, full))
+    if not args.skip_first_packet:
+        summary = FirstPacketSummary(out, device, report.origin)
+        for graphs, share in ((True, 0.5), (False, 1.0)):   # graphs on first, with half of what is left
+            seconds = (deadline - time.monotonic() - LATER_STAGES_S[device]) * share
+            label = "on" if graphs else "off"
+            report.run(f"first_packet_graphs_{label}", functools.partial(
+                stage_first_packet, device=device, graphs=graphs, seconds=seconds, summary=summary))
+    report.run("bf16", lambda s: stage_bf16(s, device, full))
+    if full:
         report.run("bf16_full_size", lambda s: full_size_bf16(s, device))
     report.run("frontend", stage_frontend)
-    if device == "cuda":
-        torch.cuda.empty_cache()  # the bench children get the GPU as it was
-    runs = [] if args.skip_bench else bench_runs(device)
-    for i, (label, bench_args) in enumerate(runs):
-        share = 0.75 if i < len(runs) - 1 else 1.0   # the headline run first, with most of the time
-        seconds = (deadline - time.monotonic()) * share
-        report.run(f"bench_{label}", functools.partial(stage_bench, out=out, bench_args=bench_args, seconds=seconds))
     print(report.markdown())
     print(f"gpu_check: wrote {out}/gpu_check.md and .json in {time.monotonic() - t_start:.0f} s")
     return 0 if all(s.status in ("pass", "skipped") for s in report.stages) else 1

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The prepared CosyVoice2 check for a CUDA machine WITHOUT network (replaces gpu_bench.sh, which pip-installed).
 #
-#   scripts/gpu_check.sh [OUT_DIR] [--device auto|cpu|cuda] [--budget-s 450] [--skip-bench]
+#   scripts/gpu_check.sh [OUT_DIR] [--device auto|cpu|cuda] [--budget-s 300] [--skip-first-packet]
 #
 # Runs from this working tree with PYTHONPATH=. on the machine's Python ($PYTHON, default python3), which needs
 # torch, numpy, transformers and pyyaml and nothing else of the project's (no aiortc, av, soxr, soundfile,
@@ -13,11 +13,13 @@
 # when none holds them. To run a copied tree: copy shared/ into it, or set ASSISTANT_SHARED.
 #
 # Output (OUT_DIR, else $OUT, else ./gpu-check-out): gpu_check.md and gpu_check.json (every stage so far,
-# rewritten as each stage ends), <stage>.json, bench_<run>/ (tts_bench.json of each bench run) and
-# gpu_check.log. Stages: env, parity (tiny model fp32 vs the reference's goldens), bf16 (deltas), frontend,
-# bench (full-size random weights, bf16; the fast schedule first, warm and cold at 1/4/16/64 streams with
-# continuity; the decode graph on, then off at 1/16). The whole run is cut at
-# $GPU_CHECK_TIMEOUT seconds (default 480); what finished before is on disk.
+# rewritten as each stage ends), <stage>.json, gpu_first_packet.json and gpu_first_packet.md (the first-packet
+# summary and its page: copy both to docs/figures/ and commit them) and gpu_check.log. Stages (lab/gpu_check.py):
+# env, parity (tiny model fp32 vs the reference's goldens), graphs (the graphed and batched paths vs their eager
+# twins on the device), first_packet_graphs_on / _off (full-size random weights, bf16, zh_50, a warm voice: first
+# packet at 1, 16 and 64 streams, the CUDA graphs on, then off), bf16 (deltas), bf16_full_size, frontend. About
+# 4 minutes on an H200, so a second run fits the device time; the whole run is cut at $GPU_CHECK_TIMEOUT seconds
+# (default 330) and each first-packet run at its share of the budget; what finished before is on disk.
 # Without CUDA it runs the CPU mode (tiny model, about a minute on an idle 2-core machine); CI runs that.
 set -uo pipefail
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
@@ -48,9 +50,9 @@ for mod in $missing; do
   fi
 done
 
-timeout --kill-after=10 "${GPU_CHECK_TIMEOUT:-480}" "$PY" -m lab.gpu_check --out "$OUT" "$@"
+timeout --kill-after=10 "${GPU_CHECK_TIMEOUT:-330}" "$PY" -m lab.gpu_check --out "$OUT" "$@"
 rc=$?
-[ $rc -eq 124 ] && echo "== gpu_check cut at ${GPU_CHECK_TIMEOUT:-480} s; finished stages are in $OUT"
+[ $rc -eq 124 ] && echo "== gpu_check cut at ${GPU_CHECK_TIMEOUT:-330} s; finished stages are in $OUT"
 command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=memory.used --format=csv
 echo "== done (exit $rc): $(ls "$OUT" | tr '\n' ' ')"
 exit $rc

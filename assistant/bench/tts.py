@@ -78,7 +78,10 @@ def add_tts_bench_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--first-chunk-tokens", type=int, default=10, help="fast schedule: first hop")
     parser.add_argument("--first-chunk-steps", type=int, default=0, help="fast: Euler steps of chunk 1 (0: 10)")
     parser.add_argument("--repeats", type=int, default=1, help="runs per text (median reported)")
-    parser.add_argument("--no-cuda-graphs", action="store_true", help="eager decode step on CUDA")
+    parser.add_argument("--no-cuda-graphs", action="store_true",
+                        help="no CUDA graphs (decode step, prefill, first chunk): every step eager")
+    parser.add_argument("--flow-stream-frames", type=int, default=0,
+                        help="frames a stream keeps in the flow arena (tts.flow_stream_frames; 0: none)")
     parser.add_argument("--out", default="bench-results/tts", help="directory for tts_bench.json and tts_bench.png")
     parser.add_argument("--markdown", type=Path, default=None, metavar="FILE",
                         help="also write the tables to FILE under a line naming this command, the git commit and "
@@ -98,7 +101,7 @@ def add_tts_bench_arguments(parser: argparse.ArgumentParser) -> None:
 # --- model and inputs ------------------------------------------------------------------------------------
 
 
-def _random_full_size(device: str, dtype: str) -> CosyVoice2:
+def random_full_size(device: str, dtype: str) -> CosyVoice2:
     """CosyVoice2 with the official 0.5B shapes and random weights (timing only)."""
     from assistant.tts.cosyvoice.cosyvoice2 import CosyVoice2
     from assistant.tts.cosyvoice.flow import CausalFlow, FlowConfig
@@ -123,7 +126,7 @@ def _random_full_size(device: str, dtype: str) -> CosyVoice2:
     return CosyVoice2(LoadedModel(Path("random-full-size"), spec, llm, flow, hift, dev, dt))
 
 
-def _voice(model: CosyVoice2, notes: list[str] | None, variant: int = 0,
+def bench_voice(model: CosyVoice2, notes: list[str] | None, variant: int = 0,
            engine: CosyVoiceEngine | None = None) -> CosyVoicePrompt:
     """The 10 s reference voice, or fixed random prompt tokens/features of its length. ``variant`` > 0 gives a
     voice never seen before (a clip cut ``variant`` x 10 ms shorter, or another random prompt): a cold voice."""
@@ -156,7 +159,7 @@ def _voice(model: CosyVoice2, notes: list[str] | None, variant: int = 0,
     )
 
 
-def _text_ids(model: CosyVoice2, text: str, seed: int) -> torch.Tensor:
+def text_ids(model: CosyVoice2, text: str, seed: int) -> torch.Tensor:
     if model.frontend.has_tokenizer:
         return torch.tensor([model.frontend.encode(text)], dtype=torch.long)
     vocab = int(model.llm.llm.model.config.vocab_size)
@@ -164,7 +167,7 @@ def _text_ids(model: CosyVoice2, text: str, seed: int) -> torch.Tensor:
     return torch.randint(0, min(vocab, 150000), (1, len(text)), generator=gen)
 
 
-def _load_texts(notes: list[str]) -> dict[str, str]:
+def load_texts(notes: list[str]) -> dict[str, str]:
     path = shared_path(TEXTS_FILE)
     if path.is_file():
         return json.loads(path.read_text(encoding="utf-8"))["texts"]
@@ -188,7 +191,7 @@ def continuity(arrivals: list[float], durations: list[float]) -> tuple[int, floa
     return underruns, gap
 
 
-async def _one(engine: CosyVoiceEngine, text_ids: torch.Tensor, voice: CosyVoicePrompt | None,
+async def measure_request(engine: CosyVoiceEngine, text_ids: torch.Tensor, voice: CosyVoicePrompt | None,
                schedule: StreamSchedule, tokens: int, seed: int,
                make_voice: Callable[[], CosyVoicePrompt] | None = None) -> dict[str, Any]:
     """One streamed request: first packet (its stage split), total time, continuity, LLM wall vs decode.
@@ -279,7 +282,7 @@ async def _bench(args: argparse.Namespace, model: CosyVoice2, notes: list[str],
 
     streams = [int(s) for s in str(args.streams).split(",") if s.strip()]
     names = [n.strip() for n in str(args.texts).split(",") if n.strip()]
-    texts = _load_texts(notes)
+    texts = load_texts(notes)
     schedules = {
         name: StreamSchedule.named(name, args.first_chunk_tokens, args.first_chunk_steps or None)
         for name in str(args.schedules).split(",")
@@ -287,7 +290,8 @@ async def _bench(args: argparse.Namespace, model: CosyVoice2, notes: list[str],
     sweep_schedules = [s for s in str(args.sweep_schedules or args.schedules).split(",") if s in schedules]
     cuda = args.device.startswith("cuda")
     cfg = TTSConfig(engine="cosyvoice2", device=args.device, dtype=args.dtype, max_concurrent=max(streams),
-                    max_waiting=0, cuda_graphs=cuda and not args.no_cuda_graphs, prompt_cache_mb=args.prompt_cache_mb)
+                    max_waiting=0, cuda_graphs=cuda and not args.no_cuda_graphs, prompt_cache_mb=args.prompt_cache_mb,
+                    flow_stream_frames=args.flow_stream_frames)
     engine = CosyVoiceEngine(cfg)
     engine.attach(model)
     result: dict[str, Any] = {"per_text": [], "sweep": [], "steps_quality": [], "op_counts": [], "fidelity": []}
@@ -297,15 +301,15 @@ async def _bench(args: argparse.Namespace, model: CosyVoice2, notes: list[str],
         return max(1, round(args.tokens_per_char * len(text)))
 
     def new_voice() -> CosyVoicePrompt:
-        return _voice(model, None, next(variants), engine)
+        return bench_voice(model, None, next(variants), engine)
 
     first_name = names[0] if names else args.sweep_text
     first_text = texts.get(first_name, FALLBACK_TEXTS.get(first_name, first_name))
     main_sched = "fast" if "fast" in schedules else next(iter(schedules))
 
     # 1. The first request after start: nothing captured or warm, a voice never seen.
-    r = await _one(engine, _text_ids(model, first_text, 1), None, schedules[main_sched], tokens_for(first_text), 0,
-                   make_voice=new_voice)
+    r = await measure_request(engine, text_ids(model, first_text, 1), None, schedules[main_sched],
+                              tokens_for(first_text), 0, make_voice=new_voice)
     result["first_after_start"] = {"schedule": main_sched, "text": first_name, **r}
     print(f"  first request after start ({main_sched}): first packet {r['first_packet_ms']:.0f} ms", flush=True)
     save(result)
@@ -314,13 +318,13 @@ async def _bench(args: argparse.Namespace, model: CosyVoice2, notes: list[str],
     #    is measured at (a schedule left out of the sweep runs at one stream only).
     t0 = time.perf_counter()
     result["decode_path"] = await asyncio.get_running_loop().run_in_executor(None, engine.batcher.capture)
-    voice = _voice(model, notes, 0, engine)
+    voice = bench_voice(model, notes, 0, engine)
     if hasattr(engine, "prepare_voice"):
         await engine.prepare_voice(voice)
-    warm_ids = _text_ids(model, "warm up text", 0)
+    warm_ids = text_ids(model, "warm up text", 0)
     for sname, sched in schedules.items():
         n = max(streams) if sname in sweep_schedules and not args.skip_sweep else 1
-        await asyncio.gather(*(_one(engine, warm_ids, voice, sched, 60, i) for i in range(n)))
+        await asyncio.gather(*(measure_request(engine, warm_ids, voice, sched, 60, i) for i in range(n)))
     _sync(args.device)
     result["warmup_s"] = time.perf_counter() - t0
     save(result)
@@ -328,13 +332,14 @@ async def _bench(args: argparse.Namespace, model: CosyVoice2, notes: list[str],
     # 3. Per text: warm first packet (registered voice) per schedule, and cold (a new voice) for ours.
     for name in names:
         text = texts.get(name, FALLBACK_TEXTS.get(name, name))
-        ids = _text_ids(model, text, 1)
+        ids = text_ids(model, text, 1)
         row: dict[str, Any] = {"text": name, "chars": len(text), "speech_tokens": tokens_for(text)}
         for sname, sched in schedules.items():
-            runs = [await _one(engine, ids, voice, sched, tokens_for(text), r) for r in range(args.repeats)]
+            runs = [await measure_request(engine, ids, voice, sched, tokens_for(text), r)
+                    for r in range(args.repeats)]
             row[sname] = {k: statistics.median(r[k] for r in runs) for k in runs[0]}
-        cold = [await _one(engine, ids, None, schedules[main_sched], tokens_for(text), r, make_voice=new_voice)
-                for r in range(args.repeats)]
+        cold = [await measure_request(engine, ids, None, schedules[main_sched], tokens_for(text), r,
+                                      make_voice=new_voice) for r in range(args.repeats)]
         row[f"{main_sched}_cold"] = {k: statistics.median(r[k] for r in cold) for k in cold[0]}
         result["per_text"].append(row)
         print(f"  {name}: " + ", ".join(f"{s} {row[s]['first_packet_ms']:.0f} ms" for s in schedules)
@@ -343,7 +348,7 @@ async def _bench(args: argparse.Namespace, model: CosyVoice2, notes: list[str],
 
     # 4. Concurrency sweep: N requests started together, warm (and cold: N new voices).
     sweep_text = texts.get(args.sweep_text, FALLBACK_TEXTS.get(args.sweep_text, args.sweep_text))
-    ids = _text_ids(model, sweep_text, 2)
+    ids = text_ids(model, sweep_text, 2)
     for sname in [] if args.skip_sweep else sweep_schedules:
         sched = schedules[sname]
         for n in streams:
@@ -352,8 +357,8 @@ async def _bench(args: argparse.Namespace, model: CosyVoice2, notes: list[str],
                     torch.cuda.reset_peak_memory_stats()
                 t0 = time.perf_counter()
                 runs = await asyncio.gather(*(
-                    _one(engine, ids, voice if kind == "warm" else None, sched, tokens_for(sweep_text), 100 + i,
-                         make_voice=new_voice if kind == "cold" else None) for i in range(n)))
+                    measure_request(engine, ids, voice if kind == "warm" else None, sched, tokens_for(sweep_text),
+                                    100 + i, make_voice=new_voice if kind == "cold" else None) for i in range(n)))
                 row = _sweep_row(sname, n, kind, runs, time.perf_counter() - t0, cuda)
                 result["sweep"].append(row)
                 print(f"  sweep {sname} {kind} x{n}: first packet p50 {row['first_packet_p50_ms']:.0f} ms, "
@@ -367,15 +372,20 @@ async def _bench(args: argparse.Namespace, model: CosyVoice2, notes: list[str],
     gc.collect()
     save(result)
 
-    # 5. Ops dispatched by a first chunk, alone and batched (torch profiler).
+    # 5. Ops dispatched by a chunk, alone and batched (torch profiler): a warm first chunk eager and static (the
+    #    first chunk's graphs), a later chunk with its streams attended in turn and over the flow arena.
     if args.op_counts:
-        from assistant.bench.op_counts import first_chunk_ops
+        from assistant.bench.op_counts import first_chunk_ops, later_chunk_ops
 
         toks = torch.randint(0, 6561, (64,), generator=torch.Generator().manual_seed(4)).tolist()
         for n in (int(x) for x in str(args.op_counts).split(",") if x.strip()):
-            result["op_counts"].append(first_chunk_ops(model, voice, toks, n, args.first_chunk_tokens))
-            print(f"  first chunk x{n}: {result['op_counts'][-1]['aten_ops_per_stream']:.0f} ops per stream",
-                  flush=True)
+            rows = [first_chunk_ops(model, voice, toks, n, args.first_chunk_tokens, static)
+                    for static in (False, True)]
+            rows += [later_chunk_ops(model, voice, toks, n, args.first_chunk_tokens, frames)
+                     for frames in (0, 2 * len(toks)) if n > 1]         # one stream: no batch to attend at once
+            result["op_counts"] += rows
+            print(f"  x{n}: " + ", ".join(f"{r['chunk']} {r['path']} {r['aten_ops_per_stream']:.0f}" for r in rows)
+                  + " ops per stream", flush=True)
             save(result)
 
     # 6. Quality of fewer Euler steps for the first chunk (mel difference vs 10 steps, same tokens).
@@ -431,7 +441,7 @@ def run_tts_bench(args: argparse.Namespace) -> int:
     notes: list[str] = []
     t0 = time.perf_counter()
     if args.random_full_size:
-        model = _random_full_size(args.device, args.dtype)
+        model = random_full_size(args.device, args.dtype)
         notes.append("model: full-size CosyVoice2-0.5B shapes, random weights")
     else:
         from assistant.tts.cosyvoice.cosyvoice2 import CosyVoice2
@@ -479,4 +489,5 @@ def run_tts_bench(args: argparse.Namespace) -> int:
     return 0
 
 
-__all__ = ["add_tts_bench_arguments", "continuity", "run_tts_bench"]
+__all__ = ["add_tts_bench_arguments", "bench_voice", "continuity", "load_texts", "measure_request", "random_full_size",
+           "run_tts_bench", "text_ids"]

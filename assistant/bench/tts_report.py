@@ -129,12 +129,15 @@ def tables(result: dict, schedules: list[str]) -> str:
         lines += ["", f"prompt cache: {cache['entries']} entries, {cache['bytes'] / 2**20:.0f} MB, "
                   f"hits {cache['hits']}, misses {cache['misses']}, evictions {cache['evictions']}"]
     if result.get("op_counts"):
-        lines += ["", "Ops dispatched by the fast schedule's first chunk (warm voice; torch profiler: top-level "
-                  "aten ops, CUDA kernel launches)", "",
-                  "| streams together | aten ops | per stream | kernel launches | per stream |", "|" + "---|" * 5]
+        lines += ["", "Ops dispatched by a fast-schedule chunk (warm voice; torch profiler: top-level aten ops, CUDA "
+                  "kernel and graph launches): the first chunk eager and static (its graphs), a later chunk with "
+                  "the streams attended in turn (loop) and over the flow arena", "",
+                  "| chunk | path | streams together | aten ops | per stream | kernel launches | per stream | "
+                  "graph launches |", "|" + "---|" * 8]
         for r in result["op_counts"]:
-            lines.append(f"| {r['streams']} | {r['aten_ops']} | {r['aten_ops_per_stream']:.0f} | "
-                         f"{r['kernel_launches']} | {r['kernel_launches_per_stream']:.0f} |")
+            lines.append(f"| {r.get('chunk', 'first')} | {r.get('path', 'eager')} | {r['streams']} | {r['aten_ops']} | "
+                         f"{r['aten_ops_per_stream']:.0f} | {r['kernel_launches']} | "
+                         f"{r['kernel_launches_per_stream']:.0f} | {r.get('graph_launches', 0)} |")
     if result.get("steps_quality"):
         lines += ["", "First chunk with fewer Euler steps (mel vs 10 steps)", "",
                   "| steps | mean abs | max abs | mel std | flow ms |", "|---|---|---|---|---|"]

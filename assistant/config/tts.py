@@ -44,10 +44,20 @@ class TTSConfig:
     stream_schedule: str = setting("fast", "cosyvoice2 streaming: fast (cached flow, small first hop) or official")
     first_chunk_steps: int = setting(0, "cosyvoice2: Euler steps of the first chunk's flow (0: the model's 10)")
     max_positions: int = setting(2048, "cosyvoice2: LLM positions per slot (prompt + speech tokens)")
+    flow_stream_frames: int = setting(
+        0, "cosyvoice2: mel frames of its own each running stream keeps in the flow's static arena, so streams at "
+        "any point attend as one batch (memory, allocated at start: max_concurrent x frames x ~2.3 MB at full size "
+        "in bf16, 4.6 MB in fp32; a stream past it, or a cold voice's prompt, continues on buffers of its own); 0: "
+        "no arena, each stream on buffers of its own, attended one by one",
+    )
     prompt_cache_mb: int = setting(
         4096, "cosyvoice2: memory for voices' computed prompts (LRU; ~2.3 GB per 10 s voice in fp32, half in bf16)"
     )
-    cuda_graphs: bool = setting(True, "cosyvoice2 on CUDA: capture the batched decode step as a CUDA graph")
+    cuda_graphs: bool = setting(
+        True, "cosyvoice2 on CUDA: CUDA graphs for the batched decode step (its sampling included) and, for each "
+        "prepared voice, the first chunk's flow and vocoder (per batch size; captured at warm-up or when a voice is "
+        "prepared, never inside a request); off: every step eager",
+    )
     timeout_s: float = setting(60.0, "longest one synthesis may take")
 
 

@@ -69,14 +69,14 @@ def gil_probe() -> dict[str, float]:
 
 async def engine_probe() -> None:
     from assistant.bench.shared_data import shared_path
-    from assistant.bench.tts import _load_texts, _one, _random_full_size, _text_ids, _voice
+    from assistant.bench.tts import bench_voice, load_texts, measure_request, random_full_size, text_ids
     from assistant.config import TTSConfig
     from assistant.tts.cosyvoice.cosyvoice2 import CosyVoice2
     from assistant.tts.cosyvoice.engine import CosyVoiceEngine
     from assistant.tts.cosyvoice.schedule import StreamSchedule
 
     if which == "full":
-        model = _random_full_size(dev, "bfloat16" if dev == "cuda" else "float32")
+        model = random_full_size(dev, "bfloat16" if dev == "cuda" else "float32")
     else:
         model = CosyVoice2.from_dir(shared_path("fixtures/cosyvoice2/tiny"), device=dev)
     cfg = TTSConfig(engine="cosyvoice2", device=dev, dtype="bfloat16" if dev == "cuda" else "float32",
@@ -85,14 +85,14 @@ async def engine_probe() -> None:
     engine.attach(model)
     loop = asyncio.get_running_loop()
     save("capture", await loop.run_in_executor(None, engine.batcher.capture))
-    voice = _voice(model, None, 0, engine)
+    voice = bench_voice(model, None, 0, engine)
     if hasattr(engine, "prepare_voice"):
         await engine.prepare_voice(voice)
     sched = StreamSchedule.named("fast", 10, None)
-    ids = _text_ids(model, _load_texts([])["zh_50"], 0)  # bench tts's zh_50, as gpu_check's bench runs it
-    warm = _text_ids(model, "warm up text", 0)
+    ids = text_ids(model, load_texts([])["zh_50"], 0)  # bench tts's zh_50, as gpu_check's bench runs it
+    warm = text_ids(model, "warm up text", 0)
     for i in range(2):
-        await _one(engine, warm, voice, sched, 60, i)
+        await measure_request(engine, warm, voice, sched, 60, i)
     save("warm", {"s": time.perf_counter() - T0})
     dec = engine.batcher.decoder
     assert hasattr(dec, "hold_ahead"), "DecodeWorker.hold_ahead is gone: the probe toggles it"
@@ -104,7 +104,7 @@ async def engine_probe() -> None:
             dec.hold_ahead = hold
             rows = []
             for r in range(reps if streams == 1 else max(1, reps - 1)):
-                rs = await asyncio.gather(*(_one(engine, ids, voice, sched, tokens, 100 * r + s)
+                rs = await asyncio.gather(*(measure_request(engine, ids, voice, sched, tokens, 100 * r + s)
                                             for s in range(streams)))
                 rows += [{k: round(float(x.get(k, 0.0)), 2) for k in keys} for x in rs]
             name = f"streams{streams}_hold{int(hold)}"
@@ -118,7 +118,7 @@ async def engine_probe() -> None:
     from torch.profiler import ProfilerActivity, profile
     acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if dev == "cuda" else [])
     with profile(activities=acts) as prof:
-        req = await _one(engine, ids, voice, sched, tokens, 7)
+        req = await measure_request(engine, ids, voice, sched, tokens, 7)
     events = prof.key_averages()
     (out / "profile.txt").write_text(
         events.table(sort_by="cuda_time_total" if dev == "cuda" else "cpu_time_total", row_limit=30)

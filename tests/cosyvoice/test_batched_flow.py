@@ -106,17 +106,17 @@ def test_streams_of_one_voice_share_its_prefix_in_one_attention(setup, buckets, 
             out.append(s)
         return out
 
-    import assistant.tts.cosyvoice.flow_decoder as flow_decoder
+    import assistant.tts.cosyvoice.flow_cache as flow_cache
 
     shared = []
-    orig = flow_decoder.attend_shared
+    orig = flow_cache.attend_shared
 
     def spy(*a, **k):
         shared.append(len(a[4]))
         return orig(*a, **k)
 
     alone = _drive(streams(), buckets, together=False)
-    monkeypatch.setattr(flow_decoder, "attend_shared", spy)
+    monkeypatch.setattr(flow_cache, "attend_shared", spy)
     batched = _drive(streams(), buckets, together=True)
     assert shared and max(shared) >= 2
     for a, b in zip(alone, batched, strict=True):

@@ -207,28 +207,79 @@ def test_static_decode_step_traced_on_cpu_equals_eager(setup):
     assert step.record["direct_steps"] == 19 and step.record["replays"] == 0
 
 
+def test_sampling_inside_the_static_step_gives_exactly_the_eager_tokens(setup):
+    """The decode step with its sampling inside (what a GPU replays as one graph), traced on the CPU: seeded
+    (sampled, not greedy) jobs draw exactly the eager path's tokens, a held job (not stepped for a while) and a
+    free slot keep their state untouched, every slot's state ends as the eager path leaves it, and a job alone
+    draws the tokens it draws inside the batch."""
+    from assistant.tts.cosyvoice.decode_state import DecodeState
+    from assistant.tts.cosyvoice.jobs import SpeechJob
+    from assistant.tts.cosyvoice.prompt_cache import PromptCache
+
+    model, voice, g = setup
+    texts = (g["in.e2e_text_token"], g["in.text_token"], g["in.e2e_text_token"][:, :5])
+
+    def run(static: bool, which: tuple[int, ...] = (0, 1, 2)) -> tuple[list[list[int]], DecodeState]:
+        state = DecodeState(model.llm, 4, 256, cuda_graphs=False, static_step=static)
+        cache = PromptCache()
+        jobs = [SpeechJob(texts[i], voice, g["in.prompt_text_token"] if i == 1 else None, None,
+                          StreamSchedule.fast(), lambda item: None, seed=100 + i, ignore_eos=i == 2) for i in which]
+        with torch.inference_mode():
+            prompts = [state.prompt(j, cache) for j in jobs]
+            for j, slot in zip(jobs, (0, 2, 3), strict=False):                # slot 1 stays free
+                j.slot = slot
+            out = [[int(t)] for t in state.start(jobs, prompts)]
+            for step in range(30):
+                stepping = jobs if step < 10 or step >= 20 else jobs[:2]     # job 2 held for ten steps
+                for j, t in zip(stepping, state.step(stepping).tolist(), strict=True):
+                    out[jobs.index(j)].append(t)
+        return out, state
+
+    eager, eager_state = run(False)
+    static, static_state = run(True)
+    assert static == eager
+    assert len({tuple(t) for t in eager}) == 3 and all(len(t) > 20 for t in eager)
+    for name in ("_next", "_pos", "_steps", "_recent"):
+        torch.testing.assert_close(getattr(static_state, name), getattr(eager_state, name), atol=1e-6, rtol=0)
+    assert static_state.path["direct_steps"] == 30 and eager_state.path["path"] == "eager (cpu)"
+    alone, _ = run(True, (0,))
+    assert alone[0] == static[0]
+
+
 def test_batcher_on_the_static_step(setup):
-    """The decode worker's graphed path, traced on the CPU: a seeded request gives the same audio as on the
-    eager path, and the record says which path ran."""
+    """The workers' graphed paths, traced on the CPU: the decode step with its sampling and a prepared voice's
+    static first chunk (flow, vocoder). Two seeded requests give the same audio as on the eager path, their
+    first chunks ran as one static batch, and the records say which paths ran."""
     from assistant.tts.cosyvoice.batching import SpeechBatcher
+    from assistant.tts.cosyvoice.flow_prefix import flow_prefix
     from assistant.tts.cosyvoice.job_runner import job_args, run_job
 
     model, voice, g = setup
 
     async def one(static: bool):
-        batcher = SpeechBatcher(model.llm, model.flow, model.hift, slots=2, max_positions=256, static_step=static)
-        args = job_args(model, g["in.e2e_text_token"], voice, None, 1.0, 5, StreamSchedule.fast(), tokens=40)
-        audio = np.concatenate([c.audio async for c in run_job(batcher, args)])
+        batcher = SpeechBatcher(model.llm, model.flow, model.hift, slots=2, max_positions=256, static_step=static,
+                                static_chunks=static)
+        prepared = batcher.prepare_voice(flow_prefix(model.flow, voice, batcher.cache))
+
+        async def request(seed: int) -> np.ndarray:
+            args = job_args(model, g["in.e2e_text_token"], voice, None, 1.0, seed, StreamSchedule.fast(), tokens=40)
+            return np.concatenate([c.audio async for c in run_job(batcher, args)])
+
+        audio = await asyncio.gather(request(5), request(6))
         stats = batcher.stats()
         batcher.close()
-        return audio, stats
+        return audio, stats, prepared
 
-    eager, eager_stats = asyncio.run(one(False))
-    static, static_stats = asyncio.run(one(True))
-    assert eager_stats["decode_path"]["path"] == "eager (cpu)"
+    eager, eager_stats, eager_prepared = asyncio.run(one(False))
+    static, static_stats, prepared = asyncio.run(one(True))
+    assert eager_stats["decode_path"]["path"] == "eager (cpu)" and eager_stats["first_chunk_path"] == "eager"
+    assert eager_prepared["path"].startswith("eager")
     assert static_stats["decode_path"]["path"] == "static step (cpu, capture skipped)"
     assert static_stats["decode_path"]["direct_steps"] == static_stats["decode_steps"] > 0
-    np.testing.assert_allclose(static, eager, atol=AUDIO_ATOL)
+    assert prepared["flow"]["path"] == static_stats["first_chunk_path"] == "static step (cpu, capture skipped)"
+    assert static_stats["first_chunk_flow_direct"] >= 1 and static_stats["first_push"]["direct_steps"] >= 1
+    for a, b in zip(eager, static, strict=True):
+        np.testing.assert_allclose(b, a, atol=AUDIO_ATOL)
 
 
 def test_prefills_of_different_lengths_in_one_forward_equal_each_alone(setup):
@@ -248,6 +299,41 @@ def test_prefills_of_different_lengths_in_one_forward_equal_each_alone(setup):
         torch.testing.assert_close(together.k_cache[:, slot, :, :n], alone.k_cache[:, slot, :, :n], atol=1e-5,
                                    rtol=1e-5)
     assert rest.size(1) != other.size(1)
+
+
+def test_static_prefill_equals_the_eager_prefill_alone_and_in_a_padded_batch(setup):
+    """The prefill a GPU replays per (batch, length) bucket, run directly on the CPU with its static buffers: one
+    prompt alone and three (one with a cached start, different lengths) in the bucket of four give the eager
+    prefill's last hidden states and keys/values within 1e-5; a slot no request holds is left as it was."""
+    from assistant.tts.cosyvoice.prefill_graphs import StaticPrefill
+
+    model, _, g = setup
+    lm = model.llm
+    head, rest = lm.build_lm_input_parts(g["in.text_token"], g["in.prompt_text_token"], g["in.prompt_speech_token"])
+    others = [lm.build_lm_input(g["in.e2e_text_token"], None, None), lm.build_lm_input(g["in.text_token"], None, None)]
+    with torch.inference_mode():
+        eager = SlotDecoder(lm, 4, 256)
+        past = eager.prefix_kv(head[0])
+        xs, pasts, slots = [rest[0], others[0][0], others[1][0]], [past, None, None], [0, 2, 3]
+        want_one = eager.prefill(0, rest[0], past).clone()
+        want_kv = eager.k_cache[:, 0].clone(), eager.v_cache[:, 0].clone()
+        want = eager.prefill_many(slots, xs, pasts)
+        static = SlotDecoder(lm, 4, 256)
+        static.k_cache[:, 1] = 7.0                                   # a slot no request holds
+        graphs = StaticPrefill(static, (1, 4), graph=True, lengths=(64, 128))
+        assert graphs.fits(xs, pasts) and graphs.record["path"] == "static step (cpu, capture skipped)"
+        one = graphs.run([0], xs[:1], pasts[:1])
+        torch.testing.assert_close(one[0], want_one, atol=1e-5, rtol=0)
+        n = head.size(1) + rest.size(1)
+        torch.testing.assert_close(static.k_cache[:, 0, :, :n], want_kv[0][:, :, :n], atol=1e-5, rtol=0)
+        got = graphs.run(slots, xs, pasts)
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=0)
+    for slot, length in zip(slots, [n, others[0].size(1), others[1].size(1)], strict=True):
+        for cache in ("k_cache", "v_cache"):
+            torch.testing.assert_close(getattr(static, cache)[:, slot, :, :length],
+                                       getattr(eager, cache)[:, slot, :, :length], atol=1e-5, rtol=0)
+    assert bool((static.k_cache[:, 1] == 7.0).all())
+    assert graphs.record["direct_steps"] == 2 and len({x.size(0) for x in xs}) == 3
 
 
 def test_first_packets_first_holds_jobs_past_their_first_chunk_tokens_and_admits_one_at_a_time(setup):

@@ -13,10 +13,13 @@ own, flow solves and vocoder windows yielded as `batch_work.Work`). One round of
    which is delivered at once).
 
 So a batch never waits for a stream that is not due, the most urgent stream is always in the batch, and the
-others ride along for the price of one call. When no chunk is due, the round builds a cold voice's flow
-prefix one encoder chunk at a time (`prefix_builds.py`), so later requests of that voice are warm while no
-stream ever waits for a whole prefix; and no first chunk waits for a piece of one: builds pause while any
-request, from its submission (`expect`) on, has not played its first chunk.
+others ride along for the price of one call. A warm voice prepared for it (`first_chunk.py`) makes the first
+chunks of its streams as two static graphs (flow, vocoder), one replay each per batch. When no chunk is due, the
+round builds a cold voice's flow prefix one encoder chunk at a time (`prefix_builds.py`), so later requests of
+that voice are warm while no stream ever waits for a whole prefix, and then prepares that voice's static first
+chunk; no first chunk waits for either: they pause while any request, from its submission (`expect`) on, has
+not played its first chunk. A voice prepared explicitly (`prepare`: warm-up, a registered voice) is prepared
+between two rounds.
 
 On CUDA the thread runs on its own stream; it synchronises that stream only (for stage timings), never the
 device, so the decode thread's steps and a graph capture there are not disturbed.
@@ -25,16 +28,21 @@ device, so the decode thread's steps and a graph capture there are not disturbed
 from __future__ import annotations
 
 import logging
+import threading
 import time
+from collections import deque
 from collections.abc import Callable, Hashable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
 from assistant.tts.cosyvoice.admission import EngineBusy
 from assistant.tts.cosyvoice.batch_work import Work, WorkSteps, run_grouped
 from assistant.tts.cosyvoice.engine_thread import EngineThread
+from assistant.tts.cosyvoice.first_chunk import FirstChunkGraphs
 from assistant.tts.cosyvoice.flow import CausalFlow
+from assistant.tts.cosyvoice.flow_arena import FlowArena
+from assistant.tts.cosyvoice.flow_prefix import FlowPrefix
 from assistant.tts.cosyvoice.hift import HiFTVocoder
 from assistant.tts.cosyvoice.jobs import SpeechJob
 from assistant.tts.cosyvoice.prefix_builds import PrefixBuilds
@@ -42,6 +50,17 @@ from assistant.tts.cosyvoice.prompt_cache import PromptCache
 from assistant.tts.cosyvoice.streaming import Chunk, StreamingSynthesis
 
 log = logging.getLogger(__name__)
+
+MAX_BUILT_WAITING = 8   # prefixes built beside cold requests whose static first chunk waits for an idle round
+
+
+@dataclass(eq=False)
+class _Prepare:
+    """A voice's static first chunk to prepare, and the event its caller waits on."""
+
+    prefix: FlowPrefix
+    done: threading.Event = field(default_factory=threading.Event)
+    record: dict[str, object] = field(default_factory=dict)
 
 
 @dataclass(eq=False)
@@ -60,16 +79,20 @@ class ChunkWorker(EngineThread):
 
     def __init__(
         self, flow: CausalFlow, hift: HiFTVocoder, cache: PromptCache, *, sample_rate: int, max_batch: int,
-        buckets: tuple[int, ...] = (), cpu_threads: int = 1,
+        buckets: tuple[int, ...] = (), cpu_threads: int = 1, first_chunk: FirstChunkGraphs | None = None,
+        arena: FlowArena | None = None,
     ) -> None:
         super().__init__("cosyvoice-chunks", next(flow.parameters()).device, cpu_threads)
         self.flow, self.hift, self.cache = flow, hift, cache
         self.sample_rate, self.max_batch, self.buckets = sample_rate, max(1, max_batch), buckets
+        self.first_chunk, self.arena = first_chunk, arena
         self.wake_decoder: Callable[[], None] = lambda: None
         self._jobs: list[SpeechJob] = []
         self._arriving: set[SpeechJob] = set()   # submitted, not handed over yet (in prefill or decoding)
         self._tasks: dict[SpeechJob, _Task] = {}
-        self._builds = PrefixBuilds(cache)
+        self._prepares: list[_Prepare] = []      # voices to prepare between two rounds (and who waits)
+        self._built: deque[FlowPrefix] = deque(maxlen=MAX_BUILT_WAITING)   # built here, to prepare when idle
+        self._builds = PrefixBuilds(cache, on_built=self._built.append)
         self.busy = False                # read by the decode thread (its step time with or without us)
         self.first_chunks = False        # read by the decode thread: a job's first chunk is under way
         self.chunk_s = 0.0               # wall time of rounds that did work
@@ -92,10 +115,27 @@ class ChunkWorker(EngineThread):
         with self._cond:
             return set(map(id, self._jobs))
 
+    def prepare(self, prefix: FlowPrefix, timeout: float | None = None) -> dict[str, object]:
+        """Prepare a warm voice's static first chunk now, in the chunk thread between two rounds (on CUDA its
+        graphs share the thread's memory pool), and wait for it; returns what was prepared."""
+        if self.first_chunk is None:
+            return {"path": "eager (no static first chunk)"}
+        item = _Prepare(prefix)
+        with self._cond:
+            self._prepares.append(item)
+            self._cond.notify()
+        item.done.wait(timeout)
+        return item.record
+
     def stats(self) -> dict[str, object]:
+        first: dict[str, object] = self.first_chunk.stats() if self.first_chunk is not None else \
+            {"first_chunk_path": "eager"}
+        if self.arena is not None:
+            first.update(arena_slots=self.arena.slots, arena_free=self.arena.free, arena_frames=self.arena.frames,
+                         arena_mb=self.arena.nbytes / 2**20)
         return {"chunk_s": self.chunk_s, "flow_batches": self.batches,
                 "mean_flow_batch": self.batched_items / max(self.batches, 1), "max_flow_batch": self.max_seen_batch,
-                "prefixes_built": self._builds.built}
+                "prefixes_built": self._builds.built, **first}
 
     def fail(self, job: SpeechJob, exc: BaseException) -> None:
         self._send(job, exc)
@@ -112,6 +152,9 @@ class ChunkWorker(EngineThread):
                 if self._stop:
                     return
                 jobs = list(self._jobs)
+                prepares, self._prepares = self._prepares, []
+            for item in prepares:
+                self._prepare(item)
             t0 = time.perf_counter()
             self.busy = True
             try:
@@ -128,12 +171,27 @@ class ChunkWorker(EngineThread):
     def _after(self) -> None:
         with self._cond:
             jobs, self._jobs = list(self._jobs), []
+            prepares, self._prepares = self._prepares, []
+        for item in prepares:
+            item.done.set()
         for job in jobs:
             self._send(job, EngineBusy("the synthesis engine was closed"))
 
+    def _prepare(self, item: _Prepare) -> None:
+        """Prepare one voice's static first chunk (a failure is logged and leaves the voice on the eager path)."""
+        assert self.first_chunk is not None
+        try:
+            self._follow_default_stream()          # the prefix was built elsewhere, on the default stream
+            item.record = self.first_chunk.prepare(item.prefix)
+        except Exception as exc:  # pragma: no cover - defensive: the eager path serves the voice
+            log.exception("cosyvoice first chunk preparation failed")
+            item.record = {"path": "eager (preparation failed)", "error": str(exc)}
+        finally:
+            item.done.set()
+
     def _has_work(self) -> bool:
         """Anything to do (called under the lock)?"""
-        if self._tasks or self._may_build(self._jobs):
+        if self._tasks or self._prepares or self._may_build(self._jobs) or self._may_prepare_built(self._jobs):
             return True
         for job in self._jobs:
             if job.cancelled.is_set() or job.stream is None:
@@ -168,6 +226,8 @@ class ChunkWorker(EngineThread):
             self._run_batch(ready)
         elif self._may_build(live):
             self._run_builds()
+        elif self._may_prepare_built(live):
+            self._prepare(_Prepare(self._built.popleft()))
         self._note_first_chunks()
 
     def _note_first_chunks(self) -> None:
@@ -181,8 +241,16 @@ class ChunkWorker(EngineThread):
         """Prefix builds go on only while every job, submitted or running, has played its first chunk: a piece
         of a build is not interrupted, and a first packet should not wait behind one (called under the lock,
         or with ``jobs`` a copy taken under it)."""
-        if not self._builds:
+        return bool(self._builds) and self._no_first_packet_waits(jobs)
+
+    def _may_prepare_built(self, jobs: list[SpeechJob]) -> bool:
+        """A prefix built here is prepared (its static first chunk) under the same rule as the builds."""
+        if self.first_chunk is None:
+            self._built.clear()
             return False
+        return bool(self._built) and not self._builds and self._no_first_packet_waits(jobs)
+
+    def _no_first_packet_waits(self, jobs: list[SpeechJob]) -> bool:
         with self._cond:
             self._arriving = {j for j in self._arriving if not j.cancelled.is_set()}
             arriving = bool(self._arriving)
@@ -194,10 +262,12 @@ class ChunkWorker(EngineThread):
         if job.stream is None:
             job.stream = StreamingSynthesis(
                 self.flow, self.hift, job.voice, job.schedule, cache=self.cache, seed=job.seed, speed=job.speed,
-                capacity_tokens=min(job.hi, 8 * int(job.text_ids.numel()) + 50),
+                capacity_tokens=min(job.hi, 8 * int(job.text_ids.numel()) + 50), first_chunk=self.first_chunk,
             )
             job.stats["setup_ms"] = job.stream.setup_ms
             job.stats["cold_voice"] = float(job.stream.cold)
+            if self.arena is not None:
+                job.stats["arena_slot"] = float(job.stream.bind_arena(self.arena))
             if job.stream.missing_prefix is not None:
                 self._builds.want(job.stream.missing_prefix)
         done = job.decode_done                    # read before the tokens: all of them are there once set
@@ -319,7 +389,9 @@ class ChunkWorker(EngineThread):
             if job in self._jobs:
                 self._jobs.remove(job)
         self.wake_decoder()
-        job.stream = None
+        stream, job.stream = job.stream, None
+        if stream is not None:
+            stream.release_arena()
 
 
 __all__ = ["ChunkWorker"]

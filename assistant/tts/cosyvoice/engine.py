@@ -78,8 +78,9 @@ class CosyVoiceEngine:
         self.attach(model)
         return model
 
-    def attach(self, model: CosyVoice2) -> None:
-        """Use an already loaded model (tests, bench) and start the batcher over it."""
+    def attach(self, model: CosyVoice2, *, static_paths: bool = False) -> None:
+        """Use an already loaded model (tests, bench) and start the batcher over it. ``static_paths``: run the
+        graphed paths' static functions directly on any device (how a CPU traces what a GPU replays)."""
         self._model = model
         self.sample_rate = model.sample_rate
         if not model.voice_encoder.available:
@@ -101,6 +102,10 @@ class CosyVoiceEngine:
             max_waiting=self.cfg.max_waiting,
             max_positions=self.cfg.max_positions,
             cuda_graphs=self.cfg.cuda_graphs and cuda,
+            static_step=static_paths,
+            static_chunks=static_paths,
+            schedule=self.schedule,
+            arena_frames=self.cfg.flow_stream_frames,
             sample_rate=model.sample_rate,
             cache=self.prompt_cache,
             buckets=buckets,
@@ -154,14 +159,16 @@ class CosyVoiceEngine:
         log.info("cosyvoice2 warm-up (%d streams) took %.2f s", n, time.perf_counter() - t0)
 
     async def prepare_voice(self, voice: CosyVoicePrompt) -> None:
-        """Build the voice's flow prefix now (in the loading thread) unless the prompt cache has it: its first
-        request is then warm. A request never waits for this: without the prefix it starts cold."""
+        """Build the voice's flow prefix now (in the loading thread) unless the prompt cache has it, and its
+        static first chunk (on CUDA: captured as graphs, in the chunk thread): its first request is then warm.
+        A request never waits for this: without the prefix it starts cold, without the graphs it runs eagerly."""
         model = await self.model()
         steps = self.schedule.first_chunk_steps
 
         def build() -> None:
-            flow_prefix(model.flow, voice, self.prompt_cache, steps)
+            prefix = flow_prefix(model.flow, voice, self.prompt_cache, steps)
             stream_sync(torch.device(model.device))      # complete before another stream reads it
+            self.batcher.prepare_voice(prefix)
 
         await asyncio.get_running_loop().run_in_executor(self._executor, build)
 

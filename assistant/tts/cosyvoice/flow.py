@@ -24,6 +24,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from assistant.tts.cosyvoice.batch_work import Work, WorkSteps, bucket, run_alone
+from assistant.tts.cosyvoice.flow_cache import KVCache, RowCaches, Rows
 from assistant.tts.cosyvoice.flow_decoder import CausalUNetEstimator
 from assistant.tts.cosyvoice.flow_encoder import Cache, UpsampleConformerEncoder
 
@@ -118,7 +119,7 @@ def time_schedule(n_steps: int, scheduler: str, device=None, dtype=torch.float32
 
 
 def guided_euler(
-    estimator: nn.Module,
+    estimator: CausalUNetEstimator,
     z: torch.Tensor,
     mu: torch.Tensor,
     spks: torch.Tensor,
@@ -131,6 +132,8 @@ def guided_euler(
     mask: torch.Tensor | None = None,
     caches: Sequence[list[Cache]] | None = None,
     lengths: list[int] | None = None,
+    step_rows: Sequence[Rows] | None = None,
+    bias: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """The flow's classifier-free-guided Euler solve for N streams at once → mel [N, 80, T] (float32).
 
@@ -138,7 +141,9 @@ def guided_euler(
     frames). Every stream runs as a conditional row and an unconditional one (mu, spks and cond zeroed), in
     pairs, and moves by v = (1 + rate) * v_cond - rate * v_uncond. The state x and the time stay float32
     whatever the weights' dtype (as the reference under autocast: bf16 would round both). ``caches[i][step]``:
-    stream i's estimator cache at each step (streaming), so its T frames continue its earlier calls'.
+    stream i's estimator cache at each step (streaming), so its T frames continue its earlier calls'; or
+    ``step_rows[step]``: each step's streaming state already wrapped (`PrefixRows`), with its ``bias``
+    [2N, T, T]. The attention bias is made once for all steps.
     """
     n, _, frames = z.shape
     dtype = mu.dtype
@@ -153,12 +158,21 @@ def guided_euler(
         for i, length in enumerate(lengths or []):
             mask[i, :, length:] = 0
     mask_in = mask.repeat_interleave(2, dim=0)
+    if bias is None and caches is not None:
+        bias = estimator.streams_bias(mask_in, [int(c[0].get("frames", 0)) for c in caches], dtype)
+    elif bias is None and step_rows is None:
+        bias = estimator.attention_bias(mask_in, streaming, dtype)
     x = z.float()
     t, dt = t_span[0], t_span[1] - t_span[0]
+    solve: dict[str, object] = {}       # what the steps share (where the streams sit in the flow arena)
     for step in range(1, n_steps + 1):
-        step_caches = None if caches is None else [c[step - 1] for c in caches]
+        rows: Rows | None = None
+        if step_rows is not None:
+            rows = step_rows[step - 1]
+        elif caches is not None:
+            rows = RowCaches([c[step - 1] for c in caches], 2 * n, frames, lengths, solve)
         v = estimator(x.to(dtype).repeat_interleave(2, dim=0), mask_in, mu_in, t.expand(2 * n), spks_in, cond_in,
-                      streaming, step_caches, lengths)
+                      streaming, rows=rows, bias=bias)
         v = v.float().view(n, 2, *v.shape[1:])
         x = x + dt * ((1.0 + rate) * v[:, 0] - rate * v[:, 1])
         # Accumulate t and take dt from the schedule, in the reference's order of float operations.
@@ -242,11 +256,11 @@ class CausalFlow(nn.Module):
     def inference(
         self,
         token: torch.Tensor,
-        token_len: torch.Tensor,
+        token_len: torch.Tensor | None,
         prompt_token: torch.Tensor,
-        prompt_token_len: torch.Tensor,
+        prompt_token_len: torch.Tensor | None,
         prompt_feat: torch.Tensor,
-        prompt_feat_len: torch.Tensor,
+        prompt_feat_len: torch.Tensor | None,
         embedding: torch.Tensor,
         streaming: bool,
         finalize: bool,
@@ -314,6 +328,7 @@ class FlowSolve(Work):
     @classmethod
     def run_batch(cls, items: list[FlowSolve]) -> None:
         flow = items[0].flow
+        items = sorted(items, key=_voice_of)     # streams of one voice side by side: one prefix run each
         lengths = [it.frames for it in items]
         frames = max(lengths)
 
@@ -332,6 +347,14 @@ class FlowSolve(Work):
         )
         for i, it in enumerate(items):
             it.result = mel[i : i + 1, :, : lengths[i]]
+
+
+def _voice_of(solve: FlowSolve) -> int:
+    """The identity of the voice prefix a solve's stream continues (0: none)."""
+    for value in (solve.caches or [{}])[0].values():
+        if isinstance(value, KVCache) and value.prefix is not None:
+            return id(value.prefix[0])
+    return 0
 
 
 class StreamingFlow:

@@ -9,12 +9,8 @@ Module and parameter names follow the official checkpoint (`flow.pt`, prefix `de
 the transformer blocks reproduce the diffusers `BasicTransformerBlock` used by Matcha-TTS
 (LayerNorm -> self-attention -> LayerNorm -> GELU feed-forward, both residual).
 
-Streaming (one cache per stream and Euler step) works on a batch of streams at once: the streams' rows are
-stacked (``group`` consecutive rows per stream: its conditional and unconditional CFG rows), every layer runs
-once over the whole batch, and only what is a stream's own is done per stream: its convolutions' left tails
-and its attention over its own cached frames (`RowCaches`). Rows may be padded at the end to a common length
-(``lengths``): padded frames are masked as keys and never written to a cache, so a stream's frames come out
-the same alone or in a batch (up to float summation order; tested).
+In streaming mode every layer runs once over a batch of streams, and what is a stream's own (its convolutions'
+left tails, its attention over its cached frames) is asked of their streaming state (`flow_cache.py`).
 """
 
 from __future__ import annotations
@@ -25,9 +21,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from assistant.tts.cosyvoice.flow_cache import MASK_BIAS, RowCaches, Rows, attend
 from assistant.tts.cosyvoice.flow_encoder import Cache, chunk_attention_mask
-
-MASK_BIAS = -1.0e10  # additive attention bias of a blocked position (as the reference, not -inf)
 
 
 def timestep_features(t: torch.Tensor, dim: int, scale: float = 1000.0) -> torch.Tensor:
@@ -41,202 +36,13 @@ def timestep_features(t: torch.Tensor, dim: int, scale: float = 1000.0) -> torch
     return torch.cat((angles.sin(), angles.cos()), dim=-1)
 
 
-class KVCache:
-    """Keys and values of one attention layer at one Euler step, for one request's stream.
-
-    Two parts: an optional ``prefix`` (the voice prompt's frames, shared read-only by every request of that
-    voice) and the request's own frames in a buffer written in place and grown by doubling, so a chunk
-    writes only its new frames (no re-concatenation of the past per block and step). Attention runs over
-    both parts without joining them (`attend`). A write with ``commit=False`` (a provisional solve) leaves
-    the committed length unchanged, so the next write overwrites it.
-    """
-
-    def __init__(self, prefix: tuple[torch.Tensor, torch.Tensor] | None = None, capacity: int = 0) -> None:
-        self.prefix = prefix                         # (k, v) [B, H, P, d]
-        self.capacity_hint = capacity
-        self.k: torch.Tensor | None = None           # [B, H, cap, d]
-        self.v: torch.Tensor | None = None
-        self.length = 0                              # committed own frames
-
-    @property
-    def prefix_frames(self) -> int:
-        return 0 if self.prefix is None else self.prefix[0].size(2)
-
-    @property
-    def frames(self) -> int:
-        return self.prefix_frames + self.length
-
-    @property
-    def nbytes(self) -> int:
-        """Bytes of this request's own buffers (their capacity; the shared prefix is counted by its owner)."""
-        return 0 if self.k is None else 2 * self.k.numel() * self.k.element_size()
-
-    def _reserve(self, like: torch.Tensor, n: int) -> None:
-        if self.k is not None and self.k.size(2) >= n:
-            return
-        cap = max(n, self.capacity_hint, 2 * (0 if self.k is None else self.k.size(2)), 64)
-        b, h, _, d = like.shape
-        k = like.new_empty(b, h, cap, d)
-        v = like.new_empty(b, h, cap, d)
-        if self.k is not None and self.v is not None and self.length:
-            k[:, :, : self.length] = self.k[:, :, : self.length]
-            v[:, :, : self.length] = self.v[:, :, : self.length]
-        self.k, self.v = k, v
-
-    def append(self, k: torch.Tensor, v: torch.Tensor, commit: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
-        """Write k, v [B, H, T, d] after the committed frames; return the own frames so far (views)."""
-        t = k.size(2)
-        end = self.length + t
-        self._reserve(k, end)
-        assert self.k is not None and self.v is not None
-        self.k[:, :, self.length : end] = k
-        self.v[:, :, self.length : end] = v
-        keys, values = self.k[:, :, :end], self.v[:, :, :end]
-        if commit:
-            self.length = end
-        return keys, values
-
-    def compact(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """All frames (prefix, then own) as two exact-size tensors: the prefix of later forks."""
-        parts_k = [] if self.prefix is None else [self.prefix[0]]
-        parts_v = [] if self.prefix is None else [self.prefix[1]]
-        if self.k is not None and self.v is not None and self.length:
-            parts_k.append(self.k[:, :, : self.length])
-            parts_v.append(self.v[:, :, : self.length])
-        return torch.cat(parts_k, dim=2).clone(), torch.cat(parts_v, dim=2).clone()
-
-
-class RowCaches:
-    """The streaming caches of a batch: ``caches[i]`` belongs to stream i, whose rows are
-    ``[i * group, (i + 1) * group)``; ``lengths[i]`` of the T frames of this call are real (the rest pad)."""
-
-    def __init__(self, caches: list[Cache], rows: int, frames: int, lengths: list[int] | None = None) -> None:
-        if rows % len(caches):
-            raise ValueError(f"{rows} batch rows do not split into {len(caches)} streams")
-        self.caches = caches
-        self.group = rows // len(caches)
-        self.frames = frames
-        self.lengths = list(lengths) if lengths is not None else [frames] * len(caches)
-        self.padded = any(n != frames for n in self.lengths)
-
-    def rows(self, i: int) -> slice:
-        return slice(i * self.group, (i + 1) * self.group)
-
-    def past(self, i: int) -> int:
-        """Frames stream i has computed before this call."""
-        return int(self.caches[i].get("frames", 0))
-
-    def left_pad(self, x: torch.Tensor, n: int, key: object) -> torch.Tensor:
-        """x [B, C, T] with each stream's previous n input frames prepended (zeros at its start); each stream
-        keeps its last n real frames for its next call."""
-        tails = [c.get(key) for c in self.caches]
-        if len(tails) == 1 and tails[0] is not None:
-            past = tails[0]
-        elif all(t is None for t in tails):
-            past = x.new_zeros(x.size(0), x.size(1), n)
-        else:
-            past = torch.cat([t if t is not None else x.new_zeros(self.group, x.size(1), n) for t in tails])
-        out = torch.cat([past, x], dim=2)
-        if len(self.caches) == 1:
-            end = n + self.lengths[0]
-            self.caches[0][key] = out[:, :, end - n : end]
-            return out
-        for i, c in enumerate(self.caches):
-            end = n + self.lengths[i]
-            c[key] = out[self.rows(i), :, end - n : end]
-        return out
-
-    def kv(self, i: int, layer: nn.Module) -> KVCache:
-        cache = self.caches[i]
-        kv = cache.get(layer)
-        if kv is None:
-            kv = cache[layer] = KVCache(capacity=cache.get("capacity", 0))
-        return kv
-
-    def commits(self, i: int) -> bool:
-        """False for a provisional solve: its keys and values are overwritten by the next call."""
-        return not self.caches[i].get("provisional", False)
-
-    def advance(self) -> None:
-        for i, c in enumerate(self.caches):
-            c["frames"] = self.past(i) + self.lengths[i]
-
-
-def attend(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    bias: torch.Tensor,
-    kv: KVCache | None,
-    commit: bool,
-    length: int | None = None,
-) -> torch.Tensor:
-    """Attention of q [B, H, T, d] over the cached frames (all visible) and the new k, v [B, H, T, d] (``bias``
-    [B, 1, T, T] between new frames); the first ``length`` new frames (default all; the rest is padding,
-    masked by ``bias``) are written into ``kv``."""
-    if kv is None:
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=bias)
-    t = q.size(2)
-    n = t if length is None else length
-    past = kv.length
-    own_k, own_v = kv.append(k[:, :, :n], v[:, :, :n], commit)     # [B, H, past + n, d]
-    if kv.prefix is None and past == 0:
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=bias)
-    q = q * (1.0 / math.sqrt(q.size(-1)))
-    parts_k = ([kv.prefix[0]] if kv.prefix is not None else []) + [own_k]
-    parts_v = ([kv.prefix[1]] if kv.prefix is not None else []) + [own_v]
-    scores = [torch.matmul(q, pk.transpose(-2, -1)) for pk in parts_k]
-    scores[-1][..., past:] += bias[..., :n]                  # only new keys can be masked
-    weights = torch.softmax(torch.cat(scores, dim=-1).float(), dim=-1).to(q.dtype)
-    out = None
-    start = 0
-    for pv in parts_v:
-        m = pv.size(2)
-        part = torch.matmul(weights[..., start : start + m], pv)
-        out = part if out is None else out + part
-        start += m
-    assert out is not None
-    return out
-
-
-def attend_shared(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor, kvs: list[KVCache], rows: RowCaches
-) -> torch.Tensor:
-    """`attend` for a batch of streams that share their cached frames: the same voice prefix (or none) and no
-    frames of their own yet (a stream's first solves). One attention for the whole batch: the prefix's keys
-    broadcast over the streams, the new frames masked by ``bias`` [B, 1, T, T] (padding included); each
-    stream's new frames are still written to its own cache."""
-    for i, kv in enumerate(kvs):
-        r, n = rows.rows(i), rows.lengths[i]
-        kv.append(k[r, :, :n], v[r, :, :n], rows.commits(i))
-    prefix = kvs[0].prefix
-    if prefix is None:
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=bias)
-    b, h, t, d = q.shape
-    n, g, p = len(kvs), rows.group, prefix[0].size(2)
-    q = q * (1.0 / math.sqrt(d))
-
-    def streams_as_queries(x: torch.Tensor) -> torch.Tensor:  # [n*g, h, t, k] → [g, h, n*t, k]
-        return x.reshape(n, g, h, t, -1).permute(1, 2, 0, 3, 4).reshape(g, h, n * t, -1)
-
-    def back(x: torch.Tensor) -> torch.Tensor:                # [g, h, n*t, k] → [n*g, h, t, k]
-        return x.reshape(g, h, n, t, -1).permute(2, 0, 1, 3, 4).reshape(b, h, t, -1)
-
-    # the streams' queries stacked as rows against the one prefix (a broadcast would copy it per stream)
-    on_prefix = back(torch.matmul(streams_as_queries(q), prefix[0].transpose(-2, -1)))            # [B, H, T, P]
-    on_new = torch.matmul(q, k.transpose(-2, -1)) + bias                                            # [B, H, T, T]
-    weights = torch.softmax(torch.cat([on_prefix, on_new], dim=-1).float(), dim=-1).to(q.dtype)
-    from_prefix = back(torch.matmul(streams_as_queries(weights[..., :p]), prefix[1]))               # [B, H, T, d]
-    return from_prefix + torch.matmul(weights[..., p:], v)
-
-
 class CausalConv1d(nn.Conv1d):
     """Conv1d that pads kernel_size-1 zeros on the left: output t sees inputs <= t."""
 
     def __init__(self, in_channels: int, out_channels: int, kernel_size: int):
         super().__init__(in_channels, out_channels, kernel_size)
 
-    def forward(self, x: torch.Tensor, rows: RowCaches | None = None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, rows: Rows | None = None) -> torch.Tensor:
         n = self.kernel_size[0] - 1
         return super().forward(F.pad(x, (n, 0)) if rows is None else rows.left_pad(x, n, self))
 
@@ -258,7 +64,7 @@ class CausalConvBlock(nn.Module):
             CausalConv1d(dim, dim_out, 3), nn.Identity(), ChannelLayerNorm(dim_out), nn.Identity(), nn.Mish()
         )
 
-    def forward(self, x: torch.Tensor, mask: torch.Tensor, rows: RowCaches | None = None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, mask: torch.Tensor, rows: Rows | None = None) -> torch.Tensor:
         conv, _, norm, _, act = self.block
         return act(norm(conv(x * mask, rows))) * mask
 
@@ -274,7 +80,7 @@ class CausalResnetBlock(nn.Module):
         self.res_conv = nn.Conv1d(dim, dim_out, 1)
 
     def forward(
-        self, x: torch.Tensor, mask: torch.Tensor, t_emb: torch.Tensor, rows: RowCaches | None = None
+        self, x: torch.Tensor, mask: torch.Tensor, t_emb: torch.Tensor, rows: Rows | None = None
     ) -> torch.Tensor:
         h = self.block1(x, mask, rows) + self.mlp(t_emb).unsqueeze(-1)
         h = self.block2(h, mask, rows)
@@ -305,7 +111,7 @@ class SelfAttention(nn.Module):
         self.to_v = nn.Linear(dim, inner, bias=False)
         self.to_out = nn.ModuleList([nn.Linear(inner, dim)])  # `to_out.1` was dropout
 
-    def forward(self, x: torch.Tensor, bias: torch.Tensor, rows: RowCaches | None = None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, bias: torch.Tensor, rows: Rows | None = None) -> torch.Tensor:
         """x [B, T, C] new frames, bias [B, T, T] among them (cached frames are all visible)."""
         b, t, _ = x.shape
         q, k, v = (
@@ -313,18 +119,7 @@ class SelfAttention(nn.Module):
             for proj in (self.to_q, self.to_k, self.to_v)
         )
         bias = bias.unsqueeze(1)
-        if rows is None:
-            out = attend(q, k, v, bias, None, True)
-        elif len(rows.caches) == 1:
-            out = attend(q, k, v, bias, rows.kv(0, self), rows.commits(0), rows.lengths[0])
-        else:
-            kvs = [rows.kv(i, self) for i in range(len(rows.caches))]
-            if all(kv.length == 0 and kv.prefix is kvs[0].prefix for kv in kvs):
-                out = attend_shared(q, k, v, bias, kvs, rows)
-            else:  # each stream over its own cached frames
-                parts = [attend(q[rows.rows(i)], k[rows.rows(i)], v[rows.rows(i)], bias[rows.rows(i)], kv,
-                                rows.commits(i), rows.lengths[i]) for i, kv in enumerate(kvs)]
-                out = torch.cat(parts)
+        out = attend(q, k, v, bias, None, True) if rows is None else rows.attend(self, q, k, v, bias)
         return self.to_out[0](out.transpose(1, 2).reshape(b, t, self.heads * self.head_dim))
 
 
@@ -361,7 +156,7 @@ class TransformerBlock(nn.Module):
         self.norm3 = nn.LayerNorm(dim)
         self.ff = GeluFeedForward(dim)
 
-    def forward(self, x: torch.Tensor, bias: torch.Tensor, rows: RowCaches | None = None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, bias: torch.Tensor, rows: Rows | None = None) -> torch.Tensor:
         x = x + self.attn1(self.norm1(x), bias, rows)
         return x + self.ff(self.norm3(x))
 
@@ -435,6 +230,15 @@ class CausalUNetEstimator(nn.Module):
             allowed = allowed & chunks.unsqueeze(0)
         return (1.0 - allowed.to(dtype)) * MASK_BIAS
 
+    def streams_bias(self, mask: torch.Tensor, pasts: list[int], dtype: torch.dtype) -> torch.Tensor:
+        """`attention_bias` of a batch of streams in streaming mode: mask [B, 1, T], ``pasts[i]`` the frames
+        stream i computed before (its rows are B / len(pasts) consecutive ones) → [B, T, T]. Made once per
+        solve: it is the same at every Euler step."""
+        if len(set(pasts)) == 1:
+            return self.attention_bias(mask, True, dtype, pasts[0])
+        g = mask.size(0) // len(pasts)  # the chunk grid is counted from each stream's own frame 0
+        return torch.cat([self.attention_bias(mask[i * g : (i + 1) * g], True, dtype, p) for i, p in enumerate(pasts)])
+
     def forward(
         self,
         x: torch.Tensor,
@@ -446,26 +250,29 @@ class CausalUNetEstimator(nn.Module):
         streaming: bool = False,
         cache: Cache | list[Cache] | None = None,
         lengths: list[int] | None = None,
+        *,
+        rows: Rows | None = None,
+        bias: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """x, mu, cond [B, 80, T]; mask [B, 1, T]; t [B]; spks [B, 80] -> velocity [B, 80, T].
 
         With caches (streaming only; one per stream and Euler step: a dict, or a list for a batch of
         streams, each owning B / len(list) consecutive rows) the T frames continue earlier calls'. ``lengths``:
-        each stream's real frames (the rest are padding, zero in ``mask``).
+        each stream's real frames (the rest are padding, zero in ``mask``). ``rows``: the streaming state
+        already wrapped (`RowCaches`, `PrefixRows`; instead of ``cache``); ``bias``: the attention bias
+        [B, T, T] when the caller made it once for every step (`streams_bias`).
         """
-        if cache is not None and not streaming:
+        if (cache is not None or rows is not None) and not streaming:
             raise ValueError("an estimator cache needs streaming=True")
-        rows = None
-        if cache is not None:
+        if rows is None and cache is not None:
             rows = RowCaches(cache if isinstance(cache, list) else [cache], x.size(0), x.size(2), lengths)
         dtype = self.time_mlp.linear_1.weight.dtype
         t_emb = self.time_mlp(timestep_features(t, self.in_channels).to(dtype))  # [B, 4C]
         h = torch.cat([x, mu, spks.unsqueeze(-1).expand(-1, -1, x.size(-1)), cond], dim=1)  # [B, 320, T]
-        if rows is None or len({rows.past(i) for i in range(len(rows.caches))}) == 1:
-            bias = self.attention_bias(mask, streaming, h.dtype, rows.past(0) if rows else 0)
-        else:  # the chunk grid is counted from each stream's own frame 0
-            bias = torch.cat([self.attention_bias(mask[rows.rows(i)], streaming, h.dtype, rows.past(i))
-                              for i in range(len(rows.caches))])
+        if bias is None and isinstance(rows, RowCaches):
+            bias = self.streams_bias(mask, [rows.past(i) for i in range(len(rows.caches))], h.dtype)
+        elif bias is None:
+            bias = self.attention_bias(mask, streaming, h.dtype)
 
         def level(blocks: nn.Module) -> list[nn.Module]:  # a ModuleList's members (a level, its transformers)
             assert isinstance(blocks, nn.ModuleList)

@@ -7,7 +7,7 @@ self-attention of ESPnet. In streaming mode every block only sees whole chunks t
 (25 tokens before upsampling, 50 frames after), so earlier outputs do not change as tokens arrive.
 
 Module and parameter names follow the official checkpoint (`flow.pt`, prefix `encoder.`).
-Inference only, batch size 1: no padding masks, no dropout.
+Inference only, no padding masks, no dropout: a batch holds streams at the same position (one voice's first chunks).
 """
 
 from __future__ import annotations
@@ -56,6 +56,8 @@ def causal_left_pad(x: torch.Tensor, n: int, cache: Cache | None, key: object) -
     past = cache.get(key)
     if past is None:
         past = x.new_zeros(x.size(0), x.size(1), n)
+    elif past.size(0) != x.size(0):  # one stream's cache continued by a batch of streams (a voice's prefix)
+        past = past.expand(x.size(0), -1, -1)
     x = torch.cat([past, x], dim=2)
     cache[key] = x[:, :, x.size(2) - n :]
     return x
@@ -100,6 +102,8 @@ class RelPositionSelfAttention(nn.Module):
         if cache is not None:
             if self in cache:
                 k_past, v_past = cache[self]
+                if k_past.size(0) != b:  # one stream's cache continued by a batch of streams (a voice's prefix)
+                    k_past, v_past = k_past.expand(b, -1, -1, -1), v_past.expand(b, -1, -1, -1)
                 k, v = torch.cat([k_past, k], dim=2), torch.cat([v_past, v], dim=2)  # [B, H, S, dk]
             cache[self] = (k, v)
         s = k.size(2)
@@ -231,10 +235,12 @@ class UpsampleConformerEncoder(nn.Module):
         streaming: bool = False,
         cache: Cache | None = None,
     ) -> torch.Tensor:
-        """xs [1, T, D_in] token embeddings, context [1, n, D_in] look-ahead embeddings -> [1, up*T, D].
+        """xs [B, T, D_in] token embeddings, context [B, n, D_in] look-ahead embeddings -> [B, up*T, D].
 
         With a cache (streaming only) xs continues the tokens of earlier calls: only they are computed,
-        attending to the cached keys. Exact when earlier calls ended on chunk boundaries.
+        attending to the cached keys. Exact when earlier calls ended on chunk boundaries. A cache of one
+        stream may be continued by B streams at once (a voice's prefix by several requests' first chunks);
+        it then holds the batch's state afterwards, so pass a copy (``dict(cache)``).
         """
         if cache is not None and not streaming:
             raise ValueError("an encoder cache needs streaming=True (full attention would need the future)")

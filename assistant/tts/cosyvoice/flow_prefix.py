@@ -28,7 +28,7 @@ import torch
 
 from assistant.tts.cosyvoice.batch_work import WorkSteps, run_alone
 from assistant.tts.cosyvoice.flow import CausalFlow, FlowSolve, StreamingFlow
-from assistant.tts.cosyvoice.flow_decoder import KVCache
+from assistant.tts.cosyvoice.flow_cache import KVCache
 from assistant.tts.cosyvoice.flow_encoder import Cache
 from assistant.tts.cosyvoice.prompt_cache import PromptCache, digest
 from assistant.tts.cosyvoice.voice import CosyVoicePrompt
@@ -144,6 +144,20 @@ class FlowPrefix:
 
     def has_reduced(self, n_steps: int) -> bool:
         return n_steps in self._reduced
+
+    def step_prefixes(self, n_steps: int | None = None) -> list[tuple[Cache, dict[object, tuple[torch.Tensor,
+                                                                                            torch.Tensor]]]]:
+        """Per Euler step of an ``n_steps`` solver (None: the model's): the prefix's conv tails and counters,
+        and its keys/values per attention layer, as a read-only continuation reads them (`PrefixRows`)."""
+        if self._kv is None:
+            raise RuntimeError("FlowPrefix.step_prefixes before the prefix was built")
+        caches, kv = self.state.step_caches, self._kv
+        if n_steps is not None and n_steps != self.flow.cfg.n_timesteps:
+            if n_steps not in self._reduced:
+                run_alone(self._reduced_steps(n_steps))
+            caches, kv = self._reduced[n_steps]
+        return [({k: v for k, v in c.items() if not isinstance(v, KVCache)}, dict(kvs))
+                for c, kvs in zip(caches, kv, strict=True)]
 
     @torch.inference_mode()
     def reduced_step_caches(self, n_steps: int) -> list[Cache]:

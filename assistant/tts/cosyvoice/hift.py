@@ -226,12 +226,25 @@ class HiFTVocoder(nn.Module):
         return torch.cat([spec.real, spec.imag], dim=1)
 
     def istft(self, log_magnitude: torch.Tensor, phase_in: torch.Tensor) -> torch.Tensor:
-        """[1, n_fft/2+1, F] each -> waveform [1, N] (float32)."""
+        """[B, n_fft/2+1, F] each -> waveform [B, hop*(F-1)] (float32): ``torch.istft`` (centered, Hann window,
+        hop 4) written out as inverse FFT, windowed overlap-add and the window envelope, because torch.istft
+        checks the envelope on the host (a device sync on every call, and no CUDA graph can hold it); with this
+        window and hop the envelope never nears zero, so nothing needs checking."""
         n_fft, hop = self.cfg.n_fft, self.cfg.hop_len
         magnitude = torch.exp(log_magnitude.float()).clip(max=1e2)
         phase = torch.sin(phase_in.float())  # the reference's head passes phase through sin
         spec = torch.complex(magnitude * torch.cos(phase), magnitude * torch.sin(phase))
-        return torch.istft(spec, n_fft, hop, n_fft, window=self._window())
+        window = self._window()
+        frames = torch.fft.irfft(spec, n=n_fft, dim=1) * window.view(1, -1, 1)         # [B, n_fft, F]
+        n_frames = frames.size(2)
+        length = n_fft + hop * (n_frames - 1)
+
+        def overlap_add(x: torch.Tensor) -> torch.Tensor:  # [B, n_fft, F] → [B, length]
+            return F.fold(x, (1, length), (1, n_fft), stride=(1, hop)).view(x.size(0), length)
+
+        envelope = overlap_add((window * window).view(1, -1, 1).expand(1, n_fft, n_frames))     # [1, length]
+        half = n_fft // 2
+        return overlap_add(frames)[:, half : length - half] / envelope[:, half : length - half]
 
     def source(
         self, f0: torch.Tensor, noise: SourceNoise | None = None, phase_offset: torch.Tensor | None = None
@@ -471,6 +484,35 @@ class StreamingHiFT:
         audio = yield from self._decode(source_more, final)
         self._trim()
         return audio
+
+    def adopt_first_push(self, mel: torch.Tensor, noise: SourceNoise, f0: torch.Tensor, source: torch.Tensor,
+                         audio: torch.Tensor) -> torch.Tensor:
+        """The first push (from nothing, not final) with its F0 [1, F], source [1, 1, F*spf] and decoded audio
+        [F*spf] computed elsewhere, batched with other streams' (`hift_graphs.FirstPush`): leaves the state and
+        returns the audio that `push(mel, False, noise)` would (its eager twin; tested)."""
+        if self.received or self.closed:
+            raise RuntimeError("StreamingHiFT.adopt_first_push: not the first push")
+        spf, n = self.spf, mel.size(2)
+        if noise.sine_noise.size(1) != n * spf:
+            raise ValueError(f"noise covers {noise.sine_noise.size(1)} samples, the chunk {n * spf}")
+        self.rand_ini = noise.rand_ini
+        self.mel, self.received = mel, n
+        f0_end = max(n - self.f0_reach, 0)                  # F0 is exact where its mel context is complete
+        src_end = max(f0_end - 1, 0)                        # the source where the F0 on both sides is
+        self.f0, self.f0_end = f0[:, :f0_end], f0_end
+        self.source, self.src_end = source[:, :, : src_end * spf], src_end
+        self.noise = noise.sine_noise.to(mel.device, torch.float32)[:, src_end * spf :]
+        start = max(src_end - 1, 0)                         # the next source window starts a frame early
+        steps = self.vocoder.m_source.frame_cycles(self.f0[:, :start]).double().sum(dim=1)     # [1, H]
+        self.cycles = (self.cycles.to(steps) + steps) % 1
+        self.f0, self.f0_start = self.f0[:, start:], start
+        end = max(n - self.lookahead, 0)
+        out = audio[: end * spf]
+        if end and self.spoken is not None:
+            self.spoken.append(mel[:, :, :end].clone())
+        self.emitted = end
+        self._trim()
+        return out.float()
 
     def revise(self, mel: torch.Tensor, start: int) -> int:
         """Replace received mel frames [start, start + n) by better ones (mel [1, 80, n]: the exact recompute

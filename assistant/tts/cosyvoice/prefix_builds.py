@@ -10,7 +10,7 @@ not interrupted, and a first packet must not wait behind one.
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from assistant.tts.cosyvoice.batch_work import Work, WorkSteps, run_grouped
@@ -34,8 +34,9 @@ class _Build:
 class PrefixBuilds:
     """The prefixes under construction (at most ``max_builds``), advanced a batched piece at a time."""
 
-    def __init__(self, cache: PromptCache, max_builds: int = MAX_PREFIX_BUILDS) -> None:
-        self.cache, self.max_builds = cache, max_builds
+    def __init__(self, cache: PromptCache, max_builds: int = MAX_PREFIX_BUILDS,
+                 on_built: Callable[[FlowPrefix], None] | None = None) -> None:
+        self.cache, self.max_builds, self.on_built = cache, max_builds, on_built
         self._builds: list[_Build] = []
         self.built = 0
 
@@ -81,6 +82,8 @@ class PrefixBuilds:
             self.cache.put("flow", build.missing.key, prefix)
             self.built += 1
             log.info("cosyvoice voice prefix built (%d prompt tokens)", prefix.prompt_tokens)
+            if self.on_built is not None:
+                self.on_built(prefix)
         except Exception:
             log.exception("cosyvoice prefix build failed")
             self._builds.remove(build)

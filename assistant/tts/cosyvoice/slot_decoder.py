@@ -15,25 +15,27 @@ the CPU tests trace the GPU's path. The record (`record`) says what really runs 
 from __future__ import annotations
 
 import logging
-import time
+from collections.abc import Callable
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 from transformers.models.qwen2.modeling_qwen2 import Qwen2DecoderLayer
 
+from assistant.tts.cosyvoice.device_time import upload
+from assistant.tts.cosyvoice.graphs import GraphedCall, memory_pool
 from assistant.tts.cosyvoice.llm import SpeechLM
 
 log = logging.getLogger(__name__)
-
-GRAPH_WARMUP_RUNS = 3  # eager runs on a side stream before capture (allocator and lazy inits settle)
 
 
 class SlotDecoder(nn.Module):
     """Qwen2 decoding over a static per-slot KV cache (gpt-fast style), sharing the LM's weights.
 
     The layers' projections, norms and MLPs are HF's own modules (so numerics match the reference); only
-    the attention over the cache and the cache writes are ours.
+    the attention over the cache and the cache writes are ours. One more row than ``slots`` is a scratch slot
+    no request holds: a static prefill writes its padding there (`prefill_rows`).
     """
 
     k_cache: torch.Tensor                              # buffers (registered below)
@@ -49,8 +51,9 @@ class SlotDecoder(nn.Module):
         self.n_kv = cfg.num_key_value_heads
         self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
         self.slots, self.max_positions = slots, max_positions
+        self.scratch = slots                           # the row no request holds
         p = lm.llm_decoder.weight
-        shape = (len(self.layers), slots, self.n_kv, max_positions, self.head_dim)
+        shape = (len(self.layers), slots + 1, self.n_kv, max_positions, self.head_dim)
         self.register_buffer("k_cache", torch.zeros(shape, device=p.device, dtype=p.dtype), persistent=False)
         self.register_buffer("v_cache", torch.zeros(shape, device=p.device, dtype=p.dtype), persistent=False)
 
@@ -130,22 +133,56 @@ class SlotDecoder(nn.Module):
                 self.k_cache[:, slot, :, :start] = past[0]
                 self.v_cache[:, slot, :, :start] = past[1]
         h = torch.stack([F.pad(x, (0, 0, 0, length - x.size(0))) for x in xs])           # [B, L, D]
-        pos = torch.tensor(starts, device=dev).unsqueeze(1) + torch.arange(length, device=dev)  # [B, L]
+        pos = upload(starts, torch.long, dev).unsqueeze(1) + torch.arange(length, device=dev)  # [B, L]
         mask = (torch.arange(span, device=dev) <= pos.unsqueeze(2)).unsqueeze(1)         # [B, 1, L, S]
-        rows = torch.tensor(slots, device=dev)
+        rows = upload(slots, torch.long, dev)
+        # every row's real positions, flattened: (row, t) in the batch → (slot, start + t) in the cache
+        src_b, src_t, dst_slot, dst_pos = upload(
+            [[i for i, n in enumerate(lengths) for _ in range(n)], [t for n in lengths for t in range(n)],
+             [slot for slot, n in zip(slots, lengths, strict=True) for _ in range(n)],
+             [start + t for start, n in zip(starts, lengths, strict=True) for t in range(n)]], torch.long, dev)
         group = self.n_heads // self.n_kv
         for li, layer in enumerate(self.layers):
             q, k, v = self._qkv(layer, layer.input_layernorm(h), pos)
-            for i, (slot, start, n) in enumerate(zip(slots, starts, lengths, strict=True)):
-                self.k_cache[li, slot, :, start : start + n] = k[i, :, :n]
-                self.v_cache[li, slot, :, start : start + n] = v[i, :, :n]
+            self.k_cache[li, dst_slot, :, dst_pos] = k.transpose(1, 2)[src_b, src_t]      # one write for all rows
+            self.v_cache[li, dst_slot, :, dst_pos] = v.transpose(1, 2)[src_b, src_t]
             keys = self.k_cache[li, rows, :, :span].repeat_interleave(group, dim=1)       # [B, H, S, d]
             vals = self.v_cache[li, rows, :, :span].repeat_interleave(group, dim=1)
             o = F.scaled_dot_product_attention(q, keys, vals, attn_mask=mask)             # [B, H, L, d]
             h = h + layer.self_attn.o_proj(o.transpose(1, 2).reshape(len(xs), length, -1))
             h = h + layer.mlp(layer.post_attention_layernorm(h))
-        last = torch.tensor([n - 1 for n in lengths], device=dev)
+        last = upload([n - 1 for n in lengths], torch.long, dev)
         return self.norm(h)[torch.arange(len(xs), device=dev), last]
+
+    def prefill_rows(self, x: torch.Tensor, start: torch.Tensor, n: torch.Tensor, slot: torch.Tensor,
+                     span: int) -> torch.Tensor:
+        """The static prefill (`prefill_graphs.py`; its eager twin: `prefill_many`): prompts x [B, L, D] padded to
+        L, each row's cached start, real length and slot [B] (a row with n = 0 is a placeholder: it, and every
+        row's padding, writes only to the scratch slot), keys up to ``span`` (>= every start + n) → last hidden
+        states [B, D] (meaningless for a placeholder). Shapes never depend on the values: one graph per (B, L)."""
+        b, length, _ = x.shape
+        dev = x.device
+        t = torch.arange(length, device=dev)
+        pos = start.unsqueeze(1) + t                                         # [B, L]
+        real = t.unsqueeze(0) < n.unsqueeze(1)
+        dst_slot = torch.where(real, slot.unsqueeze(1), self.scratch)          # [B, L]
+        dst_pos = torch.where(real, pos, t.unsqueeze(0))
+        group = self.n_heads // self.n_kv
+        mask = torch.arange(span, device=dev) <= pos.unsqueeze(2)             # [B, L, S]: its past and causal
+        mask = mask.unsqueeze(1).expand(b, group, length, span).reshape(b, 1, group * length, span)
+        h = x
+        for li, layer in enumerate(self.layers):
+            q, k, v = self._qkv(layer, layer.input_layernorm(h), pos)
+            self.k_cache[li, dst_slot, :, dst_pos] = k.transpose(1, 2)         # [B, L, KV, d]
+            self.v_cache[li, dst_slot, :, dst_pos] = v.transpose(1, 2)
+            keys = self.k_cache[li, slot, :, :span]                             # [B, KV, S, d]
+            vals = self.v_cache[li, slot, :, :span]
+            qg = q.reshape(b, self.n_kv, group * length, self.head_dim)         # heads of one KV head together
+            o = F.scaled_dot_product_attention(qg, keys, vals, attn_mask=mask)  # [B, KV, G*L, d]
+            o = o.reshape(b, self.n_heads, length, self.head_dim).transpose(1, 2).reshape(b, length, -1)
+            h = h + layer.self_attn.o_proj(o)
+            h = h + layer.mlp(layer.post_attention_layernorm(h))
+        return self.norm(h)[torch.arange(b, device=dev), (n - 1).clamp(min=0)]
 
     @torch.inference_mode()
     def prefix_kv(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -197,8 +234,9 @@ class SlotDecoder(nn.Module):
 
 class StaticDecodeStep:
     """Every slot's decode step over the caller's static buffers ``x`` [slots, D] and ``pos`` [slots] (updated
-    in place between steps), with the whole cache as keys; captured as a CUDA graph by `capture` on CUDA,
-    run directly elsewhere (see the module doc).
+    in place between steps), with the whole cache as keys, and what the caller does with the hidden states in
+    the same graph (``then``: the sampling, `decode_state.py`); captured as a CUDA graph by `capture` on CUDA,
+    run directly elsewhere (see the module doc and `graphs.py`).
 
     Rows of free slots decode a stale input at a stale position of their own slot: harmless, since a slot's
     prefill overwrites its prompt positions and a row only ever attends to positions it has written since.
@@ -206,68 +244,40 @@ class StaticDecodeStep:
     exactly what that slot's next real step writes.
     """
 
-    def __init__(self, decoder: SlotDecoder, x: torch.Tensor, pos: torch.Tensor, cuda_graph: bool) -> None:
-        self.decoder, self.x, self.pos = decoder, x, pos
-        self.want_graph = cuda_graph and x.device.type == "cuda"
-        self.graph: torch.cuda.CUDAGraph | None = None
-        self.out: torch.Tensor | None = None
-        self.replays = 0
-        self.direct = 0
-        path = "eager until captured" if self.want_graph else f"static step ({x.device.type}, capture skipped)"
-        self.info: dict[str, object] = {"path": path, "capture_s": None, "error": None}
+    def __init__(self, decoder: SlotDecoder, x: torch.Tensor, pos: torch.Tensor, cuda_graph: bool,
+                 then: Callable[[torch.Tensor], torch.Tensor] | None = None, pool: Any = None) -> None:
+        self.decoder, self.x, self.pos, self.then = decoder, x, pos, then
+        self.call: GraphedCall[torch.Tensor] = GraphedCall("decode step", self._run, x.device, graph=cuda_graph,
+                                                          pool=pool if pool is not None else memory_pool(x.device))
+
+    @property
+    def want_graph(self) -> bool:
+        return self.call.want_graph
 
     @property
     def active(self) -> bool:
         """Whether steps run here: the captured graph, or the traced step; else the caller decodes eagerly
         (before the capture, or after it failed: the static step attends over the whole cache, which only a
         replayed graph makes worth it)."""
-        return self.graph is not None or not self.want_graph
+        return self.call.active
 
     @property
     def record(self) -> dict[str, object]:
         """What runs (path), what the capture cost, and how often the graph was replayed or the step run."""
-        return {**self.info, "replays": self.replays, "direct_steps": self.direct}
+        return self.call.record
 
     def _run(self) -> torch.Tensor:
-        return self.decoder.step(self.x, self.pos, self.decoder.max_positions)
+        hidden = self.decoder.step(self.x, self.pos, self.decoder.max_positions)
+        return hidden if self.then is None else self.then(hidden)
 
-    @torch.inference_mode()
     def capture(self) -> dict[str, object]:
-        """Capture the step (CUDA; once) and time it; on failure fall back to the direct step and say why."""
-        if not self.want_graph or self.graph is not None:
-            return self.record
-        t0 = time.perf_counter()
-        try:
-            side = torch.cuda.Stream(self.x.device)
-            side.wait_stream(torch.cuda.current_stream(self.x.device))
-            with torch.cuda.stream(side):
-                for _ in range(GRAPH_WARMUP_RUNS):
-                    self._run()
-            torch.cuda.current_stream(self.x.device).wait_stream(side)
-            graph = torch.cuda.CUDAGraph()
-            # thread_local: the chunk thread may keep launching work on its own stream meanwhile
-            with torch.cuda.graph(graph, capture_error_mode="thread_local"):
-                self.out = self._run()
-            graph.replay()
-            torch.cuda.current_stream(self.x.device).synchronize()
-            self.graph = graph
-            self.info = {"path": "cuda-graph", "capture_s": time.perf_counter() - t0, "error": None}
-        except Exception as exc:  # pragma: no cover - depends on the device stack
-            log.warning("cosyvoice decode graph capture failed (%s); decoding eagerly", exc)
-            self.info = {"path": "eager (capture failed)", "capture_s": time.perf_counter() - t0, "error": str(exc)}
-        log.info("cosyvoice decode path=%s capture_s=%s", self.info["path"], self.info["capture_s"])
-        return self.record
+        """Capture the step (CUDA; once) and time it; on failure fall back to the eager step and say why."""
+        return self.call.capture()
 
     def __call__(self) -> torch.Tensor:
-        """Hidden states [slots, D] of the step on the buffers' current contents (the graph's static output:
-        read it before the next step)."""
-        if self.graph is not None:
-            self.graph.replay()
-            self.replays += 1
-            assert self.out is not None
-            return self.out
-        self.direct += 1
-        return self._run()
+        """The step on the buffers' current contents: hidden states [slots, D], or what ``then`` made of them
+        (the graph's static output: read it before the next step)."""
+        return self.call()
 
 
 def _rotate_half(x: torch.Tensor) -> torch.Tensor:

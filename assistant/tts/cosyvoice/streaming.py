@@ -11,6 +11,7 @@ the stream then names the prefix it lacks (``missing_prefix``), and whoever runs
 
 from __future__ import annotations
 
+import threading
 import time
 from dataclasses import dataclass
 
@@ -18,8 +19,10 @@ import numpy as np
 import torch
 
 from assistant.tts.cosyvoice.batch_work import WorkSteps, run_alone
+from assistant.tts.cosyvoice.first_chunk import FirstChunkGraphs
 from assistant.tts.cosyvoice.flow import CausalFlow
-from assistant.tts.cosyvoice.flow_decoder import KVCache
+from assistant.tts.cosyvoice.flow_arena import FlowArena
+from assistant.tts.cosyvoice.flow_cache import KVCache
 from assistant.tts.cosyvoice.flow_prefix import FlowPrefix, prefix_key, tensor_bytes
 from assistant.tts.cosyvoice.hift import HiFTVocoder
 from assistant.tts.cosyvoice.prompt_cache import PromptCache
@@ -63,7 +66,8 @@ class StreamingSynthesis:
     makes it (`chunk_steps`: the same as work steps the scheduler can batch). After `finish` (the LLM
     stopped), the next chunk is the last. ``capacity_tokens``: how many speech tokens to reserve flow
     buffers for (a hint; they grow past it). ``prefix``: the voice's built prefix (else looked up in
-    ``cache``; without one the stream starts cold).
+    ``cache``; without one the stream starts cold). ``first_chunk``: the engine's static first chunks (a warm
+    voice prepared there makes its first chunk with them).
     """
 
     def __init__(
@@ -78,6 +82,7 @@ class StreamingSynthesis:
         seed: int | None = None,
         speed: float = 1.0,
         capacity_tokens: int = 0,
+        first_chunk: FirstChunkGraphs | None = None,
     ) -> None:
         self.schedule = schedule
         self.tokens: list[int] = []
@@ -103,9 +108,15 @@ class StreamingSynthesis:
                 elif prefix is None:
                     self.missing_prefix = MissingPrefix(prefix_key(flow, voice), FlowPrefix(flow, voice, build=False),
                                                         steps)
+            first_flow = first_push = None
+            if first_chunk is not None:
+                first_flow, first_push = first_chunk.flow_for(prefix, schedule), first_chunk.push_for(schedule)
             self.backend = CachedVocoding(flow, hift, voice, prefix, gen, speed, steps, schedule.vocoder_lookahead,
-                                          capacity_tokens)
+                                          capacity_tokens, first_flow, first_push)
         self.setup_ms = 1000 * (time.perf_counter() - t0)
+        self.arena: FlowArena | None = None
+        self.slot: int | None = None
+        self._slot_lock = threading.Lock()
         self.planner = ChunkPlanner(schedule, self.backend.prompt_tokens, cfg.encoder_chunk_size,
                                     cfg.pre_lookahead_len)
 
@@ -116,13 +127,35 @@ class StreamingSynthesis:
 
     @property
     def nbytes(self) -> int:
-        """Bytes this request holds of its own (flow buffers and caches; not the shared voice prefix)."""
+        """Bytes this request holds of its own (flow buffers and caches, its arena slot; not the shared voice
+        prefix)."""
         backend = self.backend
         if isinstance(backend, CachedVocoding):
             st = backend.state
             own = sum(v.nbytes for c in st.step_caches for v in c.values() if isinstance(v, KVCache))
-            return own + tensor_bytes(st.encoder_cache)
+            slot = self.arena.slot_bytes if self.arena is not None and self.slot is not None else 0
+            return own + slot + tensor_bytes(st.encoder_cache)
         return 0
+
+    def bind_arena(self, arena: FlowArena) -> bool:
+        """Keep this stream's flow state in a slot of ``arena`` (before its first chunk); False when no slot is
+        free (or on the official schedule): it runs on buffers of its own. `release_arena` gives it back."""
+        backend = self.backend
+        if not isinstance(backend, CachedVocoding) or self.chunks or self.slot is not None:
+            return False
+        slot = arena.take()
+        if slot is None:
+            return False
+        arena.bind(backend.state.step_caches, slot, backend.prefix)
+        self.arena, self.slot = arena, slot
+        return True
+
+    def release_arena(self) -> None:
+        """Give the stream's arena slot back (any thread; once: the stream is finished or dropped)."""
+        with self._slot_lock:
+            slot, self.slot = self.slot, None
+        if slot is not None and self.arena is not None:
+            self.arena.release(slot)
 
     def add(self, token: int) -> None:
         self.tokens.append(token)
@@ -164,9 +197,10 @@ class StreamingSynthesis:
             end = upto = p.offset + p.hop
             p.advance()
         audio = yield from self.backend.chunk_steps(tokens, start, upto)
-        timing = self.backend.timing
-        chunk = Chunk(audio.float().cpu().numpy(), self.chunks, len(tokens), (start, end), final,
-                      timing.get("flow_ms", 0.0), timing.get("vocoder_ms", 0.0))
+        samples = audio.float().cpu().numpy()                 # the chunk's one wait for the device
+        timing = self.backend.timings()
+        chunk = Chunk(samples, self.chunks, len(tokens), (start, end), final, timing["flow_ms"],
+                      timing["vocoder_ms"])
         self.chunks += 1
         return chunk
 

@@ -19,22 +19,25 @@
     ``vocoder_lookahead`` frames of right context.
 
 A chunk is computed by a generator (`chunk_steps`) that yields its flow solves and vocoder windows, so the
-chunk scheduler can batch them with other streams' (`batch_work.py`). Random draws of the vocoder come from a
-per-request generator, so concurrent requests never disturb each other's audio and a seeded request is
-reproducible.
+chunk scheduler can batch them with other streams' (`batch_work.py`). A warm stream's first chunk can instead
+take the voice's static first-chunk solver and the vocoder's static first push (`first_chunk.py`: one CUDA
+graph replay each for all the streams batched); the eager path above stays their reference. Random draws of
+the vocoder come from a per-request generator, so concurrent requests never disturb each other's audio and a
+seeded request is reproducible.
 """
 
 from __future__ import annotations
-
-import time
 
 import torch
 import torch.nn.functional as F
 
 from assistant.tts.cosyvoice.batch_work import WorkSteps
+from assistant.tts.cosyvoice.device_time import StageClock, upload
 from assistant.tts.cosyvoice.flow import CausalFlow, FlowSolve, StreamingFlow
+from assistant.tts.cosyvoice.flow_graphs import FirstChunkFlow, FirstChunkSolve
 from assistant.tts.cosyvoice.flow_prefix import FlowPrefix
 from assistant.tts.cosyvoice.hift import HiFTVocoder, StreamingHiFT, crossfade_window, fade_in_out
+from assistant.tts.cosyvoice.hift_graphs import FirstPush, FirstPushWork
 from assistant.tts.cosyvoice.hift_source import SourceNoise
 from assistant.tts.cosyvoice.voice import CosyVoicePrompt
 
@@ -80,10 +83,16 @@ class NoiseTape:
 
 
 def stream_sync(device: torch.device) -> None:
-    """Wait for this thread's current CUDA stream only (stage timings), never the whole device: the decode
-    thread's stream runs on, and a graph capture elsewhere is not disturbed."""
+    """Wait for this thread's current CUDA stream only, never the whole device: the decode thread's stream runs
+    on, and a graph capture elsewhere is not disturbed (voice preparation; the chunk path never waits)."""
     if device.type == "cuda":
         torch.cuda.current_stream(device).synchronize()
+
+
+def _stage_ms(clock: StageClock) -> dict[str, float]:
+    """A chunk's ``flow_ms`` (start → mel ready, batch-mates' work in the same batches included) and
+    ``vocoder_ms`` (mel → audio), 0 for a stage it did not reach."""
+    return {"flow_ms": 0.0, "vocoder_ms": 0.0, **clock.ms()}
 
 
 def make_generator(device: torch.device, seed: int | None) -> torch.Generator:
@@ -113,7 +122,7 @@ class RecomputeVocoding:
         self.mel_tail: torch.Tensor | None = None     # [1, 80, 8]
         self.source_tail: torch.Tensor | None = None  # [1, 1, 3840]
         self.speech_tail: torch.Tensor | None = None  # [1, 3840]
-        self.timing: dict[str, float] = {}
+        self.clock = StageClock(self.device)
         self.spoken: list[torch.Tensor] | None = None  # with `record_mel`: each chunk's new mel frames
 
     def record_mel(self) -> None:
@@ -125,22 +134,27 @@ class RecomputeVocoding:
         yield from ()
         return self.chunk(tokens, offset, upto)
 
+    def timings(self) -> dict[str, float]:
+        """The last chunk's stage times (read once its audio is on the host)."""
+        return _stage_ms(self.clock)
+
     @torch.inference_mode()
     def chunk(self, tokens: list[int], offset: int, upto: int | None) -> torch.Tensor:
         final = upto is None
-        t0 = time.perf_counter()
+        self.clock = clock = StageClock(self.device)
+        clock.mark("start")
         lookahead = self.flow.cfg.pre_lookahead_len
         used = tokens if upto is None else tokens[: upto + lookahead]
         dev, v = self.device, self.voice
-        token = torch.tensor([used], dtype=torch.int32, device=dev)
+        token = upload([used], torch.int32, dev)
         prompt = v.speech_tokens.to(dev, torch.int32)
         mel = self.flow.inference(
             token=token,
-            token_len=torch.tensor([token.size(1)], device=dev),
+            token_len=None,   # lengths are for the reference's interface only: batch size 1
             prompt_token=prompt,
-            prompt_token_len=torch.tensor([prompt.size(1)], device=dev),
+            prompt_token_len=None,
             prompt_feat=v.speech_feat.to(dev, self.dtype),
-            prompt_feat_len=torch.tensor([v.speech_feat.size(1)], device=dev),
+            prompt_feat_len=None,
             embedding=v.embedding.to(dev, self.dtype),
             streaming=not final,
             finalize=final,
@@ -148,9 +162,7 @@ class RecomputeVocoding:
         mel = stretch_mel(mel[:, :, offset * self.flow.cfg.token_mel_ratio :].float(), self.speed)
         if self.spoken is not None:
             self.spoken.append(mel)
-        stream_sync(self.device)
-        t1 = time.perf_counter()
-        self.timing = {"flow_ms": 1000 * (t1 - t0), "vocoder_ms": 0.0}
+        clock.mark("flow_ms")
         if self.mel_tail is not None:
             mel = torch.cat([self.mel_tail, mel], dim=2)
         n = mel.size(2) * self.hift.cfg.samples_per_frame
@@ -158,8 +170,7 @@ class RecomputeVocoding:
         speech, source = self.hift.inference(mel, cache_source=self.source_tail, noise=noise)
         if self.speech_tail is not None:
             speech = fade_in_out(speech, self.speech_tail, self.window)
-        stream_sync(self.device)
-        self.timing["vocoder_ms"] = 1000 * (time.perf_counter() - t1)
+        clock.mark("vocoder_ms")
         if final:
             return speech[0]
         self.mel_tail = mel[:, :, -MEL_CACHE_FRAMES:]
@@ -189,6 +200,8 @@ class CachedVocoding:
         first_chunk_steps: int | None = None,
         vocoder_lookahead: int | None = None,
         capacity_tokens: int = 0,
+        first_flow: FirstChunkFlow | None = None,
+        first_push: FirstPush | None = None,
     ) -> None:
         self.flow, self.hift, self.prefix, self.gen, self.speed = flow, hift, prefix, gen, speed
         self.device = next(flow.parameters()).device
@@ -204,6 +217,9 @@ class CachedVocoding:
                                        voice.embedding.to(dev, dtype), capacity=frames)
             self.prompt_tokens = voice.speech_tokens.size(1)
         self.vocoder = StreamingHiFT(hift, lookahead_frames=vocoder_lookahead)
+        # the first chunk as static graphs (`first_chunk.py`): the voice's flow solver, the vocoder's first push
+        self.first_flow = first_flow if prefix is not None and speed == 1.0 else None
+        self.first_push = first_push
         self.n_prompt_frames = self.state.prompt_feat.size(1)
         self.given = 0              # new tokens handed to the flow state
         self.emitted = 0            # new-token mel frames already vocoded
@@ -216,11 +232,15 @@ class CachedVocoding:
         self.revised_frames = 0      # provisional frames the vocoder still held, replaced by exact ones (stats)
         self.tape = NoiseTape(gen, hift.m_source.n_harmonics, self.device)
         self.vocoded = 0            # mel frames handed to the vocoder (after any speed stretch)
-        self.timing: dict[str, float] = {}
+        self.clock = StageClock(self.device)
 
     @property
     def cold(self) -> bool:
         return self.prefix is None
+
+    def timings(self) -> dict[str, float]:
+        """The last chunk's stage times (read once its audio is on the host)."""
+        return _stage_ms(self.clock)
 
     def record_mel(self) -> None:
         self.vocoder.spoken = []
@@ -233,7 +253,7 @@ class CachedVocoding:
         """Hand tokens [given, avail) to the flow state; keep the exact frames it returns."""
         st = self.state
         before = max(st.frames - self.n_prompt_frames, 0)
-        new = torch.tensor([tokens[self.given : avail]], dtype=torch.long, device=self.device)
+        new = upload([tokens[self.given : avail]], torch.long, self.device)
         mel = yield from st.push_steps(new, finalize=final)                 # [1, 80, 2k]
         self.given = avail
         if mel.size(2) == 0:
@@ -247,7 +267,7 @@ class CachedVocoding:
         """Mel of new-token frames [exact end, 2*upto) on throw-away cache copies: [1, 80, k]."""
         flow, st = self.flow, self.state
         look = flow.cfg.pre_lookahead_len
-        extra = torch.tensor([tokens[self.given : upto + look]], dtype=torch.long, device=self.device)
+        extra = upload([tokens[self.given : upto + look]], torch.long, self.device)
         seq = torch.cat([st.pending, extra], dim=1)                         # tokens from st.encoded on
         n = self.prompt_tokens + upto - st.encoded                          # tokens to encode
         if n <= 0:
@@ -279,7 +299,42 @@ class CachedVocoding:
     def chunk_steps(self, tokens: list[int], offset: int, upto: int | None) -> WorkSteps[torch.Tensor]:
         """Audio [N] of new tokens [offset, upto) (``upto`` None: the last chunk)."""
         final = upto is None
-        t0 = time.perf_counter()
+        self.clock = clock = StageClock(self.device)
+        clock.mark("start")
+        first = self.first_flow
+        if upto is not None and first is not None and self.emitted == 0 and self.given == 0 and upto == first.hop:
+            mel = yield from self._static_first_steps(first, tokens, upto)
+        else:
+            mel = yield from self._mel_steps(tokens, upto)
+        clock.mark("flow_ms")
+        if mel.size(2) == 0 and self.vocoder.held_frames == 0 and not final:
+            return torch.zeros(0, device=self.device)
+        spf = self.hift.cfg.samples_per_frame
+        noise = self.tape.span(self.vocoded * spf, (self.vocoded + mel.size(2)) * spf)   # the new frames' draws
+        self.vocoded += mel.size(2)
+        push = self.first_push
+        if push is not None and self.vocoder.received == 0 and not final and mel.size(2) == push.frames:
+            work = FirstPushWork(push, mel, noise)
+            yield work
+            audio = self.vocoder.adopt_first_push(mel, noise, work.f0, work.source, work.result)
+        else:
+            audio = yield from self.vocoder.push_steps(mel, final, noise)
+        clock.mark("vocoder_ms")
+        return audio
+
+    def _static_first_steps(self, first: FirstChunkFlow, tokens: list[int], upto: int) -> WorkSteps[torch.Tensor]:
+        """The first chunk's mel from the voice's static solver, provisional (its tokens are committed with the
+        second chunk): [1, 80, 2 * upto]."""
+        work = FirstChunkSolve(first, tokens[: upto + first.look])
+        yield work
+        self.emitted = self.flow.cfg.token_mel_ratio * upto
+        self.provisional_frames += work.result.size(2)
+        return work.result
+
+    def _mel_steps(self, tokens: list[int], upto: int | None) -> WorkSteps[torch.Tensor]:
+        """The mel of new-token frames [emitted, 2 * upto) (all that is left when ``upto`` is None): exact frames
+        committed so far, then provisional ones past the last exact boundary; stretched to the speed."""
+        final = upto is None
         ratio = self.flow.cfg.token_mel_ratio
         first_reduced = self.first_steps is not None and self.emitted == 0 and not final
         if not first_reduced:  # only what this chunk needs: the work and the audio do not depend on timing
@@ -306,19 +361,7 @@ class CachedVocoding:
             self.exact, self.exact_start = self.exact[:, :, cut:], self.exact_start + cut
             if self.exact.size(2) == 0:
                 self.exact = None
-        mel = stretch_mel(mel, self.speed)
-        stream_sync(self.device)
-        t1 = time.perf_counter()
-        self.timing = {"flow_ms": 1000 * (t1 - t0), "vocoder_ms": 0.0}
-        if mel.size(2) == 0 and self.vocoder.held_frames == 0 and not final:
-            return torch.zeros(0, device=self.device)
-        spf = self.hift.cfg.samples_per_frame
-        noise = self.tape.span(self.vocoded * spf, (self.vocoded + mel.size(2)) * spf)   # the new frames' draws
-        self.vocoded += mel.size(2)
-        audio = yield from self.vocoder.push_steps(mel, final, noise)
-        stream_sync(self.device)
-        self.timing["vocoder_ms"] = 1000 * (time.perf_counter() - t1)
-        return audio
+        return stretch_mel(mel, self.speed)
 
 
 __all__ = [

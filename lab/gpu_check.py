@@ -172,7 +172,7 @@ def stage_env(stage: Stage, device: str) -> None:
         f.update(gpu=props.name, gpu_memory_gb=round(props.total_memory / 2**30, 1),
                  capability=f"{props.major}.{props.minor}")
     found = shared_dir(f"{TINY}/golden.pt")
-    f["shared"] = str(found) if found else None
+    f["shared"] = _where(found) if found else None
     if found is None:
         stage.status = "fail"
         looked = ", ".join(str(p) for p in shared_candidates())
@@ -180,6 +180,18 @@ def stage_env(stage: Stage, device: str) -> None:
                            "folder holding fixtures/, texts/ and audio/ (or copy it to shared/ in this tree); "
                            "parity, bf16, frontend and the bench's texts need it")
         log.error("gpu_check.shared_missing looked=%s", looked)
+
+
+def _where(folder: Path) -> str:
+    """Where the shared data was found, without the machine's absolute path (reports go into the docs)."""
+    from assistant.bench.shared_data import TREE
+
+    folder = folder.resolve()
+    if folder.is_relative_to(TREE):
+        return str(folder.relative_to(TREE))
+    if folder == (TREE.parent / folder.name).resolve():
+        return f"../{folder.name}"
+    return f"{folder.name} (${SHARED_ENV})"
 
 
 _fixture, _tiny = fixture, tiny   # where the fixtures are and the tiny model (shared with the first-packet stages)

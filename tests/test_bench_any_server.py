@@ -245,3 +245,38 @@ async def test_the_whip_client_offers_audio_alone_to_an_endpoint_that_is_not_our
     assert turn.status == "ok", turn.reason
     assert set(turn.columns) == {"v2v_ms", "first_audio_ms", "onset_ms"} and turn.columns["v2v_ms"] > 0
     assert result.server == "other" and "not an assistant server" in result.left_out
+
+
+async def test_a_server_still_starting_is_waited_for_before_it_is_judged() -> None:
+    """`assistant serve &` then `assistant bench v2v` at once: the bench's probe meets a port nobody listens on yet;
+    it asks again (within --ready-timeout) until the server answers, and only an answer decides whose it is."""
+    import asyncio
+
+    import aiohttp
+    from aiohttp import web
+
+    from assistant.bench.processes import free_port
+    from assistant.bench.targets import is_ours
+
+    port = free_port()
+
+    async def stages(_: web.Request) -> web.Response:
+        return web.json_response({"stages": [], "gaps": []})
+
+    app = web.Application()
+    app.router.add_get("/api/stages", stages)
+    runner = web.AppRunner(app)
+    await runner.setup()
+
+    async def start_late() -> None:
+        await asyncio.sleep(1.0)  # the server's own start-up; the probe is already asking
+        await web.TCPSite(runner, "127.0.0.1", port).start()
+
+    late = asyncio.create_task(start_late())
+    try:
+        async with aiohttp.ClientSession() as http:
+            assert not await is_ours(http, f"http://127.0.0.1:{port}")  # no wait: refused is not ours
+            assert await is_ours(http, f"http://127.0.0.1:{port}", wait_s=30.0)
+    finally:
+        await late
+        await runner.cleanup()

@@ -19,7 +19,9 @@ only, and the report says what was left out and why (:attr:`Target.left_out`).
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import time
 from dataclasses import dataclass, field
 from urllib.parse import urlsplit, urlunsplit
 
@@ -30,6 +32,7 @@ log = logging.getLogger(__name__)
 PROTOCOLS = ("page", "whip", "realtime", "realtime-ws", "twilio")
 PROBE_PATH = "/api/stages"  # ours alone serves it (the page's stage legend)
 PROBE_TIMEOUT_S = 10.0
+PROBE_RETRY_S = 0.5  # a server not listening yet is asked again so often (within the bench's --ready-timeout)
 
 OURS = "assistant"
 OTHER = "other"
@@ -110,27 +113,37 @@ def check_protocols(protocols: list[str]) -> str:
     return f"unknown protocol {unknown[0]!r}; choose from {', '.join(PROTOCOLS)}" if unknown else ""
 
 
-async def is_ours(http: aiohttp.ClientSession, url: str, headers: dict[str, str] | None = None) -> bool:
+async def is_ours(http: aiohttp.ClientSession, url: str, headers: dict[str, str] | None = None,
+                  wait_s: float = 0.0) -> bool:
     """Whether the server at ``url``'s origin is an assistant server (``GET /api/stages`` answers our legend; a server
-    with a token wants the key the bench was given)."""
+    with a token wants the key the bench was given). A server that does not answer at all yet (connection refused:
+    still starting) is asked again for up to ``wait_s``; any answer decides."""
     parts = urlsplit(url)
     scheme = {"ws": "http", "wss": "https"}.get(parts.scheme, parts.scheme)
     probe = urlunsplit((scheme, parts.netloc, PROBE_PATH, "", ""))
-    try:
-        async with http.get(probe, headers=headers or {}, timeout=aiohttp.ClientTimeout(total=PROBE_TIMEOUT_S)) as resp:
-            if resp.status != 200:
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            async with http.get(probe, headers=headers or {},
+                                timeout=aiohttp.ClientTimeout(total=PROBE_TIMEOUT_S)) as resp:
+                if resp.status != 200:
+                    return False
+                body = await resp.json(content_type=None)
+            return isinstance(body, dict) and isinstance(body.get("stages"), list)
+        except (aiohttp.ClientConnectionError, OSError) as exc:
+            if time.monotonic() >= deadline or isinstance(exc, aiohttp.ServerDisconnectedError):
                 return False
-            body = await resp.json(content_type=None)
-    except (aiohttp.ClientError, OSError, TimeoutError, ValueError):
-        return False
-    return isinstance(body, dict) and isinstance(body.get("stages"), list)
+            await asyncio.sleep(PROBE_RETRY_S)  # not listening yet: a server still starting
+        except (aiohttp.ClientError, TimeoutError, ValueError):
+            return False
 
 
 async def make_target(http: aiohttp.ClientSession, protocol: str, url: str, *, key: str = "",
-                      model: str = "") -> Target:
-    """The target for ``protocol`` at ``url``, with whether the server is ours found by asking it."""
+                      model: str = "", wait_s: float = 0.0) -> Target:
+    """The target for ``protocol`` at ``url``, with whether the server is ours found by asking it (waiting up to
+    ``wait_s`` for a server that is still starting to listen)."""
     url = url.rstrip("/")
-    ours = await is_ours(http, url, Target(protocol, url, key=key).headers())
+    ours = await is_ours(http, url, Target(protocol, url, key=key).headers(), wait_s)
     log.info("bench.target protocol=%s url=%s server=%s model=%s key=%s", protocol, url, OURS if ours else OTHER,
              model or "-", "set" if key else "none")
     return Target(protocol, url, ours, key, model)

@@ -156,7 +156,8 @@ async def run_v2v(args: argparse.Namespace) -> int:
     webrtc_turns = turns * sum(args.sessions)
     progress.total = sum(webrtc_turns if p in CLIENTS else turns for p in args.protocol)
     async with aiohttp.ClientSession() as http:
-        targets = [await make_target(http, p, args.url, key=key, model=args.model) for p in args.protocol]
+        targets = [await make_target(http, p, args.url, key=key, model=args.model, wait_s=args.ready_timeout)
+                   for p in args.protocol]
     if any(t.protocol == "page" and not t.ours for t in targets):
         return _fail(f"{args.url} did not answer GET /api/stages as an assistant server does (ours with a token needs "
                      "--token), and only ours speaks the page's protocol: measure another with --protocol whip, "

@@ -266,7 +266,10 @@ async def test_finished_sentence_ends_on_the_evidence(
     x, _ = read_audio(shared_audio / "en_story.wav")
     entry = {"text": "Tell me a short story about a cat who learns to play the piano.", "speech_starts_s": 0.51}
     asr = PhraseASR(entry, entry["text"])  # no pause inside: the whole text at the end
-    cfg = test_config(turn={"speculative": True, "smart_endpoint": True, "end_of_turn_model": True, "policy": policy})
+    # Smart Turn says 0.84-0.9+ at this pause depending on the onnxruntime build (0.84 with 1.32): the flat policy's
+    # sure line is put under that, since what is tested is the policy acting on a sure model, not the 0.85 line.
+    cfg = test_config(turn={"speculative": True, "smart_endpoint": True, "end_of_turn_model": True, "policy": policy,
+                            "end_of_turn_sure": 0.8})
     seen = await _converse(cfg, x, asr, batcher_model)
     ends = [e for e in seen if e["type"] == "speech_end"]
     assert len(ends) == 1 and ends[0]["reason"] == "end_of_turn", ends

@@ -1,4 +1,5 @@
-"""What a test needs from outside the code: the shared data, the packages the test extra declares, Chromium, coturn.
+"""What a test needs from outside the code: the shared data, the packages the test extra declares, Chromium, coturn,
+SIPp and baresip.
 
 Under CI (``CI`` set and not ``false``/``0``; ``.ci/run`` sets it) a missing one fails the test that needs it, with
 a message naming it: a green run means the tests ran. Elsewhere it skips with the same message, so a developer
@@ -65,3 +66,12 @@ def chromium() -> str:
     if not Path(CHROMIUM).exists():
         missing(f"Debian chromium not found at {CHROMIUM} (scripts/test.sh installs it: apt-get install chromium)")
     return CHROMIUM
+
+
+def program(name: str, package: str) -> str:
+    """A Debian program a test drives (SIPp's ``sipp`` from ``sip-tester``, ``baresip``): its path, or missing.
+    scripts/test.sh installs them."""
+    path = shutil.which(name)
+    if path is None:
+        missing(f"{name} not found (scripts/test.sh installs it: apt-get install {package})")
+    return path

@@ -26,7 +26,7 @@ from assistant.config.ray import RayConfig
 from assistant.config.realtime import RealtimeConfig
 from assistant.config.respond import REQUANTIZE, RespondConfig
 from assistant.config.server import DispatchConfig, ICEConfig, KeysConfig, LogConfig, ServerConfig
-from assistant.config.sip import SIP_CODECS, SIP_TRANSPORTS, SIPConfig
+from assistant.config.sip import DIGEST_ALGORITHMS, SIP_CODECS, SIP_TRANSPORTS, SIPConfig
 from assistant.config.telemetry import TelemetryConfig
 from assistant.config.telephony import TelephonyConfig
 from assistant.config.tts import ChunkerConfig, TTSAPIConfig, TTSConfig
@@ -196,6 +196,10 @@ def check_sip(cfg: Config) -> None:
     bad = [c for c in sip.codecs if c not in SIP_CODECS]
     if bad or not sip.codecs:
         raise ConfigError(f"sip.codecs: choose from {', '.join(SIP_CODECS)} (got {sip.codecs!r})")
+    bad = [a for a in sip.digest_algorithms if a not in DIGEST_ALGORITHMS]
+    if bad or not sip.digest_algorithms:
+        raise ConfigError(f"sip.digest_algorithms: choose from {', '.join(DIGEST_ALGORITHMS)} "
+                          f"(got {sip.digest_algorithms!r})")
     if not 1024 <= sip.rtp_port_min < sip.rtp_port_max <= 65_535 or sip.rtp_port_max - sip.rtp_port_min < 3:
         raise ConfigError("sip.rtp_port_min and sip.rtp_port_max must be a range of at least 4 ports within "
                           f"1024-65535 (got {sip.rtp_port_min}-{sip.rtp_port_max})")

@@ -8,6 +8,7 @@ from assistant.config.fields import setting
 
 SIP_TRANSPORTS = ("udp", "tcp", "tls")
 SIP_CODECS = ("opus", "PCMU", "PCMA")
+DIGEST_ALGORITHMS = ("MD5", "SHA-256")
 
 
 @dataclass
@@ -43,6 +44,10 @@ class SIPConfig:
     password: str = setting("", "digest password for sip.username (empty: only sip.allow_from and the trunk may "
                             "call; others get no answer)")
     realm: str = setting("assistant", "digest realm of the challenges the server sends")
+    digest_algorithms: list[str] = setting(
+        ["MD5", "SHA-256"], "the challenges a caller is offered, in order (many phones and test tools answer only the "
+        "first, and only MD5; a peer that takes SHA-256 may be offered it alone)"
+    )
     trunk: str = setting(
         "", "the trunk or PBX, as a SIP URI (sip:pbx.example.com:5060;transport=tcp): outgoing calls and the "
         "registration go there; empty: no outgoing calls"

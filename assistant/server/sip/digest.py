@@ -67,8 +67,10 @@ def digest_response(algorithm: str, username: str, realm: str, password: str, me
 class DigestServer:
     """Challenges callers and checks their credentials (see the module docstring)."""
 
-    def __init__(self, realm: str, username: str, password: str, clock: Callable[[], float] = time.time) -> None:
+    def __init__(self, realm: str, username: str, password: str, clock: Callable[[], float] = time.time,
+                 algorithms: tuple[str, ...] = ("MD5", "SHA-256")) -> None:
         self.realm, self.username, self.password = realm, username, password
+        self.algorithms = algorithms
         self.clock = clock
         self._key = secrets.token_bytes(32)
         self._used: OrderedDict[tuple[str, str, str], None] = OrderedDict()
@@ -96,11 +98,11 @@ class DigestServer:
         return "ok" if -5.0 <= age <= NONCE_TTL_S else "stale"
 
     def challenge(self, source: str, stale: bool = False) -> list[str]:
-        """``WWW-Authenticate`` values: SHA-256 first (RFC 8760), then MD5 for the many peers that only have it."""
+        """``WWW-Authenticate`` values, one per algorithm in order (RFC 8760: the one preferred first)."""
         nonce = self.nonce(source)
         tail = ", stale=true" if stale else ""
         return [f'Digest realm="{self.realm}", nonce="{nonce}", algorithm={alg}, qop="auth"{tail}'
-                for alg in ("SHA-256", "MD5")]
+                for alg in self.algorithms]
 
     def check(self, header: str | None, method: str, source: str) -> str:
         """``ok``; else why not: ``missing``, ``malformed``, ``stale``, ``bad_nonce``, ``wrong`` (user, realm or
@@ -115,7 +117,7 @@ class DigestServer:
             return "malformed"
         algorithm = p.get("algorithm", "MD5").upper()
         qop = p.get("qop", "")
-        if algorithm not in HASHES or qop not in ("", "auth") or (qop and not (p.get("nc") and p.get("cnonce"))):
+        if algorithm not in self.algorithms or qop not in ("", "auth") or (qop and not (p.get("nc") and p.get("cnonce"))):
             return "malformed"
         state = self.nonce_state(p["nonce"], source)
         if state != "ok":

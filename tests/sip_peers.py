@@ -204,11 +204,13 @@ class Baresip:
         apps = "\n".join(f"module_app {m}" for m in APP_MODULES)
         (folder / "config").write_text(f"""poll_method epoll
 sip_listen {LOOPBACK}:{self.port}
-net_interface lo
+net_interface {LOOPBACK}
 audio_player aubridge,nil
 audio_alert aubridge,nil
 audio_source aufile,{audio}
 ausrc_srate 48000
+ausrc_channels 1
+auplay_channels 1
 auplay_srate 48000
 rtp_ports {rtp}-{rtp + 9}
 rtcp_mux no

@@ -32,7 +32,7 @@ from assistant.server.services import Services
 from assistant.server.sip.call import SipCall
 from assistant.server.sip.state import SIP, SipService
 from tests.conftest import serve, test_config
-from tests.sip_peers import LOOPBACK, Sipp, ear, sipp, ulaw_wav
+from tests.sip_peers import LOOPBACK, Sipp, baresip, ear, pcm48_wav, sipp, ulaw_wav
 from tests.waiting import until
 
 pytestmark = [pytest.mark.asyncio(loop_scope="module"), pytest.mark.slow, pytest.mark.timeout(300)]
@@ -251,3 +251,34 @@ async def test_the_server_refreshes_the_session_timer_when_it_is_the_refresher(s
                 assert resp.status == 200
             assert await peer.wait() == 0, peer.log()
         await ports_free(app)
+
+
+async def test_baresip_with_opus_hears_the_reply_and_a_key_press_reaches_the_responder(
+        services: Services, tmp_path: Path, shared_audio: Path) -> None:
+    audio = tmp_path / "weather48.wav"
+    pcm48_wav(shared_audio / "en_weather.wav", audio, silence_s=30.0)  # baresip hangs up at its end
+    cfg = config(username=USER, password=PASSWORD, dtmf_gap_ms=300)
+    async with serve(cfg, services) as (_url, app), baresip(tmp_path / "phone", audio, codecs=("opus.so",),
+                                                               auth=(USER, PASSWORD)) as phone:
+        await phone.command("dial", f"sip:assistant@{target(app)}")
+        call = await only_call(app)
+        keys: list[str] = []
+        call.events.subscribe(lambda e: keys.append(str(e["digit"])) if e["type"] == "dtmf" else None)
+        await until(lambda: phone.saw("CALL_ESTABLISHED"), "baresip to say the call is up")
+        assert call.codec == "opus/48000/2"
+        await until(lambda: len(said(call, "assistant")) == 1 and not call.conversation.responding,
+                    "the spoken turn answered and its reply played", 60)
+        assert "weather" in said(call)[0].lower()
+        await phone.command("sndcode", "5")  # a key press, sent as RFC 4733 telephone-events
+        await until(lambda: len(said(call)) == 2, "the key press to reach the responder as a turn")
+        assert keys == ["5"] and "pressed 5" in said(call)[1]
+        await until(lambda: len(said(call, "assistant")) == 2, "the responder's answer to it")
+        assert "5" in said(call, "assistant")[1]
+        await phone.command("hangup")
+        await until(lambda: call.closed, "baresip's BYE to end the call")
+        assert call.close_reason == "bye"
+        await ports_free(app)
+        pcm, rate = phone.heard()
+    assert rate == 48_000 and len(pcm) > rate  # what the phone decoded from our Opus
+    text = await heard_text(services, pcm, rate)
+    assert "weather" in text.lower(), text

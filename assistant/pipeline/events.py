@@ -5,8 +5,9 @@ the ASR, its ``language_probability``), reply_text, reply_audio_start, reply_don
 the reply is only held while the user makes a sound over it), reply_resumed (that sound was a backchannel: the
 reply goes on), turn_metrics, voice_fallback (no voice speaks the reply's language: the default one reads it),
 responder_fallback (the responder's engine is down, restarting or failed for good: another responder answers
-this turn, and ``reason`` says why), error; plus session (sent once on open, and again when the session's settings
-change) and close.
+this turn, and ``reason`` says why), dtmf (a key pressed on a phone: ``digit``; the keys of one entry then reach the
+responder as a turn), error; plus session (sent once on open, and again when the session's settings change) and
+close.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ EVENT_TYPES = frozenset(
         "turn_metrics",
         "voice_fallback",
         "responder_fallback",
+        "dtmf",
         "error",
         "close",
     }

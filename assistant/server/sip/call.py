@@ -79,9 +79,7 @@ class SipCall(ConversationSession):
     def _on_entry(self, digits: str) -> None:
         if self.closed:
             return
-        text = self.cfg.sip.dtmf_text.replace("{digits}", digits)
-        self.events.emit("dtmf_entry", digits=digits)
-        self.conversation.respond_to(text=text)
+        self.conversation.respond_to(text=self.cfg.sip.dtmf_text.replace("{digits}", digits))
 
     # --- lifecycle ----------------------------------------------------------------------------------------
     def _stale(self) -> str:

@@ -68,7 +68,7 @@ class DigestServer:
     """Challenges callers and checks their credentials (see the module docstring)."""
 
     def __init__(self, realm: str, username: str, password: str, clock: Callable[[], float] = time.time,
-                 algorithms: tuple[str, ...] = ("MD5", "SHA-256")) -> None:
+                 algorithms: tuple[str, ...] = ("MD5",)) -> None:
         self.realm, self.username, self.password = realm, username, password
         self.algorithms = algorithms
         self.clock = clock

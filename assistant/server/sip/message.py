@@ -346,6 +346,8 @@ def _headers(lines: list[str]) -> Headers:
             raise SipParseError(f"bad header line {line[:60]!r}")
         value = value.strip(WHITESPACE)
         key = canonical(name).lower()
+        if key in LISTS and not value:  # an empty list is allowed (Supported:, as baresip sends it): no values
+            continue
         if key in LISTS:
             try:
                 values = [v.strip(WHITESPACE) for v in split_outside_quotes(value, ",")]

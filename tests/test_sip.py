@@ -16,6 +16,7 @@ baresip softphone). Nothing is mocked at the SIP or RTP boundary.
 from __future__ import annotations
 
 import contextlib
+import json
 import socket
 import struct
 from pathlib import Path
@@ -282,3 +283,108 @@ async def test_baresip_with_opus_hears_the_reply_and_a_key_press_reaches_the_res
     assert rate == 48_000 and len(pcm) > rate  # what the phone decoded from our Opus
     text = await heard_text(services, pcm, rate)
     assert "weather" in text.lower(), text
+
+
+async def sse_events(http: aiohttp.ClientSession, url: str, headers: dict[str, str], until_type: str,
+                     timeout_s: float = 60.0) -> list[dict[str, Any]]:
+    """An outgoing call's Server-Sent Events, read until one of ``until_type`` (or the stream's end)."""
+    events: list[dict[str, Any]] = []
+    async with http.get(url, headers=headers, timeout=aiohttp.ClientTimeout(total=timeout_s)) as resp:
+        assert resp.status == 200 and resp.content_type == "text/event-stream"
+        async for raw in resp.content:
+            line = raw.decode().strip()
+            if line.startswith("data: "):
+                events.append(json.loads(line[6:]))
+                if events[-1]["type"] == until_type:
+                    break
+    return events
+
+
+TOKEN = "admin-token-for-the-sip-tests-0123456789"
+
+
+async def mint(http: aiohttp.ClientSession, url: str, scope: list[str]) -> dict[str, str]:
+    async with http.post(f"{url}/api/keys", json={"scope": scope},
+                         headers={"Authorization": f"Bearer {TOKEN}"}) as resp:
+        assert resp.status == 200, await resp.text()
+        return {"Authorization": f"Bearer {(await resp.json())['key']}"}
+
+
+async def test_an_outgoing_call_through_the_trunk_is_answered_after_a_challenge_and_hung_up(
+        services: Services, tmp_path: Path) -> None:
+    async with sipp("uas_answer", tmp_path, values={"user": "trunkuser", "password": "trunk-pass",
+                                                    "wait_ms": "60000"}) as trunk:
+        allowed = f"sip:bob@{trunk.uri_host}"
+        cfg = test_config(sip={"enabled": True, "port": 0, "responder": "echo", **RTP_RANGE,
+                               "trunk": f"sip:{trunk.uri_host}", "trunk_username": "trunkuser",
+                               "trunk_password": "trunk-pass", "dial_allow": [allowed, "+1555*"]},
+                          server={"auth_token": TOKEN})
+        async with serve(cfg, services) as (url, app), aiohttp.ClientSession() as http:
+            dialer = await mint(http, url, ["dial", "call"])
+            browser = await mint(http, url, ["call"])
+            async with http.post(f"{url}/api/sip/calls", json={"to": allowed}, headers=browser) as resp:
+                assert resp.status == 403  # a page's key cannot dial out
+            for refused in (f"sip:mallory@{trunk.uri_host}", "+4420123456", "sip:bob@evil.example.com"):
+                async with http.post(f"{url}/api/sip/calls", json={"to": refused}, headers=dialer) as resp:
+                    assert resp.status == 403 and (await resp.json())["error"] == "destination_refused", refused
+            async with http.post(f"{url}/api/sip/calls", json={"to": allowed}, headers=dialer) as resp:
+                assert resp.status == 202, await resp.text()
+                record = await resp.json()
+            events = await sse_events(http, f"{url}{record['events_url']}", dialer, "answered")
+            assert [e["type"] for e in events] == ["dialing", "ringing", "answered"], events
+            session_id = events[-1]["session_id"]
+            call = next(c for c in calls(app) if c.id == session_id)
+            assert call.direction == "outbound" and call.codec == "PCMU/8000" and call.owner
+            other = await mint(http, url, ["dial"])
+            async with http.get(f"{url}/api/sip/calls/{record['call_id']}", headers=other) as resp:
+                assert resp.status == 404  # another key's call is no call at all
+            async with http.get(f"{url}/api/sessions", headers=dialer) as resp:
+                assert [s["session_id"] for s in (await resp.json())["sessions"]] == [session_id]
+            async with http.delete(f"{url}/api/sessions/{session_id}", headers=dialer) as resp:
+                assert resp.status == 200
+            assert await trunk.wait() == 0, trunk.log()  # it checked our credentials, and got our BYE
+            async with http.get(f"{url}/api/sip/calls/{record['call_id']}", headers=dialer) as resp:
+                done = await resp.json()
+            assert done["state"] == "ended" and done["events"][-1]["reason"] == "hangup", done
+            await ports_free(app)
+
+
+async def test_an_outgoing_call_to_a_busy_phone_says_busy(services: Services, tmp_path: Path) -> None:
+    async with sipp("uas_busy", tmp_path) as trunk:
+        cfg = config(trunk=f"sip:{trunk.uri_host}", dial_allow=["+1555*"])
+        async with serve(cfg, services) as (url, app), aiohttp.ClientSession() as http:
+            async with http.post(f"{url}/api/sip/calls", json={"to": "+15551234567"}) as resp:
+                assert resp.status == 202, await resp.text()
+                record = await resp.json()
+            events = await sse_events(http, f"{url}{record['events_url']}", {}, "busy")
+            assert [e["type"] for e in events] == ["dialing", "busy"] and events[-1]["status"] == 486
+            assert await trunk.wait() == 0, trunk.log()  # the INVITE named the number, and our ACK came
+            assert "INVITE sip:+15551234567@127.0.0.1" in trunk.log()
+            await ports_free(app)
+            assert not calls(app)
+
+
+async def test_an_outgoing_call_nobody_picks_up_is_cancelled_as_no_answer(services: Services,
+                                                                           tmp_path: Path) -> None:
+    async with sipp("uas_ring", tmp_path) as trunk:
+        cfg = config(trunk=f"sip:{trunk.uri_host}", dial_allow=["+1555*"], ring_timeout_s=1.0)
+        async with serve(cfg, services) as (url, app), aiohttp.ClientSession() as http:
+            async with http.post(f"{url}/api/sip/calls", json={"to": "+15550001111"}) as resp:
+                record = await resp.json()
+            events = await sse_events(http, f"{url}{record['events_url']}", {}, "no_answer")
+            assert [e["type"] for e in events] == ["dialing", "ringing", "no_answer"] and events[-1]["status"] == 487
+            assert await trunk.wait() == 0, trunk.log()  # our CANCEL, then the ACK of its 487
+            await ports_free(app)
+
+
+async def test_the_server_registers_with_the_trunk(services: Services, tmp_path: Path) -> None:
+    async with sipp("uas_register", tmp_path, values={"user": "trunkuser", "password": "trunk-pass",
+                                                      "expires": "120"}) as registrar:
+        cfg = config(trunk=f"sip:{registrar.uri_host}", register=True, trunk_username="trunkuser",
+                     trunk_password="trunk-pass", user="frontdesk")
+        async with serve(cfg, services) as (_url, app):
+            registration = service(app).registration
+            assert registration is not None
+            await until(lambda: registration.state == "registered", "the trunk to accept the registration")
+            assert await registrar.wait() == 0, registrar.log()
+            assert "REGISTER sip:127.0.0.1" in registrar.log() and "<sip:frontdesk@" in registrar.log()

@@ -15,6 +15,7 @@ baresip softphone). Nothing is mocked at the SIP or RTP boundary.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import socket
@@ -388,3 +389,87 @@ async def test_the_server_registers_with_the_trunk(services: Services, tmp_path:
             await until(lambda: registration.state == "registered", "the trunk to accept the registration")
             assert await registrar.wait() == 0, registrar.log()
             assert "REGISTER sip:127.0.0.1" in registrar.log() and "<sip:frontdesk@" in registrar.log()
+
+
+TORTURE = Path(__file__).parent / "data" / "sip_torture"
+
+
+def flood_request(method: str, n: int, host: str) -> bytes:
+    """A scanner's request: well formed, a new call each time, no credentials."""
+    return (f"{method} sip:100@{LOOPBACK} SIP/2.0\r\nVia: SIP/2.0/UDP {host}:5060;branch=z9hG4bK{n:08d}\r\n"
+            f"From: <sip:100@{host}>;tag={n}\r\nTo: <sip:100@{LOOPBACK}>\r\nCall-ID: flood-{n}@{host}\r\n"
+            f"CSeq: 1 {method}\r\nMax-Forwards: 70\r\nUser-Agent: friendly-scanner\r\nContent-Length: 0\r\n\r\n"
+            ).encode()
+
+
+def dropped(services: Services) -> dict[str, float]:
+    return {s.labels["reason"]: s.value for m in services.metrics.sip_dropped_total.collect() for s in m.samples
+            if s.name.endswith("_total")}
+
+
+async def test_torture_messages_and_floods_from_unknown_addresses_are_cheap_and_a_call_goes_on(
+        services: Services, tmp_path: Path, weather_ulaw: Path) -> None:
+    cfg = config(allow_from=["127.0.0.1/32"], username=USER, password=PASSWORD, symmetric_rtp=False)
+    before = dropped(services)
+    async with serve(cfg, services) as (url, app), ear() as listener, aiohttp.ClientSession() as http:
+        agent = service(app).agent
+        assert agent is not None
+        server = (LOOPBACK, service(app).port())
+        torturer, flooder = (socket.socket(socket.AF_INET, socket.SOCK_DGRAM) for _ in range(2))
+        torturer.bind(("127.0.0.2", 0))
+        flooder.bind(("127.0.0.3", 0))
+        sent = 0
+
+        async def attack() -> None:
+            nonlocal sent
+            for path in sorted(TORTURE.glob("*/*.sip")):
+                torturer.sendto(path.read_bytes(), server)
+            for n in range(4000):
+                flooder.sendto(flood_request(("INVITE", "REGISTER", "OPTIONS", "INVITE")[n % 4], n, "127.0.0.3"),
+                               server)
+                sent += 1
+                if n % 200 == 0:
+                    await asyncio.sleep(0.005)  # in bursts, so that a real call's INVITE comes amid them
+
+        streaming = f'<nop><action><exec rtp_stream="{weather_ulaw},-1,0"/></action></nop>'
+        attacking = asyncio.get_running_loop().create_task(attack())
+        async with sipp("uac_wait_bye", tmp_path, target(app), values={
+                "ear": str(listener.port), "media": streaming, "session_expires": "1800",
+                "wait_ms": "60000"}) as peer:
+            call = await only_call(app)
+            await attacking
+            # A barrier: an OPTIONS from the trusted address after the attack is answered once all of it was read.
+            with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as pinger:
+                pinger.bind((LOOPBACK, 0))
+                pinger.setblocking(False)
+                pinger.sendto(flood_request("OPTIONS", 99_999, LOOPBACK), server)
+                pong = await asyncio.wait_for(asyncio.get_running_loop().sock_recv(pinger, 4096), 30)
+                assert pong.startswith(b"SIP/2.0 200"), pong
+            answers = []
+            for s in (torturer, flooder):
+                s.setblocking(False)
+                with contextlib.suppress(BlockingIOError):
+                    while True:
+                        answers.append((s.getsockname()[0], s.recv(65_536)))
+                s.close()
+            assert sent == 4000
+            # Each unknown address got at most its budget of answers (challenges), and nothing else.
+            for host in ("127.0.0.2", "127.0.0.3"):
+                mine = [a for h, a in answers if h == host]
+                assert len(mine) <= cfg.sip.refusals_per_minute, (host, len(mine))
+                assert all(a[8:11] in (b"401", b"405", b"481", b"501") for a in mine), mine[:3]
+            now = dropped(services)
+            assert now.get("handler_error", 0) == before.get("handler_error", 0)  # nothing escaped a handler
+            assert now.get("malformed", 0) - before.get("malformed", 0) >= len(list(TORTURE.glob("invalid/*")))
+            # Nothing was kept for any of it: no transaction, dialog, session or port but the real call's.
+            assert all(tx.flow.host == LOOPBACK for tx in agent.server_tx.entries.values())
+            assert list(agent.calls.values()) == [call] and calls(app) == [call]
+            assert service(app).ports.in_use == {call.rtp.port} if call.rtp else False
+            rtp = call.rtp
+            assert rtp is not None
+            heard = rtp.counters.received
+            await until(lambda: rtp.counters.received > heard + 25, "the real call's audio to go on")
+            async with http.delete(f"{url}/api/sessions/{call.id}") as resp:
+                assert resp.status == 200
+            assert await peer.wait() == 0, peer.log()
+        await ports_free(app)

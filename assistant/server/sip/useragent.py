@@ -68,7 +68,8 @@ log = logging.getLogger(__name__)
 
 ALLOW = "INVITE, ACK, BYE, CANCEL, OPTIONS, UPDATE, INFO"
 SUPPORTED = "timer"
-NOT_HERE = frozenset({"REFER", "MESSAGE", "SUBSCRIBE", "NOTIFY", "PRACK", "PUBLISH"})  # 405 within a dialog
+NOT_HERE = frozenset({"REFER", "MESSAGE", "SUBSCRIBE", "NOTIFY", "PRACK", "PUBLISH"})  # known, not taken: 405
+IN_DIALOG = frozenset({"BYE", "INFO", "UPDATE"})  # outside a dialog: 481
 RETRY_PENDING_S = (0.5, 2.0)  # after a 491 our refresh is sent again this long later (RFC 3261 14.1)
 
 
@@ -203,9 +204,9 @@ class UserAgent:
             self.on_cancel(message, flow)
         elif message.method == "OPTIONS":
             self.on_options(message, flow)
-        elif self.known(flow):
-            self.stateless(message, flow, 405 if message.method in ("REGISTER", *NOT_HERE) else 481,
-                           [("Allow", ALLOW)])
+        elif self.known(flow):  # not a registrar, nor a proxy: what we do not take, said cheaply
+            status = 481 if message.method in IN_DIALOG else 405 if message.method in ("REGISTER", *NOT_HERE) else 501
+            self.stateless(message, flow, status, [("Allow", ALLOW)])
         else:
             self.dropped("not_allowed")
 

@@ -28,6 +28,9 @@ import numpy as np
 import pytest
 
 from assistant.audio import SPEECH_RATE, resample, s16_to_float
+from assistant.bench.audio_source import load_utterance
+from assistant.bench.sip_client import SipPhone
+from assistant.bench.sip_client import now as phone_now
 from assistant.g711 import ulaw_decode
 from assistant.server.app import SESSIONS
 from assistant.server.services import Services
@@ -473,3 +476,42 @@ async def test_torture_messages_and_floods_from_unknown_addresses_are_cheap_and_
                 assert resp.status == 200
             assert await peer.wait() == 0, peer.log()
         await ports_free(app)
+
+
+async def test_barge_in_stops_the_reply_within_a_frame_as_on_a_browser_call(services: Services,
+                                                                              shared_audio: Path) -> None:
+    """The browser test's bound (test_voice_chat.test_barge_in_stops_the_reply_at_once), over SIP: once the server
+    decides to interrupt (the ``interrupted`` event), not one more audible reply frame leaves it; the phone hears at
+    most the one packet already on its way."""
+    story = load_utterance(shared_audio / "en_story.wav")
+    timer = load_utterance(shared_audio / "en_timer.wav")
+    async with serve(config(allow_from=["127.0.0.1/32"]), services) as (_url, app):
+        phone = SipPhone((LOOPBACK, service(app).port()), codec="PCMU")
+        await phone.dial()
+        try:
+            call = await only_call(app)
+            track = call.track
+            at_interrupt: list[tuple[int, float, float]] = []
+            kinds: list[str] = []
+
+            def note(event: dict[str, Any]) -> None:
+                kinds.append(event["type"])
+                if event["type"] == "interrupted":
+                    at_interrupt.append((track.audible_frames_sent, track.last_audible_sent_at, phone_now()))
+
+            call.events.subscribe(note)
+            phone.say(story, tail_s=0.0)
+            await until(lambda: track.audible_frames_sent > 0, "the reply to start playing", 60)
+            playing = track.audible_frames_sent
+            await until(lambda: track.audible_frames_sent >= playing + 25, "half a second of the reply to play", 60)
+            over = phone.say(timer)
+            await until(lambda: at_interrupt, "the reply to be interrupted", 60)
+            await asyncio.wait_for(over, 60)  # the caller is done talking over it
+            frames_after, last_sent = track.audible_frames_sent, track.last_audible_sent_at
+        finally:
+            await phone.hang_up()
+    (frames_at, sent_at, decided), *_ = at_interrupt
+    assert "reply_done" not in kinds[: kinds.index("interrupted")], kinds
+    assert (frames_after, last_sent) == (frames_at, sent_at), (
+        f"{frames_after - frames_at} audible reply frames went out after the interruption")
+    assert phone.audible_since(decided) <= 1, phone.audible_since(decided)

@@ -268,3 +268,20 @@ def test_rtp_timestamps_become_one_clock_across_wraps_and_sources() -> None:
     assert clock.pts(1, 320, 160) == 480  # a lost packet leaves its gap in the clock
     assert clock.pts(2, 123456, 160) == 640  # another source goes on where the last frame ended
     assert clock.pts(2, 123456 + 160, 160) == 800
+
+
+def test_the_bench_reads_the_sip_capacity_where_a_calls_p90_doubles() -> None:
+    from assistant.bench.telephony_client import PhoneTurn
+    from assistant.bench.v2v_cli import protocols_markdown, sip_capacity
+
+    def level(*v2v: float) -> list[PhoneTurn]:
+        return [PhoneTurn("x.wav", "sip-PCMU", v2v_ms=v) for v in v2v]
+
+    levels = {1: level(500, 600, 700), 2: level(600, 800, 900), 4: level(700, 1000, 1300), 8: level(2000, 3000),
+              16: level(900)}
+    reading = sip_capacity(levels)  # 8 doubled it: 4 is the answer, whatever 16 did
+    assert reading == "4 (p90 1240 ms against 680 ms with 1; at 8 calls it was 4.26x)", reading
+    assert sip_capacity({1: level(500), 2: level(600)}).startswith("2 or more")
+    table = protocols_markdown({}, [], (), levels, "PCMU")
+    assert "| sip (PCMU), 1 call at once | 3/3 | 600 ms | 680 ms |" in table
+    assert "| sip (PCMU), 4 calls at once | 3/3 | 1000 ms | 1240 ms |" in table and "doubles: 4 (" in table

@@ -21,6 +21,7 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import av
 import numpy as np
 from aiortc.codecs.opus import OpusDecoder, OpusEncoder
 from aiortc.jitterbuffer import JitterFrame
@@ -296,9 +297,10 @@ class SipPhone:
         if self._decoder is None:
             pcm = ulaw_decode(packet.payload)
         else:
-            frames = self._decoder.decode(JitterFrame(data=packet.payload, timestamp=packet.timestamp))
-            pcm = np.concatenate([float_to_s16(frame_to_float(f)) for f in frames]) if frames else np.zeros(
-                0, np.int16)
+            frames = [f for f in self._decoder.decode(JitterFrame(data=packet.payload, timestamp=packet.timestamp))
+                      if isinstance(f, av.AudioFrame)]
+            pcm = (np.concatenate([float_to_s16(frame_to_float(f)) for f in frames]) if frames
+                   else np.zeros(0, np.int16))
         play_at = max(at, self._play_end)
         self._play_end = play_at + len(pcm) / self.rate
         self.played.append(Played(play_at, pcm))

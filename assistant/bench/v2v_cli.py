@@ -1,9 +1,10 @@
 """``assistant bench v2v`` on the command line: its flags, and the run of one protocol or several side by side.
 
 The clients it drives sit below it: our page protocol's (``bench/v2v.py``), the Realtime API's
-(``bench/realtime_client.py``) and a phone carrier's (``bench/telephony_client.py``: a call through Twilio Media
-Streams). With ``--protocol page,realtime[,realtime-ws][,twilio]`` each protocol runs in turn on the same files, and
-the ratio of their medians is printed.
+(``bench/realtime_client.py``), a phone carrier's (``bench/telephony_client.py``: a call through Twilio Media
+Streams) and a SIP phone's (``bench/sip_client.py``: a call straight to the server's SIP listener, PCMU or Opus).
+With ``--protocol page,realtime[,realtime-ws][,twilio][,sip]`` each protocol runs in turn on the same files, and the
+ratio of their medians is printed; ``--protocol sip --sessions 1,2,4`` holds that many SIP calls at once per level.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from assistant.bench.audio_source import load_utterance, read_manifest
 from assistant.bench.figures import provenance, write_markdown
 from assistant.bench.realtime_client import RealtimeBenchSession, WSTurn, ws_turn
 from assistant.bench.report import BenchResult, format_markdown, format_summary, format_turns, percentile
+from assistant.bench.sip_client import CODECS, bench_sip
 from assistant.bench.telephony_client import PhoneTurn, bench_phone
 from assistant.bench.v2v import (
     AUDIBLE_DBFS,
@@ -38,8 +40,10 @@ from assistant.rtc.loopback_ice import allow_loopback_ice
 
 log = logging.getLogger(__name__)
 
-PROTOCOLS = ("page", "realtime", "realtime-ws", "twilio")
+PROTOCOLS = ("page", "realtime", "realtime-ws", "twilio", "sip")
 TWILIO_TOKEN_ENV = "ASSISTANT_TELEPHONY__TWILIO_AUTH_TOKEN"  # the server's own setting, read the same way
+SIP_PASSWORD_ENV = "ASSISTANT_SIP__PASSWORD"
+DOUBLED = 2.0  # the SIP capacity is the last level whose v2v p90 stays within this many times one call's
 
 
 # --- CLI ------------------------------------------------------------------------------------------------
@@ -81,6 +85,13 @@ def add_v2v_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--twilio-auth-token", default=os.environ.get(TWILIO_TOKEN_ENV, ""),
                         help="the server's telephony.twilio_auth_token, to sign the webhook (default: "
                         f"${TWILIO_TOKEN_ENV})")
+    parser.add_argument("--sip", default="127.0.0.1:5060", metavar="HOST:PORT",
+                        help="the server's SIP listener, for --protocol sip (default: %(default)s)")
+    parser.add_argument("--sip-codec", choices=CODECS, default="PCMU",
+                        help="the codec the SIP phone offers: PCMU (8 kHz) or opus (48 kHz) (default: %(default)s)")
+    parser.add_argument("--sip-user", default="", help="digest user, if the server challenges (sip.username)")
+    parser.add_argument("--sip-password", default=os.environ.get(SIP_PASSWORD_ENV, ""),
+                        help=f"digest password (default: ${SIP_PASSWORD_ENV})")
 
 
 async def run_v2v(args: argparse.Namespace) -> int:
@@ -149,7 +160,18 @@ async def run_protocols(args: argparse.Namespace, origin: str) -> int:
     results: dict[str, BenchResult] = {}
     ws: list[WSTurn] = []
     phone: list[PhoneTurn] = []
+    sip: dict[int, list[PhoneTurn]] = {}
     for protocol in protocols:
+        if protocol == "sip":
+            files = [Path(f) for f in (args.audio or default_audio_files())]
+            known_sip: dict[Path, dict[str, dict]] = {}
+            utts = [load_utterance(f, known_sip.setdefault(f.parent, read_manifest(f.parent))) for f in files]
+            host, _, port = args.sip.rpartition(":")
+            for level in args.sessions:
+                sip[level] = await bench_sip((host or "127.0.0.1", int(port)), utts, args.turns or len(utts),
+                                             calls=level, codec=args.sip_codec, user=args.sip_user,
+                                             password=args.sip_password, timeout_s=args.timeout)
+            continue
         if protocol == "twilio":
             files = [Path(f) for f in (args.audio or default_audio_files())]
             known: dict[Path, dict[str, dict]] = {}
@@ -200,6 +222,22 @@ async def run_protocols(args: argparse.Namespace, origin: str) -> int:
         print(f"{'twilio':10s} {describe(values)}")
         if values:
             medians["twilio"] = percentile(values, 50)
+    for level, turns in sip.items():
+        values = [t.v2v_ms for t in turns if t.v2v_ms is not None]
+        print(f"{'sip x' + str(level):10s} {describe(values)}")
+        if values and level == min(sip):
+            medians["sip"] = percentile(values, 50)
+    if "page" in medians and "sip" in medians:
+        print(f"ratio sip/page (median v2v): {medians['sip'] / medians['page']:.3f}; sip - page: "
+              f"{medians['sip'] - medians['page']:+.0f} ms")
+    if len(sip) > 1:
+        print(f"SIP calls held before a call's v2v p90 doubles ({args.sip_codec}): {sip_capacity(sip)}")
+    bad += sum(1 for turns in sip.values() for t in turns if t.v2v_ms is None)
+    if sip:
+        out = Path(args.out) / "sip"
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "sip.json").write_text(json.dumps({str(k): [t.__dict__ for t in v] for k, v in sip.items()},
+                                                 indent=1))
     if "page" in medians and "realtime" in medians:
         print(f"ratio realtime/page (median v2v): {medians['realtime'] / medians['page']:.3f}")
     if "page" in medians and "twilio" in medians:
@@ -229,12 +267,30 @@ async def run_protocols(args: argparse.Namespace, origin: str) -> int:
         out.mkdir(parents=True, exist_ok=True)
         (out / "realtime_ws.json").write_text(json.dumps([t.__dict__ for t in ws], indent=1))
     if args.markdown is not None:
-        _write_markdown(args.markdown, protocols_markdown(results, ws, phone), origin)
+        _write_markdown(args.markdown, protocols_markdown(results, ws, phone, sip, args.sip_codec), origin)
     return 0 if bad == 0 else 1
 
 
+def sip_capacity(levels: dict[int, list[PhoneTurn]]) -> str:
+    """The most calls at once, counting up the levels, before the first level whose v2v p90 is over ``DOUBLED`` ×
+    the fewest calls' p90 (each level's every turn counted), as a sentence."""
+    p90 = {k: percentile(v, 90) for k, turns in sorted(levels.items())
+           if (v := [t.v2v_ms for t in turns if t.v2v_ms is not None])}
+    if not p90:
+        return "no turn was heard"
+    base = min(p90)
+    held = base
+    for k in sorted(p90):
+        if p90[k] > DOUBLED * p90[base]:
+            return (f"{held} (p90 {p90[held]:.0f} ms against {p90[base]:.0f} ms with {base}; at {k} calls it was "
+                    f"{p90[k] / p90[base]:.2f}x)")
+        held = k
+    return f"{held} or more (p90 {p90[held]:.0f} ms against {p90[base]:.0f} ms with {base}; no level tried doubled it)"
+
+
 def protocols_markdown(results: dict[str, BenchResult], ws: Sequence[WSTurn],
-                       phone: Sequence[PhoneTurn] = ()) -> str:
+                       phone: Sequence[PhoneTurn] = (), sip: dict[int, list[PhoneTurn]] | None = None,
+                       sip_codec: str = "PCMU") -> str:
     """The comparison as Markdown: voice-to-voice per protocol (and their ratios to the page's), then the
     WebSocket's time to the first audio delta per mode, then each phone turn."""
     lines = ["| voice-to-voice (client clock) | turns heard | median | p90 |", "|---|---:|---:|---:|"]
@@ -243,14 +299,24 @@ def protocols_markdown(results: dict[str, BenchResult], ws: Sequence[WSTurn],
                                                 for p, r in results.items()]
     if phone:
         rows.append(("twilio", [t.v2v_ms for t in phone if t.v2v_ms is not None], len(phone)))
+    for level, turns_at in sorted((sip or {}).items()):
+        name = f"sip ({sip_codec})" + (f", {level} call{'s' if level > 1 else ''} at once"
+                                       if len(sip or {}) > 1 or level > 1 else "")
+        rows.append((name, [t.v2v_ms for t in turns_at if t.v2v_ms is not None], len(turns_at)))
+        if level == min(sip or {0: []}) and rows[-1][1]:
+            medians["sip"] = percentile(rows[-1][1], 50)
     for protocol, values, turns in rows:
-        if values:
+        if values and not protocol.startswith("sip"):
             medians[protocol] = percentile(values, 50)
         cells = [f"{percentile(values, q):.0f} ms" if values else "—" for q in (50, 90)]
         lines.append(f"| {protocol} | {len(values)}/{turns} | {cells[0]} | {cells[1]} |")
-    for other in ("realtime", "twilio"):
+    for other in ("realtime", "twilio", "sip"):
         if "page" in medians and other in medians:
             lines += ["", f"Ratio {other} / page (medians): {medians[other] / medians['page']:.3f}."]
+    if "page" in medians and "sip" in medians:
+        lines.append(f"SIP minus page (medians): {medians['sip'] - medians['page']:+.0f} ms.")
+    if sip and len(sip) > 1:
+        lines += ["", f"SIP calls held at once before a call's v2v p90 doubles: {sip_capacity(sip)}."]
     if ws:
         lines += ["", "| Realtime over WebSocket, to the first `response.output_audio.delta` | turns | median | p90 |",
                   "|---|---:|---:|---:|"]

@@ -1,8 +1,9 @@
 """SIP's transports (RFC 3261 18): UDP datagrams, and TCP or TLS streams framed by Content-Length; the door every
 message passes before it is read.
 
-The door is hostile: a message is weighed before it is parsed. Each source address has a budget of messages a
-minute (``sip.messages_per_minute``; the trunk and ``sip.allow_from`` have none), a datagram or a message over
+The door is hostile: a message is weighed before it is parsed. Without ``sip.password`` only the trunk and
+``sip.allow_from`` may call, and a message from anywhere else is dropped unread; with it, each other source address
+has a budget of messages a minute (``sip.messages_per_minute``; the trusted have none), a datagram or a message over
 ``sip.max_message_bytes`` is dropped unread, a stream that sends a head without its end (or a body past the cap)
 is closed, connections are capped in all and per source, and an idle one is closed. What is dropped is counted
 (``assistant_sip_dropped_total{reason}``), never logged one line per packet: a flood would flood the log too.
@@ -49,6 +50,9 @@ class Door:
         self.trusted_networks = list(trusted)
         self.messages = RateLimiter(cfg.messages_per_minute)
         self.answers = RateLimiter(cfg.refusals_per_minute)
+        # Without credentials only trusted sources may call (and every call, in or out, is with one of them):
+        # a message from anywhere else is dropped before it is read.
+        self.open = bool(cfg.password)
 
     def trusted(self, host: str) -> bool:
         try:
@@ -58,8 +62,9 @@ class Door:
         return any(address in net for net in self.trusted_networks)
 
     def admit(self, host: str) -> bool:
-        """One more message from ``host`` fits its budget."""
-        return self.trusted(host) or self.messages.take(host) == 0.0
+        """One more message from ``host`` is worth reading: it is trusted, or callers may authenticate and it is
+        within its budget."""
+        return self.trusted(host) or (self.open and self.messages.take(host) == 0.0)
 
     def may_answer(self, host: str) -> bool:
         """``host`` (not trusted, not known) may be told no once more this minute."""
@@ -183,7 +188,7 @@ class SipTransport:
         if not data.strip(b"\r\n\x00 "):  # a keepalive (CRLF, or a zero byte some phones send): nothing to read
             return
         if not self.door.admit(remote[0]):
-            self.drop("rate")
+            self.drop("rate" if self.door.open else "not_allowed")
             return
         self._deliver(data, Flow("udp", remote), stream=False)
 
@@ -204,6 +209,10 @@ class SipTransport:
         peer = writer.get_extra_info("peername") or ("", 0)
         remote = (str(peer[0]), int(peer[1]))
         per_source = max(1, self.cfg.max_connections // CONNECTION_SHARE)
+        if not self.door.open and not self.door.trusted(remote[0]):  # nothing it could send would be read
+            self.drop("not_allowed")
+            writer.close()
+            return
         if (len(self.connections) >= self.cfg.max_connections
                 or (self._per_source[remote[0]] >= per_source and not self.door.trusted(remote[0]))):
             self.drop("connections")
@@ -250,7 +259,7 @@ class SipTransport:
                     buffer = await self._read_more(reader, buffer)
                 data, buffer = buffer[: head_len + length], buffer[head_len + length :]
                 if not self.door.admit(conn.remote[0]):
-                    self.drop("rate")
+                    self.drop("rate" if self.door.open else "not_allowed")
                     continue
                 self._deliver(data, flow, stream=True)
         except (EOFError, ConnectionError, TimeoutError, asyncio.IncompleteReadError, ssl.SSLError):

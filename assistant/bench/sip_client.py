@@ -344,10 +344,10 @@ class SipPhone:
         return True
 
     async def reply_done(self, since: float, quiet_s: float = 1.2, timeout_s: float = 30.0) -> bool:
-        """Until a reply that started after ``since`` has played and been quiet for ``quiet_s``."""
+        """Until a reply that started after ``since`` has played and been quiet for ``quiet_s`` (the server sends
+        silence between replies, so what is queued never runs dry: the last sound that is not silence counts)."""
         def done() -> bool:
-            return (self.first_audible(since) is not None and now() - self.last_audible_end() >= quiet_s
-                    and now() >= self._play_end)
+            return self.first_audible(since) is not None and now() - self.last_audible_end() >= quiet_s
         return await self.wait_for(done, timeout_s)
 
 

@@ -6,8 +6,9 @@ and ``sdp.py``, the wire format, not the server's call handling): an INVITE with
 (``PCMU``, 8 kHz, or ``opus``, 48 kHz), answered digest challenges, the ACK, the BYE; the server's own requests
 (its BYE, session refreshes) are answered 200. Its RTP goes out every 20 ms from the first, in real time, silence
 between utterances, as a phone's microphone does; the server's RTP is decoded and played as a phone plays it:
-each packet at its arrival, or when the one before it has finished. :func:`phone_turn` measures one turn from the
-packet that carried the manifest's speech end to the first audible reply sample played.
+each packet at its arrival, or when the one before it has finished, the queue starting afresh at each speech end
+(as the page bench's listener does: a player drains while its user talks). :func:`phone_turn` measures one turn
+from the packet that carried the manifest's speech end to the first audible reply sample played.
 """
 
 from __future__ import annotations
@@ -277,6 +278,7 @@ class SipPhone:
             if saying is not None:
                 if saying.sent == saying.end_frame and not saying.speech_end_at.done():
                     saying.speech_end_at.set_result(now())
+                    self._play_end = 0.0  # the player drained while the caller spoke (as the page bench's listener)
                 saying.sent += 1
                 if not saying.frames:
                     self._saying.popleft()

@@ -22,19 +22,22 @@ from assistant.bench.audio_source import load_utterance, read_manifest
 from assistant.bench.figures import provenance, write_markdown
 from assistant.bench.realtime_client import RealtimeBenchSession, WSTurn, ws_turn
 from assistant.bench.report import BenchResult, format_markdown, format_summary, format_turns, percentile
-from assistant.bench.sip_client import CODECS, bench_sip
+from assistant.bench.sip_client import CODECS, SipPhone, bench_sip, phone_turn
 from assistant.bench.telephony_client import PhoneTurn, bench_phone
 from assistant.bench.v2v import (
     AUDIBLE_DBFS,
+    DEFAULT_SETTLE_MS,
     DEFAULT_SILENCE_MS,
     DEFAULT_STAGGER_MS,
     DEFAULT_TIMEOUT_S,
     SHARED_AUDIO,
     WINDOW_MS,
     BenchSession,
+    TurnSettings,
     bench_v2v,
     default_audio_files,
     session_levels,
+    wait_server_ready,
 )
 from assistant.rtc.loopback_ice import allow_loopback_ice
 
@@ -92,6 +95,10 @@ def add_v2v_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--sip-user", default="", help="digest user, if the server challenges (sip.username)")
     parser.add_argument("--sip-password", default=os.environ.get(SIP_PASSWORD_ENV, ""),
                         help=f"digest password (default: ${SIP_PASSWORD_ENV})")
+    parser.add_argument("--interleave", action="store_true",
+                        help="with --protocol page,sip: one page session and one SIP call open together, their turns "
+                        "taken in turn on the same files (page, sip, page, sip...), so a machine whose load changes "
+                        "during the run weighs on both alike")
 
 
 async def run_v2v(args: argparse.Namespace) -> int:
@@ -157,6 +164,11 @@ async def run_protocols(args: argparse.Namespace, origin: str) -> int:
         print(f"bench v2v: unknown protocol {unknown[0]!r}; choose from {', '.join(PROTOCOLS)}")
         return 2
     url = args.url.rstrip("/")
+    if args.interleave:
+        if sorted(protocols) != ["page", "sip"]:
+            print("bench v2v: --interleave takes --protocol page,sip")
+            return 2
+        return await run_interleaved(args, origin)
     results: dict[str, BenchResult] = {}
     ws: list[WSTurn] = []
     phone: list[PhoneTurn] = []
@@ -333,3 +345,55 @@ def protocols_markdown(results: dict[str, BenchResult], ws: Sequence[WSTurn],
             media = f"{t.first_media_ms:.0f} ms" if t.first_media_ms is not None else "—"
             lines.append(f"| {t.file} | {heard} | {media} | {t.reply_s:.2f} s |")
     return "\n".join(lines)
+
+
+async def run_interleaved(args: argparse.Namespace, origin: str) -> int:
+    """``--protocol page,sip --interleave``: a page session and a SIP call open together, turn k of each on the same
+    file one after the other, and their medians."""
+    url = args.url.rstrip("/")
+    files = [Path(f) for f in (args.audio or default_audio_files())]
+    known: dict[Path, dict[str, dict]] = {}
+    utts = [load_utterance(f, known.setdefault(f.parent, read_manifest(f.parent))) for f in files]
+    host, _, port = args.sip.rpartition(":")
+    settings = TurnSettings(timeout_s=args.timeout, silence_ms=args.silence_ms, settle_ms=DEFAULT_SETTLE_MS)
+    page_v2v: list[float] = []
+    sip_turns: list[PhoneTurn] = []
+    async with aiohttp.ClientSession() as http:
+        await wait_server_ready(http, url, args.ready_timeout)
+        page = BenchSession(index=0, url=url, http=http, threshold_dbfs=args.threshold_dbfs, token=args.token)
+        phone = SipPhone((host or "127.0.0.1", int(port)), codec=args.sip_codec, user=args.sip_user,
+                         password=args.sip_password, threshold_dbfs=args.threshold_dbfs)
+        try:
+            await page.connect()
+            await phone.dial()
+            for k in range(args.turns or len(utts)):
+                utt = utts[k % len(utts)]
+                result = await page.run_turn(utt, k, settings)
+                value = result.columns.get("v2v_ms")
+                if result.status == "ok" and value is not None:
+                    page_v2v.append(float(value))
+                sip_turns.append(await phone_turn(phone, utt, timeout_s=args.timeout))
+                print(f"turn {k} {utt.name:26s} page {value!s:>8} ms   sip {sip_turns[-1].v2v_ms!s:>8} ms"
+                      f"{'  ' + sip_turns[-1].error if sip_turns[-1].error else ''}")
+        finally:
+            await page.close()
+            await phone.hang_up()
+    sip_v2v = [t.v2v_ms for t in sip_turns if t.v2v_ms is not None]
+    print(f"\n{'page':10s} {describe(page_v2v)}\n{'sip':10s} {describe(sip_v2v)}")
+    lines = ["| voice-to-voice (client clock), turns taken in turn | turns heard | median | p90 |",
+             "|---|---:|---:|---:|"]
+    for name, values, n in (("page", page_v2v, len(sip_turns)), (f"sip ({args.sip_codec})", sip_v2v, len(sip_turns))):
+        cells = [f"{percentile(values, q):.0f} ms" if values else "—" for q in (50, 90)]
+        lines.append(f"| {name} | {len(values)}/{n} | {cells[0]} | {cells[1]} |")
+    if page_v2v and sip_v2v:
+        sip_median, page_median = percentile(sip_v2v, 50), percentile(page_v2v, 50)
+        lines += ["", f"SIP minus page (medians): {sip_median - page_median:+.0f} ms; ratio "
+                  f"{sip_median / page_median:.3f}."]
+        print(lines[-1])
+    out = Path(args.out) / "interleaved"
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "interleaved.json").write_text(json.dumps({"page_v2v_ms": page_v2v, "sip": [t.__dict__ for t in sip_turns]},
+                                                     indent=1))
+    if args.markdown is not None:
+        _write_markdown(args.markdown, "\n".join(lines), origin)
+    return 0 if len(page_v2v) == len(sip_v2v) == len(sip_turns) else 1

@@ -418,6 +418,7 @@ class UserAgent:
                 call.spawn(call.close("bad_answer"), "close")
                 return
             call.rtp.configure(chosen, call.dialog.flow.host if call.dialog else "")
+            call.codec = chosen.codec.rtpmap
         if not call.acked:
             call.acked = True
             if call.rtp is not None:
@@ -508,6 +509,7 @@ class UserAgent:
             if chosen != rtp.negotiated:
                 local.version += 1
                 rtp.configure(chosen, call.dialog.flow.host)
+                call.codec = chosen.codec.rtpmap
             body = local.render(answer_codecs(chosen), chosen.direction, chosen.rtcp_mux, offer.media).encode()
         elif request.method == "INVITE" and rtp.negotiated is not None:  # no offer: ours, the answer in the ACK
             neg = rtp.negotiated

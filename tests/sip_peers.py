@@ -190,7 +190,7 @@ class Baresip:
     """A baresip softphone in its own folder (config, accounts, the audio it heard as dump-*-dec.wav)."""
 
     def __init__(self, folder: Path, audio: Path, codecs: tuple[str, ...] = ("opus.so",), user: str = "phone",
-                 auth: tuple[str, str] | None = None, answer: str = "auto") -> None:
+                 auth: tuple[str, str] | None = None, answer: str = "auto", cafile: Path | None = None) -> None:
         self.folder = folder
         self.dumps = folder / "dumps"
         self.dumps.mkdir(parents=True, exist_ok=True)
@@ -219,7 +219,7 @@ module_path /usr/lib/baresip/modules
 {apps}
 ctrl_tcp_listen {LOOPBACK}:{self.ctrl_port}
 snd_path {self.dumps}
-""")
+""" + (f"sip_cafile {cafile}\n" if cafile is not None else ""))
         secret = f";auth_user={auth[0]};auth_pass={auth[1]}" if auth else ""
         (folder / "accounts").write_text(f"<sip:{user}@{LOOPBACK}:{self.port}>{secret};regint=0;answermode={answer}\n")
         self.process: asyncio.subprocess.Process | None = None

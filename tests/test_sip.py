@@ -36,7 +36,7 @@ from assistant.server.app import SESSIONS
 from assistant.server.services import Services
 from assistant.server.sip.call import SipCall
 from assistant.server.sip.state import SIP, SipService
-from tests.conftest import serve, test_config
+from tests.conftest import self_signed_cert, serve, test_config
 from tests.sip_peers import LOOPBACK, Sipp, baresip, ear, pcm48_wav, sipp, ulaw_wav
 from tests.waiting import until
 
@@ -117,6 +117,23 @@ async def test_a_caller_with_credentials_hears_a_spoken_reply_and_its_bye_frees_
     assert reply and "weather" in reply[0].lower()
     text = await heard_text(services, pcm, 8000)
     assert "weather" in text.lower(), (reply, text)
+
+
+async def test_a_call_without_an_offer_gets_ours_and_takes_the_answer_from_the_ack(
+        services: Services, tmp_path: Path, weather_ulaw: Path) -> None:
+    cfg = config(allow_from=["127.0.0.1/32"], symmetric_rtp=False)
+    async with serve(cfg, services) as (_url, app), ear() as listener:
+        async with sipp("uac_late_offer", tmp_path, target(app), values={
+                "ear": str(listener.port), "wav": str(weather_ulaw), "hold_ms": "12000"}) as peer:
+            call = await only_call(app)
+            await until(lambda: call.rtp is not None and call.rtp.negotiated is not None, "the answer in the ACK")
+            assert call.rtp is not None and call.rtp.negotiated is not None
+            assert call.rtp.negotiated.codec.name == "PCMU" and call.rtp.negotiated.port == listener.port
+            assert await peer.wait() == 0, peer.log()  # it found all our codecs offered in the 200
+        await until(lambda: call.closed, "the call to end on SIPp's BYE")
+        await ports_free(app)
+    assert any("weather" in s.lower() for s in said(call)), said(call)
+    assert len(listener.payloads(0)) > 100  # the reply went to where the ACK's answer said
 
 
 def rtp_packet(seq: int, payload_type: int = 0) -> bytes:
@@ -287,6 +304,26 @@ async def test_baresip_with_opus_hears_the_reply_and_a_key_press_reaches_the_res
     assert rate == 48_000 and len(pcm) > rate  # what the phone decoded from our Opus
     text = await heard_text(services, pcm, rate)
     assert "weather" in text.lower(), text
+
+
+async def test_a_call_over_sip_tls(services: Services, tmp_path: Path, shared_audio: Path) -> None:
+    """SIP over TLS (the server's certificate, which baresip checks against the test's CA file)."""
+    cert, key = self_signed_cert(tmp_path)
+    audio = tmp_path / "weather48.wav"
+    pcm48_wav(shared_audio / "en_weather.wav", audio, silence_s=30.0)
+    cfg = config(allow_from=["127.0.0.1/32"], transports=["udp", "tls"], tls_port=0, tls_cert=str(cert),
+                 tls_key=str(key))
+    async with serve(cfg, services) as (_url, app), baresip(tmp_path / "phone", audio, codecs=("g711.so",),
+                                                               cafile=cert) as phone:
+        await phone.command("dial", f"sip:assistant@{LOOPBACK}:{service(app).port('tls')};transport=tls")
+        call = await only_call(app)
+        await until(lambda: phone.saw("CALL_ESTABLISHED"), "baresip to say the call is up")
+        assert call.dialog is not None and call.dialog.flow.transport == "tls"
+        await until(lambda: len(said(call, "assistant")) == 1, "the spoken turn answered", 60)
+        await phone.command("hangup")
+        await until(lambda: call.closed, "baresip's BYE to end the call")
+        assert call.close_reason == "bye"
+        await ports_free(app)
 
 
 async def sse_events(http: aiohttp.ClientSession, url: str, headers: dict[str, str], until_type: str,

@@ -30,7 +30,6 @@ from dataclasses import dataclass
 
 import av
 import numpy as np
-import soxr
 from aiortc.codecs.opus import OpusDecoder, OpusEncoder
 from aiortc.jitterbuffer import JitterFrame
 from aiortc.mediastreams import MediaStreamError
@@ -139,8 +138,9 @@ class RtpSession:
         self._timestamp = secrets.randbits(32)
         self._octets = 0
         self._encoder: OpusEncoder | None = None
-        self._resampler: soxr.ResampleStream | None = None
+        self._resampler: av.AudioResampler | None = None
         self._resample_rates = (0, 0)
+        self._resample_pts = 0
         self._marker = True
         self.closed = False
 
@@ -321,11 +321,16 @@ class RtpSession:
         changed to another rate mid-call)."""
         want = codec_rate(codec)
         if rate != want:
-            if self._resample_rates != (rate, want):
-                self._resampler = soxr.ResampleStream(rate, want, 1, dtype="int16", quality="HQ")
-                self._resample_rates = (rate, want)
-            assert self._resampler is not None
-            pcm = self._resampler.resample_chunk(pcm)
+            # The reply track was made at the first codec's rate (a late answer or a re-INVITE chose another):
+            # libswresample, which answers each 20 ms frame with about 20 ms (soxr's stream answers in blocks of
+            # over 100 ms, which would send RTP in bursts).
+            if self._resampler is None or self._resample_rates != (rate, want):
+                self._resampler = av.AudioResampler(format="s16", layout="mono", rate=want)
+                self._resample_rates, self._resample_pts = (rate, want), 0
+            frames = self._resampler.resample(s16_mono_frame(np.ascontiguousarray(pcm, np.int16), rate,
+                                                             self._resample_pts))
+            self._resample_pts += len(pcm)
+            pcm = np.concatenate([f.to_ndarray().reshape(-1) for f in frames]) if frames else np.zeros(0, np.int16)
             if not pcm.size:
                 return []
         if codec.name == "opus":

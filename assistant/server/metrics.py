@@ -71,7 +71,7 @@ class Metrics:
         # SIP (server/sip/): calls by direction and outcome; messages dropped unread (floods, garbage) by reason.
         self.sip_calls_total = Counter(
             "assistant_sip_calls_total", "SIP calls by direction (inbound, outbound) and outcome (answered, busy, "
-            "no_answer, failed, refused, cancelled)", ["direction", "outcome"], registry=self.registry,
+            "no_answer, failed, refused, cancelled, ended_by_peer)", ["direction", "outcome"], registry=self.registry,
         )
         self.sip_dropped_total = Counter(
             "assistant_sip_dropped_total", "SIP messages and requests dropped without an answer, by reason (rate, "

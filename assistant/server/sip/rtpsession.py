@@ -53,7 +53,6 @@ RTCP_INTERVAL_S = 5.0  # RFC 3550 6.2's minimum for a two-party session
 ARRIVALS_KEPT = 256
 NTP_EPOCH = 2_208_988_800  # seconds from 1900 to 1970
 Digit = Callable[[str], None]
-Drop = Callable[[str], None]
 
 
 def codec_rate(codec: Codec) -> int:
@@ -142,6 +141,7 @@ class RtpSession:
         self._resample_rates = (0, 0)
         self._resample_pts = 0
         self._marker = True
+        self._failures = 0
         self.closed = False
 
     # --- set up ---------------------------------------------------------------------------------------------
@@ -203,6 +203,15 @@ class RtpSession:
         return addr == self._source
 
     def _on_datagram(self, data: bytes, addr: tuple[str, int]) -> None:
+        try:
+            self._read(data, addr)
+        except Exception:  # a fault in this call's media stays this call's: counted (its abuse() ends the call)
+            self.counters.malformed += 1
+            self._failures += 1
+            if self._failures == 1:
+                log.exception("rtp_packet_failed port=%d", self.port)
+
+    def _read(self, data: bytes, addr: tuple[str, int]) -> None:
         if self.closed or self.negotiated is None:
             return
         if self.rtcp_mux and is_rtcp(data):

@@ -15,9 +15,10 @@ from assistant.config import Config, ConfigError
 from assistant.server.http import CONFIG, HTTPJSONError
 from assistant.server.services import SERVICES
 from assistant.server.sip.dialer import Dialer, resolve
+from assistant.server.sip.message import SipRequest, SipResponse
 from assistant.server.sip.registration import Registration
 from assistant.server.sip.rtpports import RtpPorts
-from assistant.server.sip.transport import Door, Network, SipTransport
+from assistant.server.sip.transport import Door, Flow, Network, SipTransport
 from assistant.server.sip.uri import AddressError, SipURI, parse_uri
 from assistant.server.sip.useragent import UserAgent
 from assistant.server.voice.signaling import VOICE_ID
@@ -102,7 +103,7 @@ class SipService:
             trusted.append(ipaddress.ip_network(trunk_address[0]))
         metrics = self.app[SERVICES].metrics
         door = Door(cfg.sip, trusted)
-        self.transport = SipTransport(cfg.sip, door, lambda m, f: self._received(m, f),
+        self.transport = SipTransport(cfg.sip, door, self._received,
                                       lambda reason: metrics.sip_dropped_total.labels(reason=reason).inc(), self.tls)
         await self.transport.start()
         self.agent = UserAgent(self.app, self.transport, door, self.ports)
@@ -115,9 +116,9 @@ class SipService:
                  cfg.sip.rtp_port_max, self.trunk.hostport if self.trunk else "-", len(self.networks),
                  "digest" if cfg.sip.password else "off")
 
-    def _received(self, message: object, flow: object) -> None:
-        if self.agent is not None:
-            self.agent.received(message, flow)  # type: ignore[arg-type]
+    def _received(self, message: SipRequest | SipResponse, flow: Flow) -> None:
+        if self.agent is not None:  # the transport listens a moment before the user agent exists
+            self.agent.received(message, flow)
 
     async def stop(self) -> None:
         if self.registration is not None:

@@ -109,7 +109,6 @@ class UserAgent:
         self.calls: dict[tuple[str, str, str], SipCall] = {}
         self._routes: dict[str, str] = {}  # peer address → our address toward it (sip.host 0.0.0.0)
         self._tasks: set[asyncio.Task[object]] = set()
-        self.on_response_hooks: list[Callable[[SipResponse], bool]] = []
 
     # --- our addresses --------------------------------------------------------------------------------------
     def advertised(self, peer: str = "") -> str:

@@ -190,7 +190,8 @@ class Baresip:
     """A baresip softphone in its own folder (config, accounts, the audio it heard as dump-*-dec.wav)."""
 
     def __init__(self, folder: Path, audio: Path, codecs: tuple[str, ...] = ("opus.so",), user: str = "phone",
-                 auth: tuple[str, str] | None = None, answer: str = "auto", cafile: Path | None = None) -> None:
+                 auth: tuple[str, str] | None = None, answer: str = "auto", cafile: Path | None = None,
+                 mediaenc: str = "") -> None:
         self.folder = folder
         self.dumps = folder / "dumps"
         self.dumps.mkdir(parents=True, exist_ok=True)
@@ -221,7 +222,9 @@ ctrl_tcp_listen {LOOPBACK}:{self.ctrl_port}
 snd_path {self.dumps}
 """ + (f"sip_cafile {cafile}\n" if cafile is not None else ""))
         secret = f";auth_user={auth[0]};auth_pass={auth[1]}" if auth else ""
-        (folder / "accounts").write_text(f"<sip:{user}@{LOOPBACK}:{self.port}>{secret};regint=0;answermode={answer}\n")
+        encryption = f";mediaenc={mediaenc}" if mediaenc else ""  # srtp-mand: SDES SRTP only (RTP/SAVP)
+        (folder / "accounts").write_text(
+            f"<sip:{user}@{LOOPBACK}:{self.port}>{secret};regint=0;answermode={answer}{encryption}\n")
         self.process: asyncio.subprocess.Process | None = None
         self.events: list[dict[str, object]] = []
         self._reader: asyncio.StreamReader | None = None

@@ -306,24 +306,36 @@ async def test_baresip_with_opus_hears_the_reply_and_a_key_press_reaches_the_res
     assert "weather" in text.lower(), text
 
 
-async def test_a_call_over_sip_tls(services: Services, tmp_path: Path, shared_audio: Path) -> None:
-    """SIP over TLS (the server's certificate, which baresip checks against the test's CA file)."""
+async def test_a_call_over_sip_tls_with_srtp(services: Services, tmp_path: Path, shared_audio: Path) -> None:
+    """SIP over TLS (our certificate given to baresip as its CA file) and SRTP with SDES keys (baresip's srtp module,
+    mandatory: RTP/SAVP only): the spoken reply is heard through libsrtp on both sides, and plain RTP is refused."""
     cert, key = self_signed_cert(tmp_path)
     audio = tmp_path / "weather48.wav"
     pcm48_wav(shared_audio / "en_weather.wav", audio, silence_s=30.0)
     cfg = config(allow_from=["127.0.0.1/32"], transports=["udp", "tls"], tls_port=0, tls_cert=str(cert),
-                 tls_key=str(key))
-    async with serve(cfg, services) as (_url, app), baresip(tmp_path / "phone", audio, codecs=("g711.so",),
-                                                               cafile=cert) as phone:
-        await phone.command("dial", f"sip:assistant@{LOOPBACK}:{service(app).port('tls')};transport=tls")
-        call = await only_call(app)
-        await until(lambda: phone.saw("CALL_ESTABLISHED"), "baresip to say the call is up")
-        assert call.dialog is not None and call.dialog.flow.transport == "tls"
-        await until(lambda: len(said(call, "assistant")) == 1, "the spoken turn answered", 60)
-        await phone.command("hangup")
-        await until(lambda: call.closed, "baresip's BYE to end the call")
-        assert call.close_reason == "bye"
-        await ports_free(app)
+                 tls_key=str(key), srtp="required")
+    async with serve(cfg, services) as (_url, app):
+        async with baresip(tmp_path / "plain", audio, codecs=("g711.so",)) as plain:  # no SRTP: 488
+            await plain.command("dial", f"sip:assistant@{LOOPBACK}:{service(app).port()}")
+            await until(lambda: plain.saw("CALL_CLOSED"), "the plain RTP call refused")
+        assert not calls(app)
+        async with baresip(tmp_path / "phone", audio, codecs=("g711.so", "srtp.so"), cafile=cert,
+                           mediaenc="srtp-mand") as phone:
+            await phone.command("dial", f"sip:assistant@{LOOPBACK}:{service(app).port('tls')};transport=tls")
+            call = await only_call(app)
+            await until(lambda: phone.saw("CALL_ESTABLISHED"), "baresip to say the call is up")
+            assert call.dialog is not None and call.dialog.flow.transport == "tls"
+            assert call.rtp is not None and call.rtp.negotiated is not None and call.rtp.negotiated.crypto is not None
+            await until(lambda: len(said(call, "assistant")) == 1 and not call.conversation.responding,
+                        "the spoken turn answered and its reply played", 60)
+            assert "weather" in said(call)[0].lower() and call.rtp.counters.malformed == 0
+            await phone.command("hangup")
+            await until(lambda: call.closed, "baresip's BYE to end the call")
+            assert call.close_reason == "bye"
+            await ports_free(app)
+            pcm, rate = phone.heard()
+    text = await heard_text(services, pcm, rate)
+    assert "weather" in text.lower(), text
 
 
 async def sse_events(http: aiohttp.ClientSession, url: str, headers: dict[str, str], until_type: str,

@@ -4,6 +4,7 @@ timestamps. No sockets here; the calls themselves are in ``test_sip.py``."""
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import json
 import struct
@@ -25,11 +26,13 @@ from assistant.server.sip.message import (
 from assistant.server.sip.rtpsession import TimestampUnwrap
 from assistant.server.sip.sdp import (
     OURS,
+    Crypto,
     LocalDescription,
     SdpError,
     answer_codecs,
     negotiate,
     offer_codecs,
+    parse_crypto,
     parse_sdp,
 )
 from assistant.server.sip.uri import AddressError, parse_name_addr, parse_uri
@@ -217,12 +220,35 @@ def test_hold_and_no_common_codec() -> None:
     assert old_hold.on_hold
     with pytest.raises(SdpError):
         negotiate(parse_sdp(OFFER.replace("RTP/AVP 8 0 111 101", "RTP/AVP 18")), ["opus", "PCMU", "PCMA"])
-    with pytest.raises(SdpError):  # SRTP is not offered by us, so it is refused (488)
+    with pytest.raises(SdpError):  # SRTP without a key
         negotiate(parse_sdp(OFFER.replace("RTP/AVP 8", "RTP/SAVP 8")), ["PCMU"])
     for bad in ("", "v=1\r\n", "v=0\r\nc=IN IP4 not-an-ip\r\n", "v=0\r\nm=audio 99999 RTP/AVP 0\r\n",
                 "v=0\r\n" + "a=x\r\n" * 300):
         with pytest.raises(SdpError):
             parse_sdp(bad)
+
+
+def test_srtp_offers_are_taken_with_an_sdes_key_and_refused_as_the_setting_says() -> None:
+    key = bytes(range(30))
+    line = f"1 AES_CM_128_HMAC_SHA1_80 inline:{base64.b64encode(key).decode()}|2^31"
+    savp = OFFER.replace("RTP/AVP 8 0 111 101", "RTP/SAVP 8 0 111 101").replace(
+        "a=sendrecv", f"a=sendrecv\r\na=crypto:9 FOO_SUITE inline:AAAA\r\na=crypto:{line}")
+    chosen = negotiate(parse_sdp(savp), ["PCMU"])
+    assert chosen.crypto == Crypto("1", "AES_CM_128_HMAC_SHA1_80", key)
+    with pytest.raises(SdpError):
+        negotiate(parse_sdp(savp), ["PCMU"], srtp="off")
+    with pytest.raises(SdpError):  # plain RTP when SRTP is required
+        negotiate(parse_sdp(OFFER), ["PCMU"], srtp="required")
+    with pytest.raises(SdpError):  # SRTP without a key we can use
+        negotiate(parse_sdp(savp.replace(f"a=crypto:{line}", "")), ["PCMU"])
+    for bad in ("1 AES_CM_128_HMAC_SHA1_80 inline:AAAA", "x AES_CM_128_HMAC_SHA1_80 inline:" + "A" * 40,
+                f"1 AES_CM_128_HMAC_SHA1_80 inline:{base64.b64encode(key).decode()}|2^20|1:4",
+                f"1 AES_CM_128_HMAC_SHA1_80 inline:{base64.b64encode(key).decode()} UNENCRYPTED_SRTP"):
+        assert parse_crypto(bad) is None, bad
+    answer = LocalDescription("192.0.2.1", 20000, 7, crypto=[Crypto("1", "AES_CM_128_HMAC_SHA1_80", key[::-1])])
+    parsed = parse_sdp(answer.render(answer_codecs(chosen), chosen.direction))
+    assert parsed.audio is not None and parsed.audio.proto == "RTP/SAVP"
+    assert negotiate(parsed, ["PCMU"], offer=False).crypto == Crypto("1", "AES_CM_128_HMAC_SHA1_80", key[::-1])
 
 
 def test_our_offer_lists_every_codec_we_take() -> None:

@@ -196,6 +196,8 @@ def check_sip(cfg: Config) -> None:
     bad = [c for c in sip.codecs if c not in SIP_CODECS]
     if bad or not sip.codecs:
         raise ConfigError(f"sip.codecs: choose from {', '.join(SIP_CODECS)} (got {sip.codecs!r})")
+    if sip.srtp not in ("off", "optional", "required"):
+        raise ConfigError(f"sip.srtp must be off, optional or required (got {sip.srtp!r})")
     bad = [a for a in sip.digest_algorithms if a not in DIGEST_ALGORITHMS]
     if bad or not sip.digest_algorithms:
         raise ConfigError(f"sip.digest_algorithms: choose from {', '.join(DIGEST_ALGORITHMS)} "

@@ -34,6 +34,11 @@ class SIPConfig:
         True, "send RTP back to the address the caller's RTP comes from (it goes through the caller's NAT), not to "
         "the one its SDP names"
     )
+    srtp: str = setting(
+        "optional", "SRTP with SDES keys (RFC 4568, AES_CM_128_HMAC_SHA1_80/32): optional takes an RTP/SAVP offer "
+        "and offers plain RTP; required refuses plain RTP and offers SRTP; off refuses SRTP (the keys travel in the "
+        "SDP: use SIP over TLS, or they protect nothing)"
+    )
     codecs: list[str] = setting(["opus", "PCMU", "PCMA"], "audio codecs in order of preference: opus (wideband, "
                                 "48 kHz), PCMU, PCMA (G.711 at 8 kHz)")
     allow_from: list[str] = setting(

@@ -110,9 +110,9 @@ class SipCall(ConversationSession):
         if self.rtp is not None:
             counters = self.rtp.counters
             log.info("sip_media session=%s received=%d sent=%d foreign=%d flooded=%d malformed=%d other=%d "
-                     "digits=%d rtcp=%d", self.id, counters.received, counters.sent, counters.foreign,
+                     "digits=%d rtcp=%d rtcp_dropped=%d", self.id, counters.received, counters.sent, counters.foreign,
                      counters.flooded, counters.malformed, counters.other_payload, counters.digits,
-                     counters.rtcp_received)
+                     counters.rtcp_received, counters.rtcp_dropped)
             self.rtp.close()
         if self.released is not None:
             self.released(self)

@@ -35,7 +35,7 @@ from assistant.server.sip.sdp import LocalDescription, SdpError, negotiate, offe
 from assistant.server.sip.transaction import TIMEOUT, ClientTransaction, Outcome
 from assistant.server.sip.transport import Flow
 from assistant.server.sip.uri import AddressError, SipURI, parse_uri
-from assistant.server.sip.useragent import ALLOW, SUPPORTED, UserAgent, session_timer, with_auth
+from assistant.server.sip.useragent import ALLOW, SUPPORTED, UserAgent, offer_crypto, session_timer, with_auth
 from assistant.server.voice.signaling import SESSIONS, Caller, check_held
 
 log = logging.getLogger(__name__)
@@ -158,7 +158,8 @@ class Dialer:
                 record.emit("failed", reason="no_ports")
                 return
             flow = await agent.transport.connect(self.trunk.transport, self.trunk_address, self.trunk.host)
-            local = LocalDescription(agent.advertised(flow.host), port, secrets.randbelow(2**31))
+            local = LocalDescription(agent.advertised(flow.host), port, secrets.randbelow(2**31),
+                                     crypto=offer_crypto(rtp, sip.srtp))
             invite = self._invite(target, flow, local.render(offer_codecs(sip.codecs)))
             outcome, invite = await self._invite_through(invite, flow, record)
             answer = outcome.response
@@ -277,7 +278,7 @@ class Dialer:
             record.emit("failed", status=answer.status, reason=reason)
 
         try:
-            chosen = negotiate(parse_sdp(answer.body.decode("utf-8")), sip.codecs, offer=False)
+            chosen = negotiate(parse_sdp(answer.body.decode("utf-8")), sip.codecs, offer=False, srtp=sip.srtp)
         except (SdpError, UnicodeDecodeError):
             hang_up("no_codec")
             return None

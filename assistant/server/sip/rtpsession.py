@@ -16,6 +16,10 @@ the same 20 ms frames, wall-clock paced, 60 ms queued, silence when idle, as a b
 each frame as the track paces it, encodes it and sends one RTP packet. While the peer holds the call nothing is
 sent. With ``sip.symmetric_rtp`` the packets go to where the caller's come from (through its NAT), else to the
 SDP's address. RTCP sender reports go out every ``RTCP_INTERVAL_S``; the peer's RTCP only shows it is alive.
+
+**SRTP** (SDES, RFC 4568, through libsrtp by ``pylibsrtp``, which aiortc brings): when the offer and answer carry
+keys, what comes in is unprotected with the peer's key (a packet that fails authentication is dropped as garbage)
+and what goes out is protected with ours, RTCP alike.
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ from dataclasses import dataclass
 
 import av
 import numpy as np
+import pylibsrtp
 from aiortc.codecs.opus import OpusDecoder, OpusEncoder
 from aiortc.jitterbuffer import JitterFrame
 from aiortc.mediastreams import MediaStreamError
@@ -44,7 +49,7 @@ from assistant.rtc.outbound import ReplyTrack
 from assistant.rtc.pacing import s16_mono_frame
 from assistant.server.sip.dtmf import TelephoneEvents
 from assistant.server.sip.rtpports import NoPorts, RtpPorts
-from assistant.server.sip.sdp import Codec, Negotiated
+from assistant.server.sip.sdp import SRTP_KEY_BYTES, Codec, Crypto, Negotiated
 
 log = logging.getLogger(__name__)
 
@@ -52,6 +57,8 @@ MAX_DATAGRAM = 1500  # an RTP packet of 20 ms audio is under 300 bytes; an Ether
 RTCP_INTERVAL_S = 5.0  # RFC 3550 6.2's minimum for a two-party session
 ARRIVALS_KEPT = 256
 NTP_EPOCH = 2_208_988_800  # seconds from 1900 to 1970
+SRTP_PROFILES = {"AES_CM_128_HMAC_SHA1_80": pylibsrtp.Policy.SRTP_PROFILE_AES128_CM_SHA1_80,
+                 "AES_CM_128_HMAC_SHA1_32": pylibsrtp.Policy.SRTP_PROFILE_AES128_CM_SHA1_32}
 Digit = Callable[[str], None]
 
 
@@ -102,6 +109,7 @@ class Counters:
     digits: int = 0
     sent: int = 0
     rtcp_received: int = 0
+    rtcp_dropped: int = 0  # RTCP we could not read (or, under SRTP, authenticate)
 
 
 class RtpSession:
@@ -142,6 +150,9 @@ class RtpSession:
         self._resample_pts = 0
         self._marker = True
         self._failures = 0
+        self.local_key = secrets.token_bytes(SRTP_KEY_BYTES)  # our SRTP master key and salt (used if agreed)
+        self._srtp_in: pylibsrtp.Session | None = None
+        self._srtp_out: pylibsrtp.Session | None = None
         self.closed = False
 
     # --- set up ---------------------------------------------------------------------------------------------
@@ -165,6 +176,14 @@ class RtpSession:
         self._hosts = {negotiated.address, signaling_host}
         if old is None or (old.address, old.port) != (negotiated.address, negotiated.port):
             self._source = self._rtcp_source = None  # the peer moved: learn its source again
+        if old is None or old.crypto != negotiated.crypto:
+            self._srtp_in = self._srtp_out = None
+            if negotiated.crypto is not None:
+                profile = SRTP_PROFILES[negotiated.crypto.suite]
+                self._srtp_in = pylibsrtp.Session(pylibsrtp.Policy(
+                    key=negotiated.crypto.key, ssrc_type=pylibsrtp.Policy.SSRC_ANY_INBOUND, srtp_profile=profile))
+                self._srtp_out = pylibsrtp.Session(pylibsrtp.Policy(
+                    key=self.local_key, ssrc_type=pylibsrtp.Policy.SSRC_ANY_OUTBOUND, srtp_profile=profile))
         if old is None or old.codec != negotiated.codec:
             self._buffer = AudioReceiveBuffer(self.hole_packets, emit_extra=self._released,
                                               is_opus=lambda pt: negotiated.codec.name == "opus"
@@ -173,8 +192,14 @@ class RtpSession:
             self._decoder = OpusDecoder() if negotiated.codec.name == "opus" else None
             self._encoder = OpusEncoder() if negotiated.codec.name == "opus" else None
             self._marker = True
-        log.info("rtp_configured port=%d codec=%s remote=%s:%d direction=%s", self.port, negotiated.codec.rtpmap,
-                 negotiated.address, negotiated.port, negotiated.direction)
+        log.info("rtp_configured port=%d codec=%s remote=%s:%d direction=%s srtp=%s", self.port,
+                 negotiated.codec.rtpmap, negotiated.address, negotiated.port, negotiated.direction,
+                 negotiated.crypto.suite if negotiated.crypto else "-")
+
+    def answer_crypto(self, negotiated: Negotiated) -> list[Crypto]:
+        """Our key for an answer to ``negotiated`` (the suite and tag the peer chose), or none for plain RTP."""
+        crypto = negotiated.crypto
+        return [] if crypto is None else [Crypto(crypto.tag, crypto.suite, self.local_key)]
 
     def abuse(self) -> str:
         """What the peer's media did that no real peer does (a flood, garbage, timestamp jumps), or empty."""
@@ -224,8 +249,10 @@ class RtpSession:
             self.counters.flooded += 1
             return
         try:
+            if self._srtp_in is not None:
+                data = self._srtp_in.unprotect(data)
             packet = RtpPacket.parse(data)
-        except ValueError:
+        except (ValueError, pylibsrtp.Error):
             self.counters.malformed += 1
             return
         self.last_packet = time.monotonic()
@@ -285,9 +312,11 @@ class RtpSession:
             self.counters.foreign += 1
             return
         try:
+            if self._srtp_in is not None:
+                data = self._srtp_in.unprotect_rtcp(data)
             RtcpPacket.parse(data)
-        except ValueError:
-            self.counters.malformed += 1
+        except (ValueError, pylibsrtp.Error):  # baresip's first RTCP under SRTP is a plain APP packet, for one
+            self.counters.rtcp_dropped += 1
             return
         if self._rtcp_source is None:
             self._rtcp_source = addr
@@ -318,7 +347,8 @@ class RtpSession:
             for payload, samples in self._encode(neg.codec, pcm, track.sample_rate):
                 packet = RtpPacket(neg.codec.payload_type, int(self._marker), self._seq, self._timestamp, self.ssrc,
                                    payload)
-                self._rtp.sendto(packet.serialize(), dest)
+                data = packet.serialize()
+                self._rtp.sendto(self._srtp_out.protect(data) if self._srtp_out is not None else data, dest)
                 self._marker = False
                 self._seq = (self._seq + 1) & 0xFFFF
                 self._timestamp = (self._timestamp + samples) & 0xFFFFFFFF
@@ -370,7 +400,8 @@ class RtpSession:
                               reports)
         transport = self._rtp if self.rtcp_mux else self._rtcp
         if transport is not None:
-            transport.sendto(bytes(report), dest)
+            data = bytes(report)
+            transport.sendto(self._srtp_out.protect_rtcp(data) if self._srtp_out is not None else data, dest)
 
     def jitter_ms(self) -> float | None:
         stats, neg = self._stats, self.negotiated

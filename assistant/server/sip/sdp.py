@@ -2,12 +2,15 @@
 it, and the descriptions we write (answers to incoming calls, offers for outgoing ones).
 
 Only what a call needs is read: the audio m-line, its connection address, codecs (rtpmap, fmtp), RFC 4733
-telephone-event, the direction (hold), ptime, rtcp and rtcp-mux. Other media lines are refused in the answer
-(port 0). Parsing raises only :class:`SdpError`.
+telephone-event, the direction (hold), ptime, rtcp and rtcp-mux, and SDES keys for SRTP (RFC 4568 ``a=crypto``,
+AES_CM_128_HMAC_SHA1_80 and _32). Other media lines are refused in the answer (port 0). Parsing raises only
+:class:`SdpError`.
 """
 
 from __future__ import annotations
 
+import base64
+import binascii
 import ipaddress
 from dataclasses import dataclass, field
 
@@ -16,6 +19,10 @@ DIRECTIONS = ("sendrecv", "sendonly", "recvonly", "inactive")
 REVERSE = {"sendrecv": "sendrecv", "sendonly": "recvonly", "recvonly": "sendonly", "inactive": "inactive"}
 TELEPHONE_EVENT = "telephone-event"
 RTP_PROFILES = ("RTP/AVP", "RTP/AVPF")
+SRTP_PROFILES = ("RTP/SAVP", "RTP/SAVPF")
+SRTP_SUITES = ("AES_CM_128_HMAC_SHA1_80", "AES_CM_128_HMAC_SHA1_32")  # what libsrtp (pylibsrtp) does with SDES
+SRTP_KEY_BYTES = 30  # a 16-byte master key and a 14-byte salt (RFC 4568 6.2.1)
+SRTP_MODES = ("off", "optional", "required")
 
 
 class SdpError(ValueError):
@@ -43,6 +50,36 @@ OURS = {"opus": Codec("opus", 48_000, 2, 111, "useinbandfec=1"), "PCMU": STATIC[
 DTMF_OFFER = (Codec(TELEPHONE_EVENT, 8000, 1, 101, "0-16"), Codec(TELEPHONE_EVENT, 48_000, 1, 100, "0-16"))
 
 
+@dataclass(frozen=True)
+class Crypto:
+    """One SDES key (RFC 4568): ``a=crypto:TAG SUITE inline:KEY`` (the key and salt, 30 bytes)."""
+
+    tag: str
+    suite: str
+    key: bytes
+
+    def line(self) -> str:
+        return f"{self.tag} {self.suite} inline:{base64.b64encode(self.key).decode()}"
+
+
+def parse_crypto(value: str) -> Crypto | None:
+    """An ``a=crypto`` value we can use, or None (another suite, a key with an MKI, a malformed line)."""
+    parts = value.split()
+    if len(parts) < 3 or not parts[0].isdigit() or parts[1] not in SRTP_SUITES or len(parts) > 3:
+        return None  # session parameters (UNENCRYPTED_SRTP...) are not taken
+    method, _, key_params = parts[2].partition(":")
+    if method != "inline":
+        return None
+    key_text, _, lifetime_mki = key_params.partition("|")
+    if "|" in lifetime_mki or ":" in lifetime_mki:  # an MKI: libsrtp's SDES here takes none
+        return None
+    try:
+        key = base64.b64decode(key_text, validate=True)
+    except (binascii.Error, ValueError):
+        return None
+    return Crypto(parts[0], parts[1], key) if len(key) == SRTP_KEY_BYTES else None
+
+
 @dataclass
 class MediaDescription:
     media: str
@@ -56,6 +93,7 @@ class MediaDescription:
     rtcp_port: int | None = None
     rtcp_address: str | None = None
     rtcp_mux: bool = False
+    crypto: list[str] = field(default_factory=list)  # the a=crypto values, as written
 
 
 @dataclass
@@ -155,6 +193,8 @@ def _attribute(sdp: SessionDescription, media: MediaDescription | None, value: s
         media.ptime = int(arg.strip())
     elif name == "rtcp-mux":
         media.rtcp_mux = True
+    elif name == "crypto" and len(media.crypto) < 8:
+        media.crypto.append(arg.strip())
     elif name == "rtcp":
         parts = arg.split(None, 1)
         if parts and parts[0].isdigit() and int(parts[0]) <= 65_535:
@@ -174,6 +214,7 @@ class Negotiated:
     rtcp_port: int  # where it receives RTCP (the RTP port itself under rtcp-mux)
     rtcp_mux: bool
     direction: str  # ours: what we do (sendrecv; recvonly while the peer holds the call)
+    crypto: Crypto | None = None  # the peer's SRTP key (its packets are protected with it); None: plain RTP
 
     @property
     def sends(self) -> bool:
@@ -185,14 +226,25 @@ class Negotiated:
         return not self.sends
 
 
-def negotiate(sdp: SessionDescription, preferences: list[str], *, offer: bool = True) -> Negotiated:
-    """The codec and addresses of ``sdp``'s audio stream: as an offer, our first preference it lists; as an
-    answer, the first codec of ours it chose. SdpError when nothing fits (the call gets 488)."""
+def negotiate(sdp: SessionDescription, preferences: list[str], *, offer: bool = True,
+              srtp: str = "optional") -> Negotiated:
+    """The codec, addresses and SRTP key of ``sdp``'s audio stream: as an offer, our first preference it lists; as
+    an answer, the first codec of ours it chose. ``srtp`` (``sip.srtp``): off refuses an SRTP stream, required a
+    plain one. SdpError when nothing fits (the call gets 488)."""
     media = sdp.audio
     if media is None:
         raise SdpError("no audio stream")
-    if media.proto not in RTP_PROFILES:
-        raise SdpError(f"media profile {media.proto[:20]!r} (only RTP/AVP; no SRTP)")
+    crypto: Crypto | None = None
+    if media.proto in SRTP_PROFILES:
+        if srtp == "off":
+            raise SdpError("SRTP offered, and sip.srtp is off")
+        crypto = next((c for value in media.crypto if (c := parse_crypto(value)) is not None), None)
+        if crypto is None:
+            raise SdpError(f"no SDES key in a suite we take ({', '.join(SRTP_SUITES)})")
+    elif media.proto not in RTP_PROFILES:
+        raise SdpError(f"media profile {media.proto[:20]!r} (RTP/AVP or RTP/SAVP)")
+    elif srtp == "required":
+        raise SdpError("plain RTP offered, and sip.srtp is required")
     address = media.connection or sdp.connection
     if address is None:
         raise SdpError("no connection address")
@@ -212,7 +264,7 @@ def negotiate(sdp: SessionDescription, preferences: list[str], *, offer: bool = 
     theirs = media.direction or sdp.direction or "sendrecv"
     ours = REVERSE.get(theirs, "sendrecv")
     rtcp = media.port if media.rtcp_mux else (media.rtcp_port or media.port + 1)
-    return Negotiated(codec, dtmf, address, media.port, rtcp, media.rtcp_mux, ours)
+    return Negotiated(codec, dtmf, address, media.port, rtcp, media.rtcp_mux, ours, crypto)
 
 
 def _same(a: Codec, b: Codec) -> bool:
@@ -227,6 +279,7 @@ class LocalDescription:
     port: int
     session_id: int
     version: int = 1
+    crypto: list[Crypto] = field(default_factory=list)  # our SRTP keys: an answer's one, an offer's each suite
 
     def render(self, codecs: list[Codec], direction: str = "sendrecv", rtcp_mux: bool = False,
                refused: list[MediaDescription] | None = None) -> str:
@@ -247,7 +300,8 @@ class LocalDescription:
         return "\r\n".join(lines) + "\r\n"
 
     def _audio(self, codecs: list[Codec], direction: str, rtcp_mux: bool) -> list[str]:
-        lines = [f"m=audio {self.port} RTP/AVP {' '.join(str(c.payload_type) for c in codecs)}"]
+        proto = "RTP/SAVP" if self.crypto else "RTP/AVP"
+        lines = [f"m=audio {self.port} {proto} {' '.join(str(c.payload_type) for c in codecs)}"]
         for c in codecs:
             lines.append(f"a=rtpmap:{c.payload_type} {c.rtpmap}")
             if c.fmtp:
@@ -258,6 +312,7 @@ class LocalDescription:
         else:
             lines.append(f"a=rtcp:{self.port + 1}")
         lines.append(f"a={direction}")
+        lines += [f"a=crypto:{c.line()}" for c in self.crypto]
         return lines
 
 

@@ -47,6 +47,8 @@ from assistant.server.sip.rtpports import NoPorts, RtpPorts
 from assistant.server.sip.rtpsession import RTCP_INTERVAL_S, RtpSession, codec_rate
 from assistant.server.sip.sdp import (
     OURS,
+    SRTP_SUITES,
+    Crypto,
     LocalDescription,
     Negotiated,
     SdpError,
@@ -71,6 +73,12 @@ SUPPORTED = "timer"
 NOT_HERE = frozenset({"REFER", "MESSAGE", "SUBSCRIBE", "NOTIFY", "PRACK", "PUBLISH"})  # known, not taken: 405
 IN_DIALOG = frozenset({"BYE", "INFO", "UPDATE"})  # outside a dialog: 481
 RETRY_PENDING_S = (0.5, 2.0)  # after a 491 our refresh is sent again this long later (RFC 3261 14.1)
+
+
+def offer_crypto(rtp: RtpSession, mode: str) -> list[Crypto]:
+    """Our SDES keys for an offer: one per suite when ``sip.srtp`` is required, none otherwise (plain RTP)."""
+    return [Crypto(str(tag), suite, rtp.local_key) for tag, suite in enumerate(SRTP_SUITES, 1)] if (
+        mode == "required") else []
 
 
 def session_timer(value: str | None) -> tuple[int, str]:
@@ -266,7 +274,7 @@ class UserAgent:
         if request.body:
             try:
                 offer = parse_sdp(request.body.decode("utf-8"))
-                chosen = negotiate(offer, self.cfg.sip.codecs)
+                chosen = negotiate(offer, self.cfg.sip.codecs, srtp=self.cfg.sip.srtp)
             except (SdpError, UnicodeDecodeError) as exc:
                 self.refused("no_codec", flow.host)
                 self.metrics.sip_calls_total.labels(direction="inbound", outcome="refused").inc()
@@ -361,6 +369,7 @@ class UserAgent:
             await call.close("no_ports")
             return
         call.local = LocalDescription(self.advertised(dialog.flow.host), port, secrets.randbelow(2**31))
+        call.local.crypto = rtp.answer_crypto(chosen) if chosen is not None else offer_crypto(rtp, self.cfg.sip.srtp)
         if chosen is not None:
             rtp.configure(chosen, dialog.flow.host)
             body = call.local.render(answer_codecs(chosen), chosen.direction, chosen.rtcp_mux,
@@ -413,7 +422,8 @@ class UserAgent:
             call.invite_tx.on_ack()
         if call.rtp is not None and call.rtp.negotiated is None:  # the answer to our late offer
             try:
-                chosen = negotiate(parse_sdp(request.body.decode("utf-8")), self.cfg.sip.codecs, offer=False)
+                chosen = negotiate(parse_sdp(request.body.decode("utf-8")), self.cfg.sip.codecs, offer=False,
+                                   srtp=self.cfg.sip.srtp)
             except (SdpError, UnicodeDecodeError):
                 call.spawn(call.close("bad_answer"), "close")
                 return
@@ -502,7 +512,8 @@ class UserAgent:
                 offer = parse_sdp(request.body.decode("utf-8"))
                 current = rtp.negotiated
                 keep = [current.codec.name] if current is not None else []
-                chosen = negotiate(offer, keep + [c for c in self.cfg.sip.codecs if c not in keep])
+                chosen = negotiate(offer, keep + [c for c in self.cfg.sip.codecs if c not in keep],
+                                   srtp=self.cfg.sip.srtp)
             except (SdpError, UnicodeDecodeError) as exc:
                 tx.respond(response(request, 488, headers=[("Warning", f'399 - "{str(exc)[:80]}"')]))
                 return
@@ -510,6 +521,7 @@ class UserAgent:
                 local.version += 1
                 rtp.configure(chosen, call.dialog.flow.host)
                 call.codec = chosen.codec.rtpmap
+            local.crypto = rtp.answer_crypto(chosen)
             body = local.render(answer_codecs(chosen), chosen.direction, chosen.rtcp_mux, offer.media).encode()
         elif request.method == "INVITE" and rtp.negotiated is not None:  # no offer: ours, the answer in the ACK
             neg = rtp.negotiated

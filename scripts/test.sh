@@ -2,8 +2,8 @@
 # Set up everything the tests need on a fresh machine, then run them.
 #   - a virtual environment in .venv with the package and its test extras
 #   - mypy over the package, then pytest
-#   - Debian's chromium for the browser tests, coturn (turnserver) for the TURN relay tests and espeak-ng for the
-#     end-of-turn corpus tests
+#   - Debian's chromium for the browser tests, coturn (turnserver) for the TURN relay tests, espeak-ng for the
+#     end-of-turn corpus tests, and SIPp (sip-tester) and baresip, the SIP peers of the SIP call tests
 #     (when apt-get is available and we are root)
 #   - root, for the tests that run the server as a container does: PID 1 of its own PID namespace, a read-only mount
 #     (util-linux's unshare; tests/needs.py: without it they skip, and fail under CI)
@@ -39,6 +39,8 @@ missing=()
 command -v chromium >/dev/null 2>&1 || missing+=(chromium)
 command -v turnserver >/dev/null 2>&1 || missing+=(coturn)
 command -v espeak-ng >/dev/null 2>&1 || missing+=(espeak-ng)  # voices of the end-of-turn corpus (bench eot-corpus)
+command -v sipp >/dev/null 2>&1 || missing+=(sip-tester)  # SIPp: calls, a trunk, a registrar (tests/test_sip.py)
+command -v baresip >/dev/null 2>&1 || missing+=(baresip)  # a softphone: Opus, key presses (tests/test_sip.py)
 if [ "${#missing[@]}" -gt 0 ]; then
   if [ "$(id -u)" = "0" ] && command -v apt-get >/dev/null 2>&1; then
     # The TURN tests start their own turnserver on a free loopback port; no system daemon is needed.

@@ -1,5 +1,5 @@
 """What a test needs from outside the code: the shared data, the packages the test extra declares, Chromium, coturn,
-the right to make namespaces (a container's PID 1, a read-only mount).
+the right to make namespaces (a container's PID 1, a read-only mount), SIPp and baresip.
 
 Under CI (``CI`` set and not ``false``/``0``; ``.ci/run`` sets it) a missing one fails the test that needs it, with
 a message naming it: a green run means the tests ran. Elsewhere it skips with the same message, so a developer
@@ -87,3 +87,12 @@ READ_ONLY = 'mount --bind -o ro "$1" "$1" && exec "${@:2}"'
 def read_only(folder: Path, *command: str) -> list[str]:
     """``command`` run with ``folder`` read-only, in a mount namespace of its own (see :data:`READ_ONLY`)."""
     return ["unshare", "--mount", "bash", "-c", READ_ONLY, "read-only", str(folder), *command]
+
+
+def program(name: str, package: str) -> str:
+    """A Debian program a test drives (SIPp's ``sipp`` from ``sip-tester``, ``baresip``): its path, or missing.
+    scripts/test.sh installs them."""
+    path = shutil.which(name)
+    if path is None:
+        missing(f"{name} not found (scripts/test.sh installs it: apt-get install {package})")
+    return path

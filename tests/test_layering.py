@@ -180,7 +180,7 @@ def test_the_circle_finder_finds_lazy_circles() -> None:
 # never the voice session's modules (so the TTS API runs without aiortc and the dispatcher without the engines).
 # The Realtime API is the voice session under another protocol: it uses the voice room, and the TTS API's voice
 # names (so ``voice`` means what it means there). A phone call is a peerless voice session too: telephony uses the
-# voice room. ``app`` assembles the rooms into one gateway.
+# voice room, and so does SIP (a call straight from a trunk or PBX). ``app`` assembles the rooms into one gateway.
 SHARED_SERVER = {"http", "front", "limits", "metrics", "services", "routes", "openapi", "openai_front", "tls", "local",
                  "keys"}
 ASSEMBLY = {"app"}
@@ -190,6 +190,7 @@ PRODUCT_ALLOWED = {
     "dispatch": {"http", "front", "limits", "routes", "openapi", "openai_front", "tls", "keys"},
     "realtime": SHARED_SERVER | {"voice", "tts_api"},
     "telephony": SHARED_SERVER | {"voice"},
+    "sip": SHARED_SERVER | {"voice"},
 }
 MAX_SERVER_TOP = 12  # modules at the top of server/ (the shared floor and the assembly), __init__ aside
 

@@ -10,7 +10,7 @@ from assistant.server.openapi import build_openapi, operation_of
 from assistant.server.routes import OPENAI_PREFIX, ROUTES
 
 PRODUCT_MODULES = {"front": ("front", "app", "openapi", "keys"), "voice": ("voice.", "app"),
-                   "tts": ("tts_api.",), "realtime": ("realtime.",), "telephony": ("telephony.",)}
+                   "tts": ("tts_api.",), "realtime": ("realtime.",), "telephony": ("telephony.",), "sip": ("sip.",)}
 
 
 def _registered(app) -> set[tuple[str, str]]:

@@ -29,7 +29,7 @@ import aiohttp
 
 log = logging.getLogger(__name__)
 
-PROTOCOLS = ("page", "whip", "realtime", "realtime-ws", "twilio")
+PROTOCOLS = ("page", "whip", "realtime", "realtime-ws", "twilio", "sip")
 PROBE_PATH = "/api/stages"  # ours alone serves it (the page's stage legend)
 PROBE_TIMEOUT_S = 10.0
 PROBE_RETRY_S = 0.5  # a server not listening yet is asked again so often (within the bench's --ready-timeout)
@@ -67,6 +67,8 @@ class Target:
         if self.protocol == "twilio":
             return ("the stage columns: a phone call's media stream carries no events, so only the caller's side is "
                     "measured")
+        if self.protocol == "sip":
+            return "the stage columns: a SIP call's RTP carries no events, so only the caller's side is measured"
         if not self.ours:
             return (f"the stage columns: {self.origin} is not an assistant server (GET {PROBE_PATH} did not answer "
                     "with our stage legend; ours with a token needs --token), so no turn sends its stage marks; the "

@@ -2,16 +2,20 @@
 ``--compare`` of runs already made.
 
 The clients it drives sit below it: our page protocol's (``bench/v2v.py``), WHIP's (``bench/whip_client.py``),
-the Realtime API's over WebRTC and WebSocket (``bench/realtime_client.py``) and a phone carrier's
-(``bench/telephony_client.py``: a call through Twilio Media Streams). Each protocol's run is a
-:class:`~assistant.bench.report.BenchResult` written as ``v2v.json``; several (``--protocol page,realtime-ws``) or
-files (``--compare A.json B.json``) are put side by side by ``bench/compare.py``. Any server that speaks one of
-these protocols can be measured (``bench/targets.py``); the stage columns come only from ours.
+the Realtime API's over WebRTC and WebSocket (``bench/realtime_client.py``), a phone carrier's
+(``bench/telephony_client.py``: a call through Twilio Media Streams) and a SIP phone's (``bench/sip_client.py``: a
+call straight to the server's SIP listener, PCMU or Opus; ``--sessions 1,2,4`` holds that many calls at once per
+level, and the report says how many a machine holds before a call's v2v p90 doubles; ``--protocol page,sip
+--interleave`` takes a page session's and a SIP call's turns in turn, so a changing load weighs on both alike).
+Each protocol's run is a :class:`~assistant.bench.report.BenchResult` written as ``v2v.json``; several (``--protocol
+page,realtime-ws``) or files (``--compare A.json B.json``) are put side by side by ``bench/compare.py``. Any server
+that speaks one of these protocols can be measured (``bench/targets.py``); the stage columns come only from ours.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import os
 import sys
@@ -31,22 +35,27 @@ from assistant.bench.report import (
     format_markdown,
     format_summary,
     format_turns,
+    percentile,
     read_result,
 )
+from assistant.bench.sip_client import CODECS, SipPhone, bench_sip, phone_turn
 from assistant.bench.speech import LANGUAGES, bench_speech, speech_languages
 from assistant.bench.targets import PROTOCOLS, Target, check_protocols, make_target
-from assistant.bench.telephony_client import bench_phone, phone_turn_result
+from assistant.bench.telephony_client import PhoneTurn, bench_phone, phone_turn_result
 from assistant.bench.v2v import (
     AUDIBLE_DBFS,
+    DEFAULT_SETTLE_MS,
     DEFAULT_SILENCE_MS,
     DEFAULT_STAGGER_MS,
     DEFAULT_TIMEOUT_S,
     WINDOW_MS,
     BenchSession,
+    TurnSettings,
     bench_v2v,
     is_same_host,
     load_utterances,
     session_levels,
+    wait_server_ready,
     write_outputs,
 )
 from assistant.bench.whip_client import WhipBenchSession
@@ -58,6 +67,8 @@ TWILIO_TOKEN_ENV = "ASSISTANT_TELEPHONY__TWILIO_AUTH_TOKEN"  # the server's own 
 CLIENTS: dict[str, type[BenchSession]] = {"page": BenchSession, "whip": WhipBenchSession,
                                           "realtime": RealtimeBenchSession}
 MAX_TURN_ROWS = 40  # a level with more turns prints its summary only
+SIP_PASSWORD_ENV = "ASSISTANT_SIP__PASSWORD"
+DOUBLED = 2.0  # the SIP capacity is the last level whose v2v p90 stays within this many times one call's
 
 
 # --- CLI ------------------------------------------------------------------------------------------------
@@ -116,6 +127,17 @@ def add_v2v_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--twilio-auth-token", default=os.environ.get(TWILIO_TOKEN_ENV, ""),
                         help="the phone bot's Twilio auth token, to sign the webhook (ours: "
                         f"telephony.twilio_auth_token; default: ${TWILIO_TOKEN_ENV})")
+    parser.add_argument("--sip", default="127.0.0.1:5060", metavar="HOST:PORT",
+                        help="the server's SIP listener, for --protocol sip (default: %(default)s)")
+    parser.add_argument("--sip-codec", choices=CODECS, default="PCMU",
+                        help="the codec the SIP phone offers: PCMU (8 kHz) or opus (48 kHz) (default: %(default)s)")
+    parser.add_argument("--sip-user", default="", help="digest user, if the server challenges (sip.username)")
+    parser.add_argument("--sip-password", default=os.environ.get(SIP_PASSWORD_ENV, ""),
+                        help=f"digest password (default: ${SIP_PASSWORD_ENV})")
+    parser.add_argument("--interleave", action="store_true",
+                        help="with --protocol page,sip: one page session and one SIP call open together, their turns "
+                        "taken in turn on the same files (page, sip, page, sip...), so a machine whose load changes "
+                        "during the run weighs on both alike")
     parser.add_argument("--compare", nargs="+", type=Path, default=None, metavar="JSON",
                         help="run nothing: put these v2v.json files side by side (the same table, ratios to the "
                         "first, one plot in --out)")
@@ -134,6 +156,8 @@ async def run_v2v(args: argparse.Namespace) -> int:
         return compare_runs(args, origin)
     if error := check_protocols(args.protocol):
         return _fail(error)
+    if args.interleave and sorted(args.protocol) != ["page", "sip"]:
+        return _fail("--interleave takes --protocol page,sip")
     key = args.token
     if args.key_env:
         key = os.environ.get(args.key_env, "")
@@ -153,8 +177,10 @@ async def run_v2v(args: argparse.Namespace) -> int:
     except (OSError, ValueError, RuntimeError) as exc:
         return _fail(f"speech: {exc}")
     turns = args.turns or len(utterances)
+    if args.interleave:
+        return await run_interleaved(args, origin, utterances, turns)
     webrtc_turns = turns * sum(args.sessions)
-    progress.total = sum(webrtc_turns if p in CLIENTS else turns for p in args.protocol)
+    progress.total = sum(webrtc_turns if p in CLIENTS or p == "sip" else turns for p in args.protocol)
     async with aiohttp.ClientSession() as http:
         targets = [await make_target(http, p, args.url, key=key, model=args.model, wait_s=args.ready_timeout)
                    for p in args.protocol]
@@ -177,9 +203,12 @@ async def run_v2v(args: argparse.Namespace) -> int:
     if len(results) > 1:
         print("\n" + compare_text(results))
         _plot_compare(results, args.out, not args.no_plot)
+    notes = sip_notes(results)
+    for line in notes:
+        print(line)
     if args.markdown is not None:
         body = format_markdown(results[0]) if len(results) == 1 else compare_markdown(results)
-        _write_markdown(args.markdown, body, origin)
+        _write_markdown(args.markdown, "\n\n".join([body, *notes]), origin)
     bad = sum(1 for r in results for lv in r.levels for t in lv.turns if t.status != "ok")
     return 0 if bad == 0 else 1
 
@@ -194,6 +223,8 @@ async def run_protocol(target: Target, args: argparse.Namespace, files: list[Pat
             ready_timeout_s=args.ready_timeout, client=CLIENTS[target.protocol], target=target,
             on_turn=progress.turn)
     utterances = load_utterances(files)
+    if target.protocol == "sip":
+        return await run_sip(target, args, utterances, turns, progress)
     if target.protocol == "realtime-ws":
         return await bench_ws(target, utterances, turns, mode="commit" if args.commit else "server_vad",
                               timeout_s=args.timeout, threshold_dbfs=args.threshold_dbfs, on_turn=progress.turn)
@@ -209,6 +240,114 @@ async def run_protocol(target: Target, args: argparse.Namespace, files: list[Pat
     result.levels.append(LevelResult(sessions=1, turns=[phone_turn_result(t, k) for k, t in enumerate(phone)],
                                      wall_s=time.monotonic() - t0))
     return result
+
+
+async def run_sip(target: Target, args: argparse.Namespace, utterances: list, turns: int,
+                  progress: Progress) -> BenchResult:
+    """``--protocol sip``: calls to the server's SIP listener (``--sip``), one level per ``--sessions`` entry (that
+    many calls at once), each call saying ``turns`` files; the caller's side only (RTP carries no events)."""
+    host, _, port = args.sip.rpartition(":")
+    result = BenchResult(url=f"sip:{args.sip}", same_host=is_same_host(target.url), threshold_dbfs=args.threshold_dbfs,
+                         window_ms=WINDOW_MS, protocol="sip", server=target.server, left_out=target.left_out,
+                         settings={"files": [u.name for u in utterances], "turns_per_session": turns,
+                                   "sessions": list(args.sessions), "timeout_s": args.timeout, "sip": args.sip,
+                                   "codec": args.sip_codec})
+    for level in args.sessions:
+        t0 = time.monotonic()
+        phone = await bench_sip((host or "127.0.0.1", int(port)), utterances, turns, calls=level,
+                                codec=args.sip_codec, user=args.sip_user, password=args.sip_password,
+                                timeout_s=args.timeout)
+        rows = [phone_turn_result(t, k) for k, t in enumerate(phone)]
+        for row in rows:
+            progress.turn(row)
+        result.levels.append(LevelResult(sessions=level, turns=rows, wall_s=time.monotonic() - t0))
+    return result
+
+
+def sip_capacity(levels: dict[int, list[float]]) -> str:
+    """The most calls at once, counting up the levels (``{calls: every turn's v2v_ms}``), before the first level whose
+    v2v p90 is over ``DOUBLED`` × the fewest calls' p90, as a sentence."""
+    p90 = {k: percentile(v, 90) for k, v in sorted(levels.items()) if v}
+    if not p90:
+        return "no turn was heard"
+    base = min(p90)
+    held = base
+    for k in sorted(p90):
+        if p90[k] > DOUBLED * p90[base]:
+            return (f"{held} (p90 {p90[held]:.0f} ms against {p90[base]:.0f} ms with {base}; at {k} calls it was "
+                    f"{p90[k] / p90[base]:.2f}x)")
+        held = k
+    return f"{held} or more (p90 {p90[held]:.0f} ms against {p90[base]:.0f} ms with {base}; no level tried doubled it)"
+
+
+def _v2v(level: LevelResult) -> list[float]:
+    return [float(v) for t in level.turns if t.status == "ok" and (v := t.columns.get("v2v_ms")) is not None]
+
+
+def sip_notes(results: list[BenchResult]) -> list[str]:
+    """What the SIP runs add to the tables: the calls one machine holds (several levels), and SIP minus the page at the
+    medians (a page run beside it)."""
+    notes = []
+    page = next((r for r in results if r.protocol == "page" and r.levels), None)
+    for r in results:
+        if r.protocol != "sip" or not r.levels:
+            continue
+        codec = r.settings.get("codec", "")
+        if len(r.levels) > 1:
+            notes.append(f"SIP calls held at once before a call's v2v p90 doubles ({codec}): "
+                         f"{sip_capacity({lv.sessions: _v2v(lv) for lv in r.levels})}.")
+        if page is not None and (sip_v := _v2v(r.levels[0])) and (page_v := _v2v(page.levels[0])):
+            notes.append(f"SIP ({codec}) minus page, medians: {percentile(sip_v, 50) - percentile(page_v, 50):+.0f} "
+                         "ms (one after the other; --interleave takes their turns in turn).")
+    return notes
+
+
+async def run_interleaved(args: argparse.Namespace, origin: str, utts: list, turns: int) -> int:
+    """``--protocol page,sip --interleave``: a page session and a SIP call open together, turn k of each on the same
+    file one after the other, and their medians."""
+    url = args.url.rstrip("/")
+    host, _, port = args.sip.rpartition(":")
+    settings = TurnSettings(timeout_s=args.timeout, silence_ms=args.silence_ms, settle_ms=DEFAULT_SETTLE_MS)
+    page_v2v: list[float] = []
+    sip_turns: list[PhoneTurn] = []
+    async with aiohttp.ClientSession() as http:
+        await wait_server_ready(http, url, args.ready_timeout)
+        page = BenchSession(index=0, url=url, http=http, threshold_dbfs=args.threshold_dbfs, token=args.token)
+        phone = SipPhone((host or "127.0.0.1", int(port)), codec=args.sip_codec, user=args.sip_user,
+                         password=args.sip_password, threshold_dbfs=args.threshold_dbfs)
+        try:
+            await page.connect()
+            await phone.dial()
+            for k in range(turns):
+                utt = utts[k % len(utts)]
+                result = await page.run_turn(utt, k, settings)
+                value = result.columns.get("v2v_ms")
+                if result.status == "ok" and value is not None:
+                    page_v2v.append(float(value))
+                sip_turns.append(await phone_turn(phone, utt, timeout_s=args.timeout))
+                print(f"turn {k} {utt.name:26s} page {value!s:>8} ms   sip {sip_turns[-1].v2v_ms!s:>8} ms"
+                      f"{'  ' + sip_turns[-1].error if sip_turns[-1].error else ''}")
+        finally:
+            await page.close()
+            await phone.hang_up()
+    sip_v2v = [t.v2v_ms for t in sip_turns if t.v2v_ms is not None]
+    lines = ["| voice-to-voice (client clock), turns taken in turn | turns heard | median | p90 |",
+             "|---|---:|---:|---:|"]
+    for name, values, n in (("page", page_v2v, len(sip_turns)), (f"sip ({args.sip_codec})", sip_v2v, len(sip_turns))):
+        cells = [f"{percentile(values, q):.0f} ms" if values else "—" for q in (50, 90)]
+        lines.append(f"| {name} | {len(values)}/{n} | {cells[0]} | {cells[1]} |")
+    if page_v2v and sip_v2v:
+        sip_median, page_median = percentile(sip_v2v, 50), percentile(page_v2v, 50)
+        lines += ["", f"SIP minus page (medians): {sip_median - page_median:+.0f} ms; ratio "
+                  f"{sip_median / page_median:.3f}."]
+    print("\n".join(lines))
+    out = Path(args.out) / "interleaved"
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "interleaved.json").write_text(json.dumps({"page_v2v_ms": page_v2v, "sip": [t.__dict__ for t in sip_turns]},
+                                                     indent=1))
+    if args.markdown is not None:
+        _write_markdown(args.markdown, "\n".join(lines), origin)
+    return 0 if len(page_v2v) == len(sip_v2v) == len(sip_turns) else 1
 
 
 def print_results(results: list[BenchResult]) -> None:
@@ -256,4 +395,4 @@ def _write_markdown(path: Path, body: str, origin: str) -> None:
     print(f"wrote {path}" + (f"; refreshed {', '.join(str(d) for d in docs)}" if docs else ""))
 
 
-__all__ = ["PROTOCOLS", "add_v2v_arguments", "compare_runs", "run_protocol", "run_v2v"]
+__all__ = ["PROTOCOLS", "add_v2v_arguments", "compare_runs", "run_protocol", "run_v2v", "sip_capacity", "sip_notes"]

@@ -2,8 +2,8 @@
 
 One module per section, beside what it configures in name: ``server`` (with ``[ice]``, ``[keys]``, ``[log]``,
 ``[dispatch]``), ``audio`` (``[audio]``, ``[vad]``), ``asr``, ``respond``, ``tts`` (with ``[chunker]``,
-``[tts_api]``), ``turn``, ``realtime``, ``telephony``, ``ray``, ``telemetry``; ``fields`` is what a setting is made
-of, ``loader`` the whole ``Config`` and how files, the environment and flags fill it. Import from here.
+``[tts_api]``), ``turn``, ``realtime``, ``telephony``, ``sip``, ``ray``, ``telemetry``; ``fields`` is what a setting is
+made of, ``loader`` the whole ``Config`` and how files, the environment and flags fill it. Import from here.
 """
 
 from __future__ import annotations
@@ -36,17 +36,53 @@ from assistant.config.server import (
     ServerConfig,
     check_gateway_id,
 )
+from assistant.config.sip import SIP_CODECS, SIP_TRANSPORTS, SIPConfig
 from assistant.config.telemetry import TelemetryConfig
 from assistant.config.telephony import TelephonyConfig
 from assistant.config.tts import ChunkerConfig, TTSAPIConfig, TTSConfig
 from assistant.config.turn import TURN_CUES, TURN_POLICIES, TurnConfig
 
 __all__ = [
-    "CONFIG_DIR", "DEFAULT_CONFIG", "ENV_PREFIX", "FALLBACKS", "GATEWAY_ID", "MAX_WINDOW_S", "MIN_WINDOW_S",
-    "PROJECT_ROOT", "REQUANTIZE", "TURN_CUES", "TURN_POLICIES", "ASRConfig", "AudioConfig", "ChunkerConfig", "Config",
+    "CONFIG_DIR",
+    "DEFAULT_CONFIG",
+    "ENV_PREFIX",
+    "FALLBACKS",
+    "GATEWAY_ID",
+    "MAX_WINDOW_S",
+    "MIN_WINDOW_S",
+    "PROJECT_ROOT",
+    "REQUANTIZE",
+    "SIP_CODECS",
+    "SIP_TRANSPORTS",
+    "TURN_CUES",
+    "TURN_POLICIES",
+    "ASRConfig",
+    "AudioConfig",
+    "ChunkerConfig",
+    "Config",
     "ConfigError",
-    "DispatchConfig", "ICEConfig", "KeysConfig", "LogConfig", "Overrides", "RayConfig", "RealtimeConfig",
-    "RespondConfig", "ServerConfig", "TTSAPIConfig", "TTSConfig", "TelemetryConfig", "TelephonyConfig", "TurnConfig",
-    "VADConfig", "add_config_flags", "apply_overrides", "check_gateway_id", "check_languages", "check_min_window",
-    "flag_overrides", "load_config", "setting",
+    "DispatchConfig",
+    "ICEConfig",
+    "KeysConfig",
+    "LogConfig",
+    "Overrides",
+    "RayConfig",
+    "RealtimeConfig",
+    "RespondConfig",
+    "SIPConfig",
+    "ServerConfig",
+    "TTSAPIConfig",
+    "TTSConfig",
+    "TelemetryConfig",
+    "TelephonyConfig",
+    "TurnConfig",
+    "VADConfig",
+    "add_config_flags",
+    "apply_overrides",
+    "check_gateway_id",
+    "check_languages",
+    "check_min_window",
+    "flag_overrides",
+    "load_config",
+    "setting",
 ]

@@ -26,6 +26,7 @@ from assistant.config.ray import RayConfig
 from assistant.config.realtime import RealtimeConfig
 from assistant.config.respond import FALLBACKS, REQUANTIZE, RespondConfig, check_skills
 from assistant.config.server import DispatchConfig, ICEConfig, KeysConfig, LogConfig, ServerConfig
+from assistant.config.sip import DIGEST_ALGORITHMS, SIP_CODECS, SIP_TRANSPORTS, SIPConfig
 from assistant.config.telemetry import TelemetryConfig
 from assistant.config.telephony import TelephonyConfig
 from assistant.config.tts import ChunkerConfig, TTSAPIConfig, TTSConfig
@@ -53,6 +54,7 @@ class Config:
     tts_api: TTSAPIConfig = field(default_factory=TTSAPIConfig)
     realtime: RealtimeConfig = field(default_factory=RealtimeConfig)
     telephony: TelephonyConfig = field(default_factory=TelephonyConfig)
+    sip: SIPConfig = field(default_factory=SIPConfig)
     ray: RayConfig = field(default_factory=RayConfig)
     log: LogConfig = field(default_factory=LogConfig)
     dispatch: DispatchConfig = field(default_factory=DispatchConfig)
@@ -186,7 +188,34 @@ def load_config(
                           "answers while the responder's engine is down, so it must load nothing that can fail")
     check_skills(cfg.respond)
     check_languages(cfg)
+    check_sip(cfg)
     return cfg
+
+
+def check_sip(cfg: Config) -> None:
+    """``[sip]``'s lists and ranges name what exists (the addresses and the trunk are checked when the listener
+    starts: ``server/sip/``)."""
+    sip = cfg.sip
+    bad = [t for t in sip.transports if t not in SIP_TRANSPORTS]
+    if bad or not sip.transports:
+        raise ConfigError(f"sip.transports: choose from {', '.join(SIP_TRANSPORTS)} (got {sip.transports!r})")
+    bad = [c for c in sip.codecs if c not in SIP_CODECS]
+    if bad or not sip.codecs:
+        raise ConfigError(f"sip.codecs: choose from {', '.join(SIP_CODECS)} (got {sip.codecs!r})")
+    if sip.srtp not in ("off", "optional", "required"):
+        raise ConfigError(f"sip.srtp must be off, optional or required (got {sip.srtp!r})")
+    bad = [a for a in sip.digest_algorithms if a not in DIGEST_ALGORITHMS]
+    if bad or not sip.digest_algorithms:
+        raise ConfigError(f"sip.digest_algorithms: choose from {', '.join(DIGEST_ALGORITHMS)} "
+                          f"(got {sip.digest_algorithms!r})")
+    if not 1024 <= sip.rtp_port_min < sip.rtp_port_max <= 65_535 or sip.rtp_port_max - sip.rtp_port_min < 3:
+        raise ConfigError("sip.rtp_port_min and sip.rtp_port_max must be a range of at least 4 ports within "
+                          f"1024-65535 (got {sip.rtp_port_min}-{sip.rtp_port_max})")
+    if sip.language:
+        try:
+            languages.check(sip.language, "sip.language", auto=True)
+        except languages.UnknownLanguage as exc:
+            raise ConfigError(str(exc)) from None
 
 
 def check_languages(cfg: Config) -> None:

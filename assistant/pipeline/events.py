@@ -7,8 +7,9 @@ reply goes on), turn_metrics, voice_fallback (no voice speaks the reply's langua
 responder_fallback (the responder's engine is down, restarting or failed for good: another responder answers
 this turn, and ``reason`` says why), timer (a timer, reminder or alarm of this call was ``set``, ``cancelled`` or is
 ``done``: ``timer`` is the one, ``timers`` every one still running, each ``{id, kind, label, seconds, due_ms}``),
-responder (which model answers now and why: sent when a better model is swapped in during the call), error; plus
-session (sent once on open, and again when the session's settings change) and close.
+responder (which model answers now and why: sent when a better model is swapped in during the call), dtmf (a key
+pressed on a phone: ``digit``; the keys of one entry then reach the responder as a turn), error; plus session
+(sent once on open, and again when the session's settings change) and close.
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ EVENT_TYPES = frozenset(
         "responder_fallback",
         "timer",
         "responder",
+        "dtmf",
         "error",
         "close",
     }

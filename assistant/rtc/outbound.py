@@ -1,9 +1,10 @@
 """ReplyTrack: the bot's voice as an aiortc audio track.
 
-It emits 20 ms mono s16 frames at 48 kHz, paced on the wall clock with continuous pts, and silence when
-there is nothing to say. Reply audio is written into a small queue (``reply_queue_ms``, 60 ms by default):
-writers wait when it is full, so the TTS runs at most a few frames ahead of what the peer has been given,
-and an interruption (:meth:`ReplyTrack.interrupt`) is heard within a frame or two.
+It emits 20 ms mono s16 frames at 48 kHz (or the rate it is made with: a SIP call's G.711 takes 8 kHz), paced on
+the wall clock with continuous pts, and silence when there is nothing to say. Reply audio is written into a small
+queue (``reply_queue_ms``, 60 ms by default): writers wait when it is full, so the TTS runs at most a few frames
+ahead of what the peer has been given, and an interruption (:meth:`ReplyTrack.interrupt`) is heard within a frame
+or two.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import av
 import numpy as np
 from aiortc.mediastreams import MediaStreamError, MediaStreamTrack
 
-from assistant.audio import FRAME_MS, FRAME_SAMPLES, SILENCE_PEAK_S16, WEBRTC_RATE
+from assistant.audio import FRAME_MS, SILENCE_PEAK_S16, WEBRTC_RATE
 from assistant.rtc.pacing import FramePacer, s16_mono_frame
 
 log = logging.getLogger(__name__)
@@ -95,23 +96,25 @@ class ReplyTrack(SinkBase, MediaStreamTrack):
     kind = "audio"
     sample_rate = WEBRTC_RATE
 
-    def __init__(self, queue_ms: int = 60) -> None:
+    def __init__(self, queue_ms: int = 60, sample_rate: int = WEBRTC_RATE) -> None:
         super().__init__()
+        self.sample_rate = sample_rate
+        self._frame = sample_rate * FRAME_MS // 1000  # samples in one 20 ms frame (FRAME_SAMPLES at 48 kHz)
         self._max_frames = max(1, queue_ms // FRAME_MS)
         self._frames: deque[np.ndarray] = deque()
         self._partial = np.zeros(0, dtype=np.int16)
         self._space = asyncio.Event()
         self._space.set()
-        self._pacer = FramePacer(WEBRTC_RATE)
+        self._pacer = FramePacer(sample_rate)
         self._pts = 0
-        self._silence = np.zeros(FRAME_SAMPLES, dtype=np.int16)
+        self._silence = np.zeros(self._frame, dtype=np.int16)
         self.frames_sent = 0
         self.audible_frames_sent = 0  # reply frames (queued audio, not idle silence) handed to the peer
         self.last_audible_sent_at = 0.0  # wall time the latest audible frame was handed to the peer
 
     # --- writer side -------------------------------------------------------------------------------
     async def write(self, pcm: np.ndarray, generation: int | None = None) -> bool:
-        """Queue 48 kHz mono int16 samples; waits while the queue is full.
+        """Queue mono int16 samples at ``sample_rate``; waits while the queue is full.
 
         Returns False (and drops the audio) if the track was interrupted since ``generation``.
         """
@@ -119,22 +122,23 @@ class ReplyTrack(SinkBase, MediaStreamTrack):
         if gen != self._generation:
             return False
         data = np.concatenate([self._partial, np.asarray(pcm, dtype=np.int16)]) if self._partial.size else pcm
-        n_full = len(data) // FRAME_SAMPLES
+        frame = self._frame
+        n_full = len(data) // frame
         for i in range(n_full):
             while len(self._frames) >= self._max_frames:
                 self._space.clear()
                 await self._space.wait()
                 if gen != self._generation or self.readyState != "live":
                     return False
-            self._frames.append(np.ascontiguousarray(data[i * FRAME_SAMPLES : (i + 1) * FRAME_SAMPLES]))
-        self._partial = np.array(data[n_full * FRAME_SAMPLES :], dtype=np.int16)
+            self._frames.append(np.ascontiguousarray(data[i * frame : (i + 1) * frame]))
+        self._partial = np.array(data[n_full * frame :], dtype=np.int16)
         return True
 
     async def flush(self, generation: int | None = None) -> bool:
         """Pad the last partial frame with silence and wait until every queued frame has been sent."""
         gen = self._generation if generation is None else generation
         if self._partial.size and gen == self._generation:
-            pad = np.zeros(FRAME_SAMPLES - self._partial.size, dtype=np.int16)
+            pad = np.zeros(self._frame - self._partial.size, dtype=np.int16)
             tail, self._partial = np.concatenate([self._partial, pad]), np.zeros(0, dtype=np.int16)
             if not await self.write(tail, gen):
                 return False
@@ -164,9 +168,9 @@ class ReplyTrack(SinkBase, MediaStreamTrack):
         late = await self._pacer.wait(self._pts)
         if late > RESYNC_AFTER_S:
             # The loop stalled (GC, a slow callback): skip ahead rather than bursting frames.
-            skipped = int(late * WEBRTC_RATE) // FRAME_SAMPLES * FRAME_SAMPLES
+            skipped = int(late * self.sample_rate) // self._frame * self._frame
             self._pts += skipped
-            log.debug("reply_track_resync skipped_ms=%d", skipped * 1000 // WEBRTC_RATE)
+            log.debug("reply_track_resync skipped_ms=%d", skipped * 1000 // self.sample_rate)
         if self._frames and not self._paused:
             samples = self._frames.popleft()
             self._space.set()
@@ -176,8 +180,8 @@ class ReplyTrack(SinkBase, MediaStreamTrack):
             self.audible_frames_sent += 1
         else:
             samples = self._silence
-        frame = s16_mono_frame(samples, WEBRTC_RATE, self._pts)
-        self._pts += FRAME_SAMPLES
+        frame = s16_mono_frame(samples, self.sample_rate, self._pts)
+        self._pts += self._frame
         self.frames_sent += 1
         return frame
 

@@ -15,7 +15,7 @@ from aiohttp import web
 
 from assistant.config import Config, check_gateway_id
 from assistant.pipeline.trace import gap_legend, stage_legend
-from assistant.server import telephony, tts_api
+from assistant.server import sip, telephony, tts_api
 from assistant.server.front import (
     add_metrics_listener,
     add_static_routes,
@@ -132,6 +132,7 @@ def create_app(cfg: Config, services: Services | None = None) -> web.Application
     check_ice_config(cfg.ice)
     tts_api.setup(app)
     telephony.setup(app)
+    sip.setup(app)
     openai_app = create_openai_app(cfg)
     register(app, routes(), openai_app)
     add_static_routes(app)

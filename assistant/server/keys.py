@@ -20,12 +20,13 @@ alone. Rotating the server token revokes every key at once; short lifetimes (10 
 rest. The claims are readable (base64, not encrypted): a key carries nothing its holder may not see.
 
 Scopes: ``call`` (open calls: the page's offer, WHIP, Realtime calls and WebSockets; ICE; one's own sessions),
-``tts`` (the TTS API and the voice list), ``admin`` (everything: minting, every session, changing voices,
-readiness details, metrics). A key's expiry bounds what it can start (open a session, list, synthesise, mint),
-not the calls it started: as the reference's client secrets, a session lives on after its key expired, and the
-key may still trickle candidates into it and hang it up (its scope still checked). A key minted by a minted key
-stays within its parent: no longer-lived, and under a capped parent no more sessions than the parent's cap, counted
-together with the parent's (the ``grp`` claim).
+``tts`` (the TTS API and the voice list), ``dial`` (outgoing SIP calls through the trunk: ``POST /api/sip/calls``
+and the records of the calls it placed; never part of ``call``, since dialing out costs money), ``admin``
+(everything: minting, every session, changing voices, readiness details, metrics). A key's expiry bounds what it can
+start (open a session, list, synthesise, mint), not the calls it started: as the reference's client secrets, a
+session lives on after its key expired, and the key may still trickle candidates into it and hang it up (its scope
+still checked). A key minted by a minted key stays within its parent: no longer-lived, and under a capped parent no
+more sessions than the parent's cap, counted together with the parent's (the ``grp`` claim).
 
 Without a server token nothing is checked (every caller is the admin: only a loopback address may run so,
 ``server.allow_public_without_token`` aside); a key presented there is still read, for its Realtime session.
@@ -54,8 +55,8 @@ from assistant.server.openapi import documented, error, json_body
 log = logging.getLogger(__name__)
 
 PREFIX = "ek_"
-CALL, TTS, ADMIN = "call", "tts", "admin"
-SCOPES = (CALL, TTS, ADMIN)
+CALL, TTS, DIAL, ADMIN = "call", "tts", "dial", "admin"
+SCOPES = (CALL, TTS, DIAL, ADMIN)
 ADMIN_ID = "admin"  # the owner of sessions the server token opens
 MAX_KEY_CHARS = 6000  # an Authorization header fits 8 KB; the claims (a Realtime session with it) must fit this
 MAX_CLAIMS_BYTES = 65_536

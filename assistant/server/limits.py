@@ -69,6 +69,7 @@ BUDGETS: dict[str, tuple[Callable[[Config], int], str]] = {
     "tts": (lambda c: c.tts_api.rate_per_minute, "TTS requests"),
     "voices": (lambda c: c.tts_api.voices_per_minute, "voice changes"),
     "keys": (lambda c: c.keys.per_minute, "keys minted"),
+    "dial": (lambda c: c.sip.dials_per_minute, "outgoing calls"),
 }
 
 

@@ -68,6 +68,16 @@ class Metrics:
             registry=self.registry,
         )
 
+        # SIP (server/sip/): calls by direction and outcome; messages dropped unread (floods, garbage) by reason.
+        self.sip_calls_total = Counter(
+            "assistant_sip_calls_total", "SIP calls by direction (inbound, outbound) and outcome (answered, busy, "
+            "no_answer, failed, refused, cancelled, ended_by_peer)", ["direction", "outcome"], registry=self.registry,
+        )
+        self.sip_dropped_total = Counter(
+            "assistant_sip_dropped_total", "SIP messages and requests dropped without an answer, by reason (rate, "
+            "too_large, malformed, not_allowed, transactions, connections, ...)", ["reason"], registry=self.registry,
+        )
+
         self.ray_hop_seconds = Histogram(
             "assistant_ray_hop_seconds",
             "cost of the Ray Serve hop: call (request in + first chunk back), chunk (each later chunk back), "

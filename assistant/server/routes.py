@@ -28,7 +28,7 @@ Handler = Callable[["web.Request"], Awaitable["web.StreamResponse"]]
 HANDLER_PACKAGE = "assistant.server"
 OPENAI_PREFIX = "/v1"  # OpenAI's API family: its own error shape and token check (``openai_front``)
 SAFE_METHODS = ("GET", "HEAD", "OPTIONS")
-CALL, TTS, ADMIN = "call", "tts", "admin"  # the scopes a key may have (``keys.py``)
+CALL, TTS, DIAL, ADMIN = "call", "tts", "dial", "admin"  # the scopes a key may have (``keys.py``)
 # Media types a body may have (``Route.content_types``).
 JSON, SDP, FORM = "application/json", "application/sdp", "multipart/form-data"
 URLENCODED = "application/x-www-form-urlencoded"  # the carriers' webhooks
@@ -54,7 +54,7 @@ class Route:
     handler: str  # "module:function" under assistant.server
     forward: Forward
     product: str  # "front", "voice" (the voice session), "tts" (the TTS API), "realtime" (OpenAI's Realtime API),
-    # "telephony" (phone calls through a carrier)
+    # "telephony" (phone calls through a carrier), "sip" (outgoing calls through a SIP trunk)
     max_body: Callable[[Config], int] | None = None  # the largest body the dispatcher passes on (None: no body)
     budget: str | None = None  # the per-client budget a request spends (``limits.BUDGETS``); None: none
     content_types: tuple[str, ...] = ()  # what its body's Content-Type must be (415 otherwise); (): not checked
@@ -175,6 +175,12 @@ ROUTES: tuple[Route, ...] = (
           content_types=(URLENCODED,)),
     Route("GET", "/telephony/telnyx/media", "telephony.media:telnyx_media", F.GATEWAY, "telephony",
           checks_origin=True),
+    # SIP: outgoing calls through the configured trunk (incoming calls come on the SIP socket, not over HTTP). The
+    # gateway that dials holds the call, its record and its events: not through the dispatcher (501 there).
+    Route("POST", "/api/sip/calls", "sip.api:dial", F.GATEWAY, "sip", _json, budget="dial", content_types=(JSON,),
+          scope=DIAL),
+    Route("GET", "/api/sip/calls/{call_id}", "sip.api:get_call", F.GATEWAY, "sip", scope=DIAL),
+    Route("GET", "/api/sip/calls/{call_id}/events", "sip.api:call_events", F.GATEWAY, "sip", scope=DIAL),
 )
 
 

@@ -313,12 +313,17 @@ async def _stream_back(request: web.Request, up: aiohttp.ClientResponse, g: Gate
 
 
 async def kept_on_gateways(request: web.Request, cap: int) -> web.Response:
-    """State each gateway keeps for itself (registered voices, a phone call's media token) cannot be reached
-    through the front."""
+    """State each gateway keeps for itself (registered voices, a phone call's media token, an outgoing SIP call)
+    cannot be reached through the front."""
     if request.path.startswith("/telephony/"):
         raise HTTPJSONError(
             501, "not_supported", "a phone call's media token is kept by the gateway that answered its webhook: "
             "point the carrier at a gateway (its telephony.public_url), not at the dispatcher",
+        )
+    if request.path.startswith("/api/sip/"):
+        raise HTTPJSONError(
+            501, "not_supported", "an outgoing SIP call is placed and held by one gateway: ask that gateway (the one "
+            "with sip.trunk), not the dispatcher",
         )
     raise HTTPJSONError(
         501, "not_supported",

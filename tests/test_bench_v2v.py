@@ -221,20 +221,23 @@ def test_listener_onset_to_the_sample_and_server_frame_rule() -> None:
 
 def test_listener_counts_reply_audio_heard_before_the_speech_end_as_a_false_start() -> None:
     """A reply that starts while the user still has words to say (a pause taken for the end) is heard: the audible
-    10 ms windows from the playback's start to its speech end are counted, and nothing after."""
+    10 ms windows from the playback's start to its speech end are kept with their arrival, and what came after the
+    server's decision is the false start (what came before it is the previous reply running on)."""
     listener = ReplyListener(threshold_dbfs=-40.0)
     loud = np.full(FRAME_SAMPLES, 3000)
     listener.on_frame(_frame(loud), 0.5)  # the previous turn's tail, before this playback began: not counted
     listener.watch_early(1.0)
+    listener.on_frame(_frame(loud), 1.01)  # the previous reply still running on when the playback began
     listener.on_frame(_frame(np.zeros(FRAME_SAMPLES)), 1.02)
     half = np.zeros(FRAME_SAMPLES)
     half[FRAME_SAMPLES // 2:] = 3000  # the second 10 ms window of a 20 ms frame
     listener.on_frame(_frame(half), 1.04)
     listener.on_frame(_frame(loud), 1.06)
-    assert listener.early_audible_s == pytest.approx(0.030)
+    assert listener.early_audible_s == pytest.approx(0.050)
+    assert listener.early_since(1.03) == pytest.approx(0.030)  # after a decision at 1.03: the false start
     listener.arm(1.08)  # the speech end: the reply from here is the turn's own, not a false start
     listener.on_frame(_frame(loud), 1.10)
-    assert listener.early_audible_s == pytest.approx(0.030) and listener.heard_at is not None
+    assert listener.early_audible_s == pytest.approx(0.050) and listener.heard_at is not None
     listener.watch_early(2.0)  # the next turn starts from zero
     assert listener.early_audible_s == 0.0
 

@@ -260,6 +260,50 @@ async def test_pause_mid_sentence_does_not_cut_and_partials_come_first(shared_au
     assert len([e for e in client.events if e.body["type"] == "speech_end"]) == 1
 
 
+@pytest.mark.asyncio
+@pytest.mark.slow
+@pytest.mark.parametrize("confirm_ms", [0, 2500])
+async def test_a_caller_hears_a_false_start_only_without_the_confirming_silence(shared_audio, tmp_path,
+                                                                                 confirm_ms: int) -> None:
+    """Real peers, real models, the bench's client: "What is the weather like today?", 1.5 s of silence, then "Set a
+    timer …" as one turn, ended (250 ms of silence) at the gap. Without turn.confirm_ms the first sentence's reply is
+    heard before the speaker goes on: the bench counts a false start. With it longer than the gap, nothing is heard
+    before the speech end, and the words after the gap are heard with the ones before."""
+    import json
+
+    import soundfile as sf
+
+    first, sr = read_audio(shared_audio / "en_weather.wav")
+    second, _ = read_audio(shared_audio / "en_timer.wav")
+    entries = {e["file"]: e for e in json.loads((shared_audio / "manifest.json").read_text())}
+    a_end = int(entries["en_weather.wav"]["speech_ends_s"] * sr)
+    b_start = int(entries["en_timer.wav"]["speech_starts_s"] * sr)
+    gap = np.zeros(int(1.5 * sr), np.float32)
+    audio = np.concatenate([first[:a_end], gap, second[b_start:]]).astype(np.float32)
+    end_s = (a_end + gap.size + int(entries["en_timer.wav"]["speech_ends_s"] * sr) - b_start) / sr
+    sf.write(tmp_path / "two.wav", audio, sr)
+    (tmp_path / "manifest.json").write_text(json.dumps([{"file": "two.wav", "speech_ends_s": end_s,
+                                                         "text": "two sentences, a gap between"}]))
+    cfg = test_config(vad={"end_silence_ms": 250},
+                      turn={"speculative": True, "smart_endpoint": False, "end_of_turn_model": False,
+                            "policy": "flat", "confirm_ms": confirm_ms, "rejoin_ms": 0},
+                      respond={"engine": "echo"})
+    async with serve(cfg) as (url, _app), aiohttp.ClientSession() as http:
+        client = BenchSession(index=0, url=url, http=http)
+        await client.connect()
+        try:
+            result = await client.run_turn(load_utterance(tmp_path / "two.wav"), 0, TurnSettings(timeout_s=40.0))
+        finally:
+            await client.close()
+    assert result.status == "ok", result.reason
+    assert result.speech_ends >= 2, result  # the gap ended a turn either way
+    if confirm_ms:
+        assert result.false_start_ms == 0, result
+        assert "timer" in result.reply_text.lower() and "weather" in result.reply_text.lower(), result.reply_text
+    else:
+        assert result.false_start_ms > 0, result
+
+
 class StreamingToneTTS(ToneTTS):
     """An engine that takes the reply's text as it arrives (as CosyVoice2 does)."""
 

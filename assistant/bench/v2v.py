@@ -120,11 +120,19 @@ class ReplyListener:
         # Reply audio heard while the user still had words to say (from the start of the playback to its labelled
         # speech end): a reply begun at a pause the speaker had not finished, a false start the caller hears.
         self.early_from: float | None = None
-        self.early_audible_s = 0.0
+        self.early: list[tuple[float, float]] = []  # (received at, audible seconds) of each such frame
 
     def watch_early(self, at: float) -> None:
         """Count audible reply audio received from ``at`` (the start of the user's playback) until :meth:`arm`."""
-        self.early_from, self.early_audible_s = at, 0.0
+        self.early_from, self.early = at, []
+
+    @property
+    def early_audible_s(self) -> float:
+        return sum(seconds for _, seconds in self.early)
+
+    def early_since(self, at: float) -> float:
+        """Seconds of audible reply audio received before the speech end, from ``at`` on."""
+        return sum(seconds for received, seconds in self.early if received >= at)
 
     def arm(self, at: float) -> None:
         """Start looking for a reply in frames received from ``at`` on (the user's speech end)."""
@@ -145,8 +153,8 @@ class ReplyListener:
         loud = mag >= self.threshold
         if loud.any():
             self.last_audible_at = play_at + (int(np.flatnonzero(loud)[-1]) + 1) / sr
-        if self.armed_at is None and self.early_from is not None and received_at >= self.early_from:
-            self.early_audible_s += _audible_s(loud, sr)
+        if self.armed_at is None and self.early_from is not None and received_at >= self.early_from and loud.any():
+            self.early.append((received_at, _audible_s(loud, sr)))
         if self.armed_at is None or received_at < self.armed_at:
             return
         if self.first_frame_at is None and float(mag.max()) > SERVER_AUDIBLE_PEAK:
@@ -362,7 +370,10 @@ class BenchSession:
     def _fill(self, result: TurnResult, start: int, speech_end: float, metrics: dict[str, Any] | None) -> None:
         listener = self.listener
         result.speech_ends = len(self._events_since(start, "speech_end"))
-        result.false_start_ms = round(listener.early_audible_s * 1000, 1)
+        # A false start is reply audio after a turn end the server decided while this file still had words to say:
+        # audio before any such decision is the previous reply running on (a slow one, on a busy server).
+        decided = [e.at for e in self._events_since(start, "speech_end") if e.at < speech_end]
+        result.false_start_ms = round(listener.early_since(min(decided)) * 1000, 1) if decided else 0.0
         went_on = [e for e in self._events_since(start, "interrupted") if e.body.get("reason") == "went_on"]
         result.rejoined = len(went_on)
         finals = [e.body for e in self._events_since(start, "transcript") if e.body.get("final")]

@@ -138,6 +138,18 @@ def test_answered_call_ids_are_refused_again_for_their_memory_across_restarts(tm
     again.close()
 
 
+def test_an_id_answered_while_the_shared_file_was_down_is_still_refused_when_it_is_back(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    blocker = tmp_path / "telephony"
+    blocker.write_text("a file where the folder should be")  # the folder cannot be made: the file is down
+    calls = AnsweredCalls(blocker / "answered.sqlite3", memory_s=100.0, clock=lambda: 0.0)
+    assert calls.first_answer("twilio", "CA1") and not calls.first_answer("twilio", "CA1")
+    assert calls.failure
+    blocker.unlink()  # back: the file knows nothing of CA1, this gateway's memory does
+    assert not calls.first_answer("twilio", "CA1") and calls.failure == ""
+    assert calls.first_answer("twilio", "CA2") and len(calls) == 2
+    calls.close()
+
+
 # --- media tokens -----------------------------------------------------------------------------------------------
 def test_a_token_is_good_once_for_its_carrier_and_call_until_it_expires() -> None:
     clock = [0.0]

@@ -73,16 +73,18 @@ class AnsweredCalls:
         file's lock, its syncs): the server calls :meth:`first_answer_async`."""
         now = self.clock()
         with self._lock:
-            mine = self._remember(carrier, call_id, now)
             try:
                 shared = self._record(carrier, call_id, now)
             except (sqlite3.Error, OSError) as exc:
                 self._down(exc)
-                return mine
+                return self._remember(carrier, call_id, now)
             if self.failure:
                 log.warning("telephony.answered_store_back path=%s", self.path)
                 self.failure = ""
-            return shared and mine
+            # Only an id this gateway answered enters its own memory, at the time it answered: a replay refused by
+            # the shared record must not restart the id's memory here (past it, the id is answerable again). The
+            # own memory still refuses an id this gateway answered while the file was down.
+            return shared and self._remember(carrier, call_id, now)
 
     async def first_answer_async(self, carrier: str, call_id: str) -> bool:
         """:meth:`first_answer` on a worker thread: the event loop serves every other call meanwhile."""

@@ -323,8 +323,10 @@ async def test_the_fairness_memory_stays_bounded_however_many_sessions_came() ->
 
 def test_a_made_up_last_word_is_heard_as_doubtful() -> None:
     """tests/data/pauses/book_table.wav: "Can you book a table for [672 ms] four people…". At the pause tiny.en
-    writes "Can you book a table for it?": the decoder's own probability says the "it" is made up (under
-    turn.doubtful_below), and the cue doubts it; at the real end every word of the last phrase is sure."""
+    writes "Can you book a table for it?" on AMD EPYC (and "…a table for?" on some Intel Xeons: the int8 kernels
+    differ): the decoder's own probability says the "it" is made up (under turn.doubtful_below), and the cue
+    doubts it; however the pause is transcribed, the turn is held; at the real end every word of the last phrase
+    is sure."""
     import json
 
     from assistant.pipeline.end_of_turn import Cue, cue, last_word_probability
@@ -334,25 +336,29 @@ def test_a_made_up_last_word_is_heard_as_doubtful() -> None:
     x, rate = read_audio(folder / "book_table.wav")
     asr = create_asr(ASRConfig())
     pause_start = entry["pauses_s"][0][0]
+    below = TurnConfig().doubtful_below
+    # The cue's reading of the made-up object, as tiny.en writes it on AMD EPYC ("it" at 0.40-0.51):
+    made_up = "Can you book a table for it?"
+    assert cue(made_up, 0.45, below) is Cue.DOUBTFUL
+    assert cue(made_up, None, below) is Cue.COMPLETE  # without the probability it reads finished
+    assert cue(made_up, 0.9, below) is Cue.COMPLETE  # a sure "it" is a sentence's end
     mid = asr.transcribe(x[int(0.45 * rate) : int((pause_start + 0.1) * rate)])
     assert mid.words and "".join(w for w, _ in mid.words).replace(" ", "") == mid.text.replace(" ", "")
     assert all(0.0 <= p <= 1.0 for _, p in mid.words)
     last = last_word_probability(mid.words)
     assert last is not None
-    below = TurnConfig().doubtful_below
-    assert mid.text.lower().rstrip("?.!").endswith("table for it"), mid.text  # the made-up object
-    assert last < below, mid.words
     assert dict(mid.words)["table"] > below  # the words that were said are sure
-    assert cue(mid.text, last, below) is Cue.DOUBTFUL
-    assert cue(mid.text, None, below) is Cue.COMPLETE  # without the probability it reads finished
-    # However far into the pause the speculative pass is cut, the made-up object is doubted (or not written at
-    # all): its probability moves with the cut (0.40-0.51 on these cuts), all of it under doubtful_below.
+    assert mid.text.lower().rstrip("?.!").endswith(("table for it", "table for")), mid.text
+    if mid.text.lower().rstrip("?.!").endswith("table for it"):  # the made-up object: its probability doubts it
+        assert last < below, mid.words
+        assert cue(mid.text, last, below) is Cue.DOUBTFUL
+    # However far into the pause the speculative pass is cut, the turn is held: the made-up object is doubted,
+    # or "...a table for?" is held (Cue.TRAILING, for turn.trailing_hold_ms: longer than this 650 ms pause).
     seen = []
     for ms in range(32, 417, 48):
         heard = asr.transcribe(x[int(0.45 * rate) : int(pause_start * rate) + ms * rate // 1000])
         p = last_word_probability(heard.words)
         seen.append((ms, heard.text, p))
-        # "...a table for?" is held too (Cue.TRAILING, for turn.trailing_hold_ms: longer than this 650 ms pause).
         assert cue(heard.text, p, below) in (Cue.DOUBTFUL, Cue.CONTINUES, Cue.TRAILING), seen
     assert TurnConfig().trailing_hold_ms > 1000 * (entry["pauses_s"][0][1] - entry["pauses_s"][0][0])
     whole = asr.transcribe(x[: int((entry["speech_ends_s"] + 0.3) * rate)])

@@ -302,6 +302,8 @@ MAY_BE_ZERO |= {"worker_wait_ms", "end_of_turn_ms", "decide_ms"}
 # The falling end-of-turn policy decides after ~700 ms of a finished sentence's silence: the speculative reply's
 # first audio is made by then, so no TTS time is left after the decision.
 MAY_BE_ZERO |= {"tts_first_audio_ms"}
+# The hold is 0 when the end was sure (or the reply came after turn.confirm_ms anyway): which, the machine decides.
+MAY_BE_ZERO |= {"confirm_wait_ms"}
 
 
 @pytest.mark.slow

@@ -117,7 +117,8 @@ async def test_a_conversation_switches_language_turn_by_turn(services: Services,
     assert en_finals[-1]["language"] == "en" and en_finals[-1]["language_probability"] > 0.5
     assert "weather" in en.transcript.lower()
     assert jp_finals[-1]["language"] == "ja" and jp_finals[-1]["language_probability"] > 0.5
-    assert "何時" in jp.transcript
+    # "What time": whisper writes the word in kanji or in kana (何時 / なんじ) as the CPU's numerics fall.
+    assert "何時" in jp.transcript or "なんじ" in jp.transcript, jp.transcript
     # Each is answered in its own language (rules: the English greeting, the Japanese time)...
     assert en.reply_text.startswith("Hello!")
     assert jp.reply_text.startswith("今は午") and script_language(jp.reply_text) == "ja"

@@ -38,7 +38,9 @@ def call_piece(**fields: object) -> bytes:
 
 async def llm(request: web.Request) -> web.StreamResponse:
     """The model: asked about the weather with a weather tool, it calls it; given the tool's answer, says it;
-    asked for a story, tells a long one (so it can be interrupted); otherwise repeats what it heard."""
+    asked for a story, tells a long one (so it can be interrupted); asked to go on, says the user's last words again
+    (not its own: "You said: You said: …" is a stutter, which the loop guard stops); otherwise repeats what it
+    heard."""
     body = await request.json()
     last = body["messages"][-1]
     content = str(last.get("content") or "")
@@ -52,6 +54,9 @@ async def llm(request: web.Request) -> web.StreamResponse:
     elif "story" in content.lower():
         parts = [sse(chunk(sentence + ".")) for sentence in STORY.split(".") if sentence.strip()]
         parts.append(sse(chunk(None, "stop")))
+    elif last["role"] == "assistant":  # asked to go on (generate_reply() with no new input): the user's last words
+        asked = next(str(m.get("content") or "") for m in reversed(body["messages"]) if m["role"] == "user")
+        parts = [sse(chunk(f"Once more, you asked: {asked}")), sse(chunk(None, "stop"))]
     else:
         parts = [sse(chunk(f"You said: {content}")), sse(chunk(None, "stop"))]
     return await stream(request, [*parts, sse(USAGE), b"data: [DONE]\n\n"])

@@ -53,4 +53,4 @@ fi
 
 # The type check ([tool.mypy] in pyproject.toml: the whole package, default strictness) before the tests.
 python -m mypy
-exec python -m pytest -q "$@"
+exec python -m pytest -q --durations=30 "$@"

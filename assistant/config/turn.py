@@ -109,7 +109,8 @@ class TurnConfig:
         [96, 192, 320, 480, 704, 1024],
         "falling: silences (ms) at which the end-of-turn model hears the pause (again) (tuning half and human set); "
         "the marks passed while the transcript is coming are heard once it lands, at the latest of them; each run "
-        "costs ~50 ms of one core (held-out half: 2.5 runs, 131 ms of one core per pause; flat: 0.9, 47 ms)",
+        "costs ~50 ms of one Zen 5 core, ~115 on an EPYC of family 23 (held-out half: 2.5 runs, 131 ms of one "
+        "core per pause; flat: 0.9, 47 ms)",
     )
     end_of_turn_since_pause: bool = setting(
         True, "the end-of-turn model hears the speech since the utterance's latest pause (a silence of "

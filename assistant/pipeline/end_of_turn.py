@@ -18,9 +18,9 @@ plus the transcript cue's weight (``turn.cue_*``); the turn ends once the score 
 as the silence grows, from ``falling_from`` at the speculative pause to ``falling_to`` at ``falling_over_ms``,
 then on, more slowly, to ``falling_late_to`` at ``falling_late_ms`` (an unsure turn the transcript does not veto
 ends well before the cap), and at ``max_silence_ms`` whatever the evidence. The model hears the pause again at
-each silence of ``end_of_turn_recheck_ms`` (one run of ~40-50 ms of one core each; the marks passed while the
-transcript was being made are heard once it lands, at the latest of them: a run beside the ASR pass slows it,
-and the decision waits for the transcript anyway). A model very sure on its own
+each silence of ``end_of_turn_recheck_ms`` (one run of ~40-50 ms of one Zen 5 core each, ~115 on an older
+EPYC; the marks passed while the transcript was being made are heard once it lands, at the latest of them: a run
+beside the ASR pass slows it, and the decision waits for the transcript anyway). A model very sure on its own
 (``model_alone``) ends the turn whatever the threshold, as soon as the transcript has landed and unless it
 vetoes (``model_alone_veto``, e.g. a trailing "and"): the veto is free, since the reply is made from that
 transcript and nothing of it could be heard sooner. With the model off or failed, ``model_off_prob`` stands

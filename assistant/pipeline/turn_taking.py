@@ -257,8 +257,8 @@ class TurnTaking:
         While the turn's own transcript is coming the model is not asked: the decision waits for the transcript
         anyway (nothing of the reply exists before it), and a model run beside the ASR pass slows the pass (its
         two CTranslate2 threads stall while a core is taken: ~30 ms per run). So the model hears the pause once
-        the transcript has landed, at the latest mark passed, and answers (~50 ms of one core) while the
-        responder writes the reply."""
+        the transcript has landed, at the latest mark passed, and answers (~50 ms of one Zen 5 core, ~115 on an
+        older EPYC) while the responder writes the reply."""
         if pause.model_task is not None and not pause.model_task.done():
             return  # a call is still running
         if self.cfg.smart_endpoint and pause.cue is None and not pause.text_failed:

@@ -48,6 +48,20 @@ def test_first_clause_is_sent_early_then_only_sentences() -> None:
     assert c.push("Another reply begins here; ") == ["Another reply begins here;"]
 
 
+def test_a_voice_chat_replys_one_word_clause_is_its_first_piece() -> None:
+    """Piper speaks a piece once it has all of it, and the caller waits for the first: with the default
+    chunker.reply_first_min_chars a one-word clause ("No,", "Sure,") goes out alone, as soon as its comma is
+    followed; the rest comes as a sentence."""
+    cfg = ChunkerConfig()
+    c = TextChunker(ChunkerConfig(first_min_chars=cfg.reply_first_min_chars))
+    assert c.push("No") == [] and c.push(",") == []
+    assert c.push(" I") == ["No,"]
+    assert c.push("'m not able to send messages.") == []
+    assert c.push(" Ok") == ["I'm not able to send messages."]
+    assert run("Sure, here is one.", first_min_chars=cfg.reply_first_min_chars)[0] == "Sure,"
+    assert run("A, B and C.", first_min_chars=cfg.reply_first_min_chars) == ["A, B and C."]  # a letter is no clause
+
+
 def test_first_clause_marks_and_short_sentence() -> None:
     assert run("Here is the plan: we go now and then we rest.")[0] == "Here is the plan:"
     assert run("It depends — mostly on the weather today.")[0] == "It depends —"

@@ -65,9 +65,9 @@ class TTSConfig:
 class ChunkerConfig:
     first_min_chars: int = setting(12, "shortest first clause sent to TTS on a comma/colon break")
     reply_first_min_chars: int = setting(
-        4,
+        3,
         "the same for a voice-chat reply spoken piece by piece (Piper): the listener waits for the first audio, "
-        "which takes time in proportion to the piece, so \"Sure,\" or \"You said:\" is a piece of its own",
+        "which takes time in proportion to the piece, so \"No,\", \"Sure,\" or \"You said:\" is a piece of its own",
     )
     max_chars: int = setting(220, "longest chunk sent to TTS before a forced break at a space")
 

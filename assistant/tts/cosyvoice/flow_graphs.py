@@ -29,10 +29,10 @@ from assistant.tts.cosyvoice.device_time import upload_into
 from assistant.tts.cosyvoice.flow import CausalFlow, guided_euler
 from assistant.tts.cosyvoice.flow_cache import PrefixRows
 from assistant.tts.cosyvoice.flow_prefix import FlowPrefix
-from assistant.tts.cosyvoice.graphs import GraphedCall, bucket_for
+from assistant.tts.cosyvoice.graphs import BucketGraphs, GraphedCall, bucket_for
 
 
-class FirstChunkFlow:
+class FirstChunkFlow(BucketGraphs[torch.Tensor]):
     """The provisional first-chunk mel of B streams of one warm voice (module doc): the streams' first
     ``hop + lookahead`` tokens [B, hop + look] → mel [B, 80, 2 * hop] (float32), one `GraphedCall` per batch
     bucket, each with its own static token buffer."""
@@ -69,22 +69,6 @@ class FirstChunkFlow:
     def _caller(self, b: int) -> Callable[[], torch.Tensor]:
         return lambda: self.solve(self.tokens[b])
 
-    @property
-    def active(self) -> bool:
-        """Ready to run: captured on CUDA, or anywhere else (run directly)."""
-        return all(c.active for c in self.calls.values())
-
-    def capture(self) -> list[dict[str, object]]:
-        return [c.capture() for c in self.calls.values()]
-
-    @property
-    def record(self) -> dict[str, object]:
-        records = [c.record for c in self.calls.values()]
-        return {"path": records[0]["path"], "buckets": sorted(self.calls),
-                "error": next((r["error"] for r in records if r["error"]), None),
-                "capture_s": sum(float(str(r["capture_s"] or 0.0)) for r in records),
-                "replays": sum(int(str(r["replays"])) for r in records),
-                "direct_steps": sum(int(str(r["direct_steps"])) for r in records)}
 
     def solve(self, tokens: torch.Tensor) -> torch.Tensor:
         """The static function: tokens [B, hop + look] → mel [B, 80, 2 * hop] (float32), writing nothing."""

@@ -125,3 +125,27 @@ class GraphedCall(Generic[T]):
 
 
 __all__ = ["GRAPH_WARMUP_RUNS", "GraphedCall", "batch_buckets", "bucket_for", "memory_pool"]
+
+
+class BucketGraphs(Generic[T]):
+    """One `GraphedCall` per batch bucket (``calls``), ready, captured and recorded together."""
+
+    calls: dict[int, GraphedCall[T]]
+
+    @property
+    def active(self) -> bool:
+        """Ready to run: every bucket captured on CUDA, or anywhere else (run directly)."""
+        return all(c.active for c in self.calls.values())
+
+    def capture(self) -> list[dict[str, object]]:
+        return [c.capture() for c in self.calls.values()]
+
+    @property
+    def record(self) -> dict[str, object]:
+        """The buckets' records as one: the path, the first error, capture time and runs summed."""
+        records = [c.record for c in self.calls.values()]
+        return {"path": records[0]["path"], "buckets": sorted(self.calls),
+                "error": next((r["error"] for r in records if r["error"]), None),
+                "capture_s": sum(float(str(r["capture_s"] or 0.0)) for r in records),
+                "replays": sum(int(str(r["replays"])) for r in records),
+                "direct_steps": sum(int(str(r["direct_steps"])) for r in records)}

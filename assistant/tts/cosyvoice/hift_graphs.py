@@ -16,14 +16,14 @@ from typing import Any
 import torch
 
 from assistant.tts.cosyvoice.batch_work import Work
-from assistant.tts.cosyvoice.graphs import GraphedCall, bucket_for
+from assistant.tts.cosyvoice.graphs import BucketGraphs, GraphedCall, bucket_for
 from assistant.tts.cosyvoice.hift import HiFTVocoder
 from assistant.tts.cosyvoice.hift_source import SourceNoise
 
 Pushed = tuple[torch.Tensor, torch.Tensor, torch.Tensor]   # f0 [B, F], source [B, 1, F*spf], audio [B, F*spf]
 
 
-class FirstPush:
+class FirstPush(BucketGraphs[Pushed]):
     """F0, source and decoded audio of B streams' first ``frames`` mel frames (module doc)."""
 
     def __init__(self, vocoder: HiFTVocoder, frames: int, buckets: Sequence[int], *, graph: bool,
@@ -44,21 +44,6 @@ class FirstPush:
     def _caller(self, b: int) -> Callable[[], Pushed]:
         return lambda: self.push(*self.inputs[b])
 
-    @property
-    def active(self) -> bool:
-        return all(c.active for c in self.calls.values())
-
-    def capture(self) -> list[dict[str, object]]:
-        return [c.capture() for c in self.calls.values()]
-
-    @property
-    def record(self) -> dict[str, object]:
-        records = [c.record for c in self.calls.values()]
-        return {"path": records[0]["path"], "buckets": sorted(self.calls),
-                "error": next((r["error"] for r in records if r["error"]), None),
-                "capture_s": sum(float(str(r["capture_s"] or 0.0)) for r in records),
-                "replays": sum(int(str(r["replays"])) for r in records),
-                "direct_steps": sum(int(str(r["direct_steps"])) for r in records)}
 
     def push(self, mel: torch.Tensor, rand_ini: torch.Tensor, sine_noise: torch.Tensor) -> Pushed:
         """The static function: mel [B, 80, F], rand_ini [B, H], sine_noise [B, F*spf, H] → (f0 [B, F], source

@@ -25,6 +25,7 @@ from assistant.respond.llama import (
     default_model_path,
     ends_clause,
     plan_reuse,
+    slot_cost,
 )
 from tests.waiting import until
 
@@ -74,6 +75,22 @@ def test_reuse_plan_prefix_and_shifted_chunks() -> None:
     assert plan_reuse(cache, system + t2 + t3, can_shift=False) == type(plan)(len(system))
     # Chunks shorter than the minimum are not worth moving.
     assert plan_reuse([*system, 1, 2, 3, *t1], system + t1[:5] + t3, can_shift=True).n_past == len(system)
+
+
+def test_a_slot_costs_the_tokens_it_lacks_and_the_live_conversation_it_throws_away() -> None:
+    system, a, b = list(range(100, 110)), list(range(200, 240)), list(range(300, 320))
+    first_word = [200]  # B's first word is A's: A's slot holds one token more of B's prompt than an idle slot
+    prompt_b = system + first_word + b
+    idle, a_slot = system, system + a
+    plan_idle, plan_a = plan_reuse(idle, prompt_b, can_shift=True), plan_reuse(a_slot, prompt_b, can_shift=True)
+    assert plan_a.n_past == plan_idle.n_past + 1
+    # A's slot lacks one token fewer, and would throw away A's 39 others: the idle slot costs less.
+    assert slot_cost(plan_idle, len(prompt_b), len(idle), idle_s=1.0) == len(b) + 1
+    assert slot_cost(plan_a, len(prompt_b), len(a_slot), idle_s=1.0) == len(b) + len(a) - 1
+    # A conversation idle for KEEP_S is over: its cache is worth nothing, only what the prompt lacks counts.
+    assert slot_cost(plan_a, len(prompt_b), len(a_slot), idle_s=1e6) == len(b)
+    # A's own next turn costs only its new words in its own slot.
+    assert slot_cost(plan_reuse(a_slot, a_slot + b, can_shift=True), len(a_slot + b), len(a_slot), 1.0) == len(b)
 
 
 def test_clause_ends() -> None:
@@ -187,6 +204,33 @@ async def test_next_turn_holds_the_last_and_reuses_its_cache(llama: LlamaRespond
     assert turn4 is not None
     system_len = len(llama.engine.tokenize(f"<|im_start|>system\n{SYSTEM}<|im_end|>\n"))
     assert turn4.reused > system_len + 10, (turn4.reused, system_len)
+
+
+@pytest.mark.asyncio
+async def test_a_new_conversation_leaves_a_live_one_its_slot() -> None:
+    """Two conversations whose first words are the same ("Can …"): the second takes the idle slot, not the one
+    holding the first's history (one token more of its prompt), so the first's next turn evaluates only its own
+    words. Before, four sessions on four slots threw each other's histories away turn after turn."""
+    r = LlamaResponder(RespondConfig(engine="llama", slots=2, context_tokens=512, threads=1, max_waiting=1,
+                                     system_prompt=SYSTEM, temperature=0.0, examples=False, max_tokens=12))
+    try:
+        await r.warmup()
+        ask_a, ask_b = "Can you name a red fruit?", "Can you name a green vegetable?"
+        said_a = await reply(r, ask_a)
+        a1 = r.last_request
+        await until(lambda: r.engine.settled, "the next prompt's start to be evaluated", 30)
+        await reply(r, ask_b)
+        b1 = r.last_request
+        assert a1 is not None and b1 is not None
+        assert b1.slot != a1.slot
+        await until(lambda: r.engine.settled, "the next prompt's start to be evaluated", 30)
+        await reply(r, "And a yellow one?", [Message("user", ask_a), Message("assistant", said_a)])
+        a2 = r.last_request
+        assert a2 is not None and a2.slot == a1.slot
+        own = r.engine.tokenize("And a yellow one?<|im_end|>\n<|im_start|>assistant\n")
+        assert len(a2.prompt) - a2.reused <= len(own) + 1, (len(a2.prompt), a2.reused, len(own))
+    finally:
+        await r.aclose()
 
 
 @LOOP

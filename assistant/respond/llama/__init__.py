@@ -48,7 +48,7 @@ from assistant.respond.llama.engine import (
     MSG_TOO_LONG,
     LlamaEngine,
 )
-from assistant.respond.llama.kv_reuse import ReusePlan, common_prefix, plan_reuse
+from assistant.respond.llama.kv_reuse import ReusePlan, common_prefix, plan_reuse, slot_cost
 from assistant.respond.llama.model_file import ModelFileError, check_gguf, default_model_path, resolve_model_path
 from assistant.respond.llama.prompt import ChatPrompt, PromptBuilder
 from assistant.respond.llama.responder import LlamaResponder, ModelInfo
@@ -56,4 +56,4 @@ from assistant.respond.llama.responder import LlamaResponder, ModelInfo
 __all__ = ["AHEAD_TOKENS", "MSG_BUSY", "MSG_CLOSED", "MSG_FAILED", "MSG_TOO_LONG", "ChatPrompt", "ClauseLimit",
            "LlamaEngine", "LlamaResponder", "ModelFileError", "ModelInfo", "PromptBuilder", "ReusePlan",
            "check_gguf", "clause_end", "common_prefix", "default_model_path", "default_threads", "ends_clause",
-           "plan_reuse", "resolve_model_path"]
+           "plan_reuse", "resolve_model_path", "slot_cost"]

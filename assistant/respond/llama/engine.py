@@ -4,7 +4,8 @@
   and a chunk (``respond.prefill_chunk``) of each new prompt beside them. A long reply in one session cannot
   delay another session's first token by more than a step.
 - **A conversation's prefix stays in its slot's KV cache across turns** (``kv_reuse.py``): a new prompt goes to
-  the free slot that already holds most of it; only the new tokens are evaluated.
+  the free slot where it costs least (its own tokens the slot lacks, plus another live conversation's it would
+  throw away); only the new tokens are evaluated.
 - **Bounded.** ``respond.slots`` replies at once, ``respond.max_waiting`` waiting for a slot; past that the turn
   fails with a "busy" :class:`~assistant.respond.base.ResponderError`.
 - **Cancellation.** :meth:`LlamaEngine.cancel` flags the request; the engine drops it before its next step.
@@ -29,7 +30,7 @@ from typing import Any
 
 from assistant.respond.base import ResponderError
 from assistant.respond.llama.cpus import default_threads
-from assistant.respond.llama.kv_reuse import ReusePlan, plan_reuse
+from assistant.respond.llama.kv_reuse import ReusePlan, plan_reuse, slot_cost
 from assistant.respond.llama.model_file import ModelFileError
 
 log = logging.getLogger(__name__)
@@ -414,15 +415,18 @@ class LlamaEngine:
         return plan
 
     def _admit(self) -> None:
-        """Give waiting requests (first come, first served) the free slot whose cache holds most of their prompt;
-        among equals the one used longest ago (so an idle conversation's cache lives longest)."""
+        """Give waiting requests (first come, first served) the free slot where they cost least
+        (:func:`~assistant.respond.llama.kv_reuse.slot_cost`: their tokens the slot lacks, plus another live
+        conversation's they would throw away); among equals the one used longest ago."""
         while self._waiting:
             free = [s for s in self._slots if s.request is None]
             if not free:
                 return
             request = self._waiting.popleft()
+            now = time.monotonic()
             plans = [(plan_reuse(s.cache, request.prompt, can_shift=self.can_shift), s) for s in free]
-            plan, slot = max(plans, key=lambda ps: (ps[0].n_past, -ps[1].used_at))
+            plan, slot = min(plans, key=lambda ps: (
+                slot_cost(ps[0], len(request.prompt), len(ps[1].cache), now - ps[1].used_at), ps[1].used_at))
             self._start(slot, request, plan)
 
     def _start(self, slot: _Slot, request: _Request, plan: ReusePlan) -> None:

@@ -1,5 +1,14 @@
 """How much of a new prompt a slot's KV cache already holds: the common prefix, then chunks further on that
-can be shifted into place (as llama-server's ``--cache-reuse`` does)."""
+can be shifted into place (as llama-server's ``--cache-reuse`` does); and which free slot a new prompt takes.
+
+**Which slot** (:func:`slot_cost`). Taking the slot that holds most of the prompt is right for a conversation's
+own slot and wrong everywhere else: every conversation's prompt starts with the same system prompt and examples,
+so a new one matched another conversation's slot by one token more than an idle slot's (the first word of the
+user's turn: "Can I get …" twice) and threw that conversation's history away; its next turn then did the same to a
+third. With four sessions on four slots, 29 of 160 turns evaluated their whole history again (up to 260 tokens,
+~1.5 s on one core; 5 s with the queue behind them). A choice now costs the tokens the prompt evaluates plus the
+tokens of another conversation it throws away (evaluated again on that one's next turn), unless that conversation
+has been idle for ``KEEP_S``; among equal costs, the slot used longest ago."""
 
 from __future__ import annotations
 
@@ -7,6 +16,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 MIN_REUSE_CHUNK = 16  # cached tokens further on that may be shifted into place (llama-server's --cache-reuse)
+# A slot's conversation idle this long is taken to be over: its cache is worth nothing to keep (a voice session's
+# turns come seconds apart; one silent for five minutes has most likely hung up).
+KEEP_S = 300.0
 
 
 def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
@@ -49,3 +61,11 @@ def plan_reuse(cache: Sequence[int], prompt: Sequence[int], *, can_shift: bool,
         head = head_p
     return ReusePlan(head, tuple(shifts))
 
+
+
+def slot_cost(plan: ReusePlan, prompt_len: int, cache_len: int, idle_s: float, *, keep_s: float = KEEP_S) -> int:
+    """What giving a prompt of ``prompt_len`` tokens this slot costs, in tokens to evaluate: the prompt's own that
+    the slot lacks (``plan``), and the slot's cached tokens the prompt does not reuse (another conversation's,
+    which it evaluates again on its next turn), unless the slot has been idle ``keep_s`` or longer."""
+    lost = max(0, cache_len - plan.n_past) if idle_s < keep_s else 0
+    return max(0, prompt_len - plan.n_past) + lost

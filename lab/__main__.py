@@ -42,6 +42,8 @@ STUDIES: tuple[tuple[str, str, str, str, str], ...] = (
     ("doubt", "honest doubt: simple facts through the bundled model, each first sentence scored as the gate scores "
      "it; the thresholds that lose no right answer on the tuning requests", "lab.doubt", "add_doubt_arguments",
      "run_doubt"),
+    ("first-piece", "a CPU voice's first chunk against the length of a reply's first piece, and the part no "
+     "shorter piece saves", "lab.first_piece", "add_first_piece_arguments", "run_first_piece"),
     ("telemetry-cost", "three servers (telemetry off, on with a live receiver, on with a dead endpoint) and their "
      "v2v in one run", "lab.telemetry_cost", "add_arguments", "run_cli"),
 )

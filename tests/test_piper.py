@@ -154,7 +154,7 @@ async def test_a_replys_later_pieces_run_below_its_first(engine: PiperEngine) ->
 
         async def synthesize(self, request: TTSRequest):  # type: ignore[no-untyped-def]
             asked.append(request.ahead)
-            seconds = 3.0 if request.text.startswith("Here it is") else 0.5
+            seconds = 3.0 if request.text.startswith("Here it is") else 0.0 if request.text == "…" else 0.5
             yield np.zeros(int(seconds * self.sample_rate), np.float32)
 
     async def pieces():  # type: ignore[no-untyped-def]
@@ -171,6 +171,15 @@ async def test_a_replys_later_pieces_run_below_its_first(engine: PiperEngine) ->
     async for _ in Spy().synthesize_stream(pieces(), TTSRequest(text="", ahead=True)):
         pass
     assert asked == [True, True, True, True]
+    asked.clear()  # a first piece that made no audio: the next is the one the caller waits for
+
+    async def silent_first():  # type: ignore[no-untyped-def]
+        for p in ("…", "Here it is, as you asked.", "Bye."):
+            yield p
+
+    async for _ in Spy().synthesize_stream(silent_first(), TTSRequest(text="")):
+        pass
+    assert asked == [False, False, True]
     # The engine itself takes the flag: the same sentence, made ahead, is one chunk of speech as well.
     later = [c async for c in engine.synthesize(TTSRequest(text="Hello there.", ahead=True))]
     assert len(later) == 1 and later[0].size > engine.sample_rate // 4

@@ -126,14 +126,16 @@ class PieceByPiece:
     async def synthesize_stream(self, pieces: AsyncIterator[str], request: TTSRequest) -> AsyncIterator[np.ndarray]:
         rate = int(getattr(self, "sample_rate", 0) or 0)
         first = True
-        made_s, started = 0.0, None  # audio yielded so far; when its first chunk was (playout starts about then)
+        made_s = 0.0  # audio yielded so far
+        started: float | None = None  # when its first chunk was (playout starts about then)
         async for piece in pieces:
             if first or request.ahead:
                 ahead = request.ahead
-            elif rate <= 0 or started is None:  # no clock for the audio: every later piece ahead, as before
+            elif rate <= 0:  # an engine that names no rate: no clock for its audio, every later piece ahead
                 ahead = True
-            else:
-                ahead = made_s - (time.monotonic() - started) >= AHEAD_BUFFER_S
+            else:  # nothing heard yet (an earlier piece made no audio): this one is waited for
+                to_play = made_s - (time.monotonic() - started) if started is not None else 0.0
+                ahead = to_play >= AHEAD_BUFFER_S
             first = False
             chunks = self.synthesize(replace(request, text=piece, ahead=ahead))  # type: ignore[attr-defined]
             try:

@@ -1,14 +1,14 @@
 """How much of a new prompt a slot's KV cache already holds: the common prefix, then chunks further on that
 can be shifted into place (as llama-server's ``--cache-reuse`` does); and which free slot a new prompt takes.
 
-**Which slot** (:func:`slot_cost`). Taking the slot that holds most of the prompt is right for a conversation's
-own slot and wrong everywhere else: every conversation's prompt starts with the same system prompt and examples,
-so a new one matched another conversation's slot by one token more than an idle slot's (the first word of the
-user's turn: "Can I get …" twice) and threw that conversation's history away; its next turn then did the same to a
-third. With four sessions on four slots, 29 of 160 turns evaluated their whole history again (up to 260 tokens,
-~1.5 s on one core; 5 s with the queue behind them). A choice now costs the tokens the prompt evaluates plus the
-tokens of another conversation it throws away (evaluated again on that one's next turn), unless that conversation
-has been idle for ``KEEP_S``; among equal costs, the slot used longest ago."""
+**Which slot** (:func:`slot_cost`). Taking the slot that holds most of the prompt is right for a conversation's own
+slot and wrong everywhere else: every conversation's prompt starts with the same system prompt and examples, so a
+new one matched another conversation's slot by one token more than an idle slot's (the first word of the user's
+turn: "Can I get …" twice) and threw that conversation's history away; its next turn then did the same to a third.
+With four sessions on four slots, 10-13 of 160 turns evaluated their whole history again (up to 260 tokens, ~1.5 s
+on one core) and the others queued behind them (first text up to 9.5 s; docs/latency.md). A choice now costs the
+tokens the prompt evaluates plus the tokens of another conversation it throws away (evaluated again on that one's
+next turn), unless that conversation has been idle for ``KEEP_S``; among equal costs, the slot used longest ago."""
 
 from __future__ import annotations
 
@@ -60,7 +60,6 @@ def plan_reuse(cache: Sequence[int], prompt: Sequence[int], *, can_shift: bool,
                 head_c += 1
         head = head_p
     return ReusePlan(head, tuple(shifts))
-
 
 
 def slot_cost(plan: ReusePlan, prompt_len: int, cache_len: int, idle_s: float, *, keep_s: float = KEEP_S) -> int:

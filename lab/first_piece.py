@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 
 from assistant.config import add_config_flags, flag_overrides, load_config
+from assistant.tts.base import TTSEngine, TTSRequest
 
 # First pieces as the chunker cuts them from the bundled model's replies (a word and a comma, a short sentence, a
 # clause, a whole sentence), shortest first.
@@ -42,22 +43,14 @@ def add_first_piece_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def fit_line(xs: list[float], ys: list[float]) -> tuple[float, float]:
-    """Least squares ``y ≈ a + b·x``: (a, b)."""
-    if len(xs) < 2:
-        raise ValueError("a line needs two points")
-    mx, my = statistics.fmean(xs), statistics.fmean(ys)
-    sxx = sum((x - mx) ** 2 for x in xs)
-    if sxx == 0:
-        raise ValueError("a line needs two different x")
-    b = sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True)) / sxx
-    return my - b * mx, b
+    """Least squares ``y ≈ a + b·x``: (a, b) (``statistics.linear_regression``; a ``ValueError`` for fewer than two
+    points or one x only)."""
+    slope, intercept = statistics.linear_regression(xs, ys)
+    return intercept, slope
 
 
-async def time_piece(engine: object, text: str) -> tuple[float, float]:
+async def time_piece(engine: TTSEngine, text: str) -> tuple[float, float]:
     """One piece through ``engine.synthesize``: (ms to its first chunk, seconds of audio in all)."""
-    from assistant.tts.base import TTSEngine, TTSRequest
-
-    assert isinstance(engine, TTSEngine)
     t0 = time.perf_counter()
     first = 0.0
     samples = 0

@@ -102,18 +102,25 @@ def tts_handle() -> object:
 
 async def kill_a_replica_mid_reply(client: BenchSession, start: int, timeout_s: float = 30.0) -> str:
     """Once the client's reply has started (not a speculative one that may yet be dropped), kill the TTS
-    replica that is synthesising it; its replica id."""
+    replica that is synthesising it; its replica id.
+
+    Serve's router sends a call to the less loaded of two replicas, so a lone ``stats`` call lands on the idle
+    replica whenever the router knows the other is busy (a run of single calls can miss a whole reply). Each
+    round asks four at once: the router's count of its own calls in flight sends some to the busy replica (one
+    traced run: round 1 all on the idle replica, round 2 one of three on the busy one)."""
     handle = tts_handle()
     await until(lambda: [e for e in client.events[start:] if e.body.get("type") == "reply_audio_start"],
                 "the reply to start", timeout_s)
     deadline = time.monotonic() + timeout_s
+    seen: dict[str, int] = {}
     while time.monotonic() < deadline:
-        stats = await handle.stats.remote()
-        if stats["active"] > 0:
-            ray.kill(ray.get_actor(stats["actor"], namespace="serve"), no_restart=True)
-            return stats["replica"]
+        for stats in await asyncio.gather(*(handle.stats.remote() for _ in range(4))):
+            seen[stats["replica"]] = seen.get(stats["replica"], 0) + 1
+            if stats["active"] > 0:
+                ray.kill(ray.get_actor(stats["actor"], namespace="serve"), no_restart=True)
+                return stats["replica"]
         await asyncio.sleep(0.01)
-    raise TimeoutError("no TTS replica was synthesising")
+    raise TimeoutError(f"no TTS replica was synthesising (answers per replica: {seen})")
 
 
 def errors(client: BenchSession, start: int = 0) -> list[dict]:

@@ -11,7 +11,7 @@ import pytest
 
 from assistant.config import TTSConfig
 from assistant.tts import create_tts
-from assistant.tts.base import ReferenceClip, TTSEngine, TTSRequest, TTSUnsupported
+from assistant.tts.base import AHEAD_BUFFER_S, ReferenceClip, TTSEngine, TTSRequest, TTSUnsupported
 from assistant.tts.piper_engine import PiperEngine
 from tests.waiting import until
 
@@ -120,7 +120,8 @@ def test_unknown_engine_name() -> None:
 async def test_a_replys_later_pieces_run_below_its_first(engine: PiperEngine) -> None:
     """Four callers on two cores: the piece a caller waits for (a reply's first) runs on a normal thread, the pieces
     made ahead of playout on threads of lower priority (tts/threaded.AHEAD_NICE), so a first piece gets the CPU
-    before another call's later sentences. Read off the real worker threads."""
+    before another call's later sentences, but only once the audio before them still has ``AHEAD_BUFFER_S`` to
+    play (a later piece behind a short first one must not starve). Read off the real worker threads."""
     import os
     import threading
 
@@ -149,17 +150,36 @@ async def test_a_replys_later_pieces_run_below_its_first(engine: PiperEngine) ->
     asked: list[bool] = []
 
     class Spy(PieceByPiece):
+        sample_rate = 1000
+
         async def synthesize(self, request: TTSRequest):  # type: ignore[no-untyped-def]
             asked.append(request.ahead)
-            yield np.zeros(10, np.float32)
+            seconds = 3.0 if request.text.startswith("Here it is") else 0.0 if request.text == "…" else 0.5
+            yield np.zeros(int(seconds * self.sample_rate), np.float32)
 
     async def pieces():  # type: ignore[no-untyped-def]
-        for p in ("Sure.", "Here it is.", "Anything else?"):
+        for p in ("Sure.", "Here it is, as you asked.", "Anything else?", "Bye."):
             yield p
 
     async for _ in Spy().synthesize_stream(pieces(), TTSRequest(text="")):
         pass
-    assert asked == [False, True, True]
+    # The first piece is waited for; the second has only half a second of audio before it (it must not be starved:
+    # normal priority); the third and fourth have seconds of it still to play, so they are made ahead.
+    assert asked == [False, False, True, True]
+    assert AHEAD_BUFFER_S > 0.5
+    asked.clear()  # asked ahead: every piece is
+    async for _ in Spy().synthesize_stream(pieces(), TTSRequest(text="", ahead=True)):
+        pass
+    assert asked == [True, True, True, True]
+    asked.clear()  # a first piece that made no audio: the next is the one the caller waits for
+
+    async def silent_first():  # type: ignore[no-untyped-def]
+        for p in ("…", "Here it is, as you asked.", "Bye."):
+            yield p
+
+    async for _ in Spy().synthesize_stream(silent_first(), TTSRequest(text="")):
+        pass
+    assert asked == [False, False, True]
     # The engine itself takes the flag: the same sentence, made ahead, is one chunk of speech as well.
     later = [c async for c in engine.synthesize(TTSRequest(text="Hello there.", ahead=True))]
     assert len(later) == 1 and later[0].size > engine.sample_rate // 4

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -14,6 +15,11 @@ SPEED_RANGE = (0.5, 2.0)  # what an engine is asked for; the TTS service stretch
 # What a request may ask for on any route (OpenAI's speech API allows the same): within SPEED_RANGE the
 # engine speeds up natively where it can, beyond it the service time-stretches the rest.
 STRETCH_RANGE = (0.25, 4.0)
+# A reply's later piece is made below the first pieces other callers wait for (``TTSRequest.ahead``) only while
+# this much of the audio before it is still to be played: four sessions on two cores starved a 39-letter Piper
+# piece at nice 10 for 1.8 s behind a 0.8 s "I'm sorry," (alone: ~0.24 s), and the caller heard the reply stop.
+# 1.5 s covers a long piece's synthesis on a busy CPU at normal priority.
+AHEAD_BUFFER_S = 1.5
 
 
 @dataclass(frozen=True)
@@ -111,19 +117,32 @@ class TTSUnsupported(ValueError):
 class PieceByPiece:
     """``synthesize_stream`` for an engine that speaks one whole text per request (Piper, plug-ins).
 
-    Each piece is one ``synthesize`` call, made when the piece arrives; every piece after the first is made
-    ``ahead`` of playout.
+    Each piece is one ``synthesize`` call, made when the piece arrives. A later piece is made ``ahead`` of playout
+    (below the first pieces other callers wait for) only while the audio made before it still covers
+    ``AHEAD_BUFFER_S`` of playout; with less, a busy machine would starve it past the end of what plays, and the
+    caller would hear the reply stop mid-way.
     """
 
     async def synthesize_stream(self, pieces: AsyncIterator[str], request: TTSRequest) -> AsyncIterator[np.ndarray]:
+        rate = int(getattr(self, "sample_rate", 0) or 0)
         first = True
+        made_s = 0.0  # audio yielded so far
+        started: float | None = None  # when its first chunk was (playout starts about then)
         async for piece in pieces:
-            # The first piece is waited for; the later ones are made while the earlier ones play (``ahead``).
-            ahead = request.ahead or not first
+            if first or request.ahead:
+                ahead = request.ahead
+            elif rate <= 0:  # an engine that names no rate: no clock for its audio, every later piece ahead
+                ahead = True
+            else:  # nothing heard yet (an earlier piece made no audio): this one is waited for
+                to_play = made_s - (time.monotonic() - started) if started is not None else 0.0
+                ahead = to_play >= AHEAD_BUFFER_S
             first = False
             chunks = self.synthesize(replace(request, text=piece, ahead=ahead))  # type: ignore[attr-defined]
             try:
                 async for chunk in chunks:
+                    if started is None:
+                        started = time.monotonic()
+                    made_s += len(chunk) / rate if rate > 0 else 0.0
                     yield chunk
             finally:
                 await chunks.aclose()

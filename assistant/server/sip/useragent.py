@@ -372,6 +372,7 @@ class UserAgent:
         call.local.crypto = rtp.answer_crypto(chosen) if chosen is not None else offer_crypto(rtp, self.cfg.sip.srtp)
         if chosen is not None:
             rtp.configure(chosen, dialog.flow.host)
+            call.codec = chosen.codec.rtpmap  # known from the offer: the session list shows it while it rings
             body = call.local.render(answer_codecs(chosen), chosen.direction, chosen.rtcp_mux,
                                      offer.media if offer else None)
         else:  # a late offer: ours goes in the 200, the answer comes in the ACK

@@ -22,7 +22,7 @@ from assistant.bench.shared_data import shared_path
 from assistant.pipeline.conversation import Conversation, TurnDeps
 from assistant.pipeline.events import EventChannel
 from assistant.pipeline.reply import played_text
-from assistant.respond.base import Message
+from assistant.respond.base import Message, ReplyOptions
 from assistant.rtc.outbound import ReplyTrack
 from assistant.tts.base import TTSCapabilities, TTSRequest
 from assistant.vad.endpoint import Endpointer
@@ -57,6 +57,20 @@ class Reply:
             yield word + " "
 
 
+class KeptReply(Reply):
+    """:class:`Reply`, keeping each reply's ``ReplyOptions.kept``: what the conversation told the responder it kept."""
+
+    def __init__(self) -> None:
+        self.kept: list[asyncio.Future[str]] = []
+
+    async def respond(self, text: str, history: Sequence[Message],  # type: ignore[override]
+                      options: ReplyOptions | None = None) -> AsyncIterator[str]:
+        assert options is not None and options.kept is not None
+        self.kept.append(options.kept)
+        async for piece in super().respond(text, history):
+            yield piece
+
+
 class PieceTone:
     """0.6 s of tone per text piece, so the reply's audio maps to its text piece by piece."""
 
@@ -83,7 +97,7 @@ def test_played_text_cuts_at_the_piece_playing() -> None:
 
 async def _talk(short: np.ndarray, short_text: str, *, played_s: float = 0.5, rejoin_ms: int | None = None,
                 asr: LengthASR | None = None, until_turn: int | None = None, went_on_ms: int | None = None,
-                ) -> tuple[Conversation, list[dict], ReplyTrack]:
+                responder: Reply | None = None) -> tuple[Conversation, list[dict], ReplyTrack]:
     """Ask a question, let the reply play ``played_s``, make ``short`` over it, then let it all play out (until the
     reply is done or a second turn is heard; ``until_turn``: until that turn's reply is done)."""
     x, _ = read_audio(shared_path("audio") / "en_weather.wav")
@@ -99,7 +113,7 @@ async def _talk(short: np.ndarray, short_text: str, *, played_s: float = 0.5, re
     events.subscribe(seen.append)
     track = ReplyTrack(queue_ms=60)
     asr = asr or LengthASR(short_text)
-    deps = TurnDeps(asr=asr, tts=PieceTone(), responder=Reply())  # type: ignore[arg-type]
+    deps = TurnDeps(asr=asr, tts=PieceTone(), responder=responder or Reply())  # type: ignore[arg-type]
     endpointer = Endpointer(cfg.vad, SileroModel.shared())  # type: ignore[attr-defined]
     conv = Conversation(cfg, endpointer, deps, track, events, "b")  # type: ignore[arg-type]
     loop = asyncio.get_running_loop()
@@ -146,8 +160,9 @@ def _speech(seconds: float) -> np.ndarray:
 
 async def test_long_speech_cancels_and_the_history_keeps_only_what_was_heard() -> None:
     # Over a second of the reply first: sooner (turn.went_on_ms) the speech would go on with the question's turn.
+    replies = KeptReply()
     conv, seen, _ = await _talk(_speech(2.0), "Tell me a short story about a cat who learns to play the piano.",
-                                played_s=1.2)
+                                played_s=1.2, responder=replies)
     kinds = [e["type"] for e in seen]
     assert "interrupted" in kinds and "reply_resumed" not in kinds
     first = conv.history.messages[:2]
@@ -157,6 +172,8 @@ async def test_long_speech_cancels_and_the_history_keeps_only_what_was_heard() -
     # About 1.7 s of the 2.4 s reply was played (1.2 s, then until the barge-in was sure): a true prefix.
     assert heard and REPLY.startswith(heard) and len(heard) < len(REPLY) - 20, heard
     assert heard.split()[-1] in REPLY.split(), heard
+    # The responder is told what the history kept (it gets the next prompt ready from that, not what it said).
+    assert replies.kept[0].done() and replies.kept[0].result() == heard
 
 
 async def test_backchannel_pauses_the_reply_and_it_resumes_where_it_stopped() -> None:
@@ -186,7 +203,8 @@ async def test_a_short_word_that_goes_on_is_no_backchannel(went_on_ms: int) -> N
     same turn (``interrupted``, reason ``went_on``; one turn, heard again over both stretches); later it cancels the
     reply and is the next turn."""
     asr = RecordingASR("Madrid.")
-    conv, seen, _ = await _talk(_speech(0.45), "", asr=asr, went_on_ms=went_on_ms, until_turn=2)
+    replies = KeptReply()
+    conv, seen, _ = await _talk(_speech(0.45), "", asr=asr, went_on_ms=went_on_ms, until_turn=2, responder=replies)
     kinds = [e["type"] for e in seen]
     assert "interrupted" in kinds and "reply_resumed" not in kinds, kinds
     interrupted = [e for e in seen if e["type"] == "interrupted"]
@@ -195,6 +213,9 @@ async def test_a_short_word_that_goes_on_is_no_backchannel(went_on_ms: int) -> N
     if went_on_ms:
         assert len(users) == 1, users  # one turn: the question's audio carried in front of "Madrid."
         assert max(asr.lengths) >= asr.lengths[0] + int(0.45 * 16_000), asr.lengths
+        # The turn cut at its pause never entered the history: its responder is told so (nothing is prepared
+        # from a history that never happened); the turn heard whole is kept.
+        assert replies.kept[0].cancelled() and replies.kept[-1].result() == conv.history.messages[-1].content
     else:
         said = [e["text"] for e in seen if e["type"] == "transcript" and e.get("final") and e["turn"] == 2]
         assert said == ["Madrid."] and len(users) == 2, (said, users)

@@ -256,6 +256,41 @@ async def test_a_full_history_is_shifted_while_the_user_speaks_not_when_they_wai
 
 
 @LOOP
+async def test_a_reply_the_conversation_drops_leaves_the_slot_to_the_history_it_has(llama: LlamaResponder) -> None:
+    """The next prompt is got ready from what the conversation kept (``ReplyOptions.kept``), never from a turn it
+    dropped. A speculative reply the user talked over, prepared at once, had put its own history in the slot and,
+    the history being full, shifted the oldest turn out: the real turn, whose history still has it, evaluated the
+    whole history again (2.1 s in a 40-turn run)."""
+    llama.cfg.history_turns, cap = 2, llama.cfg.history_turns
+    history = ConversationHistory(2)
+    loop = asyncio.get_running_loop()
+    try:
+        for ask in ["Name a fruit.", "Name a colour."]:
+            kept: asyncio.Future[str] = loop.create_future()
+            said = await reply(llama, ask, history.messages, ReplyOptions(max_tokens=10, kept=kept))
+            await asyncio.sleep(0.05)
+            assert not llama.engine._prepares and llama.engine.settled  # nothing prepared before it is kept
+            history.add_turn(ask, said)
+            kept.set_result(said)
+            await until(lambda: llama.engine._prepares == [] and llama.engine.settled, "the prepared start", 30)
+        # The history is full. A speculation at a pause ("Name a city") is answered, then dropped: the user went on.
+        spoken: asyncio.Future[str] = loop.create_future()
+        await reply(llama, "Name a city", history.messages, ReplyOptions(max_tokens=10, kept=spoken))
+        spec = llama.last_request
+        spoken.cancel()
+        await asyncio.sleep(0.05)
+        assert llama.engine.settled
+        ask = "Name a city in Spain."
+        await reply(llama, ask, history.messages, ReplyOptions(max_tokens=10))
+        real = llama.last_request
+        assert spec is not None and real is not None and real.slot == spec.slot
+        own = llama.engine.tokenize(f"{ask}<|im_end|>\n<|im_start|>assistant\n")
+        assert real.shifted == 0 and len(real.prompt) - real.reused <= len(own) + 1, (len(real.prompt), real.reused)
+    finally:
+        llama.cfg.history_turns = cap
+
+
+@LOOP
 async def test_after_a_turn_in_another_language_the_next_evaluates_only_its_own_words(llama: LlamaResponder) -> None:
     """The note asking for the turn's language goes on that turn's prompt only; the start prepared for the next
     turn holds the history as the next prompt will (no note), so nothing but the new turn is evaluated."""

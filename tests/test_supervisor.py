@@ -21,7 +21,7 @@ import pytest
 from assistant.config import RespondConfig
 from assistant.engine_host.supervisor import EngineDied, EngineProcess, EngineUnavailable
 from assistant.respond.hosted import HostedResponder
-from tests.waiting import until
+from tests.waiting import until, until_async
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
@@ -76,6 +76,55 @@ async def test_a_prompt_step_longer_than_the_hang_timeout_is_not_a_hang() -> Non
         pid = responder.host.pid
         reply = "".join([d async for d in responder.respond(long_turn, [])])
         assert reply.strip() and responder.host.deaths == [] and responder.host.pid == pid
+    finally:
+        await responder.aclose()
+
+
+async def test_the_model_in_its_child_gets_ready_from_what_the_conversation_kept() -> None:
+    """``ReplyOptions.kept`` crosses to the child: the next prompt is got ready only once the server says what it kept,
+    and a reply the server dropped (a speculation the user talked over) leaves the slot holding the history the next
+    real turn brings, so that turn evaluates only its own words though the history is full."""
+    from assistant.respond.base import ReplyOptions
+    from assistant.respond.history import ConversationHistory
+
+    cfg = RespondConfig(engine="llama", backend="process", threads=1, slots=1, context_tokens=1024, max_tokens=10,
+                        history_turns=2, temperature=0.0, examples=False, system_prompt="Answer briefly.",
+                        doubt="off")  # "I'm not sure" to "Name a fruit." is no reply to get the next turn ready from
+    responder = HostedResponder(cfg)
+    history = ConversationHistory(2)
+    loop = asyncio.get_running_loop()
+
+    async def reply(text: str, kept: asyncio.Future[str] | None) -> str:
+        return "".join([d async for d in responder.respond(text, history.messages, ReplyOptions(kept=kept))])
+
+    async def stats() -> dict[str, int]:
+        return await responder.stats()
+
+    try:
+        await responder.start()
+        base = (await stats())["prepared"]  # warm-up got each slot ready for a first turn
+        for n, ask in enumerate(["Name a fruit.", "Name a colour."], start=1):
+            kept: asyncio.Future[str] = loop.create_future()
+            said = await reply(ask, kept)
+            assert (await stats())["prepared"] == base + n - 1  # not before the server says what it kept
+            history.add_turn(ask, said)
+            kept.set_result(said)
+
+            async def prepared(n: int = n) -> bool:
+                return (await stats())["prepared"] == base + n
+
+            await until_async(prepared, "the child to get the next prompt ready", 60)
+        spoken: asyncio.Future[str] = loop.create_future()
+        await reply("Name a city", spoken)  # the history is full; the user went on: dropped
+        spoken.cancel()
+        before = await stats()
+        assert before["prepared"] == base + 2  # nothing from the dropped reply
+        await reply("Name a city in Spain.", None)
+        after = await stats()
+        evaluated = ((after["prompt_tokens"] - before["prompt_tokens"])
+                     - (after["reused_tokens"] - before["reused_tokens"]))
+        # Its own words and the template around them (13 tokens); the whole history again was 52.
+        assert evaluated <= 16, (evaluated, before, after)
     finally:
         await responder.aclose()
 

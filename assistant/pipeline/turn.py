@@ -118,6 +118,9 @@ class Turn:
         # (turn.confirm_ms); a turn dropped before that was never heard.
         self.confirmed = asyncio.Event()
         self.held_events: list[tuple[str, dict[str, Any]]] = []
+        # What of the reply the history keeps, once it does (the responder gets the next prompt ready from it);
+        # cancelled when the turn ends without entering the history (dropped, discarded, failed).
+        self.kept: asyncio.Future[str] = asyncio.get_running_loop().create_future()
         self.task: asyncio.Task[None] | None = None
         # The ASR's answer (None: it failed), for turn-taking to weigh as it lands; set once, by the runner.
         self.heard: asyncio.Future[Transcript | None] = asyncio.get_running_loop().create_future()

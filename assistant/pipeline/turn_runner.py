@@ -195,7 +195,7 @@ class TurnRunner:
         was_paused, self.paused = self.paused, False
         dropped = self.sink.interrupt()
         if turn.transcript:
-            self.history.add_turn(turn.transcript, heard)
+            self._keep(turn, turn.transcript, heard)
         if not was_paused:  # a paused reply was already announced as interrupted
             self.events.emit("interrupted", turn=turn.number, reason=reason, dropped_ms=dropped * FRAME_MS)
             if self.deps.on_interrupted is not None:
@@ -251,7 +251,7 @@ class TurnRunner:
             deltas: asyncio.Queue[str | None] = asyncio.Queue(maxsize=TTS_TEXT_QUEUE)
             await _side_by_side(self._respond(turn, text, deltas), self._speak(turn, deltas))
             await turn.committed.wait()
-            self.history.add_turn(text, turn.reply.text)
+            self._keep(turn, text, turn.reply.text)
         except asyncio.CancelledError:
             raise
         except Exception as exc:
@@ -265,6 +265,8 @@ class TurnRunner:
             if error.stage != "tts":
                 await self._apologize(turn.gen)
         finally:
+            if not turn.kept.done():  # it never entered the history: nothing is prepared for it
+                turn.kept.cancel()
             if turn.committed.is_set():
                 self.last_activity_wall = time.time()
             if trace.has("first_frame_sent"):
@@ -278,6 +280,12 @@ class TurnRunner:
                     self.deps.on_turn_end(turn)
                 except Exception:  # telemetry must never break the conversation
                     log.exception("turn_end_listener_failed session=%s turn=%d", self.session_id, turn.number)
+
+    def _keep(self, turn: Turn, text: str, reply: str) -> None:
+        """The turn enters the history: the user's words and what of the reply was said (or heard)."""
+        self.history.add_turn(text, reply)
+        if not turn.kept.done():
+            turn.kept.set_result(reply)
 
     async def _announce(self, turn: Turn, text: str) -> None:
         """A turn of the assistant's own: ``text`` through the speech path, as a reply would be said."""
@@ -390,7 +398,7 @@ class TurnRunner:
 
     def _reply_options(self, turn: Turn) -> ReplyOptions:
         """The turn's own asks of the responder: the language the user spoke (from the ASR pass)."""
-        return ReplyOptions(language=turn.language, session=self.session_id)
+        return ReplyOptions(language=turn.language, session=self.session_id, kept=turn.kept)
 
     def _reply_request(self, turn: Turn) -> TTSRequest:
         """The voice for the reply's language (``tts.voices``); with none for it, the default voice, and a

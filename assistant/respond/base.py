@@ -12,6 +12,7 @@ that accept them.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import inspect
 import time
@@ -72,6 +73,10 @@ class ReplyOptions:
     temperature: float | None = None
     max_tokens: int | None = None
     session: str = ""  # the call it is for: a responder in another process joins its trace (telemetry/carry.py)
+    # What of this reply the conversation keeps (its history's assistant message, all of it or the part heard
+    # before a barge-in), once known; cancelled when the turn is dropped (a speculation the user talked over). A
+    # responder that gets the next prompt ready after a reply waits for it. None: kept as said, now.
+    kept: asyncio.Future[str] | None = None
     usage: Usage | None = None  # set by the responder when the reply ends (or is cancelled)
     fallback: str | None = None  # set by the responder: another responder answered, and why (the page shows it)
     skill: str = ""  # set by the responder: the skill that answered (respond/skills/), "" for the model's own words

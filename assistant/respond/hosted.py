@@ -23,8 +23,12 @@ shows it).
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import dataclasses
+import itertools
 import logging
+from collections import OrderedDict
 from collections.abc import AsyncGenerator, Callable, Sequence
 from typing import Any
 
@@ -54,6 +58,8 @@ log = logging.getLogger(__name__)
 PLACEMENTS = ("auto", "process", "local", "ray")
 IN_PROCESS_ONLY = ("echo", "rules")  # nothing native to isolate
 FACTORY = "assistant.respond.hosted:serve_responder"
+
+MAX_KEPT = 256  # replies a child holds open for the server's word on what was kept (a few per live call)
 
 MSG_DIED = "The language model stopped while answering. It is restarting."
 MSG_FAILED = "The language model failed to answer."
@@ -95,7 +101,7 @@ def child_env(cfg: RespondConfig) -> tuple[str, ...]:
 class ResponderService:
     """The responder as the child serves it: made from the config, warmed up, replies streamed."""
 
-    CALLS = ("describe", "stats")
+    CALLS = ("describe", "stats", "keep")
     STREAMS = ("respond", "respond_messages")
 
     def __init__(self, config: dict[str, Any]) -> None:
@@ -103,6 +109,8 @@ class ResponderService:
 
         cfg = RespondConfig(**{**config, "backend": "local"})
         self.responder: Any = create_responder(cfg)
+        # Replies whose turn the server has not yet kept or dropped (ReplyOptions.kept), by the server's key.
+        self.kept: OrderedDict[int, asyncio.Future[str]] = OrderedDict()
 
     async def start(self) -> dict[str, Any]:
         warmup = getattr(self.responder, "warmup", None)
@@ -125,12 +133,42 @@ class ResponderService:
         return progress() if progress is not None else None
 
     async def respond(self, text: str, history: list[Message], asks: dict[str, Any]) -> AsyncGenerator[Any, None]:
+        asks = dict(asks)
+        key = asks.pop("kept", None)
         options = ReplyOptions(**asks)
+        if isinstance(key, int):
+            options.kept = self._kept(key)
         async with closing(reply_stream(self.responder, text, history, options)) as stream:
             async for delta in stream:  # a cancelled reply frees its slot now (closing)
                 yield delta
         if options.usage is not None:
             yield options.usage
+
+    def _kept(self, key: int) -> asyncio.Future[str]:
+        """Reply ``key``'s future: the one :meth:`keep` already settled (its word came first), else a new one held
+        for :meth:`keep` to settle."""
+        future = self.kept.pop(key, None)
+        if future is None:
+            future = self._hold(key)
+        return future
+
+    def _hold(self, key: int) -> asyncio.Future[str]:
+        future = self.kept[key] = asyncio.get_running_loop().create_future()
+        while len(self.kept) > MAX_KEPT:  # a server that never answered: the oldest wait no longer
+            _, oldest = self.kept.popitem(last=False)
+            oldest.cancel()
+        return future
+
+    async def keep(self, key: int, said: str | None) -> None:
+        """The server kept reply ``key`` in its history as ``said`` (None: it dropped the turn)."""
+        future = self.kept.pop(key, None)
+        if future is None:  # before the reply itself (or for one this child never ran): held for it
+            future = self._hold(key)
+        if not future.done():
+            if said is None:
+                future.cancel()
+            else:
+                future.set_result(said)
 
     async def respond_messages(self, messages: list[Message], tools: list[dict[str, Any]], tool_choice: Any,
                                asks: dict[str, Any]) -> AsyncGenerator[Any, None]:
@@ -172,6 +210,21 @@ class HostedResponder:
             backoff_s=cfg.restart_backoff_s, max_failures=cfg.max_failures, hang_timeout_s=cfg.hang_timeout_s,
             start_timeout_s=cfg.start_timeout_s, on_change=on_change, wire_types=WIRE_TYPES, env=child_env(cfg))
         self.fallback_replies = 0
+        self._keys = itertools.count(1)
+        self._forwards: set[asyncio.Task[None]] = set()
+
+    def _forward_kept(self, key: int, kept: asyncio.Future[str]) -> None:
+        """Tell the child what the conversation kept of reply ``key`` (or that it dropped it), when it knows."""
+
+        async def forward() -> None:
+            await asyncio.wait([kept])
+            said = None if kept.cancelled() or kept.exception() is not None else kept.result()
+            with contextlib.suppress(Exception):  # a child gone or restarting: its engine's wait ends with it
+                await self.host.call("keep", key, said, timeout=5.0)
+
+        task = asyncio.get_running_loop().create_task(forward(), name=f"respond-kept-{key}")
+        self._forwards.add(task)
+        task.add_done_callback(self._forwards.discard)
 
     @property
     def health(self) -> Health:
@@ -206,7 +259,11 @@ class HostedResponder:
                       history: Sequence[Message]) -> AsyncGenerator[str | ToolCall | ToolCallDelta, None]:
         """The child's ``method(*args, asks)`` stream: text deltas (and tool calls), its usage into ``opts``; the
         fallback answers ``text`` after ``history`` while the engine is down."""
-        asks = {"language": opts.language, "temperature": opts.temperature, "max_tokens": opts.max_tokens}
+        asks: dict[str, Any] = {"language": opts.language, "temperature": opts.temperature,
+                                "max_tokens": opts.max_tokens}
+        if method == "respond" and opts.kept is not None:  # the child's engine waits to hear what was kept
+            asks["kept"] = key = next(self._keys)
+            self._forward_kept(key, opts.kept)
         for attempt in range(2):  # a reply the child died under before its first words is asked again, once
             if not await self.host.wait_ready(self.cfg.restart_wait_s):
                 async for delta in self._fall_back(text, history, opts):
@@ -248,6 +305,8 @@ class HostedResponder:
                 yield delta
 
     async def aclose(self) -> None:
+        for task in list(self._forwards):
+            task.cancel()
         await self.host.close()
 
 

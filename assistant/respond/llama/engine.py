@@ -201,7 +201,7 @@ class LlamaEngine:
         self._timed_tokens, self._timed_s, self._token_s = 0.0, 0.0, 0.0  # what steps took (_time_step)
         self.stats: dict[str, int] = {"requests": 0, "busy": 0, "cancelled": 0, "tokens_after_cancel": 0,
                                       "prompt_tokens": 0, "reused_tokens": 0, "generated_tokens": 0,
-                                      "steps": 0, "errors": 0}
+                                      "steps": 0, "errors": 0, "prepared": 0}
         self._thread = threading.Thread(target=self._run, name="llama-engine", daemon=True)
         self._thread.start()
         log.info("llm.loaded file=%s model=%r slots=%d ctx_per_slot=%d threads=%d gpu_layers=%d can_shift=%s "
@@ -401,6 +401,7 @@ class LlamaEngine:
             self._move(slot, plan)
             slot.cache = list(tokens[: plan.n_past])
             slot.ahead = list(tokens[plan.n_past:])
+            self.stats["prepared"] += 1
 
     def _move(self, slot: _Slot, plan: ReusePlan) -> ReusePlan:
         """The slot's KV cache to ``plan``: shifted chunks moved into place, everything past ``n_past`` gone."""

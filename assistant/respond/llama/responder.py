@@ -23,6 +23,10 @@ from assistant.respond.llama.weights import weights_path
 
 log = logging.getLogger(__name__)
 
+# The longest a finished reply's prepare waits for its turn to be kept: the reply's playout and a barge-in fit
+# well within it; past it the next turn evaluates what it lacks (as it would after any other conversation).
+KEPT_WAIT_S = 600.0
+
 
 class ModelInfo(TypedDict):
     """What answers (the page, the logs, a Ray replica's or a child process's ``info``)."""
@@ -74,6 +78,7 @@ class LlamaResponder:
         self.last_doubt: DoubtGate | None = None  # the latest reply's gate, when it had one (the lab, diagnostics)
         self.last_prompt_text = ""  # the latest reply's prompt, as rendered (tests, diagnostics)
         self.last_request: _Request | None = None  # the latest reply's request: its reuse, tokens (diagnostics)
+        self._kept_waits: set[asyncio.Task[None]] = set()  # prepares waiting for their turn to be kept
 
     @property
     def temperature(self) -> float:
@@ -188,7 +193,10 @@ class LlamaResponder:
             if tail:
                 said.append(tail)
                 yield tail
-            await asyncio.to_thread(self._prepare_next, request, self.next_history(history, text, "".join(said)))
+            if opts.kept is None:
+                await asyncio.to_thread(self._prepare_next, request, self.next_history(history, text, "".join(said)))
+            else:
+                self._prepare_when_kept(request, history, text, opts.kept)
             if limit.dropped:
                 log.info("llm.cut_at_clause max_tokens=%d dropped_chars=%d", request.max_tokens, len(limit.dropped))
         finally:
@@ -208,6 +216,24 @@ class LlamaResponder:
         if len(users) > cap:
             turns = turns[users[len(users) - cap]:] if cap else []
         return [*head, *turns]
+
+    def _prepare_when_kept(self, request: _Request, history: Sequence[Message], text: str,
+                           kept: asyncio.Future[str]) -> None:
+        """Get the next prompt ready once the conversation keeps this reply (``ReplyOptions.kept``), from what it
+        kept; never for a turn it drops. Prepared at once, a speculative reply the user talked over had put a
+        history that never happened in the slot, and once the history was full had shifted the oldest turn out,
+        which the real next prompt still held: that turn evaluated the whole history again (2.1 s, 1 turn in 40)."""
+
+        async def when_kept() -> None:
+            done, _ = await asyncio.wait([kept], timeout=KEPT_WAIT_S)
+            if not done or kept.cancelled() or kept.exception() is not None:
+                log.debug("llm.prepare_dropped slot=%d", request.slot)
+                return
+            await asyncio.to_thread(self._prepare_next, request, self.next_history(history, text, kept.result()))
+
+        task = asyncio.get_running_loop().create_task(when_kept(), name="llm-prepare-when-kept")
+        self._kept_waits.add(task)
+        task.add_done_callback(self._kept_waits.discard)
 
     def _prepare_next(self, request: _Request, history: list[Message]) -> None:
         """The reply is over: while the user speaks, its slot evaluates the start of the next prompt (the messages
@@ -255,5 +281,7 @@ class LlamaResponder:
         log.info("llm.warm slots=%d prompt=%d ms=%.0f", len(done), len(prompt), (time.monotonic() - t0) * 1000)
 
     async def aclose(self) -> None:
+        for task in list(self._kept_waits):
+            task.cancel()
         await asyncio.to_thread(self.engine.close)
 

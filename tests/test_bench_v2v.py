@@ -242,6 +242,26 @@ def test_listener_counts_reply_audio_heard_before_the_speech_end_as_a_false_star
     assert listener.early_audible_s == 0.0
 
 
+def test_listener_keeps_the_longest_silence_inside_the_reply() -> None:
+    """A piece the voice was late with is heard as a silence inside the reply: from the last audible sample before
+    it to the first after it, as played out; a new turn starts from zero."""
+    listener = ReplyListener(threshold_dbfs=-40.0)
+    loud, quiet = np.full(FRAME_SAMPLES, 3000), np.zeros(FRAME_SAMPLES)
+    listener.arm(1.0)
+    listener.on_frame(_frame(quiet), 1.0)  # before the onset: not inside the reply
+    listener.on_frame(_frame(loud), 1.02)
+    for i in range(3):
+        listener.on_frame(_frame(quiet), 1.04 + 0.02 * i)
+    late = np.zeros(FRAME_SAMPLES)
+    late[100:] = 3000
+    listener.on_frame(_frame(late), 1.10)
+    listener.on_frame(_frame(quiet), 1.12)
+    listener.on_frame(_frame(loud), 1.14)
+    assert listener.longest_gap_s == pytest.approx(0.06 + 100 / SAMPLE_RATE)
+    listener.arm(2.0)
+    assert listener.longest_gap_s == 0.0
+
+
 def test_listener_playout_queue_delays_a_burst() -> None:
     """Frames delivered back to back are played one after another, not at once."""
     listener = ReplyListener()
@@ -304,6 +324,8 @@ MAY_BE_ZERO |= {"worker_wait_ms", "end_of_turn_ms", "decide_ms"}
 MAY_BE_ZERO |= {"tts_first_audio_ms"}
 # The hold is 0 when the end was sure (or the reply came after turn.confirm_ms anyway): which, the machine decides.
 MAY_BE_ZERO |= {"confirm_wait_ms"}
+# A reply whose audible samples run on across every frame has no silence inside it.
+MAY_BE_ZERO |= {"reply_gap_ms"}
 
 
 @pytest.mark.slow

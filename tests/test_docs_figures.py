@@ -127,7 +127,8 @@ def test_v2v_markdown_has_every_column_per_level() -> None:
     assert lines[0].startswith("| column | 1 session p50 | 1 session p90 | 1 session max | 4 sessions p50 |")
     assert "| `v2v_ms` | 600 | 680 | 700 | 900 | 900 | 900 |" in lines
     assert "| `asr_ms` | 0.4 | 0.4 | 0.4 | 0.4 | 0.4 | 0.4 |" in lines
-    assert "1 session: 2 turns, 2 heard, 0 dropped, 0 errors, 0 false starts heard; 4 sessions: 1 turns" in md
+    assert ("1 session: 2 turns, 2 heard, 0 dropped, 0 errors, 0 false starts heard, 0 replies cut; "
+            "4 sessions: 1 turns") in md
 
 
 def test_provenance_never_carries_a_secret() -> None:

@@ -50,6 +50,9 @@ COLUMNS: dict[str, str] = {
     "llm_first_clause_ms": "server: turn decided and transcribed → first clause handed to TTS (llm_first_text_ms + "
     "chunker_ms: what the listener waited for the responder's first speakable piece; 0 when a speculative reply "
     "had it ready before the turn was decided)",
+    "reply_gap_ms": "client clock: the longest silence inside the reply as played out, between two audible samples "
+    "(the pause between sentences, or a piece the voice was late with); when the reply stopped for longer than the "
+    "bench waits (--silence-ms) before the server said it was done, that wait, and the turn counts as a reply cut",
     "unaccounted_ms": "v2v_ms minus every stage column it contains (endpoint … onset): the uplink (encode, "
     "network, server jitter buffer, decode) plus where the server's VAD put the speech end against the "
     "manifest; negative when the VAD put the end earlier than the uplink took (by less than one VAD window, "
@@ -89,6 +92,7 @@ class TurnResult:
     # Reply audio the caller heard before the file's labelled speech end: a reply begun at a pause the speaker had
     # not finished (then dropped when they went on), however the server mended it afterwards.
     false_start_ms: float = 0.0
+    reply_cut: bool = False  # the reply stopped for longer than the bench waits before the server said it was done
     gaps_ms: dict[str, float] = field(default_factory=dict)  # the server's idle gaps (pipeline/trace.GAPS)
 
 
@@ -264,6 +268,7 @@ def summarize_level(level: LevelResult) -> dict[str, Any]:
         **counts,
         "below_server": sorted(t.file for t in heard if below_server(t.columns)),
         "false_starts": sorted(t.file for t in level.turns if t.false_start_ms > 0),
+        "replies_cut": sorted(t.file for t in level.turns if t.reply_cut),
         "columns": {name: summarize(t.columns.get(name) for t in heard) for name in COLUMNS},
         "gaps": {name: summarize(t.gaps_ms.get(name) for t in heard) for name in GAPS},
     }
@@ -293,6 +298,9 @@ def format_summary(result: BenchResult) -> str:
         if s["false_starts"]:
             lines.append(f"  false starts heard: {len(s['false_starts'])} turns had reply audio before their speech "
                          "end: " + ", ".join(s["false_starts"]))
+        if s["replies_cut"]:
+            lines.append(f"  replies cut: {len(s['replies_cut'])} replies stopped for longer than the bench waits "
+                         "before the server said they were done: " + ", ".join(s["replies_cut"]))
         if s["below_server"]:
             lines.append(f"  WARNING: {len(s['below_server'])} turns with v2v_ms below the server's own "
                          f"(unaccounted_ms < -{SPEECH_END_RESOLUTION_MS:g} ms: the speech-end mark is late): "
@@ -343,7 +351,8 @@ def format_markdown(result: BenchResult) -> str:
         cells = [_md(s[kind][name][stat]) for _, s in levels for stat in ("p50", "p90", "max")]
         lines.append("| " + " | ".join([title, *cells]) + " |")
     counts = "; ".join(f"{label(lv.sessions)}: {s['turns']} turns, {s['ok']} heard, {s['dropped']} dropped, "
-                       f"{s['error']} errors, {len(s['false_starts'])} false starts heard" for lv, s in levels)
+                       f"{s['error']} errors, {len(s['false_starts'])} false starts heard, "
+                       f"{len(s['replies_cut'])} replies cut" for lv, s in levels)
     files = ", ".join(sorted({t.file for lv in result.levels for t in lv.turns}))
     below = sorted({f for _, s in levels for f in s["below_server"]})
     flagged = [] if not below else [

@@ -115,6 +115,7 @@ class ReplyListener:
         self.heard_frame_at: float | None = None  # receive time of the frame holding the onset
         self.heard_at: float | None = None  # playout time of the first audible sample
         self.last_audible_at = 0.0  # playout time just after the latest audible sample
+        self.longest_gap_s = 0.0  # since the onset: the longest silence between two audible samples, as played
         self.ended = False
         self._play_end: float | None = None
         # Reply audio heard while the user still had words to say (from the start of the playback to its labelled
@@ -139,6 +140,7 @@ class ReplyListener:
         self.armed_at = at
         self.early_from = None
         self.first_frame_at = self.heard_frame_at = self.heard_at = None
+        self.longest_gap_s = 0.0
         self._play_end = None
 
     def on_frame(self, frame: av.AudioFrame, received_at: float) -> None:
@@ -152,6 +154,9 @@ class ReplyListener:
         mag = np.abs(x)
         loud = mag >= self.threshold
         if loud.any():
+            if self.heard_at is not None and self.armed_at is not None and received_at >= self.armed_at:
+                silent_s = play_at + int(np.argmax(loud)) / sr - self.last_audible_at  # since the last audible sample
+                self.longest_gap_s = max(self.longest_gap_s, silent_s)
             self.last_audible_at = play_at + (int(np.flatnonzero(loud)[-1]) + 1) / sr
         if self.armed_at is None and self.early_from is not None and received_at >= self.early_from and loud.any():
             self.early.append((received_at, _audible_s(loud, sr)))
@@ -347,6 +352,11 @@ class BenchSession:
                 if done and (metrics is not None or not self.ours):
                     break
                 if t - listener.last_audible_at >= settings.silence_ms / 1000:
+                    # Our server says when a reply is done: one that went quiet this long before it did stopped
+                    # mid-way (a piece the voice was late with), and the caller hears a reply cut.
+                    result.reply_cut = self.ours and not done
+                    if result.reply_cut:
+                        listener.longest_gap_s = max(listener.longest_gap_s, t - listener.last_audible_at)
                     break
             elif give_up_at is None:
                 errors = self._events_since(start, "error")
@@ -400,6 +410,7 @@ class BenchSession:
             reply_end=round(listener.last_audible_at * 1000, 1),
         )
         cols = client_columns(speech_end, first_rx, heard)
+        cols["reply_gap_ms"] = round(listener.longest_gap_s * 1000, 1)
         if errors:
             result.status = "error"
             result.reason = f"error: {errors[-1].body.get('stage')}: {errors[-1].body.get('message')}"

@@ -290,6 +290,31 @@ async def test_a_reply_the_conversation_drops_leaves_the_slot_to_the_history_it_
         llama.cfg.history_turns = cap
 
 
+@pytest.mark.asyncio
+async def test_a_doubted_reply_gets_the_next_prompt_ready_too() -> None:
+    """A factual answer the model is unsure of is replaced by "I'm not sure" (honest doubt); the history keeps that,
+    and the slot gets ready for it like after any reply, so the next turn evaluates only its own words."""
+    r = LlamaResponder(RespondConfig(engine="llama", slots=1, context_tokens=1024, threads=1, max_waiting=1,
+                                     system_prompt="Answer briefly.", temperature=0.0, examples=False, doubt="on"))
+    try:
+        await r.warmup()
+        ask = "Name a fruit."
+        kept: asyncio.Future[str] = asyncio.get_running_loop().create_future()
+        said = await reply(r, ask, [], ReplyOptions(kept=kept))
+        assert r.last_doubt is not None and r.last_doubt.doubted, said  # greedy: this model doubts itself here
+        prepared = r.engine.stats["prepared"]
+        kept.set_result(said)
+        await until(lambda: r.engine.stats["prepared"] == prepared + 1 and r.engine.settled, "the prepared start", 30)
+        ask2 = "Thanks."
+        await reply(r, ask2, [Message("user", ask), Message("assistant", said)])
+        request = r.last_request
+        assert request is not None
+        own = r.engine.tokenize(f"{ask2}<|im_end|>\n<|im_start|>assistant\n")
+        assert len(request.prompt) - request.reused <= len(own) + 1, (len(request.prompt), request.reused, len(own))
+    finally:
+        await r.aclose()
+
+
 @LOOP
 async def test_after_a_turn_in_another_language_the_next_evaluates_only_its_own_words(llama: LlamaResponder) -> None:
     """The note asking for the turn's language goes on that turn's prompt only; the start prepared for the next

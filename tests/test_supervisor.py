@@ -89,7 +89,7 @@ async def test_the_model_in_its_child_gets_ready_from_what_the_conversation_kept
 
     cfg = RespondConfig(engine="llama", backend="process", threads=1, slots=1, context_tokens=1024, max_tokens=10,
                         history_turns=2, temperature=0.0, examples=False, system_prompt="Answer briefly.",
-                        doubt="off")  # "I'm not sure" to "Name a fruit." is no reply to get the next turn ready from
+                        doubt="off")  # the model's own short answers (test_llama has the doubted ones)
     responder = HostedResponder(cfg)
     history = ConversationHistory(2)
     loop = asyncio.get_running_loop()

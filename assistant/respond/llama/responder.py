@@ -173,7 +173,9 @@ class LlamaResponder:
                 log.info("llm.doubt score=%.2f threshold=%.2f language=%s", gate.score, gate.limit, language)
                 said.append(not_sure(language))
                 yield said[-1]
-                return  # the request is cancelled on the way out (finally)
+                self.engine.cancel(request)  # before the prepare: it waits for an idle slot
+                await self._after_reply(request, history, text, "".join(said), opts)
+                return
             assert end is not None
             if end.reason == "error":
                 raise ResponderError(MSG_FAILED)
@@ -184,6 +186,7 @@ class LlamaResponder:
                 if gate.doubted:
                     said.append(not_sure(language))
                     yield said[-1]
+                    await self._after_reply(request, history, text, "".join(said), opts)
                     return
                 say = limit.feed(held, n_out)
                 if say:
@@ -193,10 +196,7 @@ class LlamaResponder:
             if tail:
                 said.append(tail)
                 yield tail
-            if opts.kept is None:
-                await asyncio.to_thread(self._prepare_next, request, self.next_history(history, text, "".join(said)))
-            else:
-                self._prepare_when_kept(request, history, text, opts.kept)
+            await self._after_reply(request, history, text, "".join(said), opts)
             if limit.dropped:
                 log.info("llm.cut_at_clause max_tokens=%d dropped_chars=%d", request.max_tokens, len(limit.dropped))
         finally:
@@ -216,6 +216,15 @@ class LlamaResponder:
         if len(users) > cap:
             turns = turns[users[len(users) - cap]:] if cap else []
         return [*head, *turns]
+
+    async def _after_reply(self, request: _Request, history: Sequence[Message], text: str, said: str,
+                           opts: ReplyOptions) -> None:
+        """The reply is over: get the next prompt ready, now from what was said, or once the conversation says
+        what it kept (``ReplyOptions.kept``)."""
+        if opts.kept is None:
+            await asyncio.to_thread(self._prepare_next, request, self.next_history(history, text, said))
+        else:
+            self._prepare_when_kept(request, history, text, opts.kept)
 
     def _prepare_when_kept(self, request: _Request, history: Sequence[Message], text: str,
                            kept: asyncio.Future[str]) -> None:

@@ -61,6 +61,11 @@ class Usage:
     exact: bool = False
 
 
+# The longest a finished reply waits to hear what the conversation kept of it (``ReplyOptions.kept``): its playout and
+# a barge-in fit well within it; past it the responder takes the turn as dropped.
+KEPT_WAIT_S = 600.0
+
+
 @dataclass
 class ReplyOptions:
     """What one reply is asked for beyond the words, and (filled by the responder) what it cost.

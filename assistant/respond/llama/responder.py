@@ -13,7 +13,7 @@ from typing import TypedDict
 
 from assistant.config import RespondConfig
 from assistant.respond import persona
-from assistant.respond.base import Message, ReplyOptions, ResponderError, Usage
+from assistant.respond.base import KEPT_WAIT_S, Message, ReplyOptions, ResponderError, Usage
 from assistant.respond.llama.clauses import ClauseLimit
 from assistant.respond.llama.doubt import DoubtGate, is_factual_question, not_sure
 from assistant.respond.llama.engine import MSG_CLOSED, MSG_FAILED, LlamaEngine, _End, _Request, _Token
@@ -22,10 +22,6 @@ from assistant.respond.llama.prompt import NEXT_TURN, Chat, ChatPrompt, PromptBu
 from assistant.respond.llama.weights import weights_path
 
 log = logging.getLogger(__name__)
-
-# The longest a finished reply's prepare waits for its turn to be kept: the reply's playout and a barge-in fit
-# well within it; past it the next turn evaluates what it lacks (as it would after any other conversation).
-KEPT_WAIT_S = 600.0
 
 
 class ModelInfo(TypedDict):

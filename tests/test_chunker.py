@@ -12,9 +12,9 @@ from assistant.config import ChunkerConfig
 from assistant.tts.chunker import TextChunker, speakable
 
 
-def run(text: str, step: int = 1, **kw: int) -> list[str]:
+def run(text: str, step: int = 1, cfg: ChunkerConfig | None = None, **kw: int) -> list[str]:
     """Feed ``text`` in ``step``-character deltas (1 = the worst case for look-ahead), then flush."""
-    c = TextChunker(ChunkerConfig(), **kw)
+    c = TextChunker(cfg or ChunkerConfig(), **kw)
     out: list[str] = []
     for i in range(0, len(text), step):
         out += c.push(text[i : i + step])
@@ -60,6 +60,22 @@ def test_a_voice_chat_replys_one_word_clause_is_its_first_piece() -> None:
     assert c.push(" Ok") == ["I'm not able to send messages."]
     assert run("Sure, here is one.", first_min_chars=cfg.reply_first_min_chars)[0] == "Sure,"
     assert run("A, B and C.", first_min_chars=cfg.reply_first_min_chars) == ["A, B and C."]  # a letter is no clause
+
+
+def test_a_voice_chat_replys_next_clause_follows_a_one_word_first_piece() -> None:
+    """After "No," (0.3 s of speech) the caller would hear silence while the model, shared by four callers, writes
+    the rest of the sentence: with chunker.reply_runway_chars the next clause goes out on its own too, until the
+    pieces released hold that many characters; then only sentences end a piece."""
+    cfg = ChunkerConfig()
+    voice_chat = ChunkerConfig(first_min_chars=cfg.reply_first_min_chars, runway_chars=cfg.reply_runway_chars)
+    assert run("No, I'm sorry, I can't send messages or make calls.", cfg=voice_chat) == [
+        "No,", "I'm sorry,", "I can't send messages or make calls."]
+    c = TextChunker(voice_chat)
+    assert c.push("Sure, here is a recipe for you, with eggs") == ["Sure,", "here is a recipe for you,"]
+    assert c.push(", flour, and sugar. Then") == ["with eggs, flour, and sugar."]  # 30 letters made: sentences
+    assert c.flush() == ["Then"]
+    # Without it (the TTS service, a streaming voice) a later piece ends only at a sentence.
+    assert run("No, I'm sorry, I can't.", first_min_chars=cfg.reply_first_min_chars) == ["No,", "I'm sorry, I can't."]
 
 
 def test_first_clause_marks_and_short_sentence() -> None:

@@ -76,7 +76,9 @@ class TurnRunner:
         if speaks_piece_by_piece(deps.tts):
             # An engine that speaks a piece only once it has all of it: the reply's first piece as short as a
             # clause allows, since the listener waits for it (a streaming engine starts on any text anyway).
-            chunker = dataclasses.replace(chunker, first_min_chars=chunker.reply_first_min_chars)
+            # Its next clauses go out alone too while little speech is made (a one-word "No," first).
+            chunker = dataclasses.replace(chunker, first_min_chars=chunker.reply_first_min_chars,
+                                          runway_chars=chunker.reply_runway_chars)
         self.synthesis = SynthesisPath(deps.tts, sink.sample_rate, timeout_s=tts.timeout_s, chunker=chunker)
         self.request = TTSRequest(text="", voice=deps.voice, language=tts.language or None, session=session_id)
         # The language this session's turns are heard in: a code, "auto" (detected per turn), or None (asr.language).

@@ -4,7 +4,9 @@
 Sentence ends are :mod:`assistant.tts.text`'s (newlines, ``. ! ? …`` before a space but not after ``Mr.``
 or inside ``3.5``, CJK ``。！？；`` anywhere). On top of them, the chunker adds:
   * before the first chunk only: a clause break (``, ; : —`` followed by a space, or CJK ``，、：``) ends it
-    once the clause is ``first_min_chars`` long (a CJK letter counts as two: it takes as long to say);
+    once the clause is ``first_min_chars`` long (a CJK letter counts as two: it takes as long to say); and a
+    later chunk too while the chunks before it hold fewer than ``runway_chars`` (a voice-chat reply: after "No,"
+    comes "I'm sorry," on its own, not the whole sentence the model is still writing);
   * a chunk longer than ``max_chars`` is cut at its last space (or CJK clause mark) before the limit;
   * every piece is shaped for the ear (:mod:`assistant.tts.speakable`: Markdown, lists, URLs, symbols and units
     in the reply's language), and pieces with nothing to say are dropped. Every responder's text comes through
@@ -18,7 +20,7 @@ from __future__ import annotations
 
 from assistant.config import ChunkerConfig
 from assistant.tts.speakable import Speakable, speakable
-from assistant.tts.text import DASHES, find_break, is_cjk, is_clause_break
+from assistant.tts.text import DASHES, find_break, is_cjk, is_clause_break, spoken_length
 
 HARD_LIMIT_FACTOR = 2  # text with no space at all (a URL, CJK with no marks) is cut hard at 2 × max_chars
 
@@ -34,15 +36,18 @@ class TextChunker:
         cfg = cfg or ChunkerConfig()
         self.first_min_chars = cfg.first_min_chars if first_min_chars is None else first_min_chars
         self.max_chars = max(8, cfg.max_chars if max_chars is None else max_chars)
+        self.runway_chars = cfg.runway_chars
         self.strip_markdown = strip_markdown
         self.shape = Speakable(language)  # the reply's language when known (else each piece's script says)
         self._buf = ""
         self._sent_first = False
+        self._released = 0  # spoken length of the chunks released so far (for runway_chars)
 
     def reset(self) -> None:
         """Drop pending text (barge-in) and start a new reply."""
         self._buf = ""
         self._sent_first = False
+        self._released = 0
         self.shape.reset()
 
     @property
@@ -69,8 +74,8 @@ class TextChunker:
     def _drain(self, *, final: bool) -> list[str]:
         out: list[str] = []
         while True:
-            end = find_break(self._buf, final=final,
-                             clause_min_chars=None if self._sent_first else self.first_min_chars)
+            at_clause = not self._sent_first or self._released < self.runway_chars
+            end = find_break(self._buf, final=final, clause_min_chars=self.first_min_chars if at_clause else None)
             if end is None:
                 end = self._forced_break(self._buf)
             if end is None:
@@ -80,6 +85,7 @@ class TextChunker:
             if chunk:
                 out.append(chunk)
                 self._sent_first = True
+                self._released += spoken_length(chunk)
 
     def _emit(self, piece: str) -> str:
         text = self.shape(piece) if self.strip_markdown else piece.strip()

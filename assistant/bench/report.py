@@ -366,8 +366,10 @@ def format_markdown(result: BenchResult) -> str:
                       f"{result.window_ms} ms{where}.", *flagged, *left])
 
 
-TURN_TABLE_COLUMNS: tuple[str, ...] = ("v2v_ms", "server_v2v_ms", *STAGE_COLUMNS, "unaccounted_ms")
-CLIENT_TABLE_COLUMNS: tuple[str, ...] = ("v2v_ms", "first_audio_ms", "onset_ms")  # a server that is not ours
+TURN_TABLE_COLUMNS: tuple[str, ...] = ("v2v_ms", "server_v2v_ms", *STAGE_COLUMNS, "unaccounted_ms", "reply_gap_ms")
+# A server that is not ours: what the client hears (a WHIP or page client hears the reply's audio whole, so its
+# silences too; a Realtime API client over WebSocket has no reply_gap_ms).
+CLIENT_TABLE_COLUMNS: tuple[str, ...] = ("v2v_ms", "first_audio_ms", "onset_ms", "reply_gap_ms")
 _SHORT = {
     "v2v_ms": "v2v",
     "first_audio_ms": "1st_rx",
@@ -385,6 +387,7 @@ _SHORT = {
     "downlink_ms": "down",
     "onset_ms": "onset",
     "unaccounted_ms": "unacc",
+    "reply_gap_ms": "gap",
 }
 
 

@@ -267,12 +267,14 @@ async def test_a_reply_the_conversation_drops_leaves_the_slot_to_the_history_it_
     try:
         for ask in ["Name a fruit.", "Name a colour."]:
             kept: asyncio.Future[str] = loop.create_future()
+            prepared = llama.engine.stats["prepared"]
             said = await reply(llama, ask, history.messages, ReplyOptions(max_tokens=10, kept=kept))
             await asyncio.sleep(0.05)
-            assert not llama.engine._prepares and llama.engine.settled  # nothing prepared before it is kept
+            assert llama.engine.stats["prepared"] == prepared  # nothing prepared before it is kept
             history.add_turn(ask, said)
             kept.set_result(said)
-            await until(lambda: llama.engine._prepares == [] and llama.engine.settled, "the prepared start", 30)
+            await until(lambda n=prepared + 1: llama.engine.stats["prepared"] == n and llama.engine.settled,
+                        "the prepared start", 30)
         # The history is full. A speculation at a pause ("Name a city") is answered, then dropped: the user went on.
         spoken: asyncio.Future[str] = loop.create_future()
         await reply(llama, "Name a city", history.messages, ReplyOptions(max_tokens=10, kept=spoken))

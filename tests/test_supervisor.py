@@ -123,7 +123,7 @@ async def test_the_model_in_its_child_gets_ready_from_what_the_conversation_kept
         after = await stats()
         evaluated = ((after["prompt_tokens"] - before["prompt_tokens"])
                      - (after["reused_tokens"] - before["reused_tokens"]))
-        # Its own words and the template around them (13 tokens); the whole history again was 52.
+        # Its own words and the template around them (12 tokens); not the history's turns again.
         assert evaluated <= 16, (evaluated, before, after)
     finally:
         await responder.aclose()

@@ -153,21 +153,22 @@ class ReplyListener:
         self._play_end = play_at + x.size / sr
         mag = np.abs(x)
         loud = mag >= self.threshold
-        if loud.any():
+        at = np.flatnonzero(loud)  # the audible samples
+        if at.size:
             if self.heard_at is not None and self.armed_at is not None and received_at >= self.armed_at:
-                silent_s = play_at + int(np.argmax(loud)) / sr - self.last_audible_at  # since the last audible sample
+                silent_s = play_at + int(at[0]) / sr - self.last_audible_at  # since the last audible sample
                 self.longest_gap_s = max(self.longest_gap_s, silent_s)
-            self.last_audible_at = play_at + (int(np.flatnonzero(loud)[-1]) + 1) / sr
-        if self.armed_at is None and self.early_from is not None and received_at >= self.early_from and loud.any():
+            self.last_audible_at = play_at + (int(at[-1]) + 1) / sr
+        if self.armed_at is None and self.early_from is not None and received_at >= self.early_from and at.size:
             self.early.append((received_at, _audible_s(loud, sr)))
         if self.armed_at is None or received_at < self.armed_at:
             return
         if self.first_frame_at is None and float(mag.max()) > SERVER_AUDIBLE_PEAK:
             self.first_frame_at = received_at
-        if self.heard_at is None and loud.any():
+        if self.heard_at is None and at.size:
             # The first 10 ms window whose peak reaches the threshold starts at or before the first
             # loud sample; locating the onset to that sample is the window rule made precise.
-            self.heard_at = play_at + int(np.argmax(loud)) / sr
+            self.heard_at = play_at + int(at[0]) / sr
             self.heard_frame_at = received_at
             if self.first_frame_at is None:
                 self.first_frame_at = received_at

@@ -66,6 +66,13 @@ class Usage:
 KEPT_WAIT_S = 600.0
 
 
+async def kept_text(kept: asyncio.Future[str]) -> str | None:
+    """What the conversation kept of a reply (``ReplyOptions.kept``), once it says; None when it dropped the turn or
+    said nothing within ``KEPT_WAIT_S``."""
+    done, _ = await asyncio.wait([kept], timeout=KEPT_WAIT_S)
+    return None if not done or kept.cancelled() or kept.exception() is not None else kept.result()
+
+
 @dataclass
 class ReplyOptions:
     """What one reply is asked for beyond the words, and (filled by the responder) what it cost.

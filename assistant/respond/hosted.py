@@ -41,7 +41,6 @@ from assistant.engine_host.supervisor import (
     RemoteError,
 )
 from assistant.respond.base import (
-    KEPT_WAIT_S,
     Message,
     ReplyOptions,
     Responder,
@@ -50,6 +49,7 @@ from assistant.respond.base import (
     ToolCallDelta,
     Usage,
     closing,
+    kept_text,
     reply_stream,
     takes_options,
 )
@@ -218,8 +218,7 @@ class HostedResponder:
         """Tell the child what the conversation kept of reply ``key`` (or that it dropped it), when it knows."""
 
         async def forward() -> None:
-            done, _ = await asyncio.wait([kept], timeout=KEPT_WAIT_S)
-            said = None if not done or kept.cancelled() or kept.exception() is not None else kept.result()
+            said = await kept_text(kept)
             with contextlib.suppress(Exception):  # a child gone or restarting: its engine's wait ends with it
                 await self.host.call("keep", key, said, timeout=5.0)
 

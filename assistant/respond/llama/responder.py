@@ -13,7 +13,7 @@ from typing import TypedDict
 
 from assistant.config import RespondConfig
 from assistant.respond import persona
-from assistant.respond.base import KEPT_WAIT_S, Message, ReplyOptions, ResponderError, Usage
+from assistant.respond.base import Message, ReplyOptions, ResponderError, Usage, kept_text
 from assistant.respond.llama.clauses import ClauseLimit
 from assistant.respond.llama.doubt import DoubtGate, is_factual_question, not_sure
 from assistant.respond.llama.engine import MSG_CLOSED, MSG_FAILED, LlamaEngine, _End, _Request, _Token
@@ -230,11 +230,11 @@ class LlamaResponder:
         which the real next prompt still held: that turn evaluated the whole history again (2.1 s, 1 turn in 40)."""
 
         async def when_kept() -> None:
-            done, _ = await asyncio.wait([kept], timeout=KEPT_WAIT_S)
-            if not done or kept.cancelled() or kept.exception() is not None:
+            said = await kept_text(kept)
+            if said is None:
                 log.debug("llm.prepare_dropped slot=%d", request.slot)
                 return
-            await asyncio.to_thread(self._prepare_next, request, self.next_history(history, text, kept.result()))
+            await asyncio.to_thread(self._prepare_next, request, self.next_history(history, text, said))
 
         task = asyncio.get_running_loop().create_task(when_kept(), name="llm-prepare-when-kept")
         self._kept_waits.add(task)

@@ -394,6 +394,8 @@ class TurnRunner:
         if not delta:
             return
         turn.trace.mark("first_text")
+        if not turn.wrote.done():
+            turn.wrote.set_result(None)
         turn.reply.text += delta
         self._emit(turn, "reply_text", delta=delta, text=turn.reply.text)
         await deltas.put(delta)

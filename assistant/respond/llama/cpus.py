@@ -1,4 +1,5 @@
-"""How many CPUs this process may really use, for the embedded model's default thread count.
+"""How many CPUs this process may really use, for the embedded model's default thread count, and how many of them
+are free right now (for a prompt's wider step, ``respond.prompt_threads``).
 
 A container's CPU limit (``docker run --cpus 2``, a Kubernetes ``limits.cpu``) is a cgroup quota, not an affinity
 mask: ``sched_getaffinity`` still lists every core of the host. llama.cpp's threads wait for each other at every
@@ -15,6 +16,7 @@ import os
 from pathlib import Path
 
 CGROUP_ROOT = Path("/sys/fs/cgroup")
+LOADAVG = Path("/proc/loadavg")
 SELF_CGROUP = Path("/proc/self/cgroup")
 V1_CPU_MOUNTS = ("cpu", "cpu,cpuacct", "cpuacct,cpu")
 
@@ -73,3 +75,23 @@ def default_threads() -> int:
     and llama.cpp's threads wait for each other at every layer, so one descheduled thread stalls the step (on 2
     shared cores, 2 threads made a token 10× slower than 1)."""
     return max(1, min(8, usable_cpus() // 2))
+
+
+def runnable_threads(loadavg: str) -> int | None:
+    """The threads runnable on the machine at this instant, the caller included: the numerator of ``/proc/loadavg``'s
+    fourth field (``0.23 0.53 0.64 2/107 332`` → 2); None when the text does not say."""
+    fields = loadavg.split()
+    if len(fields) < 4 or "/" not in fields[3]:
+        return None
+    running = fields[3].split("/", 1)[0]
+    return int(running) if running.isdigit() else None
+
+
+def free_cpus(usable: int, loadavg: Path = LOADAVG) -> int:
+    """Of ``usable`` CPUs, how many no other thread wants at this instant (the caller's own counts as free): ``usable``
+    less the other runnable threads, at least 1. A snapshot, machine-wide (in a container that shares its host it sees
+    the host's threads, and so says busy: the safe answer); 1 when the kernel does not say."""
+    running = runnable_threads(_read(loadavg))
+    if running is None:
+        return 1
+    return max(1, usable - max(0, running - 1))

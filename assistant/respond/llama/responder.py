@@ -50,6 +50,7 @@ class LlamaResponder:
 
         def engine(file: Path) -> LlamaEngine:
             return LlamaEngine(file, slots=c.slots, context_tokens=c.context_tokens, threads=c.threads,
+                               prompt_threads=c.prompt_threads,
                                gpu_layers=c.gpu_layers, prefill_chunk=c.prefill_chunk, max_waiting=c.max_waiting,
                                extra_buffers=c.extra_buffers)
 

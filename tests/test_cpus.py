@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from assistant.respond.llama.cpus import cgroup_cpus, usable_cpus
+from assistant.cpus import LOADAVG, cgroup_cpus, free_cpus, runnable_threads, usable_cpus
 from tests import needs
 
 
@@ -54,8 +54,34 @@ def test_a_quota_bounds_the_cores_and_rounds_up(tmp_path: Path) -> None:
 def test_the_default_follows_a_real_affinity_mask() -> None:
     if shutil.which("taskset") is None:
         needs.missing("taskset (util-linux) is not installed")
-    code = ("from assistant.respond.llama.cpus import default_threads, usable_cpus\n"
+    code = ("from assistant.cpus import default_threads, usable_cpus\n"
             "print(usable_cpus(), default_threads())")
     run = subprocess.run(["taskset", "-c", "0", sys.executable, "-c", code], capture_output=True, text=True,
                          timeout=60, check=True)
     assert run.stdout.split() == ["1", "1"]
+
+
+@pytest.mark.parametrize(("text", "running"), [
+    ("0.23 0.53 0.64 2/107 332\n", 2),
+    ("0.00 0.01 0.05 1/80 9", 1),
+    ("0.23 0.53 0.64 x/107 332", None),
+    ("0.23 0.53", None),
+    ("", None),
+])
+def test_the_runnable_threads_are_loadavgs_fourth_field(text: str, running: int | None) -> None:
+    assert runnable_threads(text) == running
+
+
+def test_the_free_cpus_are_the_usable_ones_the_other_runnable_threads_leave(tmp_path: Path) -> None:
+    """What respond.prompt_threads asks before a prompt's step: the caller's own thread counts as free, each other
+    runnable thread takes a CPU, at least one is left; a kernel that does not say gives 1 (no wider step)."""
+    loadavg = tmp_path / "loadavg"
+    loadavg.write_text("0.23 0.53 0.64 1/106 3\n")  # the caller alone
+    assert free_cpus(2, loadavg) == 2
+    loadavg.write_text("0.23 0.53 0.64 2/106 3\n")  # one more thread wants a core
+    assert (free_cpus(2, loadavg), free_cpus(4, loadavg)) == (1, 3)
+    loadavg.write_text("9.0 9.0 9.0 12/300 3\n")
+    assert free_cpus(2, loadavg) == 1
+    assert free_cpus(2, tmp_path / "missing") == 1
+    if LOADAVG.exists():  # the machine's own: a count between 1 and the CPUs
+        assert 1 <= free_cpus(usable_cpus()) <= usable_cpus()

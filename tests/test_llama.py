@@ -317,6 +317,34 @@ async def test_a_doubted_reply_gets_the_next_prompt_ready_too() -> None:
         await r.aclose()
 
 
+@pytest.mark.asyncio
+async def test_a_prompt_takes_the_free_cores_and_only_them(monkeypatch: pytest.MonkeyPatch) -> None:
+    """respond.prompt_threads: a step of several tokens (the prompt) runs on two threads when two cores are free as it
+    starts, on respond.threads when not (a thread that shares its core stalls llama.cpp's step); the reply's own
+    tokens stay on one. The words do not change with the threads."""
+    from assistant.respond.llama import engine as engine_module
+
+    r = LlamaResponder(RespondConfig(engine="llama", slots=1, context_tokens=512, threads=1, prompt_threads=2,
+                                     max_waiting=1, system_prompt=SYSTEM, temperature=0.0, examples=False))
+    try:
+        assert r.engine.prompt_threads == 2
+        ask = "Name three colours."
+        monkeypatch.setattr(engine_module, "free_cpus", lambda usable: 1)  # another thread has the second core
+        await r.warmup()
+        busy = await reply(r, ask, options=ReplyOptions(max_tokens=12))
+        assert r.engine.stats["wide_steps"] == 0
+        await wait_idle(r)
+        monkeypatch.setattr(engine_module, "free_cpus", lambda usable: 2)  # nothing else runs
+        free = await reply(r, "Hello.", options=ReplyOptions(max_tokens=12))  # another prompt: the slot starts over
+        free = await reply(r, ask, options=ReplyOptions(max_tokens=12))
+        wide = r.engine.stats["wide_steps"]
+        assert wide >= 2, r.engine.stats  # each prompt's step (a reply's single tokens never widen)
+        assert r.engine.stats["steps"] > wide
+        assert free == busy
+    finally:
+        await r.aclose()
+
+
 @LOOP
 async def test_after_a_turn_in_another_language_the_next_evaluates_only_its_own_words(llama: LlamaResponder) -> None:
     """The note asking for the turn's language goes on that turn's prompt only; the start prepared for the next

@@ -35,6 +35,7 @@ from assistant.asr.base import Transcript
 from assistant.asr.tail import HeardBefore
 from assistant.audio import SPEECH_RATE, AudioChunk
 from assistant.config import ASRConfig, TurnConfig, VADConfig
+from assistant.cpus import free_cpus, usable_cpus
 from assistant.pipeline.clock import SampleClock
 from assistant.pipeline.end_of_turn import (
     Cue,
@@ -112,7 +113,8 @@ class Pause:
     model_span: Span | None = None  # the latest model call
     model_after_text: bool = False  # ... was held until the transcript landed (_ask_model)
     text_at: float | None = None  # wall time the transcript landed
-    model_held: bool = False  # the model's call waited for the reply's first text (_ask_model)
+    hold_for_reply: bool = False  # the model's call waits for the reply's first text (cores were free at landing)
+    model_held_at: int | None = None  # the pause (ms) when the model's call began to wait for the reply's first text
     model_task: asyncio.Task[None] | None = None
     asked_marks: set[int] = field(default_factory=set)  # silences (ms) at which the model was asked
     words: int = 0  # words in the transcript
@@ -150,6 +152,7 @@ class TurnTaking:
         self.cfg, self.asr_cfg, self.end_silence_ms = turn, asr, vad.end_silence_ms
         self.endpointer, self.runner, self.deps, self.events = endpointer, runner, deps, events
         self.session_id = session_id
+        self._cpus = usable_cpus()  # the CPUs this process may use (the reply's prompt may take those free)
         self.clock = SampleClock()
         self.pause: Pause | None = None  # the evidence at the current pause (its speculative turn)
         self._carry = np.zeros(0, dtype=np.float32)  # audio of a dropped turn, for the next utterance
@@ -270,10 +273,17 @@ class TurnTaking:
         if self.cfg.smart_endpoint and pause.cue is None and not pause.text_failed:
             return  # the transcript is coming
         if self._reply_prompt_running(pause):
-            pause.model_held = True
+            if pause.model_held_at is None:
+                pause.model_held_at = pause_ms
             return
         marks = self.cfg.end_of_turn_recheck_ms if self.cfg.policy == "falling" else [self.cfg.speculative_pause_ms]
-        due = [m for m in marks if m <= pause_ms and m not in pause.asked_marks]
+        held_at = pause.model_held_at
+        pause.model_held_at = None
+        # A call held for the reply hears the pause as it was when the hold began (the evidence it would have had
+        # unheld); the marks passed meanwhile are heard after it, one by one.
+        due = [m for m in marks if m <= (pause_ms if held_at is None else held_at) and m not in pause.asked_marks]
+        if not due and held_at is not None:
+            due = [m for m in marks if m <= pause_ms and m not in pause.asked_marks]
         if not due:
             return
         pause.asked_marks.update(due)
@@ -290,9 +300,8 @@ class TurnTaking:
         else:
             audio = np.concatenate([self._carry, utterance]) if pause.carried else utterance
         # held: the mark passed while the transcript was coming (and the reply's prompt ran)
-        after_text = (text_landed or pause.model_held) and mark < pause_ms
-        asked = pause.text_at if after_text and pause.model_held and pause.text_at is not None else None
-        pause.model_held = False
+        after_text = (text_landed or held_at is not None) and mark < pause_ms
+        asked = pause.text_at if after_text and held_at is not None and pause.text_at is not None else None
         pause.model_task = asyncio.get_running_loop().create_task(
             self._hear_end_of_turn(pause, audio, mark, after_text, asked))
 
@@ -300,7 +309,7 @@ class TurnTaking:
         """The transcript has landed and the speculative reply's prompt is being evaluated (no text yet), for at
         most ``turn.end_of_turn_after_reply_ms`` since: the model's call waits for it (``_ask_model``)."""
         wait_ms, turn = self.cfg.end_of_turn_after_reply_ms, pause.turn
-        if wait_ms <= 0 or pause.text_at is None or turn.wrote.done() or not turn.active:
+        if not pause.hold_for_reply or pause.text_at is None or turn.wrote.done() or not turn.active:
             return False
         return (time.time() - pause.text_at) * 1000 < wait_ms
 
@@ -535,12 +544,15 @@ class TurnTaking:
         if result is not None:
             self._partial_from(result.text.strip())
         pause.text_at = time.time()
+        # Only where the reply's prompt can have the cores (two free as it starts: a busy machine gives it one,
+        # and the model's call would wait for nothing).
+        pause.hold_for_reply = self.cfg.end_of_turn_after_reply_ms > 0 and free_cpus(self._cpus) >= 2
         pause.turn.wrote.add_done_callback(functools.partial(self._on_reply_written, pause))
         self._decide(text_landed=True)
 
     def _on_reply_written(self, pause: Pause, wrote: asyncio.Future[None]) -> None:
         """The speculative reply's first text: the model's call held for it goes now (``_ask_model``)."""
-        if pause is self.pause and pause.model_held:
+        if pause is self.pause and pause.model_held_at is not None:
             self._decide()
 
     async def _hear_end_of_turn(self, pause: Pause, audio: np.ndarray, pause_ms: int, after_text: bool,

@@ -32,14 +32,13 @@ Where it runs is ``respond.backend``: by default in a supervised child process (
 of llama.cpp ends that process, not the calls), or in this process, or on Ray.
 
 The modules: ``native`` (llama.cpp itself: the one module that imports it and loads models, with the CPU's extra
-buffer types off for the whole process), ``cpus`` (the threads a container's CPU quota allows), ``model_file``
-(finding and checking the GGUF), ``clauses`` (clause ends, the max_tokens limit), ``kv_reuse`` (the cache plan),
-``engine`` (the scheduler thread over llama.cpp), ``prompt`` (template, trimming), ``responder`` (the Responder
-face).
+buffer types off for the whole process), ``model_file`` (finding and checking the GGUF), ``clauses`` (clause ends,
+the max_tokens limit), ``kv_reuse`` (the cache plan), ``engine`` (the scheduler thread over llama.cpp), ``prompt``
+(template, trimming), ``responder`` (the Responder face); its threads follow ``assistant/cpus.py``.
 """
 
+from assistant.cpus import default_threads
 from assistant.respond.llama.clauses import ClauseLimit, clause_end, ends_clause
-from assistant.respond.llama.cpus import default_threads
 from assistant.respond.llama.engine import (
     AHEAD_TOKENS,
     MSG_BUSY,

@@ -51,7 +51,7 @@ from assistant.pipeline.end_of_turn import (
 from assistant.pipeline.events import EventChannel
 from assistant.pipeline.trace import Ending, Span
 from assistant.pipeline.turn import Turn, TurnDeps
-from assistant.pipeline.turn_runner import TurnRunner
+from assistant.pipeline.turn_runner import TurnRunner, live_turns
 from assistant.vad.endpoint import Endpointer, SpeechEnd, SpeechStart
 
 log = logging.getLogger(__name__)
@@ -544,9 +544,10 @@ class TurnTaking:
         if result is not None:
             self._partial_from(result.text.strip())
         pause.text_at = time.time()
-        # Only where the reply's prompt can have the cores (two free as it starts: a busy machine gives it one,
-        # and the model's call would wait for nothing).
-        pause.hold_for_reply = self.cfg.end_of_turn_after_reply_ms > 0 and free_cpus(self._cpus) >= 2
+        # Only where the reply's prompt can have the cores: this is the only turn in progress in the process, or
+        # two cores are free now (a busy machine gives the prompt one, and the model's call would wait for nothing).
+        pause.hold_for_reply = self.cfg.end_of_turn_after_reply_ms > 0 and (
+            live_turns() <= 1 or free_cpus(self._cpus) >= 2)
         pause.turn.wrote.add_done_callback(functools.partial(self._on_reply_written, pause))
         self._decide(text_landed=True)
 

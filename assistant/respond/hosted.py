@@ -260,7 +260,7 @@ class HostedResponder:
         """The child's ``method(*args, asks)`` stream: text deltas (and tool calls), its usage into ``opts``; the
         fallback answers ``text`` after ``history`` while the engine is down."""
         asks: dict[str, Any] = {"language": opts.language, "temperature": opts.temperature,
-                                "max_tokens": opts.max_tokens}
+                                "max_tokens": opts.max_tokens, "session": opts.session}
         if method == "respond" and opts.kept is not None:  # the child's engine waits to hear what was kept
             asks["kept"] = key = next(self._keys)
             self._forward_kept(key, opts.kept)

@@ -152,8 +152,8 @@ class LlamaResponder:
                     end = item
                     break
                 if n_out == 0 and item.text:
-                    log.info("llm.first_token ms=%.0f prompt=%d reused=%d", (time.monotonic() - t0) * 1000,
-                             len(prompt), request.reused)
+                    log.info("llm.first_token ms=%.0f prompt=%d reused=%d slot=%d session=%s",
+                             (time.monotonic() - t0) * 1000, len(prompt), request.reused, request.slot, opts.session)
                 n_out = item.n_tokens
                 piece = item.text if started else item.text.lstrip()
                 started = started or bool(piece)

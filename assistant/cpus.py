@@ -1,5 +1,5 @@
 """How many CPUs this process may really use (the embedded model's default thread count), and how many of them are
-free right now (a prompt's wider step, ``respond.prompt_threads``, and the end-of-turn model's call held for it).
+free right now (a prompt's wider step, ``respond.prompt_threads``).
 
 A container's CPU limit (``docker run --cpus 2``, a Kubernetes ``limits.cpu``) is a cgroup quota, not an affinity
 mask: ``sched_getaffinity`` still lists every core of the host. llama.cpp's threads wait for each other at every

@@ -114,8 +114,9 @@ class TurnConfig:
     )
     end_of_turn_after_reply_ms: int = setting(
         120, "once the transcript lands, the end-of-turn model waits up to this for the speculative reply's first "
-        "text, so the responder's prompt has the cores (the embedded model evaluates it on every free core, "
-        "respond.prompt_threads) and the model runs while the reply is written and voiced; 0: asked at once"
+        "text when the turn is the only one in progress in the process, so the responder's prompt has the cores (the "
+        "embedded model evaluates it on every free core, respond.prompt_threads) and the model runs while the reply "
+        "is written and voiced; 0: asked at once"
     )
     end_of_turn_since_pause: bool = setting(
         True, "the end-of-turn model hears the speech since the utterance's latest pause (a silence of "

@@ -35,7 +35,6 @@ from assistant.asr.base import Transcript
 from assistant.asr.tail import HeardBefore
 from assistant.audio import SPEECH_RATE, AudioChunk
 from assistant.config import ASRConfig, TurnConfig, VADConfig
-from assistant.cpus import free_cpus, usable_cpus
 from assistant.pipeline.clock import SampleClock
 from assistant.pipeline.end_of_turn import (
     Cue,
@@ -113,7 +112,7 @@ class Pause:
     model_span: Span | None = None  # the latest model call
     model_after_text: bool = False  # ... was held until the transcript landed (_ask_model)
     text_at: float | None = None  # wall time the transcript landed
-    hold_for_reply: bool = False  # the model's call waits for the reply's first text (cores were free at landing)
+    hold_for_reply: bool = False  # the model's call waits for the reply's first text (the only turn in progress)
     model_held_at: int | None = None  # the pause (ms) when the model's call began to wait for the reply's first text
     model_task: asyncio.Task[None] | None = None
     asked_marks: set[int] = field(default_factory=set)  # silences (ms) at which the model was asked
@@ -152,7 +151,6 @@ class TurnTaking:
         self.cfg, self.asr_cfg, self.end_silence_ms = turn, asr, vad.end_silence_ms
         self.endpointer, self.runner, self.deps, self.events = endpointer, runner, deps, events
         self.session_id = session_id
-        self._cpus = usable_cpus()  # the CPUs this process may use (the reply's prompt may take those free)
         self.clock = SampleClock()
         self.pause: Pause | None = None  # the evidence at the current pause (its speculative turn)
         self._carry = np.zeros(0, dtype=np.float32)  # audio of a dropped turn, for the next utterance
@@ -263,11 +261,11 @@ class TurnTaking:
         anyway (nothing of the reply exists before it), and a model run beside the ASR pass slows the pass (its
         two CTranslate2 threads stall while a core is taken: ~30 ms per run). So the model hears the pause once
         the transcript has landed, at the latest mark passed, and answers (~50 ms of one Zen 5 core, ~115 on an
-        older EPYC) while the responder writes the reply. Not before the reply's first text, though (up to
-        ``turn.end_of_turn_after_reply_ms``): the responder's prompt is what the caller waits for, and the embedded
-        model evaluates it on every core that is free (``respond.prompt_threads``; ~1.8x faster on two), so the
-        model takes its core while the reply's next words are written and voiced, and the decision, which only
-        gates a reply not yet made, comes as soon."""
+        older EPYC) while the responder writes the reply. Not before the reply's first text, though, when the turn
+        is the process's only one in progress (up to ``turn.end_of_turn_after_reply_ms``): the responder's prompt is
+        what the caller waits for, and the embedded model evaluates it on every core that is free
+        (``respond.prompt_threads``; ~1.8x faster on two), so the model takes its core while the reply's next words
+        are written and voiced, and the decision, which only gates a reply not yet made, comes as soon."""
         if pause.model_task is not None and not pause.model_task.done():
             return  # a call is still running
         if self.cfg.smart_endpoint and pause.cue is None and not pause.text_failed:
@@ -544,10 +542,9 @@ class TurnTaking:
         if result is not None:
             self._partial_from(result.text.strip())
         pause.text_at = time.time()
-        # Only where the reply's prompt can have the cores: this is the only turn in progress in the process, or
-        # two cores are free now (a busy machine gives the prompt one, and the model's call would wait for nothing).
-        pause.hold_for_reply = self.cfg.end_of_turn_after_reply_ms > 0 and (
-            live_turns() <= 1 or free_cpus(self._cpus) >= 2)
+        # Only where the reply's prompt can have the cores: this is the only turn in progress in the process (with
+        # others the engine keeps a prompt on respond.threads, and the model's call would wait for nothing).
+        pause.hold_for_reply = self.cfg.end_of_turn_after_reply_ms > 0 and live_turns() <= 1
         pause.turn.wrote.add_done_callback(functools.partial(self._on_reply_written, pause))
         self._decide(text_landed=True)
 

@@ -507,7 +507,7 @@ class LlamaEngine:
         if batch.n_tokens == 0:
             return
         self._step_tokens = n = int(batch.n_tokens)
-        self._wide_threads(n)
+        self._wide_threads(n, len({slot.seq for slot, _ in added}))
         t0 = time.perf_counter()
         rc = L.llama_decode(self.ctx, batch)
         self._step_tokens = 0
@@ -545,18 +545,19 @@ class LlamaEngine:
             else:
                 slot.next_token = token
 
-    def _wide_threads(self, tokens: int) -> None:
-        """The threads of a step of ``tokens``: llama.cpp evaluates a step of several tokens (a prompt) on its batch
-        threads, one token on ``threads``. A prompt is what a caller waits for before the reply's first word, so it
-        gets ``prompt_threads`` when that many cores are free as it starts (the ASR pass that gave its words is done,
-        nothing else runs: one call on two cores, ~1.8x faster); otherwise ``threads``, because llama.cpp's threads
-        wait for each other at every layer and one that has to share its core stalls the step (two threads on two
-        busy cores made a prompt ~2x slower than one). The reply's tokens that follow stay on ``threads``, leaving
-        the other cores to the voice."""
+    def _wide_threads(self, tokens: int, slots: int) -> None:
+        """The threads of a step of ``tokens`` of ``slots`` conversations: llama.cpp evaluates a step of several
+        tokens (a prompt) on its batch threads, one token on ``threads``. A prompt is what a caller waits for before
+        the reply's first word, so one conversation's prompt, alone in its step, gets ``prompt_threads`` when that
+        many cores are free as it starts (the ASR pass that gave its words is done, nothing else runs: one call on
+        two cores, ~1.8x faster); otherwise ``threads``, because llama.cpp's threads wait for each other at every
+        layer and one that has to share its core stalls the step (two threads on two busy cores made a prompt ~2x
+        slower than one), and a step that other conversations' tokens share would stall them too. The reply's
+        tokens that follow stay on ``threads``, leaving the other cores to the voice."""
         if self.prompt_threads <= self.threads:
             return
         want = self.threads
-        if tokens > 1 and free_cpus(self.usable_cpus) >= self.prompt_threads:
+        if tokens > 1 and slots == 1 and free_cpus(self.usable_cpus) >= self.prompt_threads:
             want = self.prompt_threads
             self.stats["wide_steps"] += 1
         if want != self._batch_threads:

@@ -8,7 +8,7 @@ import itertools
 import json
 import logging
 import re
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -213,7 +213,7 @@ class InlineEndOfTurn:
 
 
 async def _converse(cfg: Any, audio: np.ndarray, asr: Any, model: Any,
-                    hold: tuple[int, Callable[[], object]] | None = None, responder: Any = None) -> list[dict]:
+                    hold: tuple[int, Callable[[], object]] | None = None) -> list[dict]:
     """Feed ``audio`` at the pace it was spoken. ``model``: a model answering at once (``probability`` a plain
     function, wrapped in :class:`InlineEndOfTurn`), or an end-of-turn object of the pipeline's own (a coroutine).
     ``hold``: at that sample, wait until the condition is true before feeding on (the stream's clock stands
@@ -222,7 +222,7 @@ async def _converse(cfg: Any, audio: np.ndarray, asr: Any, model: Any,
     seen: list[dict] = []
     events.subscribe(seen.append)
     end_of_turn = model if asyncio.iscoroutinefunction(model.probability) else InlineEndOfTurn(model)
-    deps = TurnDeps(asr=asr, tts=ToneTTS(), responder=responder or EchoResponder(), end_of_turn=end_of_turn)
+    deps = TurnDeps(asr=asr, tts=ToneTTS(), responder=EchoResponder(), end_of_turn=end_of_turn)
     conv = Conversation(cfg, Endpointer(cfg.vad, SileroModel.shared()), deps, ReplyTrack(queue_ms=1000), events, "e")
     loop = asyncio.get_running_loop()
     t0 = loop.time()
@@ -406,63 +406,6 @@ async def test_the_model_waits_for_the_transcript_then_hears_the_pause_at_its_ma
     firsts = [k for k, m in enumerate(marks) if m >= 320 and k + len(heard) <= len(marks)]
     assert any(steps == [(b - a) * 16 for a, b in itertools.pairwise(marks[k : k + len(heard)])] for k in firsts), (
         heard, marks)
-
-
-class LateResponder:
-    """Writes its reply's first text ``delay_s`` after it is asked, as a model evaluating its prompt does; records
-    when."""
-
-    name = "late"
-
-    def __init__(self, delay_s: float) -> None:
-        self.delay_s, self.wrote = delay_s, []  # type: ignore[var-annotated]
-
-    async def respond(self, text: str, history: Any) -> AsyncIterator[str]:
-        await asyncio.sleep(self.delay_s)
-        self.wrote.append(asyncio.get_running_loop().time())
-        yield "Sure."
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize(("reply_after_s", "wait_ms"), [(0.06, 120), (5.0, 120), (1e9, 60_000)])
-async def test_the_model_waits_for_the_replys_first_text_so_long(shared_audio: Path, reply_after_s: float,
-                                                                 wait_ms: int) -> None:
-    """turn.end_of_turn_after_reply_ms: once the transcript lands the speculative reply's prompt is what the caller
-    waits for, so the model is asked when the reply's first text comes (the embedded model's prompt has the cores
-    to itself), or once the wait has passed (120 ms: a responder elsewhere, slow to answer), never before either."""
-    x, _ = read_audio(shared_audio / "en_story.wav")
-    x = np.concatenate([x, np.zeros(16_000 * 2, np.float32)])
-    cfg = test_config(turn={"speculative": True, "smart_endpoint": True, "end_of_turn_model": True,
-                            "end_of_turn_after_reply_ms": wait_ms})
-    asr, model = SlowASR("Tell me a short story about a cat who learns to play the piano.", 0.35), UnsureModel()
-    responder = LateResponder(reply_after_s)
-    await _converse(cfg, x, asr, model, responder=responder)
-    assert asr.landed, "the transcript"
-    if reply_after_s < wait_ms / 1000:  # the reply wrote first: the model right after it
-        assert model.calls and responder.wrote and responder.wrote[0] <= model.calls[0][0], (
-            responder.wrote, model.calls, asr.landed)
-    elif wait_ms < 2_000:  # the reply is far off: the model after the wait, long before the reply
-        assert model.calls and asr.landed[0] + wait_ms / 1000 <= model.calls[0][0] < asr.landed[0] + reply_after_s, (
-            model.calls, asr.landed)
-    else:  # a wait longer than the pause: the model is never asked while the reply's prompt runs
-        assert not model.calls and not responder.wrote, (model.calls, responder.wrote)
-
-
-@pytest.mark.slow
-async def test_a_call_held_for_the_reply_hears_the_pause_as_it_was_when_the_transcript_landed(
-        shared_audio: Path) -> None:
-    """The hold changes when the model runs, not what it hears: the transcript lands ~350 ms into the pause (the
-    latest mark passed: 320), the reply writes nothing for 200 ms more (480 passes meanwhile); the model hears the
-    pause at 320 first, as it would have unheld, then at 480 (the unsure model hears every mark after)."""
-    x, _ = read_audio(shared_audio / "en_story.wav")
-    x = np.concatenate([x, np.zeros(16_000 * 2, np.float32)])
-    cfg = test_config(turn={"speculative": True, "smart_endpoint": True, "end_of_turn_model": True,
-                            "end_of_turn_after_reply_ms": 200})
-    asr, model = SlowASR("Tell me a short story about a cat who learns to play the piano.", 0.25), UnsureModel()
-    await _converse(cfg, x, asr, model, responder=LateResponder(5.0))
-    heard = [n for _, n in model.calls]
-    assert len(heard) >= 2, heard
-    assert heard[1] - heard[0] == (480 - 320) * 16, heard  # held at 480 instead: 704 - 480
 
 
 @pytest.mark.slow

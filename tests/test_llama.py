@@ -319,7 +319,7 @@ async def test_a_doubted_reply_gets_the_next_prompt_ready_too() -> None:
 
 @pytest.mark.asyncio
 async def test_a_prompt_takes_the_free_cores_and_only_them(monkeypatch: pytest.MonkeyPatch) -> None:
-    """respond.prompt_threads: a step of several tokens (the prompt) runs on two threads when two cores are free as it
+    """respond.prompt_threads: a step of one conversation's prompt runs on two threads when two cores are free as it
     starts, on respond.threads when not (a thread that shares its core stalls llama.cpp's step); the reply's own
     tokens stay on one. The words do not change with the threads."""
     from assistant.respond.llama import engine as engine_module
@@ -341,6 +341,13 @@ async def test_a_prompt_takes_the_free_cores_and_only_them(monkeypatch: pytest.M
         assert wide >= 2, r.engine.stats  # each prompt's step (a reply's single tokens never widen)
         assert r.engine.stats["steps"] > wide
         assert free == busy
+        # A step other conversations' tokens share stays on one thread (a taken core would stall them all), and so
+        # does a single token; one conversation's prompt takes what is free, up to prompt_threads.
+        engine = r.engine
+        for tokens, slots, free_now, threads in [(20, 2, 2, 1), (1, 1, 2, 1), (20, 1, 2, 2), (20, 1, 1, 1)]:
+            monkeypatch.setattr(engine_module, "free_cpus", lambda usable, n=free_now: n)
+            engine._wide_threads(tokens, slots)
+            assert engine._batch_threads == threads, (tokens, slots, free_now)
     finally:
         await r.aclose()
 

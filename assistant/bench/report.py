@@ -32,8 +32,7 @@ COLUMNS: dict[str, str] = {
     "server_v2v_ms": "server clock: its speech_end mark → first non-silent reply frame handed to its track",
     "endpoint_ms": "server: silence the turn-taking required (speech end → the pause that asked for the "
     "evidence, or the silence the verdict needed); the wait's parts split it along its critical path",
-    "worker_wait_ms": "server: the critical ASR pass (or end-of-turn model call) waiting for a free worker (the "
-                      "model's call also for the speculative reply's prompt: turn.end_of_turn_after_reply_ms)",
+    "worker_wait_ms": "server: the critical ASR pass (or end-of-turn model call) waiting for a free worker",
     "asr_ms": "server: ASR compute on the critical path (a pass that began before the pause counts from it)",
     "end_of_turn_ms": "server: the end-of-turn model's call, when its answer was the last evidence the decision used",
     "decide_ms": "server: the last evidence in → the turn committed (idle time in the decision)",

@@ -90,9 +90,9 @@ class RespondConfig:
     max_waiting: int = setting(8, "llama: replies that may wait for a free slot; past that a turn fails busy")
     threads: int = setting(0, "llama: CPU threads for the model (0: half the cores, at most 8; ASR and TTS share them)")
     prompt_threads: int = setting(
-        0, "llama: CPU threads for a step of several tokens (a turn's prompt) when that many cores are free as it "
-        "starts, else respond.threads (0: every usable core, at most 8; respond.threads or less: never more). On 2 "
-        "idle cores of an AMD EPYC, 2 gave the first clause in 83 ms against 147 ms (p50, docs/latency.md)"
+        0, "llama: the most CPU threads for a step of one conversation's prompt, taken from the cores free as it "
+        "starts (else respond.threads; 0: every usable core, at most 8; respond.threads or less: never more). On 2 "
+        "idle cores of an AMD EPYC, 2 gave the first clause in 93 ms against 148 ms (p50, docs/latency.md)"
     )
     gpu_layers: int = setting(0, "llama: layers offloaded to the GPU (-1: all; needs llama-cpp-python built with CUDA)")
     prefill_chunk: int = setting(

@@ -112,12 +112,6 @@ class TurnConfig:
         "costs ~50 ms of one Zen 5 core, ~115 on an EPYC of family 23 (held-out half: 2.5 runs, 131 ms of one "
         "core per pause; flat: 0.9, 47 ms)",
     )
-    end_of_turn_after_reply_ms: int = setting(
-        120, "once the transcript lands, the end-of-turn model waits up to this for the speculative reply's first "
-        "text when the turn is the only one in progress in the process, so the responder's prompt has the cores (the "
-        "embedded model evaluates it on every free core, respond.prompt_threads) and the model runs while the reply "
-        "is written and voiced; 0: asked at once"
-    )
     end_of_turn_since_pause: bool = setting(
         True, "the end-of-turn model hears the speech since the utterance's latest pause (a silence of "
         "speculative_pause_ms or more the speaker went on after; from RESUME_LEAD_MS before the VAD heard the speech "

@@ -13,8 +13,7 @@ worker before that, and before it was even asked, the silence that had to pass f
 exactly, and each names what would have to be faster for the turn to end sooner:
 
 - ``endpoint_ms``: silence the turn-taking required (VAD, the pause before the evidence was asked);
-- ``worker_wait_ms``: the critical ASR pass (or model call) waiting for a free worker (the model's call also for
-  the speculative reply's prompt to leave the cores, ``turn.end_of_turn_after_reply_ms``);
+- ``worker_wait_ms``: the critical ASR pass (or model call) waiting for a free worker;
 - ``asr_ms``: ASR compute on the critical path (a pass that began before the pause counts from the pause);
 - ``end_of_turn_ms``: the end-of-turn model's call, when its answer was the last the decision waited for;
 - ``decide_ms``: the last evidence in → the turn committed (idle time in the decision; ~0).

@@ -8,8 +8,8 @@ The turn's state has two owners, each the only writer of its half:
 - **the turn runner** (``pipeline/turn_runner.py``) keeps everything else here, in :class:`Turn`: the user's
   audio and words, the trace, the commit gate, the reply's progress (``pipeline/reply.py``).
 
-Turn-taking reads a turn only through :attr:`Turn.heard` and :attr:`Turn.wrote` (futures: the ASR's answer as it
-lands, the reply's first text) and tells the runner what to do through the runner's methods.
+Turn-taking reads a turn only through :attr:`Turn.heard` (a future: the ASR's answer as it lands) and tells
+the runner what to do through the runner's methods.
 """
 
 from __future__ import annotations
@@ -124,8 +124,6 @@ class Turn:
         self.task: asyncio.Task[None] | None = None
         # The ASR's answer (None: it failed), for turn-taking to weigh as it lands; set once, by the runner.
         self.heard: asyncio.Future[Transcript | None] = asyncio.get_running_loop().create_future()
-        # The responder wrote the reply's first text (its prompt is evaluated); set once, by the runner.
-        self.wrote: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         # A pass at an earlier pause of the same utterance: the tail after it is heard on its own when the turn's
         # pass loses it (asr/tail.py); given by turn-taking when it starts the turn.
         self.before: HeardBefore | None = None
@@ -145,5 +143,3 @@ class Turn:
             self.task.cancel()
         if not self.heard.done():
             self.heard.cancel()
-        if not self.wrote.done():
-            self.wrote.cancel()

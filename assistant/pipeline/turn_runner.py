@@ -55,14 +55,6 @@ APOLOGY_TIMEOUT_S = 10.0
 # Of a reply's leading silence (turn.trim_reply_silence), this much is kept before its first audible sample:
 # the voice's own onset ramp, so the cut is never heard.
 LEAD_IN_MS = 10
-# Every turn's task in this process (all sessions): turn-taking asks how many are in progress (live_turns).
-_LIVE_TURNS: set[asyncio.Task[None]] = set()
-
-
-def live_turns() -> int:
-    """Turns in progress in this process, every session's (a speculation included, until its task ends): one means
-    the caller's own turn has the machine to itself."""
-    return len(_LIVE_TURNS)
 
 
 class TurnRunner:
@@ -113,8 +105,6 @@ class TurnRunner:
         turn.task = asyncio.get_running_loop().create_task(
             self._run(turn, heard), name=f"turn-{self.session_id}-{number}{'-spec' if speculative else ''}"
         )
-        _LIVE_TURNS.add(turn.task)
-        turn.task.add_done_callback(_LIVE_TURNS.discard)
         return turn
 
     def commit(self, turn: Turn, ending: Ending, *, confirmed: bool = True) -> None:
@@ -404,8 +394,6 @@ class TurnRunner:
         if not delta:
             return
         turn.trace.mark("first_text")
-        if not turn.wrote.done():
-            turn.wrote.set_result(None)
         turn.reply.text += delta
         self._emit(turn, "reply_text", delta=delta, text=turn.reply.text)
         await deltas.put(delta)

@@ -50,7 +50,7 @@ from assistant.pipeline.end_of_turn import (
 from assistant.pipeline.events import EventChannel
 from assistant.pipeline.trace import Ending, Span
 from assistant.pipeline.turn import Turn, TurnDeps
-from assistant.pipeline.turn_runner import TurnRunner, live_turns
+from assistant.pipeline.turn_runner import TurnRunner
 from assistant.vad.endpoint import Endpointer, SpeechEnd, SpeechStart
 
 log = logging.getLogger(__name__)
@@ -111,9 +111,6 @@ class Pause:
     model_failed: bool = False
     model_span: Span | None = None  # the latest model call
     model_after_text: bool = False  # ... was held until the transcript landed (_ask_model)
-    text_at: float | None = None  # wall time the transcript landed
-    hold_for_reply: bool = False  # the model's call waits for the reply's first text (the only turn in progress)
-    model_held_at: int | None = None  # the pause (ms) when the model's call began to wait for the reply's first text
     model_task: asyncio.Task[None] | None = None
     asked_marks: set[int] = field(default_factory=set)  # silences (ms) at which the model was asked
     words: int = 0  # words in the transcript
@@ -261,27 +258,13 @@ class TurnTaking:
         anyway (nothing of the reply exists before it), and a model run beside the ASR pass slows the pass (its
         two CTranslate2 threads stall while a core is taken: ~30 ms per run). So the model hears the pause once
         the transcript has landed, at the latest mark passed, and answers (~50 ms of one Zen 5 core, ~115 on an
-        older EPYC) while the responder writes the reply. Not before the reply's first text, though, when the turn
-        is the process's only one in progress (up to ``turn.end_of_turn_after_reply_ms``): the responder's prompt is
-        what the caller waits for, and the embedded model evaluates it on every core that is free
-        (``respond.prompt_threads``; ~1.8x faster on two), so the model takes its core while the reply's next words
-        are written and voiced, and the decision, which only gates a reply not yet made, comes as soon."""
+        older EPYC) while the responder writes the reply."""
         if pause.model_task is not None and not pause.model_task.done():
             return  # a call is still running
         if self.cfg.smart_endpoint and pause.cue is None and not pause.text_failed:
             return  # the transcript is coming
-        if self._reply_prompt_running(pause):
-            if pause.model_held_at is None:
-                pause.model_held_at = pause_ms
-            return
         marks = self.cfg.end_of_turn_recheck_ms if self.cfg.policy == "falling" else [self.cfg.speculative_pause_ms]
-        held_at = pause.model_held_at
-        pause.model_held_at = None
-        # A call held for the reply hears the pause as it was when the hold began (the evidence it would have had
-        # unheld); the marks passed meanwhile are heard after it, one by one.
-        due = [m for m in marks if m <= (pause_ms if held_at is None else held_at) and m not in pause.asked_marks]
-        if not due and held_at is not None:
-            due = [m for m in marks if m <= pause_ms and m not in pause.asked_marks]
+        due = [m for m in marks if m <= pause_ms and m not in pause.asked_marks]
         if not due:
             return
         pause.asked_marks.update(due)
@@ -297,19 +280,9 @@ class TurnTaking:
             audio = since_pause(utterance, None if self._resumed_at is None else self._resumed_at - starts_at)
         else:
             audio = np.concatenate([self._carry, utterance]) if pause.carried else utterance
-        # held: the mark passed while the transcript was coming (and the reply's prompt ran)
-        after_text = (text_landed or held_at is not None) and mark < pause_ms
-        asked = pause.text_at if after_text and held_at is not None and pause.text_at is not None else None
+        after_text = text_landed and mark < pause_ms  # held: the mark passed while the transcript was coming
         pause.model_task = asyncio.get_running_loop().create_task(
-            self._hear_end_of_turn(pause, audio, mark, after_text, asked))
-
-    def _reply_prompt_running(self, pause: Pause) -> bool:
-        """The transcript has landed and the speculative reply's prompt is being evaluated (no text yet), for at
-        most ``turn.end_of_turn_after_reply_ms`` since: the model's call waits for it (``_ask_model``)."""
-        wait_ms, turn = self.cfg.end_of_turn_after_reply_ms, pause.turn
-        if not pause.hold_for_reply or pause.text_at is None or turn.wrote.done() or not turn.active:
-            return False
-        return (time.time() - pause.text_at) * 1000 < wait_ms
+            self._hear_end_of_turn(pause, audio, mark, after_text))
 
     # --- VAD events --------------------------------------------------------------------------------
     def _on_speech_start(self, ev: SpeechStart) -> None:
@@ -541,26 +514,13 @@ class TurnTaking:
             pause.words = word_count(text)
         if result is not None:
             self._partial_from(result.text.strip())
-        pause.text_at = time.time()
-        # Only where the reply's prompt can have the cores: this is the only turn in progress in the process (with
-        # others the engine keeps a prompt on respond.threads, and the model's call would wait for nothing).
-        pause.hold_for_reply = self.cfg.end_of_turn_after_reply_ms > 0 and live_turns() <= 1
-        pause.turn.wrote.add_done_callback(functools.partial(self._on_reply_written, pause))
         self._decide(text_landed=True)
 
-    def _on_reply_written(self, pause: Pause, wrote: asyncio.Future[None]) -> None:
-        """The speculative reply's first text: the model's call held for it goes now (``_ask_model``)."""
-        if pause is self.pause and pause.model_held_at is not None:
-            self._decide()
-
-    async def _hear_end_of_turn(self, pause: Pause, audio: np.ndarray, pause_ms: int, after_text: bool,
-                                held_from: float | None = None) -> None:
+    async def _hear_end_of_turn(self, pause: Pause, audio: np.ndarray, pause_ms: int, after_text: bool) -> None:
         """Ask the audio end-of-turn model about this pause (``pause_ms`` of it heard; ``after_text``: the call was
-        held until the transcript landed; ``held_from``: and then for the reply's prompt, since then); a failure
-        leaves the decision to the rest."""
+        held until the transcript landed); a failure leaves the decision to the rest."""
         assert self.deps.end_of_turn is not None
-        started = time.time()
-        asked = held_from if held_from is not None else started
+        asked = time.time()
         try:
             prob = await self.deps.end_of_turn.probability(audio)
         except Exception as exc:
@@ -569,7 +529,7 @@ class TurnTaking:
         else:
             log.debug("end_of_turn session=%s prob=%.3f pause_ms=%d", self.session_id, prob, pause_ms)
             pause.probs.append((pause_ms, prob))
-            pause.model_span, pause.model_after_text = Span(asked, started, time.time()), after_text
+            pause.model_span, pause.model_after_text = Span(asked, asked, time.time()), after_text
         if pause is self.pause:
             self._decide()
 

@@ -548,17 +548,18 @@ class LlamaEngine:
     def _wide_threads(self, tokens: int, slots: int) -> None:
         """The threads of a step of ``tokens`` of ``slots`` conversations: llama.cpp evaluates a step of several
         tokens (a prompt) on its batch threads, one token on ``threads``. A prompt is what a caller waits for before
-        the reply's first word, so one conversation's prompt, alone in its step, gets ``prompt_threads`` when that
-        many cores are free as it starts (the ASR pass that gave its words is done, nothing else runs: one call on
-        two cores, ~1.8x faster); otherwise ``threads``, because llama.cpp's threads wait for each other at every
-        layer and one that has to share its core stalls the step (two threads on two busy cores made a prompt ~2x
-        slower than one), and a step that other conversations' tokens share would stall them too. The reply's
-        tokens that follow stay on ``threads``, leaving the other cores to the voice."""
+        the reply's first word, so one conversation's prompt, alone in its step, gets the cores that are free as it
+        starts, up to ``prompt_threads`` (nothing else running: two threads on two cores, ~1.8x faster); otherwise
+        ``threads``, because llama.cpp's threads wait for each other at every layer and one that has to share its
+        core stalls the step (two threads on two busy cores made a prompt ~2x slower than one), and a step that
+        other conversations' tokens share would stall them too. The reply's tokens that follow stay on
+        ``threads``, leaving the other cores to the voice."""
         if self.prompt_threads <= self.threads:
             return
         want = self.threads
-        if tokens > 1 and slots == 1 and free_cpus(self.usable_cpus) >= self.prompt_threads:
-            want = self.prompt_threads
+        if tokens > 1 and slots == 1:
+            want = max(self.threads, min(self.prompt_threads, free_cpus(self.usable_cpus)))
+        if want > self.threads:
             self.stats["wide_steps"] += 1
         if want != self._batch_threads:
             self.L.llama_set_n_threads(self.ctx, self.threads, want)

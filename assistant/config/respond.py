@@ -91,8 +91,9 @@ class RespondConfig:
     threads: int = setting(0, "llama: CPU threads for the model (0: half the cores, at most 8; ASR and TTS share them)")
     prompt_threads: int = setting(
         0, "llama: the most CPU threads for a step of one conversation's prompt, taken from the cores free as it "
-        "starts (else respond.threads; 0: every usable core, at most 8; respond.threads or less: never more). On 2 "
-        "idle cores of an AMD EPYC, 2 gave the first clause in 93 ms against 148 ms (p50, docs/latency.md)"
+        "starts (else respond.threads). 0: never more than respond.threads (a voice turn's prompt runs beside the "
+        "end-of-turn model, where it gained nothing: docs/latency.md); 2 on 2 idle cores of an AMD EPYC gave a typed "
+        "turn's first clause in 93 ms against 148 (p50)"
     )
     gpu_layers: int = setting(0, "llama: layers offloaded to the GPU (-1: all; needs llama-cpp-python built with CUDA)")
     prefill_chunk: int = setting(

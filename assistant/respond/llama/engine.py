@@ -147,9 +147,9 @@ class LlamaEngine:
         self.prefill_chunk = prefill_chunk
         self.ahead_tokens = max(1, ahead_tokens)
         self.threads = threads if threads > 0 else default_threads()
-        # A step of several tokens (a prompt) on more threads when the cores are free at its start (_wide_threads)
+        # One conversation's prompt on more threads when the cores are free at its step's start (_wide_threads)
         self.usable_cpus = usable_cpus()
-        self.prompt_threads = max(self.threads, prompt_threads if prompt_threads > 0 else min(8, self.usable_cpus))
+        self.prompt_threads = max(self.threads, prompt_threads)
         self._batch_threads = self.threads
         install_llama_log(llama_cpp)
         llama_cpp.llama_backend_init()

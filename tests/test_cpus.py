@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from assistant.cpus import LOADAVG, cgroup_cpus, free_cpus, runnable_threads, usable_cpus
+from assistant.respond.llama.cpus import LOADAVG, cgroup_cpus, free_cpus, runnable_threads, usable_cpus
 from tests import needs
 
 
@@ -54,7 +54,7 @@ def test_a_quota_bounds_the_cores_and_rounds_up(tmp_path: Path) -> None:
 def test_the_default_follows_a_real_affinity_mask() -> None:
     if shutil.which("taskset") is None:
         needs.missing("taskset (util-linux) is not installed")
-    code = ("from assistant.cpus import default_threads, usable_cpus\n"
+    code = ("from assistant.respond.llama.cpus import default_threads, usable_cpus\n"
             "print(usable_cpus(), default_threads())")
     run = subprocess.run(["taskset", "-c", "0", sys.executable, "-c", code], capture_output=True, text=True,
                          timeout=60, check=True)

@@ -549,7 +549,7 @@ class LlamaEngine:
         """The threads of a step of ``tokens`` of ``slots`` conversations: llama.cpp evaluates a step of several
         tokens (a prompt) on its batch threads, one token on ``threads``. A prompt is what a caller waits for before
         the reply's first word, so one conversation's prompt, alone in its step, gets the cores that are free as it
-        starts, up to ``prompt_threads`` (nothing else running: two threads on two cores, ~1.8x faster); otherwise
+        starts, up to ``prompt_threads`` (nothing else running: two threads on two idle cores, ~1.6x faster); otherwise
         ``threads``, because llama.cpp's threads wait for each other at every layer and one that has to share its
         core stalls the step (two threads on two busy cores made a prompt ~2x slower than one), and a step that
         other conversations' tokens share would stall them too. The reply's tokens that follow stay on

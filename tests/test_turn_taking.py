@@ -4,6 +4,7 @@ partial transcripts come before the final one, and the transcript moves the endp
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -47,6 +48,15 @@ class InstantASR:
         return await self.transcribe(audio, **kw)
 
 
+class FinishedASR(InstantASR):
+    """InstantASR whose first half is a finished sentence (transcript cue complete), so a pause after it can end the
+    turn on a sure score."""
+
+    async def transcribe(self, audio: np.ndarray, **kw: Any) -> Transcript:
+        heard = await super().transcribe(audio, **kw)
+        return Transcript(text="I would like a coffee." if heard.text == "I would like to order." else heard.text)
+
+
 class ToneTTS:
     name = "tone"
     sample_rate = 16_000
@@ -61,7 +71,8 @@ class ToneTTS:
     async def close(self) -> None: ...
 
 
-async def _run_conversation(cfg: Any, audio: np.ndarray) -> tuple[Conversation, list[dict], list[tuple[int, float]]]:
+async def _run_conversation(cfg: Any, audio: np.ndarray, asr: InstantASR | None = None
+                            ) -> tuple[Conversation, list[dict], list[tuple[int, float]]]:
     events = EventChannel()
     seen: list[dict] = []
     events.subscribe(seen.append)
@@ -74,7 +85,7 @@ async def _run_conversation(cfg: Any, audio: np.ndarray) -> tuple[Conversation, 
         return await original_write(pcm, generation)
 
     track.write = spy  # type: ignore[method-assign]
-    deps = TurnDeps(asr=InstantASR(), tts=ToneTTS(), responder=EchoResponder())
+    deps = TurnDeps(asr=asr or InstantASR(), tts=ToneTTS(), responder=EchoResponder())
     conv = Conversation(cfg, Endpointer(cfg.vad, SileroModel.shared()), deps, track, events, "t")
     for i in range(0, len(audio), CHUNK):
         conv.feed(audio[i : i + CHUNK])
@@ -161,6 +172,29 @@ async def test_without_confirm_ms_the_pause_splits_the_turn_audibly(shared_audio
                             "policy": "flat", "confirm_ms": 0, "rejoin_ms": 0})
     _, _, writes = await _run_conversation(cfg, x)
     assert any(turns == 1 for turns, _ in writes), writes
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize("sure_ms", [0, 600])
+async def test_a_sure_end_waits_confirm_sure_ms(shared_audio, caplog, sure_ms: int) -> None:
+    """turn.confirm_sure_ms: an end whose score reaches confirm_sure waits that much silence, not confirm_ms. The
+    falling policy here ends the turn at the sentence's 400 ms pause on a sure score (heard as "I would like a
+    coffee."): heard at once (0), the first half's reply is written before the speaker goes on; held 600 ms, it is
+    dropped unheard and only the whole sentence's reply is written, 600 ms after its end (not confirm_ms's 3 s)."""
+    caplog.set_level(logging.INFO, logger="assistant.pipeline.turn_taking")
+    x, _ = read_audio(shared_audio / "en_pause_midsentence.wav")  # speech ends at 4.03 s of 5.54 s
+    cfg = test_config(turn={"speculative": True, "smart_endpoint": True, "end_of_turn_model": False,
+                            "policy": "falling", "falling_from": 0.5, "falling_to": 0.5, "confirm_ms": 3000,
+                            "confirm_sure": 1.2, "confirm_sure_ms": sure_ms, "rejoin_ms": 0})
+    _, seen, writes = await _run_conversation(cfg, x, FinishedASR())
+    assert len([e for e in seen if e["type"] == "speech_end"]) == 2  # decided (sure) at the pause, and at the end
+    if not sure_ms:
+        assert any(turns == 1 for turns, _ in writes), writes  # the false start the hold removes
+        return
+    assert not [e for e in seen if e["type"] == "interrupted"]
+    assert writes and all(turns == 2 for turns, _ in writes), writes
+    held = [r.getMessage() for r in caplog.records if r.getMessage().startswith("reply_held")]
+    assert held and all(m.endswith("until_ms=600") for m in held), held
 
 
 @pytest.mark.asyncio

@@ -180,6 +180,9 @@ def load_config(
         bad_cues = [c for c in getattr(cfg.turn, name) if c not in TURN_CUES]
         if bad_cues:
             raise ConfigError(f"turn.{name}: {bad_cues[0]!r} is no cue; choose from {', '.join(TURN_CUES)}")
+    if not 0 <= cfg.turn.confirm_sure_ms <= max(cfg.turn.confirm_ms, 0):
+        raise ConfigError(f"turn.confirm_sure_ms must be 0-{max(cfg.turn.confirm_ms, 0)} ms (at most turn.confirm_ms: "
+                          f"a sure end never waits longer than an unsure one), got {cfg.turn.confirm_sure_ms}")
     check_min_window(cfg.asr.min_window_s)
     if cfg.respond.requantize not in REQUANTIZE:
         raise ConfigError(f"respond.requantize must be one of {', '.join(REQUANTIZE)}, got {cfg.respond.requantize!r}")

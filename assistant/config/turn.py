@@ -215,8 +215,14 @@ class TurnConfig:
     )
     confirm_sure: float = setting(
         1.5,
-        "a decision is sure, and its reply heard at once, when its score (the model's probability + the transcript "
-        "cue's weight, the falling policy's) reaches this; a held cue's release is never sure",
+        "a decision is sure when its score (the model's probability + the transcript cue's weight, the falling "
+        "policy's) reaches this: its reply waits only confirm_sure_ms of silence, not confirm_ms; a held cue's "
+        "release is never sure",
+    )
+    confirm_sure_ms: int = setting(
+        0,
+        "the silence since the speech end after which a sure decision's reply (confirm_sure) may be heard, as "
+        "confirm_ms is an unsure one's; 0: at once",
     )
     rejoin_ms: int = setting(
         300,

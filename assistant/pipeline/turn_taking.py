@@ -414,22 +414,23 @@ class TurnTaking:
         self._before = None
         self._resumed_at, self._silence_ms = None, 0
         sure = pause is not None and turn is pause.turn and pause.sure
-        confirm_at = ev.speech_end + self.cfg.confirm_ms * SPEECH_RATE // 1000
-        held = self.cfg.confirm_ms > 0 and not sure and self.endpointer.samples_fed < confirm_at
+        hold_ms = self.cfg.confirm_sure_ms if sure else self.cfg.confirm_ms
+        confirm_at = ev.speech_end + hold_ms * SPEECH_RATE // 1000
+        held = self.cfg.confirm_ms > 0 and hold_ms > 0 and self.endpointer.samples_fed < confirm_at
         self.runner.commit(turn, ending, confirmed=not held)
         if held:
-            self._hold(turn, confirm_at, speech_end)
+            self._hold(turn, confirm_at, speech_end, hold_ms)
 
     # --- an unsure end waits for the silence that confirms it ----------------------------------------------
-    def _hold(self, turn: Turn, confirm_at: int, speech_end: float) -> None:
-        """Hear ``turn``'s reply only once the stream reaches ``confirm_at`` (turn.confirm_ms of silence after the
-        speech end), or that much wall time has passed (a client that stops sending audio); speech before then drops
-        it unheard (:meth:`_on_speech_start`)."""
+    def _hold(self, turn: Turn, confirm_at: int, speech_end: float, hold_ms: int) -> None:
+        """Hear ``turn``'s reply only once the stream reaches ``confirm_at`` (``hold_ms`` of silence after the speech
+        end: turn.confirm_ms, or turn.confirm_sure_ms for a sure end), or that much wall time has passed (a client
+        that stops sending audio); speech before then drops it unheard (:meth:`_on_speech_start`)."""
         self._cancel_hold()
-        delay = max(0.0, speech_end + self.cfg.confirm_ms / 1000 - time.time())
+        delay = max(0.0, speech_end + hold_ms / 1000 - time.time())
         timer = asyncio.get_running_loop().call_later(delay, self._on_hold_timer)
         self._held = (turn, confirm_at, timer)
-        log.info("reply_held session=%s turn=%d until_ms=%d", self.session_id, turn.number, self.cfg.confirm_ms)
+        log.info("reply_held session=%s turn=%d until_ms=%d", self.session_id, turn.number, hold_ms)
 
     def _on_hold_timer(self) -> None:
         """The hold's wall time is up: confirm, unless audio is still coming and a sound in it may be the speaker

@@ -19,6 +19,9 @@ STUDIES: tuple[tuple[str, str, str, str, str], ...] = (
      "lab.eot_corpus", "add_corpus_arguments", "run_corpus"),
     ("eot", "end-of-turn policies on the corpus: per-pause evidence (VAD, Smart Turn, ASR), tuning on one half, "
      "the trade-off curve on the held-out half", "lab.eot", "add_eot_arguments", "run_eot"),
+    ("confirm", "when a decided end's reply may be heard: turn.confirm_sure and confirm_sure_ms swept on the eot "
+     "evidence against the false starts a caller would hear, on a machine as fast as any and on this one",
+     "lab.confirm", "add_confirm_arguments", "run_confirm"),
     ("hearing", "the human set (a tuning set) through tiny.en and base+auto: how often each slot's words are in the "
      "transcript, and the language detected at every pass", "lab.hearing", "add_hearing_arguments", "run_hearing"),
     ("languages", "the price of hearing every language on a CPU: ASR time of base+auto against tiny.en+en on the "

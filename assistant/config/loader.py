@@ -183,6 +183,9 @@ def load_config(
     if not 0 <= cfg.turn.confirm_sure_ms <= max(cfg.turn.confirm_ms, 0):
         raise ConfigError(f"turn.confirm_sure_ms must be 0-{max(cfg.turn.confirm_ms, 0)} ms (at most turn.confirm_ms: "
                           f"a sure end never waits longer than an unsure one), got {cfg.turn.confirm_sure_ms}")
+    for name in ("phrase_cache_mb", "phrase_cache_chars"):
+        if getattr(cfg.tts, name) < 0:
+            raise ConfigError(f"tts.{name} must be ≥ 0 (0: no phrase cache), got {getattr(cfg.tts, name)}")
     check_min_window(cfg.asr.min_window_s)
     if cfg.respond.requantize not in REQUANTIZE:
         raise ConfigError(f"respond.requantize must be one of {', '.join(REQUANTIZE)}, got {cfg.respond.requantize!r}")

@@ -38,6 +38,12 @@ class TTSConfig:
         "(a voice_fallback event says so). Default: Japanese by Kokoro on the CPU (configs/gpu.toml clears it: "
         "CosyVoice2 speaks Japanese itself)",
     )
+    phrase_cache_mb: int = setting(
+        16, "piper, kokoro: memory for the audio of a reply's short pieces already spoken (\"Sure,\", \"I'm sorry,\"), "
+        "spoken again at once when a reply asks for the same piece in the same voice (LRU; 0: off; "
+        "tts/phrase_cache.py)",
+    )
+    phrase_cache_chars: int = setting(32, "the longest piece the phrase cache keeps (characters)")
     max_text_chars: int = setting(2000, "longest text one synthesis request may carry")
     max_concurrent: int = setting(4, "syntheses running at once across the process")
     max_waiting: int = setting(4, "cosyvoice2: requests that may wait for a slot before EngineBusy")

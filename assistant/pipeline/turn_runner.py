@@ -80,7 +80,8 @@ class TurnRunner:
             chunker = dataclasses.replace(chunker, first_min_chars=chunker.reply_first_min_chars,
                                           runway_chars=chunker.reply_runway_chars)
         self.synthesis = SynthesisPath(deps.tts, sink.sample_rate, timeout_s=tts.timeout_s, chunker=chunker)
-        self.request = TTSRequest(text="", voice=deps.voice, language=tts.language or None, session=session_id)
+        self.request = TTSRequest(text="", voice=deps.voice, language=tts.language or None, session=session_id,
+                                  reuse_audio=True)  # a reply's opener spoken before is spoken again at once
         # The language this session's turns are heard in: a code, "auto" (detected per turn), or None (asr.language).
         self.language: str | None = None
         self.apology = turn.error_message.strip()

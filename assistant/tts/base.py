@@ -44,6 +44,8 @@ class TTSRequest:
     session: str = ""                   # the call it is for ("" outside one): a remote engine joins its trace
     ahead: bool = False                 # made ahead of playout (a reply's later piece, its listener has audio queued):
                                         # a CPU engine runs it below a first piece someone is waiting for
+    reuse_audio: bool = False           # may be answered with the audio of the same short piece made before, and
+                                        # fill it (a conversation's reply; CPU voices: tts/phrase_cache.py)
 
 
 @dataclass(frozen=True)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import functools
 import itertools
 import logging
 import os
@@ -24,6 +25,7 @@ import numpy as np
 
 from assistant.config import TTSConfig
 from assistant.tts.base import SPEED_RANGE, PieceByPiece, TTSCapabilities, TTSRequest, TTSUnsupported
+from assistant.tts.phrase_cache import PhraseCache
 
 log = logging.getLogger(__name__)
 
@@ -210,19 +212,38 @@ class ThreadedEngine(PieceByPiece):
         """What the worker runs for ``text`` (stripped, not empty) with ``request``'s voice and speed."""
         raise NotImplementedError
 
+    @functools.cached_property
+    def phrases(self) -> PhraseCache:
+        """The audio of short reply pieces already spoken (``tts.phrase_cache_mb``; tts/phrase_cache.py)."""
+        return PhraseCache(max(0, self.cfg.phrase_cache_mb) << 20, max(0, self.cfg.phrase_cache_chars))
+
     async def synthesize(self, request: TTSRequest) -> AsyncIterator[np.ndarray]:
-        """Yield one float32 chunk per sentence as soon as it is made; stop the worker if abandoned."""
+        """Yield one float32 chunk per sentence as soon as it is made (or, for a short reply piece made before,
+        at once from the phrase cache); stop the worker if abandoned."""
         self.check(request)
         text = request.text.strip()
         if not text:
             return
+        key = self.phrases.key(text, request)
+        cached = self.phrases.get(key) if key is not None else None
+        if cached is not None:
+            log.info("tts.phrase_cached engine=%s chars=%d audio_s=%.2f", self.name, len(text),
+                     sum(len(c) for c in cached) / self.sample_rate)
+            for chunk in cached:
+                yield chunk.copy()  # the consumer's to change; the kept audio stays as made
+            return
         chunks = self._threads.stream(self._make(text, request), f"chars={len(text)} speed={request.speed:.2f}",
                                       ahead=request.ahead)
+        made: list[np.ndarray] | None = [] if key is not None else None
         try:
             async for chunk in chunks:
+                if made is not None:
+                    made.append(chunk.copy())  # as made, whatever the consumer does to its chunk
                 yield chunk
         finally:
             await chunks.aclose()  # the worker stops now, not when the generator is collected
+        if key is not None and made:  # made to its end (a stopped synthesis leaves by the finally, keeping none)
+            self.phrases.put(key, made)
 
     async def warmup(self) -> None:
         """Speak a short phrase once, so the first real request pays no ONNX or G2P start-up cost."""

@@ -39,6 +39,7 @@ from typing import Any
 import numpy as np
 
 from assistant.config import TurnConfig, VADConfig
+from assistant.pipeline.end_of_turn import confirm_hold_ms
 from lab.eot import AFTERTHOUGHT, VAD_WINDOW_MS, Pause, Turns, flatten, join, load_evidence, replay_decision
 from lab.eot_evidence import load_cache
 
@@ -73,9 +74,7 @@ def hear(cfg: TurnConfig, p: Pause, fixed_ms: int) -> Heard:
     t, d = replay_decision(cfg, p, fixed_ms)
     if d is None:
         return Heard(None, None, False)
-    sure = d.sure
-    hold = (cfg.confirm_sure_ms if sure else cfg.confirm_ms) if cfg.confirm_ms > 0 else 0
-    return Heard(t, max(t, hold), sure)
+    return Heard(t, max(t, confirm_hold_ms(cfg, d.sure)), d.sure)
 
 
 @dataclass(frozen=True)

@@ -24,6 +24,7 @@ from assistant.pipeline.end_of_turn import (
     Cue,
     Evidence,
     TurnEnd,
+    confirm_hold_ms,
     cue,
     cue_at,
     decide,
@@ -597,3 +598,13 @@ def test_what_was_asked_is_what_the_assistant_last_said() -> None:
     assert expected_digits("Your ZIP code, please.") == 5 and expected_digits("Hello!") is None
     history.clear()
     assert history.last_reply == ""
+
+
+def test_the_reply_waits_the_hold_its_end_earned() -> None:
+    """One rule for the conversation and the lab's replay: a sure end waits ``confirm_sure_ms``, an unsure one
+    ``confirm_ms``, and with ``confirm_ms`` 0 no reply waits at all."""
+    cfg = TurnConfig(confirm_ms=650, confirm_sure_ms=200)
+    assert confirm_hold_ms(cfg, sure=False) == 650 and confirm_hold_ms(cfg, sure=True) == 200
+    assert confirm_hold_ms(TurnConfig(confirm_ms=650, confirm_sure_ms=0), sure=True) == 0
+    assert confirm_hold_ms(TurnConfig(confirm_ms=0, confirm_sure_ms=0), sure=False) == 0
+    assert confirm_hold_ms(TurnConfig(), sure=False) == TurnConfig().confirm_ms

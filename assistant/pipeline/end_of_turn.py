@@ -576,6 +576,15 @@ def _flat(cfg: TurnConfig, ev: Evidence, pause_ms: int, fixed_ms: int) -> Decisi
     return Decision(end_now=False, end_silence_ms=setting, reason=verdict.reason)
 
 
+def confirm_hold_ms(cfg: TurnConfig, sure: bool) -> int:
+    """The silence after the speech end that a decided turn's reply waits for before it is heard (the made reply
+    is dropped unheard if the speaker goes on first): ``turn.confirm_sure_ms`` after a sure end, ``turn.confirm_ms``
+    otherwise, none when ``confirm_ms`` is 0. The one rule the conversation and the lab's replay both apply."""
+    if cfg.confirm_ms <= 0:
+        return 0
+    return max(0, cfg.confirm_sure_ms if sure else cfg.confirm_ms)
+
+
 def weigh(
     cfg: TurnConfig,
     text: TurnEnd | None,

@@ -40,6 +40,7 @@ from assistant.pipeline.end_of_turn import (
     Cue,
     Evidence,
     TurnEnd,
+    confirm_hold_ms,
     cue,
     decide,
     judge,
@@ -414,9 +415,9 @@ class TurnTaking:
         self._before = None
         self._resumed_at, self._silence_ms = None, 0
         sure = pause is not None and turn is pause.turn and pause.sure
-        hold_ms = self.cfg.confirm_sure_ms if sure else self.cfg.confirm_ms
+        hold_ms = confirm_hold_ms(self.cfg, sure)
         confirm_at = ev.speech_end + hold_ms * SPEECH_RATE // 1000
-        held = self.cfg.confirm_ms > 0 and hold_ms > 0 and self.endpointer.samples_fed < confirm_at
+        held = hold_ms > 0 and self.endpointer.samples_fed < confirm_at
         self.runner.commit(turn, ending, confirmed=not held)
         if held:
             self._hold(turn, confirm_at, speech_end, hold_ms)

@@ -2,7 +2,8 @@
 
 A voice chat's replies open with few phrases ("Sure,", "I'm sorry,", "You said:"), and the chunker sends such a
 first clause to the voice on its own (``chunker.reply_first_min_chars``): the caller waits for it, and on two cores
-Piper takes ~150 ms to make it alone, ~170-310 ms beside three other calls. The second time a piece is asked for
+Piper took ~125 ms (p50) to make "I'm sorry," in one call, ~205 ms (p50; p90 ~330-380) beside three other calls
+(docs/latency.md). The second time a piece is asked for
 with the same voice, language, speed and pitch, its audio is already here.
 
 What is kept and who may read it:
@@ -19,7 +20,6 @@ A repeat sounds the same each time: Piper samples its noise afresh per synthesis
 
 from __future__ import annotations
 
-import logging
 import threading
 from collections import OrderedDict
 from collections.abc import Hashable
@@ -27,8 +27,6 @@ from collections.abc import Hashable
 import numpy as np
 
 from assistant.tts.base import TTSRequest
-
-log = logging.getLogger(__name__)
 
 PhraseKey = tuple[Hashable, ...]
 
@@ -76,7 +74,8 @@ class PhraseCache:
 
     def put(self, key: PhraseKey, chunks: list[np.ndarray]) -> None:
         """Keep a piece made to its end; the least recently used go while the bytes exceed the bound (a piece larger
-        than the whole bound is not kept)."""
+        than the whole bound is not kept). The cache takes the arrays themselves (made read-only): a caller hands it
+        copies of its own."""
         kept = tuple(_frozen(c) for c in chunks)
         size = sum(c.nbytes for c in kept)
         if not kept or size > self.max_bytes:
@@ -93,7 +92,7 @@ class PhraseCache:
 
 
 def _frozen(chunk: np.ndarray) -> np.ndarray:
-    """A read-only float32 copy of a chunk, as kept."""
-    kept = np.array(chunk, dtype=np.float32, copy=True).reshape(-1)
+    """The chunk as kept: float32, flat, read-only (a copy only where it was not float32 already)."""
+    kept = np.asarray(chunk, dtype=np.float32).reshape(-1)
     kept.setflags(write=False)
     return kept

@@ -215,7 +215,7 @@ class ThreadedEngine(PieceByPiece):
     @functools.cached_property
     def phrases(self) -> PhraseCache:
         """The audio of short reply pieces already spoken (``tts.phrase_cache_mb``; tts/phrase_cache.py)."""
-        return PhraseCache(max(0, self.cfg.phrase_cache_mb) << 20, max(0, self.cfg.phrase_cache_chars))
+        return PhraseCache(self.cfg.phrase_cache_mb << 20, self.cfg.phrase_cache_chars)
 
     async def synthesize(self, request: TTSRequest) -> AsyncIterator[np.ndarray]:
         """Yield one float32 chunk per sentence as soon as it is made (or, for a short reply piece made before,
@@ -238,7 +238,7 @@ class ThreadedEngine(PieceByPiece):
         try:
             async for chunk in chunks:
                 if made is not None:
-                    made.append(chunk.copy())  # as made, whatever the consumer does to its chunk
+                    made.append(chunk.copy())  # the cache's own copy: the consumer may change its chunk
                 yield chunk
         finally:
             await chunks.aclose()  # the worker stops now, not when the generator is collected

@@ -43,9 +43,7 @@ def test_default_file_is_the_cpu_stack() -> None:
         # own process) is refused, not built.
         ({"ASSISTANT_RESPOND__FALLBACK": "llama"}, "respond.fallback must be echo, rules or empty"),
         ({"ASSISTANT_RESPOND__FALLBACK": "tests.fault_engines:CrashAtWarmup"}, "respond.fallback must be"),
-        # A sure end never waits longer than an unsure one.
-        ({"ASSISTANT_TURN__CONFIRM_SURE_MS": "900"}, "turn.confirm_sure_ms must be 0-650 ms"),
-        ({"ASSISTANT_TURN__CONFIRM_SURE_MS": "-1"}, "turn.confirm_sure_ms must be"),
+        ({"ASSISTANT_TURN__CONFIRM_SURE_MS": "-1"}, "turn.confirm_sure_ms must be ≥ 0"),
     ],
 )
 def test_bad_settings_are_named(env: dict[str, str], message: str) -> None:

@@ -608,3 +608,5 @@ def test_the_reply_waits_the_hold_its_end_earned() -> None:
     assert confirm_hold_ms(TurnConfig(confirm_ms=650, confirm_sure_ms=0), sure=True) == 0
     assert confirm_hold_ms(TurnConfig(confirm_ms=0, confirm_sure_ms=0), sure=False) == 0
     assert confirm_hold_ms(TurnConfig(), sure=False) == TurnConfig().confirm_ms
+    # A sure end never waits longer than an unsure one: a shorter confirm_ms alone shortens both.
+    assert confirm_hold_ms(TurnConfig(confirm_ms=400, confirm_sure_ms=500), sure=True) == 400

@@ -180,9 +180,9 @@ def load_config(
         bad_cues = [c for c in getattr(cfg.turn, name) if c not in TURN_CUES]
         if bad_cues:
             raise ConfigError(f"turn.{name}: {bad_cues[0]!r} is no cue; choose from {', '.join(TURN_CUES)}")
-    if not 0 <= cfg.turn.confirm_sure_ms <= max(cfg.turn.confirm_ms, 0):
-        raise ConfigError(f"turn.confirm_sure_ms must be 0-{max(cfg.turn.confirm_ms, 0)} ms (at most turn.confirm_ms: "
-                          f"a sure end never waits longer than an unsure one), got {cfg.turn.confirm_sure_ms}")
+    if cfg.turn.confirm_sure_ms < 0:  # above turn.confirm_ms it is that (end_of_turn.confirm_hold_ms)
+        raise ConfigError(f"turn.confirm_sure_ms must be ≥ 0 (0: a sure end's reply is heard at once), got "
+                          f"{cfg.turn.confirm_sure_ms}")
     for name in ("phrase_cache_mb", "phrase_cache_chars"):
         if getattr(cfg.tts, name) < 0:
             raise ConfigError(f"tts.{name} must be ≥ 0 (0: no phrase cache), got {getattr(cfg.tts, name)}")

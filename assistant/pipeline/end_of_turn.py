@@ -578,11 +578,12 @@ def _flat(cfg: TurnConfig, ev: Evidence, pause_ms: int, fixed_ms: int) -> Decisi
 
 def confirm_hold_ms(cfg: TurnConfig, sure: bool) -> int:
     """The silence after the speech end that a decided turn's reply waits for before it is heard (the made reply
-    is dropped unheard if the speaker goes on first): ``turn.confirm_sure_ms`` after a sure end, ``turn.confirm_ms``
-    otherwise, none when ``confirm_ms`` is 0. The one rule the conversation and the lab's replay both apply."""
+    is dropped unheard if the speaker goes on first): ``turn.confirm_ms`` after an unsure end; after a sure one
+    ``turn.confirm_sure_ms``, never longer than ``confirm_ms`` (a deployment that shortens the hold shortens both);
+    none when ``confirm_ms`` is 0. The one rule the conversation and the lab's replay both apply."""
     if cfg.confirm_ms <= 0:
         return 0
-    return max(0, cfg.confirm_sure_ms if sure else cfg.confirm_ms)
+    return max(0, min(cfg.confirm_sure_ms, cfg.confirm_ms) if sure else cfg.confirm_ms)
 
 
 def weigh(

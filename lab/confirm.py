@@ -23,7 +23,7 @@ the real end the **heard wait** runs from the labelled end of speech to the hear
 
 The choice: the least mean heard wait (instant) on the tuning turns (the corpus's tuning half, the human set but
 :data:`HELD_OUT_HUMAN`, and the pause files of ``--also``) among the points that hear no more false starts than the
-shipped hold alone on the **guard** turns, the speech issue 58 names (the human tuning clips and the pause files),
+hold alone (none sure) on the **guard** turns, the speech issue 58 names (the human tuning clips and the pause files),
 instant and as measured, also with the hold :data:`MARGIN_MS` shorter and the threshold one step of the grid
 lower. The corpus's synthetic voices are a price, reported, not a veto: on them Smart Turn misses the prosody
 that tells a pause after "and" from an end (it says 0.98-0.99 at both) and tiny.en writes an ending at such a

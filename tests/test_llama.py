@@ -293,9 +293,15 @@ async def test_a_reply_the_conversation_drops_leaves_the_slot_to_the_history_it_
 
 
 @pytest.mark.asyncio
-async def test_a_doubted_reply_gets_the_next_prompt_ready_too() -> None:
+async def test_a_doubted_reply_gets_the_next_prompt_ready_too(monkeypatch: pytest.MonkeyPatch) -> None:
     """A factual answer the model is unsure of is replaced by "I'm not sure" (honest doubt); the history keeps that,
-    and the slot gets ready for it like after any reply, so the next turn evaluates only its own words."""
+    and the slot gets ready for it like after any reply, so the next turn evaluates only its own words. The English
+    threshold is raised to 0 here so that any answer is doubted: whether the small model's greedy answer falls below
+    the shipped one depends on the CPU's kernels (on an AMD EPYC "Name a fruit." was doubted; on a Xeon with AVX-512
+    it answered "The most iconic example of a fruit is the Banana." at -1.89, above -2.8)."""
+    from assistant.respond.llama import doubt
+
+    monkeypatch.setitem(doubt.THRESHOLDS, "en", 0.0)
     r = LlamaResponder(RespondConfig(engine="llama", slots=1, context_tokens=1024, threads=1, max_waiting=1,
                                      system_prompt="Answer briefly.", temperature=0.0, examples=False, doubt="on"))
     try:
@@ -303,7 +309,7 @@ async def test_a_doubted_reply_gets_the_next_prompt_ready_too() -> None:
         ask = "Name a fruit."
         kept: asyncio.Future[str] = asyncio.get_running_loop().create_future()
         said = await reply(r, ask, [], ReplyOptions(kept=kept))
-        assert r.last_doubt is not None and r.last_doubt.doubted, said  # greedy: this model doubts itself here
+        assert r.last_doubt is not None and r.last_doubt.doubted, said
         prepared = r.engine.stats["prepared"]
         kept.set_result(said)
         await until(lambda: r.engine.stats["prepared"] == prepared + 1 and r.engine.settled, "the prepared start", 30)

@@ -22,8 +22,9 @@ held reply unheard: ``Endpointer.onset_pending``); a turn counts once however ma
 the real end the **heard wait** runs from the labelled end of speech to the heard reply.
 
 The choice: the least mean heard wait (instant) on the tuning turns (the corpus's tuning half, the human set but
-:data:`HELD_OUT_HUMAN`, and the pause files of ``--also``) among the points that hear no more false starts than the
-hold alone (none sure) on the **guard** turns, the speech issue 58 names (the human tuning clips and the pause files),
+:data:`HELD_OUT_HUMAN`, and the ``--also`` files) among the points that hear no more false starts than the hold
+alone (none sure) on the **guard** turns, the speech issue 58 names (the human tuning clips and the ``--also`` files:
+the guard clips of docs/end_of_turn.md, the shared, pause and trailing files),
 instant and as measured, also with the hold :data:`MARGIN_MS` shorter and the threshold one step of the grid
 lower. The corpus's synthetic voices are a price, reported, not a veto: on them Smart Turn misses the prosody
 that tells a pause after "and" from an end (it says 0.98-0.99 at both) and tiny.en writes an ending at such a
@@ -216,7 +217,8 @@ def markdown(report: dict[str, Any]) -> str:
         table.append(line)
     return ("Each cell: turns with a false start heard (of them at an afterthought's pause) / heard wait mean / p50 "
             "ms from the labelled end / real ends decided sure. tune: every tuning turn (the corpus's tuning half, "
-            "the human tuning clips, the pause files); guard: the human tuning clips and the pause files alone. "
+            "the human tuning clips, the guard clips: shared, pause and trailing files); guard: the human tuning "
+            "clips and the guard clips alone. "
             "Refused: hears more false starts on the guard turns than none sure (also with the hold 100 ms shorter "
             "or the threshold a step lower)."
             f"\n\n{markdown_table(table)}")

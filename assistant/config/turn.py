@@ -218,10 +218,10 @@ class TurnConfig:
         "a decision is sure when its score (the model's probability + the transcript cue's weight, the falling "
         "policy's) reaches this: its reply waits only confirm_sure_ms of silence, not confirm_ms; a held cue's "
         "release is never sure. 1.37 (a finished text and Smart Turn at 0.97): chosen with confirm_sure_ms by "
-        "`python -m lab confirm` on the tuning turns, no false start heard on the human tuning clips and the pause "
-        "files (the hold alone hears none there either); on the 40 held-out human clips the heard wait fell from "
-        "680 to 560 ms mean with none heard, while the corpus's synthetic voices hear 25 against 24 of 210 "
-        "(docs/end_of_turn.md); above 1.4 none is sure",
+        "`python -m lab confirm` on the tuning turns, no false start heard on the human tuning clips and the guard "
+        "clips (shared, pause and trailing files; the hold alone hears none there either); on the 40 held-out "
+        "human clips the heard wait fell from 680 to 560 ms mean with none heard, while the corpus's synthetic "
+        "voices hear 25 against 24 of 210 (docs/end_of_turn.md); above 1.4 none is sure",
     )
     confirm_sure_ms: int = setting(
         500,

@@ -291,6 +291,8 @@ class UserAgent:
             return
         dialog = Dialog.as_uas(request, new_tag(), flow, self.contact(flow), self.via_host(flow))
         self.bind(call, dialog, str(request.from_.uri))
+        if chosen is not None:  # known from the offer: the session list shows it from admission, while it rings
+            call.codec = chosen.codec.rtpmap
         call.invite_tx = tx
         if language := self._language(request):
             call.conversation.set_language(language)
@@ -372,7 +374,6 @@ class UserAgent:
         call.local.crypto = rtp.answer_crypto(chosen) if chosen is not None else offer_crypto(rtp, self.cfg.sip.srtp)
         if chosen is not None:
             rtp.configure(chosen, dialog.flow.host)
-            call.codec = chosen.codec.rtpmap  # known from the offer: the session list shows it while it rings
             body = call.local.render(answer_codecs(chosen), chosen.direction, chosen.rtcp_mux,
                                      offer.media if offer else None)
         else:  # a late offer: ours goes in the 200, the answer comes in the ACK

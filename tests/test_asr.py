@@ -12,7 +12,7 @@ import pytest
 from assistant.asr import ASREngine, ASRModelMissing, Transcript, create_asr
 from assistant.asr.runner import ASRRunner
 from assistant.asr.whisper import FasterWhisperEngine, resolve_model
-from assistant.audio import read_audio
+from assistant.audio import read_audio, resample
 from assistant.bench.shared_data import shared_path
 from assistant.config import ASRConfig, TurnConfig
 
@@ -366,3 +366,57 @@ def test_a_made_up_last_word_is_heard_as_doubtful() -> None:
     # A beam search gives no word probabilities (CTranslate2 returns no logits for it): no doubt, no failure.
     beam = create_asr(ASRConfig(beam_size=3)).transcribe(x[int(0.45 * rate) : int((pause_start + 0.1) * rate)])
     assert beam.text and beam.words == ()
+
+
+class _Counting:
+    """The CTranslate2 Whisper model with each ``generate``'s length limit and the tokens it wrote kept."""
+
+    def __init__(self, model: object) -> None:
+        self.model = model
+        self.calls: list[tuple[int, int, int]] = []  # (prompt tokens, max_length, tokens written)
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self.model, name)
+
+    def generate(self, features: object, prompts: list[list[int]], **options: object) -> object:
+        results = self.model.generate(features, prompts, **options)  # type: ignore[attr-defined]
+        for prompt, result in zip(prompts, results, strict=True):
+            self.calls.append((len(prompt), int(options["max_length"]), len(result.sequences_ids[0])))  # type: ignore[call-overload]
+        return results
+
+
+def test_a_pass_the_decoder_loops_on_is_stopped_at_its_budget() -> None:
+    """1.43 s of a held-out human clip's tail (4e1db2e2.flac at 5.8 s, a pass seen live) makes Whisper loop in
+    its fitted window and again in the full one; with Whisper's own limit the full window wrote ~800 characters in
+    2-4 s of CPU. Every decode of the pass now stops at the pass's budget, the full window's included."""
+    from assistant.asr.whisper import decode_budget
+
+    engine = FasterWhisperEngine(ASRConfig())
+    counting = _Counting(engine.model.model)
+    engine.model.model = counting
+    x, rate = read_audio(AUDIO / "human" / "4e1db2e2.flac")
+    x = resample(x, rate, 16_000)
+    tail = x[int(5.8 * 16_000): int(5.8 * 16_000) + int(1.43 * 16_000)]
+    budget = decode_budget(len(tail))
+    assert budget < 60
+    result = engine.transcribe(tail)
+    assert len(counting.calls) >= 2, counting.calls  # the window looped: the full window decoded it again
+    for prompt, max_length, written in counting.calls:
+        assert max_length <= prompt + budget and written <= budget, counting.calls
+    assert len(result.text) < 4 * budget
+
+
+def test_the_decode_budget_holds_every_shared_sentence() -> None:
+    """The budget stops loops, never speech: each shared and pause-file sentence (English and Chinese), as a pass
+    cut at its speech end, has room for its tokens in tiny.en's tokenizer, twice over."""
+    import json
+
+    from assistant.asr.whisper import decode_budget
+
+    tokenizer = create_asr(ASRConfig()).model.hf_tokenizer  # type: ignore[attr-defined]
+    entries = json.loads((AUDIO / "manifest.json").read_text())
+    entries += json.loads((Path(__file__).parent / "data" / "pauses" / "manifest.json").read_text())
+    assert any(e["lang"] == "zh" for e in entries)
+    for entry in entries:
+        tokens = len(tokenizer.encode(" " + entry["text"]).ids)
+        assert 2 * tokens <= decode_budget(int(entry["speech_ends_s"] * 16_000)), entry["file"]

@@ -27,7 +27,9 @@ other work, and more turn ends lose their full stop (docs/end_of_turn.md, *A 10 
 what Whisper writes at the end of a cut-off turn (the "..." of trailing speech, a last word), and the shorter the
 window the more: measured on the shared clips and the pause files (whole and cut at 45 % and 60 %), 9 of 39 texts
 differ from the 30 s window's at 15 s (3 in a word), 13 at 10 s, 3 at 25 s; at 5 s the decoder loops. A loop
-that still happens (its text compresses too well) is decoded again in the full window. The decoding is
+that still happens (its text compresses too well) is decoded again in the full window. Every decode stops at the
+pass's budget (``decode_budget``: 16 tokens and 16 a second, about twice what people say), so a loop costs tens of
+tokens, not Whisper's 448. The decoding is
 faster-whisper's for one segment without timestamps (its tokenizer, its suppressed tokens, its no-speech rule).
 With ``asr.window_timestamps`` it is decoded with them (the stamps dropped from the text): Whisper then writes a segment
 per phrase and goes on past a pause where the plain decode may end at the first "?" ("What is the distance between?
@@ -75,11 +77,21 @@ WARMUP_TONE_LEVEL = 0.1
 FULL_WINDOW_FRAMES = 3000
 WINDOW_MARGIN_FRAMES = 200
 FRAMES_PER_SECOND = 100
+# The most tokens before the text: start of transcript, language, task, no-timestamps.
+START_TOKENS = 4
 # faster-whisper's defaults for one segment: the longest token sequence, and the no-speech rule (a segment
 # whose no-speech probability is above this and whose mean log probability is below that is silence).
 MAX_TOKENS = 448
 NO_SPEECH_THRESHOLD = 0.6
 LOG_PROB_THRESHOLD = -1.0
+# The most tokens a pass may write: TOKENS_BASE plus TOKENS_PER_SECOND for each second of its audio. A decoder
+# stuck in a loop writes until it is stopped: with Whisper's own limit (448) one 1.43 s pass of a held-out clip's
+# tail looped in its window and again in the full one, 784 characters in 2.3-3.7 s of CPU, and at four sessions on
+# two cores it held three other calls' replies 1-2 s (bench v2v, 2026-12-06). People say at most 8.8 tokens per
+# second of a pass's audio (the 120 human clips, whole and cut mid-turn, tiny.en's tokenizer); Japanese or Chinese
+# written in these tokens is ~10: twice the human maximum still stops a loop ten times sooner.
+TOKENS_BASE = 16
+TOKENS_PER_SECOND = 16
 # A text that compresses better than this is a decoder stuck in a loop ("a large pizza with a large pizza
 # with …"): faster-whisper's threshold; such a turn is decoded again in the full window.
 COMPRESSION_RATIO_THRESHOLD = 2.4
@@ -93,6 +105,11 @@ def fitted_window(samples: int, min_frames: int) -> int | None:
         return None
     whole_seconds = math.ceil(frames / FRAMES_PER_SECOND) * FRAMES_PER_SECOND
     return min(FULL_WINDOW_FRAMES, max(min_frames, whole_seconds))
+
+
+def decode_budget(samples: int) -> int:
+    """The most tokens a pass of this much audio may write (a loop is stopped there; see ``TOKENS_PER_SECOND``)."""
+    return TOKENS_BASE + math.ceil(samples / SPEECH_RATE * TOKENS_PER_SECOND)
 
 
 def model_name(cfg: ASRConfig) -> str:
@@ -282,7 +299,12 @@ class FasterWhisperEngine:
         return self._pick(list(ranked or []))
 
     def _transcribe_full(self, audio: np.ndarray, lang: str, prompt: str | None) -> list[tuple[float, float, str]]:
-        """faster-whisper's own path: 30 s windows, in ``lang``."""
+        """faster-whisper's own path: 30 s windows, in ``lang``; a 30 s window writes at most its
+        :func:`decode_budget` (the prompt's tokens and the start sequence leave the rest of Whisper's 448)."""
+        samples = min(len(audio), FULL_WINDOW_FRAMES * SPEECH_RATE // FRAMES_PER_SECOND)
+        said_before = prompt.strip() if prompt else ""
+        prompt_tokens = len(self.model.hf_tokenizer.encode(" " + said_before).ids) if said_before else 0
+        room = MAX_TOKENS - START_TOKENS - (1 + min(prompt_tokens, MAX_TOKENS // 2 - 1) if prompt_tokens else 0)
         segments, _ = self.model.transcribe(
             audio,
             language=lang,
@@ -292,6 +314,7 @@ class FasterWhisperEngine:
             condition_on_previous_text=False,
             without_timestamps=True,
             initial_prompt=prompt or None,
+            max_new_tokens=min(decode_budget(samples), room),
         )
         return [(float(s.start), float(s.end), s.text.strip()) for s in segments]  # decoding runs here
 
@@ -323,11 +346,13 @@ class FasterWhisperEngine:
         # With timestamps (asr.window_timestamps) Whisper writes a segment per phrase and goes on past a pause
         # (module docstring); the stamps are dropped from the text.
         stamps = [] if self.cfg.window_timestamps else [tokenizer.no_timestamps]
+        start = [*before, *tokenizer.sot_sequence, *stamps]
+        budget = decode_budget(len(audio))
         result = model.model.generate(
             encoded,
-            [[*before, *tokenizer.sot_sequence, *stamps]],
+            [start],
             beam_size=self.cfg.beam_size,
-            max_length=MAX_TOKENS,
+            max_length=min(MAX_TOKENS, len(start) + budget),
             return_scores=True,
             return_no_speech_prob=True,
             # Greedy: each step's logits say how sure the decoder was of each word (~free). A beam's come back empty.
@@ -341,8 +366,10 @@ class FasterWhisperEngine:
             return "", lang, probability, ()  # no speech in it, by faster-whisper's rule
         text_tokens = [t for t in tokens if t < tokenizer.timestamp_begin]  # every token past the text's are stamps
         text = str(tokenizer.decode(text_tokens)).strip()
-        if get_compression_ratio(text) > COMPRESSION_RATIO_THRESHOLD:
-            log.info("asr.window_loop window_s=%d: decoding again in the full window", window // FRAMES_PER_SECOND)
+        capped = len(tokens) >= budget
+        if capped or get_compression_ratio(text) > COMPRESSION_RATIO_THRESHOLD:
+            log.info("asr.window_loop window_s=%d tokens=%d capped=%s: decoding again in the full window",
+                     window // FRAMES_PER_SECOND, len(tokens), capped)
             return None, lang, probability, ()
         if not any(c.isalnum() for c in text):
             return "", lang, probability, ()  # a lone "." is no words

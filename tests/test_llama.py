@@ -27,6 +27,8 @@ from assistant.respond.llama import (
     plan_reuse,
     slot_cost,
 )
+from assistant.respond.llama import engine as engine_module
+from assistant.respond.llama.clauses import clauses_length
 from tests.waiting import until
 
 pytestmark = [pytest.mark.slow]
@@ -99,6 +101,8 @@ def test_clause_ends() -> None:
     assert clause_end('He said "go." And') == len('He said "go."')
     assert clause_end("好的，我来") == len("好的，")
     assert ends_clause("Done.") and ends_clause("Done!\" ") and not ends_clause("not done")
+    assert clauses_length("Sure, I can help. Then") == len("Sure, I can help.")
+    assert clauses_length("I'm sorry, ") == len("I'm sorry,") and clauses_length("No marks") == 0
 
 
 def test_clause_limit_holds_the_unfinished_clause_near_the_limit() -> None:
@@ -445,6 +449,45 @@ async def test_a_long_reply_does_not_starve_another_sessions_first_token(llama: 
     rest = "".join([d async for d in short])
     assert (first + rest).strip()
     assert long_request.generated > at_first, "the long reply stopped while the other was answered"
+    reader.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await reader
+    await long.aclose()
+    await wait_idle(llama)
+
+
+@LOOP
+async def test_a_reply_with_speech_ahead_sits_out_steps_for_another_reply_before_its_first_clause(
+        llama: LlamaResponder, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Once the long reply's caller has ~1.5 s of whole clauses ahead (voiced), it leaves the steps to a new reply
+    that is still before its first clause (budget unbounded here: it makes no token until the other's first text
+    is out); once its budget is spent it goes on in the same steps as the next new reply."""
+    await wait_idle(llama)
+    long = llama.respond(LONG_ASK, [], ReplyOptions(max_tokens=300))
+    await anext(long)
+    long_request = llama.last_request
+    assert long_request is not None
+    reader = asyncio.ensure_future(drain(long))
+    await until(lambda: long_request.voiced, "the long reply to have speech ahead", 30)
+    monkeypatch.setattr(engine_module, "YIELD_BUDGET_S", 3600.0)
+    yields = llama.engine.stats["yields"]
+    short = llama.respond("What is two plus two?", [], ReplyOptions(max_tokens=64))
+    at_ask = long_request.generated
+    first_text = asyncio.ensure_future(anext(short))  # the generator asks the engine at its first step
+    await until(lambda: llama.last_request is not long_request, "the second reply to be asked", 10)
+    short_request = llama.last_request
+    assert short_request is not None
+    first = await first_text
+    assert first.strip()
+    # At most the step running as it was asked, and one before it had its slot (its prompt is rendered off the loop)
+    assert long_request.generated <= at_ask + 3, "the long reply went on before the other's first words"
+    assert llama.engine.stats["yields"] > yields and long_request.yielded_s > 0
+    await drain(short)
+    spent = long_request.yielded_s
+    monkeypatch.setattr(engine_module, "YIELD_BUDGET_S", spent)  # its budget spent: the next reply shares the steps
+    at_ask = long_request.generated
+    assert (await reply(llama, "What is three plus three?", options=ReplyOptions(max_tokens=64))).strip()
+    assert long_request.yielded_s == spent and long_request.generated > at_ask, "it sat out past its budget"
     reader.cancel()
     with contextlib.suppress(asyncio.CancelledError):
         await reader

@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 HOLD_TOKENS = 24  # near max_tokens, text after the last clause mark waits this many tokens for the clause's end
+# Whole clauses of at least this many characters (~1.5 s of speech, the speech path's runway,
+# chunker.reply_runway_chars) are out: the reply may sit out steps for others' first clauses (engine.voiced) and
+# its caller still hears no gap.
+VOICED_CHARS = 24
 
 # A clause ends at one of these (CJK ones need no space after them).
 CLAUSE_MARKS = ".!?…;:,"
@@ -34,6 +38,11 @@ def ends_clause(text: str) -> bool:
     """True if ``text`` (the whole reply so far) ends with a clause mark (closers and spaces aside)."""
     body = text.rstrip().rstrip(CLOSERS)
     return bool(body) and (body[-1] in CLAUSE_MARKS or body[-1] in CJK_CLAUSE_MARKS)
+
+
+def clauses_length(text: str) -> int:
+    """How much of ``text`` (a reply so far) is whole clauses, the part the speech path can voice now."""
+    return len(text.rstrip()) if ends_clause(text) else clause_end(text)
 
 
 class ClauseLimit:

@@ -8,6 +8,10 @@
   throw away); only the new tokens are evaluated.
 - **Bounded.** ``respond.slots`` replies at once, ``respond.max_waiting`` waiting for a slot; past that the turn
   fails with a "busy" :class:`~assistant.respond.base.ResponderError`.
+- **A first clause before another reply's later words.** A reply whose reader has speech ahead of its caller
+  (:meth:`LlamaEngine.voiced`: ~1.5 s of whole clauses) sits out the steps in which another reply is before its
+  first clause, for at most ``YIELD_BUDGET_S`` in all: that caller is waiting in silence, this one is hearing the
+  reply. The idle slots' preparation of their next prompt waits for such steps too.
 - **Cancellation.** :meth:`LlamaEngine.cancel` flags the request; the engine drops it before its next step.
 - **No crashing CPU path.** llama.cpp's "extra buffer types" (weights repacked for AMX or other CPU-specific
   kernels) are off unless ``respond.extra_buffers`` turns them on: on Intel Xeons with AMX they segfault in the
@@ -37,6 +41,9 @@ log = logging.getLogger(__name__)
 
 AHEAD_TOKENS = 32  # a reply runs at most this many tokens ahead of its reader (the speech path), then waits
 STEP_GRACE = 8.0  # a step is hung past this many times what its tokens took on average (load comes and goes)
+# The most a voiced reply sits out steps, in all, while other replies are before their first clause: well under
+# the speech it has ahead (~1.5 s, clauses.VOICED_CHARS), so its next clause is not late for its caller.
+YIELD_BUDGET_S = 0.3
 
 MSG_BUSY = "The language model is busy. Please try again."
 MSG_FAILED = "The language model failed to answer."
@@ -79,6 +86,8 @@ class _Request:
     slot: int = -1
     warmup: bool = False
     logprobs: bool = False  # give each token its log-probability (the reply's doubt: respond/llama/doubt.py)
+    voiced: bool = False  # its reader has speech ahead (voiced): it may sit out steps for others' first clauses
+    yielded_s: float = 0.0  # how long it has sat out steps so far (at most YIELD_BUDGET_S)
 
 
 @dataclass(eq=False)
@@ -205,7 +214,7 @@ class LlamaEngine:
         self._timed_tokens, self._timed_s, self._token_s = 0.0, 0.0, 0.0  # what steps took (_time_step)
         self.stats: dict[str, int] = {"requests": 0, "busy": 0, "cancelled": 0, "tokens_after_cancel": 0,
                                       "prompt_tokens": 0, "reused_tokens": 0, "generated_tokens": 0,
-                                      "steps": 0, "errors": 0, "prepared": 0, "wide_steps": 0}
+                                      "steps": 0, "errors": 0, "prepared": 0, "wide_steps": 0, "yields": 0}
         self._thread = threading.Thread(target=self._run, name="llama-engine", daemon=True)
         self._thread.start()
         log.info("llm.loaded file=%s model=%r slots=%d ctx_per_slot=%d threads=%d prompt_threads=%d gpu_layers=%d "
@@ -277,6 +286,12 @@ class LlamaEngine:
             if request.stalled:
                 request.stalled = False
                 self._cond.notify()
+
+    def voiced(self, request: _Request) -> None:
+        """``request``'s reader has speech ahead of its caller (~1.5 s of whole clauses): from now on the reply may sit
+        out steps (up to ``YIELD_BUDGET_S`` in all) in which another reply is still before its first clause
+        (thread-safe)."""
+        request.voiced = True
 
     def cancel(self, request: _Request) -> None:
         """Stop ``request``: the engine drops it before its next step (thread-safe, idempotent)."""
@@ -471,7 +486,8 @@ class LlamaEngine:
         added: list[tuple[_Slot, list[int]]] = []
         order = self._slots[self._rotate:] + self._slots[: self._rotate]
         self._rotate = (self._rotate + 1) % len(self._slots)
-        for slot in order:  # generating slots first: one token each, unless far ahead of their reader
+        generating: list[_Slot] = []
+        for slot in order:  # generating slots: one token each, unless far ahead of their reader
             request = slot.request
             if request is not None and slot.next_token is not None:
                 if request.generated - request.consumed >= self.ahead_tokens:
@@ -479,9 +495,19 @@ class LlamaEngine:
                         request.stalled = request.generated - request.consumed >= self.ahead_tokens
                     if request.stalled:
                         continue
-                outputs.append((slot, self._add(slot, [slot.next_token], True)))
-                added.append((slot, [slot.next_token]))
-                slot.next_token = None
+                generating.append(slot)
+        first_due = any(s.request is not None and s.pending for s in order) or any(
+            s.request is not None and not s.request.voiced for s in generating)
+        yielding: list[_Request] = []
+        for slot in generating:  # first: a voiced reply sits out a step another's first clause needs (its budget)
+            request = slot.request
+            assert request is not None and slot.next_token is not None
+            if first_due and request.voiced and request.yielded_s < YIELD_BUDGET_S:
+                yielding.append(request)
+                continue
+            outputs.append((slot, self._add(slot, [slot.next_token], True)))
+            added.append((slot, [slot.next_token]))
+            slot.next_token = None
         budget = max(self.prefill_chunk, 1)
         for slot in order:  # then the prompts, a chunk each while the step's budget lasts
             if slot.request is None or not slot.pending or budget <= 0:
@@ -498,6 +524,8 @@ class LlamaEngine:
             if last:
                 outputs.append((slot, index))
         for slot in order:  # idle slots: the start of their conversation's next prompt, with the room left
+            if first_due:
+                break  # not in a step that a first clause waits for
             if slot.request is None and slot.ahead and budget > 0 and batch.n_tokens < self.n_batch:
                 chunk = slot.ahead[: min(budget, self.n_batch - batch.n_tokens)]
                 self._add(slot, chunk, False)
@@ -511,8 +539,12 @@ class LlamaEngine:
         t0 = time.perf_counter()
         rc = L.llama_decode(self.ctx, batch)
         self._step_tokens = 0
-        self._time_step(n, time.perf_counter() - t0)
+        seconds = time.perf_counter() - t0
+        self._time_step(n, seconds)
         self.stats["steps"] += 1
+        for request in yielding:
+            request.yielded_s += seconds
+        self.stats["yields"] += len(yielding)
         if rc != 0:
             slots = {id(s): s for s, _ in added}
             log.error("llm.decode_failed rc=%d tokens=%d slots=%d", rc, batch.n_tokens, len(slots))

@@ -14,7 +14,7 @@ from typing import TypedDict
 from assistant.config import RespondConfig
 from assistant.respond import persona
 from assistant.respond.base import Message, ReplyOptions, ResponderError, Usage, kept_text
-from assistant.respond.llama.clauses import ClauseLimit
+from assistant.respond.llama.clauses import VOICED_CHARS, ClauseLimit, clauses_length
 from assistant.respond.llama.doubt import DoubtGate, is_factual_question, not_sure
 from assistant.respond.llama.engine import MSG_CLOSED, MSG_FAILED, LlamaEngine, _End, _Request, _Token
 from assistant.respond.llama.model_file import ModelFileError, is_bundled, resolve_model_path
@@ -164,6 +164,8 @@ class LlamaResponder:
                 say = limit.feed(piece, item.n_tokens)
                 if say:
                     said.append(say)
+                    if not request.voiced and clauses_length("".join(said)) >= VOICED_CHARS:
+                        self.engine.voiced(request)  # its caller has speech ahead: others' first clauses go first
                     yield say
                 self.engine.consumed(request, item.n_tokens)
             if gate is not None and gate.doubted:

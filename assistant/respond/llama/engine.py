@@ -11,7 +11,8 @@
 - **A first clause before another reply's later words.** A reply whose reader has speech ahead of its caller
   (:meth:`LlamaEngine.voiced`: ~1.5 s of whole clauses) sits out the steps in which another reply is before its
   first clause, for at most ``YIELD_BUDGET_S`` in all: that caller is waiting in silence, this one is hearing the
-  reply. The idle slots' preparation of their next prompt waits for such steps too.
+  reply. The idle slots' preparation of their next prompt goes on in such steps ``FIRST_DUE_AHEAD_TOKENS`` at a
+  time.
 - **Cancellation.** :meth:`LlamaEngine.cancel` flags the request; the engine drops it before its next step.
 - **No crashing CPU path.** llama.cpp's "extra buffer types" (weights repacked for AMX or other CPU-specific
   kernels) are off unless ``respond.extra_buffers`` turns them on: on Intel Xeons with AMX they segfault in the
@@ -44,6 +45,11 @@ STEP_GRACE = 8.0  # a step is hung past this many times what its tokens took on 
 # The most a voiced reply sits out steps, in all, while other replies are before their first clause: well under
 # the speech it has ahead (~1.5 s, clauses.VOICED_CHARS), so its next clause is not late for its caller.
 YIELD_BUDGET_S = 0.3
+# In a step a first clause waits for, the idle slots' preparation of their next prompt adds at most this many
+# tokens: each costs ~4 ms beside a 25 ms step (SmolLM2, one thread, 500 tokens of context), and a whole chunk of
+# 256 made that step ~1 s. Left out of such steps altogether, preparation never finished at four sessions and 12 of
+# 160 turns evaluated ~300 tokens of history while their caller waited (up to 3 s).
+FIRST_DUE_AHEAD_TOKENS = 8
 
 MSG_BUSY = "The language model is busy. Please try again."
 MSG_FAILED = "The language model failed to answer."
@@ -523,9 +529,9 @@ class LlamaEngine:
             budget -= len(chunk)
             if last:
                 outputs.append((slot, index))
+        if first_due:  # a first clause waits for this step: the preparation goes on, a few tokens at a time
+            budget = min(budget, FIRST_DUE_AHEAD_TOKENS)
         for slot in order:  # idle slots: the start of their conversation's next prompt, with the room left
-            if first_due:
-                break  # not in a step that a first clause waits for
             if slot.request is None and slot.ahead and budget > 0 and batch.n_tokens < self.n_batch:
                 chunk = slot.ahead[: min(budget, self.n_batch - batch.n_tokens)]
                 self._add(slot, chunk, False)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
 import pytest
@@ -493,6 +493,41 @@ async def test_a_reply_with_speech_ahead_sits_out_steps_for_another_reply_before
         await reader
     await long.aclose()
     await wait_idle(llama)
+
+
+@LOOP
+async def test_preparation_goes_on_while_a_reply_is_before_its_first_clause(llama: LlamaResponder) -> None:
+    """An idle slot's next prompt is evaluated while another reply is still before its first clause (a few tokens
+    a step): left out of such steps, it never finished at four sessions and the next turn evaluated ~300 tokens of
+    history while its caller waited. Its own engine, two empty slots: the reply cannot take the prepared one."""
+    engine = engine_module.LlamaEngine(llama.weights, slots=2, context_tokens=1024, threads=1)
+    try:
+        ended: list[engine_module._Request] = []
+
+        def deliver_to(holder: list[engine_module._Request]) -> Callable[[object], None]:
+            def deliver(item: object) -> None:
+                if isinstance(item, engine_module._Token) and holder:
+                    engine.consumed(holder[0], item.n_tokens)  # read at once: it never waits for its reader
+                elif isinstance(item, engine_module._End) and holder:
+                    ended.append(holder[0])
+            return deliver
+
+        first: list[engine_module._Request] = []
+        first.append(engine.submit(engine.tokenize("Hello there, my friend."), 1, 0.0, deliver_to(first)))
+        await until(lambda: first[0] in ended, "the first conversation's reply", 30)
+        other: list[engine_module._Request] = []
+        other.append(engine.submit(engine.tokenize(LONG_ASK), 300, 0.0, deliver_to(other)))  # never voiced
+        await until(lambda: other[0].generated > 2, "the other reply to be under way", 30)
+        assert other[0].slot != first[0].slot and not other[0].voiced
+        history = engine.tokenize("Hello there, my friend. " + "We spoke about the sea and its fish. " * 20)
+        prepared = engine.stats["prepared"]
+        engine.prepare(first[0], history)
+        await until(lambda: engine.stats["prepared"] > prepared and engine.settled, "the preparation to finish", 60)
+        assert not other[0].done, "the preparation waited for the other reply to end"
+        engine.cancel(other[0])
+        await until(lambda: other[0] in ended, "the other reply to stop", 30)
+    finally:
+        await asyncio.to_thread(engine.close)
 
 
 @LOOP

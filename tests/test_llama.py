@@ -516,7 +516,8 @@ async def test_preparation_goes_on_while_a_reply_is_before_its_first_clause(llam
         first.append(engine.submit(engine.tokenize("Hello there, my friend."), 1, 0.0, deliver_to(first)))
         await until(lambda: first[0] in ended, "the first conversation's reply", 30)
         other: list[engine_module._Request] = []
-        other.append(engine.submit(engine.tokenize(LONG_ASK), 300, 0.0, deliver_to(other)))  # never voiced
+        _, _, essay = llama.prompts.fit(llama.prompts.messages(LONG_ASK, [], ReplyOptions()), 300)
+        other.append(engine.submit(essay, 300, 0.0, deliver_to(other)))  # never voiced
         await until(lambda: other[0].generated > 2, "the other reply to be under way", 30)
         assert other[0].slot != first[0].slot and not other[0].voiced
         history = engine.tokenize("Hello there, my friend. " + "We spoke about the sea and its fish. " * 20)

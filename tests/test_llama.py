@@ -62,6 +62,25 @@ async def wait_idle(r: LlamaResponder) -> None:
     await until(lambda: r.engine.active == 0, "every slot to be free", 30)
 
 
+@contextlib.asynccontextmanager
+async def long_reply_being_read(r: LlamaResponder) -> AsyncIterator[engine_module._Request]:
+    """``LONG_ASK`` answered and read as it is made (a listener); stopped, and every slot free, at the end."""
+    await wait_idle(r)
+    long = r.respond(LONG_ASK, [], ReplyOptions(max_tokens=300))
+    await anext(long)
+    request = r.last_request
+    assert request is not None
+    reader = asyncio.ensure_future(drain(long))
+    try:
+        yield request
+    finally:
+        reader.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await reader
+        await long.aclose()
+        await wait_idle(r)
+
+
 # --- pure parts: the KV reuse plan, clause ends, templates -------------------------------------------------------
 def test_reuse_plan_prefix_and_shifted_chunks() -> None:
     system, t1, t2, t3 = list(range(100, 110)), list(range(200, 230)), list(range(300, 330)), list(range(400, 420))
@@ -434,26 +453,16 @@ async def test_cancel_stops_within_a_token_and_frees_the_slot(llama: LlamaRespon
 @LOOP
 async def test_a_long_reply_does_not_starve_another_sessions_first_token(llama: LlamaResponder) -> None:
     """Both replies advance in the same steps: the second's first token comes while the first keeps going."""
-    await wait_idle(llama)
-    long = llama.respond(LONG_ASK, [], ReplyOptions(max_tokens=300))
-    await anext(long)
-    long_request = llama.last_request
-    assert long_request is not None
-    reader = asyncio.ensure_future(drain(long))  # a listener keeps taking the long reply
-    await until(lambda: long_request.generated >= 10, "the long reply to be under way", 30)
-    short = llama.respond("What is two plus two?", [], ReplyOptions(max_tokens=64))
-    first = await anext(short)
-    at_first = long_request.generated
-    assert first.strip()
-    assert not long_request.done, "the second session waited for the long reply to end"
-    rest = "".join([d async for d in short])
-    assert (first + rest).strip()
-    assert long_request.generated > at_first, "the long reply stopped while the other was answered"
-    reader.cancel()
-    with contextlib.suppress(asyncio.CancelledError):
-        await reader
-    await long.aclose()
-    await wait_idle(llama)
+    async with long_reply_being_read(llama) as long_request:
+        await until(lambda: long_request.generated >= 10, "the long reply to be under way", 30)
+        short = llama.respond("What is two plus two?", [], ReplyOptions(max_tokens=64))
+        first = await anext(short)
+        at_first = long_request.generated
+        assert first.strip()
+        assert not long_request.done, "the second session waited for the long reply to end"
+        rest = "".join([d async for d in short])
+        assert (first + rest).strip()
+        assert long_request.generated > at_first, "the long reply stopped while the other was answered"
 
 
 @LOOP
@@ -462,37 +471,27 @@ async def test_a_reply_with_speech_ahead_sits_out_steps_for_another_reply_before
     """Once the long reply's caller has ~1.5 s of whole clauses ahead (voiced), it leaves the steps to a new reply
     that is still before its first clause (budget unbounded here: it makes no token until the other's first text
     is out); once its budget is spent it goes on in the same steps as the next new reply."""
-    await wait_idle(llama)
-    long = llama.respond(LONG_ASK, [], ReplyOptions(max_tokens=300))
-    await anext(long)
-    long_request = llama.last_request
-    assert long_request is not None
-    reader = asyncio.ensure_future(drain(long))
-    await until(lambda: long_request.voiced, "the long reply to have speech ahead", 30)
-    monkeypatch.setattr(engine_module, "YIELD_BUDGET_S", 3600.0)
-    yields = llama.engine.stats["yields"]
-    short = llama.respond("What is two plus two?", [], ReplyOptions(max_tokens=64))
-    at_ask = long_request.generated
-    first_text = asyncio.ensure_future(anext(short))  # the generator asks the engine at its first step
-    await until(lambda: llama.last_request is not long_request, "the second reply to be asked", 10)
-    short_request = llama.last_request
-    assert short_request is not None
-    first = await first_text
-    assert first.strip()
-    # At most the step running as it was asked, and one before it had its slot (its prompt is rendered off the loop)
-    assert long_request.generated <= at_ask + 3, "the long reply went on before the other's first words"
-    assert llama.engine.stats["yields"] > yields and long_request.yielded_s > 0
-    await drain(short)
-    spent = long_request.yielded_s
-    monkeypatch.setattr(engine_module, "YIELD_BUDGET_S", spent)  # its budget spent: the next reply shares the steps
-    at_ask = long_request.generated
-    assert (await reply(llama, "What is three plus three?", options=ReplyOptions(max_tokens=64))).strip()
-    assert long_request.yielded_s == spent and long_request.generated > at_ask, "it sat out past its budget"
-    reader.cancel()
-    with contextlib.suppress(asyncio.CancelledError):
-        await reader
-    await long.aclose()
-    await wait_idle(llama)
+    async with long_reply_being_read(llama) as long_request:
+        await until(lambda: long_request.voiced, "the long reply to have speech ahead", 30)
+        monkeypatch.setattr(engine_module, "YIELD_BUDGET_S", 3600.0)
+        yields = llama.engine.stats["yields"]
+        short = llama.respond("What is two plus two?", [], ReplyOptions(max_tokens=64))
+        at_ask = long_request.generated
+        first_text = asyncio.ensure_future(anext(short))  # the generator asks the engine at its first step
+        await until(lambda: llama.last_request is not long_request, "the second reply to be asked", 10)
+        short_request = llama.last_request
+        assert short_request is not None
+        first = await first_text
+        assert first.strip()
+        # At most the step running as it was asked, and one before it had its slot (its prompt is rendered off the loop)
+        assert long_request.generated <= at_ask + 3, "the long reply went on before the other's first words"
+        assert llama.engine.stats["yields"] > yields and long_request.yielded_s > 0
+        await drain(short)
+        spent = long_request.yielded_s
+        monkeypatch.setattr(engine_module, "YIELD_BUDGET_S", spent)  # its budget spent: the next reply shares the steps
+        at_ask = long_request.generated
+        assert (await reply(llama, "What is three plus three?", options=ReplyOptions(max_tokens=64))).strip()
+        assert long_request.yielded_s == spent and long_request.generated > at_ask, "it sat out past its budget"
 
 
 @LOOP

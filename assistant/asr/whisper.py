@@ -88,8 +88,9 @@ LOG_PROB_THRESHOLD = -1.0
 # stuck in a loop writes until it is stopped: with Whisper's own limit (448) one 1.43 s pass of a held-out clip's
 # tail looped in its window and again in the full one, 784 characters in 2.3-3.7 s of CPU, and at four sessions on
 # two cores it held three other calls' replies 1-2 s (bench v2v, 2026-12-06). People say at most 8.8 tokens per
-# second of a pass's audio (the 120 human clips, whole and cut mid-turn, tiny.en's tokenizer); Japanese or Chinese
-# written in these tokens is ~10: twice the human maximum still stops a loop ten times sooner.
+# second of a pass's audio (the 120 human clips, whole and cut mid-turn, tiny.en's tokenizer), the shared Chinese
+# clips 5.5-6.3 a second of speech; Japanese text takes ~1.7 of these tokens a character, ~10 a second at an assumed
+# 6 characters a second (not measured on speech). Twice the human maximum still stops that pass's loop at 39 tokens.
 TOKENS_BASE = 16
 TOKENS_PER_SECOND = 16
 # A text that compresses better than this is a decoder stuck in a loop ("a large pizza with a large pizza

@@ -46,9 +46,10 @@ STEP_GRACE = 8.0  # a step is hung past this many times what its tokens took on 
 # the speech it has ahead (~1.5 s, clauses.VOICED_CHARS), so its next clause is not late for its caller.
 YIELD_BUDGET_S = 0.3
 # In a step a first clause waits for, the idle slots' preparation of their next prompt adds at most this many
-# tokens: each costs ~4 ms beside a 25 ms step (SmolLM2, one thread, 500 tokens of context), and a whole chunk of
-# 256 made that step ~1 s. Left out of such steps altogether, preparation never finished at four sessions and 12 of
-# 160 turns evaluated ~300 tokens of history while their caller waited (up to 3 s).
+# tokens: each costs ~4 ms beside a 25 ms step (SmolLM2, one thread, 500 tokens of context; 64 tokens: 272 ms), so
+# a whole chunk of 256 would make that step ~1 s (extrapolated). Left out of such steps altogether, preparation
+# never finished at four sessions and 12 of 160 turns evaluated ~300 tokens of history while their caller waited
+# (up to 3 s).
 FIRST_DUE_AHEAD_TOKENS = 8
 
 MSG_BUSY = "The language model is busy. Please try again."

@@ -15,6 +15,7 @@ from assistant.asr.whisper import FasterWhisperEngine, resolve_model
 from assistant.audio import read_audio, resample
 from assistant.bench.shared_data import shared_path
 from assistant.config import ASRConfig, TurnConfig
+from assistant.cpus import asr_threads
 
 AUDIO = shared_path("audio")  # ../shared/audio (assistant/bench/shared_data.py)
 
@@ -32,6 +33,13 @@ def test_engine_follows_protocol(engine: FasterWhisperEngine) -> None:
     assert (engine.model_path / "model.bin").is_file()
     engine.warmup()
     assert engine.transcribe(np.zeros(0, np.float32)).text == ""
+
+
+def test_a_pass_runs_on_its_share_of_the_cpus_unless_told(engine: FasterWhisperEngine) -> None:
+    assert engine.cfg.cpu_threads == 0 and engine.threads == asr_threads(engine.cfg.workers)
+    told = FasterWhisperEngine(ASRConfig(cpu_threads=3))
+    x, _ = read_audio(AUDIO / "en_weather.wav")
+    assert told.threads == 3 and "weather" in told.transcribe(x).text.lower()
 
 
 @pytest.mark.parametrize("name,word", [("en_weather.wav", "weather"), ("en_timer.wav", "timer")])

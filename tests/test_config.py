@@ -44,6 +44,7 @@ def test_default_file_is_the_cpu_stack() -> None:
         ({"ASSISTANT_RESPOND__FALLBACK": "llama"}, "respond.fallback must be echo, rules or empty"),
         ({"ASSISTANT_RESPOND__FALLBACK": "tests.fault_engines:CrashAtWarmup"}, "respond.fallback must be"),
         ({"ASSISTANT_TURN__CONFIRM_SURE_MS": "-1"}, "turn.confirm_sure_ms must be ≥ 0"),
+        ({"ASSISTANT_ASR__CPU_THREADS": "-2"}, "asr.cpu_threads must be ≥ 0"),
     ],
 )
 def test_bad_settings_are_named(env: dict[str, str], message: str) -> None:

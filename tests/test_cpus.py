@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from assistant.respond.llama.cpus import LOADAVG, cgroup_cpus, free_cpus, runnable_threads, usable_cpus
+from assistant import cpus
+from assistant.cpus import LOADAVG, asr_threads, cgroup_cpus, free_cpus, runnable_threads, usable_cpus
 from tests import needs
 
 
@@ -54,11 +55,25 @@ def test_a_quota_bounds_the_cores_and_rounds_up(tmp_path: Path) -> None:
 def test_the_default_follows_a_real_affinity_mask() -> None:
     if shutil.which("taskset") is None:
         needs.missing("taskset (util-linux) is not installed")
-    code = ("from assistant.respond.llama.cpus import default_threads, usable_cpus\n"
-            "print(usable_cpus(), default_threads())")
+    code = ("from assistant.cpus import asr_threads, default_threads, usable_cpus\n"
+            "print(usable_cpus(), default_threads(), asr_threads(2))")
     run = subprocess.run(["taskset", "-c", "0", sys.executable, "-c", code], capture_output=True, text=True,
                          timeout=60, check=True)
-    assert run.stdout.split() == ["1", "1"]
+    assert run.stdout.split() == ["1", "1", "1"]
+
+
+@pytest.mark.parametrize(("usable", "workers", "threads"), [
+    (2, 2, 1),  # the small machine: one thread a pass, two passes at once
+    (2, 1, 1),
+    (8, 2, 2),  # half the cores (4), shared by the two passes
+    (16, 2, 4),
+    (64, 2, 4),  # half the cores at most 8, as the model's
+    (16, 0, 8),  # asr.workers 0 runs one pass at a time
+])
+def test_the_asr_threads_are_a_share_of_the_cpus(monkeypatch: pytest.MonkeyPatch, usable: int, workers: int,
+                                                 threads: int) -> None:
+    monkeypatch.setattr(cpus, "usable_cpus", lambda: usable)
+    assert asr_threads(workers) == threads
 
 
 @pytest.mark.parametrize(("text", "running"), [

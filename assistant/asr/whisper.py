@@ -54,6 +54,7 @@ from assistant.asr import bundled
 from assistant.asr.base import ASRModelMissing, Transcript
 from assistant.audio import SPEECH_RATE
 from assistant.config import ASRConfig, ConfigError, check_min_window
+from assistant.cpus import asr_threads
 
 log = logging.getLogger(__name__)
 
@@ -199,12 +200,13 @@ class FasterWhisperEngine:
         self.min_window = check_min_window(self.cfg.min_window_s) * FRAMES_PER_SECOND
         self.model_name = model_name(self.cfg)
         self.model_path = resolve_model(self.model_name, self.cfg.cache_dir)
+        self.threads = self.cfg.cpu_threads or asr_threads(self.cfg.workers)
         t0 = time.perf_counter()
         self.model = WhisperModel(
             str(self.model_path),
             device=self.cfg.device,
             compute_type=self.cfg.compute_type,
-            cpu_threads=self.cfg.cpu_threads,
+            cpu_threads=self.threads,
             num_workers=max(1, self.cfg.workers),
             local_files_only=True,
         )
@@ -213,12 +215,14 @@ class FasterWhisperEngine:
         self.languages = hearable(self.cfg, self.known)
         self.detects = self.known != ("en",)
         log.info(
-            "asr.model_loaded engine=%s model=%s path=%s device=%s compute_type=%s language=%s hears=%s load_s=%.2f",
+            "asr.model_loaded engine=%s model=%s path=%s device=%s compute_type=%s threads=%d language=%s hears=%s "
+            "load_s=%.2f",
             self.name,
             self.model_name,
             self.model_path,
             self.cfg.device,
             self.cfg.compute_type,
+            self.threads,
             self.cfg.language,
             ",".join(self.languages),
             time.perf_counter() - t0,

@@ -72,7 +72,11 @@ class ASRConfig:
         "after 'for' it writes 'for it.' sooner, and over WebRTC alarm.wav was split at its pause "
         "(docs/end_of_turn.md, Hearing the tail)",
     )
-    cpu_threads: int = setting(2, "CPU threads used by one transcription")
+    cpu_threads: int = setting(
+        0,
+        "CPU threads used by one transcription (0: half the CPUs this process may use, at most 8, shared by "
+        "asr.workers: 1 below 8 cores; on a 2-core Xeon a second thread made no pass faster and took ~1.4x the CPU)",
+    )
     workers: int = setting(
         2,
         "transcriptions run at once (shared by every session): on 2 cores two passes side by side take about the "

@@ -180,6 +180,8 @@ def load_config(
         bad_cues = [c for c in getattr(cfg.turn, name) if c not in TURN_CUES]
         if bad_cues:
             raise ConfigError(f"turn.{name}: {bad_cues[0]!r} is no cue; choose from {', '.join(TURN_CUES)}")
+    if cfg.asr.cpu_threads < 0:
+        raise ConfigError(f"asr.cpu_threads must be ≥ 0 (0: a share of the CPUs), got {cfg.asr.cpu_threads}")
     if cfg.turn.confirm_sure_ms < 0:  # above turn.confirm_ms it is that (end_of_turn.confirm_hold_ms)
         raise ConfigError(f"turn.confirm_sure_ms must be ≥ 0 (0: a sure end's reply is heard at once), got "
                           f"{cfg.turn.confirm_sure_ms}")

@@ -34,12 +34,12 @@ of llama.cpp ends that process, not the calls), or in this process, or on Ray.
 The modules: ``native`` (llama.cpp itself: the one module that imports it and loads models, with the CPU's extra
 buffer types off for the whole process), ``model_file`` (finding and checking the GGUF), ``clauses`` (clause ends,
 the max_tokens limit), ``kv_reuse`` (the cache plan), ``engine`` (the scheduler thread over llama.cpp), ``prompt``
-(template, trimming), ``responder`` (the Responder face), ``cpus`` (the threads a container's CPU quota allows,
-and the cores free now).
+(template, trimming), ``responder`` (the Responder face). The threads a container's CPU quota allows, and the cores
+free now, are ``assistant.cpus``'s (the ASR's default threads follow them too).
 """
 
+from assistant.cpus import default_threads
 from assistant.respond.llama.clauses import ClauseLimit, clause_end, ends_clause
-from assistant.respond.llama.cpus import default_threads
 from assistant.respond.llama.engine import (
     AHEAD_TOKENS,
     MSG_BUSY,

@@ -33,8 +33,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from assistant.cpus import default_threads, free_cpus, usable_cpus
 from assistant.respond.base import ResponderError
-from assistant.respond.llama.cpus import default_threads, free_cpus, usable_cpus
 from assistant.respond.llama.kv_reuse import ReusePlan, plan_reuse, slot_cost
 from assistant.respond.llama.model_file import ModelFileError
 

@@ -1,5 +1,5 @@
-"""How many CPUs this process may really use (the embedded model's default thread count), and how many of them are
-free right now (a prompt's wider step, ``respond.prompt_threads``).
+"""How many CPUs this process may really use (the embedded model's and the ASR's default thread counts), and how many
+of them are free right now (a prompt's wider step, ``respond.prompt_threads``).
 
 A container's CPU limit (``docker run --cpus 2``, a Kubernetes ``limits.cpu``) is a cgroup quota, not an affinity
 mask: ``sched_getaffinity`` still lists every core of the host. llama.cpp's threads wait for each other at every
@@ -75,6 +75,14 @@ def default_threads() -> int:
     and llama.cpp's threads wait for each other at every layer, so one descheduled thread stalls the step (on 2
     shared cores, 2 threads made a token 10× slower than 1)."""
     return max(1, min(8, usable_cpus() // 2))
+
+
+def asr_threads(workers: int) -> int:
+    """The ASR's threads per pass (``asr.cpu_threads`` 0): :func:`default_threads` shared by the ``workers`` passes that
+    may run at once, at least 1. On 2 cores, 1: there a second CTranslate2 thread made no pass faster (tiny.en p50 133
+    ms on one thread against 152-158 on two, the multilingual base 245-261 against 255-269, alone on a 2-core Xeon)
+    and took ~40 % more CPU from the model and the voice beside it (docs/latency.md, One ASR thread)."""
+    return max(1, default_threads() // max(1, workers))
 
 
 def runnable_threads(loadavg: str) -> int | None:

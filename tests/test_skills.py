@@ -76,6 +76,7 @@ def test_numbers_as_people_say_them() -> None:
     ("How much is seven divided by two?", "en", "calculate", "7 divided by 2 is 3.5."),
     ("What is the square root of 81?", "en", "calculate", "The square root of 81 is 9."),
     ("What's 10 divided by 0?", "en", "calculate", "You can't divide by zero."),
+    ("What is 12-3?", "en", "calculate", "12 minus 3 is 9."),
     ("三加五等于几？", "zh", "calculate", "3加5等于8。"),
     ("十割る四は何ですか", "ja", "calculate", "10割る4は2.5です。"),
     ("3 더하기 5는?", "ko", "calculate", "3 더하기 5의 답은 8입니다."),
@@ -105,6 +106,9 @@ async def test_a_skill_request_is_answered_exactly(text: str, language: str, ski
     ("How many legs does a dog have?", "en"), ("How do I boil an egg?", "en"), ("What time should I leave?", "en"),
     ("Give me a dinner idea.", "en"), ("What colour is the sky?", "en"), ("中国的首都是哪里？", "zh"),
     ("日本の首都はどこですか？", "ja"), ("Bonjour, comment ça va ?", "fr"), ("What is one and one?", "en"),
+    # a phone number, a date or a code is not a sum, nor a sentence with words left around the digits
+    ("My number is 555-213-4490.", "en"), ("Send it to 1-800-555-0199.", "en"), ("What is 2021-11-05?", "en"),
+    ("My code is 12-34-56.", "en"), ("My number is 555-2134.", "en"),
 ])
 async def test_the_rest_is_left_to_the_model(text: str, language: str) -> None:
     assert await answer(text, language, call_at(timers=new_timers())) == ("", "")

@@ -32,6 +32,12 @@ _EN_WORDS = (
 _EN_ADD = re.compile(r"^add (.+?) (?:and|to) (.+)$")
 _EN_SUBTRACT = re.compile(r"^subtract (.+?) from (.+)$")
 _EN_PREFIX = re.compile(r"^(?:the |a )?(?:sum|total) of (.+?) and (.+)$")
+# Digits joined by two or more hyphens with no spaces ("555-213-4490", "1-800-555-0199", "2021-11-05"): a phone
+# number, a date or a code as the ASR writes it, never a sum ("5 minus 3 minus 1" is written with words or spaces).
+_EN_DIGIT_CHAIN = re.compile(r"\d+(?:-\d+){2,}")
+# What may be left of a request once it is arithmetic: numbers, operators, parentheses and sqrt. Any other word left
+# ("my number is 555 - 213") says it was not a sum.
+_LEFT_WORD = re.compile(r"(?!sqrt\b)[^\W\d_]+")
 
 _CJK_TAIL = re.compile(r"(?:等于|等於|是|は|는|은)?(?:几|幾|多少|多少呢|什么|いくつ|何|なん|얼마)?"
                        r"(?:ですか|でしょう|입니까|예요|에요|인가요|야|呢|啊)?[？?。.！!\s]*$")
@@ -200,6 +206,8 @@ def _numbers_to_digits(text: str) -> str:
 def english_expression(text: str) -> str | None:
     """The arithmetic an English request asks for ("what's two plus three?" → "2 + 3"), or None."""
     t = " ".join(text.lower().replace("’", "'").split())
+    if _EN_DIGIT_CHAIN.search(t):
+        return None
     t = _EN_TAIL.sub("", _EN_LEAD.sub("", t, count=1))
     for pattern, (a, b) in ((_EN_ADD, ("{0}", "{1}")), (_EN_SUBTRACT, ("{1}", "{0}")), (_EN_PREFIX, ("{0}", "{1}"))):
         if m := pattern.match(t):
@@ -258,7 +266,8 @@ class CalculatorSkill:
         try:
             _, operators = evaluate(expression)
         except (ValueError, ZeroDivisionError, OverflowError):
-            return None if not _has_operator(expression) else {"expression": _tidy(expression)}
+            is_sum = _has_operator(expression) and not _LEFT_WORD.search(expression)
+            return {"expression": _tidy(expression)} if is_sum else None
         return {"expression": _tidy(expression)} if operators else None
 
     async def run(self, asked: Asked) -> str:

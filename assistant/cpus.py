@@ -79,9 +79,10 @@ def default_threads() -> int:
 
 def asr_threads(workers: int) -> int:
     """The ASR's threads per pass (``asr.cpu_threads`` 0): :func:`default_threads` shared by the ``workers`` passes that
-    may run at once, at least 1. On 2 cores, 1: there a second CTranslate2 thread made no pass faster (tiny.en p50 133
-    ms on one thread against 152-158 on two, the multilingual base 245-261 against 255-269, alone on a 2-core Xeon)
-    and took ~40 % more CPU from the model and the voice beside it (docs/latency.md, One ASR thread)."""
+    may run at once, at least 1. On 2 cores, 1: there a second CTranslate2 thread made no pass faster (tiny.en 134 ms
+    p50 on one thread against 159 on two, the multilingual base 272 against 271, alone on a 2-core Xeon: ``python -m
+    lab asr-threads``) and took 1.3-1.4x the CPU from the model and the voice beside it (docs/latency.md, One ASR
+    thread a pass)."""
     return max(1, default_threads() // max(1, workers))
 
 

@@ -75,7 +75,7 @@ class ASRConfig:
     cpu_threads: int = setting(
         0,
         "CPU threads used by one transcription (0: half the CPUs this process may use, at most 8, shared by "
-        "asr.workers: 1 below 8 cores; on a 2-core Xeon a second thread made no pass faster and took ~1.4x the CPU)",
+        "asr.workers: 1 below 8 cores; on a 2-core Xeon a second thread made no pass faster and took 1.3-1.4x the CPU)",
     )
     workers: int = setting(
         2,

@@ -12,7 +12,7 @@ from pathlib import Path
 PACKAGE = Path(__file__).resolve().parents[1] / "assistant"
 
 # What each part may import besides itself. Parts are top-level packages or modules of ``assistant``.
-BASE = {"config", "audio", "g711", "loading", "body", "languages", "cache_files"}
+BASE = {"config", "audio", "g711", "loading", "body", "languages", "cache_files", "cpus"}
 ENGINES = {"vad", "asr", "respond", "tts"}
 ALLOWED: dict[str, set[str]] = {
     "config": {"languages"},
@@ -22,6 +22,7 @@ ALLOWED: dict[str, set[str]] = {
     "loading": set(),
     "body": set(),
     "cache_files": set(),
+    "cpus": set(),
     "rtc": BASE,
     "engine_host": BASE,  # runs any engine in a supervised child process: knows none of them
     **{engine: BASE for engine in ENGINES},

@@ -495,6 +495,60 @@ async def test_a_reply_with_speech_ahead_sits_out_steps_for_another_reply_before
 
 
 @LOOP
+async def test_conversations_keep_their_own_slots_even_when_their_histories_are_nearly_alike(
+        llama: LlamaResponder) -> None:
+    """The bench's four sessions play the same clips, so their histories are nearly alike: another conversation's
+    slot then held all but a few tokens of a new prompt, and sessions took each other's slots turn after turn, each
+    evaluating ~200-300 tokens of history again (2 s before the first word). A request names its conversation: it
+    never takes a slot that holds another live one while a slot holding none is free, and a conversation's stale
+    copy (it has run in another slot since) is no one's."""
+    engine = engine_module.LlamaEngine(llama.weights, slots=2, context_tokens=512, threads=1)
+    try:
+        ended: list[engine_module._Request] = []
+
+        def run(prompt: list[int], key: str, max_tokens: int = 1, read: bool = True) -> engine_module._Request:
+            holder: list[engine_module._Request] = []
+
+            def deliver(item: object) -> None:
+                if isinstance(item, engine_module._Token) and holder and read:
+                    engine.consumed(holder[0], item.n_tokens)
+                elif isinstance(item, engine_module._End) and holder:
+                    ended.append(holder[0])
+            holder.append(engine.submit(prompt, max_tokens, 0.0, deliver, key=key))
+            return holder[0]
+
+        history = engine.tokenize(f"<|im_start|>system\n{SYSTEM}<|im_end|>\n" + "<|im_start|>user\nA small latte "
+                                  "with oat milk, please.<|im_end|>\n<|im_start|>assistant\nHere it is.<|im_end|>\n" * 3)
+        ask_a = engine.tokenize("<|im_start|>user\nAnd a tea?<|im_end|>\n<|im_start|>assistant\n")
+        ask_b = engine.tokenize("<|im_start|>user\nAnd a cake?<|im_end|>\n<|im_start|>assistant\n")
+        a1 = run(history + ask_a, "a")
+        await until(lambda: a1 in ended, "a's first reply", 30)
+        # b's prompt shares all of a's history: a's slot lacks only b's last words, the idle slot all of it.
+        b1 = run(history + ask_b, "b")
+        await until(lambda: b1 in ended, "b's first reply", 30)
+        assert b1.slot != a1.slot and b1.reused < len(history)
+        a2 = run(history + ask_a + ask_b, "a")
+        await until(lambda: a2 in ended, "a's second reply", 30)
+        assert a2.slot == a1.slot and a2.reused >= len(history + ask_a)
+        # b's next request comes while b's last is still running (unread: it waits in its slot): it takes the
+        # other slot, a's; b's first slot now holds a stale copy of b, and a's conversation is b's slot's now.
+        essay = engine.tokenize(f"<|im_start|>user\n{LONG_ASK}<|im_end|>\n<|im_start|>assistant\n")
+        b2 = run(history + ask_b + essay, "b", max_tokens=200, read=False)
+        await until(lambda: b2.stalled, "b's long reply to wait for its reader", 30)
+        b3 = run(history + ask_b + essay + ask_b, "b")
+        await until(lambda: b3 in ended, "b's next reply", 30)
+        assert b3.slot == a1.slot
+        engine.cancel(b2)
+        await until(lambda: b2 in ended, "b's long reply to stop", 30)
+        # a comes back: b's stale slot holds no live conversation; b's latest slot does. a takes the stale one.
+        a3 = run(history + ask_a + ask_b + ask_a, "a")
+        await until(lambda: a3 in ended, "a's third reply", 30)
+        assert a3.slot == b1.slot
+    finally:
+        await asyncio.to_thread(engine.close)
+
+
+@LOOP
 async def test_preparation_goes_on_while_a_reply_is_before_its_first_clause(llama: LlamaResponder) -> None:
     """An idle slot's next prompt is evaluated while another reply is still before its first clause (a few tokens
     a step): left out of such steps, it never finished at four sessions and the next turn evaluated ~300 tokens of

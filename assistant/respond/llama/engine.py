@@ -35,7 +35,7 @@ from typing import Any
 
 from assistant.cpus import default_threads, free_cpus, usable_cpus
 from assistant.respond.base import ResponderError
-from assistant.respond.llama.kv_reuse import ReusePlan, plan_reuse, slot_cost
+from assistant.respond.llama.kv_reuse import KEEP_S, ReusePlan, plan_reuse, slot_cost
 from assistant.respond.llama.model_file import ModelFileError
 
 log = logging.getLogger(__name__)
@@ -95,6 +95,7 @@ class _Request:
     logprobs: bool = False  # give each token its log-probability (the reply's doubt: respond/llama/doubt.py)
     voiced: bool = False  # its reader has speech ahead (voiced): it may sit out steps for others' first clauses
     yielded_s: float = 0.0  # how long it has sat out steps so far (at most YIELD_BUDGET_S)
+    key: str = ""  # the conversation it belongs to (a session id; "" unknown): which slot holds it (_admit)
 
 
 @dataclass(eq=False)
@@ -109,6 +110,7 @@ class _Slot:
     sampler: Any = None
     decoder: Any = None  # the reply's incremental UTF-8 decoder
     used_at: float = 0.0
+    key: str = ""  # the conversation whose tokens the cache holds ("" unknown)
 
 
 _LOG_LEVELS = {3: logging.WARNING, 4: logging.ERROR}  # ggml_log_level: 1 debug, 2 info, 3 warn, 4 error, 5 cont
@@ -212,6 +214,7 @@ class LlamaEngine:
         self.kv_bytes_per_slot = _kv_bytes(llama_cpp, self.model, self.n_ctx_seq)
         self.rss_bytes = max(0, _rss_bytes() - rss0)
         self._slots = [_Slot(seq) for seq in range(slots)]
+        self._home: dict[str, _Slot] = {}  # a conversation's latest slot (at most one key per slot)
         self._waiting: deque[_Request] = deque()
         self._prepares: list[tuple[_Request, list[int]]] = []
         self._cond = threading.Condition()
@@ -254,16 +257,18 @@ class LlamaEngine:
 
     # --- requests (any thread) ---------------------------------------------------------------------------------
     def submit(self, prompt: list[int], max_tokens: int, temperature: float,
-               deliver: Callable[[_Token | _End], None], *, warmup: bool = False, logprobs: bool = False) -> _Request:
+               deliver: Callable[[_Token | _End], None], *, warmup: bool = False, logprobs: bool = False,
+               key: str = "") -> _Request:
         """Queue a reply; :class:`ResponderError` (busy) if every slot is taken and the waiting room is full.
-        ``logprobs``: each token comes with the model's log-probability of it."""
+        ``logprobs``: each token comes with the model's log-probability of it. ``key``: the conversation it
+        belongs to (a session id), so its slot is told from another conversation's (:meth:`_admit`)."""
         if not prompt:
             raise ValueError("empty prompt")
         room = self.n_ctx_seq - len(prompt)
         if room < 1:
             raise ResponderError(MSG_TOO_LONG)
         request = _Request(prompt, max(1, min(max_tokens, room)), temperature, deliver, warmup=warmup,
-                           logprobs=logprobs)
+                           logprobs=logprobs, key=key)
         with self._cond:
             if self._closing:
                 raise ResponderError(MSG_CLOSED)
@@ -444,7 +449,9 @@ class LlamaEngine:
     def _admit(self) -> None:
         """Give waiting requests (first come, first served) the free slot where they cost least
         (:func:`~assistant.respond.llama.kv_reuse.slot_cost`: their tokens the slot lacks, plus another live
-        conversation's they would throw away); among equals the one used longest ago."""
+        conversation's they would throw away); a slot that holds no other live conversation before one that does
+        (:meth:`_holds_other`, for requests that name their conversation), and among equals the one used longest
+        ago."""
         while self._waiting:
             free = [s for s in self._slots if s.request is None]
             if not free:
@@ -452,14 +459,37 @@ class LlamaEngine:
             request = self._waiting.popleft()
             now = time.monotonic()
             plans = [(plan_reuse(s.cache, request.prompt, can_shift=self.can_shift), s) for s in free]
-            plan, slot = min(plans, key=lambda ps: (
-                slot_cost(ps[0], len(request.prompt), len(ps[1].cache), now - ps[1].used_at), ps[1].used_at))
+            _, plan, slot = min(((self._choice_cost(p, s, request, now), p, s) for p, s in plans),
+                                key=lambda cps: cps[0])
             self._start(slot, request, plan)
+
+    def _choice_cost(self, plan: ReusePlan, slot: _Slot, request: _Request, now: float) -> tuple[bool, int, float]:
+        """What giving ``request`` the free ``slot`` costs, compared in order: it throws away another live
+        conversation, the tokens (:func:`~assistant.respond.llama.kv_reuse.slot_cost`), the slot's last use."""
+        other = self._holds_other(slot, request)
+        idle = now - slot.used_at if other is None else (0.0 if other else KEEP_S)
+        return bool(other), slot_cost(plan, len(request.prompt), len(slot.cache), idle), slot.used_at
+
+    def _holds_other(self, slot: _Slot, request: _Request) -> bool | None:
+        """Whether ``slot``'s cache is another conversation's that is still going on: one of another key whose
+        latest slot it is. A stale copy of a conversation (it has run in another slot since) or the request's own
+        is not: taking it throws nothing away. None where either key is unknown (then a cache used within
+        ``KEEP_S`` counts as live, :func:`~assistant.respond.llama.kv_reuse.slot_cost`). Two sessions with nearly
+        the same history (the bench plays the same clips in each) otherwise took each other's slots turn after
+        turn, each evaluating ~200-300 tokens again (2 s before the first word at four sessions)."""
+        if not (request.key and slot.key):
+            return None
+        return slot.key != request.key and self._home.get(slot.key) is slot
 
     def _start(self, slot: _Slot, request: _Request, plan: ReusePlan) -> None:
         plan = self._move(slot, plan)
         slot.ahead = []  # not evaluated yet: the new prompt's plan covers it
         slot.last = request
+        if self._home.get(slot.key) is slot:  # the conversation held here is gone from it
+            del self._home[slot.key]
+        slot.key = request.key
+        if request.key:
+            self._home[request.key] = slot
         slot.cache = list(request.prompt[: plan.n_past])
         slot.pending = list(request.prompt[plan.n_past:])
         slot.request, slot.next_token = request, None

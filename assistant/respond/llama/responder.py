@@ -138,7 +138,8 @@ class LlamaResponder:
         language = opts.language or self.cfg.language
         gate = DoubtGate(language) if self.doubts() and is_factual_question(text, language) else None
         self.last_doubt = gate
-        request = self.engine.submit(prompt, max_tokens, temperature, deliver, logprobs=gate is not None)
+        request = self.engine.submit(prompt, max_tokens, temperature, deliver, logprobs=gate is not None,
+                                     key=opts.session)
         self.last_request = request
         limit = ClauseLimit(request.max_tokens)
         end: _End | None = None

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import re
 from collections.abc import AsyncIterator
 
 import numpy as np
@@ -76,6 +77,49 @@ def test_a_voice_chat_replys_next_clause_follows_a_one_word_first_piece() -> Non
     assert c.flush() == ["Then"]
     # Without it (the TTS service, a streaming voice) a later piece ends only at a sentence.
     assert run("No, I'm sorry, I can't.", first_min_chars=cfg.reply_first_min_chars) == ["No,", "I'm sorry, I can't."]
+
+
+def paced(text: str, ms_per_token: float, cfg: ChunkerConfig) -> list[str]:
+    """Feed ``text`` a word (or mark) at a time, one every ``ms_per_token`` on the chunker's clock, then flush."""
+    now = [0.0]
+    c = TextChunker(cfg, clock=lambda: now[0])
+    out: list[str] = []
+    for token in re.findall(r" ?[\w']+| ?[^\w\s]|\s+", text):
+        now[0] += ms_per_token / 1000
+        out += c.push(token)
+    return out + c.flush()
+
+
+def test_a_slow_voice_chat_replys_long_clause_is_cut_before_a_joining_word() -> None:
+    """After "No," the model shared by four callers wrote "20 ounces of iced coffee with whole milk and a little bit
+    of sugar is a bit of a challenge." in 1.3 s: with chunker.reply_phrase_break_ms a clause the model has been
+    writing that long with no mark is cut before its last joining word; one that comes quickly stays whole."""
+    cfg = ChunkerConfig()
+    voice_chat = ChunkerConfig(first_min_chars=cfg.reply_first_min_chars, runway_chars=cfg.reply_runway_chars,
+                               phrase_break_ms=cfg.reply_phrase_break_ms)
+    assert cfg.reply_phrase_break_ms == 600 and cfg.phrase_break_ms == 0
+    long_reply = "No, 20 ounces of iced coffee with whole milk and a little bit of sugar is a bit of a challenge."
+    assert paced(long_reply, 72, voice_chat) == [  # 0.6 s at 72 ms a token: 8 tokens in, cut before "and"
+        "No,", "20 ounces of iced coffee with whole milk", "and a little bit of sugar is a bit of a challenge."]
+    assert paced(long_reply, 5, voice_chat) == ["No,", long_reply[4:]]  # a fast model: no cut
+    assert run(long_reply, cfg=voice_chat) == ["No,", long_reply[4:]]  # an echo: all there at once
+    # The first piece too (the caller waits for it), and the cut waits for a joining word 12 letters in.
+    assert paced("I can't make you a large iced coffee with almond milk today.", 72, voice_chat)[0] == (
+        "I can't make you a large iced coffee")
+    assert paced("Yes and it is also a very good choice for a cold day.", 72, voice_chat) == [
+        "Yes and it is also a very good choice for a cold day."]
+    # Whole words only ("withstand" is not "with"); nothing to cut in CJK.
+    assert paced("Our travel mugs can easily withstand boiling water all day long.", 72, voice_chat) == [
+        "Our travel mugs can easily withstand boiling water all day long."]
+    assert paced("今日はとても良い天気ですね and with 散歩に行きましょう and 公園で。", 72, voice_chat) == [
+        "今日はとても良い天気ですね and with 散歩に行きましょう and 公園で。"]
+    # Once the pieces out hold runway_chars, a later sentence waits for its end as before.
+    assert paced("I'm sorry, I can't do that. I can make you a coffee with almond milk and a little sugar.", 72,
+                 voice_chat) == ["I'm sorry,", "I can't do that.",
+                                 "I can make you a coffee with almond milk and a little sugar."]
+    # Off by default (the TTS service, a streaming voice).
+    assert paced(long_reply, 72, ChunkerConfig(first_min_chars=cfg.reply_first_min_chars)) == [
+        "No,", long_reply[4:]]
 
 
 def test_first_clause_marks_and_short_sentence() -> None:

@@ -85,6 +85,20 @@ class ChunkerConfig:
         "of speech) the next clause (\"I'm sorry,\") goes out on its own instead of waiting for the whole sentence, "
         "which a model shared by four callers took 1.5 s more to write: the caller heard the reply stop",
     )
+    phrase_break_ms: int = setting(
+        0, "while a clause break may end a chunk (the first, or within runway_chars), a clause the responder has "
+        "been writing this long with no mark yet is cut before its last joining word ('and', 'with', 'because', "
+        "...; English; 12 letters before it at least) (0: off)",
+    )
+    reply_phrase_break_ms: int = setting(
+        600,
+        "the same for a voice-chat reply spoken piece by piece (Piper): after \"No,\" (0.3 s of speech) a model "
+        "shared by four callers took 1.3 s to write \"20 ounces of iced coffee with whole milk and a little bit of "
+        "sugar is a bit of a challenge.\" and the caller heard 0.9 s of silence. A clause that comes quickly (the "
+        "model with a core to itself, an echo) reaches its mark first and stays whole. 600: `python -m lab "
+        "phrase-breaks` on the tuning replies, the longest wait that leaves as few silences over 0.3 s as any at "
+        "30, 42 and 72 ms a token, less one 100 ms step of margin (docs/latency.md)",
+    )
     max_chars: int = setting(220, "longest chunk sent to TTS before a forced break at a space")
 
 

@@ -76,9 +76,11 @@ class TurnRunner:
         if speaks_piece_by_piece(deps.tts):
             # An engine that speaks a piece only once it has all of it: the reply's first piece as short as a
             # clause allows, since the listener waits for it (a streaming engine starts on any text anyway).
-            # Its next clauses go out alone too while little speech is made (a one-word "No," first).
+            # Its next clauses go out alone too while little speech is made (a one-word "No," first), and a long
+            # clause a slow model is still writing is cut before a joining word meanwhile.
             chunker = dataclasses.replace(chunker, first_min_chars=chunker.reply_first_min_chars,
-                                          runway_chars=chunker.reply_runway_chars)
+                                          runway_chars=chunker.reply_runway_chars,
+                                          phrase_break_ms=chunker.reply_phrase_break_ms)
         self.synthesis = SynthesisPath(deps.tts, sink.sample_rate, timeout_s=tts.timeout_s, chunker=chunker)
         self.request = TTSRequest(text="", voice=deps.voice, language=tts.language or None, session=session_id,
                                   reuse_audio=True)  # a reply's opener spoken before is spoken again at once

@@ -10,6 +10,8 @@ Sentence ends, in order of priority at each position of a text:
     because no space follows the dot;
   * optionally (the chunker's first clause) a clause mark ``, ; : —`` followed by a space, or CJK ``，、：``,
     once the text before it is long enough to say (:func:`spoken_length`: a CJK letter counts as two).
+A long clause with no mark yet may also be cut before a joining word (:func:`phrase_break`: ``and``, ``with``,
+``because``, ...), for a voice that speaks only whole pieces while its listener has little speech ahead.
 A ``.`` at the very end of text still arriving is undecided (``3.`` may become ``3.5``): :func:`find_break`
 says so by returning ``None`` unless told the text is complete.
 """
@@ -30,6 +32,17 @@ ABBREVIATIONS = frozenset({
     "jan", "feb", "mar", "apr", "jun", "jul", "aug", "sep", "sept", "oct", "nov", "dec", "vol", "ch",
     "pp", "ca", "cf", "al", "ave", "blvd", "rd", "min", "max", "tel", "ft", "oz", "lb", "lbs",
 })
+
+# English words that open a phrase a listener hears as a natural place to pause before ("a coffee | with sugar",
+# "messages | or calls", "today | because it rains"): a voice-chat reply's long clause may be cut before one. Words
+# that bind tightly to what precedes ("of", "to", "so", "than", "for") are left out.
+PHRASE_WORDS = frozenset({
+    "and", "but", "or", "nor", "with", "without", "because", "which", "who", "whose", "when", "where", "while",
+    "if", "unless", "until", "although", "though", "after", "before", "since",
+})
+# The text before a phrase break is at least this long (~0.8 s of speech): no one- or two-word pieces.
+PHRASE_MIN_CHARS = 12
+_PHRASE_WORD = re.compile(r"(?<=\S) +([A-Za-z]+)(?= )")
 
 _HAN = re.compile(r"[\u4e00-\u9fff]")
 _DECIMAL = re.compile(r"^[$€£¥]?\d[\d,]*\.\d+%?$")  # "3.50." ends a sentence; "U.S." does not
@@ -103,6 +116,20 @@ def find_break(buf: str, *, final: bool, clause_min_chars: int | None = None) ->
                 return j
         i += 1
     return None
+
+
+def phrase_break(buf: str) -> int | None:
+    """Where a clause with no mark yet may be cut: the space before the last whole word of :data:`PHRASE_WORDS`
+    with at least :data:`PHRASE_MIN_CHARS` before it; ``None`` if the text holds CJK, ends a sentence already (a
+    reply handed over whole), or has no such word. Only whole words count (a space after them), so "with" is never
+    the start of "without"."""
+    if has_cjk(buf) or buf.rstrip().rstrip(CLOSERS)[-1:] in tuple(SENTENCE_END):
+        return None
+    cut = None
+    for m in _PHRASE_WORD.finditer(buf):
+        if m.group(1).lower() in PHRASE_WORDS and len(buf[: m.start()].strip()) >= PHRASE_MIN_CHARS:
+            cut = m.start()
+    return cut
 
 
 def split_sentences(text: str) -> list[str]:
@@ -196,6 +223,7 @@ __all__ = [
     "is_cjk",
     "is_clause_break",
     "join_short",
+    "phrase_break",
     "split_sentences",
     "starts_cjk",
 ]

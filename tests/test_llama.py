@@ -517,8 +517,8 @@ async def test_conversations_keep_their_own_slots_even_when_their_histories_are_
             holder.append(engine.submit(prompt, max_tokens, 0.0, deliver, key=key))
             return holder[0]
 
-        history = engine.tokenize(f"<|im_start|>system\n{SYSTEM}<|im_end|>\n" + "<|im_start|>user\nA small latte "
-                                  "with oat milk, please.<|im_end|>\n<|im_start|>assistant\nHere it is.<|im_end|>\n" * 3)
+        turn = "<|im_start|>user\nA small latte, please.<|im_end|>\n<|im_start|>assistant\nHere it is.<|im_end|>\n"
+        history = engine.tokenize(f"<|im_start|>system\n{SYSTEM}<|im_end|>\n" + turn * 3)
         ask_a = engine.tokenize("<|im_start|>user\nAnd a tea?<|im_end|>\n<|im_start|>assistant\n")
         ask_b = engine.tokenize("<|im_start|>user\nAnd a cake?<|im_end|>\n<|im_start|>assistant\n")
         a1 = run(history + ask_a, "a")

@@ -183,6 +183,78 @@ async def test_an_alarm_is_the_next_such_time_in_the_users_zone() -> None:
         c.timers.close()  # type: ignore[attr-defined]
 
 
+class SendSkill:
+    """A plug-in that acts (it says nothing of ``acts``, so it is taken to), with its own undo."""
+
+    name = "send"
+    description = "Sends a message."
+    parameters: ClassVar[dict[str, Any]] = {"type": "object", "properties": {}}
+
+    def __init__(self) -> None:
+        self.sent: list[str] = []
+
+    async def run(self, asked: Asked) -> str:
+        self.sent.append("hi")
+        asked.on_undo(lambda: self.sent.append("unsent"))
+        return "Sent."
+
+
+@pytest.mark.asyncio
+async def test_a_skill_that_acts_runs_once_the_turn_is_sure_and_is_undone_if_it_never_counts() -> None:
+    """On a turn not yet sure (a speculation, an unsure end) a skill that answers runs at once, one that acts waits;
+    a turn dropped while it waits never acts, and one that never counts (kept cancelled) takes its act back."""
+    loop = asyncio.get_running_loop()
+    changes: list[tuple[str, int]] = []
+    timers = new_timers(changes=changes, max_timers=5)
+    call = call_at(timers=timers)
+    sk = skills()
+    sure, kept = asyncio.Event(), loop.create_future()
+    assert await sk.run("list_timers", {}, "en", call, sure=sure, kept=kept) == "You have no timers."  # at once
+    asked = asyncio.create_task(sk.run("set_timer", {"seconds": 600}, "en", call, sure=sure, kept=kept))
+    await asyncio.sleep(0.05)
+    assert not asked.done() and timers.timers == []  # waits for the turn to be sure
+    sure.set()
+    assert await asked == "Timer set for 10 minutes." and len(timers.timers) == 1
+    kept.set_result("Timer set for 10 minutes.")  # the turn counted: the timer stays
+    assert len(timers.timers) == 1 and changes == [("set", 1)]
+
+    dropped = asyncio.create_task(sk.run("set_timer", {"seconds": 60}, "en", call, sure=asyncio.Event()))
+    await asyncio.sleep(0.05)
+    dropped.cancel()  # the speaker went on: the turn is cancelled before its end was sure
+    with pytest.raises(asyncio.CancelledError):
+        await dropped
+    assert len(timers.timers) == 1 and changes == [("set", 1)]
+
+    # Sure, acted, then never counted (dropped just after its reply began, or failed): taken back.
+    kept = loop.create_future()
+    assert await sk.run("set_timer", {"seconds": 60}, "en", call, sure=sure, kept=kept) == "Timer set for 1 minute."
+    assert len(timers.timers) == 2
+    kept.cancel()
+    await until(lambda: len(timers.timers) == 1, "the timer taken back")
+    assert changes[-2:] == [("set", 2), ("cancelled", 2)]
+    # A cancel taken back: the timers run again, to their old end.
+    due = timers.timers[0].due
+    kept = loop.create_future()
+    assert await sk.run("cancel_timer", {"which": "all"}, "en", call, sure=sure, kept=kept) == \
+        "Cancelled your 10 minute timer."
+    assert timers.timers == []
+    kept.cancel()
+    await until(lambda: len(timers.timers) == 1, "the timer restored")
+    assert timers.timers[0].due == due and timers.timers[0].handle is not None
+    timers.close()
+
+    send = SendSkill()  # a plug-in's skill waits too, and its own undo runs
+    own = Skills([send])
+    kept, unsure = loop.create_future(), asyncio.Event()
+    task = asyncio.create_task(own.run("send", {}, "en", call_at(), sure=unsure, kept=kept))
+    await asyncio.sleep(0.05)
+    assert send.sent == []
+    unsure.set()
+    assert await task == "Sent." and send.sent == ["hi"]
+    kept.cancel()
+    await until(lambda: send.sent == ["hi", "unsent"], "the plug-in's undo")
+
+
 @pytest.mark.asyncio
 async def test_a_call_without_timers_has_no_timer_skills() -> None:
     call = call_at()  # a Realtime client keeps its own timers

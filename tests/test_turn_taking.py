@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import aiohttp
@@ -22,7 +22,10 @@ from assistant.pipeline.end_of_turn import TurnEnd, judge
 from assistant.pipeline.events import EventChannel
 from assistant.pipeline.trace import GAPS, PARTS
 from assistant.pipeline.turn_taking import is_backchannel
+from assistant.respond.base import Responder
 from assistant.respond.echo import EchoResponder
+from assistant.respond.skills import CallContext, load_skills, with_skills
+from assistant.respond.skills.timers import CallTimers
 from assistant.rtc.outbound import ReplyTrack
 from assistant.tts.base import TTSCapabilities, TTSRequest
 from assistant.vad.endpoint import Endpointer
@@ -71,7 +74,8 @@ class ToneTTS:
     async def close(self) -> None: ...
 
 
-async def _run_conversation(cfg: Any, audio: np.ndarray, asr: InstantASR | None = None
+async def _run_conversation(cfg: Any, audio: np.ndarray, asr: InstantASR | None = None,
+                            responder: Responder | None = None, before_close: Callable[[], None] | None = None,
                             ) -> tuple[Conversation, list[dict], list[tuple[int, float]]]:
     events = EventChannel()
     seen: list[dict] = []
@@ -85,12 +89,14 @@ async def _run_conversation(cfg: Any, audio: np.ndarray, asr: InstantASR | None 
         return await original_write(pcm, generation)
 
     track.write = spy  # type: ignore[method-assign]
-    deps = TurnDeps(asr=asr or InstantASR(), tts=ToneTTS(), responder=EchoResponder())
+    deps = TurnDeps(asr=asr or InstantASR(), tts=ToneTTS(), responder=responder or EchoResponder())
     conv = Conversation(cfg, Endpointer(cfg.vad, SileroModel.shared()), deps, track, events, "t")
     for i in range(0, len(audio), CHUNK):
         conv.feed(audio[i : i + CHUNK])
         await asyncio.sleep(0.002)  # let turn tasks run between chunks, as they would in real time
     await asyncio.sleep(0.3)
+    if before_close is not None:
+        before_close()
     await conv.close()
     return conv, seen, writes
 
@@ -108,6 +114,43 @@ async def test_speculative_reply_is_never_heard_when_the_user_goes_on(shared_aud
     assert replies[-1] == "You said: I would like to order a large pizza."
     # Every write to the reply track happened after the (single) turn was committed.
     assert writes and all(turns == 1 for turns, _ in writes)
+
+
+class TimerASR(InstantASR):
+    """The sentence with its pause as a timer request: "Set a timer for five minutes, [pause] please." """
+
+    async def transcribe(self, audio: np.ndarray, **kw: Any) -> Transcript:
+        heard = await super().transcribe(audio, **kw)
+        whole = heard.text.endswith("pizza.")
+        return Transcript(text="Set a timer for five minutes, please." if whole else "Set a timer for five minutes.")
+
+
+@pytest.mark.parametrize("turn", [
+    pytest.param({"speculative": True, "speculative_pause_ms": 150, "smart_endpoint": False}, id="speculated"),
+    pytest.param({"speculative": False, "smart_endpoint": False, "end_of_turn_model": False, "policy": "flat",
+                  "confirm_ms": 1000}, id="committed-unsure"),
+])
+@pytest.mark.asyncio
+async def test_a_skill_that_acts_waits_for_the_turn_to_be_sure(shared_audio, turn: dict[str, Any]) -> None:
+    """A timer asked for before a pause the speaker goes on from is set once: the speculative turn at the pause (or
+    the turn committed there whose end was unsure) never sets it, and the whole sentence's turn does."""
+    x, _ = read_audio(shared_audio / "en_pause_midsentence.wav")
+    cfg = test_config(vad={"end_silence_ms": 250}, turn=turn)
+    changes: list[str] = []
+    timers = CallTimers(max_timers=5, max_seconds=3600, on_due=lambda *_: None,
+                        on_change=lambda action, *_: changes.append(action))
+    responder = with_skills(EchoResponder(), load_skills(["timers"]), CallContext(timers=timers), intents="always")
+    live: list[tuple[int, list[str]]] = []
+    try:
+        conv, seen, _ = await _run_conversation(cfg, x, TimerASR(), responder,
+                                                before_close=lambda: live.append((len(timers.timers), [*changes])))
+    finally:
+        timers.close()
+    ends = [e for e in seen if e["type"] == "speech_end"]
+    assert conv.speculations["dropped"] >= 1 or len(ends) == 2  # a turn at the pause, dropped
+    assert live == [(1, ["set"])]  # set once, by the whole sentence's turn (none set, then taken back, before it)
+    replies = [e["text"] for e in seen if e["type"] == "reply_text"]
+    assert replies[-1] == "Timer set for 5 minutes."
 
 
 @pytest.mark.asyncio

@@ -403,7 +403,7 @@ class TurnRunner:
 
     def _reply_options(self, turn: Turn) -> ReplyOptions:
         """The turn's own asks of the responder: the language the user spoke (from the ASR pass)."""
-        return ReplyOptions(language=turn.language, session=self.session_id, kept=turn.kept)
+        return ReplyOptions(language=turn.language, session=self.session_id, kept=turn.kept, sure=turn.confirmed)
 
     def _reply_request(self, turn: Turn) -> TTSRequest:
         """The voice for the reply's language (``tts.voices``); with none for it, the default voice, and a

@@ -89,6 +89,9 @@ class ReplyOptions:
     # before a barge-in), once known; cancelled when the turn is dropped (a speculation the user talked over). A
     # responder that gets the next prompt ready after a reply waits for it. None: kept as said, now.
     kept: asyncio.Future[str] | None = None
+    # Set once the turn's end is sure (its reply may be heard); a skill that acts waits for it (skills/base.py).
+    # None: sure now.
+    sure: asyncio.Event | None = None
     usage: Usage | None = None  # set by the responder when the reply ends (or is cancelled)
     fallback: str | None = None  # set by the responder: another responder answered, and why (the page shows it)
     skill: str = ""  # set by the responder: the skill that answered (respond/skills/), "" for the model's own words

@@ -8,6 +8,12 @@ says, in the turn's language.
 
 A call's skills share its :class:`CallContext`: the user's time zone (the page sends it) and the call's timers
 (``timers.py``), so nothing one call sets reaches another.
+
+A skill that **acts** (sets or cancels a timer, or a plug-in's that sends or books something: every skill that does
+not say ``acts = False``) runs only once its turn's end is sure: a speculative turn starts at a pause the speaker
+may go on from, and an act done there would be done twice (the words are heard again, whole, in the next turn).
+And where its turn still never counts (dropped just after its reply began, or failed), what the skill registered
+with :meth:`Asked.on_undo` undoes it. A skill that only answers (the time, a sum) runs at once, speculation or not.
 """
 
 from __future__ import annotations
@@ -37,6 +43,10 @@ class Timers(Protocol):
 
     def cancel(self, which: str = "") -> list[Any]: ...
 
+    def withdraw(self, timer: Any) -> None: ...
+
+    def restore(self, timers: list[Any]) -> None: ...
+
 
 @dataclass
 class CallContext:
@@ -58,6 +68,11 @@ class Asked:
     arguments: dict[str, Any]
     language: str
     call: CallContext
+    undos: list[Callable[[], None]] = field(default_factory=list, compare=False, repr=False)
+
+    def on_undo(self, undo: Callable[[], None]) -> None:
+        """``undo`` reverses what this run did, should its turn never count (see the module's docstring)."""
+        self.undos.append(undo)
 
     def lang(self) -> str:
         """The answer's language among :data:`LANGUAGES` (English for any other)."""
@@ -74,8 +89,9 @@ class Skill(Protocol):
     thread. Both are cut off after ``respond.skill_timeout_s``. Raise :class:`SkillError` to say why not.
 
     Optional: ``intent(text, language) -> dict | None``: the arguments when ``text`` is clearly a request for this
-    skill (the intent step in front of a model that cannot call tools; keep it to fast regular expressions), and
-    ``needs_timers = True`` for a skill that only works on a call that has timers.
+    skill (the intent step in front of a model that cannot call tools; keep it to fast regular expressions),
+    ``needs_timers = True`` for a skill that only works on a call that has timers, and ``acts = False`` for one
+    that changes nothing (it then runs at once, even on a turn not yet sure; see the module's docstring).
     """
 
     name: str
@@ -83,6 +99,11 @@ class Skill(Protocol):
     parameters: dict[str, Any]
 
     def run(self, asked: Asked) -> Any: ...
+
+
+def acts(skill: Skill) -> bool:
+    """Whether ``skill`` changes something (waits for its turn to be sure); True unless it says otherwise."""
+    return bool(getattr(skill, "acts", True))
 
 
 def tool_schema(skill: Skill) -> dict[str, Any]:
@@ -96,4 +117,4 @@ def pick(language: str, texts: dict[str, str]) -> str:
     return texts[language] if language in texts else texts["en"]
 
 
-__all__ = ["LANGUAGES", "Asked", "CallContext", "Skill", "SkillError", "Timers", "pick", "tool_schema"]
+__all__ = ["LANGUAGES", "Asked", "CallContext", "Skill", "SkillError", "Timers", "acts", "pick", "tool_schema"]

@@ -249,6 +249,7 @@ class CalculatorSkill:
     """``calculate``: an arithmetic expression's value."""
 
     name = "calculate"
+    acts = False  # it only answers
     description = ("Exact arithmetic: + - * / ^ (power), % (percent), parentheses, sqrt(x). Use it for any "
                    "calculation instead of working it out yourself.")
     parameters: ClassVar[dict[str, Any]] = {

@@ -55,6 +55,7 @@ class ClockSkill:
     """``get_time``: the time or the date now, where the user is or in a city."""
 
     name = "get_time"
+    acts = False  # it only answers
     description = ("The current time or today's date, where the user is (or in a city). Use it for any question "
                    "about the time, the date or the day of the week.")
     parameters: ClassVar[dict[str, Any]] = {

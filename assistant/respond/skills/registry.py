@@ -4,7 +4,8 @@
 language) wins, or none, and the model answers. :meth:`Skills.run` runs one, whoever asked (the intent step or a
 model's tool call): at most ``respond.skill_timeout_s``, its answer cut to :data:`MAX_ANSWER_CHARS`; a coroutine
 runs on the event loop, a plain function in a worker thread, so neither blocks the calls. Its failure is said, not
-raised: "Sorry, I couldn't do that" (a :class:`SkillError` says its own reason).
+raised: "Sorry, I couldn't do that" (a :class:`SkillError` says its own reason). A skill that acts waits for its
+turn's end to be sure first, and is undone if its turn never counts (``base.py``).
 """
 
 from __future__ import annotations
@@ -15,12 +16,12 @@ import json
 import logging
 import re
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from assistant.loading import load_named
-from assistant.respond.skills.base import Asked, CallContext, Skill, SkillError, pick, tool_schema
+from assistant.respond.skills.base import Asked, CallContext, Skill, SkillError, acts, pick, tool_schema
 
 log = logging.getLogger(__name__)
 
@@ -94,19 +95,27 @@ class Skills:
                 return Routed(skill.name, dict(arguments))
         return None
 
-    async def run(self, name: str, arguments: dict[str, Any] | str, language: str, call: CallContext) -> str:
-        """Run skill ``name``; what to say (its answer, or why it could not)."""
+    async def run(self, name: str, arguments: dict[str, Any] | str, language: str, call: CallContext, *,
+                  sure: asyncio.Event | None = None, kept: asyncio.Future[str] | None = None) -> str:
+        """Run skill ``name``; what to say (its answer, or why it could not). ``sure``: set once the turn's end is
+        sure (a skill that acts waits for it); ``kept``: the turn's place in the history, cancelled if it never
+        gets one (what the skill did is then undone). None for either: the turn is sure and counts."""
         lang = Asked({}, language, call).lang()
         skill = self.skills.get(name)
         args = _parse_arguments(arguments) if isinstance(arguments, str) else arguments
         if skill is None or args is None:
             log.warning("skill_refused skill=%s reason=%s", name[:64], "unknown" if skill is None else "arguments")
             return _failed(lang)
+        if acts(skill) and sure is not None and not sure.is_set():
+            t_wait = time.perf_counter()
+            await sure.wait()  # a turn that is dropped first is cancelled here: the skill never runs
+            log.info("skill_waited skill=%s ms=%.0f", name, (time.perf_counter() - t_wait) * 1000)
         t0 = time.perf_counter()
         outcome = "ok"
+        asked = Asked(args, language, call)
         try:
             async with asyncio.timeout(self.timeout_s):
-                answer = await _call(skill, Asked(args, language, call))
+                answer = await _call(skill, asked)
             said = _bounded(str(answer))
         except SkillError as exc:
             outcome, said = "refused", _bounded(str(exc)) or _failed(lang)
@@ -118,7 +127,19 @@ class Skills:
             log.exception("skill_failed skill=%s", name)
             outcome, said = "failed", _failed(lang)
         log.info("skill_ran skill=%s outcome=%s ms=%.1f", name, outcome, (time.perf_counter() - t0) * 1000)
+        if asked.undos and kept is not None:
+            kept.add_done_callback(lambda done: _undo(name, asked.undos) if done.cancelled() else None)
         return said
+
+
+def _undo(name: str, undos: list[Callable[[], None]]) -> None:
+    """A skill's turn never counted: what it did, undone (the latest first)."""
+    for undo in reversed(undos):
+        try:
+            undo()
+        except Exception:
+            log.exception("skill_undo_failed skill=%s", name)
+    log.info("skill_undone skill=%s", name)
 
 
 async def _call(skill: Skill, asked: Asked) -> Any:

@@ -69,7 +69,8 @@ class SkillfulResponder:
             routed = self.skills.route(text, language, self.call)
             if routed is not None:
                 opts.skill = routed.skill
-                yield await self.skills.run(routed.skill, routed.arguments, language, self.call)
+                yield await self.skills.run(routed.skill, routed.arguments, language, self.call, sure=opts.sure,
+                                            kept=opts.kept)
                 return
         if self.takes_tools:
             async for out in self._with_tools([*history, Message("user", text)], [], "auto", opts, language):
@@ -115,7 +116,8 @@ class SkillfulResponder:
                 log.info("skill_calls_dropped calls=%d reason=%s", len(calls),
                          "client_tool_called" if theirs_called else "too_many_rounds")
                 return
-            results = [await self.skills.run(c.name, c.arguments, language, self.call) for c in calls]
+            results = [await self.skills.run(c.name, c.arguments, language, self.call, sure=options.sure,
+                                             kept=options.kept) for c in calls]
             options.skill = calls[-1].name
             messages = [*messages, Message("assistant", text, tool_calls=tuple(calls)),
                         *(Message("tool", r, call_id=c.call_id) for c, r in zip(calls, results, strict=True))]

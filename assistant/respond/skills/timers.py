@@ -114,6 +114,28 @@ class CallTimers:
             self._changed("cancelled", timer)
         return timers
 
+    def withdraw(self, timer: Timer) -> None:
+        """Take back ``timer``, set by a turn that never counted (skills/base.py): it will not ring."""
+        if self._timers.get(timer.id) is not timer:
+            return
+        self._drop(timer)
+        log.info("timer_withdrawn id=%d kind=%s timers=%d", timer.id, timer.kind, len(self._timers))
+        self._changed("cancelled", timer)
+
+    def restore(self, timers: list[Timer]) -> None:
+        """Run ``timers`` again, cancelled by a turn that never counted, to their old end (one whose end has
+        passed meanwhile rings now)."""
+        if self.closed:
+            return
+        loop = asyncio.get_running_loop()
+        for timer in timers:
+            if timer.id in self._timers:
+                continue
+            timer.handle = loop.call_later(max(0.0, timer.left()), self._ring, timer.id)
+            self._timers[timer.id] = timer
+            log.info("timer_restored id=%d kind=%s timers=%d", timer.id, timer.kind, len(self._timers))
+            self._changed("set", timer)
+
     def close(self) -> None:
         """The call ended: every timer is cancelled, none will ring (no event: the call is gone)."""
         self.closed = True
@@ -423,7 +445,9 @@ class TimerSkill:
                 "zh": "要多长时间？比如：设一个五分钟的计时器。",
                 "ja": "何分にしますか？例えば「5分のタイマー」と言ってください。",
                 "ko": "얼마 동안 할까요? 예를 들어 5분 타이머라고 말해 주세요."})
-        timer = call.timers.add(kind, seconds, label=label, language=lang, at=at)
+        timers = call.timers
+        timer = timers.add(kind, seconds, label=label, language=lang, at=at)
+        asked.on_undo(lambda: timers.withdraw(timer))
         length = say_duration(timer.seconds, lang)
         if kind == "alarm":
             return pick(lang, {"en": f"Alarm set for {at}, in {length}.", "zh": f"闹钟设在{at}，还有{length}。",
@@ -517,7 +541,9 @@ class CancelTimerSkill:
         call = _timers(asked)
         assert call.timers is not None
         lang = asked.lang()
-        cancelled = call.timers.cancel(str(asked.arguments.get("which") or ""))
+        timers = call.timers
+        cancelled = timers.cancel(str(asked.arguments.get("which") or ""))
+        asked.on_undo(lambda: timers.restore(cancelled))
         if not cancelled:
             return pick(lang, {"en": "You have no timers.", "zh": "你没有计时器。", "ja": "タイマーはありません。",
                                "ko": "설정된 타이머가 없습니다."})
@@ -537,6 +563,7 @@ class ListTimersSkill:
     description = "The call's timers, reminders and alarms, and how long each has left."
     parameters: ClassVar[dict[str, Any]] = {"type": "object", "properties": {}}
     needs_timers = True
+    acts = False
 
     def intent(self, text: str, language: str) -> dict[str, Any] | None:
         if language == "en":

@@ -198,6 +198,7 @@ class UnitsSkill:
     """``convert_units``: a value in one unit as another of the same kind."""
 
     name = "convert_units"
+    acts = False  # it only answers
     description = ("Convert a value between units of length, mass, volume (US cooking measures), time, speed or "
                    "temperature, exactly. Use it for 'how many X in a Y' and any conversion.")
     parameters: ClassVar[dict[str, Any]] = {

@@ -47,9 +47,12 @@ STUDIES: tuple[tuple[str, str, str, str, str], ...] = (
      "run_doubt"),
     ("first-piece", "a CPU voice's first chunk against the length of a reply's first piece, and the part no "
      "shorter piece saves", "lab.first_piece", "add_first_piece_arguments", "run_first_piece"),
-    ("phrase-breaks", "a long clause cut before a joining word (chunker.reply_phrase_break_chars): the model's "
+    ("phrase-breaks", "a long clause cut before a joining word (chunker.reply_phrase_break_ms): the model's "
      "replies replayed at measured token paces through the chunker and a piece-by-piece voice; first audio and "
      "the silences inside", "lab.phrase_breaks", "add_phrase_break_arguments", "run_phrase_breaks"),
+    ("speech-ends", "where the server says the speech ended (the turn's speech_end mark) against labelled ends, "
+     "the audible floor swept: tuned on the human set's tuning half, reported on its held-out half",
+     "lab.speech_ends", "add_speech_ends_arguments", "run_speech_ends"),
     ("asr-threads", "an ASR pass on 1, 2, ... CTranslate2 threads: alone (wall and CPU) and two at once, on the "
      "held-out human clips, thread counts interleaved", "lab.asr_threads", "add_threads_arguments", "run_threads"),
     ("telemetry-cost", "three servers (telemetry off, on with a live receiver, on with a dead endpoint) and their "

@@ -40,7 +40,7 @@ import soundfile as sf
 from scipy import signal
 
 from assistant.audio import SPEECH_RATE, resample
-from assistant.vad.endpoint import AUDIBLE_DBFS, NOISE_MARGIN, frame_rms
+from assistant.vad.endpoint import audible_floor, frame_rms
 from lab.eot_sentences import Sentence, make_sentences, make_sentences_ja
 
 log = logging.getLogger(__name__)
@@ -345,16 +345,17 @@ def _audible(x: np.ndarray, floor_db: float) -> np.ndarray:
 
 def _heard_frames(dry: np.ndarray, x: np.ndarray, phone: bool) -> np.ndarray:
     """Which 10 ms frames of the speech are audible in the clip as delivered (``x``), by the server's rule
-    (``vad.endpoint.last_audible_end``, also ``../shared/audio``'s manifest's): at or above ``AUDIBLE_DBFS``, and
-    ``NOISE_MARGIN`` times the loudest frame of the hangover (``HANGOVER_S`` of ``x`` right after the sentence:
-    noise, the echo's tail). The speech alone is measured, through the phone channel when the clip has it. A floor
-    relative to the clip's own peak counted a quiet clip's fading tail that the server does not hear, and the
-    client's v2v (``bench v2v`` starts its clock at ``speech_ends_s``) came out below the server's own.
+    (``vad.endpoint.audible_floor``): ``AUDIBLE_BELOW_PEAK_DB`` under the loudest frame of the sentence as
+    delivered, at most ``AUDIBLE_DBFS``, and ``NOISE_MARGIN`` times the loudest frame of the hangover (``HANGOVER_S``
+    of ``x`` right after the sentence: noise, the echo's tail). The speech alone is measured, through the phone
+    channel when the clip has it. Any other rule than the server's puts the client's clock (``bench v2v`` starts it
+    at ``speech_ends_s``) apart from the server's: a label after the server's end makes the client's v2v come out
+    below the server's own.
     """
     speech = _phone(dry) if phone else dry
     after = len(dry) - int(TRAIL_S * SPEECH_RATE)
     hangover = x[after : after + int(HANGOVER_S * SPEECH_RATE)]
-    floor = max(10 ** (AUDIBLE_DBFS / 20), NOISE_MARGIN * float(frame_rms(hangover).max()))
+    floor = audible_floor(float(frame_rms(x[:after]).max()), float(frame_rms(hangover).max()))
     rms = frame_rms(speech[: len(speech) // FRAME * FRAME])
     heard = np.asarray(rms >= floor)
     if not heard.any():  # speech under the noise all through: its own loudest frames

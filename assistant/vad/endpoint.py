@@ -10,7 +10,11 @@ hysteresis:
   at/above ``threshold`` cancels it, in-between windows neither start nor cancel it). ``SpeechEnd`` carries
   when the speech *really* ended (the detection time minus the hangover) and the utterance's audio.
 - ``SpeechEnd.audible_end`` places the end on the last audible 10 ms frame of the audio held (Silero's
-  windows are 32 ms and it hears a tail: its own end lands 70–95 ms after the last audible sample).
+  windows are 32 ms and it hears a tail: its own end lands 70–95 ms after the last audible sample). Audible is
+  relative to the speaker: ``AUDIBLE_BELOW_PEAK_DB`` under the utterance's loudest frame (at most ``AUDIBLE_DBFS``),
+  and above the hangover's noise. A fixed −45 dBFS put a quiet speaker's end before their last consonant: on the
+  human recordings' tuning half 28 of 80 ends came more than 32 ms before the labels (down to −182 ms), 6 now
+  (docs/latency.md, "Where the speech ends").
 - an utterance reaching ``max_utterance_s`` is cut: ``SpeechEnd(reason="max_utterance")``, and if the user is
   still talking a new ``SpeechStart`` at the cut point follows at once.
 
@@ -31,7 +35,8 @@ from assistant.vad.silero import WINDOW_SAMPLES, SileroModel, SileroStream
 log = logging.getLogger(__name__)
 
 AUDIBLE_FRAME = SPEECH_RATE // 100  # 10 ms
-AUDIBLE_DBFS = -45.0  # a 10 ms frame whose RMS reaches this is audible (the speech manifests' rule)
+AUDIBLE_DBFS = -45.0  # a 10 ms frame whose RMS reaches this is audible, however loud the speaker
+AUDIBLE_BELOW_PEAK_DB = 40.0  # ... and so is one this far under the utterance's loudest 10 ms frame (a quiet one)
 AUDIBLE_LOOKBACK = SPEECH_RATE // 2  # the VAD's end is never this far past the last audible sample
 NOISE_MARGIN = 2.0  # an audible frame is also twice as loud (RMS) as the loudest frame of the hangover
 
@@ -43,12 +48,25 @@ def frame_rms(audio: np.ndarray) -> np.ndarray:
     return np.sqrt(np.mean(tail**2, axis=1))
 
 
-def last_audible_end(audio: np.ndarray, noise_rms: float = 0.0) -> int | None:
-    """Index just past the last 10 ms frame of ``audio`` that is audible (None: no audible frame).
+def audible_floor(peak_rms: float = 0.0, noise_rms: float = 0.0,
+                  below_peak_db: float | None = AUDIBLE_BELOW_PEAK_DB) -> float:
+    """The RMS a 10 ms frame must reach to be speech: ``AUDIBLE_DBFS``, or ``below_peak_db`` under the utterance's
+    loudest frame ``peak_rms`` where that is lower (0 or None: not known, not used), and ``NOISE_MARGIN`` times the
+    loudest frame of the noise after it."""
+    floor = 10 ** (AUDIBLE_DBFS / 20)
+    if peak_rms > 0 and below_peak_db is not None:
+        floor = min(floor, peak_rms * 10 ** (-below_peak_db / 20))
+    return max(floor, NOISE_MARGIN * noise_rms)
+
+
+def last_audible_end(audio: np.ndarray, noise_rms: float = 0.0, peak_rms: float = 0.0,
+                     below_peak_db: float | None = AUDIBLE_BELOW_PEAK_DB) -> int | None:
+    """Index just past the last 10 ms frame of ``audio`` that is audible (:func:`audible_floor`; None: no
+    audible frame).
 
     Frames are counted from the end, so the answer is exact to the frame at the end of ``audio``.
     """
-    floor = max(10 ** (AUDIBLE_DBFS / 20), NOISE_MARGIN * noise_rms)
+    floor = audible_floor(peak_rms, noise_rms, below_peak_db)
     rms = frame_rms(audio)
     n = len(rms)
     loud = np.flatnonzero(rms >= floor)
@@ -134,6 +152,7 @@ class Endpointer:
         self._pending = np.zeros(0, np.float32)
         self._pos = 0  # stream index of the next window to analyse
         self.last_prob = 0.0
+        self.below_peak_db: float | None = AUDIBLE_BELOW_PEAK_DB  # audible_floor's (``python -m lab speech-ends``)
         self._idle()
 
     def set_config(self, cfg: VADConfig) -> None:
@@ -263,14 +282,16 @@ class Endpointer:
 
     def _audible_end(self, end: int, detected: int) -> int:
         """The last audible frame near the VAD's ``end``, searched in the audio held (up to one window after
-        it); the hangover's own level is the noise floor it must rise above."""
+        it); audible for this utterance's loudest frame, above the hangover's own level (:func:`audible_floor`)."""
         lo = max(self._utt_start, end - AUDIBLE_LOOKBACK, self._buf.start)
         hi = min(end + WINDOW_SAMPLES, detected, self._buf.end)
         if hi - lo < AUDIBLE_FRAME:
             return end
         hangover = self._buf.slice(min(end + WINDOW_SAMPLES, detected), detected)
         noise = float(frame_rms(hangover).max()) if hangover.size >= AUDIBLE_FRAME else 0.0
-        found = last_audible_end(self._buf.slice(lo, hi), noise)
+        speech = self._buf.slice(max(self._utt_start, self._buf.start), end)
+        peak = float(frame_rms(speech).max()) if speech.size >= AUDIBLE_FRAME else 0.0
+        found = last_audible_end(self._buf.slice(lo, hi), noise, peak, self.below_peak_db)
         return end if found is None else lo + found
 
     def _start(self, start: int, detected: int, *, pad: bool) -> SpeechStart:

@@ -571,11 +571,11 @@ class _FadingSpeaker:
 
 
 def test_corpus_speech_end_is_where_the_server_hears_it() -> None:
-    """The corpus's ``speech_ends_s`` (the clock ``bench v2v`` starts at) is the server's audible end, not a
-    floor relative to the clip's peak: on a quiet clip a relative floor counts a fading tail the server's VAD
-    does not hear, and the client's v2v came out below the server's own (unaccounted_ms down to -279 ms).
-    Checked on many seeds (levels -24 to -3 dBFS, noise, echo, the phone channel) against the server's rule,
-    ``last_audible_end`` with the noise of the clip's own trailing room tone."""
+    """The corpus's ``speech_ends_s`` (the clock ``bench v2v`` starts at) is the server's audible end: a label by
+    another rule (a floor relative to the clip's peak alone, once) put a quiet clip's end on a fading tail the server
+    did not count, and the client's v2v came out below the server's own (unaccounted_ms down to -279 ms). Checked on
+    many seeds (levels -24 to -3 dBFS, noise, echo, the phone channel) against the server's rule,
+    ``last_audible_end`` with the sentence's loudest frame and the noise of the clip's own trailing room tone."""
     from assistant.bench.report import SPEECH_END_RESOLUTION_MS
     from assistant.vad.endpoint import frame_rms, last_audible_end
     from lab.eot_corpus import LEAD_S, TRAIL_S, render_clip
@@ -587,7 +587,7 @@ def test_corpus_speech_end_is_where_the_server_hears_it() -> None:
         x, clip = render_clip(_FadingSpeaker(), Voice("espeak", "test"), sentence, "tune", f"c{i}", seed=i)  # type: ignore[arg-type]
         after = len(x) - int(TRAIL_S * 16_000)  # the sentence's last sample; then the server's 500 ms hangover
         noise = float(frame_rms(x[after : after + 8000]).max())
-        server_end = last_audible_end(x[:after], noise)
+        server_end = last_audible_end(x[:after], noise, float(frame_rms(x[:after]).max()))
         assert server_end is not None
         late_ms = (clip.speech_ends_s - server_end / 16_000) * 1000
         assert late_ms <= SPEECH_END_RESOLUTION_MS, (i, clip.variation, clip.speech_ends_s, server_end / 16_000)

@@ -6,10 +6,13 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import AsyncIterator
 
 import pytest
 from aiohttp import web
 
+from assistant.respond.base import ReplyOptions, ToolCall
+from assistant.server.realtime.responder import RealtimeResponder, ReplyContext
 from assistant.server.services import Services
 from tests.conftest import serve, test_config
 from tests.test_realtime_ws import connected, heard, reply_audio
@@ -160,3 +163,46 @@ async def test_a_gpt_class_model_gets_what_a_realtime_client_expects(services: S
         assert "cannot" not in system and "spoken" in system, system
         assert body["tools"][0]["function"]["name"] == "set_timer"
     assert "max_tokens" not in unlimited and limited["max_tokens"] == 200
+
+
+class _CallingModel:
+    """A responder that takes tools and calls one at once (the model's first words are a call)."""
+
+    name = "calling"
+
+    async def respond(self, text: str, history: object, options: object = None) -> AsyncIterator[str]:
+        yield ""
+
+    async def respond_messages(self, messages: object, tools: object = (), tool_choice: object = "auto",
+                               options: object = None) -> AsyncIterator[ToolCall | str]:
+        yield ToolCall("call_1", "get_weather", '{"city": "Paris"}')
+        yield "Checking."
+
+
+async def test_a_clients_call_waits_for_its_turn_to_be_sure() -> None:
+    """A turn committed on an unsure end is still dropped if the speaker goes on: its model's call to a tool of the
+    client's goes to the client only once the end is sure (the words come again, whole, in the next turn)."""
+    ctx = ReplyContext(tools=[WEATHER_TOOL])
+    got: list[object] = []
+    ctx.claim("What's the weather?", got.append)
+    sure = asyncio.Event()
+    words: list[str] = []
+
+    async def run() -> None:
+        async for delta in RealtimeResponder(_CallingModel(), ctx).respond("What's the weather?", [],
+                                                                           ReplyOptions(sure=sure)):
+            words.append(delta)
+
+    task = asyncio.create_task(run())
+    await asyncio.sleep(0.05)
+    assert got == [] and words == [] and not task.done()  # held, and the reply behind it
+    sure.set()
+    await task
+    assert [getattr(e, "name", None) for e in got] == ["get_weather"] and words == ["Checking."]
+    # Sure from the start (a typed turn, a client's commit): at once.
+    ctx2 = ReplyContext(tools=[WEATHER_TOOL])
+    got2: list[object] = []
+    ctx2.claim("Hi", got2.append)
+    async for _ in RealtimeResponder(_CallingModel(), ctx2).respond("Hi", [], ReplyOptions()):
+        pass
+    assert len(got2) == 1

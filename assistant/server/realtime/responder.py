@@ -7,7 +7,9 @@ response's own), the items (so a deleted item is forgotten and a cut reply remem
 the response's sampling limits. A tool call is not text: its pieces and the whole call are kept with the reply
 that made it (:class:`Reply`) until a response claims that reply, and from then on go to the response as they
 come. Kept, not sent at once, because a reply may be written for a speculative turn that is then dropped: nothing
-of such a turn may reach the client.
+of such a turn may reach the client. And a call waits for its turn's end to be sure (``ReplyOptions.sure``): a
+turn committed on an unsure end is still dropped if the speaker goes on, and the client would have run the call
+(its words come again, whole, in the next turn, as a skill that acts waits: respond/skills/base.py).
 """
 
 from __future__ import annotations
@@ -149,6 +151,8 @@ class RealtimeResponder:
                 async with closing(stream):
                     async for out in stream:
                         if isinstance(out, ToolCall | ToolCallDelta):
+                            if options.sure is not None and not options.sure.is_set():
+                                await options.sure.wait()  # the client acts on a call: only a sure turn's
                             reply.tool_event(out)
                             options.note_tool(out)  # the turn's telemetry: when the model wrote each call
                         elif out:

@@ -6,7 +6,8 @@ mask: ``sched_getaffinity`` still lists every core of the host. llama.cpp's thre
 layer, so eight threads under a two-CPU quota are throttled every period and a token costs many times what it
 should. The quota is read where the kernel shows it: cgroup v2 ``cpu.max`` (``QUOTA PERIOD`` or ``max PERIOD``),
 cgroup v1 ``cpu.cfs_quota_us`` / ``cpu.cfs_period_us`` (-1: none), for this process's cgroup and those above it
-(the tightest wins).
+(the tightest wins). A memory limit is read the same way (:func:`cgroup_memory_free`): the host's MemAvailable knows
+nothing of it, and a model chosen by that is killed by the container's OOM killer.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ CGROUP_ROOT = Path("/sys/fs/cgroup")
 LOADAVG = Path("/proc/loadavg")
 SELF_CGROUP = Path("/proc/self/cgroup")
 V1_CPU_MOUNTS = ("cpu", "cpu,cpuacct", "cpuacct,cpu")
+V1_NO_LIMIT = 1 << 60  # cgroup v1 writes "no limit" as a page-rounded 2^63 - 1
 
 
 def _read(path: Path) -> str:
@@ -58,6 +60,30 @@ def cgroup_cpus(root: Path = CGROUP_ROOT, self_cgroup: Path = SELF_CGROUP) -> fl
                     if quota.isdigit() and period.isdigit() and int(quota) > 0:
                         limits.append(int(quota) / max(1, int(period)))
     return min(limits) if limits else None
+
+
+def cgroup_memory_free(root: Path = CGROUP_ROOT, self_cgroup: Path = SELF_CGROUP) -> float | None:
+    """Bytes this process's cgroup may still use (its limit less what it uses; the tightest of it and those above
+    it), or None when none is limited: v2 ``memory.max`` and ``memory.current``, v1 ``memory.limit_in_bytes`` and
+    ``memory.usage_in_bytes``."""
+    free: list[float] = []
+
+    def add(limit: str, used: str) -> None:
+        if limit.isdigit() and int(limit) < V1_NO_LIMIT:
+            free.append(max(0.0, float(int(limit) - (int(used) if used.isdigit() else 0))))
+
+    for line in _read(self_cgroup).splitlines():
+        parts = line.split(":", 2)
+        if len(parts) != 3:
+            continue
+        _, controllers, relative = parts
+        if controllers == "":  # cgroup v2 ("max": none)
+            for folder in _up_from(root, relative):
+                add(_read(folder / "memory.max"), _read(folder / "memory.current"))
+        elif "memory" in controllers.split(","):
+            for folder in (*_up_from(root / "memory", relative), root / "memory"):
+                add(_read(folder / "memory.limit_in_bytes"), _read(folder / "memory.usage_in_bytes"))
+    return min(free) if free else None
 
 
 def usable_cpus(root: Path = CGROUP_ROOT, self_cgroup: Path = SELF_CGROUP) -> int:

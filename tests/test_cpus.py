@@ -13,7 +13,15 @@ from pathlib import Path
 import pytest
 
 from assistant import cpus
-from assistant.cpus import LOADAVG, asr_threads, cgroup_cpus, free_cpus, runnable_threads, usable_cpus
+from assistant.cpus import (
+    LOADAVG,
+    asr_threads,
+    cgroup_cpus,
+    cgroup_memory_free,
+    free_cpus,
+    runnable_threads,
+    usable_cpus,
+)
 from tests import needs
 
 
@@ -43,6 +51,30 @@ def test_the_quota_is_read_as_the_kernel_writes_it(tmp_path: Path, self_cgroup: 
                                                    cpus: float | None) -> None:
     root, me = tree(tmp_path, self_cgroup, files)
     assert cgroup_cpus(root, me) == cpus
+
+
+GIB = 1 << 30
+
+
+@pytest.mark.parametrize(("self_cgroup", "files", "free"), [
+    ("0::/\n", {"memory.max": str(4 * GIB), "memory.current": str(GIB)}, 3 * GIB),
+    ("0::/\n", {"memory.max": "max", "memory.current": str(GIB)}, None),
+    # v2, the pod's limit tighter than the container's
+    ("0::/kubepods/pod7/c1\n", {"kubepods/pod7/memory.max": str(2 * GIB), "kubepods/pod7/memory.current": str(GIB),
+                                 "kubepods/pod7/c1/memory.max": str(8 * GIB),
+                                 "kubepods/pod7/c1/memory.current": str(GIB)}, GIB),
+    # v1 (Docker's --memory 2g), and v1 with no limit (2^63 - 1 rounded to a page)
+    ("9:memory:/docker/ab\n", {"memory/memory.limit_in_bytes": str(2 * GIB),
+                                "memory/memory.usage_in_bytes": str(GIB // 2)}, 1.5 * GIB),
+    ("9:memory:/\n", {"memory/memory.limit_in_bytes": "9223372036854771712",
+                       "memory/memory.usage_in_bytes": "1000"}, None),
+    ("0::/\n", {"memory.max": str(GIB), "memory.current": str(2 * GIB)}, 0.0),  # over it: nothing left, not less
+    ("", {}, None),
+])
+def test_a_containers_memory_limit_is_read_as_the_kernel_writes_it(tmp_path: Path, self_cgroup: str,
+                                                                     files: dict[str, str], free: float | None) -> None:
+    root, me = tree(tmp_path, self_cgroup, files)
+    assert cgroup_memory_free(root, me) == free
 
 
 def test_a_quota_bounds_the_cores_and_rounds_up(tmp_path: Path) -> None:

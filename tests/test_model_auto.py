@@ -43,6 +43,19 @@ def test_the_table_chooses_by_cores_memory_and_gpu() -> None:
     assert here.cores >= 1 and here.memory_gb > 0
 
 
+def test_auto_reads_the_machine_within_a_containers_limits(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A container on a big host: its CPU quota and memory limit, not the host's cores and MemAvailable, choose."""
+    monkeypatch.setattr(auto, "usable_cpus", lambda: 2)
+    monkeypatch.setattr(auto, "cgroup_memory_free", lambda: 1.5 * auto.GIB)
+    monkeypatch.setattr(auto, "_host_memory", lambda: 200.0 * auto.GIB)
+    monkeypatch.setattr(auto, "_gpu", lambda: (0.0, ""))
+    here = auto.detect()
+    assert (here.cores, here.memory_gb) == (2, 1.5)
+    assert auto.choose(here).model == ""  # the bundled model, not the 3B the host's 64 cores would pick
+    monkeypatch.setattr(auto, "cgroup_memory_free", lambda: None)
+    assert auto.detect().memory_gb == 200.0
+
+
 def test_without_network_auto_is_the_pulled_copy_or_the_bundled_model(local_hub: Hub) -> None:  # noqa: F811
     row = (auto.Row(f"{REPO}/{FILE}", cores=1, why="a test row"),)
     cfg = RespondConfig(engine="llama")

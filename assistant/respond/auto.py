@@ -1,7 +1,9 @@
 """``respond.model_path = "auto"``: the best model this machine can run, from a small table.
 
-The machine (:class:`Machine`): the cores this process may use, the memory available, and a GPU that llama.cpp can
-offload to (``nvidia-smi`` says its memory; a llama-cpp-python built without GPU support cannot use one). The
+The machine (:class:`Machine`): the cores this process may use and the memory available, both within a
+container's limits (``cpus.py``; the host's counts would choose a 3B model for a ``--cpus 2 --memory 2g``
+container on a big host), and a GPU that llama.cpp can offload to (``nvidia-smi`` says its memory; a
+llama-cpp-python built without GPU support cannot use one). The
 table (:data:`TABLE`), the first row the machine meets, is the README's "for" column: a GPU with 8 GB runs
 Llama 3.1 8B, a GPU with 4 GB or 8 cores with 6 GB free run Qwen2.5 3B, 4 cores with 3 GB free run Qwen2.5 1.5B;
 anything smaller keeps the bundled SmolLM2-135M. Every choice says why (:attr:`Choice.why`), for the log, the
@@ -25,6 +27,7 @@ import subprocess
 from dataclasses import dataclass
 
 from assistant.config import RespondConfig
+from assistant.cpus import cgroup_memory_free, usable_cpus
 from assistant.respond.hub import cached_path, parse_ref
 
 log = logging.getLogger(__name__)
@@ -93,15 +96,19 @@ def choose(machine: Machine, table: tuple[Row, ...] | None = None) -> Choice:
 
 def detect() -> Machine:
     """This machine, as :func:`choose` reads it."""
-    try:
-        cores = len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        cores = os.cpu_count() or 1
     gpu_gb, gpu = _gpu()
-    return Machine(cores, _available_memory() / GIB, gpu_gb, gpu)
+    return Machine(usable_cpus(), _available_memory() / GIB, gpu_gb, gpu)
 
 
 def _available_memory() -> float:
+    """Bytes of memory available now: Linux's MemAvailable (else the total), and no more than a container's limit
+    leaves (``cpus.cgroup_memory_free``)."""
+    limited = cgroup_memory_free()
+    host = _host_memory()
+    return host if limited is None else min(host, limited)
+
+
+def _host_memory() -> float:
     """Bytes of memory available now (Linux's MemAvailable), else the total."""
     try:
         with open("/proc/meminfo", encoding="ascii") as f:

@@ -300,11 +300,12 @@ async def test_a_reply_the_conversation_drops_leaves_the_slot_to_the_history_it_
                         "the prepared start", 30)
         # The history is full. A speculation at a pause ("Name a city") is answered, then dropped: the user went on.
         spoken: asyncio.Future[str] = loop.create_future()
+        prepared = llama.engine.stats["prepared"]
         await reply(llama, "Name a city", history.messages, ReplyOptions(max_tokens=10, kept=spoken))
         spec = llama.last_request
         spoken.cancel()
-        await asyncio.sleep(0.05)
-        assert llama.engine.settled
+        await until(lambda: llama.engine.settled, "the engine settled", 30)
+        assert llama.engine.stats["prepared"] == prepared  # nothing got ready from the dropped reply
         ask = "Name a city in Spain."
         await reply(llama, ask, history.messages, ReplyOptions(max_tokens=10))
         real = llama.last_request

@@ -131,6 +131,9 @@ def add_speech_ends_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run_speech_ends(args: argparse.Namespace) -> int:
+    from assistant.bench.figures import provenance, write_markdown
+
+    origin = provenance()
     floors = [None if v.strip() == "abs" else float(v) for v in args.below_peak_db.split(",") if v.strip()]
     held = {line.strip() for line in args.held_out.read_text().splitlines() if line.strip()} \
         if args.held_out.exists() else set()
@@ -142,5 +145,5 @@ def run_speech_ends(args: argparse.Namespace) -> int:
     (args.out / "speech_ends.json").write_text(json.dumps({"chosen": chosen, "rows": [asdict(r) for r in rows]},
                                                           indent=1))
     if args.markdown is not None:
-        args.markdown.write_text(table)
+        write_markdown(args.markdown, table, origin)
     return 0

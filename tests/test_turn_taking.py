@@ -154,6 +154,29 @@ async def test_a_skill_that_acts_waits_for_the_turn_to_be_sure(shared_audio, tur
 
 
 @pytest.mark.asyncio
+async def test_a_skill_that_acted_for_a_turn_dropped_after_its_reply_began_is_undone(shared_audio) -> None:
+    """No hold (turn.confirm_ms 0): the turn at the pause is sure at once and its timer is set; the speaker goes on
+    within turn.rejoin_ms, the turn is dropped and heard again whole: the first timer is taken back, and the call
+    keeps one."""
+    x, _ = read_audio(shared_audio / "en_pause_midsentence.wav")
+    cfg = test_config(vad={"end_silence_ms": 250},
+                      turn={"speculative": False, "smart_endpoint": False, "end_of_turn_model": False,
+                            "policy": "flat", "confirm_ms": 0, "rejoin_ms": 1000})
+    changes: list[str] = []
+    timers = CallTimers(max_timers=5, max_seconds=3600, on_due=lambda *_: None,
+                        on_change=lambda action, *_: changes.append(action))
+    responder = with_skills(EchoResponder(), load_skills(["timers"]), CallContext(timers=timers), intents="always")
+    live: list[tuple[int, list[str]]] = []
+    try:
+        _, seen, _ = await _run_conversation(cfg, x, TimerASR(), responder,
+                                             before_close=lambda: live.append((len(timers.timers), [*changes])))
+    finally:
+        timers.close()
+    assert len([e for e in seen if e["type"] == "speech_end"]) == 2  # the pause ended a turn, then the sentence
+    assert live == [(1, ["set", "cancelled", "set"])]
+
+
+@pytest.mark.asyncio
 async def test_an_unsure_end_is_heard_only_once_the_silence_confirms_it(shared_audio) -> None:
     """turn.confirm_ms: a turn ended by a short silence at the sentence's 400 ms pause is committed, but its reply
     waits for more silence; the speaker goes on first, so it is dropped unheard (no audio written, no `interrupted`

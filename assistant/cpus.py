@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import math
 import os
+from collections.abc import Iterator
 from pathlib import Path
 
 CGROUP_ROOT = Path("/sys/fs/cgroup")
@@ -40,49 +41,49 @@ def _up_from(base: Path, relative: str) -> list[Path]:
     return out
 
 
-def cgroup_cpus(root: Path = CGROUP_ROOT, self_cgroup: Path = SELF_CGROUP) -> float | None:
-    """CPUs this process's cgroup quota allows (1.5 for ``150000 100000``), or None when there is none."""
-    limits: list[float] = []
+def _cgroups(root: Path, self_cgroup: Path, controller: str,
+             v1_mounts: tuple[str, ...]) -> Iterator[tuple[bool, Path]]:
+    """(v2?, folder) for each cgroup folder whose ``controller`` limit binds this process: its own and those above
+    it, cgroup v2's unified tree or v1's ``v1_mounts`` (where the mount may show our cgroup at its root)."""
     for line in _read(self_cgroup).splitlines():
         parts = line.split(":", 2)
         if len(parts) != 3:
             continue
         _, controllers, relative = parts
-        if controllers == "":  # cgroup v2
+        if controllers == "":
             for folder in _up_from(root, relative):
-                fields = _read(folder / "cpu.max").split()
-                if len(fields) == 2 and fields[0] != "max" and fields[0].isdigit() and fields[1].isdigit():
-                    limits.append(int(fields[0]) / max(1, int(fields[1])))
-        elif "cpu" in controllers.split(","):  # cgroup v1 (the mount may show our cgroup at its root)
-            for mount in V1_CPU_MOUNTS:
+                yield True, folder
+        elif controller in controllers.split(","):
+            for mount in v1_mounts:
                 for folder in (*_up_from(root / mount, relative), root / mount):
-                    quota, period = _read(folder / "cpu.cfs_quota_us"), _read(folder / "cpu.cfs_period_us")
-                    if quota.isdigit() and period.isdigit() and int(quota) > 0:
-                        limits.append(int(quota) / max(1, int(period)))
+                    yield False, folder
+
+
+def cgroup_cpus(root: Path = CGROUP_ROOT, self_cgroup: Path = SELF_CGROUP) -> float | None:
+    """CPUs this process's cgroup quota allows (1.5 for ``150000 100000``), or None when there is none."""
+    limits: list[float] = []
+    for v2, folder in _cgroups(root, self_cgroup, "cpu", V1_CPU_MOUNTS):
+        if v2:
+            fields = _read(folder / "cpu.max").split()
+            if len(fields) == 2 and fields[0] != "max" and fields[0].isdigit() and fields[1].isdigit():
+                limits.append(int(fields[0]) / max(1, int(fields[1])))
+        else:
+            quota, period = _read(folder / "cpu.cfs_quota_us"), _read(folder / "cpu.cfs_period_us")
+            if quota.isdigit() and period.isdigit() and int(quota) > 0:
+                limits.append(int(quota) / max(1, int(period)))
     return min(limits) if limits else None
 
 
 def cgroup_memory_free(root: Path = CGROUP_ROOT, self_cgroup: Path = SELF_CGROUP) -> float | None:
     """Bytes this process's cgroup may still use (its limit less what it uses; the tightest of it and those above
-    it), or None when none is limited: v2 ``memory.max`` and ``memory.current``, v1 ``memory.limit_in_bytes`` and
-    ``memory.usage_in_bytes``."""
+    it), or None when none is limited: v2 ``memory.max`` and ``memory.current`` ("max": none), v1
+    ``memory.limit_in_bytes`` and ``memory.usage_in_bytes``."""
     free: list[float] = []
-
-    def add(limit: str, used: str) -> None:
+    for v2, folder in _cgroups(root, self_cgroup, "memory", ("memory",)):
+        limit, used = (_read(folder / "memory.max"), _read(folder / "memory.current")) if v2 else \
+            (_read(folder / "memory.limit_in_bytes"), _read(folder / "memory.usage_in_bytes"))
         if limit.isdigit() and int(limit) < V1_NO_LIMIT:
             free.append(max(0.0, float(int(limit) - (int(used) if used.isdigit() else 0))))
-
-    for line in _read(self_cgroup).splitlines():
-        parts = line.split(":", 2)
-        if len(parts) != 3:
-            continue
-        _, controllers, relative = parts
-        if controllers == "":  # cgroup v2 ("max": none)
-            for folder in _up_from(root, relative):
-                add(_read(folder / "memory.max"), _read(folder / "memory.current"))
-        elif "memory" in controllers.split(","):
-            for folder in (*_up_from(root / "memory", relative), root / "memory"):
-                add(_read(folder / "memory.limit_in_bytes"), _read(folder / "memory.usage_in_bytes"))
     return min(free) if free else None
 
 

@@ -21,8 +21,6 @@ from typing import Any
 
 import numpy as np
 
-HELD_OUT_HUMAN = Path(__file__).resolve().parent / "data" / "human_heldout.txt"
-
 
 def add_threads_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--threads", type=int, nargs="+", default=[1, 2], help="asr.cpu_threads values to compare")
@@ -41,9 +39,9 @@ def add_threads_arguments(parser: argparse.ArgumentParser) -> None:
 def held_out_clips(count: int) -> list[np.ndarray]:
     """The first ``count`` held-out human clips, 16 kHz mono."""
     from assistant.audio import read_audio, resample
-    from lab.human_set import human_dir
+    from lab.human_set import HELD_OUT, human_dir
 
-    names = [n.strip() for n in HELD_OUT_HUMAN.read_text().splitlines() if n.strip()][:count]
+    names = [n.strip() for n in HELD_OUT.read_text().splitlines() if n.strip()][:count]
     out = []
     for name in names:
         audio, rate = read_audio(human_dir() / (name if name.endswith(".flac") else f"{name}.flac"))

@@ -47,6 +47,7 @@ from assistant.config import TurnConfig, VADConfig
 from assistant.pipeline.end_of_turn import confirm_hold_ms
 from lab.eot import AFTERTHOUGHT, VAD_WINDOW_MS, Pause, Turns, flatten, join, load_evidence, replay_decision
 from lab.eot_evidence import load_cache
+from lab.human_set import HELD_OUT, held_out
 
 log = logging.getLogger(__name__)
 
@@ -58,7 +59,7 @@ SURE_GRID = (1.1, 1.2, 1.25, 1.3, 1.33, 1.36, 1.37, 1.38, 1.385, 1.39, 1.4, 1.5)
 SURE_MS_GRID = (0, 200, 300, 350, 400, 450, 500, 550, 600, 650)
 WORLDS = ("instant", "measured")
 # The 40 human clips the v2v runs of issue 58 report on (the sessions tuned on the other 80): held out here too.
-HELD_OUT_HUMAN = Path(__file__).resolve().parent / "data" / "human_heldout.txt"
+HELD_OUT_HUMAN = HELD_OUT
 
 
 @dataclass(frozen=True)
@@ -172,7 +173,7 @@ def sweep(tune: Turns, held: dict[str, Turns], fixed_ms: int, base: TurnConfig |
 
 
 def held_out_human() -> set[str]:
-    return {line.strip() for line in HELD_OUT_HUMAN.read_text(encoding="utf-8").splitlines() if line.strip()}
+    return held_out(HELD_OUT_HUMAN)
 
 
 def load_sets(out: Path) -> tuple[Turns, Turns | None, dict[str, Turns]]:

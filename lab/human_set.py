@@ -15,6 +15,8 @@ from assistant.bench.audio_source import LABELS, read_labels
 from assistant.bench.shared_data import shared_path
 
 FOLDER = "audio/human"  # inside the shared folder
+# The 40 clips issue 58's v2v runs report on, one name a line: the studies that tune on the set keep them out.
+HELD_OUT = Path(__file__).with_name("data") / "human_heldout.txt"
 TUNING_NOTE = "the human set is a tuning set: its figures are not figures on unseen speech"
 
 
@@ -22,9 +24,14 @@ def human_dir() -> Path:
     return shared_path(FOLDER)
 
 
+def held_out(path: Path = HELD_OUT) -> set[str]:
+    """The held-out clips' file names (:data:`HELD_OUT`, or another such list)."""
+    return {line.strip() for line in path.read_text(encoding="utf-8").splitlines() if line.strip()}
+
+
 def load_human(folder: Path | None = None) -> list[dict[str, Any]]:
     """One manifest entry per clip of the human set (``read_labels``), in the labels' order."""
     return read_labels(folder or human_dir())
 
 
-__all__ = ["FOLDER", "LABELS", "TUNING_NOTE", "human_dir", "load_human"]
+__all__ = ["FOLDER", "HELD_OUT", "LABELS", "TUNING_NOTE", "held_out", "human_dir", "load_human"]

@@ -21,15 +21,15 @@ from pathlib import Path
 import numpy as np
 
 from assistant.audio import SPEECH_RATE, read_audio, resample
+from assistant.bench.audio_source import read_manifest
 from assistant.bench.report import SPEECH_END_RESOLUTION_MS, percentile
-from assistant.config import load_config
+from assistant.config import VADConfig, load_config
 from assistant.vad.endpoint import Endpointer, SpeechEnd
 from assistant.vad.silero import SileroModel
+from lab.human_set import HELD_OUT, held_out, human_dir
 
 log = logging.getLogger(__name__)
 
-HUMAN = Path(__file__).resolve().parents[1].parent / "shared" / "audio" / "human"
-HELD_OUT = Path(__file__).with_name("data") / "human_heldout.txt"
 CHUNK = SPEECH_RATE // 50  # 20 ms, as the inbound reader delivers
 
 
@@ -50,18 +50,9 @@ class Row:
     abs_p50: float
 
 
-def labelled(folder: Path) -> dict[str, float]:
-    """file name → labelled speech end (s), from ``labels.json`` or ``manifest.json``."""
-    for name, key in (("labels.json", "speech_end_s"), ("manifest.json", "speech_ends_s")):
-        path = folder / name
-        if path.exists():
-            return {r["file"]: float(r[key]) for r in json.loads(path.read_text()) if r.get(key) is not None}
-    raise SystemExit(f"{folder}: no labels.json or manifest.json")
-
-
-def server_end(audio: np.ndarray, below_peak_db: float | None, model: SileroModel) -> float | None:
+def server_end(audio: np.ndarray, below_peak_db: float | None, model: SileroModel, vad: VADConfig) -> float | None:
     """Where the server puts the end of the clip's last utterance (s); None: it heard none."""
-    endpointer = Endpointer(load_config().vad, model)
+    endpointer = Endpointer(vad, model)
     endpointer.below_peak_db = below_peak_db
     last: SpeechEnd | None = None
     for i in range(0, len(audio), CHUNK):
@@ -80,15 +71,18 @@ def summarize(half: str, floor: str, errors_ms: list[float]) -> Row:
 
 
 def sweep(folder: Path, held_out: set[str], floors: list[float | None]) -> list[Row]:
-    labels = labelled(folder)
-    model = SileroModel.shared()
+    labels = {name: float(entry["speech_ends_s"]) for name, entry in read_manifest(folder).items()
+              if entry.get("speech_ends_s") is not None}
+    if not labels:
+        raise SystemExit(f"{folder}: no labelled speech ends (labels.json or manifest.json)")
+    model, vad = SileroModel.shared(), load_config().vad
     errors: dict[tuple[str, str], list[float]] = {}
     for name, label in sorted(labels.items()):
         audio, rate = read_audio(folder / name)
         audio = resample(audio, rate, SPEECH_RATE) if rate != SPEECH_RATE else audio
         half = "held-out" if name in held_out else "tuning"
         for floor in floors:
-            end = server_end(audio, floor, model)
+            end = server_end(audio, floor, model, vad)
             if end is None:
                 log.warning("speech_ends.no_speech file=%s", name)
                 continue
@@ -120,8 +114,8 @@ def markdown(rows: list[Row], chosen: str) -> str:
 
 
 def add_speech_ends_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--audio", type=Path, default=HUMAN, help="a folder of clips with labels.json or "
-                        "manifest.json (default: ../shared/audio/human)")
+    parser.add_argument("--audio", type=Path, default=None, help="a folder of clips with labels.json or "
+                        "manifest.json (default: the human set, ../shared/audio/human)")
     parser.add_argument("--held-out", type=Path, default=HELD_OUT, help="the held-out clips' names, one a line "
                         "(none found: every clip is tuning)")
     parser.add_argument("--below-peak-db", default="abs,30,35,40,45,50",
@@ -135,9 +129,8 @@ def run_speech_ends(args: argparse.Namespace) -> int:
 
     origin = provenance()
     floors = [None if v.strip() == "abs" else float(v) for v in args.below_peak_db.split(",") if v.strip()]
-    held = {line.strip() for line in args.held_out.read_text().splitlines() if line.strip()} \
-        if args.held_out.exists() else set()
-    rows = sweep(args.audio, held, floors)
+    held = held_out(args.held_out) if args.held_out.exists() else set()
+    rows = sweep(args.audio or human_dir(), held, floors)
     chosen = choose(rows) if any(r.half == "tuning" for r in rows) else ""
     table = markdown(rows, chosen)
     print(table, end="")

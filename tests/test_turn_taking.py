@@ -125,17 +125,12 @@ class TimerASR(InstantASR):
         return Transcript(text="Set a timer for five minutes, please." if whole else "Set a timer for five minutes.")
 
 
-@pytest.mark.parametrize("turn", [
-    pytest.param({"speculative": True, "speculative_pause_ms": 150, "smart_endpoint": False}, id="speculated"),
-    pytest.param({"speculative": False, "smart_endpoint": False, "end_of_turn_model": False, "policy": "flat",
-                  "confirm_ms": 1000}, id="committed-unsure"),
-])
-@pytest.mark.asyncio
-async def test_a_skill_that_acts_waits_for_the_turn_to_be_sure(shared_audio, turn: dict[str, Any]) -> None:
-    """A timer asked for before a pause the speaker goes on from is set once: the speculative turn at the pause (or
-    the turn committed there whose end was unsure) never sets it, and the whole sentence's turn does."""
+async def _timer_request(shared_audio: Any, cfg: Any
+                         ) -> tuple[Conversation, list[dict], list[tuple[int, list[str]]]]:
+    """The pause file heard as "Set a timer for five minutes, [pause] please." on a call with timers (the intent
+    step in front of echo): the conversation, its events, and (timers running, their changes) just before it
+    closes (closing cancels a turn still replying, and with it what its skill did)."""
     x, _ = read_audio(shared_audio / "en_pause_midsentence.wav")
-    cfg = test_config(vad={"end_silence_ms": 250}, turn=turn)
     changes: list[str] = []
     timers = CallTimers(max_timers=5, max_seconds=3600, on_due=lambda *_: None,
                         on_change=lambda action, *_: changes.append(action))
@@ -146,6 +141,19 @@ async def test_a_skill_that_acts_waits_for_the_turn_to_be_sure(shared_audio, tur
                                                 before_close=lambda: live.append((len(timers.timers), [*changes])))
     finally:
         timers.close()
+    return conv, seen, live
+
+
+@pytest.mark.parametrize("turn", [
+    pytest.param({"speculative": True, "speculative_pause_ms": 150, "smart_endpoint": False}, id="speculated"),
+    pytest.param({"speculative": False, "smart_endpoint": False, "end_of_turn_model": False, "policy": "flat",
+                  "confirm_ms": 1000}, id="committed-unsure"),
+])
+@pytest.mark.asyncio
+async def test_a_skill_that_acts_waits_for_the_turn_to_be_sure(shared_audio, turn: dict[str, Any]) -> None:
+    """A timer asked for before a pause the speaker goes on from is set once: the speculative turn at the pause (or
+    the turn committed there whose end was unsure) never sets it, and the whole sentence's turn does."""
+    conv, seen, live = await _timer_request(shared_audio, test_config(vad={"end_silence_ms": 250}, turn=turn))
     ends = [e for e in seen if e["type"] == "speech_end"]
     assert conv.speculations["dropped"] >= 1 or len(ends) == 2  # a turn at the pause, dropped
     assert live == [(1, ["set"])]  # set once, by the whole sentence's turn (none set, then taken back, before it)
@@ -158,20 +166,10 @@ async def test_a_skill_that_acted_for_a_turn_dropped_after_its_reply_began_is_un
     """No hold (turn.confirm_ms 0): the turn at the pause is sure at once and its timer is set; the speaker goes on
     within turn.rejoin_ms, the turn is dropped and heard again whole: the first timer is taken back, and the call
     keeps one."""
-    x, _ = read_audio(shared_audio / "en_pause_midsentence.wav")
     cfg = test_config(vad={"end_silence_ms": 250},
                       turn={"speculative": False, "smart_endpoint": False, "end_of_turn_model": False,
                             "policy": "flat", "confirm_ms": 0, "rejoin_ms": 1000})
-    changes: list[str] = []
-    timers = CallTimers(max_timers=5, max_seconds=3600, on_due=lambda *_: None,
-                        on_change=lambda action, *_: changes.append(action))
-    responder = with_skills(EchoResponder(), load_skills(["timers"]), CallContext(timers=timers), intents="always")
-    live: list[tuple[int, list[str]]] = []
-    try:
-        _, seen, _ = await _run_conversation(cfg, x, TimerASR(), responder,
-                                             before_close=lambda: live.append((len(timers.timers), [*changes])))
-    finally:
-        timers.close()
+    _, seen, live = await _timer_request(shared_audio, cfg)
     assert len([e for e in seen if e["type"] == "speech_end"]) == 2  # the pause ended a turn, then the sentence
     assert live == [(1, ["set", "cancelled", "set"])]
 

@@ -280,16 +280,16 @@ class Endpointer:
                 events.append(self._end(w1, w1, "max_utterance"))
                 events.append(self._start(w1, w1, pad=False))
 
-    def _audible_end(self, end: int, detected: int) -> int:
+    def _audible_end(self, end: int, detected: int, speech: np.ndarray) -> int:
         """The last audible frame near the VAD's ``end``, searched in the audio held (up to one window after
-        it); audible for this utterance's loudest frame, above the hangover's own level (:func:`audible_floor`)."""
+        it); audible for the loudest frame of ``speech`` (the utterance), above the hangover's own level
+        (:func:`audible_floor`)."""
         lo = max(self._utt_start, end - AUDIBLE_LOOKBACK, self._buf.start)
         hi = min(end + WINDOW_SAMPLES, detected, self._buf.end)
         if hi - lo < AUDIBLE_FRAME:
             return end
         hangover = self._buf.slice(min(end + WINDOW_SAMPLES, detected), detected)
         noise = float(frame_rms(hangover).max()) if hangover.size >= AUDIBLE_FRAME else 0.0
-        speech = self._buf.slice(max(self._utt_start, self._buf.start), end)
         peak = float(frame_rms(speech).max()) if speech.size >= AUDIBLE_FRAME else 0.0
         found = last_audible_end(self._buf.slice(lo, hi), noise, peak, self.below_peak_db)
         return end if found is None else lo + found
@@ -306,9 +306,11 @@ class Endpointer:
 
     def _end(self, end: int, detected: int, reason: str) -> SpeechEnd:
         tail = self._pad if reason != "max_utterance" or end < detected else 0
-        audio = self._buf.slice(self._audio_start, min(end + tail, self._buf.end))
+        base = max(self._audio_start, self._buf.start)  # audio[0]'s stream index
+        audio = self._buf.slice(base, min(end + tail, self._buf.end))
+        speech = audio[max(0, self._utt_start - base) : max(0, end - base)]
         ev = SpeechEnd(
-            audible_end=self._audible_end(end, detected),
+            audible_end=self._audible_end(end, detected, speech),
             sample_index=end,
             time_s=end / SPEECH_RATE,
             detected_at_s=detected / SPEECH_RATE,

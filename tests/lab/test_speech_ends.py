@@ -10,6 +10,7 @@ import numpy as np
 import soundfile as sf
 
 from assistant.audio import SPEECH_RATE
+from assistant.config import VADConfig
 from assistant.vad.silero import SileroModel
 from lab.__main__ import main
 from lab.speech_ends import Row, choose, server_end
@@ -23,12 +24,12 @@ def _speech(shared_audio: Path) -> np.ndarray:
 
 def test_a_quiet_speakers_fading_end_is_where_the_label_puts_it(shared_audio: Path) -> None:
     """The same words 25 dB quieter, their last sound fading under −45 dBFS: the floor under the speaker's own peak
-    finds the end where the loud take has it; −45 dBFS alone ends the quiet take early (by 90 ms here)."""
+    finds the end where the loud take has it; −45 dBFS alone ends the quiet take early (by 110 ms here)."""
     x = _speech(shared_audio)
-    model = SileroModel.shared()
-    loud = server_end(x, 40.0, model)
-    quiet = server_end(x * 10 ** (-25 / 20), 40.0, model)
-    quiet_abs = server_end(x * 10 ** (-25 / 20), None, model)
+    model, vad = SileroModel.shared(), VADConfig()
+    loud = server_end(x, 40.0, model, vad)
+    quiet = server_end(x * 10 ** (-25 / 20), 40.0, model, vad)
+    quiet_abs = server_end(x * 10 ** (-25 / 20), None, model, vad)
     assert loud is not None and quiet is not None and quiet_abs is not None
     assert abs(quiet - loud) <= 0.01
     assert quiet_abs < quiet - 0.06
@@ -49,8 +50,8 @@ def test_the_study_runs_on_a_labelled_folder(tmp_path: Path, shared_audio: Path)
     folder.mkdir()
     for name, gain in (("a.flac", 1.0), ("b.flac", 0.05)):
         sf.write(folder / name, x * gain, SPEECH_RATE)
-    (folder / "labels.json").write_text(json.dumps([{"file": "a.flac", "speech_end_s": 2.54},
-                                                    {"file": "b.flac", "speech_end_s": 2.54}]))
+    (folder / "labels.json").write_text(json.dumps([{"file": name, "speech_start_s": 0.54, "speech_end_s": 2.54}
+                                                    for name in ("a.flac", "b.flac")]))
     held = tmp_path / "held.txt"
     held.write_text("b.flac\n")
     out = tmp_path / "out"

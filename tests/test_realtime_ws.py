@@ -256,6 +256,33 @@ async def test_session_update_changes_voice_and_vad_silence(services: Services, 
         assert session.conversation.voice == engine_voice  # nothing changed
 
 
+async def test_a_turn_taken_back_leaves_no_reply_and_no_item(services: Services, shared_audio) -> None:
+    """A turn committed on an unsure end (the 200 ms silence the client asked for, at the sentence's 400 ms pause) is
+    taken back when the speaker goes on: a client reading text gets nothing of its reply, its response is
+    cancelled, and its user item is deleted, so that the conversation holds the sentence once, as the model has
+    it."""
+    pause = shared_audio / "en_pause_midsentence.wav"  # "I would like to order [400 ms] a large pizza."
+    cfg = test_config(turn={"speculative": False, "policy": "flat", "confirm_ms": 1000})
+    async with serve(cfg, services) as (url, _app), connected(url) as (conn, ev):
+        await conn.session.update(session={"type": "realtime", "output_modalities": ["text"], "audio": {
+            "input": {"turn_detection": {"type": "server_vad", "silence_duration_ms": 200}}}})
+        await ev.wait("session.updated")
+        await append(conn, pcm24(pause, silence_s=2.5), speed=1.0)
+        done = await ev.wait("response.done", where=lambda e: e["response"]["status"] == "completed")
+        stopped = ev.of("input_audio_buffer.speech_stopped")
+        assert len(stopped) == 2, ev.types()  # the pause ended a turn
+        first, second = (e["item_id"] for e in stopped)
+        assert [e["item_id"] for e in ev.of("conversation.item.deleted")] == [first]
+        taken_back = [e["response"] for e in ev.of("response.done") if e["response"]["id"] != done["response"]["id"]]
+        assert [r["status"] for r in taken_back] == ["cancelled"] and not taken_back[0]["output"]
+        texts = ev.of("response.output_text.delta")
+        assert texts and {e["response_id"] for e in texts} == {done["response"]["id"]}
+        said = "".join(e["delta"] for e in texts).lower()
+        assert said.startswith("you said") and "pizza" in said and said.count("order") == 1, said
+        words = ev.of("conversation.item.input_audio_transcription.completed")
+        assert words[-1]["item_id"] == second and "order" in words[-1]["transcript"].lower()
+
+
 async def test_bench_ws_turn_measures_the_first_delta(services: Services, shared_audio) -> None:
     """The bench's WebSocket client (assistant bench v2v --protocol realtime-ws): both ways of ending a turn."""
     import aiohttp

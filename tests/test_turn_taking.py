@@ -178,7 +178,8 @@ async def test_a_skill_that_acted_for_a_turn_dropped_after_its_reply_began_is_un
 async def test_an_unsure_end_is_heard_only_once_the_silence_confirms_it(shared_audio) -> None:
     """turn.confirm_ms: a turn ended by a short silence at the sentence's 400 ms pause is committed, but its reply
     waits for more silence; the speaker goes on first, so it is dropped unheard (no audio written, no `interrupted`
-    event: no false start) and the sentence is one turn, whose reply is heard once the silence after it confirms it."""
+    event: no false start) and the sentence is one turn, whose reply is heard once the silence after it confirms it.
+    Nor was the dropped reply read: its text waits for the confirmation as its audio does."""
     x, _ = read_audio(shared_audio / "en_pause_midsentence.wav")  # speech ends at 4.03 s of 5.54 s
     cfg = test_config(vad={"end_silence_ms": 250},
                       turn={"speculative": False, "smart_endpoint": False, "end_of_turn_model": False,
@@ -187,8 +188,13 @@ async def test_an_unsure_end_is_heard_only_once_the_silence_confirms_it(shared_a
     ends = [e for e in seen if e["type"] == "speech_end"]
     assert len(ends) == 2, ends  # the pause ended a turn: the fixed 250 ms silence is shorter than it
     assert not [e for e in seen if e["type"] == "interrupted"]  # ... whose reply nobody heard
-    replies = [e["text"] for e in seen if e["type"] == "reply_text"]
-    assert replies[-1] == "You said: I would like to order a large pizza."
+    words = [e for e in seen if e["type"] == "transcript" and e.get("final")]
+    assert [e["turn"] for e in words] == [ends[0]["turn"], ends[1]["turn"]]  # both turns were committed ...
+    dropped = [e for e in seen if e["type"] == "turn_dropped"]
+    assert [(e["turn"], e["heard"]) for e in dropped] == [(ends[0]["turn"], False)]  # ... the first taken back
+    replies = [e for e in seen if e["type"] == "reply_text"]
+    assert replies and {e["turn"] for e in replies} == {ends[1]["turn"]}  # ... and only the second one's reply read
+    assert replies[-1]["text"] == "You said: I would like to order a large pizza."
     assert writes and all(turns == 2 for turns, _ in writes)  # only the whole sentence's reply was written
 
 

@@ -1,15 +1,17 @@
 """The ``events`` data channel: JSON messages telling the page what happens in the conversation.
 
-Types (DESIGN.md): speech_start, speech_end, transcript (partial/final, with the ``language`` heard and, from
-the ASR, its ``language_probability``), reply_text, reply_audio_start, reply_done, interrupted (``paused`` when
-the reply is only held while the user makes a sound over it), reply_resumed (that sound was a backchannel: the
-reply goes on), turn_metrics, voice_fallback (no voice speaks the reply's language: the default one reads it),
-responder_fallback (the responder's engine is down, restarting or failed for good: another responder answers
-this turn, and ``reason`` says why), timer (a timer, reminder or alarm of this call was ``set``, ``cancelled`` or is
-``done``: ``timer`` is the one, ``timers`` every one still running, each ``{id, kind, label, seconds, due_ms}``),
-responder (which model answers now and why: sent when a better model is swapped in during the call), dtmf (a key
-pressed on a phone: ``digit``; the keys of one entry then reach the responder as a turn), error; plus session
-(sent once on open, and again when the session's settings change) and close.
+Types (DESIGN.md): speech_start, speech_end, transcript (partial/final, with the ``language`` heard and, from the
+ASR, its ``language_probability``), reply_text (once the turn is confirmed, as its audio), reply_audio_start,
+reply_done, interrupted (``paused`` when the reply is only held while the user makes a sound over it),
+reply_resumed (that sound was a backchannel: the reply goes on), turn_dropped (the user was not done: a committed
+turn is taken back, ``heard`` says whether its reply had begun to play; its words are not in the conversation and
+come again, whole, in the next turn), turn_metrics, voice_fallback (no voice speaks the reply's language: the
+default one reads it), responder_fallback (the responder's engine is down, restarting or failed for good: another
+responder answers this turn, and ``reason`` says why), timer (a timer, reminder or alarm of this call was ``set``,
+``cancelled`` or is ``done``: ``timer`` is the one, ``timers`` every one still running, each ``{id, kind, label,
+seconds, due_ms}``), responder (which model answers now and why: sent when a better model is swapped in during the
+call), dtmf (a key pressed on a phone: ``digit``; the keys of one entry then reach the responder as a turn), error;
+plus session (sent once on open, and again when the session's settings change) and close.
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ EVENT_TYPES = frozenset(
         "reply_done",
         "interrupted",
         "reply_resumed",
+        "turn_dropped",
         "turn_metrics",
         "voice_fallback",
         "responder_fallback",

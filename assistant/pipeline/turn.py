@@ -103,7 +103,8 @@ class Turn:
     """One user utterance and its reply, as the turn runner runs it (the runner is its only writer).
 
     Until committed, events are held back and reply audio waits; a turn that is never committed leaves no
-    trace the user can see or hear.
+    trace the user can see or hear. The reply's text waits as its audio does, until the turn is confirmed: a
+    turn committed on an unsure end and dropped when the speaker goes on was never read either.
     """
 
     def __init__(self, number: int, audio: np.ndarray, audio_end: int, gen: int, speculative: bool) -> None:
@@ -117,7 +118,7 @@ class Turn:
         # The reply may be heard: set at commit, or later when the end was unsure and more silence confirmed it
         # (turn.confirm_ms); a turn dropped before that was never heard.
         self.confirmed = asyncio.Event()
-        self.held_events: list[tuple[str, dict[str, Any]]] = []
+        self.held_events: list[tuple[str, dict[str, Any]]] = []  # in order, until they may go out (runner._release)
         # What of the reply the history keeps, once it does (the responder gets the next prompt ready from it);
         # cancelled when the turn ends without entering the history (dropped, discarded, failed).
         self.kept: asyncio.Future[str] = asyncio.get_running_loop().create_future()
@@ -139,6 +140,7 @@ class Turn:
         return self.task is not None and not self.task.done()
 
     def cancel(self) -> None:
+        self.held_events.clear()  # what was never shown never will be
         if self.task is not None and not self.task.done():
             self.task.cancel()
         if not self.heard.done():

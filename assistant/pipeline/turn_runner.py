@@ -55,6 +55,10 @@ APOLOGY_TIMEOUT_S = 10.0
 # Of a reply's leading silence (turn.trim_reply_silence), this much is kept before its first audible sample:
 # the voice's own onset ramp, so the cut is never heard.
 LEAD_IN_MS = 10
+# Events of the reply itself, sent only once its turn is confirmed (as its audio is heard only then): a turn
+# committed on an unsure end and dropped when the speaker goes on was never shown or read either (the page, a
+# Realtime client that reads text), only its audio was held before.
+AFTER_CONFIRM = frozenset({"reply_text"})
 
 
 class TurnRunner:
@@ -120,18 +124,17 @@ class TurnRunner:
         turn.trace.mark("vad_end", ending.decided)
         self.current = turn
         turn.committed.set()
+        self.sink.expect_reply().add_done_callback(functools.partial(self._on_first_audible, turn))
         if confirmed:
             self.confirm(turn)
-        self.sink.expect_reply().add_done_callback(functools.partial(self._on_first_audible, turn))
-        for kind, fields in turn.held_events:
-            self.events.emit(kind, **{**fields, "turn": turn.number})
-        turn.held_events.clear()
+        self._release(turn)
 
     def confirm(self, turn: Turn) -> None:
         """The committed ``turn``'s reply may be heard (its end is sure, or the silence since confirmed it)."""
         if not turn.confirmed.is_set():
             turn.trace.mark("confirmed")
             turn.confirmed.set()
+            self._release(turn)
 
     def discard(self, turn: Turn) -> None:
         """Cancel a turn that will never be committed (a speculation the user talked over): nothing of it,
@@ -149,7 +152,8 @@ class TurnRunner:
     def drop(self, reason: str = "not_done") -> np.ndarray | None:
         """Drop the current turn, the user was not done: before its reply was heard, or just after it began
         (``turn.rejoin_ms``; the ``interrupted`` event says so). Its words do not enter the history: they are the
-        start of the next turn, whose audio this returns."""
+        start of the next turn, whose audio this returns (``turn_dropped`` tells the clients, which show them again
+        there)."""
         turn = self.current
         if turn is None or not turn.active:
             return None
@@ -161,6 +165,7 @@ class TurnRunner:
             self.events.emit("interrupted", turn=turn.number, reason=reason, dropped_ms=dropped * FRAME_MS)
             if self.deps.on_interrupted is not None:
                 self.deps.on_interrupted()
+        self.events.emit("turn_dropped", turn=turn.number, reason=reason, heard=audible)
         log.info("turn_dropped session=%s turn=%d reason=%s audible=%s", self.session_id, turn.number, reason,
                  audible)
         return turn.audio
@@ -225,10 +230,19 @@ class TurnRunner:
         return self.turns
 
     def _emit(self, turn: Turn, kind: str, **fields: Any) -> None:
-        if turn.committed.is_set():
-            self.events.emit(kind, turn=turn.number, **fields)
-        else:
-            turn.held_events.append((kind, fields))
+        """An event of ``turn``: out now, or held (in order) until the turn is committed, and for the reply's own
+        words (:data:`AFTER_CONFIRM`) until it is confirmed."""
+        turn.held_events.append((kind, fields))
+        self._release(turn)
+
+    def _release(self, turn: Turn) -> None:
+        """Send the held events of ``turn`` that may go out now, in the order they came."""
+        if not turn.committed.is_set():
+            return
+        held = turn.held_events
+        while held and (turn.confirmed.is_set() or held[0][0] not in AFTER_CONFIRM):
+            kind, fields = held.pop(0)
+            self.events.emit(kind, **{**fields, "turn": turn.number})
 
     # --- one turn ------------------------------------------------------------------------------------
     async def _run(self, turn: Turn, given: str | None) -> None:

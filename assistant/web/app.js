@@ -139,7 +139,11 @@ function onEvent(ev) {
     case 'transcript':
       if (ev.final) {
         if (state.partialMsg) { state.partialMsg.remove(); state.partialMsg = null; }
-        if (ev.text) tagLanguage(addMsg('user', ev.text), ev.language || '', ev.language_probability);
+        if (ev.text) {
+          const msg = addMsg('user', ev.text);
+          msg.dataset.turn = ev.turn;
+          tagLanguage(msg, ev.language || '', ev.language_probability);
+        }
         if (ev.language) state.turnLanguage = ev.language;
       } else {
         state.partialMsg ??= addMsg('user', '', 'partial');
@@ -163,6 +167,11 @@ function onEvent(ev) {
     case 'reply_done': setStatus('connected', true); break;
     case 'interrupted':
       if (state.botMsg) state.botMsg.classList.add('interrupted');
+      break;
+    case 'turn_dropped':
+      // The user was not done: the turn's words come again, whole, in the next turn. A reply already heard
+      // stays (marked interrupted); the words shown twice do not.
+      for (const msg of $('transcript').querySelectorAll(`.msg.user[data-turn="${ev.turn}"]`)) msg.remove();
       break;
     case 'error': showError(`${ev.stage || 'error'}: ${ev.message}`); break;
     case 'close': setStatus(`closed (${ev.reason})`); break;

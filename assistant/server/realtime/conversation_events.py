@@ -263,6 +263,23 @@ class ConversationEvents:
                 asyncio.get_running_loop().call_later(CUT_GRACE_S, self._announce_cut, msg, int(heard_ms))
         self.responses.finish(resp, "cancelled", {"type": "cancelled", "reason": reason})
 
+    def _turn_dropped(self, event: Event) -> None:
+        """The user was not done: the conversation took the turn back, and its words come again, whole, in the next
+        turn's item. Its response is cancelled, and its user item deleted, so that the client's conversation is the
+        one the model answers from (a reply already heard stays, cut where it was: the client heard it)."""
+        turn = turn_of(event)
+        resp = self.responses.by_turn.get(turn)
+        if resp is not None and not resp.closed:
+            self.cleared(resp)
+            self.responses.finish(resp, "cancelled", {"type": "cancelled", "reason": "turn_detected"})
+        item = self.state.user_items.pop(turn, None)
+        if item is None:
+            return
+        if item in self.state.pending:
+            self.state.pending.remove(item)
+        if self.state.items.delete(item.id) is not None:
+            self.emit("conversation.item.deleted", item_id=item.id)
+
     def _announce_cut(self, item: Item, end_ms: int) -> None:
         if not item.client_cut and self.state.items.get(item.id) is item:
             self.emit("conversation.item.truncated", item_id=item.id, content_index=0, audio_end_ms=end_ms)
@@ -363,6 +380,7 @@ PIPELINE: dict[str, Callable[[ConversationEvents, Event], None]] = {
     "turn_metrics": ConversationEvents._turn_metrics,
     "reply_done": ConversationEvents._reply_done,
     "interrupted": ConversationEvents._interrupted,
+    "turn_dropped": ConversationEvents._turn_dropped,
     "error": ConversationEvents._error,
     "close": ConversationEvents._closed,
 }

@@ -51,18 +51,17 @@ def frame_to_float(frame: av.AudioFrame) -> np.ndarray:
     a = frame.to_ndarray()
     channels = len(frame.layout.channels)
     fmt = frame.format.name.rstrip("p")
-    if frame.format.is_planar:
-        a = a.reshape(channels, -1)  # (channels, samples)
-    else:
-        a = a.reshape(-1, channels).T  # packed: interleaved L R L R …
-    if fmt in _INT_SCALE:
-        x = a.astype(np.float32)
-        if fmt == "u8":
-            x -= 128.0
-        x /= _INT_SCALE[fmt]
-    else:
-        x = a.astype(np.float32, copy=False)
-    return np.ascontiguousarray(x.mean(axis=0) if channels > 1 else x[0], dtype=np.float32)
+    # The channels summed as they are (planar: rows; packed: interleaved L R L R …), then scaled once: a few
+    # microseconds for the 20 ms stereo s16 frame every call's decoder gives, 50 times a second, on the event loop
+    # (a float copy of each channel and numpy's mean took ~6x as long).
+    each = a.reshape(channels, -1) if frame.format.is_planar else a.reshape(-1, channels).T
+    x = each[0].astype(np.float32)
+    for channel in each[1:]:
+        x += channel
+    if fmt == "u8":
+        x -= np.float32(128.0 * channels)
+    x *= np.float32(1.0 / (_INT_SCALE.get(fmt, 1.0) * channels))
+    return x
 
 
 class InboundAudio:

@@ -234,3 +234,37 @@ async def test_the_page_sends_its_time_zone_and_shows_the_calls_timers(tmp_path:
         finally:
             await browser.close()
     assert session.timers.timers == []  # the call ended: its timer was cancelled
+
+
+async def test_the_page_shows_a_turn_taken_back_once(tmp_path: Path, shared_audio: Path, caplog) -> None:
+    """"I would like to order [400 ms] a large pizza." with a short silence that ends a turn at the pause, unsure:
+    the speaker goes on, the turn is taken back unheard (``turn_dropped``), and the page shows the sentence once,
+    one reply, and one row of latency, not the words of the turn taken back beside them."""
+    x, sr = read_audio(shared_audio / "en_pause_midsentence.wav")
+    mic = tmp_path / "pause.wav"
+    sf.write(mic, np.concatenate([resample(x, sr, 48_000), np.zeros(5 * 48_000, dtype=np.float32)]), 48_000,
+             subtype="PCM_16")
+    playwright = needs.module("playwright.async_api")
+    cfg = test_config(vad={"end_silence_ms": 250},
+                      turn={"speculative": False, "smart_endpoint": False, "end_of_turn_model": False,
+                            "policy": "flat", "confirm_ms": 1000})
+    caplog.set_level("INFO", logger="assistant.pipeline.turn_runner")
+    async with serve(cfg) as (url, _app), playwright.async_playwright() as pw:
+        browser = await pw.chromium.launch(executable_path=CHROMIUM, headless=True, args=chromium_args(mic))
+        try:
+            page = await browser.new_page()
+            errors: list[str] = []
+            page.on("pageerror", lambda exc: errors.append(str(exc)))
+            await page.goto(url + "/")
+            await page.click("#connect")
+            await page.locator(".msg.bot", has_text="pizza").first.wait_for(timeout=90_000)
+            dropped = [r.getMessage() for r in caplog.records if r.getMessage().startswith("turn_dropped")]
+            assert dropped and "audible=False" in dropped[0], dropped  # the pause's turn was taken back unheard
+            users = await page.locator(".msg.user").all_text_contents()
+            assert len(users) == 1 and "pizza" in users[0].lower(), users
+            assert await page.locator(".msg.bot").count() == 1
+            assert await page.locator("#turns tbody tr").count() == 1
+            await page.click("#hangup")
+            assert not errors, errors
+        finally:
+            await browser.close()

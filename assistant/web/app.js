@@ -168,11 +168,15 @@ function onEvent(ev) {
     case 'interrupted':
       if (state.botMsg) state.botMsg.classList.add('interrupted');
       break;
-    case 'turn_dropped':
+    case 'turn_dropped': {
       // The user was not done: the turn's words come again, whole, in the next turn. A reply already heard
-      // stays (marked interrupted); the words shown twice do not.
+      // stays (marked interrupted, its latency measured); the words shown twice do not, nor a turn nobody heard.
       for (const msg of $('transcript').querySelectorAll(`.msg.user[data-turn="${ev.turn}"]`)) msg.remove();
+      const t = state.turns.get(ev.turn);
+      if (!ev.heard && t) { t.tr.remove(); state.turns.delete(ev.turn); }
+      if (!ev.heard && state.armed?.turn === ev.turn) state.armed = null;
       break;
+    }
     case 'error': showError(`${ev.stage || 'error'}: ${ev.message}`); break;
     case 'close': setStatus(`closed (${ev.reason})`); break;
   }

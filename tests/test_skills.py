@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 import json
+import threading
 import time
 from typing import Any, ClassVar
 from zoneinfo import ZoneInfo
@@ -318,6 +319,48 @@ async def test_a_run_is_bounded_in_time_and_size_and_a_failure_is_said() -> None
     assert await own.run("nope", {}, "en", call) == "Sorry, I couldn't do that."
     assert await own.run("chatty", "not json", "en", call) == "Sorry, I couldn't do that."
     assert own.route("be chatty", "en", call) is not None
+
+
+class LateSendSkill:
+    """A plug-in that acts and blocks past its time limit (a slow service): it sends, then registers its undo."""
+
+    name = "late_send"
+    description = "Sends a message, slowly."
+    parameters: ClassVar[dict[str, Any]] = {"type": "object", "properties": {}}
+
+    def __init__(self, coroutine: bool = False) -> None:
+        self.sent: list[str] = []
+        self.returned = threading.Event()
+        if coroutine:
+            self.run = self._run_async  # type: ignore[method-assign]
+
+    def run(self, asked: Asked) -> str:
+        time.sleep(0.3)
+        self.sent.append("hi")
+        asked.on_undo(lambda: self.sent.append("unsent"))
+        self.returned.set()
+        return "Sent."
+
+    async def _run_async(self, asked: Asked) -> str:
+        self.sent.append("hi")
+        asked.on_undo(lambda: self.sent.append("unsent"))
+        await asyncio.sleep(0.3)
+        return "Sent."
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize("coroutine", [False, True], ids=["thread", "coroutine"])
+async def test_a_skill_cut_off_by_its_time_limit_is_undone(coroutine: bool) -> None:
+    """The caller is told it took too long, so what the skill did does not stand: a coroutine's act is undone as it
+    is cut off, a blocking function's once its thread returns (it acts late, then is undone), even on a turn that
+    counts."""
+    skill = LateSendSkill(coroutine)
+    own = Skills([skill], timeout_s=0.05)
+    kept = asyncio.get_running_loop().create_future()
+    assert await own.run("late_send", {}, "en", call_at(), kept=kept) == "Sorry, that took too long."
+    kept.set_result("Sorry, that took too long.")
+    await until(lambda: skill.sent == ["hi", "unsent"], "the late act undone")
+    assert coroutine or skill.returned.is_set()
 
 
 def test_skills_load_by_name_and_plugins_as_module_class() -> None:

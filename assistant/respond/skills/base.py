@@ -13,7 +13,10 @@ A skill that **acts** (sets or cancels a timer, or a plug-in's that sends or boo
 not say ``acts = False``) runs only once its turn's end is sure: a speculative turn starts at a pause the speaker
 may go on from, and an act done there would be done twice (the words are heard again, whole, in the next turn).
 And where its turn still never counts (dropped just after its reply began, or failed), what the skill registered
-with :meth:`Asked.on_undo` undoes it. A skill that only answers (the time, a sum) runs at once, speculation or not.
+with :meth:`Asked.on_undo` undoes it. So does a run cut off by ``respond.skill_timeout_s``, whose caller is told it
+took too long: at once for a coroutine, and for a plain function when its worker thread returns (a thread cannot be
+stopped: a plug-in's blocking call that finishes late acts, then is undone). A skill that only answers (the time, a
+sum) runs at once, speculation or not.
 """
 
 from __future__ import annotations

@@ -11,6 +11,7 @@ turn's end to be sure first, and is undone if its turn never counts (``base.py``
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import inspect
 import json
 import logging
@@ -113,13 +114,25 @@ class Skills:
         t0 = time.perf_counter()
         outcome = "ok"
         asked = Asked(args, language, call)
+        run = _Run()
+
+        def ended() -> None:  # the skill's thread is done, maybe long after its caller was told it took too long
+            run.in_thread = False
+            if run.given_up and asked.undos:
+                _undo(name, asked.undos)
+
         try:
             async with asyncio.timeout(self.timeout_s):
-                answer = await _call(skill, asked)
+                answer = await _call(skill, asked, run, ended)
             said = _bounded(str(answer))
         except SkillError as exc:
             outcome, said = "refused", _bounded(str(exc)) or _failed(lang)
         except TimeoutError:
+            # The caller hears that it took too long, so what the skill did is undone: now for a coroutine (cut off
+            # where it was), when it returns for a plain function (its thread cannot be stopped and goes on).
+            run.given_up = True
+            if not run.in_thread and asked.undos:
+                _undo(name, asked.undos)
             outcome, said = "timeout", pick(lang, {"en": "Sorry, that took too long.", "zh": "抱歉，时间太长了。",
                                                    "ja": "すみません、時間がかかりすぎました。",
                                                    "ko": "죄송합니다. 너무 오래 걸렸습니다."})
@@ -127,7 +140,7 @@ class Skills:
             log.exception("skill_failed skill=%s", name)
             outcome, said = "failed", _failed(lang)
         log.info("skill_ran skill=%s outcome=%s ms=%.1f", name, outcome, (time.perf_counter() - t0) * 1000)
-        if asked.undos and kept is not None:
+        if outcome != "timeout" and asked.undos and kept is not None:
             kept.add_done_callback(lambda done: _undo(name, asked.undos) if done.cancelled() else None)
         return said
 
@@ -142,12 +155,30 @@ def _undo(name: str, undos: list[Callable[[], None]]) -> None:
     log.info("skill_undone skill=%s", name)
 
 
-async def _call(skill: Skill, asked: Asked) -> Any:
+@dataclass
+class _Run:
+    """Where one run of a skill stands: on a worker thread still, and whether its caller gave up on it."""
+
+    in_thread: bool = False
+    given_up: bool = False
+
+
+async def _call(skill: Skill, asked: Asked, run: _Run, ended: Callable[[], None]) -> Any:
     if inspect.iscoroutinefunction(skill.run):
         return await skill.run(asked)
     # A plain function may block (a plug-in's I/O): a worker thread, cut off by the caller's timeout (it finishes
-    # there, unheard).
-    result = await asyncio.to_thread(skill.run, asked)
+    # there, unheard, and ``ended`` is called on the loop when it does).
+    loop = asyncio.get_running_loop()
+
+    def work() -> Any:
+        try:
+            return skill.run(asked)
+        finally:
+            with contextlib.suppress(RuntimeError):  # the loop closed meanwhile: nobody is left to undo for
+                loop.call_soon_threadsafe(ended)
+
+    run.in_thread = True
+    result = await asyncio.to_thread(work)
     return await result if inspect.isawaitable(result) else result
 
 

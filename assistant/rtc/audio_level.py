@@ -24,7 +24,7 @@ def audio_level_dbov(frame: AudioFrame) -> int:
     """The level of ``frame`` in dBov (-127 to 0), exactly as aiortc computes it: every 16-bit value of the first
     plane, over ``frame.samples`` full-scale samples (a stereo frame's two channels both count, as there)."""
     plane = frame.planes[0]
-    x = np.frombuffer(plane, dtype=np.int16, count=plane.buffer_size // 2).astype(np.float64)
+    x = np.frombuffer(memoryview(plane), dtype=np.int16, count=plane.buffer_size // 2).astype(np.float64)
     energy = float(np.dot(x, x))
     if energy <= 0.0 or frame.samples <= 0:
         return MIN_AUDIO_LEVEL

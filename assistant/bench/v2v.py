@@ -49,6 +49,7 @@ from assistant.bench.report import (
 )
 from assistant.bench.speech import bench_speech
 from assistant.bench.targets import Target
+from assistant.rtc import audio_level
 from assistant.rtc.jitter import AdaptiveReceiveBuffer
 
 log = logging.getLogger(__name__)
@@ -227,6 +228,7 @@ class BenchSession:
     endpoint: str = ""  # where the offer goes, when the protocol's client needs it given (WHIP, Realtime calls)
 
     def __post_init__(self) -> None:
+        audio_level.install()  # as the server's peers do: the client's packets cost the two cores as little
         self.pc = RTCPeerConnection(self.rtc_config or RTCConfiguration(iceServers=[]))
         self.source = UtteranceSource()
         self.listener = ReplyListener(self.threshold_dbfs)

@@ -5,7 +5,8 @@ Python loop over the frame's samples: ~0.13 ms of the event loop for a 20 ms mon
 second per call, on the one thread that carries every call's packets (a py-spy profile of a four-call server
 on the 2-core Xeon found it at 3 % of the server's busy samples, about as much as SRTP). :func:`audio_level_dbov`
 is the same figure (the same samples, the same formula, the same rounding) from numpy, and :func:`install` puts
-it in aiortc's place; ``assistant/rtc/__init__.py`` calls it, so every peer this package makes uses it.
+it in aiortc's place for the process; the two places that make peers (``server/voice/session.py``, the voice chat's
+and the Realtime WebRTC calls'; ``bench/v2v.py``, the bench's callers) call it before they make one.
 """
 
 from __future__ import annotations

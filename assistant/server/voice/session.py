@@ -30,6 +30,7 @@ from assistant.pipeline.reply import ReplySink
 from assistant.pipeline.turn import Turn
 from assistant.respond.base import Responder
 from assistant.respond.skills.timers import CallTimers, Timer
+from assistant.rtc import audio_level
 from assistant.rtc.inbound import InboundAudio, read_track
 from assistant.rtc.jitter import AdaptiveReceiveBuffer
 from assistant.rtc.outbound import ReplyTrack
@@ -321,6 +322,7 @@ class Session(ConversationSession):
         self.track = ReplyTrack(queue_ms=cfg.audio.reply_queue_ms)
         super().__init__(services, cfg, self.track, on_closed, **options)
         # The server's peer gets TURN credentials of its own, minted for this session and expiring with it.
+        audio_level.install()  # aiortc's per-packet audio level, from numpy (rtc/audio_level.py)
         self.pc = RTCPeerConnection(rtc_configuration(ice_servers(cfg.ice, self.id), cfg.ice.transport_policy))
         self.etag = f'"{secrets.token_urlsafe(9)}"'  # names this ICE session for trickle PATCHes (If-Match)
         self.remote_ice: tuple[str | None, str | None] = (None, None)  # the offer's ice-ufrag, ice-pwd

@@ -49,11 +49,15 @@ class Client:
         await self.ws.send_str(json.dumps(event))
 
     async def append(self, pcm: np.ndarray, speed: float = 4.0, chunk_s: float = 0.1) -> None:
+        """``pcm`` in ``chunk_s`` events, ``speed`` × real time, each at its own time from the start: a busy loop
+        delays an event, never the ones after it (a sleep after each send fell behind: at speed 1 on a loaded CI
+        machine, 4.17 s of audio had gone in 5 s, and the idle timeout's audio span came out short)."""
         step = int(chunk_s * RATE)
-        for at in range(0, len(pcm), step):
+        start = time.monotonic()
+        for k, at in enumerate(range(0, len(pcm), step)):
             await self.send({"type": "input_audio_buffer.append",
                              "audio": base64.b64encode(pcm[at: at + step].tobytes()).decode()})
-            await asyncio.sleep(chunk_s / speed)
+            await asyncio.sleep(max(0.0, start + (k + 1) * chunk_s / speed - time.monotonic()))
 
     def of(self, kind: str, since: int = 0) -> list[dict[str, Any]]:
         return [e for e in self.all[since:] if e["type"] == kind]

@@ -53,6 +53,14 @@ def shared_audio() -> Path:
     return needs.shared("audio")
 
 
+@pytest.fixture
+def mic_wav(tmp_path: Path, shared_audio: Path) -> Path:
+    """en_weather.wav with 4 s of silence after, as the browser tests' fake microphone plays it (tests/browser.py)."""
+    from tests.browser import mic_file
+
+    return mic_file(tmp_path / "mic.wav", shared_audio / "en_weather.wav", 4.0)
+
+
 @pytest.fixture(scope="session", autouse=True)
 def loopback_ice() -> None:
     """aioice leaves 127.0.0.1 out of its host candidates; peers in tests talk over loopback."""

@@ -10,9 +10,8 @@ import pytest
 
 from assistant.server.app import SESSIONS
 from assistant.server.services import Services
-from tests import needs
+from tests.browser import chromium, collect_errors
 from tests.conftest import self_signed_cert, serve, test_config
-from tests.test_page_browser import CHROMIUM, chromium_args, mic_wav  # noqa: F401  (mic_wav: a fixture)
 from tests.turnserver import TurnServer
 
 pytestmark = [
@@ -49,78 +48,66 @@ async def _one_turn(page) -> None:  # type: ignore[no-untyped-def]
 
 
 async def test_page_over_https_with_token_trickles_and_hangs_up(
-    services: Services, mic_wav: Path, tmp_path: Path  # noqa: F811
+    services: Services, mic_wav: Path, tmp_path: Path
 ) -> None:
-    playwright = needs.module("playwright.async_api")
     cert, key = self_signed_cert(tmp_path)
     cfg = test_config(server={"auth_token": TOKEN, "tls_cert": str(cert), "tls_key": str(key)})
-    async with serve(cfg, services) as (url, app), playwright.async_playwright() as pw:
-        args = [*chromium_args(mic_wav), "--ignore-certificate-errors"]
-        browser = await pw.chromium.launch(executable_path=CHROMIUM, headless=True, args=args)
-        try:
-            page = await browser.new_page()
-            calls: list[tuple[str, str, int]] = []
-            page.on(
-                "response",
-                lambda r: calls.append((r.request.method, urlsplit(r.url).path, r.status))
-                if "/api/" in r.url
-                else None,
-            )
-            errors: list[str] = []
-            page.on("pageerror", lambda exc: errors.append(str(exc)))
-            await page.goto(f"{url}/?token={TOKEN}")
-            assert url.startswith("https://")
-            await _one_turn(page)
-            session_id = await page.evaluate("window.assistantState.sessionId")
-            session = app[SESSIONS][session_id]
-            connect_ms = await page.evaluate("window.assistantState.connectMs")
-            assert connect_ms is not None and connect_ms > 0
-            await page.click("#hangup")
-            await page.wait_for_function("() => window.assistantState.hangupStatus !== undefined", timeout=10_000)
-            assert await page.evaluate("window.assistantState.hangupStatus") == 200
-            # The DELETE ended the session, not the browser closing its peer.
-            assert session.closed and session.close_reason == "hangup"
-            resource = f"/api/sessions/{session_id}"
-            assert ("DELETE", resource, 200) in calls, calls
-            assert ("PATCH", resource, 204) in calls, calls  # candidates trickled after the offer
-            assert ("GET", "/api/ice", 200) in calls and ("POST", "/api/offer", 200) in calls
-            assert ("GET", "/api/voices", 200) in calls  # the TTS panel sends the token too
-            assert not [c for c in calls if c[2] == 401], calls
-            assert not errors, errors
-        finally:
-            await browser.close()
+    async with serve(cfg, services) as (url, app), chromium(mic_wav, "--ignore-certificate-errors") as browser:
+        page = await browser.new_page()
+        calls: list[tuple[str, str, int]] = []
+        page.on(
+            "response",
+            lambda r: calls.append((r.request.method, urlsplit(r.url).path, r.status))
+            if "/api/" in r.url
+            else None,
+        )
+        errors = collect_errors(page)
+        await page.goto(f"{url}/?token={TOKEN}")
+        assert url.startswith("https://")
+        await _one_turn(page)
+        session_id = await page.evaluate("window.assistantState.sessionId")
+        session = app[SESSIONS][session_id]
+        connect_ms = await page.evaluate("window.assistantState.connectMs")
+        assert connect_ms is not None and connect_ms > 0
+        await page.click("#hangup")
+        await page.wait_for_function("() => window.assistantState.hangupStatus !== undefined", timeout=10_000)
+        assert await page.evaluate("window.assistantState.hangupStatus") == 200
+        # The DELETE ended the session, not the browser closing its peer.
+        assert session.closed and session.close_reason == "hangup"
+        resource = f"/api/sessions/{session_id}"
+        assert ("DELETE", resource, 200) in calls, calls
+        assert ("PATCH", resource, 204) in calls, calls  # candidates trickled after the offer
+        assert ("GET", "/api/ice", 200) in calls and ("POST", "/api/offer", 200) in calls
+        assert ("GET", "/api/voices", 200) in calls  # the TTS panel sends the token too
+        assert not [c for c in calls if c[2] == 401], calls
+        assert not errors, errors
 
 
 async def test_page_through_turn_relay_and_a_clear_error_for_a_wrong_credential(
-    services: Services, mic_wav: Path, turn_server: TurnServer  # noqa: F811
+    services: Services, mic_wav: Path, turn_server: TurnServer
 ) -> None:
-    playwright = needs.module("playwright.async_api")
     relay = {"turn_urls": [turn_server.url], "turn_secret": turn_server.secret, "transport_policy": "relay"}
-    async with playwright.async_playwright() as pw:
-        browser = await pw.chromium.launch(executable_path=CHROMIUM, headless=True, args=chromium_args(mic_wav))
-        try:
-            async with serve(test_config(ice=relay), services) as (url, app):
-                page = await browser.new_page()
-                await page.goto(url + "/")
-                await _one_turn(page)
-                assert await page.evaluate(SELECTED_PAIR) == "relay/relay"
-                await page.click("#hangup")
-                await page.close()
-            wrong = {**relay, "turn_secret": "not-coturns-secret"}
-            async with serve(test_config(ice=wrong), services) as (url, app):
-                page = await browser.new_page()
-                await page.goto(url + "/")
-                await page.click("#connect")
-                error = page.locator("#error")
-                await error.wait_for(state="visible", timeout=30_000)
-                text = await error.text_content() or ""
-                print(f"page error: {text}")
-                assert "TURN" in text and ("401" in text or "credential" in text), text
-                await page.wait_for_function("() => !document.querySelector('#connect').disabled", timeout=10_000)
-                for _ in range(50):  # the page hung up: nothing is left waiting for a peer that cannot come
-                    if not app[SESSIONS]:
-                        break
-                    await page.wait_for_timeout(100)
-                assert not app[SESSIONS]
-        finally:
-            await browser.close()
+    async with chromium(mic_wav) as browser:
+        async with serve(test_config(ice=relay), services) as (url, app):
+            page = await browser.new_page()
+            await page.goto(url + "/")
+            await _one_turn(page)
+            assert await page.evaluate(SELECTED_PAIR) == "relay/relay"
+            await page.click("#hangup")
+            await page.close()
+        wrong = {**relay, "turn_secret": "not-coturns-secret"}
+        async with serve(test_config(ice=wrong), services) as (url, app):
+            page = await browser.new_page()
+            await page.goto(url + "/")
+            await page.click("#connect")
+            error = page.locator("#error")
+            await error.wait_for(state="visible", timeout=30_000)
+            text = await error.text_content() or ""
+            print(f"page error: {text}")
+            assert "TURN" in text and ("401" in text or "credential" in text), text
+            await page.wait_for_function("() => !document.querySelector('#connect').disabled", timeout=10_000)
+            for _ in range(50):  # the page hung up: nothing is left waiting for a peer that cannot come
+                if not app[SESSIONS]:
+                    break
+                await page.wait_for_timeout(100)
+            assert not app[SESSIONS]

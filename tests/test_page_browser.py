@@ -6,13 +6,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import soundfile as sf
 
-from assistant.audio import read_audio, resample
+from assistant.audio import read_audio
 from assistant.pipeline.trace import STAGE_STYLE
-from tests import needs
+from tests.browser import chromium, collect_errors, mic_file
 from tests.conftest import serve, test_config
-from tests.needs import CHROMIUM
 
 pytestmark = [
     pytest.mark.browser,
@@ -20,67 +18,37 @@ pytestmark = [
 ]
 
 
-def chromium_args(mic_wav: Path) -> list[str]:
-    return [
-        "--no-sandbox",
-        "--disable-gpu",
-        "--disable-background-networking",
-        "--disable-component-update",
-        "--no-first-run",
-        "--autoplay-policy=no-user-gesture-required",
-        "--use-fake-ui-for-media-stream",
-        "--use-fake-device-for-media-stream",
-        f"--use-file-for-fake-audio-capture={mic_wav}",
-    ]
-
-
-@pytest.fixture
-def mic_wav(tmp_path: Path, shared_audio: Path) -> Path:
-    """en_weather.wav as Chromium's fake mic wants it (48 kHz 16-bit mono), with 4 s of silence after."""
-    x, sr = read_audio(shared_audio / "en_weather.wav")
-    y = np.concatenate([resample(x, sr, 48_000), np.zeros(4 * 48_000, dtype=np.float32)])
-    path = tmp_path / "mic.wav"
-    sf.write(path, y, 48_000, subtype="PCM_16")
-    return path
-
-
 async def test_page_connects_shows_transcript_and_latency(mic_wav: Path) -> None:
-    playwright = needs.module("playwright.async_api")
-    async with serve(test_config()) as (url, _app), playwright.async_playwright() as pw:
-        browser = await pw.chromium.launch(executable_path=CHROMIUM, headless=True, args=chromium_args(mic_wav))
-        try:
-            page = await browser.new_page()
-            errors: list[str] = []
-            page.on("pageerror", lambda exc: errors.append(str(exc)))
-            await page.goto(url + "/")
-            await page.click("#connect")
-            await page.wait_for_selector("#status.live", timeout=20_000)
-            # Who answers, from the offer's answer (this test's config: echo, which has no model).
-            assert await page.locator("#responder").text_content() == "echo"
-            user = page.locator(".msg.user", has_text="weather")
-            await user.first.wait_for(timeout=60_000)
-            bot = page.locator(".msg.bot", has_text="weather")
-            await bot.first.wait_for(timeout=30_000)
-            # The turn's row gets the server's stage bars and the page's own voice-to-voice figure.
-            await page.wait_for_function(
-                "() => { const r = document.querySelector('#turns tbody tr');"
-                " return r && /ms$/.test(r.querySelector('.v2v').textContent)"
-                " && /ms$/.test(r.querySelector('.server').textContent); }",
-                timeout=30_000,
-            )
-            v2v = await page.locator("#turns tbody tr .v2v").first.text_content()
-            server = await page.locator("#turns tbody tr .server").first.text_content()
-            bars = await page.locator("#turns tbody tr .bar span").count()
-            print(f"page: voice-to-voice {v2v}, server {server}")
-            assert float(v2v.split()[0]) > 0 and float(server.split()[0]) > 0
-            assert bars >= 4
-            # The legend comes from the server's one list of stages (GET /api/stages), not a copy in the page.
-            assert await page.locator("#legend span").count() == len(STAGE_STYLE)
-            assert not await page.locator("#error").is_visible()
-            await page.click("#hangup")
-            assert not errors, errors
-        finally:
-            await browser.close()
+    async with serve(test_config()) as (url, _app), chromium(mic_wav) as browser:
+        page = await browser.new_page()
+        errors = collect_errors(page)
+        await page.goto(url + "/")
+        await page.click("#connect")
+        await page.wait_for_selector("#status.live", timeout=20_000)
+        # Who answers, from the offer's answer (this test's config: echo, which has no model).
+        assert await page.locator("#responder").text_content() == "echo"
+        user = page.locator(".msg.user", has_text="weather")
+        await user.first.wait_for(timeout=60_000)
+        bot = page.locator(".msg.bot", has_text="weather")
+        await bot.first.wait_for(timeout=30_000)
+        # The turn's row gets the server's stage bars and the page's own voice-to-voice figure.
+        await page.wait_for_function(
+            "() => { const r = document.querySelector('#turns tbody tr');"
+            " return r && /ms$/.test(r.querySelector('.v2v').textContent)"
+            " && /ms$/.test(r.querySelector('.server').textContent); }",
+            timeout=30_000,
+        )
+        v2v = await page.locator("#turns tbody tr .v2v").first.text_content()
+        server = await page.locator("#turns tbody tr .server").first.text_content()
+        bars = await page.locator("#turns tbody tr .bar span").count()
+        print(f"page: voice-to-voice {v2v}, server {server}")
+        assert float(v2v.split()[0]) > 0 and float(server.split()[0]) > 0
+        assert bars >= 4
+        # The legend comes from the server's one list of stages (GET /api/stages), not a copy in the page.
+        assert await page.locator("#legend span").count() == len(STAGE_STYLE)
+        assert not await page.locator("#error").is_visible()
+        await page.click("#hangup")
+        assert not errors, errors
 
 
 async def _page_turns(page: object, n: int, timeout_ms: int = 90_000) -> list[dict]:
@@ -105,23 +73,13 @@ async def test_page_figure_never_below_the_server_next_to_the_bench(tmp_path: Pa
     from assistant.bench.v2v import bench_v2v
 
     files = [shared_audio / "en_weather.wav", shared_audio / "en_timer.wav"]
-    parts = []
-    for f in files:
-        x, sr = read_audio(f)
-        parts += [resample(x, sr, 48_000), np.zeros(6 * 48_000, dtype=np.float32)]
-    mic = tmp_path / "two.wav"
-    sf.write(mic, np.concatenate(parts), 48_000, subtype="PCM_16")
-    playwright = needs.module("playwright.async_api")
-    async with serve(test_config()) as (url, _app), playwright.async_playwright() as pw:
-        browser = await pw.chromium.launch(executable_path=CHROMIUM, headless=True, args=chromium_args(mic))
-        try:
-            page = await browser.new_page()
-            await page.goto(url + "/")
-            await page.click("#connect")
-            turns = [t for t in await _page_turns(page, 2, 150_000) if t["v2v"] is not None and t["server"] is not None]
-            await page.click("#hangup")
-        finally:
-            await browser.close()
+    mic = mic_file(tmp_path / "two.wav", files[0], 6.0, files[1], 6.0)
+    async with serve(test_config()) as (url, _app), chromium(mic) as browser:
+        page = await browser.new_page()
+        await page.goto(url + "/")
+        await page.click("#connect")
+        turns = [t for t in await _page_turns(page, 2, 150_000) if t["v2v"] is not None and t["server"] is not None]
+        await page.click("#hangup")
         bench = await bench_v2v(url, files * 2, None, 1, tmp_path / "bench", plot=False)
     print("page turns:", turns)
     assert len(turns) >= 2
@@ -140,22 +98,17 @@ async def test_page_figure_never_below_the_server_next_to_the_bench(tmp_path: Pa
 async def test_the_page_takes_its_token_from_the_url_and_removes_it(mic_wav: Path) -> None:
     """Opened as /?token=T: the token leaves the address bar at once (history, Referer, proxy logs), and every
     request the page makes carries it as a header, never in its URL (only a WebSocket may)."""
-    playwright = needs.module("playwright.async_api")
     cfg = test_config(server={"auth_token": "page-secret"})
-    async with serve(cfg) as (url, _app), playwright.async_playwright() as pw:
-        browser = await pw.chromium.launch(executable_path=CHROMIUM, headless=True, args=chromium_args(mic_wav))
-        try:
-            page = await browser.new_page()
-            seen: list[tuple[str, str]] = []
-            page.on("request", lambda r: seen.append((r.url, r.headers.get("authorization", ""))))
-            async with page.expect_response(lambda r: r.url.endswith("/api/voices")) as voices:
-                await page.goto(url + "/?token=page-secret&trickle=1")
-            assert (await voices.value).status == 200  # the panel's list, authorised by the header
-            assert await page.evaluate("location.search") == "?trickle=1"  # this history entry no longer holds it
-            api = [(u, auth) for u, auth in seen if "/api/" in u]
-            assert api and all(auth == "Bearer page-secret" and "page-secret" not in u for u, auth in api), api
-        finally:
-            await browser.close()
+    async with serve(cfg) as (url, _app), chromium(mic_wav) as browser:
+        page = await browser.new_page()
+        seen: list[tuple[str, str]] = []
+        page.on("request", lambda r: seen.append((r.url, r.headers.get("authorization", ""))))
+        async with page.expect_response(lambda r: r.url.endswith("/api/voices")) as voices:
+            await page.goto(url + "/?token=page-secret&trickle=1")
+        assert (await voices.value).status == 200  # the panel's list, authorised by the header
+        assert await page.evaluate("location.search") == "?trickle=1"  # this history entry no longer holds it
+        api = [(u, auth) for u, auth in seen if "/api/" in u]
+        assert api and all(auth == "Bearer page-secret" and "page-secret" not in u for u, auth in api), api
 
 
 async def test_the_page_holds_a_conversation_on_a_minted_key(mic_wav: Path) -> None:
@@ -163,19 +116,16 @@ async def test_the_page_holds_a_conversation_on_a_minted_key(mic_wav: Path) -> N
     talks on it (offer, trickle, the turn, hang-up), and the token itself never reaches the browser."""
     import aiohttp
 
-    playwright = needs.module("playwright.async_api")
     admin = "long-lived-admin-token"
-    async with serve(test_config(server={"auth_token": admin})) as (url, _app), playwright.async_playwright() as pw:
+    async with serve(test_config(server={"auth_token": admin})) as (url, _app):
         async with aiohttp.ClientSession() as http, http.post(  # the app's server side
                 f"{url}/api/keys", json={"scope": ["call"], "ttl_s": 600, "max_sessions": 1},
                 headers={"Authorization": f"Bearer {admin}"}) as r:
             minted = await r.json()
         key = minted["key"]
-        browser = await pw.chromium.launch(executable_path=CHROMIUM, headless=True, args=chromium_args(mic_wav))
-        try:
+        async with chromium(mic_wav) as browser:
             page = await browser.new_page()
-            errors: list[str] = []
-            page.on("pageerror", lambda exc: errors.append(str(exc)))
+            errors = collect_errors(page)
             seen: list[tuple[str, str, int]] = []
             page.on("response", lambda resp: seen.append(
                 (f"{resp.request.method} {resp.url}", resp.request.headers.get("authorization", ""), resp.status)))
@@ -196,8 +146,6 @@ async def test_the_page_holds_a_conversation_on_a_minted_key(mic_wav: Path) -> N
             assert calls["PATCH "] == 204 and calls["DELETE "] == 200, calls  # trickled, then hung up, on the key
             assert calls.get("GET /api/voices") == 403  # the TTS panel's list: not this key's scope; no error shown
             assert not errors, errors
-        finally:
-            await browser.close()
 
 
 async def test_the_page_sends_its_time_zone_and_shows_the_calls_timers(tmp_path: Path, shared_audio: Path) -> None:
@@ -206,65 +154,64 @@ async def test_the_page_sends_its_time_zone_and_shows_the_calls_timers(tmp_path:
     when the server has cancelled it."""
     from assistant.server.app import SESSIONS
 
-    x, sr = read_audio(shared_audio / "en_timer.wav")
-    mic = tmp_path / "timer.wav"
-    sf.write(mic, np.concatenate([resample(x, sr, 48_000), np.zeros(4 * 48_000, dtype=np.float32)]), 48_000,
-             subtype="PCM_16")
-    playwright = needs.module("playwright.async_api")
+    mic = mic_file(tmp_path / "timer.wav", shared_audio / "en_timer.wav", 4.0)
     cfg = test_config(respond={"intents": "always"})  # echo, with the skills in front of it
-    async with serve(cfg) as (url, app), playwright.async_playwright() as pw:
-        browser = await pw.chromium.launch(executable_path=CHROMIUM, headless=True, args=chromium_args(mic))
-        try:
-            page = await (await browser.new_context(timezone_id="Asia/Tokyo")).new_page()
-            errors: list[str] = []
-            page.on("pageerror", lambda exc: errors.append(str(exc)))
-            await page.goto(url + "/")
-            await page.click("#connect")
-            item = page.locator("#timers li", has_text="timer: 10 minutes")
-            await item.first.wait_for(timeout=90_000)
-            # The timer event comes as the skill runs, its words just after.
-            await page.locator(".msg.bot", has_text="Timer set for 10 minutes.").first.wait_for(timeout=30_000)
-            # Counting down from its due time.
-            await page.locator("#timers li", has_text="timer: 10 minutes — 9:").first.wait_for(timeout=10_000)
-            session = next(iter(app[SESSIONS].values()))
-            assert str(session.call.timezone) == "Asia/Tokyo" and len(session.timers.timers) == 1
-            await page.click("#hangup")
-            await page.wait_for_selector("#timers", state="hidden", timeout=10_000)
-            assert not errors, errors
-        finally:
-            await browser.close()
+    async with serve(cfg) as (url, app), chromium(mic) as browser:
+        page = await (await browser.new_context(timezone_id="Asia/Tokyo")).new_page()
+        errors = collect_errors(page)
+        await page.goto(url + "/")
+        await page.click("#connect")
+        item = page.locator("#timers li", has_text="timer: 10 minutes")
+        await item.first.wait_for(timeout=90_000)
+        # The timer event comes as the skill runs, its words just after.
+        await page.locator(".msg.bot", has_text="Timer set for 10 minutes.").first.wait_for(timeout=30_000)
+        # Counting down from its due time.
+        await page.locator("#timers li", has_text="timer: 10 minutes — 9:").first.wait_for(timeout=10_000)
+        session = next(iter(app[SESSIONS].values()))
+        assert str(session.call.timezone) == "Asia/Tokyo" and len(session.timers.timers) == 1
+        await page.click("#hangup")
+        await page.wait_for_selector("#timers", state="hidden", timeout=10_000)
+        assert not errors, errors
     assert session.timers.timers == []  # the call ended: its timer was cancelled
 
 
+# Records the user's messages as the page adds them (a turn taken back is removed later).
+OBSERVE_USER_MESSAGES = """() => {
+  window.userMessagesShown = [];
+  new MutationObserver((changes) => {
+    for (const change of changes) for (const node of change.addedNodes)
+      if (node.classList?.contains('user')) window.userMessagesShown.push(node);
+  }).observe(document.getElementById('transcript'), { childList: true });
+}"""
+
+
 async def test_the_page_shows_a_turn_taken_back_once(tmp_path: Path, shared_audio: Path, caplog) -> None:
-    """"I would like to order [400 ms] a large pizza." with a short silence that ends a turn at the pause, unsure:
-    the speaker goes on, the turn is taken back unheard (``turn_dropped``), and the page shows the sentence once,
-    one reply, and one row of latency, not the words of the turn taken back beside them."""
-    x, sr = read_audio(shared_audio / "en_pause_midsentence.wav")
-    mic = tmp_path / "pause.wav"
-    sf.write(mic, np.concatenate([resample(x, sr, 48_000), np.zeros(5 * 48_000, dtype=np.float32)]), 48_000,
-             subtype="PCM_16")
-    playwright = needs.module("playwright.async_api")
+    """"I would like to order [1 s] a large pizza ..." with a short silence that ends a turn at the pause, unsure
+    (its reply held for more silence than the pause): the page shows that turn's words once they are heard, the
+    speaker goes on, the turn is taken back unheard (``turn_dropped``), and the page is left with the sentence
+    once, one reply, and one row of latency, not the words of the turn taken back beside them."""
+    x, sr = read_audio(shared_audio / "en_pause_midsentence.wav")  # its pause: 1.425-1.825 s
+    cut = round(1.625 * sr)
+    mic = mic_file(tmp_path / "pause.wav", (x[:cut], sr), 0.6, (x[cut:], sr), 5.0)  # the pause made 1 s long
     cfg = test_config(vad={"end_silence_ms": 250},
                       turn={"speculative": False, "smart_endpoint": False, "end_of_turn_model": False,
-                            "policy": "flat", "confirm_ms": 1000})
+                            "policy": "flat", "confirm_ms": 1600})
     caplog.set_level("INFO", logger="assistant.pipeline.turn_runner")
-    async with serve(cfg) as (url, _app), playwright.async_playwright() as pw:
-        browser = await pw.chromium.launch(executable_path=CHROMIUM, headless=True, args=chromium_args(mic))
-        try:
-            page = await browser.new_page()
-            errors: list[str] = []
-            page.on("pageerror", lambda exc: errors.append(str(exc)))
-            await page.goto(url + "/")
-            await page.click("#connect")
-            await page.locator(".msg.bot", has_text="pizza").first.wait_for(timeout=90_000)
-            dropped = [r.getMessage() for r in caplog.records if r.getMessage().startswith("turn_dropped")]
-            assert dropped and "audible=False" in dropped[0], dropped  # the pause's turn was taken back unheard
-            users = await page.locator(".msg.user").all_text_contents()
-            assert len(users) == 1 and "pizza" in users[0].lower(), users
-            assert await page.locator(".msg.bot").count() == 1
-            assert await page.locator("#turns tbody tr").count() == 1
-            await page.click("#hangup")
-            assert not errors, errors
-        finally:
-            await browser.close()
+    async with serve(cfg) as (url, _app), chromium(mic) as browser:
+        page = await browser.new_page()
+        errors = collect_errors(page)
+        await page.goto(url + "/")
+        await page.evaluate(OBSERVE_USER_MESSAGES)
+        await page.click("#connect")
+        await page.locator(".msg.bot", has_text="pizza").first.wait_for(timeout=90_000)
+        dropped = [r.getMessage() for r in caplog.records if r.getMessage().startswith("turn_dropped")]
+        assert dropped and "audible=False" in dropped[0], dropped  # the pause's turn was taken back unheard
+        shown = await page.evaluate("() => window.userMessagesShown.map(n => [n.textContent, n.isConnected])")
+        # The taken-back turn's words were on the page (its transcript came before the speaker went on), and went.
+        assert [connected for text, connected in shown if "pizza" not in text.lower()] == [False], shown
+        users = await page.locator(".msg.user").all_text_contents()
+        assert len(users) == 1 and "pizza" in users[0].lower(), users
+        assert await page.locator(".msg.bot").count() == 1
+        assert await page.locator("#turns tbody tr").count() == 1
+        await page.click("#hangup")
+        assert not errors, errors

@@ -5,15 +5,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import numpy as np
 import pytest
-import soundfile as sf
 
-from assistant.audio import read_audio, resample
 from assistant.server.app import SESSIONS
-from tests import needs
+from tests.browser import chromium, collect_errors, mic_file
 from tests.conftest import serve, test_config
-from tests.test_page_browser import CHROMIUM, chromium_args
 
 PAGE_DIR = Path(__file__).parent / "data" / "realtime_page"
 pytestmark = [
@@ -24,24 +20,16 @@ pytestmark = [
 
 @pytest.fixture
 def mic_wav(tmp_path: Path, shared_audio: Path) -> Path:
-    """1 s of silence, en_weather.wav, then 8 s of silence, as Chromium's fake mic wants it (48 kHz 16-bit)."""
-    x, sr = read_audio(shared_audio / "en_weather.wav")
-    silence = np.zeros(48_000, dtype=np.float32)
-    y = np.concatenate([silence, resample(x, sr, 48_000), np.zeros(8 * 48_000, dtype=np.float32)])
-    path = tmp_path / "mic.wav"
-    sf.write(path, y, 48_000, subtype="PCM_16")
-    return path
+    """1 s of silence, en_weather.wav, then 8 s of silence, as the fake microphone's file."""
+    return mic_file(tmp_path / "mic.wav", 1.0, shared_audio / "en_weather.wav", 8.0)
 
 
 async def test_guide_style_page_holds_a_turn(mic_wav: Path) -> None:
-    playwright = needs.module("playwright.async_api")
     cfg = test_config(server={"web_dir": str(PAGE_DIR)})
-    async with serve(cfg) as (url, app), playwright.async_playwright() as pw:
-        browser = await pw.chromium.launch(executable_path=CHROMIUM, headless=True, args=chromium_args(mic_wav))
-        try:
+    async with serve(cfg) as (url, app):
+        async with chromium(mic_wav) as browser:
             page = await browser.new_page()
-            errors: list[str] = []
-            page.on("pageerror", lambda exc: errors.append(str(exc)))
+            errors = collect_errors(page)
             await page.goto(url + "/")
             await page.wait_for_selector("#status:text('open')", timeout=30_000)
             await page.wait_for_function(
@@ -50,8 +38,6 @@ async def test_guide_style_page_holds_a_turn(mic_wav: Path) -> None:
             energy = await page.evaluate("() => window.receivedAudioEnergy()")
             await page.evaluate("() => window.hangUp()")
             assert not errors, errors
-        finally:
-            await browser.close()
         assert not app[SESSIONS]  # hung up
     types = [e["type"] for e in events]
     assert types[0] == "session.created" and "session.updated" in types

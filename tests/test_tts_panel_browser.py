@@ -6,18 +6,8 @@ import pytest
 
 from assistant.config import Config
 from assistant.tts import create_tts
-from tests import needs
+from tests.browser import chromium, collect_errors
 from tests.conftest import serve, tts_only_services
-from tests.needs import CHROMIUM
-
-ARGS = [
-    "--no-sandbox",
-    "--disable-background-networking",
-    "--disable-gpu",
-    "--use-fake-ui-for-media-stream",
-    "--use-fake-device-for-media-stream",
-    "--autoplay-policy=no-user-gesture-required",
-]
 
 pytestmark = [
     pytest.mark.browser,
@@ -26,15 +16,12 @@ pytestmark = [
 
 
 async def test_tts_panel_streams_and_shows_timings(tmp_path):
-    playwright = needs.module("playwright.async_api")
     cfg = Config()
     cfg.server.data_dir = str(tmp_path / "data")
     engine = create_tts(cfg.tts)
-    async with serve(cfg, tts_only_services(cfg, engine)) as (base, _app), playwright.async_playwright() as pw:
-        browser = await pw.chromium.launch(executable_path=CHROMIUM, args=ARGS)
+    async with serve(cfg, tts_only_services(cfg, engine)) as (base, _app), chromium() as browser:
         page = await browser.new_page()
-        errors: list[str] = []
-        page.on("pageerror", lambda e: errors.append(str(e)))
+        errors = collect_errors(page)
         await page.goto(base + "/")
         await page.wait_for_selector("#tts-speak")
         await page.fill("#tts-text", "Hello from the panel. This is a second sentence.")
@@ -62,4 +49,3 @@ async def test_tts_panel_streams_and_shows_timings(tmp_path):
         assert "unsupported" in (await page.evaluate("window.ttsState.lastResult"))["error"]
         assert await page.is_visible("#tts-error")
         assert not errors, errors
-        await browser.close()

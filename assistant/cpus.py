@@ -18,6 +18,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 CGROUP_ROOT = Path("/sys/fs/cgroup")
+CPUINFO = Path("/proc/cpuinfo")
 LOADAVG = Path("/proc/loadavg")
 SELF_CGROUP = Path("/proc/self/cgroup")
 V1_CPU_MOUNTS = ("cpu", "cpu,cpuacct", "cpuacct,cpu")
@@ -131,3 +132,12 @@ def free_cpus(usable: int, loadavg: Path = LOADAVG) -> int:
     if running is None:
         return 1
     return max(1, usable - max(0, running - 1))
+
+
+def cpu_vendor(cpuinfo: Path = CPUINFO) -> str:
+    """The CPU's vendor as the kernel names it (``GenuineIntel``, ``AuthenticAMD``; "" where it does not say)."""
+    for line in _read(cpuinfo).splitlines():
+        key, _, value = line.partition(":")
+        if key.strip() == "vendor_id":
+            return value.strip()
+    return ""

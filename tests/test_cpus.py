@@ -18,6 +18,7 @@ from assistant.cpus import (
     asr_threads,
     cgroup_cpus,
     cgroup_memory_free,
+    cpu_vendor,
     free_cpus,
     runnable_threads,
     usable_cpus,
@@ -132,3 +133,25 @@ def test_the_free_cpus_are_the_usable_ones_the_other_runnable_threads_leave(tmp_
     assert free_cpus(2, tmp_path / "missing") == 1
     if LOADAVG.exists():  # the machine's own: a count between 1 and the CPUs
         assert 1 <= free_cpus(usable_cpus()) <= usable_cpus()
+
+
+def test_the_cpu_vendor_is_read_as_the_kernel_writes_it(tmp_path: Path) -> None:
+    info = tmp_path / "cpuinfo"
+    info.write_text("processor\t: 0\nvendor_id\t: AuthenticAMD\ncpu family\t: 25\n\nprocessor\t: 1\n"
+                    "vendor_id\t: AuthenticAMD\n")
+    assert cpu_vendor(info) == "AuthenticAMD"
+    info.write_text("processor\t: 0\nCPU implementer\t: 0x41\n")  # an ARM kernel names no vendor_id
+    assert cpu_vendor(info) == ""
+    assert cpu_vendor(tmp_path / "missing") == ""
+
+
+@pytest.mark.parametrize(("vendor", "value", "warned"), [
+    ("AuthenticAMD", "1", True), ("AuthenticAMD", "true", True), ("AuthenticAMD", "0", False),
+    ("AuthenticAMD", "", False), ("GenuineIntel", "1", False), ("", "1", False),
+])
+def test_intel_mkl_forced_on_another_vendors_cpu_is_told(vendor: str, value: str, warned: bool) -> None:
+    """CTranslate2 on an AMD EPYC with CT2_USE_MKL=1 took ~10x its default's time a pass (asr/whisper.py)."""
+    from assistant.asr.whisper import forced_mkl
+
+    environ = {"CT2_USE_MKL": value} if value else {}
+    assert forced_mkl(vendor, environ) is warned

@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 import time
 from pathlib import Path
 from typing import Any
@@ -54,7 +55,7 @@ from assistant.asr import bundled
 from assistant.asr.base import ASRModelMissing, Transcript
 from assistant.audio import SPEECH_RATE
 from assistant.config import ASRConfig, ConfigError, check_min_window
-from assistant.cpus import asr_threads
+from assistant.cpus import asr_threads, cpu_vendor
 
 log = logging.getLogger(__name__)
 
@@ -97,6 +98,19 @@ TOKENS_PER_SECOND = 16
 # A text that compresses better than this is a decoder stuck in a loop ("a large pizza with a large pizza
 # with …"): faster-whisper's threshold; such a turn is decoded again in the full window.
 COMPRESSION_RATIO_THRESHOLD = 2.4
+
+
+# CTranslate2 chooses its int8 matrix products by the CPU's vendor: Intel MKL on Intel CPUs, oneDNN on the others.
+# CT2_USE_MKL=1 forces MKL (some guides suggest it for speed); on an AMD EPYC (Zen 4) that made a tiny.en pass ~10x
+# slower (2126 against 205 ms; `python -m lab asr-threads`, 12 held-out clips, 2026-12-06): MKL does not take its
+# fast paths on other vendors' CPUs. The server passes CT2_ variables on to its engines' children as they are.
+INTEL = "GenuineIntel"
+
+
+def forced_mkl(vendor: str, environ: dict[str, str] | os._Environ[str]) -> bool:
+    """CT2_USE_MKL asks CTranslate2 for Intel MKL on a CPU whose vendor is known and not Intel."""
+    wanted = environ.get("CT2_USE_MKL", "").strip().lower() in ("1", "true", "on", "yes")
+    return wanted and bool(vendor) and vendor != INTEL
 
 
 def fitted_window(samples: int, min_frames: int) -> int | None:
@@ -210,6 +224,9 @@ class FasterWhisperEngine:
             num_workers=max(1, self.cfg.workers),
             local_files_only=True,
         )
+        if self.cfg.device == "cpu" and forced_mkl(vendor := cpu_vendor(), os.environ):
+            log.warning("asr.mkl_forced vendor=%s: CT2_USE_MKL makes CTranslate2 use Intel MKL on this CPU, where a "
+                        "pass took ~10x its default's time (oneDNN) on an AMD EPYC; unset CT2_USE_MKL", vendor)
         self.known = model_languages(self.model.hf_tokenizer, self.model.model.is_multilingual)
         # What a pass may be asked for: detection picks among these, and a session may fix one of them.
         self.languages = hearable(self.cfg, self.known)

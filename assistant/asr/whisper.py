@@ -45,6 +45,7 @@ import logging
 import math
 import os
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -107,7 +108,7 @@ COMPRESSION_RATIO_THRESHOLD = 2.4
 INTEL = "GenuineIntel"
 
 
-def forced_mkl(vendor: str, environ: dict[str, str] | os._Environ[str]) -> bool:
+def forced_mkl(vendor: str, environ: Mapping[str, str]) -> bool:
     """CT2_USE_MKL asks CTranslate2 for Intel MKL on a CPU whose vendor is known and not Intel."""
     wanted = environ.get("CT2_USE_MKL", "").strip().lower() in ("1", "true", "on", "yes")
     return wanted and bool(vendor) and vendor != INTEL

@@ -134,10 +134,15 @@ def free_cpus(usable: int, loadavg: Path = LOADAVG) -> int:
     return max(1, usable - max(0, running - 1))
 
 
-def cpu_vendor(cpuinfo: Path = CPUINFO) -> str:
-    """The CPU's vendor as the kernel names it (``GenuineIntel``, ``AuthenticAMD``; "" where it does not say)."""
+def cpuinfo_field(name: str, cpuinfo: Path = CPUINFO) -> str:
+    """The first value of ``name`` in ``/proc/cpuinfo`` (``model name``, ``vendor_id``; "" where it has none)."""
     for line in _read(cpuinfo).splitlines():
         key, _, value = line.partition(":")
-        if key.strip() == "vendor_id":
+        if key.strip() == name:
             return value.strip()
     return ""
+
+
+def cpu_vendor(cpuinfo: Path = CPUINFO) -> str:
+    """The CPU's vendor as the kernel names it (``GenuineIntel``, ``AuthenticAMD``; "" where it does not say)."""
+    return cpuinfo_field("vendor_id", cpuinfo)

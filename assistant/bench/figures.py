@@ -33,6 +33,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from assistant.bench.shared_data import TREE
+from assistant.cpus import cpuinfo_field
 
 DOCS = ("README.md", "docs/*.md", "lab/**/*.md")  # the lab's pages hold the figures of its history
 BLOCK = re.compile(r"(<!-- figures: (?P<path>\S+) -->\n)(?P<body>.*?)(<!-- /figures -->)", re.S)
@@ -59,13 +60,7 @@ def git_commit(tree: Path = TREE) -> str:
 
 
 def _cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
+    return cpuinfo_field("model name") or platform.processor() or platform.machine()
 
 
 def _memory_gib() -> float | None:

@@ -147,6 +147,7 @@ def test_the_cpu_vendor_is_read_as_the_kernel_writes_it(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize(("vendor", "value", "warned"), [
     ("AuthenticAMD", "1", True), ("AuthenticAMD", "true", True), ("AuthenticAMD", "0", False),
+    ("AuthenticAMD", "on", False), ("AuthenticAMD", "True", False),  # CTranslate2 reads these as no
     ("AuthenticAMD", "", False), ("GenuineIntel", "1", False), ("", "1", False),
 ])
 def test_intel_mkl_forced_on_another_vendors_cpu_is_told(vendor: str, value: str, warned: bool) -> None:

@@ -109,8 +109,9 @@ INTEL = "GenuineIntel"
 
 
 def forced_mkl(vendor: str, environ: Mapping[str, str]) -> bool:
-    """CT2_USE_MKL asks CTranslate2 for Intel MKL on a CPU whose vendor is known and not Intel."""
-    wanted = environ.get("CT2_USE_MKL", "").strip().lower() in ("1", "true", "on", "yes")
+    """CT2_USE_MKL asks CTranslate2 for Intel MKL on a CPU whose vendor is known and not Intel. The values it takes
+    as yes are CTranslate2's own (``utils.cc::string_to_bool``: "1", "true", "TRUE"); any other leaves its default."""
+    wanted = environ.get("CT2_USE_MKL", "") in ("1", "true", "TRUE")
     return wanted and bool(vendor) and vendor != INTEL
 
 

@@ -386,10 +386,11 @@ class UnsureModel:
 
 @pytest.mark.slow
 async def test_the_model_waits_for_the_transcript_then_hears_the_pause_at_its_mark(shared_audio: Path) -> None:
-    """A model run beside the ASR pass slows the pass (two CTranslate2 threads stall while a core is taken), and
-    the decision waits for the transcript anyway: so the model is first asked when the transcript lands, once, on
-    the audio as it was at the latest recheck mark passed (the marks before it are not asked one by one), then at
-    each later mark, each time on the audio up to that mark: the evidence ``bench eot`` collects and replays."""
+    """A model run beside the ASR pass slows the pass (two CTranslate2 threads stall while a core is taken; on one
+    thread it slowed four sessions' turns), and the decision waits for the transcript anyway: so the model is first
+    asked when the transcript lands, once, on the audio as it was at the latest recheck mark passed (the marks before
+    it are not asked one by one), then at each later mark, each time on the audio up to that mark: the evidence
+    ``bench eot`` collects and replays."""
     x, _ = read_audio(shared_audio / "en_story.wav")
     x = np.concatenate([x, np.zeros(16_000 * 2, np.float32)])
     cfg = test_config(turn={"speculative": True, "smart_endpoint": True, "end_of_turn_model": True})

@@ -257,8 +257,9 @@ class TurnTaking:
 
         While the turn's own transcript is coming the model is not asked: the decision waits for the transcript
         anyway (nothing of the reply exists before it), and a model run beside the ASR pass slowed the pass (its
-        two CTranslate2 threads stalled while a core was taken: ~30 ms per run; measured before a pass had one thread
-        on small machines, asr.cpu_threads). So the model hears the pause once
+        two CTranslate2 threads stalled while a core was taken: ~30 ms per run). With one thread a pass (small
+        machines, asr.cpu_threads) it still does not pay: on 2 cores it gained nothing at one session and made four
+        sessions' turns ~200 ms slower (lab/notes/end_of_turn_history.md). So the model hears the pause once
         the transcript has landed, at the latest mark passed, and answers (~50 ms of one Zen 5 core, ~115 on an
         older EPYC) while the responder writes the reply."""
         if pause.model_task is not None and not pause.model_task.done():

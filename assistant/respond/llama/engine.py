@@ -9,8 +9,9 @@
 - **Bounded.** ``respond.slots`` replies at once, ``respond.max_waiting`` waiting for a slot; past that the turn
   fails with a "busy" :class:`~assistant.respond.base.ResponderError`.
 - **A first clause before another reply's later words.** A reply whose reader has speech ahead of its caller
-  (:meth:`LlamaEngine.voiced`: ~1.5 s of whole clauses) sits out the steps in which another reply is before its
-  first clause, for at most ``YIELD_BUDGET_S`` in all: that caller is waiting in silence, this one is hearing the
+  (:meth:`LlamaEngine.voiced`: ~1.5 s of whole clauses) sits out the steps in which another reply is not voiced yet
+  (its prompt, or its first clauses before that much speech: "I'm sorry," alone is not), for at most
+  ``YIELD_BUDGET_S`` in all: that caller is waiting in silence, this one is hearing the
   reply. The idle slots' preparation of their next prompt goes on in such steps ``FIRST_DUE_AHEAD_TOKENS`` at a
   time.
 - **Cancellation.** :meth:`LlamaEngine.cancel` flags the request; the engine drops it before its next step.
@@ -301,8 +302,7 @@ class LlamaEngine:
 
     def voiced(self, request: _Request) -> None:
         """``request``'s reader has speech ahead of its caller (~1.5 s of whole clauses): from now on the reply may sit
-        out steps (up to ``YIELD_BUDGET_S`` in all) in which another reply is still before its first clause
-        (thread-safe)."""
+        out steps (up to ``YIELD_BUDGET_S`` in all) in which another reply is not voiced yet (thread-safe)."""
         request.voiced = True
 
     def cancel(self, request: _Request) -> None:

@@ -39,8 +39,8 @@ def test_first_clause_is_sent_early_then_only_sentences() -> None:
     c = TextChunker(ChunkerConfig(first_min_chars=12))
     assert c.push("Well, ") == []  # too short for a clause break
     assert c.push("let me think about that") == []
-    assert c.push(",") == []   # "," waits for the next character ("3,000"?)
-    assert c.push(" okay") == ["Well, let me think about that,"]
+    assert c.push(",") == ["Well, let me think about that,"]  # after a letter no number goes on: out at once
+    assert c.push(" okay") == []
     # After the first chunk, commas no longer break.
     assert c.push(" so the answer, as far as I know, is") == []
     assert c.push(" yes. And") == ["okay so the answer, as far as I know, is yes."]
@@ -55,12 +55,29 @@ def test_a_voice_chat_replys_one_word_clause_is_its_first_piece() -> None:
     followed; the rest comes as a sentence."""
     cfg = ChunkerConfig()
     c = TextChunker(ChunkerConfig(first_min_chars=cfg.reply_first_min_chars))
-    assert c.push("No") == [] and c.push(",") == []
-    assert c.push(" I") == ["No,"]
+    assert c.push("No") == [] and c.push(",") == ["No,"]
+    assert c.push(" I") == []
     assert c.push("'m not able to send messages.") == []
     assert c.push(" Ok") == ["I'm not able to send messages."]
     assert run("Sure, here is one.", first_min_chars=cfg.reply_first_min_chars)[0] == "Sure,"
     assert run("A, B and C.", first_min_chars=cfg.reply_first_min_chars) == ["A, B and C."]  # a letter is no clause
+
+
+def test_a_comma_after_a_letter_ends_the_first_piece_without_the_next_token() -> None:
+    """The model writes "I'm sorry," then " I": a comma or semicolon after a letter is a clause's end however the
+    text goes on, so the first piece goes out with it, one model step sooner. After a digit it waits ("3," may be
+    "3,000"), and so does a colon ("https:")."""
+    cfg = ChunkerConfig()
+    voice_chat = ChunkerConfig(first_min_chars=cfg.reply_first_min_chars, runway_chars=cfg.reply_runway_chars)
+    c = TextChunker(voice_chat)
+    assert c.push("I'm sorry") == [] and c.push(",") == ["I'm sorry,"]
+    assert c.push(" I can't do that") == [] and c.push(";") == ["I can't do that;"]
+    c = TextChunker(voice_chat)
+    assert c.push("It costs about 3") == [] and c.push(",") == []
+    assert c.push("000 dollars, or so.") == ["It costs about 3,000 dollars,"]
+    c = TextChunker(voice_chat)
+    assert c.push("The page is at https") == [] and c.push(":") == []
+    assert c.push("//example.org today, I think") == ["The page is at example dot org today,"]  # the link whole
 
 
 def test_a_voice_chat_replys_next_clause_follows_a_one_word_first_piece() -> None:

@@ -58,6 +58,20 @@ def test_the_first_sentence_goes_on_clause_by_clause_and_later_ones_whole() -> N
     assert not guard.stopped
 
 
+def test_a_first_clause_goes_on_with_its_comma_not_the_token_after() -> None:
+    """The speech path breaks at a comma after a letter as it comes (tts/text.is_clause_break), so the guard lets
+    it through as it comes too: "I'm sorry," is not held for the " I" the model writes next. A comma after a digit
+    waits ("3," may be "3,000")."""
+    guard = LoopGuard()
+    assert guard.feed("I'm sorry") == ""
+    assert guard.feed(",") == "I'm sorry,"
+    assert guard.feed(" I paid 3") == ""
+    assert guard.feed(",") == ""
+    assert guard.feed("000 for it") == ""  # no mark yet
+    assert guard.feed(",") == " I paid 3,000 for it,"
+    assert not guard.stopped
+
+
 def test_words_and_stutters() -> None:
     assert words("I'm here, OK?") == ["i'm", "here", "ok"]
     assert words("北京很好") == ["北", "京", "很", "好"]

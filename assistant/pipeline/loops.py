@@ -33,7 +33,9 @@ MAX_HELD_CHARS = 200  # text with no mark this long goes on as it is (below the 
 
 _WORD = re.compile(r"[^\W_]+(?:['’][^\W_]+)*")
 _CJK_PIECE = re.compile(r"[0-9a-z]+|[^\W\d_a-z]", re.I)  # in CJK text: a number or Latin word, or one letter
-_CLAUSE_END = re.compile(r"[,;:.!?…—](?=\s)\s*|[，、：；。！？]")  # where the speech path may break a first sentence
+# Where the speech path may break a first sentence (tts/text.is_clause_break): a mark before a space, a comma or
+# semicolon after a letter at the end of the text so far, a CJK mark.
+_CLAUSE_END = re.compile(r"[,;:.!?…—](?=\s)\s*|(?<=[^\W\d_])[,;]$|[，、：；。！？]")
 
 
 def words(text: str) -> list[str]:

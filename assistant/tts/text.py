@@ -23,6 +23,10 @@ import re
 SENTENCE_END = ".!?…"
 CJK_SENTENCE_END = "。！？；!?"  # fullwidth and ASCII marks right after CJK text
 CLAUSE_MARKS = ",;:"
+# Of those, the marks that end a clause even as the text's last character when a letter is before them ("I'm sorry,"
+# as the model writes it): no number goes on from there ("3,000" has a digit before its comma, and "https:" is why
+# ":" is not one), so the first piece need not wait for the next token's space, one model step.
+LETTER_CLAUSE_MARKS = ",;"
 CJK_CLAUSE_MARKS = "，、：；"
 DASHES = "—–"
 CLOSERS = "\"'”’)]}」』）》"
@@ -174,14 +178,16 @@ def skip_closers(buf: str, j: int, marks: str) -> int:
 
 
 def is_clause_break(buf: str, i: int) -> bool:
-    """``buf[i]`` ends a clause: ``, ; :`` before a space (not ``3,000`` or ``10:30``), a CJK clause mark, a
-    dash between words (not ``1–2``)."""
+    """``buf[i]`` ends a clause: ``, ; :`` before a space (not ``3,000`` or ``10:30``), ``,`` or ``;`` after a letter
+    at the end of ``buf`` (:data:`LETTER_CLAUSE_MARKS`), a CJK clause mark, a dash between words (not ``1–2``)."""
     c = buf[i]
     if c in CJK_CLAUSE_MARKS:
         return True
     nxt = buf[i + 1] if i + 1 < len(buf) else ""
     if c in CLAUSE_MARKS:
-        return nxt.isspace()  # "3,000" and "10:30" are not breaks; "," at the very end waits
+        if nxt:
+            return nxt.isspace()  # "3,000" and "10:30" are not breaks
+        return c in LETTER_CLAUSE_MARKS and i > 0 and buf[i - 1].isalpha()  # "sorry," at the end; "3," waits
     if c in DASHES:  # "word — word" or "word—word"; not "1–2"
         return c == "—" or (i > 0 and buf[i - 1] == " " and nxt == " ")
     return False

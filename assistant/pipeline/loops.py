@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import re
 
-from assistant.tts.text import find_break, has_cjk, is_cjk
+from assistant.tts.text import ends_on_letter_clause_mark, find_break, has_cjk, is_cjk
 
 RUN_WORDS = 5  # a run this long said again is a loop ("a chatbot designed to" is 4: a turn of phrase, not one)
 STUTTER_WORDS = 4  # a run of two to this many words said twice in a row ("la France, la France"), or one word
@@ -33,9 +33,7 @@ MAX_HELD_CHARS = 200  # text with no mark this long goes on as it is (below the 
 
 _WORD = re.compile(r"[^\W_]+(?:['’][^\W_]+)*")
 _CJK_PIECE = re.compile(r"[0-9a-z]+|[^\W\d_a-z]", re.I)  # in CJK text: a number or Latin word, or one letter
-# Where the speech path may break a first sentence (tts/text.is_clause_break): a mark before a space, a comma or
-# semicolon after a letter at the end of the text so far, a CJK mark.
-_CLAUSE_END = re.compile(r"[,;:.!?…—](?=\s)\s*|(?<=[^\W\d_])[,;]$|[，、：；。！？]")
+_CLAUSE_END = re.compile(r"[,;:.!?…—](?=\s)\s*|[，、：；。！？]")  # where the speech path may break a first sentence
 
 
 def words(text: str) -> list[str]:
@@ -124,6 +122,8 @@ class LoopGuard:
         else:
             marks = list(_CLAUSE_END.finditer(text, len(self.said)))
             upto = marks[-1].end() if marks else len(self.said)
+            if ends_on_letter_clause_mark(text):  # "I'm sorry," as it comes, as the speech path breaks it
+                upto = len(text)
             if len(text) - upto > MAX_HELD_CHARS:  # no mark for long: up to the last space, as the chunker cuts
                 upto = max(upto, text.rfind(" ") + 1)
         upto = max(upto, len(self.said))

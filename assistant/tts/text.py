@@ -185,12 +185,16 @@ def is_clause_break(buf: str, i: int) -> bool:
         return True
     nxt = buf[i + 1] if i + 1 < len(buf) else ""
     if c in CLAUSE_MARKS:
-        if nxt:
-            return nxt.isspace()  # "3,000" and "10:30" are not breaks
-        return c in LETTER_CLAUSE_MARKS and i > 0 and buf[i - 1].isalpha()  # "sorry," at the end; "3," waits
+        return nxt.isspace() if nxt else ends_on_letter_clause_mark(buf)  # not "3,000", "10:30"; at the end: "3," waits
     if c in DASHES:  # "word — word" or "word—word"; not "1–2"
         return c == "—" or (i > 0 and buf[i - 1] == " " and nxt == " ")
     return False
+
+
+def ends_on_letter_clause_mark(buf: str) -> bool:
+    """``buf`` ends on a comma or semicolon right after a letter (:data:`LETTER_CLAUSE_MARKS`: "I'm sorry,"): a
+    clause's end however the text goes on."""
+    return len(buf) >= 2 and buf[-1] in LETTER_CLAUSE_MARKS and buf[-2].isalpha()
 
 
 def _period_ends_sentence(buf: str, i: int, j: int, final: bool) -> bool:
@@ -224,6 +228,7 @@ __all__ = [
     "DASHES",
     "SENTENCE_END",
     "contains_chinese",
+    "ends_on_letter_clause_mark",
     "find_break",
     "has_cjk",
     "is_cjk",

@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import time
 from fractions import Fraction
 from pathlib import Path
@@ -20,6 +21,7 @@ from assistant.audio import FRAME_SAMPLES
 from assistant.audio import WEBRTC_RATE as SAMPLE_RATE
 from assistant.bench.audio_source import Utterance, UtteranceSource, load_utterance
 from assistant.bench.plots import plot_result
+from assistant.bench.processes import cpu_snapshot, cpu_use
 from assistant.bench.report import (
     COLUMNS,
     SPEECH_END_RESOLUTION_MS,
@@ -30,6 +32,7 @@ from assistant.bench.report import (
     format_summary,
     format_turns,
     percentile,
+    read_result,
     stage_sum,
     summarize,
     summarize_level,
@@ -129,6 +132,31 @@ def test_tables_json_and_plot(tmp_path: Path) -> None:
 
     with Image.open(png) as im:
         assert im.size[0] > 500 and im.size[1] > 500  # two rows: bars and the concurrency curve
+
+
+def test_cpu_use_counts_this_process_and_the_host() -> None:
+    """The client's own cores and the host's busy ones, from the counters: a stretch of this process's CPU shows in
+    both (the host's counter has 10 ms ticks, so a little slack)."""
+    start = cpu_snapshot()
+    spin_until = time.process_time() + 0.3
+    while time.process_time() < spin_until:
+        pass
+    own, host = cpu_use(start)
+    wall = time.monotonic() - start.at
+    assert own is not None and 0.3 / wall * 0.9 <= own <= 1.1 * os.cpu_count()  # type: ignore[operator]
+    if Path("/proc/stat").exists():
+        assert host is not None and host >= own - 0.05 / wall and host <= os.cpu_count()  # type: ignore[operator]
+
+
+def test_level_cpu_in_the_summary_and_back_from_json(tmp_path: Path) -> None:
+    result = _synthetic_result()
+    result.levels[1].client_cores, result.levels[1].host_busy_cores = 0.42, 1.57
+    table = format_summary(result)
+    assert "cpu: this client 0.42 cores, the host 1.57 of" in table and "the server and the rest 1.15" in table
+    assert table.count("cpu: ") == 1  # the level that measured nothing says nothing
+    back = read_result(write_json(result, tmp_path / "v2v.json"))
+    assert (back.levels[1].client_cores, back.levels[1].host_busy_cores) == (0.42, 1.57)
+    assert back.levels[0].client_cores is None
 
 
 def test_cli_arguments() -> None:
@@ -348,6 +376,9 @@ async def test_e2e_json_columns_and_png(baseline: BenchResult) -> None:
         assert cols["v2v_ms"] > contained - SPEECH_END_RESOLUTION_MS, cols
         assert cols["v2v_ms"] >= cols["server_v2v_ms"] + cols["downlink_ms"]
         assert "weather" in turn["transcript"].lower() or "timer" in turn["transcript"].lower()
+    # What the client took from the machine it shares with the server: some, never more than the host was busy.
+    assert 0 < level["client_cores"] <= level["host_busy_cores"] + 0.05, level
+    assert level["host_busy_cores"] <= (os.cpu_count() or 1), level
     from PIL import Image
 
     with Image.open(baseline.png_path) as im:  # type: ignore[arg-type]

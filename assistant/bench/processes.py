@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import resource
 import signal
 import socket
 import subprocess
@@ -99,5 +100,49 @@ def cpu_seconds(pids: Sequence[int]) -> float | None:
             fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
             total += int(fields[11]) + int(fields[12])  # utime, stime (fields 14 and 15 of stat)
         return total / tick
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+@dataclass(frozen=True)
+class CpuSnapshot:
+    """Where the CPU counters stood at one moment: this process's own time and the whole host's busy time."""
+
+    at: float  # time.monotonic()
+    own_s: float  # this process's user + system CPU seconds, every thread
+    host_busy_s: float | None  # every CPU's non-idle seconds since boot (Linux /proc/stat); None elsewhere
+    host_cores: int
+
+
+def cpu_snapshot() -> CpuSnapshot:
+    """The CPU counters now (:func:`cpu_use` turns two into cores)."""
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return CpuSnapshot(time.monotonic(), usage.ru_utime + usage.ru_stime, _host_busy_s(), os.cpu_count() or 1)
+
+
+def cpu_use(since: CpuSnapshot) -> tuple[float | None, float | None]:
+    """Cores in use on average since ``since``: this process's (a bench client's own share of the machine) and the
+    whole host's busy cores (None where /proc/stat cannot be read, or no time has passed). A bench whose server runs
+    on the same machine reads what the client took from the cores the server had."""
+    now = cpu_snapshot()
+    wall = now.at - since.at
+    if wall <= 0:
+        return None, None
+    own = max(0.0, now.own_s - since.own_s) / wall
+    if now.host_busy_s is None or since.host_busy_s is None:
+        return own, None
+    return own, min(float(now.host_cores), max(0.0, now.host_busy_s - since.host_busy_s) / wall)
+
+
+def _host_busy_s() -> float | None:
+    """Seconds every CPU has spent busy since boot: /proc/stat's first line less idle and iowait (guest time is
+    already in user)."""
+    try:
+        with open("/proc/stat", encoding="ascii") as f:
+            fields = f.readline().split()
+        if fields[0] != "cpu":
+            return None
+        ticks = [int(v) for v in fields[1:9]]  # user nice system idle iowait irq softirq steal
+        return (sum(ticks) - ticks[3] - ticks[4]) / os.sysconf("SC_CLK_TCK")
     except (OSError, ValueError, IndexError):
         return None

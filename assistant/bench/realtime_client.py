@@ -33,6 +33,7 @@ import numpy as np
 
 from assistant.audio import float_to_s16, resample, s16_to_float
 from assistant.bench.audio_source import Utterance, now
+from assistant.bench.processes import cpu_snapshot
 from assistant.bench.report import (
     BenchResult,
     LevelResult,
@@ -299,7 +300,7 @@ async def bench_ws(target: Target, utterances: Sequence[Utterance], turns: int, 
                          settings={"files": [u.name for u in utterances], "turns_per_session": turns, "sessions": [1],
                                    "timeout_s": timeout_s, "mode": mode, "model": target.model})
     level = LevelResult(sessions=1)
-    t0 = now()
+    start = cpu_snapshot()
     async with aiohttp.ClientSession() as http:
         for k in range(turns):
             utt = utterances[k % len(utterances)]
@@ -315,6 +316,6 @@ async def bench_ws(target: Target, utterances: Sequence[Utterance], turns: int, 
                      row.status, turn.v2v_ms, turn.first_delta_ms)
             if on_turn is not None:
                 on_turn(row)
-    level.wall_s = now() - t0
+    level.timed(start)
     result.levels.append(level)
     return result

@@ -9,12 +9,15 @@ from __future__ import annotations
 import json
 import logging
 import math
+import os
+import time
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 from assistant.audio import SPEECH_RATE
+from assistant.bench.processes import CpuSnapshot, cpu_use
 from assistant.pipeline.trace import GAPS, PARTS
 from assistant.vad.silero import WINDOW_SAMPLES
 
@@ -105,9 +108,30 @@ class LevelResult:
     wall_s: float = 0.0
     connect_failures: int = 0
     errors: list[str] = field(default_factory=list)  # session-level problems (could not connect, …)
+    # Cores in use on average while the level ran: the bench client's own (on a small machine that also runs the
+    # server, what the client took from it) and the whole host's busy ones; None where unknown.
+    client_cores: float | None = None
+    host_busy_cores: float | None = None
 
     def summary(self) -> dict[str, Any]:
         return summarize_level(self)
+
+    def timed(self, start: CpuSnapshot) -> None:
+        """The level ended: its wall time and the cores the client and the host used since ``start``."""
+        self.wall_s = time.monotonic() - start.at
+        self.client_cores, self.host_busy_cores = cpu_use(start)
+
+    def cpu_text(self, same_host: bool) -> str:
+        """The summary's CPU line ("" when nothing was measured)."""
+        if self.client_cores is None:
+            return ""
+        text = f"cpu: this client {self.client_cores:.2f} cores"
+        if self.host_busy_cores is not None:
+            text += f", the host {self.host_busy_cores:.2f} of {os.cpu_count() or 1} busy"
+            if same_host:
+                text += (f" (the server and the rest {max(0.0, self.host_busy_cores - self.client_cores):.2f}: "
+                         "client and server share these cores)")
+        return text
 
 
 @dataclass
@@ -152,6 +176,8 @@ class BenchResult:
                 {
                     "sessions": lv.sessions,
                     "wall_s": round(lv.wall_s, 3),
+                    "client_cores": None if lv.client_cores is None else round(lv.client_cores, 3),
+                    "host_busy_cores": None if lv.host_busy_cores is None else round(lv.host_busy_cores, 3),
                     "connect_failures": lv.connect_failures,
                     "errors": lv.errors,
                     "summary": summarize_level(lv),
@@ -178,9 +204,15 @@ class BenchResult:
             turns = [TurnResult(**{k: v for k, v in t.items() if k in fields}) for t in lv.get("turns", [])]
             result.levels.append(LevelResult(sessions=int(lv["sessions"]), turns=turns,
                                              wall_s=float(lv.get("wall_s", 0)),
+                                             client_cores=_float_or_none(lv.get("client_cores")),
+                                             host_busy_cores=_float_or_none(lv.get("host_busy_cores")),
                                              connect_failures=int(lv.get("connect_failures", 0)),
                                              errors=list(lv.get("errors", []))))
         return result
+
+
+def _float_or_none(value: Any) -> float | None:
+    return None if value is None else float(value)
 
 
 def read_result(path: Path) -> BenchResult:
@@ -295,6 +327,8 @@ def format_summary(result: BenchResult) -> str:
             f"sessions={lv.sessions}  turns={s['turns']}  ok={s['ok']}  dropped={s['dropped']}  "
             f"errors={s['error']}  connect_failures={lv.connect_failures}  wall={lv.wall_s:.1f}s"
         )
+        if cpu := lv.cpu_text(result.same_host):
+            lines.append(f"  {cpu}")
         if s["false_starts"]:
             lines.append(f"  false starts heard: {len(s['false_starts'])} turns had reply audio before their speech "
                          "end: " + ", ".join(s["false_starts"]))

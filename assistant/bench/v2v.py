@@ -38,6 +38,7 @@ from aiortc.mediastreams import MediaStreamError
 
 from assistant.audio import SILENCE_PEAK_S16, WEBRTC_RATE
 from assistant.bench.audio_source import Utterance, UtteranceSource, load_utterance, now, read_manifest
+from assistant.bench.processes import cpu_snapshot
 from assistant.bench.report import (
     BenchResult,
     LevelResult,
@@ -478,7 +479,7 @@ async def run_level(
     """Run ``sessions`` peers at once, each playing ``turns`` utterances in its own order; ``on_turn`` hears of each
     turn as it is measured."""
     level = LevelResult(sessions=sessions)
-    t0 = time.monotonic()
+    start = cpu_snapshot()
     ours, model = (True, "") if target is None else (target.ours, target.model)
     endpoint = "" if target is None else client.endpoint_of(target)
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=CONNECT_TIMEOUT_S + 10)) as http:
@@ -509,7 +510,7 @@ async def run_level(
         finally:
             await asyncio.gather(*(c.close() for c in clients), return_exceptions=True)
     level.turns = [t for ts in per_session for t in ts]
-    level.wall_s = time.monotonic() - t0
+    level.timed(start)
     return level
 
 

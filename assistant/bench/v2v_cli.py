@@ -19,13 +19,13 @@ import json
 import logging
 import os
 import sys
-import time
 from pathlib import Path
 
 import aiohttp
 
 from assistant.bench.compare import compare_markdown, compare_text, letters
 from assistant.bench.figures import provenance, write_markdown
+from assistant.bench.processes import cpu_snapshot
 from assistant.bench.progress import Progress
 from assistant.bench.realtime_client import RealtimeBenchSession, bench_ws
 from assistant.bench.report import (
@@ -233,12 +233,13 @@ async def run_protocol(target: Target, args: argparse.Namespace, files: list[Pat
                          window_ms=WINDOW_MS, protocol=target.protocol, server=target.server, left_out=target.left_out,
                          settings={"files": [u.name for u in utterances], "turns_per_session": turns, "sessions": [1],
                                    "timeout_s": args.timeout, "webhook": target.webhook_url()})
-    t0 = time.monotonic()
+    start = cpu_snapshot()
     phone = await bench_phone(target.url, utterances, turns, auth_token=args.twilio_auth_token,
                               timeout_s=args.timeout, ready_timeout_s=args.ready_timeout,
                               webhook=target.webhook_url(), wait_ready=target.ours, on_turn=progress.turn)
-    result.levels.append(LevelResult(sessions=1, turns=[phone_turn_result(t, k) for k, t in enumerate(phone)],
-                                     wall_s=time.monotonic() - t0))
+    level = LevelResult(sessions=1, turns=[phone_turn_result(t, k) for k, t in enumerate(phone)])
+    level.timed(start)
+    result.levels.append(level)
     return result
 
 
@@ -253,14 +254,15 @@ async def run_sip(target: Target, args: argparse.Namespace, utterances: list, tu
                                    "sessions": list(args.sessions), "timeout_s": args.timeout, "sip": args.sip,
                                    "codec": args.sip_codec})
     for level in args.sessions:
-        t0 = time.monotonic()
+        start = cpu_snapshot()
         phone = await bench_sip((host or "127.0.0.1", int(port)), utterances, turns, calls=level,
                                 codec=args.sip_codec, user=args.sip_user, password=args.sip_password,
                                 timeout_s=args.timeout)
         rows = [phone_turn_result(t, k) for k, t in enumerate(phone)]
         for row in rows:
             progress.turn(row)
-        result.levels.append(LevelResult(sessions=level, turns=rows, wall_s=time.monotonic() - t0))
+        result.levels.append(lv := LevelResult(sessions=level, turns=rows))
+        lv.timed(start)
     return result
 
 

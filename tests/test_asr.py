@@ -223,6 +223,70 @@ async def test_runner_serves_finals_first_then_sessions_in_turn_and_drops_passes
         runner.close()
 
 
+class Stepping:
+    """An engine whose pass has two steps, like Whisper's encoder and decoder: it starts, waits for the test, and asks
+    whether its caller gave up before the second step."""
+
+    name = "stepping"
+
+    def __init__(self) -> None:
+        import threading
+
+        self.started = threading.Event()
+        self.go = threading.Event()
+        self.second_steps = 0
+
+    def transcribe(self, audio: np.ndarray, **_: object) -> Transcript:
+        from assistant.asr.base import PassStopped, stop_requested
+
+        self.started.set()
+        self.go.wait(timeout=10)
+        if stop_requested():
+            raise PassStopped("before the second step")
+        self.second_steps += 1
+        return Transcript(text=str(int(audio[0])))
+
+    def warmup(self) -> None: ...
+
+
+async def test_a_running_pass_its_caller_gave_up_on_stops_at_its_next_step_and_frees_its_worker() -> None:
+    from assistant.asr.base import PassKind
+
+    engine = Stepping()
+    runner = ASRRunner(engine, ASRConfig(workers=1))
+    try:
+        talked_over = asyncio.create_task(runner.transcribe(_pass(1), session="a", kind=PassKind.SPECULATIVE))
+        await _until(engine.started.is_set)  # running on the one worker
+        talked_over.cancel()  # the speaker went on: the speculation is dropped
+        with pytest.raises(asyncio.CancelledError):
+            await talked_over
+        engine.go.set()
+        await _until(lambda: runner.passes["stopped"] == 1)
+        assert engine.second_steps == 0  # its second half never ran
+        # The worker is free again, and a pass nobody gave up on runs whole.
+        assert (await runner.transcribe(_pass(2), session="a")).text == "2" and engine.second_steps == 1
+        assert runner.passes["stopped"] == 1
+    finally:
+        runner.close()
+
+
+def test_whisper_stops_a_given_up_pass_before_its_encoder(engine: FasterWhisperEngine) -> None:
+    """The real engine asks between its steps; on no runner's thread nobody can stop it."""
+    import threading
+
+    from assistant.asr.base import PassStopped, stop_requested, stoppable
+
+    audio, _ = read_audio(AUDIO / "en_weather.wav")
+    stop = threading.Event()
+    with stoppable(stop):
+        assert not stop_requested()
+        stop.set()
+        with pytest.raises(PassStopped):
+            engine.transcribe(audio)
+    assert not stop_requested()
+    assert "weather" in engine.transcribe(audio).text.lower()
+
+
 def test_window_fits_the_turn() -> None:
     from assistant.asr.whisper import fitted_window
 

@@ -8,6 +8,9 @@
 
 from __future__ import annotations
 
+import contextlib
+import threading
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from enum import IntEnum
 from typing import Protocol, runtime_checkable
@@ -105,6 +108,32 @@ class Transcriber(Protocol):
     ) -> Transcript | None:
         """A partial hypothesis while the user speaks; None (skipped) when it would wait for a worker."""
         ...
+
+
+class PassStopped(Exception):
+    """An engine stopped a pass its caller had given up on (:func:`stop_requested`); nobody reads its answer."""
+
+
+_pass = threading.local()
+
+
+def stop_requested() -> bool:
+    """Whether the caller of the pass this thread runs has given up on it (a speculation the speaker talked over, a
+    turn dropped, a timeout): an engine asks between its costly steps (Whisper: before its encoder, before its
+    decoder) and raises :class:`PassStopped`. Only :class:`~assistant.asr.runner.ASRRunner`'s threads can say yes;
+    elsewhere it is False."""
+    event: threading.Event | None = getattr(_pass, "stop", None)
+    return event is not None and event.is_set()
+
+
+@contextlib.contextmanager
+def stoppable(stop: threading.Event) -> Iterator[None]:
+    """Within it, :func:`stop_requested` on this thread reads ``stop``."""
+    _pass.stop = stop
+    try:
+        yield
+    finally:
+        _pass.stop = None
 
 
 class ASRModelMissing(RuntimeError):

@@ -10,8 +10,9 @@ order:
 - **sessions in turn**: among passes of one kind, the session served longest ago goes first, so no session
   waits behind another's run of speculative passes;
 - **useless passes never run**: a pass whose caller gave up (a speculation the user talked over, a turn
-  dropped) before a worker was free is dropped from the queue. A pass already running cannot be stopped (a
-  thread); its result is dropped.
+  dropped) before a worker was free is dropped from the queue. A pass already running is told to stop
+  (:func:`~assistant.asr.base.stop_requested`): a thread cannot be stopped, but the engine stops at its next step
+  (faster-whisper: before its decoder, about half a pass) and its worker is free for the next pass.
 
 Every answer carries its pass's timing (asked, started, done), which the turn's trace splits the wait by.
 """
@@ -24,15 +25,16 @@ import dataclasses
 import functools
 import itertools
 import logging
+import threading
 import time
 from collections import Counter, OrderedDict
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
-from assistant.asr.base import ASREngine, PassKind, PassTiming, Transcript
+from assistant.asr.base import ASREngine, PassKind, PassStopped, PassTiming, Transcript, stoppable
 from assistant.config import ASRConfig
 
 log = logging.getLogger(__name__)
@@ -62,6 +64,7 @@ class _Pass:
     started: float = 0.0  # when its thread began (0: still waiting)
     pool: ThreadPoolExecutor | None = None  # the pool it runs on, once dispatched
     done: float = 0.0
+    stop: threading.Event = field(default_factory=threading.Event)  # set when its caller gives up
 
 
 class ASRRunner:
@@ -167,6 +170,7 @@ class ASRRunner:
             log.info("asr.pass_dropped session=%s kind=%s", job.session, job.kind.name.lower())
         if not job.answer.done():
             job.answer.cancel()
+        job.stop.set()  # running: its engine stops at its next step
 
     def _dispatch(self) -> None:
         """Start waiting passes while workers are free: finals first, then the session served longest ago."""
@@ -189,13 +193,18 @@ class ASRRunner:
     def _timed(job: _Pass) -> object:
         job.started = time.time()
         try:
-            return job.fn()
+            with stoppable(job.stop):
+                return job.fn()
         finally:
             job.done = time.time()
 
     def _finished(self, job: _Pass, work: Future[object]) -> None:
         if job.pool is self._pool:  # passes of an abandoned pool no longer count against the workers
             self._running = max(0, self._running - 1)
+        if not work.cancelled() and isinstance(work.exception(), PassStopped):
+            self.passes["stopped"] += 1
+            log.info("asr.pass_stopped session=%s kind=%s after_ms=%.0f", job.session, job.kind.name.lower(),
+                     (job.done - job.started) * 1000)
         if not job.answer.done():
             if work.cancelled():
                 job.answer.cancel()

@@ -53,7 +53,7 @@ import numpy as np
 
 from assistant import languages
 from assistant.asr import bundled
-from assistant.asr.base import ASRModelMissing, Transcript
+from assistant.asr.base import ASRModelMissing, PassStopped, Transcript, stop_requested
 from assistant.audio import SPEECH_RATE
 from assistant.config import ASRConfig, ConfigError, check_min_window
 from assistant.cpus import asr_threads, cpu_vendor
@@ -358,7 +358,14 @@ class FasterWhisperEngine:
         x = np.zeros((1, features.shape[0], window), np.float32)  # zero-padded features, as faster-whisper pads
         n = min(window, features.shape[-1])
         x[0, :, :n] = features[:, :n]
+        # A pass its caller gave up on (the speaker went on after the pause it was for) stops before each half:
+        # the encoder and the decoder each take about half of it (~97 and ~87 ms of one Zen 4 core for a 3.9 s
+        # turn), and on a busy machine the other passes and the model need that core.
+        if stop_requested():
+            raise PassStopped("before the encoder")
         encoded = model.model.encode(ctranslate2.StorageView.from_array(x), to_cpu=False)
+        if stop_requested():
+            raise PassStopped("before the decoder")
         probability = 1.0
         if not lang:  # one decoder step on the same encoder output: every language's probability
             ranked = model.model.detect_language(encoded)[0]

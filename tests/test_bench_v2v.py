@@ -150,12 +150,13 @@ def test_cpu_use_counts_this_process_and_the_host() -> None:
 
 def test_level_cpu_in_the_summary_and_back_from_json(tmp_path: Path) -> None:
     result = _synthetic_result()
-    result.levels[1].client_cores, result.levels[1].host_busy_cores = 0.42, 1.57
+    four = result.levels[1]
+    four.client_cores, four.host_busy_cores, four.host_cores = 0.42, 1.57, 2
     table = format_summary(result)
-    assert "cpu: this client 0.42 cores, the host 1.57 of" in table and "the server and the rest 1.15" in table
+    assert "cpu: this client 0.42 cores, the host 1.57 of 2 busy" in table and "the server and the rest 1.15" in table
     assert table.count("cpu: ") == 1  # the level that measured nothing says nothing
     back = read_result(write_json(result, tmp_path / "v2v.json"))
-    assert (back.levels[1].client_cores, back.levels[1].host_busy_cores) == (0.42, 1.57)
+    assert (back.levels[1].client_cores, back.levels[1].host_busy_cores, back.levels[1].host_cores) == (0.42, 1.57, 2)
     assert back.levels[0].client_cores is None
 
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import logging
 import math
-import os
 import time
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
@@ -112,6 +111,7 @@ class LevelResult:
     # server, what the client took from it) and the whole host's busy ones; None where unknown.
     client_cores: float | None = None
     host_busy_cores: float | None = None
+    host_cores: int | None = None  # the CPUs /proc/stat counted, on the machine that ran the level
 
     def summary(self) -> dict[str, Any]:
         return summarize_level(self)
@@ -120,6 +120,7 @@ class LevelResult:
         """The level ended: its wall time and the cores the client and the host used since ``start``."""
         self.wall_s = time.monotonic() - start.at
         self.client_cores, self.host_busy_cores = cpu_use(start)
+        self.host_cores = start.host_cores
 
     def cpu_text(self, same_host: bool) -> str:
         """The summary's CPU line ("" when nothing was measured)."""
@@ -127,7 +128,7 @@ class LevelResult:
             return ""
         text = f"cpu: this client {self.client_cores:.2f} cores"
         if self.host_busy_cores is not None:
-            text += f", the host {self.host_busy_cores:.2f} of {os.cpu_count() or 1} busy"
+            text += f", the host {self.host_busy_cores:.2f} of {self.host_cores or '?'} busy"
             if same_host:
                 text += (f" (the server and the rest {max(0.0, self.host_busy_cores - self.client_cores):.2f}: "
                          "client and server share these cores)")
@@ -178,6 +179,7 @@ class BenchResult:
                     "wall_s": round(lv.wall_s, 3),
                     "client_cores": None if lv.client_cores is None else round(lv.client_cores, 3),
                     "host_busy_cores": None if lv.host_busy_cores is None else round(lv.host_busy_cores, 3),
+                    "host_cores": lv.host_cores,
                     "connect_failures": lv.connect_failures,
                     "errors": lv.errors,
                     "summary": summarize_level(lv),
@@ -206,6 +208,7 @@ class BenchResult:
                                              wall_s=float(lv.get("wall_s", 0)),
                                              client_cores=_float_or_none(lv.get("client_cores")),
                                              host_busy_cores=_float_or_none(lv.get("host_busy_cores")),
+                                             host_cores=lv.get("host_cores"),
                                              connect_failures=int(lv.get("connect_failures", 0)),
                                              errors=list(lv.get("errors", []))))
         return result

@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 import pytest_asyncio
@@ -314,6 +316,26 @@ async def test_a_reply_the_conversation_drops_leaves_the_slot_to_the_history_it_
         assert real.shifted == 0 and len(real.prompt) - real.reused <= len(own) + 1, (len(real.prompt), real.reused)
     finally:
         llama.cfg.history_turns = cap
+
+
+@LOOP
+async def test_the_engine_never_reads_settled_while_a_preparation_is_being_applied(
+        llama: LlamaResponder, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``settled`` holds only once a queued preparation is in its slot and counted. Read without the engine's lock,
+    a queue just taken but not yet applied read as settled: on a busy machine the count came after a test had
+    moved on (CI, stop 72). Here applying one is held 0.2 s, as a busy scheduler may hold the engine thread."""
+    real = engine_module.plan_reuse
+
+    def held(*args: Any, **kwargs: Any) -> Any:
+        time.sleep(0.2)
+        return real(*args, **kwargs)
+
+    await until(lambda: llama.engine.settled, "the engine settled", 30)
+    prepared = llama.engine.stats["prepared"]
+    monkeypatch.setattr(engine_module, "plan_reuse", held)
+    await reply(llama, "Name a fruit.", [], ReplyOptions(max_tokens=5))  # its preparation is queued on return
+    await until(lambda: llama.engine.settled, "the engine settled", 30)
+    assert llama.engine.stats["prepared"] == prepared + 1
 
 
 @pytest.mark.asyncio

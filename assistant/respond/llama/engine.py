@@ -218,6 +218,7 @@ class LlamaEngine:
         self._home: dict[str, _Slot] = {}  # a conversation's latest slot (at most one key per slot)
         self._waiting: deque[_Request] = deque()
         self._prepares: list[tuple[_Request, list[int]]] = []
+        self._ahead_in_step = False  # a step evaluates some slot's next-prompt start (``settled``)
         self._cond = threading.Condition()
         self._closing = False
         self._rotate = 0
@@ -352,8 +353,11 @@ class LlamaEngine:
 
     @property
     def settled(self) -> bool:
-        """Nothing left to evaluate ahead of the next turns."""
-        return not self._prepares and not any(s.ahead for s in self._slots)
+        """Nothing left to evaluate ahead of the next turns: no preparation queued, none being applied (read under
+        the lock the engine applies them under: unlocked, a queue just taken but not yet in a slot read as settled,
+        and a test saw the preparation counted after it), and no slot's next-prompt start waiting or in a step."""
+        with self._cond:
+            return not self._prepares and not self._ahead_in_step and not any(s.ahead for s in self._slots)
 
     @property
     def waiting(self) -> int:
@@ -380,6 +384,8 @@ class LlamaEngine:
             except Exception as exc:  # never let the thread die: fail the replies of this step
                 log.exception("llm.step_failed")
                 self._fail_all(f"{type(exc).__name__}: {exc}")
+            finally:
+                self._ahead_in_step = False
         for slot in self._slots:
             if slot.request is not None:
                 self._finish(slot, "cancelled")
@@ -565,6 +571,7 @@ class LlamaEngine:
         for slot in order:  # idle slots: the start of their conversation's next prompt, with the room left
             if slot.request is None and slot.ahead and budget > 0 and batch.n_tokens < self.n_batch:
                 chunk = slot.ahead[: min(budget, self.n_batch - batch.n_tokens)]
+                self._ahead_in_step = True  # before the chunk leaves ``ahead``: never read as settled between
                 self._add(slot, chunk, False)
                 del slot.ahead[: len(chunk)]
                 added.append((slot, chunk))

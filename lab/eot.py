@@ -390,6 +390,9 @@ class FallingTable:
             ok = ~veto[cue_idx] if self.use_text else np.ones((len(self.cue_idx), 1), bool)
             theta = np.where(ok, late[None, :], early[None, :])
         end = (known & (s >= theta)) | (self.pause_ms >= cfg.max_silence_ms)[None, :]
+        if self.use_text and (number_hold := hold_ms(cfg, Cue.NUMBER)) > 0:  # a held number written finished
+            done = self.of_cue[Cue.NUMBER] & (self.released_idx == CUE_ORDER.index(Cue.COMPLETE))
+            end |= known & done[:, None] & (self.pause_ms >= number_hold)[None, :]
         if self.use_audio and cfg.model_alone <= 1.0:  # the model alone, unless the landed transcript vetoes
             veto = np.array([c.value in cfg.model_alone_veto for c in CUE_ORDER])
             ok = ~veto[cue_idx] if self.use_text else np.ones((len(self.cue_idx), 1), bool)

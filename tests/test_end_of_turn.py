@@ -113,8 +113,9 @@ def test_the_model_alone_decides_and_the_transcript_vetoes() -> None:
 def test_a_number_is_held_only_so_long() -> None:
     """turn.number_hold_ms: a transcript that ends on a number that may be half said ("My number is 1390.")
     is held (cue_number) while the silence is no longer than a pause between a number's groups, then judged by its
-    punctuation: a sure model ends a finished one from the hold on, and the trace's split says the decision
-    needed the hold's silence. 0 holds it to max_silence_ms, as before the setting."""
+    punctuation: a finished one ends at the hold however unsure the model, an open one when the model is sure,
+    and the trace's split says the decision needed the hold's silence. 0 holds it to max_silence_ms, as before the
+    setting."""
     cfg = TurnConfig(policy="falling")
     hold = cfg.number_hold_ms
     assert 0 < hold < cfg.max_silence_ms
@@ -132,7 +133,13 @@ def test_a_number_is_held_only_so_long() -> None:
     assert d.end_now and d.reason == "score_open_after_number", d
     unsure = Evidence(use_text=True, use_audio=True, text=TurnEnd.UNKNOWN, cue=Cue.NUMBER, words=3,
                       probs=[(96, 0.2), (1024, 0.3)])
-    assert not decide(cfg, unsure, hold + 300, 500).end_now  # an unsure model still waits
+    assert not decide(cfg, unsure, hold + 300, 500).end_now  # an unsure model still waits for an open one
+    # Written finished ("The code is 3 1564."), the hold is enough: the model, unsure after digits, is not waited
+    # for (it kept such turns to the cap).
+    written = replace(unsure, text=TurnEnd.COMPLETE)
+    assert not decide(cfg, written, hold - 32, 500).end_now
+    d = decide(cfg, written, hold, 500)
+    assert d.end_now and d.reason == "complete_after_number" and d.needed_ms == hold and not d.sure
     # Other cues are not touched by the hold, and 0 is no hold.
     short = Evidence(use_text=True, use_audio=True, text=TurnEnd.COMPLETE, cue=Cue.SHORT, words=1, probs=sure)
     assert cue_at(cfg, short, hold + 500) is Cue.SHORT
@@ -582,6 +589,14 @@ async def test_a_real_pass_over_the_tail_hears_what_the_turns_pass_lost(batcher_
     ("", "The zip code is 94110.", Cue.COMPLETE),
     ("", "My number is 555.", Cue.NUMBER),  # a phone number: turn.number_whole_digits
     ("What's your phone number?", "My number is 555-213.", Cue.NUMBER),
+    # Whole by its digits, it needs no full stop (Whisper often writes none after a digit string); a number whole
+    # by other signs, or only a count, still goes by its punctuation.
+    ("", "My number is 555-213-449", Cue.COMPLETE),
+    ("", "My flight number is 1390", Cue.COMPLETE),
+    ("What is your four-digit PIN?", "It is 1234", Cue.COMPLETE),
+    ("How many tickets do you need?", "I need 3", Cue.OPEN),  # "… for tonight" may follow
+    ("", "The meeting is at 1030", Cue.OPEN),
+    ("", "My flight number is 13", Cue.NUMBER),
 ])
 def test_a_number_is_whole_by_what_was_asked_and_what_was_said(asked: str, text: str, expected: Cue) -> None:
     """Issue 58: a turn that ends on a number is answered without the number hold when the question or the speaker's

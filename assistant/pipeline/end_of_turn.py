@@ -193,6 +193,8 @@ def cue(text: str, last_word_p: float | None = None, doubtful_below: float = 0.0
     ends_on_number = words[-1] in NUMBER_WORDS or ENDS_ON_DIGIT.search(text)
     if ends_on_number and not finished_number(text, words, whole_digits, expected):
         return Cue.NUMBER
+    if ends_on_number and whole_by_length(text, whole_digits, expected):
+        return Cue.COMPLETE  # "My number is 555-213-4490": Whisper often writes no full stop after digits
     return Cue.COMPLETE if judge(text) is TurnEnd.COMPLETE else Cue.OPEN
 
 
@@ -315,6 +317,22 @@ def answers_with_number(text: str, expected: int) -> bool:
             and digits_said(t) >= expected)
 
 
+def whole_by_length(text: str, whole_digits: int = 0, expected: int | None = None) -> bool:
+    """The number a transcript ends on is whole by its digits alone, whatever its punctuation: at least
+    ``whole_digits`` (a phone number or a code), as many as the question asked for when it named a length
+    (``expected`` above 1: a PIN, a ZIP code, "your 6-digit code"; a count's answer may go on, "3 [pause] adults"),
+    or as many as what the speaker named needs (:func:`named_digits`). Whisper leaves out the full stop after a
+    digit string more often than after words (the pause files' "My number is 555-213-449" at its end), and such a
+    number read :attr:`Cue.OPEN` waited for the audio model alone, to the cap."""
+    n = digits_said(text)
+    if whole_digits and n >= whole_digits:
+        return True
+    if expected is not None and expected > 1 and n >= expected:
+        return True
+    named = named_digits(text)
+    return named is not None and n >= named
+
+
 def finished_number(text: str, words: list[str] | None = None, whole_digits: int = 0,
                     expected: int | None = None) -> bool:
     """A transcript ending on a number that reads as finished: a clock time ("10:30"), an amount ("$12."), a
@@ -324,12 +342,9 @@ def finished_number(text: str, words: list[str] | None = None, whole_digits: int
     number is 1390."). A shorter bare digit string ("My number is 555-213") may be half said."""
     if CLOCK_TIME.search(text) or AMOUNT.search(text):
         return True
-    if whole_digits and digits_said(text) >= whole_digits:
+    if whole_by_length(text, whole_digits, expected):
         return True
-    if expected is not None and digits_said(text) >= expected:  # as long as what was asked for
-        return True
-    named = named_digits(text)
-    if named is not None and digits_said(text) >= named:  # as long as what the speaker said it is
+    if expected is not None and digits_said(text) >= expected:  # a count, as asked for ("How many?" → "3")
         return True
     words = WORD.findall(text.lower()) if words is None else words
     i = len(words)
@@ -531,6 +546,11 @@ def _falling(cfg: TurnConfig, ev: Evidence, pause_ms: int, fixed_ms: int) -> Dec
         return Decision(end_now=True, reason=f"score_{ev.cue.value if ev.use_text and ev.cue else 'audio'}"
                         + (f"_after_{held.value}" if freed and held is not None else ""),
                         needed_ms=max(needed, floor), sure=sure)
+    if freed and held is Cue.NUMBER and cue_now is Cue.COMPLETE:
+        # Held for number_hold_ms and written finished ("The code is 3 1564."): judged by its punctuation, as the
+        # hold promises, however unsure the model (after a digit string it rarely hears an end: such turns waited
+        # for the cap).
+        return Decision(end_now=True, reason="complete_after_number", needed_ms=floor)
     return Decision(end_now=False, end_silence_ms=cfg.max_silence_ms, reason="waiting")
 
 

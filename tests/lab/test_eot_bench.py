@@ -187,19 +187,20 @@ def test_a_finished_time_or_amount_is_no_half_said_number() -> None:
 
 def test_a_digit_string_as_long_as_a_phone_number_reads_whole() -> None:
     """turn.number_whole_digits: a digit string of that many digits or more is a whole phone number or code,
-    judged as any other text (phone_number.wav's end, "My number is 555-213-449", waited the full max_silence_ms
-    held by cue_number); shorter ones, as said before a pause between digit groups, stay held (since
-    number_hold_ms only so long, and the sweep chooses 8)."""
+    complete with or without a full stop (phone_number.wav's end, "My number is 555-213-449", waited the full
+    max_silence_ms held by cue_number, then as open text); shorter ones, as said before a pause between digit
+    groups, stay held (since number_hold_ms only so long, and the sweep chooses 8)."""
     assert TurnConfig().number_whole_digits == 8
     whole = 7
     assert digits_said("My number is 555-213-449") == 9
     assert digits_said("My number is five five five two one three.") == 6
     assert digits_said("電話番号は706") == 3
     assert digits_said("Call me at noon.") == 0
-    assert cue("My number is 555-213-449", whole_digits=whole) is Cue.OPEN
+    assert cue("My number is 555-213-449", whole_digits=whole) is Cue.COMPLETE
     assert cue("My number is 2284425.", whole_digits=whole) is Cue.COMPLETE
-    assert cue("dial 3 8 9 2 9 0 9", whole_digits=whole) is Cue.OPEN
-    assert cue("電話番号は0312345678", whole_digits=whole) is Cue.OPEN
+    assert cue("dial 3 8 9 2 9 0 9", whole_digits=whole) is Cue.COMPLETE
+    assert cue("電話番号は0312345678", whole_digits=whole) is Cue.COMPLETE
+    assert cue("Call me at 9", whole_digits=whole) is Cue.OPEN  # finished by "at", not by its digits
     for half in ("My number is 555-213", "My number is 015, 797.", "It is five five five two one three",
                  "電話番号は706"):
         assert cue(half, whole_digits=whole) is Cue.NUMBER, half

@@ -58,8 +58,9 @@ def gguf() -> tuple[Path, str]:
 @pytest.fixture
 def local_hub(gguf: tuple[Path, str], monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[Hub]:
     path, sha = gguf
-    port = free_port()
-    state = Hub(f"http://127.0.0.1:{port}", path, sha, path.stat().st_size)
+    # Its URLs once its two sites listen, each on a port the kernel picks as it binds (a port found free and bound
+    # later was once taken in between: CI, "address already in use").
+    state = Hub("", path, sha, path.stat().st_size)
 
     async def resolve(request: web.Request) -> web.StreamResponse:
         repo = f"{request.match_info['owner']}/{request.match_info['name']}"
@@ -118,11 +119,11 @@ def local_hub(gguf: tuple[Path, str], monkeypatch: pytest.MonkeyPatch, tmp_path:
     cdn.router.add_route("*", "/blob/{file:.+}", blob)
     loop = asyncio.new_event_loop()
     runner, cdn_runner = web.AppRunner(app), web.AppRunner(cdn)
-    cdn_port = free_port()
-    for r, p in ((runner, port), (cdn_runner, cdn_port)):
+    for r in (runner, cdn_runner):
         loop.run_until_complete(r.setup())
-        loop.run_until_complete(web.TCPSite(r, "127.0.0.1", p).start())
-    state.cdn_url = f"http://127.0.0.1:{cdn_port}"
+        loop.run_until_complete(web.TCPSite(r, "127.0.0.1", 0).start())
+    state.url = f"http://127.0.0.1:{runner.addresses[0][1]}"
+    state.cdn_url = f"http://127.0.0.1:{cdn_runner.addresses[0][1]}"
     thread = threading.Thread(target=loop.run_forever, daemon=True)
     thread.start()
     monkeypatch.setenv("HF_ENDPOINT", state.url)

@@ -146,14 +146,16 @@ def join(a: Turns, b: Turns) -> Turns:
     return Turns([*a.clips, *b.clips], [*a.pauses, *(replace(p, clip=p.clip + n) for p in b.pauses)])
 
 
-def flatten(clips: Iterable[ClipEvidence], tail: bool = True, whole_digits: int | None = None) -> Turns:
+def flatten(clips: Iterable[ClipEvidence], tail: bool = True, whole_digits: int | None = None,
+            phone_plan: str | None = None) -> Turns:
     """The turns of ``clips`` as pauses, each with its transcript's cue, read once here: the doubtful cue at the
     shipped ``turn.doubtful_below`` (set by hand, not tuned: the replay does not read a setting's own), a digit
     string whole at ``whole_digits`` digits (None: the shipped ``turn.number_whole_digits``; chosen by
-    :func:`digits_sweep`). ``tail=False``: as heard without the pass over a lost tail (asr/tail.py), the turn's own
-    pass's text."""
+    :func:`digits_sweep`), a phone number whole by ``phone_plan`` (None: the shipped ``turn.phone_plan``).
+    ``tail=False``: as heard without the pass over a lost tail (asr/tail.py), the turn's own pass's text."""
     doubtful_below = TurnConfig().doubtful_below
     whole_digits = TurnConfig().number_whole_digits if whole_digits is None else whole_digits
+    phone_plan = TurnConfig().phone_plan if phone_plan is None else phone_plan
     ok = [c for c in clips if c.status == "ok"]
     pauses: list[Pause] = []
     for i, c in enumerate(ok):
@@ -162,7 +164,7 @@ def flatten(clips: Iterable[ClipEvidence], tail: bool = True, whole_digits: int 
             pauses.append(Pause(
                 clip=i, is_end=p.is_end, silence_ms=p.silence_ms,
                 offset_ms=(p.start_s - c.speech_ends_s) * 1000, text=text,
-                cue=cue(text, last_p, doubtful_below, whole_digits),
+                cue=cue(text, last_p, doubtful_below, whole_digits, phone_plan=phone_plan),
                 text_end=judge(text),
                 words=word_count(text), asr_ms=p.asr_ms, probs=p.probs, labelled=p.labelled, last_p=last_p,
             ))

@@ -597,11 +597,62 @@ async def test_a_real_pass_over_the_tail_hears_what_the_turns_pass_lost(batcher_
     ("How many tickets do you need?", "I need 3", Cue.OPEN),  # "… for tonight" may follow
     ("", "The meeting is at 1030", Cue.OPEN),
     ("", "My flight number is 13", Cue.NUMBER),
+    # A time of day said as an hour and its minutes, in a sentence about a time, is finished; a lone hour is not.
+    ("", "Set an alarm for 8 15", Cue.OPEN),
+    ("", "Set in alarm for 10, 15.", Cue.COMPLETE),
+    ("", "Wake me up tomorrow until 6 45.", Cue.COMPLETE),
+    ("", "Set an alarm for 10.", Cue.NUMBER),
+    ("", "Set an alarm for 7:00.", Cue.NUMBER),
+    ("", "Book a table for 4, 15.", Cue.NUMBER),  # no time: "… minutes from now" may follow
 ])
 def test_a_number_is_whole_by_what_was_asked_and_what_was_said(asked: str, text: str, expected: Cue) -> None:
     """Issue 58: a turn that ends on a number is answered without the number hold when the question or the speaker's
     own words say the number is whole; a phone number or a code still being read keeps its hold."""
     assert cue(text, whole_digits=TurnConfig().number_whole_digits, asked=asked) is expected
+
+
+@pytest.mark.parametrize(("asked", "text", "plan", "expected"), [
+    # turn.phone_plan "nanp": a phone number by the speaker's words or the question, whole at seven digits.
+    ("", "My number is 555-2134.", "nanp", Cue.COMPLETE),
+    ("", "My number is 555-2134", "nanp", Cue.COMPLETE),
+    ("", "my cell's 555 2134", "nanp", Cue.COMPLETE),
+    ("", "Call me back at 555 2134", "nanp", Cue.COMPLETE),
+    ("", "My number is five five five two one three four.", "nanp", Cue.COMPLETE),
+    ("What's your phone number?", "555-2134.", "nanp", Cue.COMPLETE),
+    ("What's the best number to reach you?", "It's 555 2134.", "nanp", Cue.COMPLETE),
+    # Not whole: six digits, a local number cannot begin with 0 or 1 ("1-800-555" goes on), no phone named.
+    ("", "My number is 555-213.", "nanp", Cue.NUMBER),
+    ("", "My number is 155-1838.", "nanp", Cue.NUMBER),
+    ("", "Call 1-800-555", "nanp", Cue.NUMBER),
+    ("", "I need 555 2134", "nanp", Cue.NUMBER),
+    ("Which day suits you?", "555-2134.", "nanp", Cue.SHORT),
+    # The shipped plan is none: a seven-digit number is held as maybe half said.
+    ("", "My number is 555-2134.", "", Cue.NUMBER),
+    ("What's your phone number?", "555-2134.", "", Cue.SHORT),
+])
+def test_a_phone_number_is_whole_by_the_phone_plan(asked: str, text: str, plan: str, expected: Cue) -> None:
+    """Issue 58: where callers give North American numbers, a seven-digit one after "my number is" or to "What is
+    your phone number?" is whole (it had waited number_hold_ms, ~1.2-1.4 s heard); a shorter one, or one no local
+    number can be, is still held."""
+    assert TurnConfig().phone_plan == ""
+    assert cue(text, whole_digits=TurnConfig().number_whole_digits, asked=asked, phone_plan=plan) is expected
+
+
+def test_the_phone_plans_digits() -> None:
+    from assistant.config.turn import PHONE_PLANS
+    from assistant.pipeline.end_of_turn import PHONE_PLAN_RULES, nanp_whole, trailing_digits
+
+    assert set(PHONE_PLAN_RULES) | {""} == set(PHONE_PLANS)
+    assert [nanp_whole(d) for d in ("5552134", "1552134", "0552134", "555213", "55521345")] == [
+        True, False, False, False, False]
+    assert [nanp_whole(d) for d in ("4155552134", "4151552134", "0155552134", "14155552134", "24155552134")] == [
+        True, False, False, True, False]
+    assert trailing_digits("My number is five five five 2134.") == "5552134"
+    assert trailing_digits("My number is 555-213-4490") == "5552134490"
+    assert trailing_digits("It is twenty one") is None and trailing_digits("Hello.") is None
+    with pytest.raises(ConfigError, match=r"turn\.phone_plan"):
+        load_config(environ={}, overrides={"turn": {"phone_plan": "uk"}})
+    assert load_config(environ={}, overrides={"turn": {"phone_plan": "nanp"}}).turn.phone_plan == "nanp"
 
 
 def test_what_was_asked_is_what_the_assistant_last_said() -> None:

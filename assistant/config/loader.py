@@ -30,7 +30,7 @@ from assistant.config.sip import DIGEST_ALGORITHMS, SIP_CODECS, SIP_TRANSPORTS, 
 from assistant.config.telemetry import TelemetryConfig
 from assistant.config.telephony import TelephonyConfig
 from assistant.config.tts import ChunkerConfig, TTSAPIConfig, TTSConfig
-from assistant.config.turn import TURN_CUES, TURN_POLICIES, TurnConfig
+from assistant.config.turn import PHONE_PLANS, TURN_CUES, TURN_POLICIES, TurnConfig
 
 log = logging.getLogger(__name__)
 
@@ -176,6 +176,8 @@ def load_config(
         apply_overrides(cfg, overrides, "command line")
     if cfg.turn.policy not in TURN_POLICIES:
         raise ConfigError(f"turn.policy must be one of {', '.join(TURN_POLICIES)}, got {cfg.turn.policy!r}")
+    if cfg.turn.phone_plan not in PHONE_PLANS:
+        raise ConfigError(f"turn.phone_plan must be nanp or empty (none), got {cfg.turn.phone_plan!r}")
     for name in ("model_alone_veto", "falling_late_veto"):
         bad_cues = [c for c in getattr(cfg.turn, name) if c not in TURN_CUES]
         if bad_cues:

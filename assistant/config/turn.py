@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from assistant.config.fields import setting
 
 TURN_POLICIES = ("falling", "flat")  # pipeline/end_of_turn.decide
+PHONE_PLANS = ("nanp", "")  # pipeline/end_of_turn.PHONE_PLAN_RULES; "": none
 TURN_CUES = ("complete", "continues", "open", "number", "short", "doubtful", "trailing")  # pipeline/end_of_turn.Cue
 
 
@@ -142,6 +143,17 @@ class TurnConfig:
         "the least mean wait at the guard clips' ends, then the longest): 7 while a number was held to "
         "max_silence_ms; since number_hold_ms the tuning turns tie 7, 8 and 10 and the guard clips 7 and 8. A card "
         "number read in groups of four can still be cut after its eighth digit"
+    )
+    phone_plan: str = setting(
+        "", "falling: the phone numbers callers give, by their digits: a number the speaker calls a phone number "
+        "('My number is', 'call me at') or the assistant asked for ('What is your phone number?') reads whole, full "
+        "stop or not, when its digits make a whole number of the plan, and is not held as maybe half said "
+        "(cue_number). nanp: North America's, seven digits not beginning with 0 or 1 (555-2134), ten with the area "
+        "code, eleven after a 1 (ten and eleven are whole by number_whole_digits already). '': none. Off by "
+        "default: on the held-out corpus half nanp answers four seven-digit numbers ~600 ms sooner and cuts one, "
+        "heard, where the ASR wrote a seventh digit at a pause after six (docs/end_of_turn.md, Numbers); most "
+        "numbers outside North America begin with a trunk 0 and are never whole by nanp, but some are not (Brazil's "
+        "'21 91234-5678' after its seventh digit)"
     )
     number_hold_ms: int = setting(
         1100, "falling: from this much silence on, a number that may be half said (cue_number) is judged as any "

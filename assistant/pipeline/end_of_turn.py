@@ -150,6 +150,11 @@ class Cue(Enum):
 # "Set an alarm for 7:00." at the pause), so only minutes that were said make a time finished.
 CLOCK_TIME = re.compile(r"\b\d{1,2}:(?!00)\d{2}\s*[.?!]?\s*$")
 AMOUNT = re.compile(r"[$£€¥]\s?\d[\d,.]*[.?!]?\s*$")
+# A time of day written as its two spoken numbers ("Set an alarm for 8 15", "… for 10, 15."), in a sentence about
+# a time: an hour, then minutes said (not a lone hour, which minutes may follow).
+SPOKEN_TIME = re.compile(r"\b(?:alarm|wake|remind|reminder|meeting|appointment|schedule|reservation|call)\b[^.?!]*"
+                         r"\b(?:for|at|until|till|by)\s+(?:1[0-2]|0?[1-9])[\s,.]+(?!00)[0-5]\d\s*[.?!]?\s*$",
+                         re.IGNORECASE)
 TIME_WORDS = frozenset(["at"])  # "at 1030." (a time of day); "for 10" / "to 100" may go on ("for 10 minutes")
 # A transcript of fewer words than this is a fragment (Cue.SHORT): "Hello, [pause] what is the weather like
 # today?" is the commonest pause a turn must survive.
@@ -169,7 +174,7 @@ def word_count(text: str) -> int:
 
 
 def cue(text: str, last_word_p: float | None = None, doubtful_below: float = 0.0, whole_digits: int = 0,
-        asked: str = "") -> Cue:
+        asked: str = "", phone_plan: str = "") -> Cue:
     """The transcript's evidence: how complete it looks (final punctuation, a trailing conjunction, a number).
 
     ``last_word_p``: how sure the ASR was of the last word (None: not known). A pronoun object written with less
@@ -177,7 +182,8 @@ def cue(text: str, last_word_p: float | None = None, doubtful_below: float = 0.0
     after "for", tiny.en writes a made-up object ("Can you book a table for it?", "it" at 0.40-0.51 as the pass is
     cut later into the pause, tests/test_asr.py) that reads finished. A digit string of ``whole_digits`` or more
     (0: none) is no :attr:`Cue.NUMBER` (``turn.number_whole_digits``); nor is an answer to what the assistant
-    ``asked`` that is whole by that question (:func:`expected_digits`: "What is your four-digit PIN?" → "1234.")."""
+    ``asked`` that is whole by that question (:func:`expected_digits`: "What is your four-digit PIN?" → "1234."),
+    nor a phone number whole by ``phone_plan`` (:func:`whole_phone_number`: "My number is 555-2134.")."""
     words = WORD.findall(text.lower())
     if not words:
         return Cue.OPEN
@@ -186,15 +192,17 @@ def cue(text: str, last_word_p: float | None = None, doubtful_below: float = 0.0
     expected = expected_digits(asked)
     if expected is not None and answers_with_number(text, expected):
         return Cue.COMPLETE  # "1234." to "What is your PIN?": a whole answer, however short
+    if whole_phone_number(text, phone_plan, asked):
+        return Cue.COMPLETE  # "555-2134." to "What is your phone number?", or "My number is 555-2134"
     if word_count(text) < SHORT_TURN_WORDS:
         return Cue.SHORT
     if last_word_p is not None and last_word_p < doubtful_below and doubtful_tail(text):
         return Cue.DOUBTFUL
-    ends_on_number = words[-1] in NUMBER_WORDS or ENDS_ON_DIGIT.search(text)
-    if ends_on_number and not finished_number(text, words, whole_digits, expected):
-        return Cue.NUMBER
-    if ends_on_number and whole_by_length(text, whole_digits, expected):
-        return Cue.COMPLETE  # "My number is 555-213-4490": Whisper often writes no full stop after digits
+    if words[-1] in NUMBER_WORDS or ENDS_ON_DIGIT.search(text):
+        if whole_by_length(text, whole_digits, expected):
+            return Cue.COMPLETE  # "My number is 555-213-4490": Whisper often writes no full stop after digits
+        if not finished_number(text, words, whole_digits, expected):
+            return Cue.NUMBER
     return Cue.COMPLETE if judge(text) is TurnEnd.COMPLETE else Cue.OPEN
 
 
@@ -292,6 +300,65 @@ def named_digits(text: str) -> int | None:
     return None
 
 
+# A phone number by what the speaker called it ("My number is", "my cell's", "call me at") or by what the assistant
+# asked for ("What's your phone number?"): whole when its digits make a whole number of the phone plan
+# (turn.phone_plan). Whisper writes the digits of "five five five, two one three four" as "555-2134".
+DIGIT_WORDS = {"zero": "0", "oh": "0", "one": "1", "two": "2", "three": "3", "four": "4", "five": "5", "six": "6",
+               "seven": "7", "eight": "8", "nine": "9"}
+_DIGITS_TAIL = r"(?:[\s,.()+-]|\d|\b(?:zero|oh|one|two|three|four|five|six|seven|eight|nine)\b)+\W*$"
+PHONE_SAID = re.compile(
+    r"(?:\b(?:my|our|his|her|their|the|your)\s+(?:(?:phone|cell|cellphone|mobile|home|work|office|callback|contact|"
+    r"telephone)\s+)?number(?:'s|\s+is|\s+was)?|\b(?:phone|cell|mobile|telephone)(?:'s|\s+is)"
+    r"|\b(?:call|reach|text|ring)\s+(?:me|us)\s+(?:back\s+)?(?:at|on))" + _DIGITS_TAIL, re.IGNORECASE)
+PHONE_ASKED = re.compile(r"\b(?:phone|cell|cellphone|mobile|callback|telephone|contact) number\b"
+                         r"|\bnumber (?:to|where|at which|on which) (?:we|i)? ?(?:can )?(?:reach|call|text)"
+                         r"|\byour number\b", re.IGNORECASE)
+
+
+def trailing_digits(text: str) -> str | None:
+    """The digits of the digit string a transcript ends on, number words read as digits ("My number is five five
+    five 2134." → "5552134"); None when it ends on none, or on a number word that is no one digit ("twenty")."""
+    out: list[str] = []
+    for tok in reversed(NUMBER_TOKEN.findall(text.lower())):
+        if tok.isdigit():
+            out.append(tok)
+        elif tok in DIGIT_WORDS:
+            out.append(DIGIT_WORDS[tok])
+        elif tok in NUMBER_WORDS:
+            return None
+        else:
+            break
+    return "".join(reversed(out)) or None
+
+
+def nanp_whole(digits: str) -> bool:
+    """Whether ``digits`` are a whole North American number: a local one (NXX-XXXX), one with its area code
+    (NXX-NXX-XXXX) or that with the 1 before it; N is 2-9 (no exchange and no area code begins with 0 or 1, so a
+    number from elsewhere, most of which begin with a trunk 0, and "1-800-555" are not whole here)."""
+    n = "23456789"
+    if len(digits) == 7:
+        return digits[0] in n
+    if len(digits) == 10:
+        return digits[0] in n and digits[3] in n
+    return len(digits) == 11 and digits[0] == "1" and digits[1] in n and digits[4] in n
+
+
+PHONE_PLAN_RULES = {"nanp": nanp_whole}  # config.turn.PHONE_PLANS
+
+
+def whole_phone_number(text: str, plan: str, asked: str = "") -> bool:
+    """The transcript ends on a phone number (by the speaker's words, :data:`PHONE_SAID`, or by the question,
+    :data:`PHONE_ASKED`) whose digits make a whole number of the phone ``plan`` (``turn.phone_plan``; "": none).
+    A North American caller's "My number is 555-2134." is whole at seven digits; "555-213" is not."""
+    whole = PHONE_PLAN_RULES.get(plan)
+    if whole is None:
+        return False
+    digits = trailing_digits(text)
+    if digits is None or not whole(digits):
+        return False
+    return bool(PHONE_SAID.search(text) or (asked and PHONE_ASKED.search(asked[-300:])))
+
+
 def expected_digits(asked: str) -> int | None:
     """How many digits make the number the assistant's last words asked for a whole answer: the length a question
     names ("your 6-digit code", "four digit PIN", a PIN: 4, a ZIP code: 5), 1 for a question a count answers ("How
@@ -335,12 +402,13 @@ def whole_by_length(text: str, whole_digits: int = 0, expected: int | None = Non
 
 def finished_number(text: str, words: list[str] | None = None, whole_digits: int = 0,
                     expected: int | None = None) -> bool:
-    """A transcript ending on a number that reads as finished: a clock time ("10:30"), an amount ("$12."), a
-    time after "at" ("at 1030.", "at eight.") or, with ``whole_digits``, a digit string at least that long (a
-    whole phone number: "My number is 555-213-449"), or with ``expected`` (:func:`expected_digits`), as many
-    digits as the question asked for, or as many as what the speaker named needs (:func:`named_digits`: "My flight
-    number is 1390."). A shorter bare digit string ("My number is 555-213") may be half said."""
-    if CLOCK_TIME.search(text) or AMOUNT.search(text):
+    """A transcript ending on a number that reads as finished: a clock time ("10:30", "an alarm for 8 15"), an
+    amount ("$12."), a time after "at" ("at 1030.", "at eight.") or, with ``whole_digits``, a digit string at
+    least that long (a whole phone number: "My number is 555-213-449"), or with ``expected``
+    (:func:`expected_digits`), as many digits as the question asked for, or as many as what the speaker named needs
+    (:func:`named_digits`: "My flight number is 1390."). A shorter bare digit string ("My number is 555-213") may
+    be half said."""
+    if CLOCK_TIME.search(text) or AMOUNT.search(text) or SPOKEN_TIME.search(text):
         return True
     if whole_by_length(text, whole_digits, expected):
         return True

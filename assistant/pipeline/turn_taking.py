@@ -514,7 +514,8 @@ class TurnTaking:
             text = result.text.strip()
             pause.text = judge(text)
             pause.cue = cue(text, last_word_probability(result.words), self.cfg.doubtful_below,
-                            self.cfg.number_whole_digits, asked=self.runner.history.last_reply)
+                            self.cfg.number_whole_digits, asked=self.runner.history.last_reply,
+                            phone_plan=self.cfg.phone_plan)
             pause.words = word_count(text)
         if result is not None:
             self._partial_from(result.text.strip())

@@ -655,6 +655,24 @@ def test_the_phone_plans_digits() -> None:
     assert load_config(environ={}, overrides={"turn": {"phone_plan": "nanp"}}).turn.phone_plan == "nanp"
 
 
+def test_the_number_rules_read_the_end_of_a_long_transcript() -> None:
+    """The number rules read the transcript's last NUMBER_TAIL_CHARS: a long turn's number is judged as a short
+    one's, and a long run of digits, spaces and dashes that fails at its end no longer costs seconds of the event
+    loop (their end-anchored patterns cost its square: 1.7 s for 6,000 characters before the bound)."""
+    from assistant.pipeline.end_of_turn import NUMBER_TAIL_CHARS, named_digits
+
+    said = "I told you about the trip and the hotel and the car. " * 40
+    assert len(said) > 10 * NUMBER_TAIL_CHARS
+    assert cue(said + "My flight number is 1390.", whole_digits=8) is Cue.COMPLETE
+    assert cue(said + "My number is 555-2134.", whole_digits=8, phone_plan="nanp") is Cue.COMPLETE
+    assert cue(said + "Set an alarm for 8 15.", whole_digits=8) is Cue.COMPLETE
+    assert cue(said + "My number is 555-213.", whole_digits=8) is Cue.NUMBER
+    for junk in ("The code is " + " -" * 3000 + "a 1", "my number " + " ,-" * 2000 + "a 5552134",
+                 "alarm " * 2000 + "for 10 15 x 1"):
+        assert named_digits(junk) is None
+        assert cue(junk, whole_digits=8, phone_plan="nanp") is Cue.NUMBER
+
+
 def test_what_was_asked_is_what_the_assistant_last_said() -> None:
     from assistant.pipeline.end_of_turn import expected_digits
     from assistant.respond.history import ConversationHistory

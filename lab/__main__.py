@@ -22,6 +22,9 @@ STUDIES: tuple[tuple[str, str, str, str, str], ...] = (
     ("confirm", "when a decided end's reply may be heard: turn.confirm_sure and confirm_sure_ms swept on the eot "
      "evidence against the false starts a caller would hear, on a machine as fast as any and on this one",
      "lab.confirm", "add_confirm_arguments", "run_confirm"),
+    ("phone-plan", "turn.phone_plan replayed on the eot evidence: the numbers a plan answers sooner against the "
+     "pauses it cuts and the false starts a caller would hear", "lab.phone_plan", "add_phone_plan_arguments",
+     "run_phone_plan"),
     ("hearing", "the human set (a tuning set) through tiny.en and base+auto: how often each slot's words are in the "
      "transcript, and the language detected at every pass", "lab.hearing", "add_hearing_arguments", "run_hearing"),
     ("languages", "the price of hearing every language on a CPU: ASR time of base+auto against tiny.en+en on the "

@@ -84,6 +84,19 @@ def test_code_block_state_ends_with_the_reply() -> None:
     ("Appelez le 555-1234.", "fr", "Appelez le 5 5 5, 1 2 3 4."),
     ("请拨打555-1234。", None, "请拨打5 5 5，1 2 3 4。"),
     ("From 100-1000 people, 25-30 minutes.", "en", "From 100 to 1000 people, 25 to 30 minutes."),  # ranges stay
+    # A digit string read back (a caller's number, a code) is said digit by digit, not as a count: espeak-ng reads
+    # "2025998630" as "two billion twenty five million ...", "482913" in the thousands and "202-599-863" with "dash".
+    ("Your number is 2025998630.", "en", "Your number is 2 0 2, 5 9 9, 8 6 3 0."),
+    ("Got it: 202-599-863.", "en", "Got it: 2 0 2, 5 9 9, 8 6 3."),
+    ("Your code is 482913.", "en", "Your code is 4 8 2, 9 1 3."),
+    ("Your ZIP code is 94110, order number 55213.", "en", "Your ZIP code is 9 4 1 1 0, order number 5 5 2 1 3."),
+    ("電話番号は03-1234-5678です。", None, "電話番号は0 3，1 2 3 4，5 6 7 8です。"),
+    ("请拨打13812345678。", None, "请拨打1 3 8，1 2 3，4 5 6，7 8。"),
+    # ... but a count, money, a year, a date, a decimal and a short number stay as the voice reads them.
+    ("About 3,500,000 people, 1000000 stars, 25000 dollars, $2500000.", "en",
+     "About 3,500,000 people, 1000000 stars, 25000 dollars, $2500000."),
+    ("In 2025, on 2024-01-15, pi is 3.14159265, room 1204.", "en",
+     "In 2025, on 2024-01-15, pi is 3.14159265, room 1204."),
 ])
 def test_symbols_and_units_in_the_language(text: str, language: str | None, want: str) -> None:
     assert speakable(text, language) == want

@@ -16,7 +16,8 @@ What it does, per piece:
   * symbols and units after numbers said in the piece's language (``50%`` → ``50 percent``, ``百分之50``,
     ``50パーセント``, ``50퍼센트``; ``5 km``, ``°C``, ``5-10`` → ``5 to 10``, ``3 × 4``, ``&``, ``+``, ``=``),
     and only in a language with a table here: no English word is put into Japanese (or French) text; a phone
-    number (``555-1234``, ``(555) 123-4567``) digit by digit, not as a range;
+    number (``555-1234``, ``(555) 123-4567``, ``202-599-863``) and a long digit string (``2025998630``, a code's
+    ``482913``) digit by digit, not as a range or a count in the billions;
   * emoji and other pictographs dropped.
 The language is the turn's (the TTS request's) when known, else the piece's script (kana: ja, Hangul: ko, Han:
 zh), else English only for a piece with no other hint. Numbers themselves stay digits: the voices (Piper's
@@ -106,6 +107,18 @@ _DEGREES = re.compile(rf"(-?{_NUM})\s?°(?:\s?([CF])(?![A-Za-z]))?")
 # "(555) 123-4567"); said digit by digit, group by group, never as a range or as numbers in the thousands.
 _PHONE = re.compile(r"(?<![\d.,/+\-A-Za-z])(?:\+\d{1,3}[\s-]|\d{1,3}-)?(?:\(\d{3}\)\s?|\d{3}-)(?:\d{3}-)?\d{4}"
                     r"(?![\dA-Za-z-]|[.,]\d)")
+# Three digit groups or more joined by hyphens ("202-599-863", "03-1234-5678"): an identifier read out, never a
+# range or a sum, so said as a phone number is; not an ISO date ("2024-01-15": the voices read dates).
+_DIGIT_GROUPS = re.compile(r"(?<![\d.,/+\-A-Za-z])\d{1,4}(?:-\d{1,4}){2,}(?![\dA-Za-z-]|[.,]\d)")
+_ISO_DATE = re.compile(r"\d{4}-\d{2}-\d{2}")
+# A digit string a voice would read as a count ("2025998630": "two billion twenty five million ..."; "Your code is
+# 482913": "four hundred eighty two thousand ..."): seven digits or more with no separator, or five or more after
+# the name of a code or a number; said digit by digit, in groups. Not money, not a decimal's digits, not a round
+# count ("1000000"), not a number with thousands separators (a count, as models write counts).
+_DIGIT_RUN = re.compile(r"(?<![\d.,$£€¥₩A-Za-z_])\d{7,}(?![\dA-Za-z_]|[.,]\d)")  # CJK letters may touch it
+_NAMED_RUN = re.compile(r"\b(?:code|pin|number|zip|order|reference|confirmation|account|ticket|booking|tracking|"
+                        r"extension|id)(?:\s+(?:is|was|number|code))?:?\s+#?(?<![\d$£€¥₩])(\d{5,})(?![\dA-Za-z_]|[.,]\d)",
+                        re.IGNORECASE)
 _RANGE = re.compile(rf"(?<!\d[-–/])({_NUM})\s?[-–—]\s?({_NUM})(?![\d.,]*\d)(?!\s*[-–—]\s?\d)")
 _TIMES = re.compile(rf"({_NUM})\s?[×xX*]\s?({_NUM})(?![\d.,]*\d)")
 _PLUS = re.compile(rf"({_NUM})\s?\+\s?({_NUM})(?![\d.,]*\d)")
@@ -232,6 +245,24 @@ def _say_phone(number: str, lang: str, words: dict[str, str]) -> str:
     return f"{words['plus']} {said}" if number.startswith("+") else said
 
 
+def _digit_groups(digits: str) -> list[str]:
+    """A digit string in the groups it is read in: up to five in one (a ZIP code), else threes from the left, the
+    last holding four when one digit would be left alone (6: 3-3, 7: 3-4, 10: 3-3-4, 8: 3-3-2)."""
+    if len(digits) <= 5:
+        return [digits]
+    groups = [digits[i:i + 3] for i in range(0, len(digits), 3)]
+    if len(groups[-1]) == 1:
+        groups[-2:] = [groups[-2] + groups[-1]]
+    return groups
+
+
+def _say_digits(digits: str, lang: str) -> str:
+    """``2025998630`` → ``2 0 2, 5 9 9, 8 6 3 0`` (a round count, ``1000000``, stays as it is)."""
+    if int(digits) % 10_000 == 0:
+        return digits
+    return ("，" if lang in ("zh", "ja") else ", ").join(" ".join(g) for g in _digit_groups(digits))
+
+
 def _unit_word(unit: str, number: str, lang: str) -> str:
     forms = UNITS[unit]
     if lang == "en":
@@ -253,6 +284,10 @@ def _symbols(text: str, lang: str, words: dict[str, str]) -> str:
         text = _NUM_UNIT.sub(lambda m: f"{m.group(1)}{sp if lang != 'ko' else ' '}"
                              f"{_unit_word(m.group(2), m.group(1), lang)}", text)
     text = _PHONE.sub(lambda m: _say_phone(m.group(0), lang, words), text)
+    text = _DIGIT_GROUPS.sub(lambda m: m.group(0) if _ISO_DATE.fullmatch(m.group(0))
+                             else _say_phone(m.group(0), lang, words), text)
+    text = _NAMED_RUN.sub(lambda m: m.group(0)[:m.start(1) - m.start(0)] + _say_digits(m.group(1), lang), text)
+    text = _DIGIT_RUN.sub(lambda m: _say_digits(m.group(0), lang), text)
     text = _RANGE.sub(lambda m: _join(lang, m.group(1), words["to"], m.group(2)), text)
     text = _PLUS.sub(lambda m: _join(lang, m.group(1), words["plus"], m.group(2)), text)
     text = _EQUALS.sub(f"{sp}{words['equals']}{sp}" if cjk else f" {words['equals']} ", text)

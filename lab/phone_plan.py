@@ -17,18 +17,12 @@ import numpy as np
 
 from assistant.config import TurnConfig, VADConfig
 from assistant.config.turn import PHONE_PLANS
-from assistant.pipeline.end_of_turn import ENDS_ON_DIGIT, NUMBER_WORDS, WORD
-from lab.confirm import hear
+from assistant.pipeline.end_of_turn import ends_on_number
+from lab.confirm import ONSET_MS, hear
 from lab.confirm import tally as heard_tally
 from lab.eot import ClipEvidence, Pause, Turns, flatten, load_cache, load_evidence, score_replay
 
 SLOW_MS = 1100  # a number end heard later than this misses issue 58's 1.2 s once the reply's own ~100 ms is added
-
-
-def ends_on_number(text: str) -> bool:
-    """The transcript ends on a digit or a number word, as :func:`end_of_turn.cue` asks before its number rules."""
-    words = WORD.findall(text.lower())
-    return bool(words) and (words[-1] in NUMBER_WORDS or ENDS_ON_DIGIT.search(text) is not None)
 
 
 @dataclass(frozen=True)
@@ -78,8 +72,6 @@ def _ms(t: int | None) -> str:
 
 
 def _heard_at(p: Pause, heard: int | None) -> bool:
-    from lab.confirm import ONSET_MS
-
     return not p.is_end and p.silence_ms is not None and heard is not None and heard < p.silence_ms + ONSET_MS
 
 

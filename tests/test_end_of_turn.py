@@ -667,6 +667,9 @@ def test_the_number_rules_read_the_end_of_a_long_transcript() -> None:
     assert cue(said + "My number is 555-2134.", whole_digits=8, phone_plan="nanp") is Cue.COMPLETE
     assert cue(said + "Set an alarm for 8 15.", whole_digits=8) is Cue.COMPLETE
     assert cue(said + "My number is 555-213.", whole_digits=8) is Cue.NUMBER
+    # Only the end is read: a name further back than the bound names no number ("flight number is" + 300 chars).
+    assert named_digits("My flight number is " + "1 " * 150) is None
+    assert named_digits("My flight number is " + "1 " * 50) == 3
     for junk in ("The code is " + " -" * 3000 + "a 1", "my number " + " ,-" * 2000 + "a 5552134",
                  "alarm " * 2000 + "for 10 15 x 1"):
         assert named_digits(junk) is None

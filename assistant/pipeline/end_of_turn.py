@@ -128,6 +128,7 @@ WORD = re.compile(r"[\w']+")
 # patterns, anchored at the end, cost the square of a long run of digits, spaces and dashes that fails at its end
 # (1.7 s for 6,000 characters on the event loop); bounded, the worst of 300 random long texts took 8 ms.
 NUMBER_TAIL_CHARS = 200
+ASKED_TAIL_CHARS = 300  # ... and of the assistant's last words, where its question is
 
 
 def _end(text: str) -> str:
@@ -207,7 +208,7 @@ def cue(text: str, last_word_p: float | None = None, doubtful_below: float = 0.0
         return Cue.SHORT
     if last_word_p is not None and last_word_p < doubtful_below and doubtful_tail(text):
         return Cue.DOUBTFUL
-    if words[-1] in NUMBER_WORDS or ENDS_ON_DIGIT.search(_end(text)):
+    if ends_on_number(text, words):
         if whole_by_length(text, whole_digits, expected):
             return Cue.COMPLETE  # "My number is 555-213-4490": Whisper often writes no full stop after digits
         if not finished_number(text, words, whole_digits, expected):
@@ -263,18 +264,27 @@ def _is_number(word: str) -> bool:
 NUMBER_TOKEN = re.compile(r"\d+|[^\W\d_]+")
 
 
+def trailing_numbers(text: str) -> list[str]:
+    """The run of numbers a transcript ends on, in order: digit runs and number words ("My number is five five
+    five 2134." → five, five, five, 2134); empty when it ends on none."""
+    tokens = NUMBER_TOKEN.findall(text.lower())
+    i = len(tokens)
+    while i > 0 and (tokens[i - 1].isdigit() or tokens[i - 1] in NUMBER_WORDS):
+        i -= 1
+    return tokens[i:]
+
+
 def digits_said(text: str) -> int:
     """How many digits the transcript ends on: the digits of its trailing run of numbers, a number word counting
     one ("My number is 555-213-449" → 9, "... two nine nine." → 3, "at 1030." → 4)."""
-    n = 0
-    for tok in reversed(NUMBER_TOKEN.findall(text.lower())):
-        if tok.isdigit():
-            n += len(tok)
-        elif tok in NUMBER_WORDS:
-            n += 1
-        else:
-            break
-    return n
+    return sum(len(tok) if tok.isdigit() else 1 for tok in trailing_numbers(text))
+
+
+def ends_on_number(text: str, words: list[str] | None = None) -> bool:
+    """The transcript ends on a number word or a digit (a full stop may follow): the turns the number rules judge
+    (``words``: its :data:`WORD` tokens, lower-cased, when the caller has them)."""
+    words = WORD.findall(text.lower()) if words is None else words
+    return bool(words) and (words[-1] in NUMBER_WORDS or ENDS_ON_DIGIT.search(_end(text)) is not None)
 
 
 # What the assistant's question says of the number it wants: "a 4-digit code", "your four digit PIN" (so many digits),
@@ -313,8 +323,7 @@ def named_digits(text: str) -> int | None:
 # A phone number by what the speaker called it ("My number is", "my cell's", "call me at") or by what the assistant
 # asked for ("What's your phone number?"): whole when its digits make a whole number of the phone plan
 # (turn.phone_plan). Whisper writes the digits of "five five five, two one three four" as "555-2134".
-DIGIT_WORDS = {"zero": "0", "oh": "0", "one": "1", "two": "2", "three": "3", "four": "4", "five": "5", "six": "6",
-               "seven": "7", "eight": "8", "nine": "9"}
+DIGIT_WORDS = {"oh": "0", **{w: str(n) for w, n in WORD_NUMBERS.items() if n < 10}}
 _DIGITS_TAIL = r"(?:[\s,.()+-]|\d|\b(?:zero|oh|one|two|three|four|five|six|seven|eight|nine)\b)+\W*$"
 PHONE_SAID = re.compile(
     r"(?:\b(?:my|our|his|her|their|the|your)\s+(?:(?:phone|cell|cellphone|mobile|home|work|office|callback|contact|"
@@ -328,17 +337,10 @@ PHONE_ASKED = re.compile(r"\b(?:phone|cell|cellphone|mobile|callback|telephone|c
 def trailing_digits(text: str) -> str | None:
     """The digits of the digit string a transcript ends on, number words read as digits ("My number is five five
     five 2134." → "5552134"); None when it ends on none, or on a number word that is no one digit ("twenty")."""
-    out: list[str] = []
-    for tok in reversed(NUMBER_TOKEN.findall(text.lower())):
-        if tok.isdigit():
-            out.append(tok)
-        elif tok in DIGIT_WORDS:
-            out.append(DIGIT_WORDS[tok])
-        elif tok in NUMBER_WORDS:
-            return None
-        else:
-            break
-    return "".join(reversed(out)) or None
+    tokens = trailing_numbers(text)
+    if not tokens or not all(tok.isdigit() or tok in DIGIT_WORDS for tok in tokens):
+        return None
+    return "".join(DIGIT_WORDS.get(tok, tok) for tok in tokens)
 
 
 def nanp_whole(digits: str) -> bool:
@@ -366,7 +368,7 @@ def whole_phone_number(text: str, plan: str, asked: str = "") -> bool:
     digits = trailing_digits(text)
     if digits is None or not whole(digits):
         return False
-    return bool(PHONE_SAID.search(_end(text)) or (asked and PHONE_ASKED.search(asked[-300:])))
+    return bool(PHONE_SAID.search(_end(text)) or (asked and PHONE_ASKED.search(asked[-ASKED_TAIL_CHARS:])))
 
 
 def expected_digits(asked: str) -> int | None:
@@ -375,7 +377,7 @@ def expected_digits(asked: str) -> int | None:
     many tickets?"), None when it asked for no number (or said nothing)."""
     if not asked:
         return None
-    tail = asked[-300:]  # the question is at the end of what was said
+    tail = asked[-ASKED_TAIL_CHARS:]
     if m := DIGITS_ASKED.search(tail):
         n = m.group(1).lower()
         return int(n) if n.isdigit() else WORD_NUMBERS[n]

@@ -241,7 +241,7 @@ def _say_phone(number: str, lang: str, words: dict[str, str]) -> str:
     groups = re.findall(r"\d+", number)
     if len(groups) == 2 and number[0] != "(" and all(int(g) % 100 == 0 for g in groups):
         return number
-    said = ("，" if lang in ("zh", "ja") else ", ").join(" ".join(g) for g in groups)
+    said = _say_groups(groups, lang)
     return f"{words['plus']} {said}" if number.startswith("+") else said
 
 
@@ -258,9 +258,14 @@ def _digit_groups(digits: str) -> list[str]:
 
 def _say_digits(digits: str, lang: str) -> str:
     """``2025998630`` → ``2 0 2, 5 9 9, 8 6 3 0`` (a round count, ``1000000``, stays as it is)."""
-    if int(digits) % 10_000 == 0:
+    if digits.endswith("0000"):  # not int(): past 4,300 digits it raises
         return digits
-    return ("，" if lang in ("zh", "ja") else ", ").join(" ".join(g) for g in _digit_groups(digits))
+    return _say_groups(_digit_groups(digits), lang)
+
+
+def _say_groups(groups: list[str], lang: str) -> str:
+    """Digit groups said digit by digit, a pause (a comma) between groups: ``["555", "1234"]`` → ``5 5 5, 1 2 3 4``."""
+    return ("，" if lang in ("zh", "ja") else ", ").join(" ".join(g) for g in groups)
 
 
 def _unit_word(unit: str, number: str, lang: str) -> str:

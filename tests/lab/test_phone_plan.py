@@ -9,9 +9,10 @@ from dataclasses import asdict, replace
 from pathlib import Path
 
 from assistant.config.turn import PHONE_PLANS
+from assistant.pipeline.end_of_turn import ends_on_number
 from lab.eot import flatten
 from lab.eot_evidence import ClipEvidence, PauseEvidence
-from lab.phone_plan import changes, ends_on_number, measure, run_phone_plan
+from lab.phone_plan import changes, measure, run_phone_plan
 
 FIXED_MS = 500
 MARKS = (96, 192, 320, 480, 704, 1024, 1504)

@@ -8,6 +8,7 @@ another process on one machine reaches the peers there.
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import resource
 import signal
@@ -21,6 +22,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from assistant.rtc.loopback_ice import LOOPBACK_ICE_ENV
+
+log = logging.getLogger(__name__)
 
 
 def free_port() -> int:
@@ -106,43 +109,63 @@ def cpu_seconds(pids: Sequence[int]) -> float | None:
 
 @dataclass(frozen=True)
 class CpuSnapshot:
-    """Where the CPU counters stood at one moment: this process's own time and the whole host's busy time."""
+    """Where the CPU counters stood at one moment: this process's own time and each CPU's idle time."""
 
     at: float  # time.monotonic()
     own_s: float  # this process's user + system CPU seconds, every thread
-    host_busy_s: float | None  # every CPU's non-idle seconds since boot (Linux /proc/stat); None elsewhere
+    host_idle_s: dict[str, float] | None  # each online CPU's idle + iowait seconds (/proc/stat); None elsewhere
     host_cores: int
 
 
 def cpu_snapshot() -> CpuSnapshot:
     """The CPU counters now (:func:`cpu_use` turns two into cores)."""
     usage = resource.getrusage(resource.RUSAGE_SELF)
-    return CpuSnapshot(time.monotonic(), usage.ru_utime + usage.ru_stime, _host_busy_s(), os.cpu_count() or 1)
+    idle = _host_idle_s()
+    return CpuSnapshot(time.monotonic(), usage.ru_utime + usage.ru_stime, idle,
+                       len(idle) if idle else (os.cpu_count() or 1))
 
 
-def cpu_use(since: CpuSnapshot) -> tuple[float | None, float | None]:
-    """Cores in use on average since ``since``: this process's (a bench client's own share of the machine) and the
-    whole host's busy cores (None where /proc/stat cannot be read, or no time has passed). A bench whose server runs
-    on the same machine reads what the client took from the cores the server had."""
-    now = cpu_snapshot()
+# How far below this process's own time the host's reading may fall before it is called wrong: /proc/stat counts in
+# clock ticks (10 ms), read at two moments.
+_HOST_SLACK_S = 0.05
+
+
+def cpu_use(since: CpuSnapshot, now: CpuSnapshot | None = None) -> tuple[float | None, float | None]:
+    """Cores in use on average from ``since`` to ``now`` (default: this moment): this process's (a bench client's own
+    share of the machine) and the whole host's busy cores (None where /proc/stat cannot be read, or no time has
+    passed). A bench whose server runs on the same machine reads what the client took from the cores the server had.
+
+    The host's busy time is each CPU's wall time less its idle and iowait time, the CPUs online at both moments: the
+    kernel keeps idle time exactly (a tickless kernel times each idle stretch), where its busy fields are sampled at
+    each clock tick and miss work that wakes and sleeps between ticks (a client pacing 20 ms audio frames does).
+    A host reading below this process's own time cannot be true; it is logged and left out, not reported."""
+    now = now or cpu_snapshot()
     wall = now.at - since.at
     if wall <= 0:
         return None, None
     own = max(0.0, now.own_s - since.own_s) / wall
-    if now.host_busy_s is None or since.host_busy_s is None:
+    if now.host_idle_s is None or since.host_idle_s is None:
         return own, None
-    return own, min(float(now.host_cores), max(0.0, now.host_busy_s - since.host_busy_s) / wall)
+    cpus = now.host_idle_s.keys() & since.host_idle_s.keys()
+    busy_s = sum(max(0.0, wall - (now.host_idle_s[c] - since.host_idle_s[c])) for c in cpus)
+    if busy_s < own * wall - _HOST_SLACK_S:
+        log.warning("cpu: the host's /proc/stat reads %.2f s busy where this process alone took %.2f s; "
+                    "the host's figure is left out", busy_s, own * wall)
+        return own, None
+    return own, min(float(len(cpus)), busy_s / wall)
 
 
-def _host_busy_s() -> float | None:
-    """Seconds every CPU has spent busy since boot: /proc/stat's first line less idle and iowait (guest time is
-    already in user)."""
+def _host_idle_s() -> dict[str, float] | None:
+    """Each online CPU's idle + iowait seconds since boot, from /proc/stat's ``cpuN`` lines (None where it cannot be
+    read)."""
     try:
+        tick = os.sysconf("SC_CLK_TCK")
+        idle: dict[str, float] = {}
         with open("/proc/stat", encoding="ascii") as f:
-            fields = f.readline().split()
-        if fields[0] != "cpu":
-            return None
-        ticks = [int(v) for v in fields[1:9]]  # user nice system idle iowait irq softirq steal
-        return (sum(ticks) - ticks[3] - ticks[4]) / os.sysconf("SC_CLK_TCK")
+            for line in f:
+                fields = line.split()
+                if fields and fields[0].startswith("cpu") and fields[0] != "cpu":
+                    idle[fields[0]] = (int(fields[4]) + int(fields[5])) / tick  # user nice system IDLE IOWAIT …
+        return idle or None
     except (OSError, ValueError, IndexError):
         return None

@@ -91,7 +91,8 @@ def test_code_block_state_ends_with_the_reply() -> None:
     ("Your code is 482913.", "en", "Your code is 4 8 2, 9 1 3."),
     ("Your ZIP code is 94110, order number 55213.", "en", "Your ZIP code is 9 4 1 1 0, order number 5 5 2 1 3."),
     ("電話番号は03-1234-5678です。", None, "電話番号は0 3，1 2 3 4，5 6 7 8です。"),
-    ("请拨打13812345678。", None, "请拨打1 3 8，1 2 3，4 5 6，7 8。"),
+    ("请拨打13812345678。", None, "请拨打1 3 8，1 2 3 4，5 6 7 8。"),  # a mobile number: 3-4-4
+    ("Call 18005551234 or 12345678.", "en", "Call 1, 8 0 0, 5 5 5, 1 2 3 4 or 1 2 3 4, 5 6 7 8."),
     # ... but a count, money, a year, a date, a decimal and a short number stay as the voice reads them.
     ("About 3,500,000 people, 1000000 stars, 25000 dollars, $2500000.", "en",
      "About 3,500,000 people, 1000000 stars, 25000 dollars, $2500000."),

@@ -245,22 +245,24 @@ def _say_phone(number: str, lang: str, words: dict[str, str]) -> str:
     return f"{words['plus']} {said}" if number.startswith("+") else said
 
 
-def _digit_groups(digits: str) -> list[str]:
+def _digit_groups(digits: str, lang: str) -> list[str]:
     """A digit string in the groups it is read in: up to five in one (a ZIP code), else threes from the left, the
-    last holding four when one digit would be left alone (6: 3-3, 7: 3-4, 10: 3-3-4, 8: 3-3-2)."""
-    if len(digits) <= 5:
+    end in fours where threes would leave a digit or two over (7: 3-4, 8: 4-4, 10: 3-3-4, 11: 3-4-4, as China's
+    mobile numbers are read), and eleven digits from a 1 in English as North America's 1-3-3-4."""
+    n = len(digits)
+    if n <= 5:
         return [digits]
-    groups = [digits[i:i + 3] for i in range(0, len(digits), 3)]
-    if len(groups[-1]) == 1:
-        groups[-2:] = [groups[-2] + groups[-1]]
-    return groups
+    if n == 11 and lang == "en" and digits[0] == "1":
+        return [digits[0], digits[1:4], digits[4:7], digits[7:]]
+    head = n - 4 * (n % 3)  # a digit over: one group of four at the end; two over: two
+    return [digits[i:i + 3] for i in range(0, head, 3)] + [digits[i:i + 4] for i in range(head, n, 4)]
 
 
 def _say_digits(digits: str, lang: str) -> str:
     """``2025998630`` → ``2 0 2, 5 9 9, 8 6 3 0`` (a round count, ``1000000``, stays as it is)."""
     if digits.endswith("0000"):  # not int(): past 4,300 digits it raises
         return digits
-    return _say_groups(_digit_groups(digits), lang)
+    return _say_groups(_digit_groups(digits, lang), lang)
 
 
 def _say_groups(groups: list[str], lang: str) -> str:

@@ -18,9 +18,7 @@ import contextlib
 import logging
 import secrets
 import time
-from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass
 
 import av
 import numpy as np
@@ -28,9 +26,10 @@ from aiortc.codecs.opus import OpusDecoder, OpusEncoder
 from aiortc.jitterbuffer import JitterFrame
 from aiortc.rtp import RtpPacket
 
-from assistant.audio import FRAME_MS, SILENCE_PEAK_S16, WEBRTC_RATE, float_to_s16, resample, s16_to_float
+from assistant.audio import FRAME_MS, WEBRTC_RATE, float_to_s16, resample, s16_to_float
 from assistant.bench.audio_source import Utterance
-from assistant.bench.telephony_client import AUDIBLE_DBFS, TAIL_S, PhoneTurn
+from assistant.bench.phone_line import AUDIBLE_DBFS, Playout, Voice, now
+from assistant.bench.telephony_client import TAIL_S, PhoneTurn
 from assistant.g711 import ulaw_decode, ulaw_encode
 from assistant.rtc.inbound import frame_to_float
 from assistant.rtc.pacing import s16_mono_frame
@@ -57,11 +56,6 @@ RETRANSMIT_S = 0.5
 SIGNALLING_TIMEOUT_S = 32.0
 
 
-def now() -> float:
-    """The phone's clock (monotonic seconds)."""
-    return time.monotonic()
-
-
 class _Socket(asyncio.DatagramProtocol):
     def __init__(self, on_datagram: Callable[[bytes, tuple[str, int]], None]) -> None:
         self.on_datagram = on_datagram
@@ -73,31 +67,18 @@ class _Socket(asyncio.DatagramProtocol):
         pass
 
 
-@dataclass
-class Played:
-    at: float  # when its playout starts (phone clock)
-    pcm: np.ndarray  # int16 at the codec's rate
-
-
-@dataclass
-class Saying:
-    frames: deque[bytes]  # encoded 20 ms payloads
-    end_frame: int
-    speech_end_at: asyncio.Future[float]
-    sent: int = 0
-
-
-class SipPhone:
+class SipPhone(Playout):
     """One call to the server's SIP listener (see the module docstring)."""
+
+    queue_runs_dry = False  # the server's RTP carries silence between replies
 
     def __init__(self, server: tuple[str, int], *, codec: str = "PCMU", user: str = "", password: str = "",
                  host: str = "127.0.0.1", threshold_dbfs: float = AUDIBLE_DBFS) -> None:
         if codec not in CODECS:
             raise ValueError(f"codec must be one of {', '.join(CODECS)}")
+        super().__init__(OURS[codec].clock_rate if codec == "opus" else 8000, threshold_dbfs)
         self.server, self.codec, self.user, self.password, self.host = server, codec, user, password, host
-        self.rate = OURS[codec].clock_rate if codec == "opus" else 8000
         self.frame = self.rate * FRAME_MS // 1000
-        self.threshold = 10.0 ** (threshold_dbfs / 20.0) * 32768
         self.call_id = new_call_id(host)
         self.tag = new_tag()
         self.cseq = 0
@@ -109,14 +90,10 @@ class SipPhone:
         self.remote_rtp: tuple[str, int] | None = None
         self.payload_type = OURS[codec].payload_type
         self.ended = asyncio.Event()  # the server hung up
-        self._saying: deque[Saying] = deque()
         self._tasks: list[asyncio.Task[None]] = []
         self._encoder = OpusEncoder() if codec == "opus" else None
         self._decoder = OpusDecoder() if codec == "opus" else None
-        self._silence = self._encode(np.zeros(self.frame, np.int16))
-        self._play_end = 0.0
-        self.played: list[Played] = []
-        self.changed = asyncio.Event()
+        self._voice = Voice(self._encode(np.zeros(self.frame, np.int16)))
         self.packets_in = 0
 
     # --- signalling ---------------------------------------------------------------------------------------------
@@ -257,11 +234,8 @@ class SipPhone:
                                                                               self.rate))
         pcm = np.concatenate([pcm, np.zeros(int(tail_s * self.rate), np.int16)])
         pcm = np.pad(pcm, (0, -len(pcm) % self.frame))
-        frames = deque(self._encode(pcm[i: i + self.frame]) for i in range(0, len(pcm), self.frame))
-        end_frame = int(utt.speech_end_s * self.rate) // self.frame
-        fut = asyncio.get_running_loop().create_future()
-        self._saying.append(Saying(frames, end_frame, fut))
-        return fut
+        return self._voice.say((self._encode(pcm[i: i + self.frame]) for i in range(0, len(pcm), self.frame)),
+                               int(utt.speech_end_s * self.rate) // self.frame)
 
     async def _stream(self) -> None:
         """An RTP packet every 20 ms from the first, on the phone's clock: speech when there is some."""
@@ -270,20 +244,11 @@ class SipPhone:
         t0, k = time.perf_counter(), 0
         while True:
             await asyncio.sleep(max(0.0, t0 + k * FRAME_MS / 1000 - time.perf_counter()))
-            saying = self._saying[0] if self._saying else None
-            payload = saying.frames.popleft() if saying is not None else self._silence
-            packet = RtpPacket(self.payload_type, int(k == 0), seq, ts, ssrc, payload)
+            packet = RtpPacket(self.payload_type, int(k == 0), seq, ts, ssrc, self._voice.next_frame())
             self._rtp.sendto(packet.serialize(), self.remote_rtp)
             seq, ts = (seq + 1) & 0xFFFF, (ts + self.frame) & 0xFFFFFFFF
-            if saying is not None:
-                if saying.sent == saying.end_frame and not saying.speech_end_at.done():
-                    saying.speech_end_at.set_result(now())
-                    self._play_end = 0.0  # the player drained while the caller spoke (as the page bench's listener)
-                saying.sent += 1
-                if not saying.frames:
-                    self._saying.popleft()
-                    if not saying.speech_end_at.done():
-                        saying.speech_end_at.set_result(now())
+            if self._voice.sent():
+                self.drained()  # the player drained while the caller spoke (as the page bench's listener)
             k += 1
 
     # --- what the caller hears ------------------------------------------------------------------------------------
@@ -303,54 +268,7 @@ class SipPhone:
                       if isinstance(f, av.AudioFrame)]
             pcm = (np.concatenate([float_to_s16(frame_to_float(f)) for f in frames]) if frames
                    else np.zeros(0, np.int16))
-        play_at = max(at, self._play_end)
-        self._play_end = play_at + len(pcm) / self.rate
-        self.played.append(Played(play_at, pcm))
-        self.changed.set()
-
-    def first_audible(self, since: float) -> float | None:
-        """When the first reply sample at or above the threshold, received after ``since``, plays."""
-        for p in self.played:
-            if p.at < since:
-                continue
-            loud = np.flatnonzero(np.abs(p.pcm.astype(np.int32)) >= self.threshold)
-            if loud.size:
-                return p.at + int(loud[0]) / self.rate
-        return None
-
-    def audible_since(self, since: float) -> int:
-        """Packets played from ``since`` on that are not silence."""
-        return sum(1 for p in self.played if p.at >= since and p.pcm.size
-                   and int(np.abs(p.pcm.astype(np.int32)).max()) > SILENCE_PEAK_S16)
-
-    def last_audible_end(self) -> float:
-        for p in reversed(self.played):
-            loud = np.flatnonzero(np.abs(p.pcm.astype(np.int32)) > SILENCE_PEAK_S16)
-            if loud.size:
-                return p.at + (int(loud[-1]) + 1) / self.rate
-        return 0.0
-
-    def heard_pcm(self, since: float = 0.0) -> np.ndarray:
-        parts = [p.pcm for p in self.played if p.at + len(p.pcm) / self.rate > since]
-        return np.concatenate(parts) if parts else np.zeros(0, np.int16)
-
-    async def wait_for(self, check: Callable[[], bool], timeout_s: float) -> bool:
-        deadline = now() + timeout_s
-        while not check():
-            left = deadline - now()
-            if left <= 0:
-                return False
-            self.changed.clear()
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self.changed.wait(), min(left, 0.1))
-        return True
-
-    async def reply_done(self, since: float, quiet_s: float = 1.2, timeout_s: float = 30.0) -> bool:
-        """Until a reply that started after ``since`` has played and been quiet for ``quiet_s`` (the server sends
-        silence between replies, so what is queued never runs dry: the last sound that is not silence counts)."""
-        def done() -> bool:
-            return self.first_audible(since) is not None and now() - self.last_audible_end() >= quiet_s
-        return await self.wait_for(done, timeout_s)
+        self.play(pcm, at)
 
 
 async def phone_turn(phone: SipPhone, utt: Utterance, *, timeout_s: float = 30.0) -> PhoneTurn:

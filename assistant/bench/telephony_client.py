@@ -28,7 +28,6 @@ import logging
 import secrets
 import time
 import xml.etree.ElementTree as ET
-from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -37,8 +36,9 @@ from urllib.parse import urlencode, urlsplit
 import aiohttp
 import numpy as np
 
-from assistant.audio import SILENCE_PEAK_S16, float_to_s16, resample, s16_to_float
+from assistant.audio import float_to_s16, resample, s16_to_float
 from assistant.bench.audio_source import Utterance
+from assistant.bench.phone_line import AUDIBLE_DBFS, Playout, Voice, now
 from assistant.bench.report import TurnResult
 from assistant.g711 import ULAW_SILENCE, ulaw_decode, ulaw_encode
 from assistant.server.telephony.signatures import twilio_signature
@@ -52,13 +52,7 @@ RATE = 8_000
 FRAME = 160  # 20 ms of μ-law: what a carrier puts in one media message
 FRAME_S = FRAME / RATE
 SILENCE_FRAME = bytes([ULAW_SILENCE]) * FRAME
-AUDIBLE_DBFS = -40.0  # as the WebRTC bench: a reply sample at or above this peak is heard
 TAIL_S = 2.5  # the caller stays quiet this long after an utterance (the server's VAD needs its hangover)
-
-
-def now() -> float:
-    """The client's clock (monotonic seconds)."""
-    return time.monotonic()
 
 
 # --- the speech, as a phone line carries it -------------------------------------------------------------------
@@ -208,30 +202,13 @@ async def dial(http: aiohttp.ClientSession, base_url: str, carrier: Carrier = TW
 
 
 # --- the media stream --------------------------------------------------------------------------------------------
-@dataclass
-class Played:
-    """Reply audio the carrier queued for playout: from ``at`` (client clock), ``pcm`` at 8 kHz."""
-
-    at: float
-    pcm: np.ndarray
-
-
-@dataclass
-class Saying:
-    """An utterance on its way out; ``speech_end_at`` is when the frame with its speech end was sent."""
-
-    frames: deque[bytes]
-    end_frame: int
-    speech_end_at: asyncio.Future[float]
-    sent: int = 0
-
-
-class PhoneCall:
+class PhoneCall(Playout):
     """One call's media stream, as the carrier runs it (see the module docstring)."""
 
     def __init__(self, http: aiohttp.ClientSession, stream_url: str, carrier: Carrier, call_id: str,
                  parameters: dict[str, str], *, connect_url: str = "", media_format: dict[str, object] | None = None,
                  threshold_dbfs: float = AUDIBLE_DBFS, drop_marks: bool = False) -> None:
+        super().__init__(RATE, threshold_dbfs)
         self.http = http
         self.drop_marks = drop_marks  # a carrier (or proxy) that never echoes a mark: the server paces by its clock
         self.url = connect_url or stream_url
@@ -240,16 +217,13 @@ class PhoneCall:
         self.call_id = call_id
         self.parameters = parameters
         self.media_format = media_format
-        self.threshold = 10.0 ** (threshold_dbfs / 20.0) * 32768
         self.ws: aiohttp.ClientWebSocketResponse | None = None
         self._seq = 0
         self._chunk = 0
         self._lock = asyncio.Lock()
         self._tasks: list[asyncio.Task[None]] = []
-        self._saying: deque[Saying] = deque()
-        self._play_end = 0.0
+        self._voice = Voice(SILENCE_FRAME)
         self._pending_marks: dict[str, asyncio.TimerHandle] = {}
-        self.played: list[Played] = []  # reply audio as queued for playout (cut back at each clear)
         self.media_times: list[float] = []  # arrival of every reply media message
         self.messages: list[dict[str, Any]] = []  # every message the server sent, in order
         self.marks_played: list[str] = []  # returned because their audio played
@@ -258,7 +232,6 @@ class PhoneCall:
         self.closed = asyncio.Event()
         self.close_code: int | None = None
         self.close_reason = ""
-        self.changed = asyncio.Event()
 
     # --- lifecycle ----------------------------------------------------------------------------------------
     async def open(self, *, send_start: bool = True) -> None:
@@ -309,10 +282,8 @@ class PhoneCall:
 
     def say(self, data: bytes, end_frame: int | None = None) -> asyncio.Future[float]:
         """Queue μ-law speech (then silence); the future is the time the frame holding ``end_frame`` was sent."""
-        frames = deque(data[i : i + FRAME].ljust(FRAME, bytes([ULAW_SILENCE])) for i in range(0, len(data), FRAME))
-        fut = asyncio.get_running_loop().create_future()
-        self._saying.append(Saying(frames, len(frames) - 1 if end_frame is None else end_frame, fut))
-        return fut
+        return self._voice.say((data[i : i + FRAME].ljust(FRAME, bytes([ULAW_SILENCE]))
+                                for i in range(0, len(data), FRAME)), end_frame)
 
     async def _stream(self) -> None:
         """A media message every 20 ms from the first: speech when there is some, silence otherwise."""
@@ -320,20 +291,10 @@ class PhoneCall:
         k = 0
         while True:
             await asyncio.sleep(max(0.0, t0 + k * FRAME_S - time.perf_counter()))
-            payload = SILENCE_FRAME
-            saying = self._saying[0] if self._saying else None
-            if saying is not None:
-                payload = saying.frames.popleft()
+            payload = self._voice.next_frame()
             self._chunk += 1
             await self.send(self.carrier.media(self._next_seq(), self.stream_id, self._chunk, k * 20, payload))
-            if saying is not None:
-                if saying.sent == saying.end_frame and not saying.speech_end_at.done():
-                    saying.speech_end_at.set_result(now())
-                saying.sent += 1
-                if not saying.frames:
-                    self._saying.popleft()
-                    if not saying.speech_end_at.done():
-                        saying.speech_end_at.set_result(now())
+            self._voice.sent()
             k += 1
 
     # --- what the server sends ------------------------------------------------------------------------------
@@ -359,14 +320,11 @@ class PhoneCall:
         self.messages.append(message)
         event = message.get("event")
         if event == "media":
-            pcm = ulaw_decode(base64.b64decode(message["media"]["payload"]))
-            play_at = max(at, self._play_end)
-            self._play_end = play_at + len(pcm) / RATE
-            self.played.append(Played(play_at, pcm))
+            self.play(ulaw_decode(base64.b64decode(message["media"]["payload"])), at)
             self.media_times.append(at)
         elif event == "mark":
             name = message["mark"]["name"]
-            delay = max(0.0, self._play_end - at)
+            delay = max(0.0, self.queue_end - at)
             self._pending_marks[name] = asyncio.get_running_loop().call_later(delay, self._mark_played, name)
         elif event == "clear":
             self.clears.append(at)
@@ -375,7 +333,7 @@ class PhoneCall:
                 self.marks_cleared.append(name)
                 self._echo_mark(name)
             self._pending_marks.clear()
-            self._cut_playout(at)
+            self.cut_playout(at)
         self.changed.set()
 
     def _mark_played(self, name: str) -> None:
@@ -390,59 +348,6 @@ class PhoneCall:
         task = asyncio.get_running_loop().create_task(self.send(self.carrier.mark(self._next_seq(), self.stream_id,
                                                                                   name)))
         task.add_done_callback(lambda t: t.exception() if not t.cancelled() else None)
-
-    def _cut_playout(self, at: float) -> None:
-        """A clear at ``at``: what had not played by then never will."""
-        kept: list[Played] = []
-        for p in self.played:
-            n = int(max(0.0, at - p.at) * RATE)
-            if n > 0:
-                kept.append(Played(p.at, p.pcm[:n]))
-        self.played = kept
-        self._play_end = at
-
-    # --- what was heard -----------------------------------------------------------------------------------
-    def heard_pcm(self, since: float = 0.0) -> np.ndarray:
-        """The reply audio that played (or will, if no clear comes) from ``since`` on, in order, int16 at 8 kHz."""
-        parts = [p.pcm for p in self.played if p.at + len(p.pcm) / RATE > since]
-        return np.concatenate(parts) if parts else np.zeros(0, np.int16)
-
-    def first_audible(self, since: float) -> float | None:
-        """The playout time of the first reply sample at or above the threshold, queued after ``since``."""
-        for p in self.played:
-            if p.at < since:
-                continue
-            loud = np.flatnonzero(np.abs(p.pcm.astype(np.int32)) >= self.threshold)
-            if loud.size:
-                return p.at + int(loud[0]) / RATE
-        return None
-
-    def last_audible_end(self) -> float:
-        """When the latest reply audio that is not silence ends (client clock); 0 if none."""
-        for p in reversed(self.played):
-            loud = np.flatnonzero(np.abs(p.pcm.astype(np.int32)) > SILENCE_PEAK_S16)
-            if loud.size:
-                return p.at + (int(loud[-1]) + 1) / RATE
-        return 0.0
-
-    async def wait_for(self, check: Callable[[], bool], timeout_s: float) -> bool:
-        """Until ``check()`` holds (True) or the time is up (False)."""
-        deadline = now() + timeout_s
-        while not check():
-            left = deadline - now()
-            if left <= 0:
-                return False
-            self.changed.clear()
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self.changed.wait(), min(left, 0.1))
-        return True
-
-    async def reply_done(self, since: float, quiet_s: float = 1.2, timeout_s: float = 30.0) -> bool:
-        """Wait until a reply that started after ``since`` has played and been quiet for ``quiet_s``."""
-        def done() -> bool:
-            end = self.last_audible_end()
-            return self.first_audible(since) is not None and now() - end >= quiet_s and now() >= self._play_end
-        return await self.wait_for(done, timeout_s)
 
 
 def stream_path(url: str) -> str:

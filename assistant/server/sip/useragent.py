@@ -192,6 +192,20 @@ class UserAgent:
         budget of refusals."""
         return self.door.trusted(flow.host) or (self.digest.enabled and self.door.may_answer(flow.host))
 
+    def no_such_transaction(self, request: SipRequest, flow: Flow) -> None:
+        """A CANCEL or in-dialog request for nothing we hold: 481 to a source we answer, silence to the others."""
+        if self.known(flow):
+            self.stateless(request, flow, 481)
+        else:
+            self.dropped("not_allowed")
+
+    def transaction(self, request: SipRequest, flow: Flow) -> ServerTransaction | None:
+        """A server transaction for ``request``, or None (counted as dropped) when the table of them is full."""
+        tx = self.server_tx.create(request, flow)
+        if tx is None:
+            self.dropped("transactions")
+        return tx
+
     # --- in -------------------------------------------------------------------------------------------------------
     def received(self, message: SipRequest | SipResponse, flow: Flow) -> None:
         if isinstance(message, SipResponse):
@@ -258,9 +272,8 @@ class UserAgent:
     def on_invite(self, request: SipRequest, flow: Flow) -> None:
         if not self.allowed_to_call(request, flow):
             return
-        tx = self.server_tx.create(request, flow)
+        tx = self.transaction(request, flow)
         if tx is None:
-            self.dropped("transactions")
             return
         tx.respond(response(request, 100))
         if (problem := self._invite_problem(request)) is not None:
@@ -445,14 +458,10 @@ class UserAgent:
     def on_cancel(self, request: SipRequest, flow: Flow) -> None:
         invite = self.server_tx.find_invite(request)
         if invite is None:
-            if self.known(flow):
-                self.stateless(request, flow, 481)
-            else:
-                self.dropped("not_allowed")
+            self.no_such_transaction(request, flow)
             return
-        tx = self.server_tx.create(request, flow)
+        tx = self.transaction(request, flow)
         if tx is None:
-            self.dropped("transactions")
             return
         tx.respond(response(request, 200, to_tag=new_tag()))
         if invite.final:
@@ -468,14 +477,10 @@ class UserAgent:
     def in_dialog(self, request: SipRequest, flow: Flow) -> None:
         call = self.calls.get((request.call_id, request.to.tag, request.from_.tag))
         if call is None or call.dialog is None:
-            if self.known(flow):
-                self.stateless(request, flow, 481)
-            else:
-                self.dropped("not_allowed")
+            self.no_such_transaction(request, flow)
             return
-        tx = self.server_tx.create(request, flow)
+        tx = self.transaction(request, flow)
         if tx is None:
-            self.dropped("transactions")
             return
         if not call.dialog.in_order(request):
             tx.respond(response(request, 500, "CSeq Out of Order"))

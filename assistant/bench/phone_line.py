@@ -46,6 +46,7 @@ class Voice:
     def __init__(self, silence: bytes) -> None:
         self.silence = silence
         self._saying: deque[Saying] = deque()
+        self._current: Saying | None = None  # the utterance of the frame on its way
 
     def say(self, frames: Iterable[bytes], end_frame: int | None = None) -> asyncio.Future[float]:
         """Queue encoded frames; the future is the time the frame ``end_frame`` (default: the last) was sent."""
@@ -59,13 +60,15 @@ class Voice:
 
     def next_frame(self) -> bytes:
         """The payload of the frame to send now."""
-        return self._saying[0].frames.popleft() if self._saying else self.silence
+        self._current = self._saying[0] if self._saying else None
+        return self._current.frames.popleft() if self._current is not None else self.silence
 
     def sent(self) -> bool:
-        """The frame from :meth:`next_frame` went out: True when it carried an utterance's speech end."""
-        if not self._saying:
+        """The frame from :meth:`next_frame` went out: True when it carried an utterance's speech end. (An utterance
+        queued while that frame was on its way starts with the next one.)"""
+        saying, self._current = self._current, None
+        if saying is None:
             return False
-        saying = self._saying[0]
         ended = saying.sent == saying.end_frame and not saying.speech_end_at.done()
         if ended:
             saying.speech_end_at.set_result(now())

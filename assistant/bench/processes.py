@@ -125,9 +125,9 @@ def cpu_snapshot() -> CpuSnapshot:
                        len(idle) if idle else (os.cpu_count() or 1))
 
 
-# How far below this process's own time the host's reading may fall before it is called wrong: /proc/stat counts in
-# clock ticks (10 ms), read at two moments.
-_HOST_SLACK_S = 0.05
+# How far below this process's own time the host's reading may fall before it is called wrong, per CPU: /proc/stat
+# counts each CPU's idle time in clock ticks (10 ms), read at two moments.
+_HOST_SLACK_S_PER_CPU = 0.05
 
 
 def cpu_use(since: CpuSnapshot, now: CpuSnapshot | None = None) -> tuple[float | None, float | None]:
@@ -148,7 +148,7 @@ def cpu_use(since: CpuSnapshot, now: CpuSnapshot | None = None) -> tuple[float |
         return own, None
     cpus = now.host_idle_s.keys() & since.host_idle_s.keys()
     busy_s = sum(max(0.0, wall - (now.host_idle_s[c] - since.host_idle_s[c])) for c in cpus)
-    if busy_s < own * wall - _HOST_SLACK_S:
+    if busy_s < own * wall - _HOST_SLACK_S_PER_CPU * len(cpus):
         log.warning("cpu: the host's /proc/stat reads %.2f s busy where this process alone took %.2f s; "
                     "the host's figure is left out", busy_s, own * wall)
         return own, None
